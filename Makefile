@@ -1,0 +1,68 @@
+# tritonops.shm developer entry points. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell .ci/find-python)
+VENV ?= $(CURDIR)/.venv
+BUILD ?= $(CURDIR)/build
+VPY := $(VENV)/bin/python
+COLL := $(BUILD)/ansible_collections/tritonops/shm
+PYVER = $(shell $(VPY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+REQS = $(if $(filter 3.11,$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')),tests/requirements-3.11.txt,tests/requirements.txt)
+
+export PATH := $(VENV)/bin:$(PATH)
+export ANSIBLE_COLLECTIONS_PATH := $(BUILD)
+export ANSIBLE_PYTHON_INTERPRETER := $(VPY)
+export TRITONOPS_VENV_PYTHON := $(VPY)
+export PYTHONDONTWRITEBYTECODE := 1
+
+PYTEST_ARGS ?=
+
+.PHONY: help venv collection sanity units integration test demo demo-stop bench soak lint docs build install-test clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+venv: $(VENV)/.installed  ## create .venv with a suitable Python and the pinned test requirements
+
+$(VENV)/.installed: tests/requirements.txt tests/requirements-3.11.txt
+	@test -n "$(PYTHON)" || { echo "no usable python found" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -r $(REQS)
+	.ci/setup-ansible-test $(VPY)
+	touch $@
+
+collection: venv  ## copy the checkout into build/ansible_collections/tritonops/shm
+	@rm -rf $(COLL) && mkdir -p $(COLL)
+	@tar -c --exclude=./.venv --exclude=./build --exclude=./.git --exclude=./bench-results \
+		--exclude=__pycache__ --exclude=.pytest_cache --exclude=./tests/output . | tar -x -C $(COLL)
+
+sanity: collection  ## ansible-test sanity (empty ignore files)
+	cd $(COLL) && ansible-test sanity --color no --python $(PYVER) --venv --requirements
+
+units: collection  ## unit tests (pytest, no server needed)
+	cd $(COLL) && $(VPY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+integration: collection  ## integration tests against real tritonserver processes
+	cd $(COLL) && $(VPY) -m pytest -p no:cacheprovider tests/integration $(PYTEST_ARGS)
+
+lint: collection  ## ansible-lint, production profile
+	cd $(COLL) && ansible-lint --profile production --offline roles playbooks
+
+test: sanity lint units integration  ## every test: sanity, lint, units, integration
+
+demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
+	cd $(COLL) && $(VPY) tests/rig/demo.py
+
+bench: collection  ## benchmarks (not tests); print their figures
+	cd $(COLL) && $(VPY) tests/bench/run.py
+
+soak: collection  ## bounded soak: live traffic while cleanup runs repeatedly
+	cd $(COLL) && $(VPY) tests/bench/soak.py
+
+build: collection  ## build the collection tarball into build/
+	cd $(COLL) && ansible-galaxy collection build --force --output-path $(BUILD)
+
+clean:  ## remove build output and the venv
+	rm -rf $(BUILD) $(VENV)

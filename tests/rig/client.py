@@ -1,0 +1,87 @@
+"""A real Triton client that owns a system shared-memory region.
+
+Run inside the server's mount namespace (``nsenter --mount --target PID``) so
+its /dev/shm is the server's. It creates the region with tritonclient's own
+shared_memory utilities (shm_open + ftruncate + mmap), registers it over HTTP,
+prints ``READY`` and then:
+
+- ``--mode hold``: keeps the mapping and sleeps (a live client);
+- ``--mode infer``: also creates ``NAME_out``/``KEY_out`` and runs inferences
+  on the ``echo`` model through both regions in a loop, printing one line per
+  second ``STATS ok=N failed=M``; stops cleanly on SIGTERM (a live, busy client).
+
+SIGKILL it to leak the region: no unregister, no unlink.
+"""
+import argparse
+import signal
+import sys
+import time
+
+import numpy as np
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--url', required=True)
+    parser.add_argument('--name', required=True)
+    parser.add_argument('--key', required=True)
+    parser.add_argument('--byte-size', type=int, required=True)
+    parser.add_argument('--offset', type=int, default=0)
+    parser.add_argument('--mode', choices=('hold', 'infer'), default='hold')
+    parser.add_argument('--no-register', action='store_true')
+    parser.add_argument('--no-fill', action='store_true', help='leave the region sparse (default: write it, as a real client writes tensors)')
+    args = parser.parse_args()
+
+    client = httpclient.InferenceServerClient(args.url.split('://', 1)[-1])
+    handle = shm.create_shared_memory_region(args.name, args.key, args.offset + args.byte_size)
+    out_handle = None
+    if args.mode == 'infer':
+        out_handle = shm.create_shared_memory_region(args.name + '_out', args.key + '_out', args.byte_size)
+    if not args.no_fill:
+        shm.set_shared_memory_region(handle, [np.ones(args.offset + args.byte_size, dtype=np.uint8)])
+    if not args.no_register:
+        client.register_system_shared_memory(args.name, args.key, args.byte_size, offset=args.offset)
+        if out_handle is not None:
+            client.register_system_shared_memory(args.name + '_out', args.key + '_out', args.byte_size)
+    print('READY', flush=True)
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    if args.mode == 'hold':
+        while not stop:
+            time.sleep(0.2)
+        return 0
+
+    data = (np.arange(args.byte_size, dtype=np.uint64) % 251).astype(np.uint8)
+    shm.set_shared_memory_region(handle, [data], offset=args.offset)
+    ok = failed = 0
+    last = time.monotonic()
+    while not stop:
+        try:
+            inp = httpclient.InferInput('INPUT0', [args.byte_size], 'UINT8')
+            inp.set_shared_memory(args.name, args.byte_size, offset=args.offset)
+            out = httpclient.InferRequestedOutput('OUTPUT0', binary_data=True)
+            out.set_shared_memory(args.name + '_out', args.byte_size)
+            client.infer('echo', [inp], outputs=[out])
+            got = shm.get_contents_as_numpy(out_handle, np.uint8, [args.byte_size])
+            if np.array_equal(got, data):
+                ok += 1
+            else:
+                failed += 1
+                print('MISMATCH', flush=True)
+        except Exception as exc:  # report every failure, keep going
+            failed += 1
+            print('ERROR %s' % str(exc).replace('\n', ' ')[:300], flush=True)
+            time.sleep(0.05)
+        now = time.monotonic()
+        if now - last >= 1:
+            print('STATS ok=%d failed=%d' % (ok, failed), flush=True)
+            last = now
+    print('STATS ok=%d failed=%d' % (ok, failed), flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""A real Triton Inference Server test rig.
+
+Starts ``tritonserver`` from the PyPI ``nvidia-pytriton`` wheel on loopback
+addresses, each server in its own mount namespace with a private tmpfs on
+/dev/shm of a chosen size (exactly what ``docker run --shm-size`` gives a
+container), and runs real ``tritonclient`` processes inside that namespace to
+create and register shared-memory regions. Clients are left running (live
+regions) or SIGKILLed (leaked regions, the real failure).
+
+Used by the pytest fixtures in tests/integration/conftest.py, by the demo and
+by the benchmarks. Everything it starts it stops again, by pid.
+
+CLI::
+
+    python tests/rig/tritonrig.py serve [--shm-size 64m] [--host 127.0.0.1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT_SCRIPT = os.path.join(HERE, 'client.py')
+
+ECHO_CONFIG = '''name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+'''
+
+# The python backend stub embeds the base interpreter, whose sys.path does not
+# include this venv: put the venv's site-packages first so numpy imports.
+ECHO_MODEL = '''import sys
+sys.path.insert(0, {site!r})
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))
+        return responses
+'''
+
+
+class RigError(RuntimeError):
+    """The rig could not do what was asked; the message says why."""
+
+
+def _site_packages():
+    import pytriton  # pylint: disable=import-outside-toplevel
+    return os.path.dirname(os.path.dirname(os.path.abspath(pytriton.__file__)))
+
+
+def triton_paths():
+    """Locate tritonserver, its backends and libraries inside the wheel."""
+    try:
+        site = _site_packages()
+    except ImportError as exc:
+        raise RigError('nvidia-pytriton is not installed in %s (run `make venv`): %s' % (sys.executable, exc))
+    root = os.path.join(site, 'pytriton', 'tritonserver')
+    paths = {
+        'site': site,
+        'root': root,
+        'binary': os.path.join(root, 'bin', 'tritonserver'),
+        'backends': os.path.join(root, 'backends'),
+        'libs': os.path.join(site, 'nvidia_pytriton.libs'),
+        'stub_src': os.path.join(root, 'python_backend_stubs', '%d.%d' % sys.version_info[:2], 'triton_python_backend_stub'),
+        'stub': os.path.join(root, 'backends', 'python', 'triton_python_backend_stub'),
+    }
+    if not os.path.exists(paths['binary']):
+        raise RigError('tritonserver binary not found at %s' % paths['binary'])
+    return paths
+
+
+def ensure_python_stub(paths):
+    """Copy the python backend stub for this interpreter into backends/python (once, atomically)."""
+    if os.path.exists(paths['stub']):
+        return
+    if not os.path.exists(paths['stub_src']):
+        raise RigError('no python backend stub for Python %d.%d in the wheel (%s)' % (sys.version_info[:2] + (paths['stub_src'],)))
+    tmp = paths['stub'] + '.%d.tmp' % os.getpid()
+    shutil.copy2(paths['stub_src'], tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, paths['stub'])
+
+
+def server_env(paths):
+    env = dict(os.environ)
+    libdirs = [paths['libs'], sysconfig.get_config_var('LIBDIR') or '']
+    if env.get('LD_LIBRARY_PATH'):
+        libdirs.append(env['LD_LIBRARY_PATH'])
+    env['LD_LIBRARY_PATH'] = ':'.join(d for d in libdirs if d)
+    env['PYTHONPATH'] = paths['site']
+    return env
+
+
+def free_port(host='127.0.0.1'):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def http_json(url, method='GET', body=None, timeout=5.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header('Content-Type', 'application/json')
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+        return resp.status, (json.loads(raw) if raw else None)
+
+
+def _kill(proc, grace=10.0):
+    """Stop a Popen we started: SIGTERM, then SIGKILL after grace seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+class Client:
+    """A real tritonclient process inside a server's mount namespace."""
+
+    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0):
+        self.server = server
+        self.name = name
+        self.key = key
+        self.byte_size = byte_size
+        self.offset = offset
+        cmd = ['nsenter', '--mount', '--target', str(server.pid), sys.executable, CLIENT_SCRIPT,
+               '--url', server.url, '--name', name, '--key', key, '--byte-size', str(byte_size),
+               '--offset', str(offset), '--mode', mode]
+        if not register:
+            cmd.append('--no-register')
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        self.lines = []
+        line = self._readline(timeout=30)
+        if not line.startswith('READY'):
+            err = ''
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read()
+            self.stop()
+            raise RigError('client %s did not become ready: %r %s' % (name, line, err.strip()[-2000:]))
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _readline(self, timeout):
+        result = []
+
+        def read():
+            result.append(self.proc.stdout.readline())
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(timeout)
+        return result[0].strip() if result else ''
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    @property
+    def alive(self):
+        return self.proc.poll() is None
+
+    def kill(self):
+        """SIGKILL: the client vanishes without unregistering or unlinking (a leak)."""
+        if self.alive:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self):
+        _kill(self.proc, grace=5)
+
+
+class TritonServer:
+    """One real tritonserver with a private /dev/shm."""
+
+    def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
+                 models=('echo',), name='triton'):
+        self.name = name
+        self.host = host
+        self.shm_size = shm_size
+        self.models = list(models)
+        self._own_workdir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix='tritonrig-')
+        os.makedirs(self.workdir, exist_ok=True)
+        self.http_port = http_port or free_port(host)
+        self.proc = None
+        self.clients = []
+        self.log_path = os.path.join(self.workdir, '%s.log' % name)
+        self.paths = triton_paths()
+
+    @property
+    def url(self):
+        return 'http://%s:%d' % (self.host, self.http_port)
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    @property
+    def shm_dir(self):
+        return '/proc/%d/root/dev/shm' % self.pid
+
+    def _model_repository(self):
+        repo = os.path.join(self.workdir, 'models-%s' % self.name)
+        if 'echo' in self.models:
+            os.makedirs(os.path.join(repo, 'echo', '1'), exist_ok=True)
+            with open(os.path.join(repo, 'echo', 'config.pbtxt'), 'w') as f:
+                f.write(ECHO_CONFIG)
+            with open(os.path.join(repo, 'echo', '1', 'model.py'), 'w') as f:
+                f.write(ECHO_MODEL.format(site=self.paths['site']))
+        os.makedirs(repo, exist_ok=True)
+        return repo
+
+    def command(self):
+        args = [self.paths['binary'],
+                '--model-repository', self._model_repository(),
+                '--backend-directory', self.paths['backends'],
+                '--http-address', self.host, '--http-port', str(self.http_port),
+                '--allow-grpc', 'false', '--allow-metrics', 'false',
+                '--model-control-mode', 'explicit', '--log-verbose', '0']
+        for model in self.models:
+            args += ['--load-model', model]
+        shell = 'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && exec "$0" "$@"' % self.shm_size
+        return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell] + args
+
+    def start(self, timeout=90.0):
+        if os.geteuid() != 0:
+            raise RigError('the rig needs root (mount namespaces and tmpfs mounts)')
+        if self.models:
+            ensure_python_stub(self.paths)
+        log = open(self.log_path, 'wb')
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, env=server_env(self.paths),
+                                     cwd=self.workdir)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RigError('tritonserver %s exited with %s before it was ready; log %s:\n%s'
+                               % (self.name, self.proc.returncode, self.log_path, self.log_tail()))
+            try:
+                status, _ = http_json(self.url + '/v2/health/ready', timeout=2)
+                if status == 200:
+                    return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RigError('tritonserver %s not ready at %s within %ss; log %s:\n%s'
+                       % (self.name, self.url, timeout, self.log_path, self.log_tail()))
+
+    def log_tail(self, lines=40):
+        try:
+            with open(self.log_path, errors='replace') as f:
+                return ''.join(f.readlines()[-lines:])
+        except OSError:
+            return '(no log)'
+
+    def client(self, name, key=None, byte_size=1 << 20, register=True, mode='hold', offset=0):
+        """Start a live tritonclient process that creates (and registers) a region."""
+        client = Client(self, name, key or '/' + name, byte_size, register=register, mode=mode, offset=offset)
+        self.clients.append(client)
+        return client
+
+    def leak(self, name, key=None, byte_size=1 << 20):
+        """Create and register a region from a client, then SIGKILL the client."""
+        client = self.client(name, key=key, byte_size=byte_size)
+        client.kill()
+        return client
+
+    def api(self, path, method='GET', body=None):
+        return http_json(self.url + path, method=method, body=body)
+
+    def system_regions(self):
+        return {r['name']: r for r in self.api('/v2/systemsharedmemory/status')[1]}
+
+    def shm_files(self):
+        return sorted(os.listdir(self.shm_dir))
+
+    def shm_path(self, name):
+        return os.path.join(self.shm_dir, name.lstrip('/'))
+
+    def shm_usage(self):
+        st = os.statvfs(self.shm_dir)
+        return {'total_bytes': st.f_blocks * st.f_frsize,
+                'used_bytes': (st.f_blocks - st.f_bfree) * st.f_frsize}
+
+    def backend_files(self):
+        return [f for f in self.shm_files() if f.startswith('triton_python_backend_shm_region_')]
+
+    def stop(self):
+        for client in self.clients:
+            client.stop()
+        self.clients = []
+        _kill(self.proc, grace=15)
+
+    def cleanup(self):
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.cleanup()
+
+
+class Fleet:
+    """Several servers, each on its own loopback address 127.0.1.N."""
+
+    def __init__(self, count, workdir=None, shm_size='64m', base='127.0.1.', models=('echo',), port=None):
+        self.workdir = workdir or tempfile.mkdtemp(prefix='tritonfleet-')
+        self.servers = [TritonServer(workdir=self.workdir, shm_size=shm_size, host='%s%d' % (base, i + 1),
+                                     http_port=port, models=models, name='triton%d' % (i + 1))
+                        for i in range(count)]
+
+    def start(self):
+        try:
+            for server in self.servers:
+                server.start()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def stop(self):
+        for server in self.servers:
+            server.stop()
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest='cmd', required=True)
+    serve = sub.add_parser('serve', help='start one server and wait until interrupted')
+    serve.add_argument('--shm-size', default='64m')
+    serve.add_argument('--host', default='127.0.0.1')
+    serve.add_argument('--port', type=int, default=None)
+    serve.add_argument('--no-models', action='store_true')
+    args = parser.parse_args(argv)
+    server = TritonServer(shm_size=args.shm_size, host=args.host, http_port=args.port,
+                          models=() if args.no_models else ('echo',))
+    try:
+        server.start()
+        print(json.dumps({'url': server.url, 'pid': server.pid, 'shm_dir': server.shm_dir, 'log': server.log_path}), flush=True)
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        server.cleanup()
+    return 0
+
+
+if __name__ == '__main__':
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    sys.exit(main())
