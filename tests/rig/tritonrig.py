@@ -155,8 +155,10 @@ class Client:
                '--offset', str(offset), '--mode', mode]
         if not register:
             cmd.append('--no-register')
+        # own session: the client and the resource tracker multiprocessing starts for its
+        # SharedMemory form one process group, like a client container's processes
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.pid = self.proc.pid
         self.lines = []
         line = self._readline(timeout=30)
@@ -187,14 +189,32 @@ class Client:
     def alive(self):
         return self.proc.poll() is None
 
-    def kill(self):
-        """SIGKILL: the client vanishes without unregistering or unlinking (a leak)."""
+    def kill(self, keep_file=True):
+        """SIGKILL the client: it vanishes without unregistering (a leak).
+
+        keep_file=True kills its whole process group at once (as the OOM killer or a
+        container runtime does), so nothing unlinks the file: the region is stale.
+        keep_file=False kills only the client; tritonclient's SharedMemory resource
+        tracker then unlinks the file while Triton keeps it registered and mapped:
+        the region is dangling and its memory stays allocated.
+        """
         if self.alive:
-            self.proc.kill()
+            if keep_file:
+                os.killpg(self.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
         self.proc.wait(timeout=10)
+        if not keep_file:
+            deadline = time.monotonic() + 10
+            while os.path.exists(self.server.shm_path(self.key)) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def stop(self):
         _kill(self.proc, grace=5)
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class TritonServer:
@@ -289,10 +309,10 @@ class TritonServer:
         self.clients.append(client)
         return client
 
-    def leak(self, name, key=None, byte_size=1 << 20):
-        """Create and register a region from a client, then SIGKILL the client."""
+    def leak(self, name, key=None, byte_size=1 << 20, keep_file=True):
+        """Create and register a region from a client, then SIGKILL the client (see Client.kill)."""
         client = self.client(name, key=key, byte_size=byte_size)
-        client.kill()
+        client.kill(keep_file=keep_file)
         return client
 
     def api(self, path, method='GET', body=None):

@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+
+    # Connection options shared by every module (argument spec: module_utils/triton_api.py)
+    DOCUMENTATION = r'''
+options:
+  url:
+    description:
+      - Base URL of the Triton Inference Server HTTP endpoint, for example V(http://127.0.0.1:8000).
+      - A URL without scheme is taken as C(http://).
+      - If not set, the environment variable E(TRITON_URL) is used.
+      - The port also identifies the server process on the host (see O(server_pid)).
+    type: str
+    required: true
+  timeout:
+    description:
+      - Seconds to wait for each HTTP request (connect and read).
+    type: float
+    default: 10.0
+  validate_certs:
+    description:
+      - Verify the server's TLS certificate for C(https) URLs.
+      - Set to V(false) only for testing; the module then warns.
+    type: bool
+    default: true
+  ca_path:
+    description:
+      - PEM file of CA certificates to verify the server with, instead of the system store.
+    type: path
+  headers:
+    description:
+      - Extra HTTP headers sent with every request, for example an C(Authorization) header for a proxy in front of Triton.
+      - Never logged or returned.
+    type: dict
+    default: {}
+  client_cert:
+    description:
+      - PEM client certificate for mutual TLS. May contain the key too.
+    type: path
+  client_key:
+    description:
+      - PEM private key for O(client_cert), when the certificate file does not contain it.
+    type: path
+notes:
+  - Requires the Python library C(requests) on the host that runs the module (the Triton host).
+  - Member of the action group C(tritonops.shm.triton), so C(module_defaults) can set the connection options once per play.
+'''
+
+    # Options that say where the server's shared memory lives on this host
+    SHM_DIR = r'''
+options:
+  server_pid:
+    description:
+      - PID of the C(tritonserver) process on this host, as seen from the host's PID namespace.
+      - By default the module finds it itself, from the process listening on the O(url)'s port,
+        or the single C(tritonserver) whose own network namespace listens on it (ports published by a container proxy).
+      - The server process maps every registered file but never counts as a client holder.
+    type: int
+  shm_dir:
+    description:
+      - The directory that is the server's C(/dev/shm), as seen from this host.
+      - By default C(/proc/PID/root/dev/shm) of the server process, which is the container's private C(/dev/shm)
+        when Triton runs in a container (its size is the container's C(--shm-size)), or the host's C(/dev/shm) with C(--ipc=host).
+    type: path
+'''

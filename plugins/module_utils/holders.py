@@ -1,0 +1,308 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""Who holds which file, and which process is the Triton server.
+
+Private to the tritonops.shm collection.
+
+Holders are found in one pass over /proc/*/maps and /proc/*/fd, matching
+files by (st_dev, st_ino), so a client in another mount namespace, or a file
+renamed or unlinked since, is still matched. The cost is one read of each
+process's maps and fd table, whatever the number of files.
+
+A process whose maps or fds cannot be read is *unreadable*. It makes the scan
+incomplete (so nothing may be called stale) unless its own mount namespace
+provably cannot reach the shm filesystem: its /proc/PID/mountinfo, which every
+user may read, lists no mount of that device. That rule keeps the fail-safe for
+the cases it exists for (module not run as root, another user's client in the
+server's namespace) without letting an unrelated, more privileged process such
+as a sandbox's init make every region unknown.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+SERVER_COMMS = ('tritonserver',)
+_LISTEN = '0A'
+
+
+def dev_maps_str(dev):
+    """st_dev as printed in /proc/PID/maps: hex major:minor, at least two digits each."""
+    return '%02x:%02x' % (os.major(dev), os.minor(dev))
+
+
+def dev_mountinfo_str(dev):
+    """st_dev as printed in /proc/PID/mountinfo: decimal major:minor."""
+    return '%d:%d' % (os.major(dev), os.minor(dev))
+
+
+def _pids(proc):
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    return [int(n) for n in names if n.isdigit()]
+
+
+def read_comm(pid, proc='/proc'):
+    try:
+        with open('%s/%d/comm' % (proc, pid)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+class HolderScan(object):
+    """Result of one /proc pass."""
+
+    def __init__(self):
+        self.holders = {}        # (dev, ino) -> set(pid)
+        self.comms = {}          # pid -> comm
+        self.unreadable = []     # pids that could hold a target and could not be read
+        self.unreadable_ignored = []  # unreadable pids whose mount namespace cannot see the shm fs
+        self.processes = 0
+        self.hidden = False      # /proc mounted with hidepid and we are not root
+        self.hidden_reason = None
+
+    @property
+    def complete(self):
+        return not self.unreadable and not self.hidden
+
+    def incomplete_reason(self):
+        if self.hidden:
+            return self.hidden_reason
+        if self.unreadable:
+            sample = ', '.join(str(p) for p in sorted(self.unreadable)[:5])
+            return ('%d process(es) could not be inspected (pids %s%s): run the module as root (become: true) '
+                    'so every holder can be seen' % (len(self.unreadable), sample, ', ...' if len(self.unreadable) > 5 else ''))
+        return None
+
+    def holders_of(self, dev, ino, exclude=()):
+        pids = self.holders.get((dev, ino), set())
+        return [dict(pid=p, comm=self.comms.get(p)) for p in sorted(pids) if p not in exclude]
+
+
+def proc_hidepid(proc='/proc'):
+    """The hidepid mount option of /proc when it hides processes from us, else None."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        with open('%s/self/mountinfo' % proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _sep, right = line.partition(' - ')
+        fields = left.split()
+        if len(fields) >= 5 and fields[4] == proc and right.startswith('proc '):
+            for opt in right.split()[-1].split(','):
+                if opt.startswith('hidepid=') and opt.split('=', 1)[1] not in ('0', 'off'):
+                    return opt
+    return None
+
+
+def _mountinfo_has_dev(pid, devs, proc):
+    """True when the process's mount namespace has a mount of one of devs (or we cannot tell)."""
+    try:
+        with open('%s/%d/mountinfo' % (proc, pid)) as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    for line in data.splitlines():
+        fields = line.split(None, 3)
+        if len(fields) >= 3 and fields[2] in devs:
+            return True
+    return False
+
+
+def scan(targets, proc='/proc'):
+    """One pass over every process: who maps or has open each (dev, ino) in targets."""
+    result = HolderScan()
+    hide = proc_hidepid(proc)
+    if hide:
+        result.hidden = True
+        result.hidden_reason = ('/proc is mounted with %s and the module does not run as root: other users\' '
+                                'processes are invisible, so holders cannot be determined' % hide)
+    targets = set(targets)
+    if not targets:
+        return result
+    devs = set(dev for dev, _ino in targets)
+    map_devs = dict((dev_maps_str(d), d) for d in devs)
+    mount_devs = set(dev_mountinfo_str(d) for d in devs)
+    for pid in _pids(proc):
+        base = '%s/%d' % (proc, pid)
+        found = set()
+        denied = False
+        try:
+            with open(base + '/maps') as f:
+                data = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except PermissionError:
+            denied = True
+            data = ''
+        except OSError:
+            denied = True
+            data = ''
+        result.processes += 1
+        if data and any(s in data for s in map_devs):
+            for line in data.splitlines():
+                fields = line.split(None, 5)
+                if len(fields) >= 5 and fields[3] in map_devs:
+                    key = (map_devs[fields[3]], int(fields[4]))
+                    if key in targets:
+                        found.add(key)
+        try:
+            fds = os.listdir(base + '/fd')
+        except (FileNotFoundError, ProcessLookupError):
+            fds = []
+        except OSError:
+            denied = True
+            fds = []
+        for fd in fds:
+            link = base + '/fd/' + fd
+            try:
+                dest = os.readlink(link)
+                if not dest.startswith('/'):
+                    continue
+                st = os.stat(link)
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in targets:
+                found.add(key)
+        if denied:
+            if _mountinfo_has_dev(pid, mount_devs, proc):
+                result.unreadable.append(pid)
+            else:
+                result.unreadable_ignored.append(pid)
+        if found:
+            result.comms[pid] = read_comm(pid, proc)
+            for key in found:
+                result.holders.setdefault(key, set()).add(pid)
+    return result
+
+
+def deleted_mappings(pid, path_prefix='/dev/shm/', proc='/proc'):
+    """{name: (dev, ino)} of files under path_prefix that pid maps although they were unlinked."""
+    out = {}
+    try:
+        with open('%s/%d/maps' % (proc, pid)) as f:
+            data = f.read()
+    except OSError:
+        return out
+    for line in data.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].endswith(' (deleted)') and fields[5].startswith(path_prefix):
+            name = fields[5][len(path_prefix):-len(' (deleted)')]
+            major, minor = fields[3].split(':')
+            out[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+    return out
+
+
+# -- finding the server process ---------------------------------------------------------------
+
+def _parse_addr(hexaddr):
+    """Address of /proc/net/tcp{,6} 'ADDR:PORT' in hex → (ip string, port)."""
+    addr, port = hexaddr.split(':')
+    raw = bytes.fromhex(addr)
+    if len(raw) == 4:
+        ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+    else:
+        words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+        ip = socket.inet_ntop(socket.AF_INET6, b''.join(words))
+        if ip.startswith('::ffff:') and '.' in ip:
+            ip = ip[len('::ffff:'):]
+    return ip, int(port, 16)
+
+
+def listening_sockets(net_dir):
+    """[(ip, port, inode)] of LISTEN TCP sockets in a /proc/.../net directory."""
+    out = []
+    for name in ('tcp', 'tcp6'):
+        try:
+            with open(os.path.join(net_dir, name)) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) >= 10 and fields[3] == _LISTEN:
+                ip, port = _parse_addr(fields[1])
+                out.append((ip, port, int(fields[9])))
+    return out
+
+
+def _resolve(host):
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError):
+        return set()
+    return set(i[4][0] for i in infos)
+
+
+def _socket_owner(inodes, pids, proc):
+    wanted = set('socket:[%d]' % i for i in inodes)
+    for pid in pids:
+        base = '%s/%d/fd' % (proc, pid)
+        try:
+            fds = os.listdir(base)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(base + '/' + fd) in wanted:
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def _netns(pid, proc):
+    try:
+        return os.stat('%s/%s/ns/net' % (proc, pid)).st_ino
+    except OSError:
+        return None
+
+
+def find_server(host, port, proc='/proc'):
+    """Find the tritonserver process serving host:port.
+
+    Returns (pid or None, how, reason). ``how`` is 'listener' when the process
+    owns the listening socket in our network namespace, 'netns' when it is the
+    single tritonserver whose own network namespace listens on the port (the
+    port is published by a proxy or NAT, as with container bridge networks).
+    """
+    addrs = _resolve(host) | set([host])
+    wildcard = set(['0.0.0.0', '::'])
+    inodes = [ino for ip, p, ino in listening_sockets('%s/net' % proc)
+              if p == port and (ip in addrs or ip in wildcard)]
+    pids = _pids(proc)
+    servers = [p for p in pids if read_comm(p, proc) in SERVER_COMMS]
+    if inodes:
+        owner = _socket_owner(inodes, servers, proc) or _socket_owner(inodes, [p for p in pids if p not in servers], proc)
+        if owner is not None and read_comm(owner, proc) in SERVER_COMMS:
+            return owner, 'listener', None
+        via = ('pid %s (%s)' % (owner, read_comm(owner, proc))) if owner else 'an unidentified process'
+    else:
+        via = None
+    my_ns = _netns('self', proc)
+    candidates = []
+    for pid in servers:
+        ns = _netns(pid, proc)
+        if ns is None or ns == my_ns:
+            continue
+        if any(p == port for _ip, p, _ino in listening_sockets('%s/%d/net' % (proc, pid))):
+            candidates.append(pid)
+    if len(candidates) == 1:
+        return candidates[0], 'netns', None
+    if len(candidates) > 1:
+        return None, None, ('port %d is served by several tritonserver processes in other network namespaces (pids %s); '
+                            'set server_pid or shm_dir' % (port, ', '.join(str(c) for c in candidates)))
+    if via:
+        return None, None, 'port %d on %s is held by %s, not by a tritonserver process; set server_pid or shm_dir' % (port, host, via)
+    return None, None, ('no local process listens on %s:%d and no tritonserver network namespace does: the server is remote or '
+                        'not visible from here; set server_pid or shm_dir' % (host, port))

@@ -1,0 +1,243 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""Join regions, files and holders into classified records.
+
+Private to the tritonops.shm collection. This is the one place where a region
+is called healthy, stale, dangling or unknown, and a file registered, backend,
+in_use, orphan or foreign (see docs/concepts.md and ../shared/DESIGN.md).
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+
+from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
+from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+
+REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
+
+
+def locate_server(client, server_pid=None, shm_dir=None, proc='/proc'):
+    """Decide the server pid and the shm directory: (pid, shm_dir, how, warnings)."""
+    warnings = []
+    pid = server_pid
+    how = 'server_pid' if server_pid else None
+    if pid is None:
+        pid, how, reason = holders_mod.find_server(client.host, client.port, proc=proc)
+        if pid is None and shm_dir is None:
+            warnings.append('tritonserver process for %s not found (%s): file and holder data are missing' % (client.base, reason))
+        elif pid is None:
+            warnings.append('tritonserver process for %s not found (%s): it cannot be told apart from clients, '
+                            'so every file it maps counts as held' % (client.base, reason))
+    elif not os.path.isdir('%s/%d' % (proc, pid)):
+        raise TritonError('server_pid %d does not exist on this host' % pid)
+    if shm_dir is None and pid is not None:
+        shm_dir = '%s/%d/root/dev/shm' % (proc, pid)
+        how = '%s; shm_dir from /proc/%d/root' % (how, pid)
+    elif shm_dir is not None:
+        how = (how + '; ' if how else '') + 'shm_dir given'
+    return pid, shm_dir, how, warnings
+
+
+def _matches(name, patterns):
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns or ())
+
+
+class Inventory(object):
+    """Everything known about one server's shared memory at one moment."""
+
+    def __init__(self, client, server_pid=None, shm_dir=None, orphan_patterns=None, min_age=300,
+                 require_readable_dir=False, proc='/proc', now=None, kinds=('system', 'cuda')):
+        self.client = client
+        self.proc = proc
+        self.orphan_patterns = list(orphan_patterns or [])
+        self.min_age = min_age
+        self.warnings = []
+        self.metadata = client.server_metadata()
+        extensions = self.metadata.get('extensions') or []
+        if 'system_shared_memory' not in extensions:
+            raise TritonError('server at %s (Triton %s) does not offer the system_shared_memory extension; '
+                              'extensions: %s' % (client.base, self.metadata.get('version'), ', '.join(extensions) or 'none'),
+                              url=client.base + '/v2')
+        self.system = client.status('system') if 'system' in kinds else []
+        self.cuda = []
+        if 'cuda' in kinds and 'cuda_shared_memory' in extensions:
+            self.cuda = client.status('cuda')
+        self.pid, self.shm_dir, self.located_by, warns = locate_server(client, server_pid, shm_dir, proc)
+        self.warnings.extend(warns)
+        self.fs = None
+        self.entries = []
+        self.scan = None
+        self.deleted = {}
+        self.dir_error = None
+        if self.shm_dir is not None:
+            try:
+                self.fs = shm_fs.usage(self.shm_dir)
+                self.entries = shm_fs.list_entries(self.shm_dir, now=now)
+            except OSError as exc:
+                self.dir_error = 'shm_dir %s is not readable: %s' % (self.shm_dir, exc.strerror or exc)
+                if require_readable_dir:
+                    raise shm_fs.ShmFsError(self.dir_error)
+                self.warnings.append(self.dir_error + ': file and holder data are missing')
+                self.shm_dir = None
+                self.entries = []
+        self.rescan()
+
+    # -- holders ---------------------------------------------------------------------------
+
+    def rescan(self):
+        """(Re)read holders of every regular file and of registered files unlinked under the server."""
+        if self.shm_dir is None:
+            self.scan = None
+            return
+        if self.pid is not None:
+            self.deleted = holders_mod.deleted_mappings(self.pid, proc=self.proc)
+        targets = set((e['dev'], e['inode']) for e in self.entries if e['type'] == 'file')
+        targets |= set(self.deleted.values())
+        self.scan = holders_mod.scan(targets, proc=self.proc)
+        reason = self.scan.incomplete_reason()
+        if reason:
+            self.warnings.append('holders are incomplete, no region is reported stale and no file orphan: ' + reason)
+
+    def client_holders(self, dev, ino):
+        exclude = (self.pid,) if self.pid is not None else ()
+        return self.scan.holders_of(dev, ino, exclude=exclude) if self.scan else []
+
+    def server_holds(self, dev, ino):
+        return self.pid is not None and self.scan is not None and self.pid in self.scan.holders.get((dev, ino), set())
+
+    # -- records ---------------------------------------------------------------------------
+
+    def entry(self, name):
+        for e in self.entries:
+            if e['name'] == name:
+                return e
+        return None
+
+    def region_record(self, region):
+        rec = dict(region)
+        rec['file'] = None
+        rec['holders'] = []
+        if self.shm_dir is None:
+            rec['state'] = 'unknown'
+            rec['state_reason'] = 'the shm directory of the server is not known'
+            return rec
+        try:
+            name = shm_fs.key_to_name(region.get('key'))
+        except shm_fs.ShmFsError as exc:
+            rec['state'] = 'unknown'
+            rec['state_reason'] = 'backing file cannot be located safely: %s' % exc
+            return rec
+        e = self.entry(name)
+        path = os.path.join(self.shm_dir, name)
+        if e is None:
+            rec['file'] = dict(path=path, exists=False)
+            ident = self.deleted.get(name)
+            if ident:
+                rec['holders'] = self.client_holders(*ident)
+            rec['state'] = 'dangling'
+            rec['state_reason'] = 'backing file %s is missing' % path
+            if rec['holders']:
+                rec['state_reason'] += ' (still mapped by a client)'
+            return rec
+        rec['file'] = dict(path=e['path'], exists=True, type=e['type'], size=e['size'], allocated_bytes=e['allocated_bytes'],
+                           inode=e['inode'], uid=e['uid'], mode=e['mode'], mtime=e['mtime'], age_s=e['age_s'])
+        if e['type'] != 'file':
+            rec['state'] = 'unknown'
+            rec['state_reason'] = 'backing path is a %s, not a regular file' % e['type']
+            return rec
+        rec['holders'] = self.client_holders(e['dev'], e['inode'])
+        if rec['holders']:
+            rec['state'] = 'healthy'
+            rec['state_reason'] = 'held by ' + ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in rec['holders'])
+        elif not self.scan.complete:
+            rec['state'] = 'unknown'
+            rec['state_reason'] = 'holders could not be fully determined'
+        elif self.pid is None:
+            rec['state'] = 'unknown'
+            rec['state_reason'] = 'the server process is not known, so its own mapping cannot be told apart'
+        else:
+            rec['state'] = 'stale'
+            rec['state_reason'] = 'no process but the server holds the backing file: the client is gone'
+        return rec
+
+    def cuda_record(self, region):
+        rec = dict(region)
+        rec['state'] = 'unknown'
+        rec['state_reason'] = 'CUDA regions have no backing file; their clients cannot be observed'
+        return rec
+
+    def file_record(self, e, region_records):
+        rec = dict((k, v) for k, v in e.items() if k != 'dev')
+        rec['regions'] = sorted(r['name'] for r in region_records
+                                if r.get('file') and r['file'].get('exists') and r['file']['path'] == e['path'])
+        all_holders = self.scan.holders_of(e['dev'], e['inode']) if (self.scan and e['type'] == 'file') else []
+        rec['holders'] = [h for h in all_holders if h['pid'] != self.pid]
+        rec['category'], rec['category_reason'] = self._category(e, rec, all_holders)
+        return rec
+
+    def _category(self, e, rec, all_holders):
+        if e['type'] != 'file':
+            return 'foreign', 'not a regular file (%s)' % e['type']
+        if rec['regions']:
+            return 'registered', 'backs region(s) %s' % ', '.join(rec['regions'])
+        if e['name'].startswith(shm_fs.BACKEND_PREFIX):
+            return 'backend', "Triton's python backend shared memory"
+        if all_holders:
+            return 'in_use', 'held by ' + ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in all_holders)
+        if not _matches(e['name'], self.orphan_patterns):
+            return 'foreign', 'matches no orphan pattern'
+        if e['age_s'] < self.min_age:
+            return 'foreign', 'matches an orphan pattern but is younger than min_age (%ss < %ss)' % (e['age_s'], self.min_age)
+        if not self.scan or not self.scan.complete:
+            return 'foreign', 'holders could not be fully determined'
+        return 'orphan', 'unregistered, unheld, matches an orphan pattern, older than min_age'
+
+    def records(self):
+        regions = [self.region_record(r) for r in self.system]
+        cuda = [self.cuda_record(r) for r in self.cuda]
+        files = [self.file_record(e, regions) for e in self.entries]
+        return regions, cuda, files
+
+    def result(self, live=None, ready=None):
+        regions, cuda, files = self.records()
+        fs = dict(self.fs) if self.fs else None
+        summary = summarize(regions, cuda, files, fs)
+        server = dict(url=self.client.base, live=live, ready=ready, version=self.metadata.get('version'),
+                      name=self.metadata.get('name'), extensions=self.metadata.get('extensions') or [],
+                      pid=self.pid, shm_dir=self.shm_dir, located_by=self.located_by)
+        return dict(server=server, shm_fs=fs, system_regions=regions, cuda_regions=cuda, files=files,
+                    summary=summary,
+                    unreadable_processes=len(self.scan.unreadable) if self.scan else 0,
+                    holders_complete=bool(self.scan and self.scan.complete),
+                    scanned_at=time.time())
+
+
+def summarize(regions, cuda, files, fs):
+    def count(items, key, value):
+        return sum(1 for i in items if i.get(key) == value)
+
+    def file_bytes(rec):
+        f = rec.get('file') or {}
+        return f.get('allocated_bytes', 0) if f.get('exists') else 0
+    return dict(
+        system_regions=len(regions),
+        cuda_regions=len(cuda),
+        healthy_regions=count(regions, 'state', 'healthy'),
+        stale_regions=count(regions, 'state', 'stale'),
+        stale_bytes=sum(file_bytes(r) for r in regions if r['state'] == 'stale'),
+        dangling_regions=count(regions, 'state', 'dangling'),
+        unknown_regions=count(regions, 'state', 'unknown'),
+        registered_files=count(files, 'category', 'registered'),
+        backend_files=count(files, 'category', 'backend'),
+        in_use_files=count(files, 'category', 'in_use'),
+        orphan_files=count(files, 'category', 'orphan'),
+        orphan_bytes=sum(f['allocated_bytes'] for f in files if f['category'] == 'orphan'),
+        foreign_files=count(files, 'category', 'foreign'),
+        used_bytes=fs['used_bytes'] if fs else None,
+        total_bytes=fs['total_bytes'] if fs else None,
+        used_percent=fs['used_percent'] if fs else None,
+    )

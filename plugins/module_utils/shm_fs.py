@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""The shm directory: usage, safe listing, safe create and safe unlink.
+
+Private to the tritonops.shm collection. Every operation works on names
+relative to an open directory file descriptor, never follows symlinks, and
+refuses anything that is not a single path component, so nothing outside the
+shm directory can ever be touched.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+
+BACKEND_PREFIX = 'triton_python_backend_shm_region_'
+
+
+class ShmFsError(Exception):
+    """A refused or failed filesystem operation; the message says what and why."""
+
+
+def usage(path):
+    """statvfs of the shm filesystem: sizes in bytes."""
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return dict(path=path, total_bytes=total, used_bytes=used, free_bytes=free,
+                used_percent=round(100.0 * used / total, 2) if total else 0.0)
+
+
+def key_to_name(key):
+    """The file name a system region key refers to, or raise ShmFsError saying why the key is unsafe.
+
+    Triton opens ``shm_open(key)``, i.e. ``/dev/shm`` + key: a valid key is ``/`` followed by
+    one path component that is not ``.`` or ``..`` and holds no NUL.
+    """
+    if not isinstance(key, str) or not key:
+        raise ShmFsError('key must be a non-empty string like "/my_region"')
+    if '\x00' in key:
+        raise ShmFsError('key %r contains a NUL byte' % (key,))
+    if not key.startswith('/'):
+        raise ShmFsError('key %r must start with "/" (Triton opens it with shm_open in the shm directory)' % (key,))
+    name = key[1:]
+    if not name or '/' in name:
+        raise ShmFsError('key %r must be exactly one path component after the leading "/"' % (key,))
+    if name in ('.', '..'):
+        raise ShmFsError('key %r points outside the shm directory' % (key,))
+    return name
+
+
+def check_name(name):
+    if not name or '/' in name or '\x00' in name or name in ('.', '..'):
+        raise ShmFsError('refusing unsafe file name %r (must be one component inside the shm directory)' % (name,))
+    return name
+
+
+def _kind(mode):
+    if stat.S_ISREG(mode):
+        return 'file'
+    if stat.S_ISLNK(mode):
+        return 'symlink'
+    if stat.S_ISDIR(mode):
+        return 'directory'
+    if stat.S_ISFIFO(mode):
+        return 'fifo'
+    if stat.S_ISSOCK(mode):
+        return 'socket'
+    return 'other'
+
+
+def describe(name, path, st, now=None):
+    """The public description of one directory entry from its lstat result."""
+    now = time.time() if now is None else now
+    return dict(
+        name=name,
+        path=os.path.join(path, name),
+        type=_kind(st.st_mode),
+        size=st.st_size,
+        allocated_bytes=getattr(st, 'st_blocks', 0) * 512,
+        uid=st.st_uid,
+        mode='%04o' % stat.S_IMODE(st.st_mode),
+        mtime=st.st_mtime,
+        age_s=round(max(0.0, now - st.st_mtime), 3),
+        inode=st.st_ino,
+        dev=st.st_dev,
+    )
+
+
+def list_entries(path, now=None):
+    """Every entry of the shm directory, lstat'ed (never followed). Entries that vanish are skipped."""
+    now = time.time() if now is None else now
+    out = []
+    for entry in os.scandir(path):
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        out.append(describe(entry.name, path, st, now))
+    out.sort(key=lambda e: e['name'])
+    return out
+
+
+class ShmDir(object):
+    """An open shm directory; all operations are relative to its descriptor."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
+        except OSError as exc:
+            raise ShmFsError('cannot open shm directory %s: %s' % (path, exc.strerror))
+        self.st = os.fstat(self.fd)
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def lstat(self, name):
+        """lstat of name inside the directory, or None when it does not exist."""
+        check_name(name)
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def create(self, name, size, mode=0o600):
+        """Create a new regular file of size bytes (O_EXCL: never reuses or truncates an existing file)."""
+        check_name(name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0)
+        try:
+            fd = os.open(name, flags, mode, dir_fd=self.fd)
+        except OSError as exc:
+            raise ShmFsError('cannot create %s in %s: %s' % (name, self.path, exc.strerror))
+        try:
+            os.fchmod(fd, mode)
+            os.ftruncate(fd, size)
+            return os.fstat(fd)
+        except OSError as exc:
+            try:
+                os.unlink(name, dir_fd=self.fd)
+            except OSError:
+                pass
+            raise ShmFsError('cannot size %s in %s to %d bytes: %s' % (name, self.path, size, exc.strerror))
+        finally:
+            os.close(fd)
+
+    def unlink(self, name, expect_dev, expect_ino):
+        """Unlink name only if it is still the same regular file (device and inode) we classified.
+
+        Returns the bytes the file occupied. Raises ShmFsError when the entry is not a regular
+        file or was replaced since it was classified.
+        """
+        check_name(name)
+        st = self.lstat(name)
+        if st is None:
+            return 0
+        if not stat.S_ISREG(st.st_mode):
+            raise ShmFsError('%s in %s is a %s, not a regular file: not removed' % (name, self.path, _kind(st.st_mode)))
+        if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
+            raise ShmFsError('%s in %s was replaced since it was checked (inode %d, expected %d): not removed'
+                             % (name, self.path, st.st_ino, expect_ino))
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return 0
+            raise ShmFsError('cannot remove %s from %s: %s' % (name, self.path, exc.strerror))
+        return st.st_blocks * 512

@@ -1,0 +1,262 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""The one HTTP client for Triton's shared-memory and health APIs.
+
+Private to the tritonops.shm collection: no stability promise to other code.
+Modules never build URLs themselves; every request goes through TritonClient,
+which owns the session, timeouts, TLS, headers, URL-encoding of region names,
+and turns every failure into a TritonError whose message names the URL.
+"""
+from __future__ import annotations
+
+import json
+import traceback
+
+from ansible.module_utils.basic import env_fallback
+
+try:
+    from urllib.parse import quote, urlsplit
+except ImportError:  # pragma: no cover - Python 2 is not supported, keep import sanity quiet
+    from urllib import quote  # type: ignore
+    from urlparse import urlsplit  # type: ignore
+
+REQUESTS_IMPORT_ERROR = None
+try:
+    import requests
+    HAS_REQUESTS = True
+except ImportError:
+    HAS_REQUESTS = False
+    REQUESTS_IMPORT_ERROR = traceback.format_exc()
+
+
+def connection_argument_spec():
+    """Connection options shared by every module of the collection (see doc fragment tritonops.shm.triton)."""
+    return dict(
+        url=dict(type='str', required=True, fallback=(env_fallback, ['TRITON_URL'])),
+        timeout=dict(type='float', default=10.0),
+        validate_certs=dict(type='bool', default=True),
+        ca_path=dict(type='path'),
+        headers=dict(type='dict', default={}, no_log=True),
+        client_cert=dict(type='path'),
+        client_key=dict(type='path', no_log=False),
+    )
+
+
+class TritonError(Exception):
+    """A failed Triton request: what was attempted, where, and the server's own reason."""
+
+    def __init__(self, msg, url=None, status=None, server_error=None):
+        super(TritonError, self).__init__(msg)
+        self.msg = msg
+        self.url = url
+        self.status = status
+        self.server_error = server_error
+
+    @property
+    def in_use(self):
+        """Triton >= 2.50 refuses to unregister a region with requests in flight."""
+        return bool(self.server_error) and 'currently in use' in self.server_error
+
+    @property
+    def not_found(self):
+        return bool(self.server_error) and 'Unable to find' in self.server_error
+
+    def as_dict(self):
+        return dict(url=self.url, status=self.status, server_error=self.server_error)
+
+
+def region_path(kind, name):
+    """The URL path of one region; the name is percent-encoded completely."""
+    return '/v2/%s/region/%s' % (_kind_root(kind), quote(name, safe=''))
+
+
+def _kind_root(kind):
+    if kind == 'system':
+        return 'systemsharedmemory'
+    if kind == 'cuda':
+        return 'cudasharedmemory'
+    raise ValueError('unknown shared memory kind %r' % (kind,))
+
+
+class TritonClient(object):
+    """HTTP(S) client for one Triton server, one requests session per module run."""
+
+    def __init__(self, url, timeout=10.0, validate_certs=True, ca_path=None, headers=None,
+                 client_cert=None, client_key=None):
+        if not HAS_REQUESTS:
+            raise RuntimeError('requests is required')
+        url = (url or '').strip()
+        if '://' not in url:
+            url = 'http://' + url
+        parts = urlsplit(url)
+        if parts.scheme not in ('http', 'https') or not parts.hostname:
+            raise TritonError("url %r is not an http(s) URL of a Triton server (e.g. http://127.0.0.1:8000)" % (url,), url=url)
+        try:
+            parts.port  # pylint: disable=pointless-statement
+        except ValueError as exc:
+            raise TritonError('url %r has an invalid port: %s' % (url, exc), url=url)
+        self.base = url.rstrip('/')
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == 'https' else 80)
+        self.scheme = parts.scheme
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers.update({'Accept': 'application/json'})
+        self.session.headers.update(dict((str(k), str(v)) for k, v in (headers or {}).items()))
+        if ca_path and validate_certs:
+            self.session.verify = ca_path
+        else:
+            self.session.verify = bool(validate_certs)
+        if client_cert:
+            self.session.cert = (client_cert, client_key) if client_key else client_cert
+        self.requests_made = 0
+
+    @classmethod
+    def from_params(cls, params):
+        return cls(params['url'], timeout=params.get('timeout') or 10.0,
+                   validate_certs=params.get('validate_certs', True), ca_path=params.get('ca_path'),
+                   headers=params.get('headers'), client_cert=params.get('client_cert'),
+                   client_key=params.get('client_key'))
+
+    # -- transport -----------------------------------------------------------------
+
+    def request(self, method, path, body=None, what=None, expect_json=True):
+        """Send one request; return (status, decoded JSON or None). Raise TritonError on any failure."""
+        url = self.base + path
+        what = what or '%s %s' % (method, path)
+        kwargs = dict(timeout=self.timeout)
+        if body is not None:
+            kwargs['data'] = json.dumps(body)
+            kwargs['headers'] = {'Content-Type': 'application/json'}
+        self.requests_made += 1
+        try:
+            resp = self.session.request(method, url, **kwargs)
+        except requests.exceptions.SSLError as exc:
+            raise TritonError('%s at %s: TLS verification failed: %s' % (what, url, exc), url=url)
+        except requests.exceptions.ConnectTimeout as exc:
+            raise TritonError('%s at %s: connection timed out after %ss: %s' % (what, url, self.timeout, exc), url=url)
+        except requests.exceptions.ReadTimeout:
+            raise TritonError('%s at %s: no answer within %ss (timeout)' % (what, url, self.timeout), url=url)
+        except requests.exceptions.ConnectionError as exc:
+            raise TritonError('%s at %s: cannot connect to Triton (refused or unreachable): %s' % (what, url, _short(exc)), url=url)
+        except requests.exceptions.RequestException as exc:
+            raise TritonError('%s at %s: request failed: %s' % (what, url, _short(exc)), url=url)
+        data = None
+        decode_error = None
+        if resp.content:
+            try:
+                data = resp.json()
+            except ValueError as exc:
+                decode_error = exc
+        if resp.status_code >= 400:
+            server_error = None
+            if isinstance(data, dict) and isinstance(data.get('error'), str):
+                server_error = data['error']
+            detail = server_error or _snippet(resp.text) or resp.reason
+            raise TritonError('%s at %s: HTTP %s: %s' % (what, url, resp.status_code, detail), url=url,
+                              status=resp.status_code, server_error=server_error)
+        if expect_json and decode_error is not None:
+            raise TritonError('%s at %s: the response is not Triton JSON (is another web server on this port?): %s'
+                              % (what, url, _snippet(resp.text)), url=url, status=resp.status_code)
+        return resp.status_code, data
+
+    def _json_list(self, path, what):
+        _status, data = self.request('GET', path, what=what)
+        if not isinstance(data, list) or not all(isinstance(i, dict) for i in data):
+            raise TritonError('%s at %s: expected a JSON list of regions, got %s' % (what, self.base + path, _snippet(json.dumps(data))),
+                              url=self.base + path)
+        return data
+
+    # -- server ---------------------------------------------------------------------
+
+    def server_metadata(self):
+        _status, data = self.request('GET', '/v2', what='read server metadata')
+        if not isinstance(data, dict) or 'version' not in data:
+            raise TritonError('read server metadata at %s: the response is not Triton server metadata: %s'
+                              % (self.base + '/v2', _snippet(json.dumps(data))), url=self.base + '/v2')
+        return data
+
+    def health(self, which):
+        """True/False for /v2/health/live or /ready (a 4xx/5xx answer means not live/ready)."""
+        try:
+            status, _data = self.request('GET', '/v2/health/%s' % which, what='health %s' % which, expect_json=False)
+        except TritonError as exc:
+            if exc.status is not None:
+                return False
+            raise
+        return status == 200
+
+    # -- shared memory --------------------------------------------------------------
+
+    def status(self, kind):
+        return self._json_list('/v2/%s/status' % _kind_root(kind), 'read %s shared memory status' % kind)
+
+    def register_system(self, name, key, offset, byte_size):
+        body = dict(key=key, offset=offset, byte_size=byte_size)
+        self.request('POST', region_path('system', name) + '/register', body=body,
+                     what="register system region '%s'" % name, expect_json=False)
+
+    def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
+        body = dict(raw_handle=dict(b64=raw_handle_b64), device_id=device_id, byte_size=byte_size)
+        self.request('POST', region_path('cuda', name) + '/register', body=body,
+                     what="register cuda region '%s'" % name, expect_json=False)
+
+    def unregister(self, kind, name):
+        self.request('POST', region_path(kind, name) + '/unregister',
+                     what="unregister %s region '%s'" % (kind, name), expect_json=False)
+
+
+def _short(exc):
+    text = str(exc)
+    return text if len(text) <= 300 else text[:300] + '...'
+
+
+def _snippet(text, limit=200):
+    text = (text or '').strip().replace('\n', ' ')
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+# -- module glue: argument specs, client creation and error reporting ---------------------------
+
+def shm_dir_argument_spec():
+    """Connection options plus the options that locate the server's shm directory on this host."""
+    spec = connection_argument_spec()
+    spec.update(
+        server_pid=dict(type='int'),
+        shm_dir=dict(type='path'),
+    )
+    return spec
+
+
+def make_client(module):
+    """A TritonClient from the module's connection options; fail_json on missing requests or a bad URL."""
+    from ansible.module_utils.basic import missing_required_lib  # pylint: disable=import-outside-toplevel
+    if not HAS_REQUESTS:
+        module.fail_json(msg=missing_required_lib('requests'), exception=REQUESTS_IMPORT_ERROR)
+    params = module.params
+    if params['timeout'] is not None and params['timeout'] <= 0:
+        module.fail_json(msg='timeout must be a positive number of seconds, got %s' % params['timeout'])
+    try:
+        client = TritonClient.from_params(params)
+    except TritonError as exc:
+        module.fail_json(msg=exc.msg)
+    if client.scheme == 'https' and not params['validate_certs']:
+        module.warn('validate_certs is false: the TLS certificate of %s is not verified' % client.base)
+    return client
+
+
+def run_module_main(module, body, partial=None):
+    """Run body(); turn TritonError and filesystem refusals into fail_json with a clear msg.
+
+    partial: a callable returning the result keys of work already done, reported on failure.
+    """
+    from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError  # pylint: disable=import-outside-toplevel
+    try:
+        body()
+    except TritonError as exc:
+        extra = partial() if partial else {}
+        module.fail_json(msg=exc.msg, failure=exc.as_dict(), **extra)
+    except ShmFsError as exc:
+        extra = partial() if partial else {}
+        module.fail_json(msg=str(exc), **extra)

@@ -1,0 +1,292 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: triton_shm_info
+short_description: Report a Triton server's shared-memory regions, /dev/shm files and who holds them
+version_added: 0.1.0
+description:
+  - Reads, and never changes, everything an operator needs to repair leaked Triton shared memory in one call.
+  - The server's metadata and health (C(GET /v2), C(/v2/health/live), C(/v2/health/ready)).
+  - Every registered system region (C(GET /v2/systemsharedmemory/status)) joined with its backing file in the server's
+    C(/dev/shm) and the processes that map or hold that file, classified C(healthy), C(stale), C(dangling) or C(unknown).
+  - Every registered CUDA region (C(GET /v2/cudasharedmemory/status)).
+  - Every entry of the server's shm directory, classified C(registered), C(backend), C(in_use), C(orphan) or C(foreign).
+  - Usage of the server's shm filesystem (its size is the container's C(--shm-size)).
+  - Holders are found in one pass over C(/proc/*/maps) and C(/proc/*/fd), matched on device and inode, so clients in other
+    mount namespaces (containers) are seen.
+  - "Run as root (C(become: true)) so every process can be inspected; when some cannot, no region is reported C(stale)
+    (fail-safe) and a warning says why."
+author:
+  - tritonops.shm developers
+extends_documentation_fragment:
+  - tritonops.shm.triton
+  - tritonops.shm.triton.shm_dir
+attributes:
+  check_mode:
+    support: full
+    description: The module never changes anything; it runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing changes, so there is no diff.
+  idempotent:
+    support: full
+    description: Reading twice gives the same result when nothing else changed.
+  action_group:
+    description: Use C(group/tritonops.shm.triton) in C(module_defaults) to set the connection options.
+    support: full
+    membership:
+      - tritonops.shm.triton
+options:
+  orphan_patterns:
+    description:
+      - Shell-style patterns (fnmatch, case-sensitive) of file names that count as O(orphan) when unregistered, unheld
+        and at least O(min_age) seconds old. Files matching none are V(foreign) and never touched.
+      - Empty by default, so no file is ever called orphan unless asked.
+    type: list
+    elements: str
+    default: []
+  min_age:
+    description:
+      - Minimum age in seconds (since last modification) for a pattern-matching file to be orphan.
+      - A younger file may belong to a client that is about to register it.
+    type: float
+    default: 300
+  query:
+    description:
+      - A JMESPath expression applied to the whole result; its value is returned as RV(query_result).
+      - Needs the Python library C(jmespath).
+    type: str
+requirements:
+  - requests
+  - jmespath (only for O(query))
+seealso:
+  - module: tritonops.shm.triton_shm_region
+  - ref: tritonops.shm.shm_cleanup role <ansible_collections.tritonops.shm.shm_cleanup_role>
+    description: Fleet-wide cleanup built on this module.
+'''
+
+EXAMPLES = r'''
+- name: Report shared memory of the local Triton
+  tritonops.shm.triton_shm_info:
+    url: http://127.0.0.1:8000
+  become: true
+  register: shm
+
+- name: Show stale regions
+  ansible.builtin.debug:
+    msg: "{{ shm.system_regions | selectattr('state', 'eq', 'stale') | map(attribute='name') | list }}"
+
+- name: Count leaked client files older than 10 minutes, with a JMESPath query
+  tritonops.shm.triton_shm_info:
+    url: "{{ triton_url }}"
+    orphan_patterns: ["client_*", "input_*"]
+    min_age: 600
+    query: "files[?category=='orphan'].name"
+  register: orphans
+
+- name: Set the connection once for a play
+  module_defaults:
+    group/tritonops.shm.triton:
+      url: https://triton.example.com:8443
+      ca_path: /etc/pki/triton-ca.pem
+      headers:
+        Authorization: "Bearer {{ triton_token }}"
+  block:
+    - name: Read through an authenticating proxy
+      tritonops.shm.triton_shm_info:
+        shm_dir: /dev/shm
+'''
+
+RETURN = r'''
+server:
+  description: The server, as found.
+  returned: always
+  type: dict
+  contains:
+    url: {description: Base URL used., type: str, sample: "http://127.0.0.1:8000"}
+    live: {description: C(/v2/health/live) answered 200., type: bool}
+    ready: {description: C(/v2/health/ready) answered 200., type: bool}
+    name: {description: Server name from C(GET /v2)., type: str, sample: triton}
+    version: {description: Triton version., type: str, sample: "2.51.0"}
+    extensions: {description: Protocol extensions., type: list, elements: str, sample: [system_shared_memory, cuda_shared_memory]}
+    pid: {description: PID of the tritonserver process on this host, or null when not found., type: int, sample: 4242}
+    shm_dir: {description: Directory used as the server's /dev/shm, or null., type: str, sample: /proc/4242/root/dev/shm}
+    located_by: {description: How the pid and directory were found., type: str, sample: "listener; shm_dir from /proc/4242/root"}
+shm_fs:
+  description: Usage of the server's shm filesystem (statvfs), or null when the directory is not known.
+  returned: always
+  type: dict
+  contains:
+    path: {description: The directory., type: str}
+    total_bytes: {description: Size of the filesystem (the container's C(--shm-size))., type: int, sample: 67108864}
+    used_bytes: {description: Bytes in use., type: int}
+    free_bytes: {description: Bytes available., type: int}
+    used_percent: {description: Percent used., type: float, sample: 37.5}
+system_regions:
+  description: Every registered system shared-memory region.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name: {description: Region name., type: str}
+    key: {description: Shared memory key (C(shm_open) name)., type: str, sample: /input0}
+    offset: {description: Offset into the backing file., type: int}
+    byte_size: {description: Registered size., type: int}
+    file:
+      description: The backing file (C(shm_dir) + key), or null when it cannot be located.
+      type: dict
+      contains:
+        path: {description: Path on this host., type: str}
+        exists: {description: Whether the file exists., type: bool}
+        type: {description: "C(file), C(symlink), C(directory), C(fifo), C(socket) or C(other)." , type: str}
+        size: {description: Apparent size in bytes., type: int}
+        allocated_bytes: {description: Bytes of shm the file occupies., type: int}
+        inode: {description: Inode number., type: int}
+        uid: {description: Owner uid., type: int}
+        mode: {description: Permission bits (octal string)., type: str, sample: "0600"}
+        mtime: {description: Modification time (epoch seconds)., type: float}
+        age_s: {description: Seconds since modification., type: float}
+    holders:
+      description: Processes other than the server that map or hold the backing file.
+      type: list
+      elements: dict
+      contains:
+        pid: {description: Process id., type: int}
+        comm: {description: Process name., type: str}
+    state:
+      description:
+        - C(healthy) some process besides the server holds the file.
+        - C(stale) registered, file present, no holder but the server (the client is gone).
+        - C(dangling) registered, backing file missing.
+        - C(unknown) holders or file could not be determined.
+      type: str
+      sample: stale
+    state_reason: {description: Why the state was chosen., type: str}
+cuda_regions:
+  description: Every registered CUDA region (C(name), C(device_id), C(byte_size), and what else the server returns); C(state) is C(unknown).
+  returned: always
+  type: list
+  elements: dict
+files:
+  description: Every entry of the shm directory (lstat, never followed).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name: {description: File name., type: str}
+    path: {description: Path on this host., type: str}
+    type: {description: Entry type., type: str}
+    size: {description: Apparent size., type: int}
+    allocated_bytes: {description: Bytes of shm occupied., type: int}
+    uid: {description: Owner uid., type: int}
+    mode: {description: Permission bits., type: str}
+    mtime: {description: Modification time., type: float}
+    age_s: {description: Seconds since modification., type: float}
+    inode: {description: Inode number., type: int}
+    holders: {description: Processes other than the server holding it., type: list, elements: dict}
+    regions: {description: Names of regions it backs., type: list, elements: str}
+    category:
+      description:
+        - C(registered) backs a region; C(backend) Triton's python backend file; C(in_use) held, not registered;
+          C(orphan) unregistered, unheld, matches O(orphan_patterns), older than O(min_age); C(foreign) anything else.
+      type: str
+    category_reason: {description: Why the category was chosen., type: str}
+summary:
+  description: Counts and bytes.
+  returned: always
+  type: dict
+  contains:
+    system_regions: {description: Registered system regions., type: int}
+    cuda_regions: {description: Registered CUDA regions., type: int}
+    healthy_regions: {description: Healthy regions., type: int}
+    stale_regions: {description: Stale regions., type: int}
+    stale_bytes: {description: Shm bytes occupied by stale regions' files., type: int}
+    dangling_regions: {description: Dangling regions., type: int}
+    unknown_regions: {description: Regions in state unknown., type: int}
+    registered_files: {description: Files backing regions., type: int}
+    backend_files: {description: Python backend files., type: int}
+    in_use_files: {description: Held unregistered files., type: int}
+    orphan_files: {description: Orphan files., type: int}
+    orphan_bytes: {description: Shm bytes occupied by orphan files., type: int}
+    foreign_files: {description: Files never touched., type: int}
+    used_bytes: {description: Used bytes of the shm filesystem., type: int}
+    total_bytes: {description: Size of the shm filesystem., type: int}
+    used_percent: {description: Percent used., type: float}
+unreadable_processes:
+  description: Processes that could hold a file but whose /proc entries could not be read. When above 0, nothing is stale.
+  returned: always
+  type: int
+  sample: 0
+holders_complete:
+  description: Whether every holder could be determined.
+  returned: always
+  type: bool
+scanned_at:
+  description: Epoch time of the scan.
+  returned: always
+  type: float
+query_result:
+  description: Value of O(query) applied to the result.
+  returned: when O(query) is set
+  type: raw
+'''
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import make_client, run_module_main, shm_dir_argument_spec
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
+
+JMESPATH_IMPORT_ERROR = None
+try:
+    import jmespath
+    HAS_JMESPATH = True
+except ImportError:
+    HAS_JMESPATH = False
+    JMESPATH_IMPORT_ERROR = traceback.format_exc()
+
+
+def run(module, client):
+    params = module.params
+    if params['query'] and not HAS_JMESPATH:
+        module.fail_json(msg=missing_required_lib('jmespath'), exception=JMESPATH_IMPORT_ERROR)
+    compiled = None
+    if params['query']:
+        try:
+            compiled = jmespath.compile(params['query'])
+        except jmespath.exceptions.JMESPathError as exc:
+            module.fail_json(msg='query %r is not a valid JMESPath expression: %s' % (params['query'], exc))
+    live = client.health('live')
+    ready = client.health('ready')
+    inv = Inventory(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
+                    orphan_patterns=params['orphan_patterns'], min_age=params['min_age'],
+                    require_readable_dir=params['shm_dir'] is not None)
+    for warning in inv.warnings:
+        module.warn(warning)
+    result = inv.result(live=live, ready=ready)
+    if compiled is not None:
+        try:
+            result['query_result'] = compiled.search(result)
+        except jmespath.exceptions.JMESPathError as exc:
+            module.fail_json(msg='query %r failed: %s' % (params['query'], exc))
+    module.exit_json(changed=False, **result)
+
+
+def main():
+    argument_spec = shm_dir_argument_spec()
+    argument_spec.update(
+        orphan_patterns=dict(type='list', elements='str', default=[]),
+        min_age=dict(type='float', default=300),
+        query=dict(type='str'),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    run_module_main(module, lambda: run(module, make_client(module)))
+
+
+if __name__ == '__main__':
+    main()
