@@ -1,0 +1,381 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""Register, unregister and clean regions safely: the work behind triton_shm_region.
+
+Private to the tritonops.shm collection. Decisions about what a region or a
+file *is* come from inventory.py; this file decides what to *do* and does it,
+in the order the safety invariants require (../shared/DESIGN.md):
+unregister first, re-check holders, then unlink only unheld regular files by
+(device, inode) inside the shm directory.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+
+from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+
+
+def _spec(region):
+    return dict((k, region.get(k)) for k in ('name', 'key', 'offset', 'byte_size') if k in region)
+
+
+def _cuda_spec(region):
+    return dict((k, region.get(k)) for k in ('name', 'device_id', 'byte_size') if k in region)
+
+
+def _holders_text(holders):
+    return ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in holders)
+
+
+class RegionOps(object):
+    """One module run: plan, then (unless check mode) act, recording everything done."""
+
+    def __init__(self, client, params, check_mode=False, warn=None, sleep=time.sleep, clock=time.monotonic):
+        self.client = client
+        self.params = params
+        self.check_mode = check_mode
+        self.warn = warn or (lambda msg: None)
+        self.sleep = sleep
+        self.clock = clock
+        self.changed = False
+        self.registered = []
+        self.unregistered = []
+        self.removed_files = []
+        self.created_files = []
+        self.skipped = []
+        self.freed_bytes = 0
+        self.before = None
+        self.after = None
+        self.used_before = None
+        self.used_after = None
+        self.inv = None
+
+    # -- results ---------------------------------------------------------------------------
+
+    def partial(self):
+        """What was done so far: returned on success and on failure part-way."""
+        out = dict(changed=self.changed, registered=self.registered, unregistered=self.unregistered,
+                   removed_files=self.removed_files, created_files=self.created_files, skipped_items=self.skipped,
+                   freed_bytes=self.freed_bytes)
+        if self.used_before is not None:
+            out['shm_used_bytes_before'] = self.used_before
+            out['shm_used_bytes_after'] = self.used_after
+        return out
+
+    def _inventory(self, kinds, orphan_patterns=None, min_age=300):
+        p = self.params
+        self.inv = Inventory(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
+                             orphan_patterns=orphan_patterns, min_age=min_age,
+                             require_readable_dir=p.get('shm_dir') is not None, kinds=kinds)
+        for w in self.inv.warnings:
+            self.warn(w)
+        if self.inv.fs:
+            self.used_before = self.used_after = self.inv.fs['used_bytes']
+        return self.inv
+
+    def _measure_after(self):
+        if self.inv and self.inv.shm_dir and not self.check_mode:
+            try:
+                self.used_after = shm_fs.usage(self.inv.shm_dir)['used_bytes']
+            except OSError:
+                pass
+
+    # -- unregister with the in-use retry ---------------------------------------------------
+
+    def _unregister(self, kind, name):
+        """Unregister; True when done (or already gone), False when skipped because it stayed in use."""
+        timeout = self.params.get('in_use_timeout', 10)
+        deadline = self.clock() + timeout
+        delay = 0.05
+        while True:
+            try:
+                self.client.unregister(kind, name)
+                return True
+            except TritonError as exc:
+                if exc.not_found:
+                    return None
+                if not exc.in_use:
+                    raise
+                if self.clock() + delay > deadline:
+                    self.skipped.append(dict(name=name, reason='still in use after %ss (requests in flight): %s'
+                                             % (timeout, exc.server_error)))
+                    return False
+                self.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    # -- present ----------------------------------------------------------------------------
+
+    def present(self):
+        if self.params['kind'] == 'cuda':
+            return self._present_cuda()
+        p = self.params
+        key_name = shm_fs.key_to_name(p['key'])
+        if p['byte_size'] is None or p['byte_size'] <= 0:
+            raise shm_fs.ShmFsError('byte_size must be a positive number of bytes, got %s' % p['byte_size'])
+        if p['offset'] < 0:
+            raise shm_fs.ShmFsError('offset must be 0 or more, got %s' % p['offset'])
+        need = p['offset'] + p['byte_size']
+        inv = self._inventory(kinds=('system',))
+        current = dict((r['name'], r) for r in inv.system)
+        wanted = dict(key=p['key'], offset=p['offset'], byte_size=p['byte_size'])
+        self.before = dict(regions=[_spec(current[n]) for n in p['name'] if n in current])
+        todo = []
+        for name in p['name']:
+            cur = current.get(name)
+            if cur is not None and all(cur.get(k) == v for k, v in wanted.items()):
+                continue
+            todo.append((name, cur))
+        create = False
+        if inv.shm_dir is None:
+            if p['create_file']:
+                raise shm_fs.ShmFsError('create_file needs the server\'s shm directory, which was not found: set server_pid or shm_dir')
+        elif todo:
+            create = self._check_backing_file(inv, key_name, need, p['create_file'])
+        self.after = dict(regions=[dict(name=n, **wanted) for n in p['name']])
+        if not todo:
+            return
+        self.changed = True
+        if self.check_mode:
+            if create:
+                self.created_files.append(os.path.join(inv.shm_dir, key_name))
+            self.registered = [n for n, _cur in todo]
+            return
+        created_path = None
+        if create:
+            with shm_fs.ShmDir(inv.shm_dir) as d:
+                d.create(key_name, need)
+            created_path = os.path.join(inv.shm_dir, key_name)
+            self.created_files.append(created_path)
+        try:
+            for name, cur in todo:
+                if cur is not None:
+                    if self._unregister('system', name) is False:
+                        raise TritonError("re-register system region '%s': it stays in use, not changed" % name)
+                    self.unregistered.append(name)
+                self.client.register_system(name, p['key'], p['offset'], p['byte_size'])
+                self.registered.append(name)
+        except TritonError:
+            if created_path and not self.registered:
+                with shm_fs.ShmDir(inv.shm_dir) as d:
+                    st = d.lstat(key_name)
+                    if st is not None:
+                        d.unlink(key_name, st.st_dev, st.st_ino)
+                self.created_files.remove(created_path)
+            raise
+        finally:
+            self._measure_after()
+
+    def _check_backing_file(self, inv, key_name, need, create_file):
+        """Validate the backing file; True when it has to be created."""
+        with shm_fs.ShmDir(inv.shm_dir) as d:
+            st = d.lstat(key_name)
+        path = os.path.join(inv.shm_dir, key_name)
+        if st is None:
+            if not create_file:
+                raise shm_fs.ShmFsError('backing file %s does not exist: create it (a client does) or set create_file: true' % path)
+            return True
+        kind = shm_fs.describe(key_name, inv.shm_dir, st)['type']
+        if kind != 'file':
+            raise shm_fs.ShmFsError('backing path %s is a %s, not a regular file: refusing to register it' % (path, kind))
+        if st.st_size < need:
+            raise shm_fs.ShmFsError('offset + byte_size (%d) is past the end of %s (%d bytes); the file is never truncated or grown'
+                                    % (need, path, st.st_size))
+        return False
+
+    def _present_cuda(self):
+        p = self.params
+        if p['byte_size'] is None or p['byte_size'] <= 0:
+            raise shm_fs.ShmFsError('byte_size must be a positive number of bytes, got %s' % p['byte_size'])
+        current = dict((r['name'], r) for r in self.client.status('cuda'))
+        self.before = dict(regions=[_cuda_spec(current[n]) for n in p['name'] if n in current])
+        self.after = dict(regions=[dict(name=n, device_id=p['device_id'], byte_size=p['byte_size']) for n in p['name']])
+        todo = [(n, current.get(n)) for n in p['name']
+                if not (n in current and current[n].get('device_id') == p['device_id'] and current[n].get('byte_size') == p['byte_size'])]
+        if not todo:
+            return
+        self.changed = True
+        if self.check_mode:
+            self.registered = [n for n, _cur in todo]
+            return
+        for name, cur in todo:
+            if cur is not None:
+                if self._unregister('cuda', name) is False:
+                    raise TritonError("re-register cuda region '%s': it stays in use, not changed" % name)
+                self.unregistered.append(name)
+            self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size'])
+            self.registered.append(name)
+
+    # -- absent -----------------------------------------------------------------------------
+
+    def _excluded(self, name):
+        return any(fnmatch.fnmatchcase(name, pat) for pat in self.params.get('exclude') or ())
+
+    def absent(self):
+        p = self.params
+        if p['kind'] == 'cuda':
+            return self._absent_cuda()
+        inv = self._inventory(kinds=('system',), orphan_patterns=p['orphan_patterns'] if p['orphan_files'] else None,
+                              min_age=p['min_age'])
+        regions, _cuda, files = inv.records()
+        selected = []
+        names = set(p['name'] or ())
+        for rec in regions:
+            why = None
+            if p['all']:
+                why = 'all'
+            elif rec['name'] in names:
+                why = 'named'
+            elif p['stale'] and self._is_dead(rec):
+                why = rec['state']
+            if why is None:
+                continue
+            if self._excluded(rec['name']):
+                self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+                continue
+            selected.append(rec)
+        selected_names = set(r['name'] for r in selected)
+        remaining = [r for r in regions if r['name'] not in selected_names]
+        kept_paths = set(r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists'))
+        file_plan = []   # (entry, region name or None)
+        entries = dict((e['path'], e) for e in inv.entries)
+        for rec in selected:
+            f = rec.get('file')
+            if not p['remove_file'] or not f or not f.get('exists'):
+                continue
+            path = f['path']
+            if path in kept_paths:
+                self.skipped.append(dict(path=path, reason='also backs a region that stays registered'))
+                continue
+            if f.get('type') != 'file':
+                self.skipped.append(dict(path=path, reason='not a regular file (%s): never removed' % f.get('type')))
+                continue
+            if rec['holders']:
+                self.skipped.append(dict(path=path, reason='held by ' + _holders_text(rec['holders'])))
+                self.warn("region '%s' was unregistered as asked, but its file %s is held by %s and is kept"
+                          % (rec['name'], path, _holders_text(rec['holders'])))
+                continue
+            if inv.scan is None or not inv.scan.complete:
+                self.skipped.append(dict(path=path, reason='holders could not be fully determined'))
+                continue
+            if path not in [e['path'] for e, _n in file_plan]:
+                file_plan.append((entries[path], rec['name']))
+        if p['orphan_files']:
+            for f in files:
+                if f['category'] == 'orphan':
+                    file_plan.append((entries[f['path']], None))
+        self.before = dict(regions=[_spec(r) for r in regions], files=[e['path'] for e, _n in file_plan])
+        self.after = dict(regions=[_spec(r) for r in remaining], files=[])
+        if not selected and not file_plan:
+            return
+        self.changed = True
+        if self.check_mode:
+            self.unregistered = sorted(selected_names)
+            self.removed_files = [e['path'] for e, _n in file_plan]
+            self.freed_bytes = sum(e['allocated_bytes'] for e, _n in file_plan)
+            return
+        try:
+            still_registered = set()
+            for rec in selected:
+                done = self._unregister('system', rec['name'])
+                if done is False:
+                    still_registered.add(rec['name'])
+                elif done:
+                    self.unregistered.append(rec['name'])
+            self._remove_files(inv, file_plan, still_registered)
+        finally:
+            self._measure_after()
+            try:
+                status = self.client.status('system')
+                self.after['regions'] = [_spec(r) for r in status]
+            except TritonError:
+                pass
+        if not self.unregistered and not self.removed_files:
+            self.changed = False
+
+    def _is_dead(self, rec):
+        """Stale, or dangling with no client holding the unlinked file (and holders fully known)."""
+        if rec['state'] == 'stale':
+            return True
+        inv = self.inv
+        return (rec['state'] == 'dangling' and not rec['holders'] and inv.pid is not None
+                and inv.scan is not None and inv.scan.complete)
+
+    def _remove_files(self, inv, file_plan, still_registered):
+        if not file_plan:
+            return
+        # Invariant 3: re-check holders immediately before unlinking.
+        inv.rescan()
+        with shm_fs.ShmDir(inv.shm_dir) as d:
+            for entry, region in file_plan:
+                path = entry['path']
+                if region in still_registered:
+                    self.skipped.append(dict(path=path, reason="region '%s' is still registered" % region))
+                    continue
+                if inv.scan is None or not inv.scan.complete:
+                    self.skipped.append(dict(path=path, reason='holders could not be fully determined'))
+                    continue
+                holders = inv.scan.holders_of(entry['dev'], entry['inode'])
+                if holders:
+                    self.skipped.append(dict(path=path, reason='held by %s (re-checked before removal)' % _holders_text(holders)))
+                    continue
+                try:
+                    freed = d.unlink(entry['name'], entry['dev'], entry['inode'])
+                except shm_fs.ShmFsError as exc:
+                    self.skipped.append(dict(path=path, reason=str(exc)))
+                    self.warn(str(exc))
+                    continue
+                self.removed_files.append(path)
+                self.freed_bytes += freed
+
+    def _absent_cuda(self):
+        p = self.params
+        if p['orphan_files']:
+            raise shm_fs.ShmFsError('orphan_files applies to kind=system only (CUDA regions have no files)')
+        current = self.client.status('cuda')
+        names = set(p['name'] or ())
+        selected = []
+        for rec in current:
+            if not (p['all'] or rec['name'] in names):
+                continue
+            if self._excluded(rec['name']):
+                self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+                continue
+            selected.append(rec)
+        if p['stale'] and not p['all']:
+            self.warn('CUDA regions are never stale (their clients cannot be observed): stale=true selects none of them')
+        sel = set(r['name'] for r in selected)
+        self.before = dict(regions=[_cuda_spec(r) for r in current], files=[])
+        self.after = dict(regions=[_cuda_spec(r) for r in current if r['name'] not in sel], files=[])
+        if not selected:
+            return
+        self.changed = True
+        if self.check_mode:
+            self.unregistered = sorted(sel)
+            return
+        for rec in selected:
+            if self._unregister('cuda', rec['name']):
+                self.unregistered.append(rec['name'])
+        if not self.unregistered:
+            self.changed = False
+
+    def regions_after(self):
+        """The regions after the change (predicted in check mode)."""
+        try:
+            current = self.client.status(self.params['kind'])
+        except TritonError:
+            return (self.after or {}).get('regions', [])
+        return self._predict(current) if self.check_mode else current
+
+    def _predict(self, current):
+        p = self.params
+        gone = set(self.unregistered)
+        out = [r for r in current if r['name'] not in gone]
+        if p['state'] == 'present':
+            out = [r for r in out if r['name'] not in set(self.registered)]
+            out += [r for r in self.after['regions'] if r['name'] in set(self.registered)]
+        return sorted(out, key=lambda r: r['name'])

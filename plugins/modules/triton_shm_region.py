@@ -1,0 +1,309 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: triton_shm_region
+short_description: Register, unregister and clean Triton shared-memory regions safely
+version_added: 0.1.0
+description:
+  - Registers system or CUDA shared-memory regions with a Triton Inference Server, or unregisters them and removes their
+    backing files from the server's C(/dev/shm), without restarting Triton.
+  - "O(state=absent) selects regions by O(name), by state (O(stale=true): every region whose client is gone), or all of them
+    (O(all=true), explicit only), and optionally orphan files by pattern (O(orphan_files=true))."
+  - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
+    holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
+    Triton's python backend files and files matching no O(orphan_patterns) are never removed; when holders cannot all be seen
+    (not root), nothing is stale and no file is removed."
+  - One call handles any number of regions over one HTTP session. A failure part-way fails the task with what was already
+    done in the result; a rerun converges.
+author:
+  - tritonops.shm developers
+extends_documentation_fragment:
+  - tritonops.shm.triton
+  - tritonops.shm.triton.shm_dir
+attributes:
+  check_mode:
+    support: full
+    description: Reports exactly what would be registered, unregistered and removed, and touches nothing.
+  diff_mode:
+    support: full
+    description: C(before) and C(after) lists of regions, and the files to remove.
+  idempotent:
+    support: full
+    description: A second run with the same arguments reports no change.
+  action_group:
+    description: Use C(group/tritonops.shm.triton) in C(module_defaults) to set the connection options.
+    support: full
+    membership:
+      - tritonops.shm.triton
+options:
+  state:
+    description:
+      - V(present) registers the region(s) in O(name) with the given spec; an existing region with another spec is re-registered.
+      - V(absent) unregisters the selected regions and removes their unheld backing files.
+    type: str
+    choices: [present, absent]
+    default: present
+  kind:
+    description:
+      - V(system) regions are backed by files in C(/dev/shm); V(cuda) regions by CUDA IPC handles (no files).
+    type: str
+    choices: [system, cuda]
+    default: system
+  name:
+    description:
+      - Region names. A single string is accepted.
+      - Required with O(state=present). With O(state=absent), a name that is not registered is no change.
+    type: list
+    elements: str
+    default: []
+  key:
+    description:
+      - Shared-memory key of a system region, C(/) followed by one file name (the file C(shm_dir/NAME)).
+      - Required with O(state=present) and O(kind=system).
+    type: str
+    no_log: false
+  offset:
+    description:
+      - Offset of the region inside the backing file.
+    type: int
+    default: 0
+  byte_size:
+    description:
+      - Size of the region in bytes. Must be positive; O(offset) + O(byte_size) must fit in the backing file.
+      - Required with O(state=present).
+    type: int
+  create_file:
+    description:
+      - Create the backing file in the server's shm directory when it does not exist (exclusive create, mode C(0600),
+        size O(offset) + O(byte_size)). An existing file is never truncated or grown; a smaller one is an error.
+    type: bool
+    default: false
+  raw_handle:
+    description:
+      - Base64 of the C(cudaIpcMemHandle_t) of a CUDA region. Required with O(state=present) and O(kind=cuda).
+    type: str
+  device_id:
+    description:
+      - CUDA device of a CUDA region. Required with O(state=present) and O(kind=cuda).
+    type: int
+  stale:
+    description:
+      - With O(state=absent), select every stale region (no process but the server holds its file), and every dangling one
+        (file gone) that no client still maps.
+    type: bool
+    default: false
+  all:
+    description:
+      - With O(state=absent), select every registered region of O(kind), live clients' too. Never a default.
+    type: bool
+    default: false
+  orphan_files:
+    description:
+      - With O(state=absent), also remove orphan files (unregistered, unheld, matching O(orphan_patterns), older than O(min_age)).
+    type: bool
+    default: false
+  orphan_patterns:
+    description:
+      - Shell-style patterns of file names that may be orphans. Required, non-empty, with O(orphan_files=true).
+    type: list
+    elements: str
+    default: []
+  min_age:
+    description:
+      - Minimum age in seconds of an orphan file.
+    type: float
+    default: 300
+  exclude:
+    description:
+      - Shell-style patterns of region names never unregistered by O(state=absent).
+    type: list
+    elements: str
+    default: []
+  remove_file:
+    description:
+      - After unregistering, remove the backing file when no process but the server holds it. A held file is kept and
+        reported in RV(skipped_items).
+    type: bool
+    default: true
+  in_use_timeout:
+    description:
+      - Seconds to keep retrying, with backoff, an unregister that Triton refuses because requests are in flight
+        ("currently in use", Triton 2.50 and later). After that the region is skipped, not failed.
+    type: float
+    default: 10
+requirements:
+  - requests
+seealso:
+  - module: tritonops.shm.triton_shm_info
+'''
+
+EXAMPLES = r'''
+- name: Remove every region whose client is gone, and its file
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    state: absent
+    stale: true
+  become: true
+
+- name: Also remove old client files nobody registered or holds
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    state: absent
+    stale: true
+    orphan_files: true
+    orphan_patterns: ["client_input_*", "client_output_*"]
+    min_age: 600
+  become: true
+
+- name: Unregister two named regions but keep a protected one
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    state: absent
+    name: [input0, output0]
+    exclude: ["warmup_*"]
+
+- name: Rebuild and register a clean 16 MiB region (the 建 step)
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    name: input0
+    key: /input0
+    byte_size: 16777216
+    create_file: true
+
+- name: Register a CUDA region from its IPC handle
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    kind: cuda
+    name: gpu_input0
+    raw_handle: "{{ ipc_handle_b64 }}"
+    device_id: 0
+    byte_size: 4194304
+'''
+
+RETURN = r'''
+registered:
+  description: Names registered (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+unregistered:
+  description: Names unregistered (or that would be).
+  returned: always
+  type: list
+  elements: str
+removed_files:
+  description: Backing or orphan files removed (or that would be).
+  returned: always
+  type: list
+  elements: str
+created_files:
+  description: Backing files created by O(create_file).
+  returned: always
+  type: list
+  elements: str
+skipped_items:
+  description:
+    - What was left alone and why; items have C(name) (a region) or C(path) (a file), and C(reason).
+    - Not called C(skipped) because Ansible reserves that result key for skipped tasks.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{path: /proc/42/root/dev/shm/input0, reason: "held by 4711 (python)"}]
+freed_bytes:
+  description: Bytes of shm the removed files occupied.
+  returned: always
+  type: int
+shm_used_bytes_before:
+  description: Used bytes of the server's shm filesystem before the change.
+  returned: when the shm directory is known
+  type: int
+shm_used_bytes_after:
+  description: Used bytes after the change (equal to before in check mode).
+  returned: when the shm directory is known
+  type: int
+regions:
+  description: Regions of O(kind) registered after the change (predicted in check mode).
+  returned: always
+  type: list
+  elements: dict
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import make_client, run_module_main, shm_dir_argument_spec
+
+
+def validate(module):
+    p = module.params
+    if p['state'] == 'present':
+        if not p['name']:
+            module.fail_json(msg='state=present needs name')
+        for opt in ('stale', 'all', 'orphan_files'):
+            if p[opt]:
+                module.fail_json(msg='%s applies to state=absent only' % opt)
+        if p['kind'] == 'system':
+            missing = [o for o in ('key', 'byte_size') if p[o] is None]
+        else:
+            missing = [o for o in ('raw_handle', 'device_id', 'byte_size') if p[o] is None]
+        if missing:
+            module.fail_json(msg='state=present with kind=%s needs %s' % (p['kind'], ', '.join(missing)))
+    else:
+        if not (p['name'] or p['stale'] or p['all'] or p['orphan_files']):
+            module.fail_json(msg='state=absent needs a selector: name, stale=true, all=true or orphan_files=true')
+        if p['orphan_files'] and not p['orphan_patterns']:
+            module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
+        if p['min_age'] < 0:
+            module.fail_json(msg='min_age must be 0 or more seconds')
+    if p['in_use_timeout'] < 0:
+        module.fail_json(msg='in_use_timeout must be 0 or more seconds')
+    if any(not n for n in p['name']):
+        module.fail_json(msg='region names must not be empty')
+
+
+def main():
+    argument_spec = shm_dir_argument_spec()
+    argument_spec.update(
+        state=dict(type='str', choices=['present', 'absent'], default='present'),
+        kind=dict(type='str', choices=['system', 'cuda'], default='system'),
+        name=dict(type='list', elements='str', default=[]),
+        key=dict(type='str', no_log=False),
+        offset=dict(type='int', default=0),
+        byte_size=dict(type='int'),
+        create_file=dict(type='bool', default=False),
+        raw_handle=dict(type='str'),
+        device_id=dict(type='int'),
+        stale=dict(type='bool', default=False),
+        all=dict(type='bool', default=False),
+        orphan_files=dict(type='bool', default=False),
+        orphan_patterns=dict(type='list', elements='str', default=[]),
+        min_age=dict(type='float', default=300),
+        exclude=dict(type='list', elements='str', default=[]),
+        remove_file=dict(type='bool', default=True),
+        in_use_timeout=dict(type='float', default=10),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    validate(module)
+    client = make_client(module)
+    ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
+
+    def body():
+        if module.params['state'] == 'present':
+            ops.present()
+        else:
+            ops.absent()
+        result = ops.partial()
+        result['regions'] = ops.regions_after()
+        if module._diff and ops.before is not None:
+            result['diff'] = dict(before=ops.before, after=ops.after)
+        module.exit_json(**result)
+
+    run_module_main(module, body, partial=ops.partial)
+
+
+if __name__ == '__main__':
+    main()
