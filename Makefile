@@ -18,7 +18,11 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 PYTEST_ARGS ?=
 
-.PHONY: help venv collection sanity units integration test demo demo-stop bench soak lint docs build install-test clean
+PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
+# pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
+PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
+
+.PHONY: deps help venv collection sanity units integration test demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -44,15 +48,18 @@ sanity: collection  ## ansible-test sanity (empty ignore files)
 	cd $(COLL) && ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
 units: collection  ## unit tests (pytest, no server needed)
-	cd $(COLL) && $(VPY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+	cd $(COLL) && $(PYTEST_RUN) tests/unit $(PYTEST_ARGS)
 
 integration: collection  ## integration tests against real tritonserver processes
-	cd $(COLL) && $(VPY) -m pytest -p no:cacheprovider tests/integration $(PYTEST_ARGS)
+	cd $(COLL) && $(PYTEST_RUN) tests/integration $(PYTEST_ARGS)
 
 lint: collection  ## ansible-lint, production profile
 	cd $(COLL) && ansible-lint --profile production --offline roles playbooks
 
-test: sanity lint units integration  ## every test: sanity, lint, units, integration
+deps:  ## install missing Debian packages the tests need (as root), else list them
+	@.ci/deps
+
+test: deps sanity lint units integration  ## every test: sanity, lint, units, integration
 
 demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
 	cd $(COLL) && $(VPY) tests/rig/demo.py
