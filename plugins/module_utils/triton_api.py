@@ -15,11 +15,7 @@ import traceback
 
 from ansible.module_utils.basic import env_fallback
 
-try:
-    from urllib.parse import quote, urlsplit
-except ImportError:  # pragma: no cover - Python 2 is not supported, keep import sanity quiet
-    from urllib import quote  # type: ignore
-    from urlparse import urlsplit  # type: ignore
+from urllib.parse import urlsplit
 
 REQUESTS_IMPORT_ERROR = None
 try:
@@ -46,12 +42,13 @@ def connection_argument_spec():
 class TritonError(Exception):
     """A failed Triton request: what was attempted, where, and the server's own reason."""
 
-    def __init__(self, msg, url=None, status=None, server_error=None):
+    def __init__(self, msg, url=None, status=None, server_error=None, unaddressable=False):
         super(TritonError, self).__init__(msg)
         self.msg = msg
         self.url = url
         self.status = status
         self.server_error = server_error
+        self.unaddressable = unaddressable
 
     @property
     def in_use(self):
@@ -66,9 +63,32 @@ class TritonError(Exception):
         return dict(url=self.url, status=self.status, server_error=self.server_error)
 
 
+# Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
+_SEGMENT_SAFE = frozenset('ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789' "-._~!$&'()*+,;=:@%")
+
+
+def region_segment(name):
+    """The region name as a URL path segment, sent byte for byte.
+
+    Triton's HTTP endpoint does not percent-decode region names: registering
+    ``a%20b`` creates a region literally named ``a%20b``. So a name is sent as it
+    is, and a name with characters a path segment cannot carry (space, ``#``,
+    ``?``, ``/``, non-ASCII, controls) cannot be addressed over HTTP at all
+    (such regions can only come from gRPC clients): that raises TritonError
+    with ``unaddressable`` set, before anything is sent.
+    """
+    bad = sorted(set(c for c in name if c not in _SEGMENT_SAFE))
+    if not name or bad:
+        raise TritonError("region name %r cannot be addressed over Triton's HTTP API: it contains %s, and Triton does not "
+                          "decode percent-encoding in region names (use names of letters, digits and -._~ only; "
+                          "a region registered like this over gRPC must be unregistered over gRPC)"
+                          % (name, ', '.join(repr(c) for c in bad) or 'nothing'), unaddressable=True)
+    return name
+
+
 def region_path(kind, name):
-    """The URL path of one region; the name is percent-encoded completely."""
-    return '/v2/%s/region/%s' % (_kind_root(kind), quote(name, safe=''))
+    """The URL path of one region (see region_segment)."""
+    return '/v2/%s/region/%s' % (_kind_root(kind), region_segment(name))
 
 
 def _kind_root(kind):
@@ -125,13 +145,16 @@ class TritonClient(object):
         """Send one request; return (status, decoded JSON or None). Raise TritonError on any failure."""
         url = self.base + path
         what = what or '%s %s' % (method, path)
-        kwargs = dict(timeout=self.timeout)
+        kwargs = {}
         if body is not None:
             kwargs['data'] = json.dumps(body)
             kwargs['headers'] = {'Content-Type': 'application/json'}
         self.requests_made += 1
         try:
-            resp = self.session.request(method, url, **kwargs)
+            prepared = self.session.prepare_request(requests.Request(method, url, data=kwargs.get('data'), headers=kwargs.get('headers')))
+            prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
+            settings = self.session.merge_environment_settings(url, {}, None, None, None)
+            resp = self.session.send(prepared, timeout=self.timeout, **settings)
         except requests.exceptions.SSLError as exc:
             raise TritonError('%s at %s: TLS verification failed: %s' % (what, url, exc), url=url)
         except requests.exceptions.ConnectTimeout as exc:
