@@ -217,15 +217,72 @@ class Client:
             pass
 
 
+class ShmNamespace:
+    """A mount namespace with a private tmpfs /dev/shm that outlives the servers run in it.
+
+    Held open by a ``sleep`` process; ``TritonServer(namespace=ns)`` runs tritonserver
+    inside it, so a server can be SIGKILLed and another started on the same /dev/shm
+    (the files stay, as on a host whose Triton container restarts with ``--ipc=host``).
+    """
+
+    def __init__(self, shm_size='64m'):
+        self.shm_size = shm_size
+        self.proc = None
+
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc else None
+
+    @property
+    def shm_dir(self):
+        return '/proc/%d/root/dev/shm' % self.pid
+
+    def start(self, timeout=10.0):
+        if os.geteuid() != 0:
+            raise RigError('the rig needs root (mount namespaces and tmpfs mounts)')
+        shell = 'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && touch /dev/shm/.rig-ns-ready && exec sleep infinity' % self.shm_size
+        self.proc = subprocess.Popen(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        marker = os.path.join(self.shm_dir, '.rig-ns-ready')
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RigError('namespace holder exited with %s: %s' % (self.proc.returncode, self.proc.stderr.read()))
+            if os.path.exists(marker):
+                os.unlink(marker)
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RigError('namespace holder did not mount its /dev/shm within %ss' % timeout)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 class TritonServer:
-    """One real tritonserver with a private /dev/shm."""
+    """One real tritonserver with a private /dev/shm.
+
+    grpc=True also serves gRPC on ``grpc_url`` (host:port) for clients that register
+    regions the HTTP API cannot address. namespace=ShmNamespace runs the server in that
+    namespace's /dev/shm instead of a new one of its own.
+    """
 
     def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
-                 models=('echo',), name='triton'):
+                 models=('echo',), name='triton', grpc=False, namespace=None):
         self.name = name
         self.host = host
         self.shm_size = shm_size
         self.models = list(models)
+        self.grpc_port = free_port(host) if grpc else None
+        self.namespace = namespace
         self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix='tritonrig-')
         os.makedirs(self.workdir, exist_ok=True)
@@ -238,6 +295,10 @@ class TritonServer:
     @property
     def url(self):
         return 'http://%s:%d' % (self.host, self.http_port)
+
+    @property
+    def grpc_url(self):
+        return '%s:%d' % (self.host, self.grpc_port) if self.grpc_port else None
 
     @property
     def pid(self):
@@ -263,10 +324,17 @@ class TritonServer:
                 '--model-repository', self._model_repository(),
                 '--backend-directory', self.paths['backends'],
                 '--http-address', self.host, '--http-port', str(self.http_port),
-                '--allow-grpc', 'false', '--allow-metrics', 'false',
+                '--allow-metrics', 'false',
                 '--model-control-mode', 'explicit', '--log-verbose', '0']
+        if self.grpc_port:
+            args += ['--allow-grpc', 'true', '--grpc-address', self.host, '--grpc-port', str(self.grpc_port)]
+        else:
+            args += ['--allow-grpc', 'false']
         for model in self.models:
             args += ['--load-model', model]
+        if self.namespace is not None:
+            # nsenter execs the server: its pid is the server's
+            return ['nsenter', '--mount', '--target', str(self.namespace.pid)] + args
         shell = 'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && exec "$0" "$@"' % self.shm_size
         return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell] + args
 
@@ -334,6 +402,12 @@ class TritonServer:
 
     def backend_files(self):
         return [f for f in self.shm_files() if f.startswith('triton_python_backend_shm_region_')]
+
+    def kill(self):
+        """SIGKILL the server (a crash): nothing is unregistered; its namespace's files stay if it has one."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
     def stop(self):
         for client in self.clients:
