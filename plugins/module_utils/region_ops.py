@@ -54,12 +54,20 @@ class RegionOps(object):
         self.used_before = None
         self.used_after = None
         self.inv = None
+        self.status_after = None
 
     # -- results ---------------------------------------------------------------------------
 
+    def done_something(self):
+        return bool(self.registered or self.unregistered or self.removed_files or self.created_files)
+
     def partial(self):
-        """What was done so far: returned on success and on failure part-way."""
-        out = dict(changed=self.changed, registered=self.registered, unregistered=self.unregistered,
+        """What was done so far: returned on success and on failure part-way.
+
+        changed is what really changed (in check mode: what would change), also after a failure.
+        """
+        changed = self.changed if self.check_mode else self.done_something()
+        out = dict(changed=changed, registered=self.registered, unregistered=self.unregistered,
                    removed_files=self.removed_files, created_files=self.created_files, skipped_items=self.skipped,
                    freed_bytes=self.freed_bytes)
         if self.used_before is not None:
@@ -97,6 +105,9 @@ class RegionOps(object):
                 self.client.unregister(kind, name)
                 return True
             except TritonError as exc:
+                if exc.unaddressable:
+                    self.skipped.append(dict(name=name, reason=exc.msg))
+                    return False
                 if exc.not_found:
                     return None
                 if not exc.in_use:
@@ -145,30 +156,50 @@ class RegionOps(object):
                 self.created_files.append(os.path.join(inv.shm_dir, key_name))
             self.registered = [n for n, _cur in todo]
             return
-        created_path = None
+        created = None
         if create:
             with shm_fs.ShmDir(inv.shm_dir) as d:
-                d.create(key_name, need)
-            created_path = os.path.join(inv.shm_dir, key_name)
-            self.created_files.append(created_path)
+                created = d.create(key_name, need)
+            self.created_files.append(os.path.join(inv.shm_dir, key_name))
         try:
-            for name, cur in todo:
-                if cur is not None:
-                    if self._unregister('system', name) is False:
-                        raise TritonError("re-register system region '%s': it stays in use, not changed" % name)
-                    self.unregistered.append(name)
-                self.client.register_system(name, p['key'], p['offset'], p['byte_size'])
-                self.registered.append(name)
+            self._register_all('system', todo, lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
+                               lambda cur: self.client.register_system(cur['name'], cur['key'], cur.get('offset', 0), cur['byte_size']))
         except TritonError:
-            if created_path and not self.registered:
+            if created is not None and not self.registered:
+                # nothing uses the file we created: take it back (only that very file, by device and inode)
                 with shm_fs.ShmDir(inv.shm_dir) as d:
-                    st = d.lstat(key_name)
-                    if st is not None:
-                        d.unlink(key_name, st.st_dev, st.st_ino)
-                self.created_files.remove(created_path)
+                    d.unlink(key_name, created.st_dev, created.st_ino)
+                self.created_files = []
             raise
         finally:
             self._measure_after()
+
+    def _register_all(self, kind, todo, register, restore):
+        """Register each (name, current) of todo; a different current spec is unregistered first.
+
+        When the server refuses the new spec after the old one was unregistered, the old spec is
+        registered again so that a refused change leaves the region as it was.
+        """
+        for name, cur in todo:
+            if cur is not None:
+                if self._unregister(kind, name) is False:
+                    raise TritonError("re-register %s region '%s': it stays in use (requests in flight), not changed" % (kind, name))
+            try:
+                register(name)
+            except TritonError as exc:
+                if cur is None:
+                    raise
+                try:
+                    restore(cur)
+                except TritonError as again:
+                    self.unregistered.append(name)
+                    raise TritonError('%s; restoring the previous spec failed too, the region is now unregistered: %s'
+                                      % (exc.msg, again.msg), url=exc.url, status=exc.status, server_error=exc.server_error)
+                raise TritonError('%s; the previous spec was registered again, the region is unchanged' % exc.msg,
+                                  url=exc.url, status=exc.status, server_error=exc.server_error)
+            if cur is not None:
+                self.unregistered.append(name)
+            self.registered.append(name)
 
     def _check_backing_file(self, inv, key_name, need, create_file):
         """Validate the backing file; True when it has to be created."""
@@ -202,13 +233,13 @@ class RegionOps(object):
         if self.check_mode:
             self.registered = [n for n, _cur in todo]
             return
-        for name, cur in todo:
-            if cur is not None:
-                if self._unregister('cuda', name) is False:
-                    raise TritonError("re-register cuda region '%s': it stays in use, not changed" % name)
-                self.unregistered.append(name)
-            self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size'])
-            self.registered.append(name)
+        self._register_all('cuda', todo, lambda name: self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size']),
+                           self._restore_cuda)
+
+    @staticmethod
+    def _restore_cuda(cur):
+        # Triton's status does not return the IPC handle of a CUDA region: it cannot be registered again
+        raise TritonError("the IPC handle of cuda region '%s' is not known to the server's status" % cur['name'])
 
     # -- absent -----------------------------------------------------------------------------
 
@@ -242,6 +273,7 @@ class RegionOps(object):
         remaining = [r for r in regions if r['name'] not in selected_names]
         kept_paths = set(r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists'))
         file_plan = []   # (entry, region name or None)
+        planned = set()
         entries = dict((e['path'], e) for e in inv.entries)
         for rec in selected:
             f = rec.get('file')
@@ -256,13 +288,14 @@ class RegionOps(object):
                 continue
             if rec['holders']:
                 self.skipped.append(dict(path=path, reason='held by ' + _holders_text(rec['holders'])))
-                self.warn("region '%s' was unregistered as asked, but its file %s is held by %s and is kept"
+                self.warn("region '%s' is unregistered as asked, but its file %s is held by %s and is kept"
                           % (rec['name'], path, _holders_text(rec['holders'])))
                 continue
             if inv.scan is None or not inv.scan.complete:
                 self.skipped.append(dict(path=path, reason='holders could not be fully determined'))
                 continue
-            if path not in [e['path'] for e, _n in file_plan]:
+            if path not in planned:
+                planned.add(path)
                 file_plan.append((entries[path], rec['name']))
         if p['orphan_files']:
             for f in files:
@@ -280,18 +313,25 @@ class RegionOps(object):
             return
         try:
             still_registered = set()
-            for rec in selected:
-                done = self._unregister('system', rec['name'])
-                if done is False:
-                    still_registered.add(rec['name'])
-                elif done:
-                    self.unregistered.append(rec['name'])
+            try:
+                for rec in selected:
+                    done = self._unregister('system', rec['name'])
+                    if done is False:
+                        still_registered.add(rec['name'])
+                    elif done:
+                        self.unregistered.append(rec['name'])
+            except TritonError:
+                # failed part-way: still remove the files of the regions confirmed unregistered, so that
+                # a rerun of the same task converges; the rest stays registered and keeps its file
+                done = set(self.unregistered)
+                self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
+                raise
             self._remove_files(inv, file_plan, still_registered)
         finally:
             self._measure_after()
             try:
-                status = self.client.status('system')
-                self.after['regions'] = [_spec(r) for r in status]
+                self.status_after = self.client.status('system')
+                self.after['regions'] = [_spec(r) for r in self.status_after]
             except TritonError:
                 pass
         if not self.unregistered and not self.removed_files:
@@ -365,6 +405,8 @@ class RegionOps(object):
 
     def regions_after(self):
         """The regions after the change (predicted in check mode)."""
+        if self.status_after is not None:
+            return self.status_after
         try:
             current = self.client.status(self.params['kind'])
         except TritonError:

@@ -11,6 +11,10 @@ prints ``READY`` and then:
   second ``STATS ok=N failed=M``; stops cleanly on SIGTERM (a live, busy client).
 
 SIGKILL it to leak the region: no unregister, no unlink.
+
+``--count N`` (hold mode only) creates and registers N regions ``NAME_i`` with
+keys ``KEY_i`` (i = 0..N-1) instead of one, over one HTTP connection: a quick
+way to leak many regions at once (benchmarks, bulk tests).
 """
 import argparse
 import signal
@@ -32,7 +36,10 @@ def main():
     parser.add_argument('--mode', choices=('hold', 'infer'), default='hold')
     parser.add_argument('--no-register', action='store_true')
     parser.add_argument('--no-fill', action='store_true', help='leave the region sparse (default: write it, as a real client writes tensors)')
+    parser.add_argument('--count', type=int, default=0, help='hold mode: create and register COUNT regions NAME_i / KEY_i')
     args = parser.parse_args()
+    if args.count:
+        return hold_many(args)
 
     client = httpclient.InferenceServerClient(args.url.split('://', 1)[-1])
     handle = shm.create_shared_memory_region(args.name, args.key, args.offset + args.byte_size)
@@ -80,6 +87,28 @@ def main():
             print('STATS ok=%d failed=%d' % (ok, failed), flush=True)
             last = now
     print('STATS ok=%d failed=%d' % (ok, failed), flush=True)
+    return 0
+
+
+def hold_many(args):
+    """Create, fill and register args.count regions, print READY and hold them until SIGTERM."""
+    if args.mode != 'hold':
+        raise SystemExit('--count works with --mode hold only')
+    client = httpclient.InferenceServerClient(args.url.split('://', 1)[-1])
+    handles = []
+    for i in range(args.count):
+        name, key = '%s_%d' % (args.name, i), '%s_%d' % (args.key, i)
+        handle = shm.create_shared_memory_region(name, key, args.offset + args.byte_size)
+        if not args.no_fill:
+            shm.set_shared_memory_region(handle, [np.ones(args.offset + args.byte_size, dtype=np.uint8)])
+        if not args.no_register:
+            client.register_system_shared_memory(name, key, args.byte_size, offset=args.offset)
+        handles.append(handle)
+    print('READY', flush=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    while not stop:
+        time.sleep(0.2)
     return 0
 
 

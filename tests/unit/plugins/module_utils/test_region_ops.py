@@ -1,0 +1,626 @@
+"""Unit tests for region_ops.RegionOps: the ordering and safety rules of triton_shm_region.
+
+Files are real (a temp directory plays the server's shm directory), holders come from
+the real /proc scan, and the "server process" is a real child process. Only the Triton
+HTTP API is a fake, for the error paths a real server cannot produce on demand
+(refusals part-way, "in use" every time, a region re-appearing between plan and unlink).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+_COLLECTION = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..', '..'))
+if _COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
+    _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_COLLECTION)))
+    if _ROOT not in sys.path:
+        sys.path.insert(0, _ROOT)
+
+# pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.plugins.module_utils import holders
+from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+
+# the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
+IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
+KIB = 1024
+
+
+class FakeTriton:
+    """The Triton shared-memory API of one server, in memory. Files are checked in the real shm dir."""
+
+    host = '127.0.0.1'
+    port = 9
+    base = 'http://127.0.0.1:9'
+
+    def __init__(self, shm_dir, regions=(), in_use=None, fail_unregister_at=None, refuse_register=(),
+                 on_unregister=None, cuda=()):
+        self.shm_dir = shm_dir
+        self.regions = dict((r['name'], dict(r)) for r in regions)
+        self.cuda = dict((r['name'], dict(r)) for r in cuda)
+        self.in_use = dict(in_use or {})            # name -> refusals left (-1: always)
+        self.fail_unregister_at = fail_unregister_at  # the Nth unregister call fails (connection lost)
+        self.refuse_register = set(refuse_register)   # (name, byte_size) the server refuses
+        self.on_unregister = on_unregister
+        self.calls = []
+        self.unregister_calls = 0
+
+    def server_metadata(self):
+        self.calls.append(('metadata',))
+        return dict(name='triton', version='2.51.0', extensions=['system_shared_memory', 'cuda_shared_memory'])
+
+    def status(self, kind):
+        self.calls.append(('status', kind))
+        regions = self.regions if kind == 'system' else self.cuda
+        return [dict(regions[n]) for n in sorted(regions)]
+
+    def _file_exists(self, key):
+        return os.path.lexists(os.path.join(self.shm_dir, key.lstrip('/')))
+
+    def unregister(self, kind, name):
+        self.unregister_calls += 1
+        regions = self.regions if kind == 'system' else self.cuda
+        key = regions.get(name, {}).get('key')
+        self.calls.append(('unregister', kind, name, self._file_exists(key) if key else None))
+        if self.fail_unregister_at is not None and self.unregister_calls >= self.fail_unregister_at:
+            raise TritonError("unregister %s region '%s' at %s: cannot connect to Triton (refused or unreachable)"
+                              % (kind, name, self.base), url=self.base)
+        left = self.in_use.get(name, 0)
+        if left:
+            self.in_use[name] = left - 1 if left > 0 else left
+            raise TritonError("unregister %s region '%s' at %s: HTTP 500: %s" % (kind, name, self.base, IN_USE % name),
+                              url=self.base, status=500, server_error=IN_USE % name)
+        regions.pop(name, None)
+        if self.on_unregister:
+            self.on_unregister(name)
+
+    def register_system(self, name, key, offset, byte_size):
+        self.calls.append(('register', 'system', name, key, offset, byte_size))
+        if (name, byte_size) in self.refuse_register or not self._file_exists(key):
+            msg = "Unable to open shared memory region: '%s'" % key
+            raise TritonError("register system region '%s' at %s: HTTP 500: %s" % (name, self.base, msg),
+                              url=self.base, status=500, server_error=msg)
+        self.regions[name] = dict(name=name, key=key, offset=offset, byte_size=byte_size)
+
+    def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
+        self.calls.append(('register', 'cuda', name, device_id, byte_size))
+        msg = 'failed to register shared memory region: invalid args'
+        raise TritonError("register cuda region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+                          url=self.base, status=400, server_error=msg)
+
+    def actions(self):
+        return [c for c in self.calls if c[0] in ('register', 'unregister')]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+        self.sleeps = []
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def server_proc():
+    """A real process standing in for tritonserver (so that the test process itself is a client)."""
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def shm(tmp_path):
+    d = tmp_path / 'shm'
+    d.mkdir()
+    return str(d)
+
+
+@pytest.fixture(autouse=True)
+def complete_scan(monkeypatch):
+    """The real /proc scan, with processes we cannot read set aside.
+
+    The temp dir lives on a filesystem every mount namespace of this host sees, and this
+    sandbox's init cannot be read even by root, which would make every scan incomplete.
+    Processes we cannot read are not ours and cannot hold our fresh temp files; the
+    unreadable-process rule itself belongs to holders.py and its tests.
+    """
+    real = holders.scan
+
+    def scan(targets, proc='/proc'):
+        result = real(targets, proc=proc)
+        result.unreadable_ignored.extend(result.unreadable)
+        result.unreadable = []
+        return result
+    monkeypatch.setattr(holders, 'scan', scan)
+
+
+def make_file(shm_dir, name, size=64 * KIB, age=0.0, fill=True):
+    path = os.path.join(shm_dir, name)
+    with open(path, 'wb') as f:
+        if fill:
+            f.write(b'\1' * size)
+        else:
+            f.truncate(size)
+    if age:
+        past = time.time() - age
+        os.utime(path, (past, past))
+    return path
+
+
+def region(name, key=None, byte_size=64 * KIB, offset=0):
+    return dict(name=name, key=key or '/' + name, offset=offset, byte_size=byte_size)
+
+
+def params(shm_dir, pid, **kw):
+    p = dict(state='absent', kind='system', name=[], key=None, offset=0, byte_size=None, create_file=False,
+             raw_handle=None, device_id=None, stale=False, all=False, orphan_files=False, orphan_patterns=[],
+             min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=pid, shm_dir=shm_dir)
+    p.update(kw)
+    return p
+
+
+def run(client, shm_dir, pid, check_mode=False, clock=None, **kw):
+    warnings = []
+    clock = clock or FakeClock()
+    ops = RegionOps(client, params(shm_dir, pid, **kw), check_mode=check_mode, warn=warnings.append,
+                    sleep=clock.sleep, clock=clock.clock)
+    if ops.params['state'] == 'present':
+        ops.present()
+    else:
+        ops.absent()
+    result = ops.partial()
+    result['regions'] = ops.regions_after()
+    result['warnings'] = warnings
+    result['diff'] = dict(before=ops.before, after=ops.after)
+    return result
+
+
+def snapshot(shm_dir):
+    out = {}
+    for name in sorted(os.listdir(shm_dir)):
+        st = os.lstat(os.path.join(shm_dir, name))
+        out[name] = (stat.S_IFMT(st.st_mode), st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def reasons(result, key):
+    return dict((item.get(key), item['reason']) for item in result['skipped_items'] if key in item)
+
+
+# -- the ordinary path ----------------------------------------------------------------------------
+
+def test_stale_regions_are_unregistered_first_then_their_files_removed(shm, server_proc):
+    paths = [make_file(shm, 'a'), make_file(shm, 'b')]
+    fake = FakeTriton(shm, regions=[region('a'), region('b')])
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['changed'] is True
+    assert res['unregistered'] == ['a', 'b']
+    assert sorted(res['removed_files']) == sorted(paths)
+    assert res['freed_bytes'] >= 2 * 64 * KIB
+    assert not any(os.path.exists(p) for p in paths)
+    # invariant 2: each file still existed when its region was unregistered
+    assert [c for c in fake.actions()] == [('unregister', 'system', 'a', True), ('unregister', 'system', 'b', True)]
+    assert res['regions'] == []
+    rerun = run(fake, shm, server_proc.pid, stale=True)
+    assert rerun['changed'] is False and rerun['unregistered'] == [] and rerun['removed_files'] == []
+
+
+def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc):
+    make_file(shm, 'a')
+    make_file(shm, 'old_orphan', age=3600)
+    make_file(shm, 'young_orphan')
+    fake = FakeTriton(shm, regions=[region('a')])
+    before = snapshot(shm)
+    res = run(fake, shm, server_proc.pid, check_mode=True, stale=True, orphan_files=True, orphan_patterns=['*orphan'])
+    assert res['changed'] is True
+    assert res['unregistered'] == ['a']
+    assert sorted(os.path.basename(p) for p in res['removed_files']) == ['a', 'old_orphan']
+    assert res['freed_bytes'] >= 2 * 64 * KIB
+    assert res['regions'] == []    # predicted
+    assert fake.actions() == []
+    assert snapshot(shm) == before
+    assert res['shm_used_bytes_after'] == res['shm_used_bytes_before']
+    # and the real run does exactly that
+    real = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*orphan'])
+    assert (real['unregistered'], sorted(real['removed_files'])) == (res['unregistered'], sorted(res['removed_files']))
+
+
+def test_diff_lists_regions_before_and_after_and_the_files(shm, server_proc):
+    make_file(shm, 'a')
+    make_file(shm, 'keep')
+    fake = FakeTriton(shm, regions=[region('a'), region('keep')])
+    res = run(fake, shm, server_proc.pid, name=['a'])
+    assert [r['name'] for r in res['diff']['before']['regions']] == ['a', 'keep']
+    assert [r['name'] for r in res['diff']['after']['regions']] == ['keep']
+    assert res['diff']['before']['files'] == [os.path.join(shm, 'a')]
+
+
+def test_exclude_patterns_are_never_touched(shm, server_proc):
+    for n in ('a', 'warmup_1', 'warmup_2'):
+        make_file(shm, n)
+    fake = FakeTriton(shm, regions=[region('a'), region('warmup_1'), region('warmup_2')])
+    res = run(fake, shm, server_proc.pid, all=True, exclude=['warmup_*'])
+    assert res['unregistered'] == ['a']
+    assert reasons(res, 'name') == {'warmup_1': 'excluded by pattern', 'warmup_2': 'excluded by pattern'}
+    assert sorted(fake.regions) == ['warmup_1', 'warmup_2']
+    assert os.path.exists(os.path.join(shm, 'warmup_1'))
+
+
+def test_remove_file_false_keeps_the_file(shm, server_proc):
+    path = make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    res = run(fake, shm, server_proc.pid, stale=True, remove_file=False)
+    assert res['unregistered'] == ['a'] and res['removed_files'] == []
+    assert os.path.exists(path)
+
+
+def test_a_file_shared_by_a_region_that_stays_is_kept(shm, server_proc):
+    path = make_file(shm, 'shared')
+    fake = FakeTriton(shm, regions=[region('one', key='/shared'), region('two', key='/shared')])
+    res = run(fake, shm, server_proc.pid, name=['one'])
+    assert res['unregistered'] == ['one']
+    assert reasons(res, 'path') == {path: 'also backs a region that stays registered'}
+    assert os.path.exists(path)
+
+
+# -- invariant 1: a held file is never unlinked ---------------------------------------------------
+
+@pytest.mark.parametrize('selector', [dict(stale=True), dict(name=['live']), dict(all=True)])
+def test_a_live_clients_file_survives(shm, server_proc, selector):
+    path = make_file(shm, 'live')
+    fake = FakeTriton(shm, regions=[region('live')])
+    with open(path, 'r+b') as f:
+        m = mmap.mmap(f.fileno(), 0)   # this test process is the live client
+        try:
+            res = run(fake, shm, server_proc.pid, **selector)
+        finally:
+            m.close()
+    assert os.path.exists(path)
+    assert res['removed_files'] == []
+    if 'stale' in selector:
+        assert res['changed'] is False and 'live' in fake.regions   # healthy: not selected at all
+    else:
+        # the operator asked: unregistered, but the file is kept, said so and warned about
+        assert res['unregistered'] == ['live']
+        assert reasons(res, 'path')[path].startswith('held by %d' % os.getpid())
+        assert any("region 'live' is unregistered as asked" in w and 'is kept' in w for w in res['warnings'])
+
+
+# -- invariant 2 and 10: in use -------------------------------------------------------------------
+
+def test_in_use_is_retried_with_backoff_until_it_succeeds(shm, server_proc):
+    make_file(shm, 'busy')
+    fake = FakeTriton(shm, regions=[region('busy')], in_use={'busy': 3})
+    clock = FakeClock()
+    res = run(fake, shm, server_proc.pid, clock=clock, name=['busy'], in_use_timeout=10)
+    assert res['unregistered'] == ['busy']
+    assert len([c for c in fake.actions() if c[0] == 'unregister']) == 4
+    assert len(clock.sleeps) == 3 and clock.sleeps == sorted(clock.sleeps) and clock.sleeps[0] < clock.sleeps[-1]
+    assert res['removed_files'] == [os.path.join(shm, 'busy')]
+
+
+def test_a_region_that_stays_in_use_is_skipped_and_its_file_never_unlinked(shm, server_proc):
+    path = make_file(shm, 'busy')
+    make_file(shm, 'idle')
+    fake = FakeTriton(shm, regions=[region('busy'), region('idle')], in_use={'busy': -1})
+    clock = FakeClock()
+    res = run(fake, shm, server_proc.pid, clock=clock, stale=True, in_use_timeout=2)
+    assert res['unregistered'] == ['idle']
+    assert 'still in use after 2' in reasons(res, 'name')['busy']
+    assert 'currently in use' in reasons(res, 'name')['busy']
+    assert reasons(res, 'path') == {path: "region 'busy' is still registered"}
+    assert os.path.exists(path) and 'busy' in fake.regions
+    assert sum(clock.sleeps) <= 2 and len(clock.sleeps) >= 3
+
+
+def test_in_use_timeout_zero_tries_once(shm, server_proc):
+    make_file(shm, 'busy')
+    fake = FakeTriton(shm, regions=[region('busy')], in_use={'busy': -1})
+    clock = FakeClock()
+    res = run(fake, shm, server_proc.pid, clock=clock, name=['busy'], in_use_timeout=0)
+    assert clock.sleeps == [] and res['changed'] is False
+    assert 'busy' in reasons(res, 'name')
+
+
+# -- invariant 3: holders re-checked right before the unlink --------------------------------------
+
+def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc):
+    path = make_file(shm, 'a')
+    maps = []
+
+    def attach(name):   # a client maps the file between the plan and the unlink
+        with open(path, 'r+b') as f:
+            maps.append(mmap.mmap(f.fileno(), 0))
+    fake = FakeTriton(shm, regions=[region('a')], on_unregister=attach)
+    try:
+        res = run(fake, shm, server_proc.pid, stale=True)
+    finally:
+        for m in maps:
+            m.close()
+    assert res['unregistered'] == ['a']
+    assert os.path.exists(path) and res['removed_files'] == []
+    assert 're-checked before removal' in reasons(res, 'path')[path]
+    assert str(os.getpid()) in reasons(res, 'path')[path]
+
+
+def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_proc):
+    path = make_file(shm, 'a')
+    procs = []
+    holder = 'import mmap, sys, time\nf = open(sys.argv[1], "r+b")\nm = mmap.mmap(f.fileno(), 0)\nprint("up", flush=True)\ntime.sleep(60)\n'
+
+    def attach(name):
+        p = subprocess.Popen([sys.executable, '-c', holder, path], stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert p.stdout.readline().strip() == 'up'
+    fake = FakeTriton(shm, regions=[region('a')], on_unregister=attach)
+    try:
+        res = run(fake, shm, server_proc.pid, stale=True)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert os.path.exists(path)
+    assert reasons(res, 'path')[path].startswith('held by %d' % procs[0].pid)
+
+
+# -- invariant 4: inside the directory, no symlinks, regular files only ---------------------------
+
+def test_a_file_replaced_by_a_symlink_after_the_plan_is_not_followed(shm, server_proc, tmp_path):
+    path = make_file(shm, 'a')
+    target = tmp_path / 'precious'
+    target.write_bytes(b'keep me')
+
+    def swap(name):
+        os.unlink(path)
+        os.symlink(str(target), path)
+    fake = FakeTriton(shm, regions=[region('a')], on_unregister=swap)
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['removed_files'] == []
+    assert os.path.islink(path) and target.read_bytes() == b'keep me'
+    assert 'not a regular file' in reasons(res, 'path')[path]
+    assert any('symlink' in w for w in res['warnings'])
+
+
+def test_a_file_replaced_by_another_file_after_the_plan_is_kept(shm, server_proc):
+    path = make_file(shm, 'a')
+
+    def swap(name):   # a client recreates the file (a new inode, renamed into place)
+        os.rename(make_file(shm, 'a.new', size=KIB), path)
+    fake = FakeTriton(shm, regions=[region('a')], on_unregister=swap)
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert os.path.exists(path) and 'replaced since it was checked' in reasons(res, 'path')[path]
+
+
+@pytest.mark.parametrize('make', ['symlink', 'fifo', 'directory'])
+def test_a_non_regular_backing_path_is_never_removed(shm, server_proc, tmp_path, make):
+    path = os.path.join(shm, 'odd')
+    target = tmp_path / 'outside'
+    target.write_bytes(b'x' * 100)
+    if make == 'symlink':
+        os.symlink(str(target), path)
+    elif make == 'fifo':
+        os.mkfifo(path)
+    else:
+        os.mkdir(path)
+    fake = FakeTriton(shm, regions=[region('odd')])
+    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0)
+    assert res['unregistered'] == []            # its state is unknown: never stale
+    res = run(fake, shm, server_proc.pid, all=True, orphan_files=True, orphan_patterns=['*'], min_age=0)
+    assert res['unregistered'] == ['odd'] and res['removed_files'] == []
+    assert 'not a regular file' in reasons(res, 'path')[path]
+    assert os.path.lexists(path) and target.read_bytes() == b'x' * 100
+
+
+@pytest.mark.parametrize('key,why', [
+    ('/../etc/passwd', 'one path component'),
+    ('/..', 'outside the shm directory'),
+    ('/a/b', 'one path component'),
+    ('no_slash', 'must start with "/"'),
+    ('/nul\x00byte', 'NUL'),
+    ('/', 'one path component'),
+])
+def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why):
+    fake = FakeTriton(shm)
+    before = snapshot(shm)
+    with pytest.raises(shm_fs.ShmFsError, match=why):
+        run(fake, shm, server_proc.pid, state='present', name=['r'], key=key, byte_size=KIB, create_file=True)
+    assert fake.calls == [] and snapshot(shm) == before
+
+
+# -- invariant 5: backend and foreign files, orphans by pattern and age ---------------------------
+
+def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc):
+    backend = make_file(shm, shm_fs.BACKEND_PREFIX + 'abc', age=3600)
+    old = make_file(shm, 'client_input_0', age=3600)
+    young = make_file(shm, 'client_input_1')
+    other = make_file(shm, 'postgres_shm', age=3600)
+    held = make_file(shm, 'client_input_held', age=3600)
+    os.mkfifo(os.path.join(shm, 'client_input_fifo'))
+    os.mkdir(os.path.join(shm, 'client_input_dir'))
+    fake = FakeTriton(shm)
+    with open(held, 'r+b') as f:
+        m = mmap.mmap(f.fileno(), 0)
+        try:
+            res = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['client_input_*'], min_age=300)
+            assert res['removed_files'] == [old]
+            res_all = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['*'], min_age=300)
+            rerun = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=["*"], min_age=300)
+        finally:
+            m.close()
+    # even "*" never takes the backend file, a young file, a held file, a FIFO or a directory
+    assert res_all['removed_files'] == [other]
+    for path in (backend, young, held):
+        assert os.path.exists(path)
+    assert stat.S_ISFIFO(os.lstat(os.path.join(shm, 'client_input_fifo')).st_mode)
+    assert os.path.isdir(os.path.join(shm, 'client_input_dir'))
+    assert rerun['changed'] is False and rerun['removed_files'] == []
+
+
+# -- invariant 6: incomplete holders --------------------------------------------------------------
+
+def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_proc, monkeypatch):
+    real = holders.scan
+
+    def incomplete(targets, proc='/proc'):
+        result = real(targets, proc=proc)
+        result.unreadable = [4242]
+        return result
+    monkeypatch.setattr(holders, 'scan', incomplete)
+    path = make_file(shm, 'a', age=3600)
+    orphan = make_file(shm, 'client_input_0', age=3600)
+    fake = FakeTriton(shm, regions=[region('a')])
+    before = snapshot(shm)
+    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0)
+    assert res['changed'] is False and fake.actions() == [] and snapshot(shm) == before
+    assert any('holders are incomplete' in w for w in res['warnings'])
+    res = run(fake, shm, server_proc.pid, name=['a'], orphan_files=True, orphan_patterns=['*'], min_age=0)
+    assert res['unregistered'] == ['a']       # named: the operator asked
+    assert reasons(res, 'path') == {path: 'holders could not be fully determined'}
+    assert os.path.exists(path) and os.path.exists(orphan)
+
+
+# -- invariant 8: a failure part-way --------------------------------------------------------------
+
+def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(shm, server_proc):
+    names = ['r%d' % i for i in range(6)]
+    for n in names:
+        make_file(shm, n)
+    fake = FakeTriton(shm, regions=[region(n) for n in names], fail_unregister_at=4)
+    ops = RegionOps(fake, params(shm, server_proc.pid, stale=True), warn=lambda m: None)
+    with pytest.raises(TritonError, match='cannot connect'):
+        ops.absent()
+    done = ops.partial()
+    assert done['changed'] is True
+    assert done['unregistered'] == names[:3]
+    # the files of the regions confirmed unregistered are removed, the others kept with their regions
+    assert sorted(os.path.basename(p) for p in done['removed_files']) == names[:3]
+    assert sorted(os.listdir(shm)) == names[3:] and sorted(fake.regions) == names[3:]
+    fake.fail_unregister_at = None
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['unregistered'] == names[3:] and os.listdir(shm) == [] and fake.regions == {}
+    assert run(fake, shm, server_proc.pid, stale=True)['changed'] is False
+
+
+def test_a_failure_before_anything_is_done_is_not_changed(shm, server_proc):
+    make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')], fail_unregister_at=1)
+    ops = RegionOps(fake, params(shm, server_proc.pid, stale=True), warn=lambda m: None)
+    with pytest.raises(TritonError):
+        ops.absent()
+    assert ops.partial()['changed'] is False and os.path.exists(os.path.join(shm, 'a'))
+
+
+# -- present ---------------------------------------------------------------------------------------
+
+def test_present_creates_the_file_exclusively_and_is_idempotent(shm, server_proc):
+    fake = FakeTriton(shm)
+    res = run(fake, shm, server_proc.pid, state='present', name=['in0', 'in1'], key='/in0', offset=KIB, byte_size=4 * KIB,
+              create_file=True)
+    path = os.path.join(shm, 'in0')
+    assert res['changed'] is True and res['registered'] == ['in0', 'in1'] and res['created_files'] == [path]
+    st = os.lstat(path)
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 5 * KIB
+    assert [r['name'] for r in res['regions']] == ['in0', 'in1']
+    again = run(fake, shm, server_proc.pid, state='present', name=['in0', 'in1'], key='/in0', offset=KIB, byte_size=4 * KIB,
+                create_file=True)
+    assert again['changed'] is False and again['created_files'] == [] and os.lstat(path).st_ino == st.st_ino
+
+
+def test_present_changed_spec_re_registers_with_diff(shm, server_proc):
+    make_file(shm, 'in0', size=8 * KIB)
+    fake = FakeTriton(shm, regions=[region('in0', byte_size=4 * KIB)])
+    res = run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=8 * KIB)
+    assert res['changed'] is True and res['unregistered'] == ['in0'] and res['registered'] == ['in0']
+    assert res['diff']['before']['regions'] == [region('in0', byte_size=4 * KIB)]
+    assert res['diff']['after']['regions'] == [region('in0', byte_size=8 * KIB)]
+    assert fake.regions['in0']['byte_size'] == 8 * KIB
+
+
+def test_a_refused_re_register_restores_the_previous_spec(shm, server_proc):
+    make_file(shm, 'in0', size=8 * KIB)
+    fake = FakeTriton(shm, regions=[region('in0', byte_size=4 * KIB)], refuse_register={('in0', 8 * KIB)})
+    ops = RegionOps(fake, params(shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=8 * KIB),
+                    warn=lambda m: None)
+    with pytest.raises(TritonError, match='previous spec was registered again'):
+        ops.present()
+    assert fake.regions['in0'] == region('in0', byte_size=4 * KIB)
+    assert ops.partial()['changed'] is False
+
+
+def test_a_refused_register_takes_back_the_file_it_created(shm, server_proc):
+    fake = FakeTriton(shm, refuse_register={('in0', KIB)})
+    ops = RegionOps(fake, params(shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=KIB,
+                                 create_file=True), warn=lambda m: None)
+    with pytest.raises(TritonError, match='Unable to open'):
+        ops.present()
+    assert os.listdir(shm) == [] and ops.partial()['created_files'] == [] and ops.partial()['changed'] is False
+
+
+def test_present_check_mode_creates_and_registers_nothing(shm, server_proc):
+    fake = FakeTriton(shm)
+    res = run(fake, shm, server_proc.pid, check_mode=True, state='present', name=['in0'], key='/in0', byte_size=KIB,
+              create_file=True)
+    assert res['changed'] is True and res['registered'] == ['in0'] and res['created_files'] == [os.path.join(shm, 'in0')]
+    assert os.listdir(shm) == [] and fake.actions() == []
+    assert res['regions'] == [region('in0', byte_size=KIB)]
+
+
+@pytest.mark.parametrize('setup,kw,why', [
+    ('none', dict(byte_size=KIB), 'does not exist'),
+    ('small', dict(byte_size=4 * KIB, offset=KIB), r'past the end of .* \(4096 bytes\)'),
+    ('symlink', dict(byte_size=KIB), 'is a symlink, not a regular file'),
+    ('fifo', dict(byte_size=KIB), 'is a fifo, not a regular file'),
+    ('small', dict(byte_size=0), 'byte_size must be a positive'),
+    ('small', dict(byte_size=-5), 'byte_size must be a positive'),
+    ('small', dict(byte_size=KIB, offset=-1), 'offset must be 0 or more'),
+])
+def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, why):
+    path = os.path.join(shm, 'in0')
+    target = tmp_path / 'outside'
+    target.write_bytes(b'y' * 8192)
+    if setup == 'small':
+        make_file(shm, 'in0', size=4 * KIB)
+    elif setup == 'symlink':
+        os.symlink(str(target), path)
+    elif setup == 'fifo':
+        os.mkfifo(path)
+    fake = FakeTriton(shm)
+    before = snapshot(shm)
+    with pytest.raises(shm_fs.ShmFsError, match=why):
+        run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', **kw)
+    assert fake.actions() == [] and snapshot(shm) == before and target.read_bytes() == b'y' * 8192
+
+
+def test_cuda_register_refusal_carries_the_servers_message(shm, server_proc):
+    fake = FakeTriton(shm)
+    ops = RegionOps(fake, params(shm, server_proc.pid, state='present', kind='cuda', name=['g'], raw_handle='AAAA',
+                                 device_id=0, byte_size=KIB), warn=lambda m: None)
+    with pytest.raises(TritonError, match='failed to register shared memory region: invalid args'):
+        ops.present()
+    assert ops.partial()['changed'] is False
+
+
+def test_cuda_absent_named_and_stale(shm, server_proc):
+    fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)])
+    warnings = []
+    ops = RegionOps(fake, params(shm, server_proc.pid, kind='cuda', stale=True), warn=warnings.append)
+    ops.absent()
+    assert ops.partial()['changed'] is False and 'g' in fake.cuda and any('never stale' in w for w in warnings)
+    res = run(fake, shm, server_proc.pid, kind='cuda', name=['g'])
+    assert res['unregistered'] == ['g'] and fake.cuda == {}
+    assert run(fake, shm, server_proc.pid, kind='cuda', name=['g'])['changed'] is False
