@@ -33,7 +33,7 @@ def locate_server(client, server_pid=None, shm_dir=None, proc='/proc'):
             warnings.append('tritonserver process for %s not found (%s): it cannot be told apart from clients, '
                             'so every file it maps counts as held' % (client.base, reason))
     elif not os.path.isdir('%s/%d' % (proc, pid)):
-        raise TritonError('server_pid %d does not exist on this host' % pid)
+        raise TritonError('server_pid %d (given for %s) does not exist on this host' % (pid, client.base), url=client.base)
     if shm_dir is None and pid is not None:
         shm_dir = '%s/%d/root/dev/shm' % (proc, pid)
         how = '%s; shm_dir from /proc/%d/root' % (how, pid)
