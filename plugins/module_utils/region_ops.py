@@ -324,7 +324,14 @@ class RegionOps(object):
                 # failed part-way: still remove the files of the regions confirmed unregistered, so that
                 # a rerun of the same task converges; the rest stays registered and keeps its file
                 done = set(self.unregistered)
-                self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
+                try:
+                    self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
+                except shm_fs.ShmFsError as exc:
+                    # e.g. the server died and its private /dev/shm went with it: report the server's
+                    # failure (the cause), and the files that could not be removed with this reason
+                    removed = set(self.removed_files)
+                    self.skipped.extend(dict(path=e['path'], reason='not removed: %s' % exc)
+                                        for e, n in file_plan if n in done and e['path'] not in removed)
                 raise
             self._remove_files(inv, file_plan, still_registered)
         finally:
