@@ -144,7 +144,7 @@ def _kill(proc, grace=10.0):
 class Client:
     """A real tritonclient process inside a server's mount namespace."""
 
-    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0):
+    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0, count=0):
         self.server = server
         self.name = name
         self.key = key
@@ -155,13 +155,15 @@ class Client:
                '--offset', str(offset), '--mode', mode]
         if not register:
             cmd.append('--no-register')
+        if count:
+            cmd += ['--count', str(count)]
         # own session: the client and the resource tracker multiprocessing starts for its
         # SharedMemory form one process group, like a client container's processes
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.pid = self.proc.pid
         self.lines = []
-        line = self._readline(timeout=30)
+        line = self._readline(timeout=30 + count * 0.05)
         if not line.startswith('READY'):
             err = ''
             if self.proc.poll() is not None:
@@ -376,6 +378,16 @@ class TritonServer:
         client = Client(self, name, key or '/' + name, byte_size, register=register, mode=mode, offset=offset)
         self.clients.append(client)
         return client
+
+    def leak_many(self, prefix, count, byte_size=4096):
+        """count stale regions PREFIX_i (keys /PREFIX_i) from one client, then SIGKILL it with its group.
+
+        Returns the region names. Much faster than count leak() calls (one process, one connection).
+        """
+        client = Client(self, prefix, '/' + prefix, byte_size, count=count)
+        self.clients.append(client)
+        client.kill(keep_file=True)
+        return ['%s_%d' % (prefix, i) for i in range(count)]
 
     def leak(self, name, key=None, byte_size=1 << 20, keep_file=True):
         """Create and register a region from a client, then SIGKILL the client (see Client.kill)."""
