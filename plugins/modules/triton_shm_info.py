@@ -43,7 +43,7 @@ attributes:
 options:
   orphan_patterns:
     description:
-      - Shell-style patterns (fnmatch, case-sensitive) of file names that count as O(orphan) when unregistered, unheld
+      - Shell-style patterns (fnmatch, case-sensitive) of file names that count as V(orphan) when unregistered, unheld
         and at least O(min_age) seconds old. Files matching none are V(foreign) and never touched.
       - Empty by default, so no file is ever called orphan unless asked.
     type: list
@@ -113,8 +113,8 @@ server:
     name: {description: Server name from C(GET /v2)., type: str, sample: triton}
     version: {description: Triton version., type: str, sample: "2.51.0"}
     extensions: {description: Protocol extensions., type: list, elements: str, sample: [system_shared_memory, cuda_shared_memory]}
-    pid: {description: PID of the tritonserver process on this host, or null when not found., type: int, sample: 4242}
-    shm_dir: {description: Directory used as the server's /dev/shm, or null., type: str, sample: /proc/4242/root/dev/shm}
+    pid: {description: "PID of the tritonserver process on this host, or null when not found.", type: int, sample: 4242}
+    shm_dir: {description: "Directory used as the server's /dev/shm, or null.", type: str, sample: /proc/4242/root/dev/shm}
     located_by: {description: How the pid and directory were found., type: str, sample: "listener; shm_dir from /proc/4242/root"}
 shm_fs:
   description: Usage of the server's shm filesystem (statvfs), or null when the directory is not known.
