@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r'''
@@ -21,7 +22,7 @@ description:
   - "Run as root (C(become: true)) so every process can be inspected; when some cannot, no region is reported C(stale)
     (fail-safe) and a warning says why."
 author:
-  - tritonops.shm developers
+  - tritonops.shm developers (@tritonops)
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
