@@ -61,7 +61,7 @@ class PlaybookResult:
     def task(self, name, host='localhost'):
         found = [r for n, r in self.tasks(host) if n == name]
         if not found:
-            raise KeyError('no task %r for host %r in %s' % (name, host, [n for n, _ in self.tasks(host)]))
+            raise KeyError('no task %r for host %r in %s' % (name, host, [t[0] for t in self.tasks(host)]))
         return found[-1]
 
     def __repr__(self):
@@ -95,7 +95,7 @@ def ansible_playbook(playbook, inventory=None, extra_vars=None, check=False, dif
         if diff:
             cmd.append('--diff')
         cmd += list(args)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env(env), timeout=timeout, cwd=cwd or tmp)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env(env), timeout=timeout, cwd=cwd or tmp, check=False)
     data = None
     try:
         start = proc.stdout.index('{')

@@ -356,7 +356,7 @@ class TritonServer:
                 raise RigError('tritonserver %s exited with %s before it was ready; log %s:\n%s'
                                % (self.name, self.proc.returncode, self.log_path, self.log_tail()))
             try:
-                status, _ = http_json(self.url + '/v2/health/ready', timeout=2)
+                status = http_json(self.url + '/v2/health/ready', timeout=2)[0]
                 if status == 200:
                     return self
             except (urllib.error.URLError, ConnectionError, OSError):
