@@ -229,7 +229,7 @@ def summarize(regions, cuda, files, fs):
         cuda_regions=len(cuda),
         healthy_regions=count(regions, 'state', 'healthy'),
         stale_regions=count(regions, 'state', 'stale'),
-        stale_bytes=sum(file_bytes(r) for r in regions if r['state'] == 'stale'),
+        stale_bytes=sum(dict((r['file']['path'], file_bytes(r)) for r in regions if r['state'] == 'stale').values()),
         dangling_regions=count(regions, 'state', 'dangling'),
         unknown_regions=count(regions, 'state', 'unknown'),
         registered_files=count(files, 'category', 'registered'),
