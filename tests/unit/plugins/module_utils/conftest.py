@@ -1,0 +1,66 @@
+"""Make ``ansible_collections.tritonops.shm`` importable under plain pytest, and shared helpers.
+
+The tests run from the collection copy (``build/ansible_collections/tritonops/shm``): adding
+the collections root to sys.path lets this collection's module_utils be imported next to the
+collections the ``ansible`` package installs. ansible-test sets this up itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_COLLECTION)))
+
+if _COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm'] and _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+NOBODY = 65534
+
+
+def _run_as(uid, func, args, setns_pid=None):
+    """Run func(*args) in a forked child as uid (gid = uid), optionally inside the mount namespace of setns_pid."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 0
+        try:
+            os.close(read)
+            if setns_pid is not None:
+                fd = os.open('/proc/%d/ns/mnt' % setns_pid, os.O_RDONLY)
+                os.setns(fd, os.CLONE_NEWNS)
+                os.close(fd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = json.dumps(func(*args)).encode()
+        except BaseException as exc:  # report anything to the parent
+            out = json.dumps({'error': repr(exc)}).encode()
+            code = 1
+        os.write(write, out)
+        os._exit(code)
+    os.close(write)
+    chunks = []
+    while True:
+        chunk = os.read(read, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return json.loads(b''.join(chunks))
+
+
+@pytest.fixture
+def as_nobody():
+    """as_nobody(func, *args, setns_pid=None): func's JSON-able result, computed by a forked child running as uid 65534."""
+    if os.geteuid() != 0:
+        pytest.skip('needs root to drop to another user')
+
+    def run(func, *args, **kwargs):
+        return _run_as(NOBODY, func, args, setns_pid=kwargs.get('setns_pid'))
+    return run

@@ -1,0 +1,353 @@
+"""Unit tests for module_utils/holders.py on this host's real /proc.
+
+Mappings, open files, listening sockets and processes are real (this test process
+and children it starts). Only the unreadable-process decision also uses a small
+proc-like tree, because as root no real process is unreadable for a reason we
+can choose; the real not-root case runs in a child that drops to uid 65534.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from ansible_collections.tritonops.shm.plugins.module_utils import holders
+
+# A process that maps, opens or listens as asked, prints READY and waits; comm set by prctl.
+CHILD = textwrap.dedent('''
+    import ctypes, mmap, socket, sys, time
+    mode, arg, comm = sys.argv[1], sys.argv[2], sys.argv[3]
+    ctypes.CDLL(None).prctl(15, comm.encode(), 0, 0, 0)
+    keep = []
+    if mode == 'map':
+        f = open(arg, 'r+b')
+        keep.append(mmap.mmap(f.fileno(), 0))
+        f.close()
+    elif mode == 'open':
+        keep.append(open(arg, 'rb'))
+    elif mode == 'listen':
+        host, port = arg.rsplit(':', 1)
+        s = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, int(port)))
+        s.listen(1)
+        keep.append(s)
+    print('READY', flush=True)
+    time.sleep(600)
+''')
+
+
+@pytest.fixture
+def child():
+    """Start helper processes (optionally under a prefix like unshare); kill them by pid afterwards."""
+    procs = []
+
+    def start(mode, arg, comm='holdertest', prefix=()):
+        proc = subprocess.Popen(list(prefix) + [sys.executable, '-c', CHILD, mode, arg, comm],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        line = proc.stdout.readline()
+        if line.strip() != 'READY':
+            proc.kill()
+            raise RuntimeError('helper did not start: %s %s' % (line, proc.stderr.read()))
+        return proc
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def make_file(directory, name, size=8192):
+    path = os.path.join(str(directory), name)
+    with open(path, 'wb') as f:
+        f.write(b'\1' * size)
+    st = os.stat(path)
+    return path, (st.st_dev, st.st_ino)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+# -- device formatting ------------------------------------------------------------------------
+
+@pytest.mark.parametrize('major,minor,maps,mountinfo', [
+    (0, 45, '00:2d', '0:45'),
+    (8, 1, '08:01', '8:1'),
+    (259, 3, '103:03', '259:3'),
+    (0, 300, '00:12c', '0:300'),
+])
+def test_dev_formats(major, minor, maps, mountinfo):
+    dev = os.makedev(major, minor)
+    assert holders.dev_maps_str(dev) == maps
+    assert holders.dev_mountinfo_str(dev) == mountinfo
+
+
+def test_dev_maps_str_matches_the_kernels_maps_line(tmp_path):
+    path, (dev, ino) = make_file(tmp_path, 'mapped')
+    with open(path, 'r+b') as f:
+        m = mmap.mmap(f.fileno(), 0)
+    try:
+        with open('/proc/self/maps') as f:
+            line = [ln for ln in f if ln.rstrip().endswith(path)][0]
+        fields = line.split()
+        assert fields[3] == holders.dev_maps_str(dev)
+        assert int(fields[4]) == ino
+    finally:
+        m.close()
+
+
+def test_dev_mountinfo_str_matches_a_mountinfo_line(tmp_path):
+    dev = os.stat(str(tmp_path)).st_dev
+    with open('/proc/self/mountinfo') as f:
+        devs = [ln.split()[2] for ln in f]
+    assert holders.dev_mountinfo_str(dev) in devs
+
+
+# -- the one /proc pass -------------------------------------------------------------------------
+
+def test_scan_finds_this_process_by_its_mapping(tmp_path):
+    path, key = make_file(tmp_path, 'mapped')
+    _other, other_key = make_file(tmp_path, 'not_held')
+    with open(path, 'r+b') as f:
+        m = mmap.mmap(f.fileno(), 0)
+    try:
+        result = holders.scan([key, other_key])
+    finally:
+        m.close()
+    assert os.getpid() in result.holders[key]
+    assert other_key not in result.holders
+    assert result.comms[os.getpid()] == holders.read_comm(os.getpid())
+    assert result.processes >= 1
+    assert os.getpid() not in result.unreadable
+    assert result.holders_of(*key, exclude=(os.getpid(),)) == [h for h in result.holders_of(*key) if h['pid'] != os.getpid()]
+
+
+def test_scan_finds_an_open_file_without_mapping_and_a_mapping_after_unlink(tmp_path):
+    path, key = make_file(tmp_path, 'opened')
+    path2, key2 = make_file(tmp_path, 'unlinked')
+    with open(path2, 'r+b') as f:
+        m = mmap.mmap(f.fileno(), 0)
+    os.unlink(path2)
+    try:
+        with open(path, 'rb'):
+            result = holders.scan([key, key2])
+    finally:
+        m.close()
+    assert os.getpid() in result.holders[key]
+    assert os.getpid() in result.holders[key2], 'matched on (dev, ino), not on the path'
+
+
+def test_scan_finds_child_processes_and_forgets_them_when_they_die(tmp_path, child):
+    path, key = make_file(tmp_path, 'shared')
+    mapper = child('map', path, comm='mapper')
+    opener = child('open', path, comm='opener')
+    result = holders.scan([key])
+    pids = result.holders[key]
+    assert mapper.pid in pids and opener.pid in pids
+    assert dict((h['pid'], h['comm']) for h in result.holders_of(*key) if h['pid'] in (mapper.pid, opener.pid)) == \
+        {mapper.pid: 'mapper', opener.pid: 'opener'}
+    assert [h['pid'] for h in result.holders_of(*key, exclude=(mapper.pid,))] == [opener.pid]
+    mapper.kill()
+    mapper.wait()
+    assert mapper.pid not in holders.scan([key]).holders.get(key, set())
+
+
+def test_scan_without_targets_reads_nothing():
+    result = holders.scan([])
+    assert result.processes == 0 and result.holders == {} and result.complete
+
+
+def test_deleted_mappings_reports_unlinked_files_under_the_prefix(tmp_path):
+    path, key = make_file(tmp_path, 'gone region')
+    kept, _kept_key = make_file(tmp_path, 'kept')
+    maps = []
+    for p in (path, kept):
+        with open(p, 'r+b') as f:
+            maps.append(mmap.mmap(f.fileno(), 0))
+    os.unlink(path)
+    try:
+        got = holders.deleted_mappings(os.getpid(), path_prefix=str(tmp_path) + '/')
+    finally:
+        for m in maps:
+            m.close()
+    assert got == {'gone region': key}
+    assert holders.deleted_mappings(os.getpid(), path_prefix='/nonexistent-prefix/') == {}
+
+
+# -- the unreadable-process rule ------------------------------------------------------------------
+
+def _fake_proc(root, pid, maps=None, mountinfo=None):
+    """A proc-like entry: maps=None makes maps unreadable (a directory), mountinfo=None leaves it out."""
+    base = os.path.join(root, str(pid))
+    os.makedirs(os.path.join(base, 'fd'))
+    if maps is None:
+        os.mkdir(os.path.join(base, 'maps'))
+    else:
+        with open(os.path.join(base, 'maps'), 'w') as f:
+            f.write(maps)
+    if mountinfo is not None:
+        with open(os.path.join(base, 'mountinfo'), 'w') as f:
+            f.write(mountinfo)
+    with open(os.path.join(base, 'comm'), 'w') as f:
+        f.write('p%d\n' % pid)
+
+
+def test_unreadable_process_counts_only_when_its_mount_namespace_can_see_the_device(tmp_path):
+    dev, ino = os.makedev(0, 77), 4242
+    sees = '30 25 0:77 / /dev/shm rw - tmpfs tmpfs rw\n'
+    blind = '30 25 0:78 / /dev/shm rw - tmpfs tmpfs rw\n'
+    proc = str(tmp_path)
+    _fake_proc(proc, 10, maps=None, mountinfo=sees)       # unreadable, could hold: counts
+    _fake_proc(proc, 11, maps=None, mountinfo=blind)      # unreadable, cannot reach the fs: ignored
+    _fake_proc(proc, 12, maps=None, mountinfo=None)       # gone while scanning: ignored
+    _fake_proc(proc, 13, maps='7f00-7f01 rw-s 00000000 00:4d %d /dev/shm/x\n' % ino, mountinfo=sees)  # readable holder
+    _fake_proc(proc, 14, maps=None)
+    os.mkdir(os.path.join(proc, '14', 'mountinfo'))       # mountinfo unreadable too: cannot tell, counts
+    result = holders.scan([(dev, ino)], proc=proc)
+    assert sorted(result.unreadable) == [10, 14]
+    assert sorted(result.unreadable_ignored) == [11, 12]
+    assert result.holders == {(dev, ino): set([13])}
+    assert result.comms == {13: 'p13'}
+    assert not result.complete
+    assert result.incomplete_reason().startswith('2 process(es) could not be inspected (pids 10, 14): run the module as root')
+
+
+def test_incomplete_reason_lists_at_most_five_pids():
+    result = holders.HolderScan()
+    result.unreadable = list(range(100, 107))
+    assert '(pids 100, 101, 102, 103, 104, ...)' in result.incomplete_reason()
+    assert holders.HolderScan().incomplete_reason() is None
+
+
+def _scan_summary(key, proc='/proc'):
+    r = holders.scan([tuple(key)], proc=proc)
+    return dict(unreadable=r.unreadable, holders=sorted(r.holders.get(tuple(key), [])), complete=r.complete,
+                hidden=r.hidden, reason=r.incomplete_reason())
+
+
+def test_not_root_a_root_holder_is_unreadable_and_the_scan_incomplete(child, as_nobody):
+    d = tempfile.mkdtemp(prefix='holders-')
+    try:
+        os.chmod(d, 0o755)
+        path, key = make_file(d, 'root_holds')
+        holder = child('map', path, comm='rootclient')
+        got = as_nobody(_scan_summary, list(key))
+        as_root = _scan_summary(list(key))
+    finally:
+        for name in os.listdir(d):
+            os.unlink(os.path.join(d, name))
+        os.rmdir(d)
+    assert 'error' not in got, got
+    assert as_root['holders'] == [holder.pid] and holder.pid not in as_root['unreadable']
+    assert got['holders'] == [], 'root processes cannot be read by another user'
+    assert holder.pid in got['unreadable']
+    assert got['complete'] is False
+    assert 'run the module as root' in got['reason']
+
+
+def test_not_root_hidepid_makes_the_scan_incomplete(as_nobody):
+    proc = tempfile.mkdtemp(prefix='fakeproc-')
+    try:
+        os.chmod(proc, 0o755)
+        os.mkdir(os.path.join(proc, 'self'))
+        with open(os.path.join(proc, 'self', 'mountinfo'), 'w') as f:
+            f.write('22 27 0:21 / /sys rw - sysfs sysfs rw\n'
+                    '23 27 0:22 / %s rw,nosuid,nodev,noexec - proc proc rw,hidepid=invisible\n' % proc)
+        os.chmod(os.path.join(proc, 'self', 'mountinfo'), 0o644)
+        got = as_nobody(lambda: dict(opt=holders.proc_hidepid(proc), scan=_scan_summary([1, 2], proc)))
+        as_root = holders.proc_hidepid(proc)
+    finally:
+        os.unlink(os.path.join(proc, 'self', 'mountinfo'))
+        os.rmdir(os.path.join(proc, 'self'))
+        os.rmdir(proc)
+    assert as_root is None, 'root sees every process whatever hidepid says'
+    assert got['opt'] == 'hidepid=invisible'
+    assert got['scan']['hidden'] is True and got['scan']['complete'] is False
+    assert 'hidepid=invisible' in got['scan']['reason'] and 'not run as root' in got['scan']['reason']
+
+
+# -- /proc/net/tcp and finding the server ------------------------------------------------------------
+
+TCP = '''  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0
+   1: 0000000000:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2222 1 0000000000000000 100 0 0 10 0
+   2: 0100007F:1F40 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3333 1 0000000000000000 20 4 30 10 -1
+   3: 0101007F:1F42 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000000000000000 100 0 0 10 0
+'''
+TCP6 = '''  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:1F40 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5555 1 0000000000000000 100 0 0 10 0
+   1: 0000000000000000FFFF00000100007F:1F43 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 6666 1 0000000000000000 100 0 0 10 0
+   2: 00000000000000000000000000000000:1F44 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 7777 1 0000000000000000 100 0 0 10 0
+'''
+
+
+def test_listening_sockets_parses_tcp_and_tcp6_lines(tmp_path):
+    (tmp_path / 'tcp').write_text(TCP.replace('0000000000:1F41', '00000000:1F41'))
+    (tmp_path / 'tcp6').write_text(TCP6)
+    got = holders.listening_sockets(str(tmp_path))
+    assert got == [('127.0.0.1', 8000, 1111), ('0.0.0.0', 8001, 2222), ('127.0.1.1', 8002, 4444),
+                   ('::1', 8000, 5555), ('127.0.0.1', 8003, 6666), ('::', 8004, 7777)]
+
+
+def test_listening_sockets_of_a_missing_net_dir_is_empty(tmp_path):
+    assert holders.listening_sockets(str(tmp_path / 'nope')) == []
+
+
+@pytest.mark.parametrize('family,host', [(socket.AF_INET, '127.0.0.1'), (socket.AF_INET, '127.0.0.3'), (socket.AF_INET6, '::1')])
+def test_listening_sockets_sees_a_real_listener_with_its_inode(family, host):
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        inode = os.fstat(sock.fileno()).st_ino
+        got = holders.listening_sockets('/proc/self/net')
+    assert (host, port, inode) in got
+
+
+def test_find_server_by_its_listening_socket(child):
+    port = free_port()
+    server = child('listen', '127.0.0.1:%d' % port, comm='tritonserver')
+    assert holders.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
+    assert holders.find_server('localhost', port) == (server.pid, 'listener', None)
+
+
+def test_find_server_on_a_wildcard_listener(child):
+    port = free_port()
+    server = child('listen', '0.0.0.0:%d' % port, comm='tritonserver')
+    assert holders.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
+
+
+def test_find_server_refuses_a_port_held_by_another_program(child):
+    port = free_port()
+    other = child('listen', '127.0.0.1:%d' % port, comm='nginx')
+    pid, how, reason = holders.find_server('127.0.0.1', port)
+    assert (pid, how) == (None, None)
+    assert 'held by pid %d (nginx), not by a tritonserver process' % other.pid in reason
+
+
+def test_find_server_when_nobody_listens():
+    port = free_port()
+    pid, how, reason = holders.find_server('127.0.0.1', port)
+    assert (pid, how) == (None, None)
+    assert 'no local process listens on 127.0.0.1:%d' % port in reason and 'set server_pid or shm_dir' in reason
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='network namespaces need root')
+def test_find_server_in_another_network_namespace(child):
+    """A port published by a proxy: the listener lives in the tritonserver's own network namespace."""
+    port = free_port()
+    server = child('listen', '0.0.0.0:%d' % port, comm='tritonserver', prefix=('unshare', '--net'))
+    assert holders.find_server('127.0.0.1', port) == (server.pid, 'netns', None)
+    second = child('listen', '0.0.0.0:%d' % port, comm='tritonserver', prefix=('unshare', '--net'))
+    pid, _how, reason = holders.find_server('127.0.0.1', port)
+    assert pid is None
+    assert 'several tritonserver processes' in reason and str(server.pid) in reason and str(second.pid) in reason

@@ -1,0 +1,428 @@
+"""Unit tests for module_utils/inventory.py: the classification, on real files, mappings and processes.
+
+The "server" is a real process named tritonserver in its own mount namespace with a
+private tmpfs on /dev/shm (as Triton in a container); it maps the registered files as
+Triton does. "Clients" are real processes in that namespace that map or open files.
+Only the Triton HTTP API is a fake (FakeTriton): the regions it reports are the test's.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory, summarize
+from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount namespaces with a private /dev/shm')
+
+MIB = 1 << 20
+OLD = 3600
+
+# A process driven over stdin: "map NAME", "open NAME", "listen PORT"; answers OK or ERR.
+HELPER = textwrap.dedent('''
+    import ctypes, mmap, socket, sys
+    ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
+    keep = []
+    print('READY', flush=True)
+    for line in sys.stdin:
+        cmd, _sep, arg = line.strip().partition(' ')
+        try:
+            if cmd == 'map':
+                with open('/dev/shm/' + arg, 'r+b') as f:
+                    keep.append(mmap.mmap(f.fileno(), 0))
+            elif cmd == 'open':
+                keep.append(open('/dev/shm/' + arg, 'rb'))
+            elif cmd == 'listen':
+                s = socket.socket()
+                s.bind(('127.0.0.1', int(arg)))
+                s.listen(1)
+                keep.append(s)
+            print('OK', flush=True)
+        except Exception as exc:
+            print('ERR %s' % exc, flush=True)
+''')
+
+
+class Proc(object):
+    def __init__(self, cmd):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        line = self.proc.stdout.readline().strip()
+        if line != 'READY':
+            self.kill()
+            raise RuntimeError('helper did not start: %r %s' % (line, self.proc.stderr.read()))
+
+    def do(self, *commands):
+        for command in commands:
+            self.proc.stdin.write(command + '\n')
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline().strip()
+            if answer != 'OK':
+                raise RuntimeError('%s: %s' % (command, answer))
+        return self
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class Namespace(object):
+    """A fake-Triton server process with a private /dev/shm, and clients inside its mount namespace."""
+
+    def __init__(self):
+        shell = 'mount -t tmpfs -o size=16m,mode=1777 tmpfs /dev/shm && exec "$0" "$@"'
+        self.server = Proc(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell,
+                            sys.executable, '-c', HELPER, 'tritonserver'])
+        self.procs = [self.server]
+        self.shm_dir = '/proc/%d/root/dev/shm' % self.server.pid
+
+    def client(self, comm='client'):
+        proc = Proc(['nsenter', '--mount', '--target', str(self.server.pid), sys.executable, '-c', HELPER, comm])
+        self.procs.append(proc)
+        return proc
+
+    def path(self, name):
+        return os.path.join(self.shm_dir, name)
+
+    def write(self, name, size=4096, age=0):
+        with open(self.path(name), 'wb') as f:
+            f.write(b'\1' * size)
+        if age:
+            self.age(name, age)
+
+    def age(self, name, seconds):
+        then = time.time() - seconds
+        os.utime(self.path(name), (then, then), follow_symlinks=False)
+
+    def close(self):
+        for proc in self.procs:
+            proc.kill()
+
+
+class FakeTriton(object):
+    """Only the HTTP API is fake: the metadata and region lists a real server would return."""
+
+    def __init__(self, system=(), cuda=(), extensions=('system_shared_memory', 'cuda_shared_memory'), port=None):
+        self.host = '127.0.0.1'
+        self.port = port or _free_port()
+        self.base = 'http://127.0.0.1:%d' % self.port
+        self.system = [dict(r) for r in system]
+        self.cuda = [dict(r) for r in cuda]
+        self.extensions = list(extensions)
+        self.calls = []
+
+    def server_metadata(self):
+        self.calls.append('metadata')
+        return dict(name='triton', version='2.51.0', extensions=list(self.extensions))
+
+    def status(self, kind):
+        self.calls.append(kind)
+        if kind == 'cuda' and 'cuda_shared_memory' not in self.extensions:
+            raise AssertionError('cuda status asked of a server without the extension')
+        return [dict(r) for r in (self.system if kind == 'system' else self.cuda)]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def region(name, key=None, byte_size=4096, offset=0):
+    return dict(name=name, key=key or '/' + name, offset=offset, byte_size=byte_size)
+
+
+def by_name(items):
+    return dict((i['name'], i) for i in items)
+
+
+# -- the scene -----------------------------------------------------------------------------------------
+
+REGIONS = [
+    region('live', byte_size=MIB), region('stale', byte_size=2 * MIB), region('gone'), region('gone_held'),
+    region('two_a', key='/shared', byte_size=2048), region('two_b', key='/shared', byte_size=2048, offset=2048),
+    region('badkey', key='no_slash'), region('dirkey', key='/adir'), region('extra_fields'),
+]
+CUDA = [dict(name='gpu0', device_id=0, byte_size=1024)]
+
+
+@pytest.fixture(scope='module')
+def ns():
+    space = Namespace()
+    try:
+        client = space.client('client')
+        for name, size in (('live', MIB), ('stale', 2 * MIB), ('gone', 4096), ('gone_held', 4096), ('shared', 4096),
+                           ('extra_fields', 4096)):
+            space.write(name, size)
+            space.server.do('map ' + name)   # Triton maps every registered file
+        client.do('map live', 'map gone_held')
+        os.unlink(space.path('gone'))
+        os.unlink(space.path('gone_held'))
+        os.mkdir(space.path('adir'))
+        space.write('held_file')
+        client.do('open held_file')
+        space.write('server_only')
+        space.server.do('open server_only')
+        space.write('triton_python_backend_shm_region_1234', 8192, age=OLD)
+        space.write('client_old', 65536, age=OLD)
+        space.write('client_young', 4096)
+        space.write('PostgreSQL.7', 4096, age=OLD)
+        os.mkfifo(space.path('client_fifo'))
+        os.mkdir(space.path('client_dir'))
+        os.symlink('client_old', space.path('client_link'))
+        for name in ('client_fifo', 'client_dir', 'client_link'):
+            space.age(name, OLD)
+        space.client_proc = client
+        yield space
+    finally:
+        space.close()
+
+
+def scene_triton():
+    system = [dict(r) for r in REGIONS]
+    system[-1]['ref_count'] = 1  # newer servers add fields: they are kept
+    return FakeTriton(system=system, cuda=CUDA)
+
+
+@pytest.fixture(scope='module')
+def result(ns):
+    inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=300)
+    assert inv.scan.complete, inv.scan.incomplete_reason()
+    return inv.result(live=True, ready=False)
+
+
+def test_region_held_by_a_client_is_healthy(result, ns):
+    live = by_name(result['system_regions'])['live']
+    assert live['state'] == 'healthy'
+    assert live['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
+    assert live['file']['exists'] is True and live['file']['size'] == MIB
+    assert live['file']['inode'] == os.stat(ns.path('live')).st_ino
+
+
+def test_region_held_only_by_the_server_is_stale(result):
+    stale = by_name(result['system_regions'])['stale']
+    assert stale['state'] == 'stale'
+    assert stale['holders'] == []
+    assert 'client is gone' in stale['state_reason']
+
+
+def test_region_whose_file_is_missing_is_dangling(result, ns):
+    regions = by_name(result['system_regions'])
+    assert regions['gone']['state'] == 'dangling'
+    assert regions['gone']['file'] == dict(path=ns.path('gone'), exists=False)
+    assert regions['gone']['holders'] == []
+    # found through the server's own "(deleted)" mapping: the client that still maps it is named
+    assert regions['gone_held']['state'] == 'dangling'
+    assert regions['gone_held']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
+    assert 'still mapped by a client' in regions['gone_held']['state_reason']
+
+
+def test_regions_that_cannot_be_located_safely_are_unknown(result):
+    regions = by_name(result['system_regions'])
+    assert regions['badkey']['state'] == 'unknown'
+    assert regions['badkey']['file'] is None
+    assert 'cannot be located safely' in regions['badkey']['state_reason']
+    assert regions['dirkey']['state'] == 'unknown'
+    assert regions['dirkey']['file']['type'] == 'directory'
+    assert 'not a regular file' in regions['dirkey']['state_reason']
+
+
+def test_two_regions_on_one_file(result):
+    regions = by_name(result['system_regions'])
+    assert regions['two_a']['state'] == regions['two_b']['state'] == 'stale'
+    shared = by_name(result['files'])['shared']
+    assert shared['category'] == 'registered'
+    assert shared['regions'] == ['two_a', 'two_b']
+
+
+def test_extra_region_fields_are_kept(result):
+    extra = by_name(result['system_regions'])['extra_fields']
+    assert extra['ref_count'] == 1
+    assert dict((k, extra[k]) for k in ('name', 'key', 'offset', 'byte_size')) == region('extra_fields')
+
+
+def test_file_categories(result, ns):
+    files = by_name(result['files'])
+    cats = dict((n, f['category']) for n, f in files.items())
+    assert cats == {
+        'live': 'registered', 'stale': 'registered', 'shared': 'registered', 'extra_fields': 'registered',
+        'adir': 'foreign',
+        'held_file': 'in_use', 'server_only': 'in_use',
+        'triton_python_backend_shm_region_1234': 'backend',
+        'client_old': 'orphan', 'client_young': 'foreign', 'PostgreSQL.7': 'foreign',
+        'client_fifo': 'foreign', 'client_dir': 'foreign', 'client_link': 'foreign',
+    }
+    assert files['held_file']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
+    # the server never shows as a holder, but a file only it holds is still in use
+    assert files['server_only']['holders'] == []
+    assert 'tritonserver' in files['server_only']['category_reason']
+    assert files['live']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
+    assert files['stale']['holders'] == []
+    assert 'younger than min_age' in files['client_young']['category_reason']
+    assert files['PostgreSQL.7']['category_reason'] == 'matches no orphan pattern'
+    for name, kind in (('client_fifo', 'fifo'), ('client_dir', 'directory'), ('client_link', 'symlink')):
+        assert files[name]['type'] == kind
+        assert files[name]['category_reason'] == 'not a regular file (%s)' % kind
+    assert files['client_link']['inode'] == os.lstat(ns.path('client_link')).st_ino != files['client_old']['inode']
+    assert 'dev' not in files['live']
+
+
+def test_cuda_regions_are_reported_unknown(result):
+    assert [(r['name'], r['device_id'], r['state']) for r in result['cuda_regions']] == [('gpu0', 0, 'unknown')]
+
+
+def test_server_and_summary(result, ns):
+    server = result['server']
+    assert server['pid'] == ns.server.pid
+    assert server['shm_dir'] == ns.shm_dir
+    assert server['located_by'] == 'server_pid; shm_dir from /proc/%d/root' % ns.server.pid
+    assert (server['live'], server['ready'], server['version']) == (True, False, '2.51.0')
+    s = result['summary']
+    assert (s['system_regions'], s['cuda_regions']) == (len(REGIONS), 1)
+    assert (s['healthy_regions'], s['stale_regions'], s['dangling_regions'], s['unknown_regions']) == (1, 4, 2, 2)
+    st = os.stat(ns.path('stale')), os.stat(ns.path('shared')), os.stat(ns.path('extra_fields'))
+    # two stale regions on one file: its bytes count once (that is what removing it frees)
+    assert s['stale_bytes'] == sum(x.st_blocks * 512 for x in st) == 2 * MIB + 4096 + 4096
+    assert (s['registered_files'], s['backend_files'], s['in_use_files'], s['orphan_files'], s['foreign_files']) == (4, 1, 2, 1, 6)
+    assert s['orphan_bytes'] == os.stat(ns.path('client_old')).st_blocks * 512 == 65536
+    usage = os.statvfs(ns.shm_dir)
+    assert s['total_bytes'] == result['shm_fs']['total_bytes'] == usage.f_blocks * usage.f_frsize == 16 * MIB
+    assert s['used_percent'] == result['shm_fs']['used_percent']
+    assert result['unreadable_processes'] == 0 and result['holders_complete'] is True
+
+
+def test_min_age_zero_makes_a_young_match_orphan(ns):
+    inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=0)
+    files = by_name(inv.result()['files'])
+    assert files['client_young']['category'] == 'orphan'
+    assert files['held_file']['category'] == 'in_use'
+
+
+def test_no_patterns_no_orphans(ns):
+    files = by_name(Inventory(scene_triton(), server_pid=ns.server.pid).result()['files'])
+    assert files['client_old']['category'] == 'foreign'
+    assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
+
+
+def test_backend_files_are_backend_even_when_a_pattern_matches(ns):
+    inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'], min_age=0)
+    files = by_name(inv.result()['files'])
+    assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
+    assert files['PostgreSQL.7']['category'] == 'orphan', 'a pattern that matches everything is the caller\'s choice'
+
+
+def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
+    """Inside the server's mount namespace as uid 65534: root's processes cannot be read."""
+    def classify():
+        inv = Inventory(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm', orphan_patterns=['client_*'])
+        res = inv.result()
+        return dict(states=dict((r['name'], r['state']) for r in res['system_regions']),
+                    cats=dict((f['name'], f['category']) for f in res['files']),
+                    unreadable=res['unreadable_processes'], complete=res['holders_complete'], warnings=inv.warnings)
+    got = as_nobody(classify, setns_pid=ns.server.pid)
+    assert 'error' not in got, got
+    assert got['unreadable'] >= 2 and got['complete'] is False
+    assert 'stale' not in got['states'].values() and 'healthy' not in got['states'].values()
+    assert got['states']['stale'] == got['states']['live'] == 'unknown'
+    assert got['states']['gone'] == 'dangling', 'a missing file is missing whoever looks'
+    assert 'orphan' not in got['cats'].values()
+    assert got['cats']['client_old'] == 'foreign'
+    assert any('no region is reported stale' in w and 'run the module as root' in w for w in got['warnings'])
+
+
+# -- locating the server and its directory -----------------------------------------------------------
+
+def test_server_found_by_its_listening_port(ns):
+    port = _free_port()
+    listener = ns.client('tritonserver')   # a tritonserver process in that namespace, serving the port
+    listener.do('listen %d' % port)
+    inv = Inventory(FakeTriton(port=port))
+    assert inv.pid == listener.pid
+    assert inv.shm_dir == '/proc/%d/root/dev/shm' % listener.pid
+    assert inv.located_by == 'listener; shm_dir from /proc/%d/root' % listener.pid
+    assert inv.warnings == []
+
+
+def test_no_server_and_no_shm_dir_still_returns_the_api_data():
+    triton = FakeTriton(system=[region('r')])
+    res = Inventory(triton).result()
+    assert res['server']['pid'] is None and res['server']['shm_dir'] is None
+    assert res['shm_fs'] is None and res['files'] == []
+    assert [(r['name'], r['state']) for r in res['system_regions']] == [('r', 'unknown')]
+    assert res['summary']['used_percent'] is None
+    assert res['holders_complete'] is False
+
+
+def test_no_server_and_no_shm_dir_warns_why():
+    inv = Inventory(FakeTriton(system=[region('r')]))
+    assert len(inv.warnings) == 1
+    assert 'tritonserver process for http://127.0.0.1:' in inv.warnings[0]
+    assert 'no local process listens' in inv.warnings[0] and 'file and holder data are missing' in inv.warnings[0]
+
+
+def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
+    inv = Inventory(scene_triton(), shm_dir=ns.shm_dir)
+    res = inv.result()
+    states = dict((r['name'], r['state']) for r in res['system_regions'])
+    assert 'stale' not in states.values()
+    assert states['live'] == 'healthy'
+    assert res['server']['located_by'] == 'shm_dir given'
+    assert any('cannot be told apart from clients' in w for w in inv.warnings)
+
+
+def test_nonexistent_server_pid_names_the_url():
+    pid = int(open('/proc/sys/kernel/pid_max').read()) + 1
+    triton = FakeTriton()
+    with pytest.raises(TritonError, match=r'server_pid %d \(given for %s\) does not exist' % (pid, triton.base)):
+        Inventory(triton, server_pid=pid)
+
+
+def test_unreadable_shm_dir_fails_only_when_asked(tmp_path):
+    missing = str(tmp_path / 'missing')
+    with pytest.raises(ShmFsError, match='shm_dir %s is not readable: No such file or directory' % missing):
+        Inventory(FakeTriton(system=[region('r')]), shm_dir=missing, require_readable_dir=True)
+    inv = Inventory(FakeTriton(system=[region('r')]), shm_dir=missing)
+    assert inv.shm_dir is None
+    assert any(missing in w and 'file and holder data are missing' in w for w in inv.warnings)
+    assert [r['state'] for r in inv.result()['system_regions']] == ['unknown']
+
+
+def test_server_without_system_shared_memory_is_refused():
+    triton = FakeTriton(extensions=('classification', 'binary_tensor_data'))
+    with pytest.raises(TritonError) as err:
+        Inventory(triton)
+    assert 'server at %s (Triton 2.51.0) does not offer the system_shared_memory extension' % triton.base in err.value.msg
+    assert 'extensions: classification, binary_tensor_data' in err.value.msg
+    assert triton.calls == ['metadata']
+
+
+def test_cuda_status_is_only_asked_when_the_server_offers_it(tmp_path):
+    triton = FakeTriton(extensions=('system_shared_memory',))
+    res = Inventory(triton, shm_dir=str(tmp_path)).result()
+    assert res['cuda_regions'] == []
+    assert 'cuda' not in triton.calls
+
+
+def test_locate_server_explicit_values():
+    triton = FakeTriton()
+    assert inventory.locate_server(triton, server_pid=os.getpid()) == \
+        (os.getpid(), '/proc/%d/root/dev/shm' % os.getpid(), 'server_pid; shm_dir from /proc/%d/root' % os.getpid(), [])
+    assert inventory.locate_server(triton, server_pid=os.getpid(), shm_dir='/x') == (os.getpid(), '/x', 'server_pid; shm_dir given', [])
+
+
+def test_summarize_without_filesystem():
+    regions = [dict(state='stale', file=dict(path='/s/a', exists=True, allocated_bytes=10)),
+               dict(state='stale', file=dict(path='/s/b', exists=True, allocated_bytes=5)),
+               dict(state='stale', file=dict(path='/s/b', exists=True, allocated_bytes=5)),
+               dict(state='dangling', file=dict(path='/s/c', exists=False))]
+    s = summarize(regions, [], [], None)
+    assert (s['stale_regions'], s['stale_bytes'], s['dangling_regions'], s['used_bytes'], s['total_bytes']) == (3, 15, 1, None, None)

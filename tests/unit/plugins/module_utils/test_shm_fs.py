@@ -1,0 +1,191 @@
+"""Unit tests for module_utils/shm_fs.py on real temporary directories."""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import time
+
+import pytest
+
+from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmDir, ShmFsError
+
+
+def test_usage_matches_statvfs(tmp_path):
+    got = shm_fs.usage(str(tmp_path))
+    st = os.statvfs(str(tmp_path))
+    assert got['path'] == str(tmp_path)
+    assert got['total_bytes'] == st.f_blocks * st.f_frsize
+    assert got['free_bytes'] == st.f_bavail * st.f_frsize
+    assert got['used_bytes'] == (st.f_blocks - st.f_bfree) * st.f_frsize
+    assert got['used_percent'] == round(100.0 * got['used_bytes'] / got['total_bytes'], 2)
+
+
+def test_usage_of_missing_dir_raises_oserror(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        shm_fs.usage(str(tmp_path / 'missing'))
+
+
+@pytest.mark.parametrize('key,name', [
+    ('/input0', 'input0'),
+    ('/PostgreSQL.1234', 'PostgreSQL.1234'),
+    ('/a b', 'a b'),
+    ('/..x', '..x'),
+])
+def test_key_to_name_accepts_one_component(key, name):
+    assert shm_fs.key_to_name(key) == name
+
+
+@pytest.mark.parametrize('key,why', [
+    ('', 'non-empty'),
+    (None, 'non-empty'),
+    ('input0', 'must start with "/"'),
+    ('/', 'exactly one path component'),
+    ('/a/b', 'exactly one path component'),
+    ('/../etc/passwd', 'exactly one path component'),
+    ('/..', 'outside the shm directory'),
+    ('/.', 'outside the shm directory'),
+    ('/a\x00b', 'NUL'),
+])
+def test_key_to_name_refuses_unsafe_keys(key, why):
+    with pytest.raises(ShmFsError, match=why.replace('"', '.').replace('(', '.')):
+        shm_fs.key_to_name(key)
+
+
+@pytest.mark.parametrize('name', ['', '.', '..', 'a/b', '/abs', 'a\x00'])
+def test_check_name_refuses_anything_but_one_component(name):
+    with pytest.raises(ShmFsError, match='unsafe file name'):
+        shm_fs.check_name(name)
+
+
+def make_tree(d):
+    """A directory with one entry of every kind, ages set on purpose."""
+    with open(os.path.join(d, 'regular'), 'wb') as f:
+        f.write(b'x' * 5000)
+    os.mkfifo(os.path.join(d, 'fifo'))
+    os.mkdir(os.path.join(d, 'directory'))
+    os.symlink('regular', os.path.join(d, 'symlink'))
+    os.symlink('/nonexistent/target', os.path.join(d, 'broken'))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(os.path.join(d, 'socket'))
+    sock.close()
+    old = time.time() - 1000
+    os.utime(os.path.join(d, 'regular'), (old, old))
+    return old
+
+
+def test_list_entries_lstats_every_kind_and_never_follows(tmp_path):
+    d = str(tmp_path)
+    old = make_tree(d)
+    now = time.time()
+    entries = dict((e['name'], e) for e in shm_fs.list_entries(d, now=now))
+    assert sorted(entries) == ['broken', 'directory', 'fifo', 'regular', 'socket', 'symlink']
+    assert [e['type'] for e in (entries[n] for n in ('regular', 'fifo', 'directory', 'symlink', 'broken', 'socket'))] == \
+        ['file', 'fifo', 'directory', 'symlink', 'symlink', 'socket']
+    reg = entries['regular']
+    st = os.lstat(os.path.join(d, 'regular'))
+    assert reg['path'] == os.path.join(d, 'regular')
+    assert (reg['size'], reg['inode'], reg['dev'], reg['uid']) == (5000, st.st_ino, st.st_dev, st.st_uid)
+    assert reg['allocated_bytes'] == st.st_blocks * 512
+    assert reg['mode'] == '%04o' % stat.S_IMODE(st.st_mode)
+    assert reg['mtime'] == pytest.approx(old, abs=1e-3)
+    assert reg['age_s'] == pytest.approx(now - old, abs=0.01)
+    link = entries['symlink']
+    assert link['inode'] == os.lstat(os.path.join(d, 'symlink')).st_ino != reg['inode']
+    assert link['size'] == len('regular')
+
+
+def test_list_entries_is_sorted_and_age_never_negative(tmp_path):
+    d = str(tmp_path)
+    for name in ('c', 'a', 'b'):
+        open(os.path.join(d, name), 'w').close()
+    future = time.time() + 500
+    os.utime(os.path.join(d, 'b'), (future, future))
+    entries = shm_fs.list_entries(d)
+    assert [e['name'] for e in entries] == ['a', 'b', 'c']
+    assert entries[1]['age_s'] == 0.0
+
+
+def test_shm_dir_create_is_exclusive_and_sized(tmp_path):
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('region', 1 << 20, mode=0o640)
+        assert st.st_size == 1 << 20
+        assert stat.S_IMODE(os.lstat(str(tmp_path / 'region')).st_mode) == 0o640
+        assert sd.lstat('region').st_ino == st.st_ino
+        with pytest.raises(ShmFsError, match='cannot create region .*File exists'):
+            sd.create('region', 10)
+        assert os.path.getsize(str(tmp_path / 'region')) == 1 << 20, 'an existing file is never truncated'
+        assert sd.lstat('missing') is None
+    assert sd.fd is None
+
+
+def test_shm_dir_create_never_follows_a_symlink(tmp_path):
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    shm = tmp_path / 'shm'
+    shm.mkdir()
+    os.symlink(str(outside / 'target'), str(shm / 'link'))
+    with ShmDir(str(shm)) as sd:
+        with pytest.raises(ShmFsError, match='cannot create link'):
+            sd.create('link', 4096)
+    assert not (outside / 'target').exists()
+
+
+def test_shm_dir_unlink_removes_only_the_classified_file(tmp_path):
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('victim', 8192)
+        with open(str(tmp_path / 'victim'), 'r+b') as f:
+            f.write(b'y' * 8192)
+        allocated = os.lstat(str(tmp_path / 'victim')).st_blocks * 512
+        assert sd.unlink('victim', st.st_dev, st.st_ino) == allocated
+        assert not (tmp_path / 'victim').exists()
+        assert sd.unlink('victim', st.st_dev, st.st_ino) == 0, 'already gone is not an error'
+
+
+def test_shm_dir_unlink_refuses_a_replaced_file(tmp_path):
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('r', 10)
+        os.rename(str(tmp_path / 'r'), str(tmp_path / 'r.old'))  # keeps its inode from being reused
+        sd.create('r', 10)
+        with pytest.raises(ShmFsError, match='was replaced since it was checked'):
+            sd.unlink('r', st.st_dev, st.st_ino)
+        assert (tmp_path / 'r').exists()
+
+
+@pytest.mark.parametrize('kind', ['symlink', 'directory', 'fifo'])
+def test_shm_dir_unlink_refuses_non_regular_entries(tmp_path, kind):
+    target = tmp_path / 'target'
+    target.write_bytes(b'keep')
+    path = str(tmp_path / 'entry')
+    if kind == 'symlink':
+        os.symlink(str(target), path)
+    elif kind == 'directory':
+        os.mkdir(path)
+    else:
+        os.mkfifo(path)
+    st = os.lstat(path)
+    with ShmDir(str(tmp_path)) as sd:
+        with pytest.raises(ShmFsError, match='is a %s, not a regular file' % kind):
+            sd.unlink('entry', st.st_dev, st.st_ino)
+    assert os.path.lexists(path)
+    assert target.read_bytes() == b'keep'
+
+
+@pytest.mark.parametrize('name', ['../escape', '..', 'sub/file', ''])
+def test_shm_dir_refuses_names_outside_the_dir(tmp_path, name):
+    shm = tmp_path / 'shm'
+    (shm / 'sub').mkdir(parents=True)
+    (shm / 'sub' / 'file').write_bytes(b'x')
+    (tmp_path / 'escape').write_bytes(b'x')
+    with ShmDir(str(shm)) as sd:
+        with pytest.raises(ShmFsError, match='unsafe file name'):
+            sd.unlink(name, 0, 0)
+        with pytest.raises(ShmFsError, match='unsafe file name'):
+            sd.create(name, 1)
+    assert (tmp_path / 'escape').exists() and (shm / 'sub' / 'file').exists()
+
+
+def test_shm_dir_of_missing_directory_says_why(tmp_path):
+    with pytest.raises(ShmFsError, match='cannot open shm directory .*missing: No such file or directory'):
+        ShmDir(str(tmp_path / 'missing'))
