@@ -154,7 +154,8 @@ class TritonClient(object):
         try:
             prepared = self.session.prepare_request(requests.Request(method, url, data=kwargs.get('data'), headers=kwargs.get('headers')))
             prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
-            settings = self.session.merge_environment_settings(url, {}, None, None, None)
+            # verify/cert passed explicitly: otherwise REQUESTS_CA_BUNDLE would override ca_path and validate_certs=false
+            settings = self.session.merge_environment_settings(url, {}, None, self.session.verify, self.session.cert)
             resp = self.session.send(prepared, timeout=self.timeout, **settings)
         except requests.exceptions.SSLError as exc:
             raise TritonError('%s at %s: TLS verification failed: %s' % (what, url, exc), url=url)
