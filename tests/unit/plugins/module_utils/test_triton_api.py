@@ -1,0 +1,384 @@
+"""Unit tests for module_utils/triton_api.py: URL handling and the mapping of every failure to a clear TritonError.
+
+Requests go over real HTTP(S) to small servers on loopback ports that answer what a test
+scripts: the answers a real Triton never gives (HTML, a list where a dict belongs, no
+version, ...) and the ones that are hard to get from it on demand (in use, 500). A real
+TLS server with a certificate made by openssl covers verification and client certificates.
+The only fake below the HTTP layer is a connect timeout, which loopback cannot produce.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import ssl
+import subprocess
+import threading
+
+import pytest
+import requests
+
+from ansible_collections.tritonops.shm.plugins.module_utils import triton_api
+from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
+
+
+class Scripted(object):
+    """An HTTP server on 127.0.0.1 answering routes[(method, path)] = (status, content_type, body)."""
+
+    def __init__(self, routes, tls=None):
+        self.routes = dict(routes)
+        self.requests = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get('Content-Length') or 0)
+                body = self.rfile.read(length) if length else b''
+                outer.requests.append(dict(method=self.command, path=self.path, headers=dict(self.headers), body=body))
+                status, ctype, payload = outer.routes.get((self.command, self.path), (404, 'application/json', '{"error":"Not Found"}'))
+                data = payload.encode() if isinstance(payload, str) else payload
+                self.send_response(status)
+                if ctype:
+                    self.send_header('Content-Type', ctype)
+                self.send_header('Content-Length', str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer  # noqa: N815 (http.server API)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True)
+        self.thread.start()
+
+    def url(self, scheme='http'):
+        return '%s://127.0.0.1:%d' % (scheme, self.port)
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(routes, tls=None):
+        server = Scripted(routes, tls=tls)
+        servers.append(server)
+        return server
+    yield start
+    for server in servers:
+        server.close()
+
+
+def jsonr(obj, status=200):
+    return (status, 'application/json', json.dumps(obj))
+
+
+METADATA = jsonr(dict(name='triton', version='2.51.0', extensions=['system_shared_memory']))
+
+
+# -- URLs -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('url,base,host,port,scheme', [
+    ('127.0.0.1:8000', 'http://127.0.0.1:8000', '127.0.0.1', 8000, 'http'),
+    ('http://127.0.0.1:8000/', 'http://127.0.0.1:8000', '127.0.0.1', 8000, 'http'),
+    ('  http://localhost  ', 'http://localhost', 'localhost', 80, 'http'),
+    ('https://triton.example.com', 'https://triton.example.com', 'triton.example.com', 443, 'https'),
+    ('http://[::1]:8000', 'http://[::1]:8000', '::1', 8000, 'http'),
+])
+def test_url_forms(url, base, host, port, scheme):
+    client = TritonClient(url)
+    assert (client.base, client.host, client.port, client.scheme) == (base, host, port, scheme)
+
+
+@pytest.mark.parametrize('url,why', [
+    ('ftp://127.0.0.1:8000', 'is not an http(s) URL'),
+    ('http://', 'is not an http(s) URL'),
+    ('', 'is not an http(s) URL'),
+    ('http://127.0.0.1:99999', 'has an invalid port'),
+    ('http://127.0.0.1:port', 'has an invalid port'),
+])
+def test_bad_urls_are_refused(url, why):
+    with pytest.raises(TritonError) as err:
+        TritonClient(url)
+    assert why in err.value.msg
+
+
+@pytest.mark.parametrize('kind,name,path', [
+    ('system', 'input0', '/v2/systemsharedmemory/region/input0'),
+    ('system', 'a%41b', '/v2/systemsharedmemory/region/a%41b'),
+    ('system', "r-1._~!$&'()*+,;=:@", "/v2/systemsharedmemory/region/r-1._~!$&'()*+,;=:@"),
+    ('cuda', 'gpu', '/v2/cudasharedmemory/region/gpu'),
+])
+def test_region_path_sends_the_name_byte_for_byte(kind, name, path):
+    assert triton_api.region_path(kind, name) == path
+
+
+@pytest.mark.parametrize('name', ['a/b', 'a b', 'a?b', 'a#b', 'caf\u00e9', 'tab\t', ''])
+def test_region_names_http_cannot_carry_are_refused_before_sending(name):
+    with pytest.raises(TritonError) as err:
+        triton_api.region_path('system', name)
+    assert err.value.unaddressable is True
+    assert "cannot be addressed over Triton's HTTP API" in err.value.msg
+
+
+def test_region_path_refuses_an_unknown_kind():
+    with pytest.raises(ValueError):
+        triton_api.region_path('gpu', 'x')
+
+
+# -- requests that work -----------------------------------------------------------------------------
+
+def test_headers_status_and_register_bodies_reach_the_server(serve):
+    srv = serve({
+        ('GET', '/v2'): METADATA,
+        ('GET', '/v2/systemsharedmemory/status'): jsonr([dict(name='r', key='/r', offset=0, byte_size=64)]),
+        ('POST', '/v2/systemsharedmemory/region/a%41b/register'): (200, None, b''),
+        ('POST', '/v2/systemsharedmemory/region/a%41b/unregister'): (200, None, b''),
+        ('POST', '/v2/cudasharedmemory/region/g/register'): (200, None, b''),
+    })
+    client = TritonClient(srv.url(), headers={'Authorization': 'Bearer t0k', 'X-Num': 7})
+    assert client.server_metadata()['version'] == '2.51.0'
+    assert client.status('system') == [dict(name='r', key='/r', offset=0, byte_size=64)]
+    client.register_system('a%41b', '/a_b', 16, 4096)
+    client.unregister('system', 'a%41b')
+    client.register_cuda('g', 'aGFuZGxl', 0, 1024)
+    first = srv.requests[0]['headers']
+    assert first['Authorization'] == 'Bearer t0k' and first['X-Num'] == '7' and first['Accept'] == 'application/json'
+    reg = srv.requests[2]
+    assert reg['path'] == '/v2/systemsharedmemory/region/a%41b/register', 'not re-quoted or decoded on the way'
+    assert json.loads(reg['body']) == dict(key='/a_b', offset=16, byte_size=4096)
+    assert reg['headers']['Content-Type'] == 'application/json'
+    assert json.loads(srv.requests[4]['body']) == dict(raw_handle=dict(b64='aGFuZGxl'), device_id=0, byte_size=1024)
+    assert client.requests_made == 5
+
+
+def test_health_answers(serve):
+    srv = serve({('GET', '/v2/health/live'): (200, None, b''),
+                 ('GET', '/v2/health/ready'): (503, 'application/json', '{"error":"not ready"}')})
+    client = TritonClient(srv.url())
+    assert client.health('live') is True
+    assert client.health('ready') is False
+
+
+# -- failures ------------------------------------------------------------------------------------------
+
+def _fails(call, *needles):
+    with pytest.raises(TritonError) as err:
+        call()
+    for needle in needles:
+        assert needle in err.value.msg, (needle, err.value.msg)
+    return err.value
+
+
+def test_http_error_carries_the_servers_own_error(serve):
+    srv = serve({('POST', '/v2/systemsharedmemory/region/busy/unregister'):
+                 jsonr(dict(error="Cannot unregister shared memory region 'busy', it is currently in use."), 400),
+                 ('POST', '/v2/systemsharedmemory/region/nope/unregister'):
+                 jsonr(dict(error="Unable to find system shared memory region: 'nope'"), 400)})
+    client = TritonClient(srv.url())
+    url = srv.url() + '/v2/systemsharedmemory/region/busy/unregister'
+    err = _fails(lambda: client.unregister('system', 'busy'), "unregister system region 'busy' at %s: HTTP 400: Cannot unregister" % url)
+    assert (err.status, err.url, err.in_use, err.not_found) == (400, url, True, False)
+    assert err.as_dict() == dict(url=url, status=400, server_error="Cannot unregister shared memory region 'busy', it is currently in use.")
+    err = _fails(lambda: client.unregister('system', 'nope'), 'Unable to find')
+    assert (err.in_use, err.not_found) == (False, True)
+
+
+def test_http_error_without_json_quotes_the_body_or_the_reason(serve):
+    srv = serve({('GET', '/v2'): (502, 'text/html', '<html><body>Bad Gateway from the proxy</body></html>'),
+                 ('GET', '/v2/systemsharedmemory/status'): (500, None, b'')})
+    client = TritonClient(srv.url())
+    err = _fails(client.server_metadata, 'read server metadata at %s/v2: HTTP 502: <html><body>Bad Gateway from the proxy' % srv.url())
+    assert err.server_error is None
+    _fails(lambda: client.status('system'), 'HTTP 500: Internal Server Error')
+
+
+def test_html_is_not_triton_json(serve):
+    srv = serve({('GET', '/v2'): (200, 'text/html', '<!DOCTYPE html><title>Welcome to nginx!</title>' + 'x' * 500)})
+    err = _fails(TritonClient(srv.url()).server_metadata, 'at %s/v2: the response is not Triton JSON (is another web server on this port?)' % srv.url(),
+                 'Welcome to nginx!')
+    assert err.msg.endswith('...'), 'long bodies are cut'
+    assert err.status == 200
+
+
+@pytest.mark.parametrize('route,call,why', [
+    (('GET', '/v2'), 'server_metadata', 'the response is not Triton server metadata'),
+    (('GET', '/v2/systemsharedmemory/status'), 'status', 'expected a JSON list of regions'),
+])
+@pytest.mark.parametrize('body', [dict(name='triton'), ['not', 'dicts'], None])
+def test_json_of_the_wrong_shape_is_refused(serve, route, call, why, body):
+    if call == 'status' and body == dict(name='triton'):
+        body = dict(regions=[])
+    srv = serve({route: jsonr(body)})
+    client = TritonClient(srv.url())
+    fn = client.server_metadata if call == 'server_metadata' else (lambda: client.status('system'))
+    _fails(fn, why, srv.url() + route[1])
+
+
+def test_connection_refused_names_the_url():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    client = TritonClient('http://127.0.0.1:%d' % port)
+    err = _fails(client.server_metadata, 'read server metadata at http://127.0.0.1:%d/v2: cannot connect to Triton (refused or unreachable)' % port)
+    assert err.status is None
+    with pytest.raises(TritonError):
+        client.health('live')  # no answer at all is not "not live": it is an error
+
+
+def test_a_server_that_never_answers_times_out():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        s.listen(4)
+        url = 'http://127.0.0.1:%d' % s.getsockname()[1]
+        _fails(TritonClient(url, timeout=0.3).server_metadata, 'read server metadata at %s/v2: no answer within 0.3s (timeout)' % url)
+
+
+def test_connect_timeout_names_the_url(monkeypatch):
+    client = TritonClient('http://127.0.0.1:9', timeout=2)
+
+    def refuse(*_args, **_kwargs):
+        raise requests.exceptions.ConnectTimeout('connect timed out')
+    monkeypatch.setattr(client.session, 'send', refuse)
+    _fails(client.server_metadata, 'read server metadata at http://127.0.0.1:9/v2: connection timed out after 2s')
+
+
+def test_other_request_failures_name_the_url(monkeypatch):
+    client = TritonClient('http://127.0.0.1:9')
+
+    def broken(*_args, **_kwargs):
+        raise requests.exceptions.TooManyRedirects('Exceeded 30 redirects.')
+    monkeypatch.setattr(client.session, 'send', broken)
+    _fails(lambda: client.status('cuda'), 'read cuda shared memory status at http://127.0.0.1:9/v2/cudasharedmemory/status: request failed: Exceeded 30 redirects.')
+
+
+# -- TLS, with a real certificate ------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def certs(tmp_path_factory):
+    d = tmp_path_factory.mktemp('certs')
+
+    def openssl(*args):
+        subprocess.run(['openssl'] + list(args), check=True, capture_output=True, cwd=str(d))
+    openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2', '-subj', '/CN=test-ca',
+            '-keyout', 'ca.key', '-out', 'ca.pem', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=keyCertSign')
+    for name in ('server', 'client'):
+        openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', '/CN=%s' % name, '-keyout', name + '.key', '-out', name + '.csr')
+        with open(str(d / (name + '.ext')), 'w') as f:
+            f.write('subjectAltName=IP:127.0.0.1\n' if name == 'server' else 'extendedKeyUsage=clientAuth\n')
+        openssl('x509', '-req', '-in', name + '.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '2',
+                '-extfile', name + '.ext', '-out', name + '.pem')
+    return dict((n, str(d / n)) for n in os.listdir(str(d)))
+
+
+def _tls(certs, require_client=False):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs['server.pem'], certs['server.key'])
+    if require_client:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(certs['ca.pem'])
+    return ctx
+
+
+def test_tls_certificate_is_verified_against_ca_path(serve, certs):
+    srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs))
+    url = srv.url('https')
+    _fails(TritonClient(url).server_metadata, 'read server metadata at %s/v2: TLS verification failed' % url, 'certificate verify failed')
+    assert TritonClient(url, ca_path=certs['ca.pem']).server_metadata()['version'] == '2.51.0'
+    with pytest.warns(Warning):  # urllib3's InsecureRequestWarning: the module warns itself (see make_client)
+        assert TritonClient(url, validate_certs=False).server_metadata()['version'] == '2.51.0'
+    assert TritonClient(url, validate_certs=False, ca_path=certs['ca.pem']).session.verify is False
+
+
+def test_tls_client_certificate(serve, certs):
+    srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs, require_client=True))
+    url = srv.url('https')
+    with pytest.raises(TritonError):
+        TritonClient(url, ca_path=certs['ca.pem']).server_metadata()
+    client = TritonClient(url, ca_path=certs['ca.pem'], client_cert=certs['client.pem'], client_key=certs['client.key'])
+    assert client.server_metadata()['name'] == 'triton'
+
+
+# -- module glue -------------------------------------------------------------------------------------
+
+class Failed(Exception):
+    pass
+
+
+class FakeModule(object):
+    """The two AnsibleModule methods the glue calls; fail_json stops like the real one."""
+
+    def __init__(self, **params):
+        self.params = dict(url='http://127.0.0.1:8000', timeout=10.0, validate_certs=True, ca_path=None, headers={},
+                           client_cert=None, client_key=None)
+        self.params.update(params)
+        self.warnings = []
+        self.failed = None
+
+    def warn(self, msg):
+        self.warnings.append(msg)
+
+    def fail_json(self, **kwargs):
+        self.failed = kwargs
+        raise Failed(kwargs['msg'])
+
+
+def test_connection_argument_spec_matches_the_doc_fragment():
+    spec = triton_api.connection_argument_spec()
+    assert sorted(spec) == ['ca_path', 'client_cert', 'client_key', 'headers', 'timeout', 'url', 'validate_certs']
+    assert spec['url']['required'] is True and spec['url']['fallback'][1] == ['TRITON_URL']
+    assert spec['headers']['no_log'] is True
+    assert sorted(triton_api.shm_dir_argument_spec()) == sorted(list(spec) + ['server_pid', 'shm_dir'])
+
+
+@pytest.mark.parametrize('params,msg', [
+    (dict(timeout=0), 'timeout must be a positive number of seconds, got 0'),
+    (dict(timeout=-1.5), 'timeout must be a positive number of seconds, got -1.5'),
+    (dict(url='ftp://x'), 'is not an http(s) URL'),
+])
+def test_make_client_refuses_bad_options(params, msg):
+    module = FakeModule(**params)
+    with pytest.raises(Failed):
+        triton_api.make_client(module)
+    assert msg in module.failed['msg']
+
+
+def test_make_client_warns_when_tls_is_not_verified():
+    module = FakeModule(url='https://127.0.0.1:8443', validate_certs=False)
+    client = triton_api.make_client(module)
+    assert client.session.verify is False
+    assert module.warnings == ['validate_certs is false: the TLS certificate of https://127.0.0.1:8443 is not verified']
+    module = FakeModule(url='http://127.0.0.1:8000', validate_certs=False)
+    triton_api.make_client(module)
+    assert module.warnings == []
+
+
+def test_run_module_main_turns_errors_into_clear_failures():
+    module = FakeModule()
+
+    def triton_fails():
+        raise TritonError('unregister region at http://x: HTTP 400: busy', url='http://x', status=400, server_error='busy')
+    with pytest.raises(Failed):
+        triton_api.run_module_main(module, triton_fails, partial=lambda: dict(unregistered=['a']))
+    assert module.failed == dict(msg='unregister region at http://x: HTTP 400: busy', unregistered=['a'],
+                                 failure=dict(url='http://x', status=400, server_error='busy'))
+
+    def fs_fails():
+        raise ShmFsError('cannot remove x from /dev/shm: Permission denied')
+    with pytest.raises(Failed):
+        triton_api.run_module_main(module, fs_fails)
+    assert module.failed == dict(msg='cannot remove x from /dev/shm: Permission denied')
+
+    done = []
+    triton_api.run_module_main(module, lambda: done.append(1))
+    assert done == [1]
