@@ -12,6 +12,7 @@ and turns every failure into a TritonError whose message names the URL.
 from __future__ import annotations
 
 import json
+import string
 import traceback
 
 from ansible.module_utils.basic import env_fallback
@@ -65,7 +66,7 @@ class TritonError(Exception):
 
 
 # Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
-_SEGMENT_SAFE = frozenset('ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789' "-._~!$&'()*+,;=:@%")
+_SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
 
 
 def region_segment(name):
