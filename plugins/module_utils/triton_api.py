@@ -12,6 +12,7 @@ and turns every failure into a TritonError whose message names the URL.
 from __future__ import annotations
 
 import json
+import os
 import string
 import traceback
 
@@ -168,6 +169,9 @@ class TritonClient(object):
             raise TritonError('%s at %s: cannot connect to Triton (refused or unreachable): %s' % (what, url, _short(exc)), url=url)
         except requests.exceptions.RequestException as exc:
             raise TritonError('%s at %s: request failed: %s' % (what, url, _short(exc)), url=url)
+        except OSError as exc:
+            # requests raises a bare OSError for a ca_path / client_cert it cannot read
+            raise TritonError('%s at %s: %s' % (what, url, _short(exc)), url=url)
         data = None
         decode_error = None
         if resp.content:
@@ -263,6 +267,10 @@ def make_client(module):
     params = module.params
     if params['timeout'] is not None and params['timeout'] <= 0:
         module.fail_json(msg='timeout must be a positive number of seconds, got %s' % params['timeout'])
+    for opt in ('ca_path', 'client_cert', 'client_key'):
+        path = params.get(opt)
+        if path and not (os.path.isfile(path) or (opt == 'ca_path' and os.path.isdir(path))):
+            module.fail_json(msg='%s %s does not exist or is not a file' % (opt, path))
     try:
         client = TritonClient.from_params(params)
     except TritonError as exc:
