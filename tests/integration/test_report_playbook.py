@@ -1,0 +1,104 @@
+"""The read-only report playbook on a real fleet: the table, report.json, report.md and metrics."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import tritonrig
+from ansible_helpers import PYTHON, ansible_playbook
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = tritonrig.Fleet(2, workdir=str(tmp_path), shm_size='32m', models=())
+    try:
+        f.start()
+        yield f
+    finally:
+        f.stop()
+
+
+def metrics(path):
+    with open(path) as f:
+        text = f.read()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = (sample.value, sample.labels)
+    return out
+
+
+def test_report_table_files_and_metrics(fleet, tmp_path):
+    up, down = fleet.servers
+    live = up.client('live', byte_size=2 * MiB)
+    up.leak('dead', byte_size=8 * MiB)
+    orphan = up.shm_path('/client_orphan')
+    with open(orphan, 'wb') as f:
+        f.write(b'\1' * MiB)
+    os.utime(orphan, (time.time() - 3600,) * 2)
+    down.stop()
+    before = (up.system_regions(), up.shm_files())
+    prom = {s.name: tmp_path / ('prom-' + s.name) for s in fleet.servers}
+    for d in prom.values():
+        d.mkdir()
+    hosts = dict((s.name, dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=s.url,
+                               prometheus_textfile_dir=str(prom[s.name]))) for s in fleet.servers)
+    inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
+    report_dir = tmp_path / 'report'
+
+    res = ansible_playbook('tritonops.shm.report', inventory=inv,
+                           extra_vars={'report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']})
+
+    # read-only: nothing changed on the server
+    assert (up.system_regions(), up.shm_files()) == before and live.alive
+    # the down host fails, after the table was printed
+    assert res.stats['triton2']['failures'] == 1 and res.stats['triton1']['failures'] == 0, res
+
+    lines = res.task("Show the fleet's shared memory")['msg']
+    assert lines[0].split() == ['HOST', 'STATUS', 'TRITON', '/DEV/SHM', 'USED', 'REGIONS', 'STALE', 'DANGLING', 'ORPHAN']
+    row = [line for line in lines if line.startswith('triton1 ')][0].split()
+    # triton1  ok  2.51.0  11.0 MiB/32.0 MiB 34%  2  1 (8.0 MiB)  0  1 (1.0 MiB)
+    assert row[1] == 'ok' and row[2].startswith('2.')
+    assert row[7:] == ['2', '1', '(8.0', 'MiB)', '0', '1', '(1.0', 'MiB)'], lines
+    assert row[4].startswith('MiB/32.0')
+    down_row = [line for line in lines if line.startswith('triton2 ')][0]
+    assert 'DOWN' in down_row and 'cannot connect' in down_row
+
+    data = json.loads((report_dir / 'report.json').read_text())
+    rows = dict((r['host'], r) for r in data['hosts'])
+    assert rows['triton1']['stale'] == ['dead'] and rows['triton1']['stale_bytes'] == 8 * MiB
+    assert rows['triton1']['orphan_bytes'] == MiB and rows['triton1']['regions'] == 2
+    assert rows['triton1']['shm_total_bytes'] == 32 * MiB
+    assert rows['triton1']['shm_used_bytes'] == up.shm_usage()['used_bytes']
+    assert rows['triton2']['status'] == 'down' and 'cannot connect' in rows['triton2']['error']
+
+    md = (report_dir / 'report.md').read_text()
+    assert '| triton1 | ok |' in md and '| triton2 | **down** |' in md
+    assert '- **triton1**: dead' in md
+
+    m = metrics(str(prom['triton1'] / 'tritonops_shm.prom'))
+    assert m['tritonops_shm_up'] == (1.0, {'triton_url': up.url})
+    assert m['tritonops_shm_fs_size_bytes'][0] == 32 * MiB
+    assert m['tritonops_shm_stale_regions'][0] == 1 and m['tritonops_shm_stale_bytes'][0] == 8 * MiB
+    assert m['tritonops_shm_orphan_bytes'][0] == MiB and m['tritonops_shm_system_regions'][0] == 2
+    m = metrics(str(prom['triton2'] / 'tritonops_shm.prom'))
+    assert m['tritonops_shm_up'][0] == 0 and 'tritonops_shm_fs_size_bytes' not in m
+
+    # the cleanup playbook writes the last cleanup's time and outcome next to it
+    start = time.time()
+    res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, extra_vars={'shm_cleanup_orphan_patterns': ['client_*']})
+    assert res.stats['triton1']['failures'] == 0 and res.stats['triton2']['failures'] == 1, res
+    m = metrics(str(prom['triton1'] / 'tritonops_shm_cleanup.prom'))
+    assert m['tritonops_shm_cleanup_last_success'][0] == 1
+    assert m['tritonops_shm_cleanup_last_unregistered_regions'][0] == 1
+    assert m['tritonops_shm_cleanup_last_removed_files'][0] == 2
+    assert m['tritonops_shm_cleanup_last_freed_bytes'][0] == 9 * MiB
+    assert start - 2 <= m['tritonops_shm_cleanup_last_run_timestamp_seconds'][0] <= time.time() + 2
+    m = metrics(str(prom['triton2'] / 'tritonops_shm_cleanup.prom'))
+    assert m['tritonops_shm_cleanup_last_success'][0] == 0
