@@ -148,6 +148,8 @@ class RegionOps(object):
                 raise shm_fs.ShmFsError('create_file needs the server\'s shm directory, which was not found: set server_pid or shm_dir')
         elif todo:
             create = self._check_backing_file(inv, key_name, need, p['create_file'])
+            if create and inv.fs:
+                self._check_fits(inv, key_name, need)
         self.after = dict(regions=[dict(name=n, **wanted) for n in p['name']])
         if not todo:
             return
@@ -201,6 +203,16 @@ class RegionOps(object):
             if cur is not None:
                 self.unregistered.append(name)
             self.registered.append(name)
+
+    def _check_fits(self, inv, key_name, need):
+        """A file to create must fit in the shm filesystem: a sparse file larger than it makes every writer die of SIGBUS."""
+        path = os.path.join(inv.shm_dir, key_name)
+        if need > inv.fs['total_bytes']:
+            raise shm_fs.ShmFsError('offset + byte_size (%d) is larger than the whole shm filesystem of %s (%d bytes): refusing to create %s, '
+                                    'its memory could never be allocated' % (need, inv.shm_dir, inv.fs['total_bytes'], path))
+        if need > inv.fs['free_bytes']:
+            self.warn('%s is created with %d bytes but only %d bytes of the shm filesystem are free: writing it may fail (SIGBUS)'
+                      % (path, need, inv.fs['free_bytes']))
 
     def _check_backing_file(self, inv, key_name, need, create_file):
         """Validate the backing file; True when it has to be created."""
