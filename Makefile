@@ -22,14 +22,15 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps help venv collection sanity units integration test demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps help venv collection sanity sanity-2.19 changelog-check units integration test demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
 venv: $(VENV)/.installed  ## create .venv with a suitable Python and the pinned test requirements
 
 $(VENV)/.installed: tests/requirements.txt tests/requirements-3.11.txt
+	@mkdir -p $(BUILD)
 	@test -n "$(PYTHON)" || { echo "no usable python found" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
@@ -44,8 +45,24 @@ collection: venv  ## copy the checkout into build/ansible_collections/tritonops/
 	@# ansible-test lists files with git: give the copy its own repository (build/ is ignored by ours)
 	@cd $(COLL) && git init -q . && git add -A >/dev/null 2>&1 || true
 
-sanity: collection  ## ansible-test sanity (empty ignore files)
+sanity: collection  ## ansible-test sanity with ansible-core 2.21 (empty ignore files)
 	cd $(COLL) && ansible-test sanity --color no --python $(PYVER) --venv --requirements
+
+VENV219 := $(BUILD)/venv-2.19
+$(VENV219)/.installed: tests/requirements-2.19.txt | venv
+	$(PYTHON) -m venv $(VENV219)
+	$(VENV219)/bin/python -m pip install --quiet -r tests/requirements-2.19.txt
+	.ci/setup-ansible-test $(VENV219)/bin/python
+	touch $@
+
+sanity-2.19: collection $(VENV219)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.19)
+	cd $(COLL) && PATH=$(VENV219)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
+
+changelog-check:  ## lint changelog fragments and dry-run the 0.1.0 release
+	.ci/release-changelog --check >/dev/null
+
+docs: collection  ## lint the collection docs and build the antsibull-docs docsite into build/docsite
+	.ci/build-docsite $(BUILD)/docsite
 
 units: collection  ## unit tests (pytest, no server needed)
 	cd $(COLL) && $(PYTEST_RUN) tests/unit $(PYTEST_ARGS)
@@ -59,7 +76,7 @@ lint: collection  ## ansible-lint, production profile
 deps:  ## install missing Debian packages the tests need (as root), else list them
 	@.ci/deps
 
-test: deps sanity lint units integration  ## every test: sanity, lint, units, integration
+test: deps sanity sanity-2.19 lint changelog-check docs units integration  ## every test: sanity (2.21, 2.19), lint, changelog, docs, units, integration
 
 demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
 	cd $(COLL) && $(VPY) tests/rig/demo.py
