@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r'''
@@ -20,7 +21,7 @@ description:
   - One call handles any number of regions over one HTTP session. A failure part-way fails the task with what was already
     done in the result; a rerun converges.
 author:
-  - tritonops.shm developers
+  - tritonops.shm developers (@tritonops)
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
@@ -56,7 +57,8 @@ options:
   name:
     description:
       - Region names. A single string is accepted.
-      - Required with O(state=present). With O(state=absent), a name that is not registered is no change.
+      - With O(state=present), exactly one name (Triton refuses to register a second region on a key already registered).
+      - With O(state=absent), any number; a name that is not registered is no change.
     type: list
     elements: str
     default: []
@@ -65,7 +67,6 @@ options:
       - Shared-memory key of a system region, C(/) followed by one file name (the file C(shm_dir/NAME)).
       - Required with O(state=present) and O(kind=system).
     type: str
-    no_log: false
   offset:
     description:
       - Offset of the region inside the backing file.
@@ -235,7 +236,9 @@ regions:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import make_client, run_module_main, shm_dir_argument_spec
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import (
+    TritonError, make_client, region_segment, run_module_main, shm_dir_argument_spec,
+)
 
 
 def validate(module):
@@ -243,6 +246,9 @@ def validate(module):
     if p['state'] == 'present':
         if not p['name']:
             module.fail_json(msg='state=present needs name')
+        if len(p['name']) > 1:
+            module.fail_json(msg='state=present registers one region per task, got %d names (Triton refuses a second region on a key '
+                                 'that is already registered): loop over the names, each with its own key' % len(p['name']))
         for opt in ('stale', 'all', 'orphan_files'):
             if p[opt]:
                 module.fail_json(msg='%s applies to state=absent only' % opt)
@@ -252,6 +258,11 @@ def validate(module):
             missing = [o for o in ('raw_handle', 'device_id', 'byte_size') if p[o] is None]
         if missing:
             module.fail_json(msg='state=present with kind=%s needs %s' % (p['kind'], ', '.join(missing)))
+        for name in p['name']:
+            try:
+                region_segment(name)
+            except TritonError as exc:
+                module.fail_json(msg=exc.msg)
     else:
         if not (p['name'] or p['stale'] or p['all'] or p['orphan_files']):
             module.fail_json(msg='state=absent needs a selector: name, stale=true, all=true or orphan_files=true')

@@ -83,6 +83,10 @@ class FakeTriton:
 
     def register_system(self, name, key, offset, byte_size):
         self.calls.append(('register', 'system', name, key, offset, byte_size))
+        if any(r['key'] == key for r in self.regions.values()):   # Triton 2.51: one region per key
+            msg = "failed to register shared memory region '%s': invalid args" % name
+            raise TritonError("register system region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+                              url=self.base, status=400, server_error=msg)
         if (name, byte_size) in self.refuse_register or not self._file_exists(key):
             msg = "Unable to open shared memory region: '%s'" % key
             raise TritonError("register system region '%s' at %s: HTTP 500: %s" % (name, self.base, msg),
@@ -529,14 +533,14 @@ def test_a_failure_before_anything_is_done_is_not_changed(shm, server_proc):
 
 def test_present_creates_the_file_exclusively_and_is_idempotent(shm, server_proc):
     fake = FakeTriton(shm)
-    res = run(fake, shm, server_proc.pid, state='present', name=['in0', 'in1'], key='/in0', offset=KIB, byte_size=4 * KIB,
+    res = run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', offset=KIB, byte_size=4 * KIB,
               create_file=True)
     path = os.path.join(shm, 'in0')
-    assert res['changed'] is True and res['registered'] == ['in0', 'in1'] and res['created_files'] == [path]
+    assert res['changed'] is True and res['registered'] == ['in0'] and res['created_files'] == [path]
     st = os.lstat(path)
     assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 5 * KIB
-    assert [r['name'] for r in res['regions']] == ['in0', 'in1']
-    again = run(fake, shm, server_proc.pid, state='present', name=['in0', 'in1'], key='/in0', offset=KIB, byte_size=4 * KIB,
+    assert [r['name'] for r in res['regions']] == ['in0']
+    again = run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', offset=KIB, byte_size=4 * KIB,
                 create_file=True)
     assert again['changed'] is False and again['created_files'] == [] and os.lstat(path).st_ino == st.st_ino
 
