@@ -1,0 +1,232 @@
+"""`make demo`: the job this collection exists for, on a real local Triton.
+
+One tritonserver with a private 64 MiB /dev/shm (what `docker run --shm-size 64m`
+gives a container) and the `echo` python-backend model. Real tritonclient
+processes register shared-memory regions; some stay alive, some are SIGKILLed
+and leak. /dev/shm fills up until a new client's inferences fail with Triton's
+own error. Then the collection's playbooks run against it:
+
+    ansible-playbook tritonops.shm.report    (read-only table)
+    ansible-playbook tritonops.shm.cleanup   (the shm_cleanup role)
+
+and the new client works again, without restarting Triton, while the live
+clients keep their regions. Everything started here is stopped again, also on
+Ctrl-C or failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COLLECTION = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
+
+MiB = 1 << 20
+BIN = os.path.dirname(os.path.abspath(sys.executable))
+START = time.monotonic()
+
+
+def step(title):
+    print('\n== [%5.1fs] %s ==' % (time.monotonic() - START, title), flush=True)
+
+
+def say(text=''):
+    print('   ' + text if text else '', flush=True)
+
+
+def mib(n):
+    return '%.1f MiB' % (n / MiB)
+
+
+def usage(server):
+    u = server.shm_usage()
+    return '/dev/shm %s of %s used (%.0f%%)' % (mib(u['used_bytes']), mib(u['total_bytes']), 100.0 * u['used_bytes'] / u['total_bytes'])
+
+
+def playbook(name, inventory, extra):
+    """Run a collection playbook; return (rc, the final table lines, recap)."""
+    cmd = [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, 'tritonops.shm.' + name]
+    cmd += ['-e', json.dumps(extra)]
+    say('$ ansible-playbook -i inventory.yml tritonops.shm.%s -e \'%s\'' % (name, cmd[-1]))
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK='ansible.posix.json', ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
+               ANSIBLE_COLLECTIONS_PATH=os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))),
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING='False',
+               ANSIBLE_INVENTORY_UNPARSED_WARNING='False', ANSIBLE_SHOW_CUSTOM_STATS='1',
+               PATH=BIN + os.pathsep + os.environ.get('PATH', ''))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    took = time.monotonic() - t0
+    try:
+        data = json.loads(proc.stdout[proc.stdout.index('{'):])
+    except ValueError:
+        raise SystemExit('playbook %s gave no JSON result (rc %s):\n%s\n%s' % (name, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
+    lines = []
+    for play in data['plays']:
+        for task in play['tasks']:
+            res = task['hosts'].get('localhost', {})
+            if task['task']['name'].startswith('Show the fleet') and isinstance(res.get('msg'), list):
+                lines = res['msg']
+    for line in lines:
+        say('  ' + line)
+    if proc.returncode != 0:
+        for play in data['plays']:
+            for task in play['tasks']:
+                for host, res in task['hosts'].items():
+                    if res.get('failed') and not res.get('ignore_errors'):
+                        say('  failed: %s: %s' % (host, res.get('msg')))
+    recap = ', '.join('%s: ok=%d changed=%d failed=%d' % (h, s['ok'], s['changed'], s['failures'])
+                      for h, s in sorted(data['stats'].items()) if h != 'localhost')
+    say('  (rc %d in %.1fs; %s)' % (proc.returncode, took, recap))
+    return proc.returncode, data
+
+
+def wait_for(client, predicate, timeout):
+    """Wait until predicate(new lines) holds; return the lines seen."""
+    start = len(client.lines)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = client.lines[start:]
+        if predicate(new):
+            return new
+        time.sleep(0.2)
+    return client.lines[start:]
+
+
+def stats(lines):
+    last = [line for line in lines if line.startswith('STATS')]
+    if not last:
+        return None
+    return dict(kv.split('=') for kv in last[-1].split()[1:])
+
+
+def demo(workdir):
+    step('1. Start Triton with a private 64 MiB /dev/shm and the python-backend "echo" model')
+    server = tritonrig.TritonServer(workdir=workdir, shm_size='64m', models=('echo',))
+    server.start()
+    say('tritonserver pid %d at %s; %s' % (server.pid, server.url, usage(server)))
+    say('python backend file: %s' % ', '.join(server.backend_files()))
+    try:
+        return story(server, workdir)
+    finally:
+        step('Stop everything this demo started')
+        server.stop()
+        say('stopped tritonserver %d and its clients' % server.pid)
+
+
+def story(server, workdir):
+    step('2. Live clients register regions (they keep running)')
+    live = [server.client('prep_live', byte_size=4 * MiB), server.client('feature_live', byte_size=2 * MiB)]
+    for c in live:
+        say('client pid %d holds region %-13s (%s)' % (c.pid, c.name, mib(c.byte_size)))
+
+    step('3. Clients crash (SIGKILL) without unregistering: their regions leak')
+    for i in range(4):
+        c = server.leak('batch_%d' % i, byte_size=10 * MiB)
+        say('killed client %d: region batch_%d (%s) stays registered, file stays in /dev/shm' % (c.pid, i, mib(c.byte_size)))
+    c = server.leak('crashed', byte_size=6 * MiB, keep_file=False)
+    say('killed client %d: region crashed (6.0 MiB) - file unlinked, Triton still maps the memory (dangling)' % c.pid)
+    for i in range(2):
+        path = server.shm_path('/client_tmp_%d' % i)
+        with open(path, 'wb') as f:
+            f.write(b'\0' * (2 * MiB))
+        os.utime(path, (time.time() - 3600,) * 2)
+    say('two old client_tmp_* files nobody registered or holds (orphans), 2.0 MiB each')
+    with open(server.shm_path('/other_app.lock'), 'w') as f:
+        f.write('not ours\n')
+    say('one foreign file other_app.lock (never touched)')
+    say(usage(server))
+
+    step('4. A new client cannot infer: /dev/shm is full')
+    new = server.client('new_client', byte_size=4 * MiB, mode='infer')
+    lines = wait_for(new, lambda ls: any(line.startswith('ERROR') for line in ls), 15)
+    errors = [line for line in lines if line.startswith('ERROR')]
+    if not errors:
+        raise SystemExit('expected the new client to fail with /dev/shm full, but it did not: %s' % lines[-3:])
+    say('new client pid %d registered new_client (4.0 MiB), every inference fails with Triton\'s own error:' % new.pid)
+    say('  ' + errors[0][len('ERROR '):])
+    say(usage(server))
+
+    inventory = os.path.join(workdir, 'inventory.yml')
+    with open(inventory, 'w') as f:
+        f.write('triton:\n  hosts:\n    local-triton:\n      ansible_connection: local\n'
+                '      ansible_python_interpreter: %s\n      triton_url: %s\n' % (sys.executable, server.url))
+    extra = {'shm_cleanup_orphan_patterns': 'client_tmp_*', 'prometheus_textfile_dir': ''}
+
+    step('5. Report (read-only)')
+    rc, _ = playbook('report', inventory, dict(extra, report_dir=os.path.join(workdir, 'report')))
+    if rc != 0:
+        raise SystemExit('report failed')
+
+    step('6. Clean up: unregister stale and dangling regions, remove their files and orphans, re-register "warmup"')
+    reg = [{'name': 'warmup', 'key': '/warmup', 'byte_size': MiB}]
+    rc, data = playbook('cleanup', inventory, dict(extra, shm_cleanup_reregister=reg,
+                                                   shm_cleanup_report_dir=os.path.join(workdir, 'cleanup')))
+    if rc != 0:
+        raise SystemExit('cleanup failed')
+    result = data.get('global_custom_stats', {}).get('tritonops_shm_cleanup', {}).get('local-triton')
+    if result:
+        say('unregistered: %s' % ', '.join(result['done']['unregistered']))
+        say('removed files: %s' % ', '.join(os.path.basename(p) for p in result['done']['removed_files']))
+    say(usage(server))
+
+    step('7. The same new client works again, Triton was never restarted')
+    lines = wait_for(new, lambda ls: len([line for line in ls if line.startswith('STATS')]) >= 2
+                     and stats([line for line in ls if line.startswith('STATS')][-1:])['ok'] != stats(
+                         [line for line in ls if line.startswith('STATS')][:1])['ok'], 20)
+    first = stats([line for line in lines if line.startswith('STATS')][:1]) or {}
+    last = stats(lines) or {}
+    ok = int(last.get('ok', 0)) - int(first.get('ok', 0))
+    if ok <= 0:
+        raise SystemExit('the new client still fails after cleanup: %s' % lines[-3:])
+    say('new_client: %d more inferences succeeded through its shared-memory regions' % ok)
+    fresh = server.client('fresh_client', byte_size=8 * MiB, mode='infer')
+    flines = wait_for(fresh, lambda ls: (stats(ls) or {}).get('ok', '0') != '0', 15)
+    if (stats(flines) or {}).get('ok', '0') == '0':
+        raise SystemExit('a fresh client could not infer after cleanup: %s' % flines[-3:])
+    say('fresh_client (started now, 8.0 MiB): %s inferences ok' % stats(flines)['ok'])
+    regions = server.system_regions()
+    files = server.shm_files()
+    for c in live:
+        kept = c.alive and c.name in regions and c.name in files
+        say('live client %-13s pid %d: region %s, file %s' % (c.name, c.pid, 'kept' if c.name in regions else 'GONE',
+                                                                'kept' if c.name in files else 'GONE'))
+        if not kept:
+            raise SystemExit('live client %s lost its region' % c.name)
+    say('python backend file kept: %s; foreign file kept: %s' % (bool(server.backend_files()), 'other_app.lock' in files))
+    say('registered now: %s' % ', '.join(sorted(regions)))
+    say(usage(server))
+    say('reports kept in %s: %s' % (workdir, ', '.join(os.path.join(d, f) for d in ('report', 'cleanup')
+                                                      for f in sorted(os.listdir(os.path.join(workdir, d))))))
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt()
+
+
+def main():
+    # SIGTERM ends the demo like Ctrl-C does: through the finally blocks that stop everything
+    signal.signal(signal.SIGTERM, _interrupt)
+    workdir = tempfile.mkdtemp(prefix='tritonops-demo-')
+    try:
+        rc = demo(workdir)
+        step('Done in %.0fs' % (time.monotonic() - START))
+        return rc
+    except KeyboardInterrupt:
+        print('\ninterrupted: everything started was stopped', file=sys.stderr)
+        return 130
+    except tritonrig.RigError as exc:
+        print('\nthe rig failed: %s' % exc, file=sys.stderr)
+        return 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
