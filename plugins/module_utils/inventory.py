@@ -74,6 +74,7 @@ class Inventory(object):
         self.scan = None
         self.deleted = {}
         self.dir_error = None
+        self._by_name = None
         if self.shm_dir is not None:
             try:
                 self.fs = shm_fs.usage(self.shm_dir)
@@ -113,10 +114,9 @@ class Inventory(object):
     # -- records ---------------------------------------------------------------------------
 
     def entry(self, name):
-        for e in self.entries:
-            if e['name'] == name:
-                return e
-        return None
+        if self._by_name is None or self._by_name[0] is not self.entries:
+            self._by_name = (self.entries, dict((e['name'], e) for e in self.entries))
+        return self._by_name[1].get(name)
 
     def region_record(self, region):
         rec = dict(region)
@@ -171,10 +171,11 @@ class Inventory(object):
         rec['state_reason'] = 'CUDA regions have no backing file; their clients cannot be observed'
         return rec
 
-    def file_record(self, e, region_records):
+    def file_record(self, e, region_records, regions_by_path=None):
         rec = dict((k, v) for k, v in e.items() if k != 'dev')
-        rec['regions'] = sorted(r['name'] for r in region_records
-                                if r.get('file') and r['file'].get('exists') and r['file']['path'] == e['path'])
+        if regions_by_path is None:
+            regions_by_path = _regions_by_path(region_records)
+        rec['regions'] = sorted(regions_by_path.get(e['path'], ()))
         all_holders = self.scan.holders_of(e['dev'], e['inode']) if (self.scan and e['type'] == 'file') else []
         rec['holders'] = [h for h in all_holders if h['pid'] != self.pid]
         rec['category'], rec['category_reason'] = self._category(e, rec, all_holders)
@@ -200,7 +201,8 @@ class Inventory(object):
     def records(self):
         regions = [self.region_record(r) for r in self.system]
         cuda = [self.cuda_record(r) for r in self.cuda]
-        files = [self.file_record(e, regions) for e in self.entries]
+        by_path = _regions_by_path(regions)
+        files = [self.file_record(e, regions, by_path) for e in self.entries]
         return regions, cuda, files
 
     def result(self, live=None, ready=None):
@@ -215,6 +217,16 @@ class Inventory(object):
                     unreadable_processes=len(self.scan.unreadable) if self.scan else 0,
                     holders_complete=bool(self.scan and self.scan.complete),
                     scanned_at=time.time())
+
+
+def _regions_by_path(region_records):
+    """{backing file path: [region names]} of regions whose file exists: one pass, not one per file."""
+    out = {}
+    for r in region_records:
+        f = r.get('file')
+        if f and f.get('exists'):
+            out.setdefault(f['path'], []).append(r['name'])
+    return out
 
 
 def summarize(regions, cuda, files, fs):
