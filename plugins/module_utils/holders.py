@@ -46,12 +46,33 @@ def _pids(proc):
     return [int(n) for n in names if n.isdigit()]
 
 
-def read_comm(pid, proc='/proc'):
+def _read(path):
+    """The whole content of a /proc file as bytes: a raw open and reads to EOF (no text decoding, no buffer layer)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
     try:
-        with open('%s/%d/comm' % (proc, pid)) as f:
-            return f.read().strip()
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 17)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b''.join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_comm(pid, proc='/proc'):
+    """The process name (at most 16 bytes: one read is enough), or None when the process is gone or unreadable."""
+    try:
+        fd = os.open('%s/%d/comm' % (proc, pid), os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
     except OSError:
         return None
+    try:
+        return os.read(fd, 256).decode('utf-8', 'replace').strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class HolderScan(object):
@@ -131,45 +152,41 @@ def scan(targets, proc='/proc'):
     if not targets:
         return result
     devs = set(dev for dev, _ino in targets)
-    map_devs = dict((dev_maps_str(d), d) for d in devs)
+    map_devs = dict((dev_maps_str(d).encode('ascii'), d) for d in devs)
+    # the device field of a maps line, with its separating spaces: a cheap test before parsing any line
+    needles = [b' ' + k + b' ' for k in map_devs]
     mount_devs = set(dev_mountinfo_str(d) for d in devs)
     for pid in _pids(proc):
         base = '%s/%d' % (proc, pid)
         found = set()
         denied = False
         try:
-            with open(base + '/maps') as f:
-                data = f.read()
+            data = _read(base + '/maps')
         except (FileNotFoundError, ProcessLookupError):
             continue
-        except PermissionError:
-            denied = True
-            data = ''
         except OSError:
             denied = True
-            data = ''
+            data = b''
         result.processes += 1
-        if data and any(s in data for s in map_devs):
-            for line in data.splitlines():
+        if data and any(n in data for n in needles):
+            for line in data.split(b'\n'):
                 fields = line.split(None, 5)
                 if len(fields) >= 5 and fields[3] in map_devs:
                     key = (map_devs[fields[3]], int(fields[4]))
                     if key in targets:
                         found.add(key)
+        fd_dir = base + '/fd/'
         try:
-            fds = os.listdir(base + '/fd')
+            fds = os.listdir(fd_dir)
         except (FileNotFoundError, ProcessLookupError):
             fds = []
         except OSError:
             denied = True
             fds = []
         for fd in fds:
-            link = base + '/fd/' + fd
+            # stat follows the fd's magic link to the open file itself (sockets and pipes simply never match)
             try:
-                dest = os.readlink(link)
-                if not dest.startswith('/'):
-                    continue
-                st = os.stat(link)
+                st = os.stat(fd_dir + fd)
             except OSError:
                 continue
             key = (st.st_dev, st.st_ino)
@@ -230,10 +247,12 @@ def listening_sockets(net_dir):
         except OSError:
             continue
         for line in lines:
-            fields = line.split()
-            if len(fields) >= 10 and fields[3] == _LISTEN:
-                ip, port = _parse_addr(fields[1])
-                out.append((ip, port, int(fields[9])))
+            head = line.split(None, 4)  # most sockets are not listening: split the rest only for those that are
+            if len(head) == 5 and head[3] == _LISTEN:
+                fields = line.split()
+                if len(fields) >= 10:
+                    ip, port = _parse_addr(fields[1])
+                    out.append((ip, port, int(fields[9])))
     return out
 
 
