@@ -2,8 +2,9 @@
 
 - ForwardingProxy: forwards every request byte for byte to a real tritonserver
   (like an nginx or an auth proxy in front of Triton), optionally over TLS with
-  a client-certificate requirement, and can be told to fail: a hook returns an
-  HTTP status and body to answer instead of forwarding.
+  a client-certificate requirement, and can be told to fail: a hook
+  fault(method, path, headers) returns (status, content type, body) to answer
+  instead of forwarding, or None to forward.
 - make_ca / make_cert: a self-made CA and certificates signed by it (the
   ``cryptography`` package), written as PEM files.
 """
@@ -34,7 +35,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         with proxy.lock:
             proxy.requests.append(dict(method=self.command, path=self.path, headers=dict(self.headers.items())))
-        fault = proxy.fault(self.command, self.path) if proxy.fault else None
+        fault = proxy.fault(self.command, self.path, self.headers) if proxy.fault else None
         if fault is not None:
             status, ctype, payload = fault
             self._answer(status, [('Content-Type', ctype)], payload)
@@ -142,8 +143,8 @@ def make_ca(directory, name):
     return paths
 
 
-def make_cert(directory, name, ca, server=True):
-    """A leaf certificate signed by ca (from make_ca): for 127.0.0.1/localhost, or a client certificate."""
+def make_cert(directory, name, ca, server=True, hosts=('localhost', '127.0.0.1')):
+    """A leaf certificate signed by ca (from make_ca): a server certificate for hosts, or a client certificate."""
     ca_cert, ca_key = ca['obj']
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -153,9 +154,13 @@ def make_cert(directory, name, ca, server=True):
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
     if server:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName('localhost'),
-                                                                     x509.IPAddress(ipaddress.ip_address('127.0.0.1'))]),
-                                        critical=False)
+        names = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
     else:
         builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

@@ -144,7 +144,7 @@ class FailAfter:
         self.enabled = True
         self.lock = threading.Lock()
 
-    def __call__(self, method, path):
+    def __call__(self, method, path, headers):
         if not (self.enabled and path.endswith('/unregister')):
             return None
         with self.lock:
