@@ -37,6 +37,7 @@ def main():
     parser.add_argument('--no-register', action='store_true')
     parser.add_argument('--no-fill', action='store_true', help='leave the region sparse (default: write it, as a real client writes tensors)')
     parser.add_argument('--count', type=int, default=0, help='hold mode: create and register COUNT regions NAME_i / KEY_i')
+    parser.add_argument('--pause', type=float, default=0.0, help='infer mode: seconds to wait between inferences (default 0: flat out)')
     args = parser.parse_args()
     if args.count:
         return hold_many(args)
@@ -82,6 +83,8 @@ def main():
             failed += 1
             print('ERROR %s' % str(exc).replace('\n', ' ')[:300], flush=True)
             time.sleep(0.05)
+        if args.pause:
+            time.sleep(args.pause)
         now = time.monotonic()
         if now - last >= 1:
             print('STATS ok=%d failed=%d' % (ok, failed), flush=True)

@@ -144,7 +144,7 @@ def _kill(proc, grace=10.0):
 class Client:
     """A real tritonclient process inside a server's mount namespace."""
 
-    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0, count=0):
+    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0, count=0, pause=0.0):
         self.server = server
         self.name = name
         self.key = key
@@ -157,6 +157,8 @@ class Client:
             cmd.append('--no-register')
         if count:
             cmd += ['--count', str(count)]
+        if pause:
+            cmd += ['--pause', str(pause)]
         # own session: the client and the resource tracker multiprocessing starts for its
         # SharedMemory form one process group, like a client container's processes
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -373,9 +375,9 @@ class TritonServer:
         except OSError:
             return '(no log)'
 
-    def client(self, name, key=None, byte_size=1 << 20, register=True, mode='hold', offset=0):
-        """Start a live tritonclient process that creates (and registers) a region."""
-        client = Client(self, name, key or '/' + name, byte_size, register=register, mode=mode, offset=offset)
+    def client(self, name, key=None, byte_size=1 << 20, register=True, mode='hold', offset=0, pause=0.0):
+        """Start a live tritonclient process that creates (and registers) a region (pause: seconds between inferences)."""
+        client = Client(self, name, key or '/' + name, byte_size, register=register, mode=mode, offset=offset, pause=pause)
         self.clients.append(client)
         return client
 
