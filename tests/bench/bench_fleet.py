@@ -8,7 +8,9 @@ no client holding it (what a SIGKILLed client leaves), so cleanup has real work.
 Timed with wall clock, median of R runs each (leaks re-created before every cleanup):
   report x 1 host, report x N hosts, cleanup x 1 host, cleanup x N hosts.
 Strategy: linear (the default), forks = N (-f N), pipelining on. The goal is N hosts
-within 2x one host's time. Prints the figures, writes bench-results/bench_fleet.json.
+within 2x one host's time. Also measured: CPU seconds of ansible-playbook and every module
+process it ran; CPU / cores is the floor no strategy or fork count can beat on this machine.
+Prints the figures, writes bench-results/bench_fleet.json.
 Usage: python tests/bench/bench_fleet.py [--hosts 16] [--leaks 3] [--repeat 2]
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -59,12 +62,15 @@ def run(playbook, inventory, forks):
     cmd = [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, '-f', str(forks), 'tritonops.shm.' + playbook,
            '-e', json.dumps({'prometheus_textfile_dir': ''})]
     started = time.perf_counter()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     took = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
     if proc.returncode != 0:
         raise SystemExit('%s failed (rc %d):\n%s\n%s' % (playbook, proc.returncode, proc.stdout[-3000:], proc.stderr[-2000:]))
     stats = json.loads(proc.stdout[proc.stdout.index('{'):])['stats']
-    return took, stats
+    return took, cpu, stats
 
 
 def main():
@@ -76,6 +82,7 @@ def main():
     workdir = tempfile.mkdtemp(prefix='tritonops-bench-fleet-')
     fleet = tritonrig.Fleet(args.hosts, workdir=workdir, shm_size='16m', models=())
     figures = {}
+    loadavg_before = os.getloadavg()
     try:
         started = time.perf_counter()
         fleet.start()
@@ -87,12 +94,14 @@ def main():
         for playbook in ('report', 'cleanup'):
             for label, inventory, servers in (('1', one, fleet.servers[:1]), (str(args.hosts), many, fleet.servers)):
                 times = []
+                cpus = []
                 for _run in range(args.repeat):
                     for server in servers:
                         if not server.system_regions():  # cleanup removed them: leak again
                             leak(server, args.leaks)
-                    took, stats = run(playbook, inventory, forks=args.hosts)
+                    took, cpu, stats = run(playbook, inventory, forks=args.hosts)
                     times.append(took)
+                    cpus.append(cpu)
                     if playbook == 'cleanup':
                         left = [s.name for s in servers if s.system_regions()]
                         if left:
@@ -102,16 +111,22 @@ def main():
                             raise SystemExit('cleanup changed %d of %d hosts' % (changed, len(servers)))
                 figures['%s_%s_hosts_s' % (playbook, label)] = round(statistics.median(times), 2)
                 figures['%s_%s_hosts_runs_s' % (playbook, label)] = [round(t, 2) for t in times]
-                print('%-8s %3s host(s): %6.2fs (median of %s)' % (playbook, label, statistics.median(times), times), flush=True)
+                figures['%s_%s_hosts_cpu_s' % (playbook, label)] = round(statistics.median(cpus), 2)
+                print('%-8s %3s host(s): %6.2fs wall, %6.2fs CPU (ansible and modules; median of %d: %s)'
+                      % (playbook, label, statistics.median(times), statistics.median(cpus), len(times),
+                         ', '.join('%.2f' % t for t in times)), flush=True)
     finally:
         fleet.cleanup()
     for playbook in ('report', 'cleanup'):
         ratio = figures['%s_%d_hosts_s' % (playbook, args.hosts)] / figures['%s_1_hosts_s' % playbook]
         figures['%s_ratio' % playbook] = round(ratio, 2)
-        print('%-8s %d hosts / 1 host = %.2fx (goal <= 2x): %s' % (playbook, args.hosts, ratio, 'met' if ratio <= 2 else 'NOT met'))
+        floor = figures['%s_%d_hosts_cpu_s' % (playbook, args.hosts)] / (os.cpu_count() or 1)
+        figures['%s_cpu_floor_s' % playbook] = round(floor, 2)
+        print('%-8s %d hosts / 1 host = %.2fx (goal <= 2x): %s; CPU-bound floor on %d CPU(s): %.2fs'
+              % (playbook, args.hosts, ratio, 'met' if ratio <= 2 else 'NOT met', os.cpu_count() or 1, floor))
     out = dict(benchmark='fleet', hosts=args.hosts, leaks_per_host=args.leaks, repeat=args.repeat,
                strategy='linear', forks=args.hosts, pipelining=True, cpus=os.cpu_count(),
-               loadavg_after=os.getloadavg(), python=platform.python_version(), figures=figures)
+               loadavg_before=loadavg_before, loadavg_after=os.getloadavg(), python=platform.python_version(), figures=figures)
     path = os.path.join(results_dir(), 'bench_fleet.json')
     with open(path, 'w') as f:
         json.dump(out, f, indent=2)
