@@ -241,3 +241,21 @@ def test_wrong_type_is_a_clear_error_not_a_traceback(wrong_types, case):
     assert needle in result['msg'], 'expected %r in %r' % (needle, result['msg'])
     no_traceback(result)
     assert before == after, 'no wrong-typed call changed anything on the server or in /dev/shm'
+
+
+# -- NUL bytes through a real playbook ----------------------------------------------------------
+
+@pytest.mark.parametrize('option,value,why', [
+    # AnsibleModule itself refuses a NUL in a string option before the module runs (it cannot log the invocation);
+    # the module's own check (test_shm_fs.py) says 'NUL'
+    ('key', '/a\x00b', ('NUL', 'embedded null character')),
+    ('name', 'a\x00b', ("cannot be addressed over Triton's HTTP API", 'embedded null character')),
+], ids=['key', 'name'])
+def test_nul_bytes_are_refused_before_anything(make_triton, option, value, why):
+    server = make_triton(models=())
+    args = dict(url=server.url, name='nul', key='/nul', byte_size=4096, create_file=True)
+    args[option] = value
+    res = ansible_helpers.run_module(REGION, args)
+    assert res.get('failed') is True and any(w in res['msg'] for w in why), res
+    no_traceback(res)
+    assert server.system_regions() == {} and server.shm_files() == []

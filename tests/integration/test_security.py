@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -358,3 +359,53 @@ def test_modules_exec_nothing_and_only_touch_paths_inside_the_shm_dir(traced_sce
     # what must survive did
     assert outside.read_text() == 'never touched' and os.path.islink(os.path.join(server.shm_dir, 'link_out'))
     assert live.alive and 'live' in server.shm_files() and server.backend_files()
+
+
+# -- not root: the region module removes nothing it cannot prove unheld ------------------------
+
+from test_triton_shm_info import (  # noqa: E402  pylint: disable=wrong-import-position,unused-import
+    _interpreter_wrapper, run_plays_wrapped, unprivileged_user,
+)
+
+
+def test_not_root_region_module_unregisters_and_removes_nothing(tmp_path, unprivileged_user):  # noqa: F811
+    """Inside the server's mount namespace (as in its container), as a user who is not root, then as root.
+
+    The info side of this fail-safe is test_triton_shm_info.py::test_not_root_nothing_is_stale_and_a_warning_says_why.
+    """
+    server = tritonrig.TritonServer(workdir=str(tmp_path), models=())
+    workdir = tempfile.mkdtemp(prefix='region-nonroot-', dir='/tmp')
+    os.chmod(workdir, 0o755)
+    cleanup = lambda: None  # noqa: E731
+    try:
+        server.start()
+        live = server.client('root_live')
+        server.leak('root_stale')
+        orphan = server.shm_path('client_old')
+        with open(orphan, 'wb') as f:
+            f.write(b'o' * 4096)
+        os.utime(orphan, (0, 0))
+        prefix, cleanup = _interpreter_wrapper(workdir)
+        prefix = ['nsenter', '--mount', '--target', str(server.pid)] + prefix
+        args = dict(url=server.url, server_pid=server.pid, shm_dir='/dev/shm', state='absent', stale=True,
+                    orphan_files=True, orphan_patterns=['*'], min_age=0)
+        become = dict(become=True, become_user=unprivileged_user, become_method='ansible.builtin.su')
+        plays = [{'name': 'region as a user who is not root, then as root', 'hosts': 'localhost', 'connection': 'local',
+                  'gather_facts': False, 'tasks': [
+                      dict({REGION: args, 'name': 'user', 'ignore_errors': True}, **become),
+                      {REGION: args, 'name': 'root'},
+                  ]}]
+        res = run_plays_wrapped(prefix, plays, workdir)
+        assert live.alive
+    finally:
+        cleanup()
+        server.cleanup()
+        subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
+    assert res.data, res
+    user, root = res.task('user'), res.task('root')
+    assert not user.get('failed'), user
+    assert user['changed'] is False and user['unregistered'] == [] and user['removed_files'] == []
+    assert any('run the module as root' in w for w in user.get('warnings', [])), user.get('warnings')
+    # as root the same call finds the stale region and the orphan: the scene was real
+    assert root['unregistered'] == ['root_stale'], root
+    assert sorted(os.path.basename(p) for p in root['removed_files']) == ['client_old', 'root_stale']
