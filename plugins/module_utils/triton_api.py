@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import socket
 import string
 import traceback
 
@@ -134,6 +136,23 @@ class TritonClient(object):
         if client_cert:
             self.session.cert = (client_cert, client_key) if client_key else client_cert
         self.requests_made = 0
+        self._keep_alive = None
+
+    def use_keep_alive(self):
+        """Send the following requests over one persistent plain connection, when nothing needs requests.
+
+        For bulk work (a thousand unregisters): requests' per-call machinery costs several times a
+        loopback request. Applies to http:// URLs that no proxy setting covers; https and proxied URLs
+        keep going through requests. Returns True when the keep-alive connection is used.
+        """
+        if self.scheme != 'http' or (self.session.trust_env and requests.utils.get_environ_proxies(self.base)):
+            return False
+        headers = dict(self.session.headers)
+        headers['Accept-Encoding'] = 'identity'   # answers are read as they come, never decompressed
+        if not _KeepAlive.usable_headers(headers):
+            return False
+        self._keep_alive = _KeepAlive(self.host, self.port, self.timeout, headers)
+        return True
 
     @classmethod
     def from_params(cls, params):
@@ -154,11 +173,14 @@ class TritonClient(object):
             kwargs['headers'] = {'Content-Type': 'application/json'}
         self.requests_made += 1
         try:
-            prepared = self.session.prepare_request(requests.Request(method, url, data=kwargs.get('data'), headers=kwargs.get('headers')))
-            prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
-            # verify/cert passed explicitly: otherwise REQUESTS_CA_BUNDLE would override ca_path and validate_certs=false
-            settings = self.session.merge_environment_settings(url, {}, None, self.session.verify, self.session.cert)
-            resp = self.session.send(prepared, timeout=self.timeout, **settings)
+            if self._keep_alive is not None:
+                resp = self._keep_alive.send(method, path, kwargs.get('data'), kwargs.get('headers'))
+            else:
+                prepared = self.session.prepare_request(requests.Request(method, url, data=kwargs.get('data'), headers=kwargs.get('headers')))
+                prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
+                # verify/cert passed explicitly: otherwise REQUESTS_CA_BUNDLE would override ca_path and validate_certs=false
+                settings = self.session.merge_environment_settings(url, {}, None, self.session.verify, self.session.cert)
+                resp = self.session.send(prepared, timeout=self.timeout, **settings)
         except requests.exceptions.SSLError as exc:
             raise TritonError('%s at %s: TLS verification failed: %s' % (what, url, exc), url=url)
         except requests.exceptions.ConnectTimeout as exc:
@@ -172,6 +194,10 @@ class TritonClient(object):
         except OSError as exc:
             # requests raises a bare OSError for a ca_path / client_cert it cannot read
             raise TritonError('%s at %s: %s' % (what, url, _short(exc)), url=url)
+        return self._decode(resp, what, url, expect_json)
+
+    @staticmethod
+    def _decode(resp, what, url, expect_json):
         data = None
         decode_error = None
         if resp.content:
@@ -235,6 +261,146 @@ class TritonClient(object):
     def unregister(self, kind, name):
         self.request('POST', region_path(kind, name) + '/unregister',
                      what="unregister %s region '%s'" % (kind, name), expect_json=False)
+
+
+class _Response(object):
+    """The parts of a requests.Response that TritonClient reads, for the keep-alive connection."""
+
+    def __init__(self, status_code, reason, content):
+        self.status_code = status_code
+        self.reason = reason
+        self.content = content
+
+    @property
+    def text(self):
+        return self.content.decode('utf-8', 'replace')
+
+    def json(self):
+        return json.loads(self.content.decode('utf-8'))
+
+
+class _KeepAlive(object):
+    """One persistent plain HTTP/1.1 connection over a socket, for bulk calls.
+
+    A minimal client for Triton's small JSON answers (Content-Length, chunked or read-to-close
+    bodies). Failures are raised as the requests exceptions they correspond to, so that
+    TritonClient.request reports them exactly as for requests.
+    """
+
+    def __init__(self, host, port, timeout, headers):
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        host_header = '[%s]' % host if ':' in host else host
+        if port != 80:
+            host_header += ':%d' % port
+        lines = ['Host: %s' % host_header]
+        for k, v in headers.items():
+            if k.lower() not in ('host', 'content-length', 'connection', 'transfer-encoding'):
+                lines.append('%s: %s' % (k, v))
+        self.header_block = '\r\n'.join(lines)
+        self.sock = None
+        self.rfile = None
+
+    @staticmethod
+    def usable_headers(headers):
+        """Header names and values that can be written as they are (no line breaks, ASCII)."""
+        for k, v in headers.items():
+            text = '%s%s' % (k, v)
+            if '\r' in text or '\n' in text or any(ord(c) > 126 for c in text):
+                return False
+        return True
+
+    def close(self):
+        for item in (self.rfile, self.sock):
+            if item is not None:
+                try:
+                    item.close()
+                except OSError:
+                    pass
+        self.sock = self.rfile = None
+
+    def _connect(self):
+        if self.sock is not None:
+            readable, _w, _x = select.select([self.sock], [], [], 0)
+            if readable:   # an idle connection with something to read: the server closed it
+                self.close()
+        if self.sock is None:
+            try:
+                self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            except socket.timeout as exc:
+                self.close()
+                raise requests.exceptions.ConnectTimeout(exc)
+            except OSError as exc:
+                self.close()
+                raise requests.exceptions.ConnectionError(exc)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.rfile = self.sock.makefile('rb')
+
+    def send(self, method, path, data=None, headers=None):
+        if any(c in path for c in ' \r\n\t') or not path.startswith('/'):
+            raise requests.exceptions.InvalidURL('invalid request path %r' % (path,))
+        self._connect()
+        body = data.encode('utf-8') if isinstance(data, str) else (data or b'')
+        extra = ''.join('\r\n%s: %s' % (k, v) for k, v in (headers or {}).items())
+        head = '%s %s HTTP/1.1\r\n%s%s\r\nContent-Length: %d\r\n\r\n' % (method, path, self.header_block, extra, len(body))
+        try:
+            self.sock.sendall(head.encode('latin-1') + body)
+            status, reason, content, close = self._read_response(method)
+        except socket.timeout:
+            self.close()
+            raise requests.exceptions.ReadTimeout('read timed out')
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise requests.exceptions.ConnectionError(exc)
+        if close:
+            self.close()
+        return _Response(status, reason, content)
+
+    def _line(self):
+        line = self.rfile.readline(65537)
+        if not line:
+            raise ConnectionError('the server closed the connection without an answer')
+        if len(line) > 65536:
+            raise ValueError('header line too long')
+        return line
+
+    def _read_response(self, method):
+        version, _sp, rest = self._line().decode('latin-1').rstrip('\r\n').partition(' ')
+        code, _sp, reason = rest.partition(' ')
+        if not version.startswith('HTTP/') or not code.isdigit():
+            raise ValueError('not an HTTP answer: %r' % ((version + ' ' + rest)[:100],))
+        status = int(code)
+        fields = {}
+        while True:
+            line = self._line()
+            if line in (b'\r\n', b'\n'):
+                break
+            name, _sep, value = line.decode('latin-1').partition(':')
+            fields[name.strip().lower()] = value.strip()
+        close = version == 'HTTP/1.0' or fields.get('connection', '').lower() == 'close'
+        if method == 'HEAD' or status in (204, 304) or 100 <= status < 200:
+            return status, reason, b'', close
+        if 'chunked' in fields.get('transfer-encoding', '').lower():
+            parts = []
+            while True:
+                size = int(self._line().split(b';', 1)[0].strip(), 16)
+                if size == 0:
+                    while self._line() not in (b'\r\n', b'\n'):
+                        pass
+                    break
+                parts.append(self._exact(size))
+                self._line()
+            return status, reason, b''.join(parts), close
+        if 'content-length' in fields:
+            return status, reason, self._exact(int(fields['content-length'])), close
+        return status, reason, self.rfile.read(), True
+
+    def _exact(self, size):
+        data = self.rfile.read(size)
+        if len(data) != size:
+            raise ConnectionError('the answer was cut off (%d of %d bytes)' % (len(data), size))
+        return data
 
 
 def _short(exc):

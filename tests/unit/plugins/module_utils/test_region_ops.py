@@ -7,6 +7,7 @@ HTTP API is a fake, for the error paths a real server cannot produce on demand
 """
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import stat
@@ -628,3 +629,151 @@ def test_cuda_absent_named_and_stale(shm, server_proc):
     res = run(fake, shm, server_proc.pid, kind='cuda', name=['g'])
     assert res['unregistered'] == ['g'] and fake.cuda == {}
     assert run(fake, shm, server_proc.pid, kind='cuda', name=['g'])['changed'] is False
+
+
+# -- the keep-alive connection RegionOps' module uses for bulk work (triton_api.TritonClient.use_keep_alive) ----------
+
+class _Canned(object):
+    """A real local HTTP server answering with canned bytes, one answer per request, counting connections."""
+
+    def __init__(self, answers, close_after_each=False, silent=False):
+        import socket
+        import threading
+        self.answers = list(answers)
+        self.close_after_each = close_after_each
+        self.silent = silent
+        self.connections = 0
+        self.requests = []
+        self.sock = socket.socket()
+        self.sock.bind(('127.0.0.1', 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.url = 'http://127.0.0.1:%d' % self.port
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _addr = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            f = conn.makefile('rb')
+            try:
+                while True:
+                    head = []
+                    while True:
+                        line = f.readline()
+                        if not line:
+                            raise EOFError
+                        if line == b'\r\n':
+                            break
+                        head.append(line.decode('latin-1').strip())
+                    length = [int(h.split(':', 1)[1]) for h in head if h.lower().startswith('content-length:')]
+                    body = f.read(length[0]) if length else b''
+                    self.requests.append((head, body))
+                    if self.silent:
+                        time.sleep(2)
+                        raise EOFError
+                    conn.sendall(self.answers.pop(0))
+                    if self.close_after_each:
+                        raise EOFError
+            except (EOFError, OSError):
+                f.close()     # the socket only closes once its file object is closed too
+                conn.close()
+
+    def stop(self):
+        self.sock.close()
+
+
+def _answer(status, body, extra=''):
+    return ('HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n' % (status, len(body), extra)).encode() + body
+
+
+@pytest.fixture
+def canned():
+    servers = []
+
+    def make(*args, **kw):
+        servers.append(_Canned(*args, **kw))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def _client(url, **kw):
+    from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+    client = TritonClient(url, **kw)
+    assert client.use_keep_alive() is True
+    return client
+
+
+def test_keep_alive_sends_many_requests_over_one_connection(canned):
+    server = canned([_answer('200 OK', b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": 1}]'), _answer('200 OK', b'')] +
+                    [_answer('200 OK', b'') for _ in range(5)])
+    client = _client(server.url, headers={'X-Token': 'secret'})
+    assert client.status('system') == [dict(name='a', key='/a', offset=0, byte_size=1)]
+    client.register_system('a-b.c', '/k', 0, 4096)
+    for i in range(5):
+        client.unregister('system', 'r%d' % i)
+    assert server.connections == 1 and len(server.requests) == 7
+    head, body = server.requests[1]
+    assert head[0] == 'POST /v2/systemsharedmemory/region/a-b.c/register HTTP/1.1'
+    assert 'X-Token: secret' in head and 'Host: 127.0.0.1:%d' % server.port in head
+    assert json.loads(body) == dict(key='/k', offset=0, byte_size=4096)
+
+
+def test_keep_alive_reads_chunked_answers_and_reconnects_after_close(canned):
+    body = b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": 1}]'
+    chunked = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n' + b''.join(
+        b'%x\r\n%s\r\n' % (len(part), part) for part in (body[:5], body[5:])) + b'0\r\n\r\n'
+    server = canned([chunked, _answer('200 OK', b'', 'Connection: close\r\n'), _answer('200 OK', b'')])
+    client = _client(server.url)
+    assert client.status('system')[0]['name'] == 'a'
+    client.unregister('system', 'x')     # the server closes after this answer
+    client.unregister('system', 'y')
+    assert server.connections == 2
+
+
+def test_keep_alive_survives_a_server_closing_idle_connections(canned):
+    server = canned([_answer('200 OK', b'') for _ in range(3)], close_after_each=True)
+    client = _client(server.url)
+    for name in ('a', 'b', 'c'):
+        time.sleep(0.05)
+        client.unregister('system', name)
+    assert server.connections == 3
+
+
+def test_keep_alive_errors_read_like_requests_errors(canned):
+    from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+    server = canned([_answer('500 Internal Server Error', json.dumps({'error': IN_USE % 'busy'}).encode()),
+                     _answer('404 Not Found', b'<html>nope</html>')])
+    client = _client(server.url)
+    with pytest.raises(TritonError) as info:
+        client.unregister('system', 'busy')
+    assert info.value.in_use and info.value.status == 500
+    assert "unregister system region 'busy' at %s/v2/systemsharedmemory/region/busy/unregister: HTTP 500: " % server.url in info.value.msg
+    with pytest.raises(TritonError, match=r'HTTP 404: <html>nope</html>'):
+        client.status('system')
+    silent = canned([], silent=True)
+    with pytest.raises(TritonError, match=r'no answer within 0.3s \(timeout\)'):
+        _client(silent.url, timeout=0.3).unregister('system', 'a')
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TritonError, match='cannot connect to Triton'):
+        _client('http://127.0.0.1:%d' % port).unregister('system', 'a')
+
+
+def test_keep_alive_is_not_used_for_https_or_proxied_urls(monkeypatch):
+    from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+    assert TritonClient('https://127.0.0.1:8443').use_keep_alive() is False
+    monkeypatch.setenv('HTTP_PROXY', 'http://127.0.0.1:3128')
+    monkeypatch.delenv('NO_PROXY', raising=False)
+    monkeypatch.delenv('no_proxy', raising=False)
+    assert TritonClient('http://triton.example:8000').use_keep_alive() is False
+    monkeypatch.setenv('NO_PROXY', 'triton.example')
+    assert TritonClient('http://triton.example:8000').use_keep_alive() is True
