@@ -301,9 +301,15 @@ def find_server(host, port, proc='/proc'):
     inodes = [ino for ip, p, ino in listening_sockets('%s/net' % proc)
               if p == port and (ip in addrs or ip in wildcard)]
     pids = _pids(proc)
-    servers = [p for p in pids if read_comm(p, proc) in SERVER_COMMS]
+    servers = []
+    for pid in pids:
+        if read_comm(pid, proc) in SERVER_COMMS:
+            if inodes and _socket_owner(inodes, [pid], proc) == pid:
+                return pid, 'listener', None  # the usual case: no need to read every other process's name
+            servers.append(pid)
     if inodes:
-        owner = _socket_owner(inodes, servers, proc) or _socket_owner(inodes, [p for p in pids if p not in servers], proc)
+        known = set(servers)
+        owner = _socket_owner(inodes, [p for p in pids if p not in known], proc)
         if owner is not None and read_comm(owner, proc) in SERVER_COMMS:
             return owner, 'listener', None
         via = ('pid %s (%s)' % (owner, read_comm(owner, proc))) if owner else 'an unidentified process'
