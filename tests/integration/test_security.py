@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -306,7 +305,7 @@ def run_traced(module, args, workdir):
     env = dict(os.environ, PYTHONPATH=ansible_helpers.COLLECTIONS_PATH, PYTHONDONTWRITEBYTECODE='1')
     proc = subprocess.run(['strace', '-f', '-qq', '-e', 'trace=file,process,close,getcwd', '-o', trace,
                            ansible_helpers.PYTHON, '-m', 'ansible_collections.tritonops.shm.plugins.modules.%s' % module.split('.')[-1],
-                           args_file], capture_output=True, text=True, env=env, timeout=120, cwd=workdir)
+                           args_file], capture_output=True, text=True, env=env, timeout=120, cwd=workdir, check=False)
     result = json.loads(proc.stdout)
     with open(trace) as f:
         return result, traced_effects(f.read())
@@ -314,7 +313,7 @@ def run_traced(module, args, workdir):
 
 @pytest.fixture
 def traced_scene(make_triton, tmp_path):
-    if subprocess.run(['which', 'strace'], capture_output=True).returncode != 0:
+    if subprocess.run(['which', 'strace'], capture_output=True, check=False).returncode != 0:
         pytest.fail('strace is not installed (make deps installs it)')
     server = make_triton()  # with the echo model: the python backend's own file is there too
     live = server.client('live')
@@ -337,11 +336,12 @@ def test_modules_exec_nothing_and_only_touch_paths_inside_the_shm_dir(traced_sce
     shm = _real(server.shm_dir)
     work = tmp_path / 'trace'
     work.mkdir()
-    info, (i_execs, i_forks, i_effects) = run_traced(INFO, dict(url=server.url, orphan_patterns=['*'], min_age=0), str(work))
-    clean, (c_execs, c_forks, c_effects) = run_traced(REGION, dict(url=server.url, state='absent', stale=True, orphan_files=True,
-                                                                    orphan_patterns=['*'], min_age=0), str(work))
-    create, (r_execs, r_forks, r_effects) = run_traced(REGION, dict(url=server.url, name='made', key='/made', byte_size=4096,
-                                                                     create_file=True), str(work))
+    info_args = dict(url=server.url, orphan_patterns=['*'], min_age=0)
+    clean_args = dict(url=server.url, state='absent', stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0)
+    create_args = dict(url=server.url, name='made', key='/made', byte_size=4096, create_file=True)
+    info, (i_execs, i_forks, i_effects) = run_traced(INFO, info_args, str(work))
+    clean, (c_execs, c_forks, c_effects) = run_traced(REGION, clean_args, str(work))
+    create, (r_execs, r_forks, r_effects) = run_traced(REGION, create_args, str(work))
     for res in (info, clean, create):
         assert not res.get('failed'), res
     # no process but the interpreter itself, no fork
@@ -368,6 +368,10 @@ from test_triton_shm_info import (  # noqa: E402  pylint: disable=wrong-import-p
 )
 
 
+def _nothing():
+    pass
+
+
 def test_not_root_region_module_unregisters_and_removes_nothing(tmp_path, unprivileged_user):  # noqa: F811
     """Inside the server's mount namespace (as in its container), as a user who is not root, then as root.
 
@@ -376,7 +380,7 @@ def test_not_root_region_module_unregisters_and_removes_nothing(tmp_path, unpriv
     server = tritonrig.TritonServer(workdir=str(tmp_path), models=())
     workdir = tempfile.mkdtemp(prefix='region-nonroot-', dir='/tmp')
     os.chmod(workdir, 0o755)
-    cleanup = lambda: None  # noqa: E731
+    cleanup = _nothing
     try:
         server.start()
         live = server.client('root_live')
