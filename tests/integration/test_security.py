@@ -224,7 +224,7 @@ WRITE_FLAGS = ('O_WRONLY', 'O_RDWR', 'O_CREAT', 'O_TRUNC', 'O_APPEND')
 MUTATING = {'unlink', 'unlinkat', 'rmdir', 'rename', 'renameat', 'renameat2', 'mkdir', 'mkdirat', 'creat', 'truncate', 'link',
             'linkat', 'symlink', 'symlinkat', 'chmod', 'fchmodat', 'chown', 'lchown', 'fchownat', 'mknod', 'mknodat',
             'utime', 'utimes', 'utimensat', 'setxattr', 'lsetxattr', 'removexattr', 'lremovexattr'}
-LINE = re.compile(r'^(\d+) (\w+)\((.*)\) += (-?\d+|\?)')
+LINE = re.compile(r'^(?:(\d+) +)?(\w+)\((.*)\) += (-?\d+|\?)')
 
 
 def _args(text):
