@@ -128,7 +128,9 @@ shm_fs:
     free_bytes: {description: Bytes available., type: int}
     used_percent: {description: Percent used., type: float, sample: 37.5}
 system_regions:
-  description: Every registered system shared-memory region.
+  description:
+    - Every registered system shared-memory region.
+    - Fields the server returns beyond those below (for example C(ref_count) on newer Triton versions) are kept as they are.
   returned: always
   type: list
   elements: dict
@@ -138,12 +140,14 @@ system_regions:
     offset: {description: Offset into the backing file., type: int}
     byte_size: {description: Registered size., type: int}
     file:
-      description: The backing file (C(shm_dir) + key), or null when it cannot be located.
+      description:
+        - The backing file (C(shm_dir) + key), or null when it cannot be located.
+        - Only C(path) and C(exists) when the file is missing (a C(dangling) region).
       type: dict
       contains:
         path: {description: Path on this host., type: str}
         exists: {description: Whether the file exists., type: bool}
-        type: {description: "C(file), C(symlink), C(directory), C(fifo), C(socket) or C(other)." , type: str}
+        type: {description: "C(file), C(symlink), C(directory), C(fifo), C(socket) or C(other).", type: str}
         size: {description: Apparent size in bytes., type: int}
         allocated_bytes: {description: Bytes of shm the file occupies., type: int}
         inode: {description: Inode number., type: int}
@@ -188,7 +192,13 @@ files:
     mtime: {description: Modification time., type: float}
     age_s: {description: Seconds since modification., type: float}
     inode: {description: Inode number., type: int}
-    holders: {description: Processes other than the server holding it., type: list, elements: dict}
+    holders:
+      description: Processes other than the server that map or hold it.
+      type: list
+      elements: dict
+      contains:
+        pid: {description: Process id., type: int}
+        comm: {description: Process name., type: str}
     regions: {description: Names of regions it backs., type: list, elements: str}
     category:
       description:
@@ -205,7 +215,7 @@ summary:
     cuda_regions: {description: Registered CUDA regions., type: int}
     healthy_regions: {description: Healthy regions., type: int}
     stale_regions: {description: Stale regions., type: int}
-    stale_bytes: {description: Shm bytes occupied by stale regions' files., type: int}
+    stale_bytes: {description: "Shm bytes occupied by stale regions' files, each file counted once.", type: int}
     dangling_regions: {description: Dangling regions., type: int}
     unknown_regions: {description: Regions in state unknown., type: int}
     registered_files: {description: Files backing regions., type: int}
@@ -218,7 +228,9 @@ summary:
     total_bytes: {description: Size of the shm filesystem., type: int}
     used_percent: {description: Percent used., type: float}
 unreadable_processes:
-  description: Processes that could hold a file but whose /proc entries could not be read. When above 0, nothing is stale.
+  description:
+    - Processes that could hold a file but whose /proc entries could not be read (the module does not run as root).
+    - When above 0, no region is reported C(stale) and no file C(orphan), and a warning says why.
   returned: always
   type: int
   sample: 0
