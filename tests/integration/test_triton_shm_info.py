@@ -6,6 +6,7 @@ an operator would look at. Error cases use real sockets on loopback ports.
 """
 from __future__ import annotations
 
+import ast
 import copy
 import http.server
 import json
@@ -273,6 +274,65 @@ def test_query_returns_the_jmespath_value(scene):
     assert 'query_result' not in scene['plain']
 
 
+ANSIBLE_KEYS = set(['changed', 'invocation', 'warnings', 'deprecations', 'action', 'failed', 'msg'])
+
+
+def _return_docs():
+    with open(os.path.join(ansible_helpers.REPO, 'plugins', 'modules', 'triton_shm_info.py')) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and node.targets[0].id == 'RETURN':
+            return yaml.safe_load(node.value.value)
+    raise AssertionError('no RETURN in triton_shm_info.py')
+
+
+def _undocumented(value, spec, where, allowed_extra=()):
+    """Keys of value (a dict, or a list of dicts) that spec does not document, recursing where spec has contains."""
+    out = []
+    for item in (value if isinstance(value, list) else [value]):
+        if not isinstance(item, dict):
+            continue
+        for key, sub in item.items():
+            if key not in spec:
+                if key not in allowed_extra:
+                    out.append('%s.%s' % (where, key))
+            elif spec[key].get('contains') and sub is not None:
+                out.extend(_undocumented(sub, spec[key]['contains'], '%s.%s' % (where, key)))
+    return out
+
+
+def test_return_docs_match_the_result(scene):
+    docs = _return_docs()
+    results = [scene['info'], scene['plain']]
+    # every top-level key the module returns is documented, and every key documented as always returned is there
+    for res in results:
+        assert set(res) - ANSIBLE_KEYS - set(docs) == set()
+        assert set(k for k, v in docs.items() if v['returned'] == 'always') - set(res) == set()
+    assert 'query_result' in scene['info'] and 'query_result' not in scene['plain']
+    # ... and so is every nested key, at every level the docs describe (extra fields Triton returns are kept as they are)
+    server_fields = set(k for r in scene['before']['regions'].values() for k in r)
+    top = dict((k, v) for k, v in docs.items())
+    for res in results:
+        assert _undocumented(dict((k, v) for k, v in res.items() if k not in ANSIBLE_KEYS), top, 'result',
+                             allowed_extra=server_fields) == []
+    # every documented nested key is really returned somewhere in the scene (no stale docs)
+    seen = set()
+
+    def collect(value, where):
+        for item in (value if isinstance(value, list) else [value]):
+            if isinstance(item, dict):
+                for key, sub in item.items():
+                    seen.add('%s.%s' % (where, key))
+                    collect(sub, '%s.%s' % (where, key))
+    collect(dict(scene['info']), 'result')
+
+    def documented(spec, where):
+        for key, sub in spec.items():
+            yield '%s.%s' % (where, key)
+            yield from documented(sub.get('contains') or {}, '%s.%s' % (where, key))
+    assert sorted(set(documented(top, 'result')) - seen) == []
+
+
 def test_bad_query_fails_clearly(scene):
     res = ansible_helpers.run_module(INFO, dict(url=scene['server'].url, query='files[?category=='))
     assert_clean_failure(res, 'files[?category==', 'not a valid JMESPath expression')
@@ -414,7 +474,7 @@ def run_plays_wrapped(prefix, plays, workdir):
     with open(path, 'w') as f:
         yaml.safe_dump(plays, f, sort_keys=False)
     cmd = prefix + [os.path.join(ansible_helpers.BIN, 'ansible-playbook'), '-i', 'localhost,', path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_helpers.ansible_env(), timeout=300, cwd=workdir)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_helpers.ansible_env(), timeout=300, cwd=workdir, check=False)
     data = None
     try:
         data = json.loads(proc.stdout[proc.stdout.index('{'):])
@@ -428,7 +488,7 @@ def test_not_root_nothing_is_stale_and_a_warning_says_why(tmp_path, unprivileged
     server = tritonrig.TritonServer(workdir=str(tmp_path), models=())
     workdir = tempfile.mkdtemp(prefix='info-nonroot-', dir='/tmp')
     os.chmod(workdir, 0o755)
-    cleanup = lambda: None  # noqa: E731
+    cleanup = None
     try:
         server.start()
         live = server.client('root_live')
@@ -453,7 +513,8 @@ def test_not_root_nothing_is_stale_and_a_warning_says_why(tmp_path, unprivileged
         res = run_plays_wrapped(prefix, plays, workdir)
         assert live.alive
     finally:
-        cleanup()
+        if cleanup is not None:
+            cleanup()
         server.cleanup()
         subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
     assert res.data, res

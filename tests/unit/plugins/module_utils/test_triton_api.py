@@ -259,7 +259,8 @@ def test_other_request_failures_name_the_url(monkeypatch):
     def broken(*_args, **_kwargs):
         raise requests.exceptions.TooManyRedirects('Exceeded 30 redirects.')
     monkeypatch.setattr(client.session, 'send', broken)
-    _fails(lambda: client.status('cuda'), 'read cuda shared memory status at http://127.0.0.1:9/v2/cudasharedmemory/status: request failed: Exceeded 30 redirects.')
+    _fails(lambda: client.status('cuda'),
+           'read cuda shared memory status at http://127.0.0.1:9/v2/cudasharedmemory/status: request failed: Exceeded 30 redirects.')
 
 
 # -- TLS, with a real certificate ------------------------------------------------------------------
@@ -273,7 +274,8 @@ def certs(tmp_path_factory):
     openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2', '-subj', '/CN=test-ca',
             '-keyout', 'ca.key', '-out', 'ca.pem', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=keyCertSign')
     for name in ('server', 'client'):
-        openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', '/CN=%s' % name, '-keyout', name + '.key', '-out', name + '.csr')
+        openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', '/CN=%s' % name,
+                '-keyout', name + '.key', '-out', name + '.csr')
         with open(str(d / (name + '.ext')), 'w') as f:
             f.write('subjectAltName=IP:127.0.0.1\n' if name == 'server' else 'extendedKeyUsage=clientAuth\n')
         openssl('x509', '-req', '-in', name + '.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '2',
