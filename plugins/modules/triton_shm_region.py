@@ -187,7 +187,8 @@ EXAMPLES = r'''
 
 RETURN = r'''
 registered:
-  description: Names registered (or that would be, in check mode).
+  description:
+    - Names registered (or that would be, in check mode). Also returned when the task fails part-way, with what was done.
   returned: always
   type: list
   elements: str
@@ -228,9 +229,24 @@ shm_used_bytes_after:
   type: int
 regions:
   description: Regions of O(kind) registered after the change (predicted in check mode).
-  returned: always
+  returned: success
   type: list
   elements: dict
+  sample: [{name: input0, key: /input0, offset: 0, byte_size: 16777216}]
+failure:
+  description: The failed request, when Triton refused or could not be reached.
+  returned: failure
+  type: dict
+  contains:
+    url:
+      description: The URL of the failed request.
+      type: str
+    status:
+      description: The HTTP status, when the server answered.
+      type: int
+    server_error:
+      description: Triton's own error message, when it gave one.
+      type: str
 '''
 
 from ansible.module_utils.basic import AnsibleModule

@@ -16,8 +16,6 @@ import sys
 import threading
 import time
 
-import pytest
-
 import tritonrig
 from ansible_helpers import COLLECTIONS_PATH, ansible_playbook, run_module
 
@@ -385,7 +383,7 @@ def _server_maps(server, prefix):
 
 
 def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(triton):
-    names = leak_many(triton, 'part', 600)
+    names = leak_many(triton, 'part', 1000)
     result = {}
     args = conn(triton, state='absent', stale=True, timeout=2)
     worker = threading.Thread(target=lambda: result.update(one(args)))
@@ -393,7 +391,7 @@ def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(triton):
     stopped = False
     try:
         while worker.is_alive():
-            if _server_maps(triton, 'part_') < 600:        # the module is unregistering: the server goes away
+            if _server_maps(triton, 'part_') < len(names):        # the module is unregistering: the server goes away
                 os.kill(triton.pid, signal.SIGSTOP)
                 stopped = True
                 break

@@ -17,13 +17,6 @@ import time
 
 import pytest
 
-_COLLECTION = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..', '..'))
-if _COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
-    _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_COLLECTION)))
-    if _ROOT not in sys.path:
-        sys.path.insert(0, _ROOT)
-
-# pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.plugins.module_utils import holders
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
@@ -219,7 +212,7 @@ def test_stale_regions_are_unregistered_first_then_their_files_removed(shm, serv
     assert res['freed_bytes'] >= 2 * 64 * KIB
     assert not any(os.path.exists(p) for p in paths)
     # invariant 2: each file still existed when its region was unregistered
-    assert [c for c in fake.actions()] == [('unregister', 'system', 'a', True), ('unregister', 'system', 'b', True)]
+    assert fake.actions() == [('unregister', 'system', 'a', True), ('unregister', 'system', 'b', True)]
     assert res['regions'] == []
     rerun = run(fake, shm, server_proc.pid, stale=True)
     assert rerun['changed'] is False and rerun['unregistered'] == [] and rerun['removed_files'] == []
@@ -712,7 +705,7 @@ def _client(url, **kw):
 
 def test_keep_alive_sends_many_requests_over_one_connection(canned):
     server = canned([_answer('200 OK', b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": 1}]'), _answer('200 OK', b'')] +
-                    [_answer('200 OK', b'') for _ in range(5)])
+                    [_answer('200 OK', b'') for _n in range(5)])
     client = _client(server.url, headers={'X-Token': 'secret'})
     assert client.status('system') == [dict(name='a', key='/a', offset=0, byte_size=1)]
     client.register_system('a-b.c', '/k', 0, 4096)
@@ -738,7 +731,7 @@ def test_keep_alive_reads_chunked_answers_and_reconnects_after_close(canned):
 
 
 def test_keep_alive_survives_a_server_closing_idle_connections(canned):
-    server = canned([_answer('200 OK', b'') for _ in range(3)], close_after_each=True)
+    server = canned([_answer('200 OK', b'') for _n in range(3)], close_after_each=True)
     client = _client(server.url)
     for name in ('a', 'b', 'c'):
         time.sleep(0.05)

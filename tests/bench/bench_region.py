@@ -1,0 +1,311 @@
+"""Benchmark (not a test): cleaning N leaked regions with triton_shm_region, tritonclient, and uri + file.
+
+The scene is the real failure: one real tritonclient process creates and registers N
+system regions (4 KiB each) in a real tritonserver's private /dev/shm and is SIGKILLed
+with its process group, so N stale regions with their files are left behind. Each
+contender then cleans a fresh scene of its own:
+
+- module:       one ansible-playbook task ``state: absent, stale: true``, run with N=0 and
+                with N leaked regions in the same run; per region = (T_N - T_0) / N, so
+                ansible's and the module's start-up cost is excluded;
+- module process: the module as its own Python process (no Ansible controller), N=0 and N;
+- module work:  the same work in this process (RegionOps: plan with the /proc pass,
+                unregister loop, re-check and unlink), with its parts timed;
+- tritonclient: NVIDIA tritonclient.http in one Python process, per region
+                ``unregister_system_shared_memory(name)`` + ``os.unlink(path)`` (no safety check);
+- uri loop:     an Ansible playbook looping ``ansible.builtin.uri`` (POST .../unregister) and
+                ``ansible.builtin.file`` (state: absent) over M regions, with M=0 and M=10;
+                per region = (T_M - T_0) / M.
+
+Goals (issue 4): module >= 100x faster per region than the uri loop; module per region
+<= 1.5x tritonclient per region. Every figure is taken --repeat times, interleaved; the
+goals are judged on the best run of each (a shared, loaded host only ever adds time),
+and medians are printed beside them. Prints the figures and writes
+bench-results/bench_region.json.
+Usage: python tests/bench/bench_region.py [--count 1000] [--uri-count 10] [--repeat 5] [--uri-repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COLLECTION = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(COLLECTION, 'tests', 'rig'))
+sys.path.insert(0, os.path.join(COLLECTION, 'tests', 'integration'))
+sys.path.insert(0, HERE)
+if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
+
+import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_helpers import ansible_playbook  # noqa: E402  pylint: disable=wrong-import-position
+from run import results_dir  # noqa: E402  pylint: disable=wrong-import-position
+
+try:
+    from ansible_collections.tritonops.shm.plugins.module_utils import region_ops  # noqa: E402
+    from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient  # noqa: E402
+except ImportError as exc:
+    sys.exit('run from the collection copy (make bench, or build/ansible_collections/tritonops/shm): %s' % exc)
+
+MODULE = 'tritonops.shm.triton_shm_region'
+MODULE_PY = 'ansible_collections.tritonops.shm.plugins.modules.triton_shm_region'
+
+
+def leak_many(server, prefix, count, byte_size):
+    """One real tritonclient creates and registers COUNT regions, then is SIGKILLed with its process group."""
+    if count == 0:
+        return []
+    cmd = ['nsenter', '--mount', '--target', str(server.pid), sys.executable, tritonrig.CLIENT_SCRIPT,
+           '--url', server.url, '--name', prefix, '--key', '/' + prefix, '--byte-size', str(byte_size),
+           '--count', str(count)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline().strip()
+        if line != 'READY':
+            raise RuntimeError('bulk client failed: %r %s' % (line, proc.stderr.read()[-2000:]))
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+    names = ['%s_%d' % (prefix, i) for i in range(count)]
+    missing = set(names) - set(server.system_regions())
+    if missing:
+        raise RuntimeError('%d leaked regions are not registered' % len(missing))
+    return names
+
+
+def check_clean(server, names, who):
+    left = set(names) & set(server.system_regions())
+    files = set(names) & set(server.shm_files())
+    if left or files:
+        raise RuntimeError('%s left %d regions and %d files behind' % (who, len(left), len(files)))
+
+
+def play(tasks):
+    plays = [{'name': 'bench', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False, 'tasks': tasks}]
+    started = time.perf_counter()
+    res = ansible_playbook(plays)
+    elapsed = time.perf_counter() - started
+    if res.rc != 0:
+        raise RuntimeError('playbook failed: %r\n%s' % (res, res.stdout[-3000:]))
+    return elapsed, res
+
+
+def module_run(server, names):
+    elapsed, res = play([{'name': 'clean', MODULE: dict(url=server.url, state='absent', stale=True)}])
+    result = res.task('clean')
+    if sorted(result['unregistered']) != sorted(names) or len(result['removed_files']) != len(names):
+        raise RuntimeError('module did not clean exactly the leaked regions: %d unregistered, %d removed, expected %d'
+                           % (len(result['unregistered']), len(result['removed_files']), len(names)))
+    check_clean(server, names, 'module')
+    return elapsed
+
+
+def module_process(server, names, workdir):
+    """The module as a plain Python process, the way AnsiballZ runs it, without the controller."""
+    args_path = os.path.join(workdir, 'args.json')
+    with open(args_path, 'w') as f:
+        json.dump(dict(ANSIBLE_MODULE_ARGS=dict(url=server.url, state='absent', stale=True)), f)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))))
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, '-m', MODULE_PY, args_path], capture_output=True, text=True, env=env, check=False)
+    elapsed = time.perf_counter() - started
+    result = json.loads(proc.stdout[proc.stdout.index('{'):])
+    if result.get('failed') or sorted(result['unregistered']) != sorted(names):
+        raise RuntimeError('module process did not clean exactly the leaked regions: %s' % proc.stdout[:2000])
+    check_clean(server, names, 'module process')
+    return elapsed
+
+
+def module_work(server, names):
+    """RegionOps in this process, with its parts timed through a wrapping client."""
+    client = TritonClient(server.url)
+    client.use_keep_alive()   # as the module does
+    spent = dict(unregister=0.0)
+    real_unregister = client.unregister
+
+    def timed_unregister(kind, name):
+        started = time.perf_counter()
+        try:
+            return real_unregister(kind, name)
+        finally:
+            spent['unregister'] += time.perf_counter() - started
+    client.unregister = timed_unregister
+    params = dict(state='absent', kind='system', name=[], stale=True, all=False, orphan_files=False, orphan_patterns=[],
+                  min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=None, shm_dir=None)
+    ops = region_ops.RegionOps(client, params)
+    marks = {}
+    real_remove = ops._remove_files  # pylint: disable=protected-access
+
+    def timed_remove(*a):
+        marks['remove_start'] = time.perf_counter()
+        real_remove(*a)
+        marks['remove_end'] = time.perf_counter()
+    ops._remove_files = timed_remove  # pylint: disable=protected-access
+    real_inventory = ops._inventory  # pylint: disable=protected-access
+
+    def timed_inventory(*a, **kw):
+        started = time.perf_counter()
+        inv = real_inventory(*a, **kw)
+        marks['plan_inventory'] = time.perf_counter() - started
+        return inv
+    ops._inventory = timed_inventory  # pylint: disable=protected-access
+    started = time.perf_counter()
+    ops.absent()
+    ops.regions_after()
+    total = time.perf_counter() - started
+    if sorted(ops.unregistered) != sorted(names) or len(ops.removed_files) != len(names):
+        raise RuntimeError('RegionOps did not clean exactly the leaked regions')
+    check_clean(server, names, 'RegionOps')
+    return dict(total_s=total, inventory_s=marks['plan_inventory'], unregister_s=spent['unregister'],
+                recheck_and_unlink_s=marks['remove_end'] - marks['remove_start'], requests=client.requests_made)
+
+
+def tritonclient_loop(server, names):
+    import tritonclient.http as httpclient  # pylint: disable=import-outside-toplevel
+    client = httpclient.InferenceServerClient(server.url.split('://', 1)[1])
+    paths = [server.shm_path(n) for n in names]
+    started = time.perf_counter()
+    for name, path in zip(names, paths):
+        client.unregister_system_shared_memory(name)
+        os.unlink(path)
+    elapsed = time.perf_counter() - started
+    client.close()
+    check_clean(server, names, 'tritonclient loop')
+    return elapsed
+
+
+def uri_loop(server, names):
+    tasks = [
+        {'name': 'unregister', 'ansible.builtin.uri': {'url': server.url + '/v2/systemsharedmemory/region/{{ item }}/unregister',
+                                                       'method': 'POST', 'status_code': 200},
+         'loop': names},
+        {'name': 'remove the file', 'ansible.builtin.file': {'path': server.shm_dir + '/{{ item }}', 'state': 'absent'},
+         'loop': names},
+    ]
+    elapsed, _res = play(tasks)
+    check_clean(server, names, 'uri loop')
+    return elapsed
+
+
+def median(values):
+    return statistics.median(values) if values else None
+
+
+def per_region(runs_n, runs_0, count, pick):
+    """best: (min T_N - min T_0) / N; median: the median of the rounds' own (T_N - T_0) / N (paired, same round)."""
+    if pick is min:
+        return (min(runs_n) - min(runs_0)) / count
+    return median([tn - t0 for tn, t0 in zip(runs_n, runs_0)]) / count
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--count', type=int, default=1000, help='leaked regions per module / tritonclient run')
+    parser.add_argument('--uri-count', type=int, default=10, help='leaked regions per uri + file loop')
+    parser.add_argument('--region-bytes', type=int, default=4096)
+    parser.add_argument('--repeat', type=int, default=5)
+    parser.add_argument('--uri-repeat', type=int, default=3, help='rounds that also time the (slow) uri loop')
+    parser.add_argument('--process-repeat', type=int, default=10, help='rounds of the module-process pair (N=0, N), the noisiest figure')
+    args = parser.parse_args(argv)
+
+    workdir = tempfile.mkdtemp(prefix='bench-region-')
+    shm_mib = max(64, 2 * args.count * max(args.region_bytes, 4096) // (1 << 20) + 32)
+    server = tritonrig.TritonServer(workdir=workdir, shm_size='%dm' % shm_mib, models=())
+    figures = dict(benchmark='region', count=args.count, uri_count=args.uri_count, region_bytes=args.region_bytes,
+                   repeat=args.repeat, host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version(),
+                                                 loadavg_start=os.getloadavg()[0]))
+    runs = dict(module_0=[], module_n=[], process_0=[], process_n=[], tritonclient=[], uri_0=[], uri_m=[], work=[])
+    try:
+        server.start()
+        for rnd in range(1, args.repeat + 1):
+            def leak(tag, count):
+                return leak_many(server, '%s%d' % (tag, rnd), count, args.region_bytes)  # pylint: disable=cell-var-from-loop
+            runs['module_0'].append(module_run(server, []))
+            runs['module_n'].append(module_run(server, leak('m', args.count)))
+            for sub in range(max(1, args.process_repeat // args.repeat)):
+                runs['process_0'].append(module_process(server, [], workdir))
+                runs['process_n'].append(module_process(server, leak('p%d_' % sub, args.count), workdir))
+            runs['work'].append(module_work(server, leak('w', args.count)))
+            runs['tritonclient'].append(tritonclient_loop(server, leak('t', args.count)))
+            if rnd <= args.uri_repeat:
+                runs['uri_0'].append(uri_loop(server, []))
+                runs['uri_m'].append(uri_loop(server, leak('u', args.uri_count)))
+    finally:
+        server.cleanup()
+        subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
+
+    n, m = args.count, args.uri_count
+    figures['runs_s'] = dict((k, [round(v, 4) for v in vals]) for k, vals in runs.items() if k != 'work')
+    figures['work_runs'] = [dict((k, round(v, 4)) for k, v in w.items()) for w in runs['work']]
+    for label, pick in (('best', min), ('median', median)):
+        work = dict((k, pick([w[k] for w in runs['work']])) for k in runs['work'][0])
+        fig = dict(
+            module_task_per_region_ms=per_region(runs['module_n'], runs['module_0'], n, pick) * 1000,
+            module_process_per_region_ms=per_region(runs['process_n'], runs['process_0'], n, pick) * 1000,
+            module_work_per_region_ms=work['total_s'] / n * 1000,
+            module_work_parts_s=dict((k, round(v, 4)) for k, v in work.items() if k.endswith('_s')),
+            module_unregister_per_region_ms=work['unregister_s'] / n * 1000,
+            tritonclient_per_region_ms=pick(runs['tritonclient']) / n * 1000,
+            uri_per_region_ms=per_region(runs['uri_m'], runs['uri_0'], m, pick) * 1000,
+        )
+        mod = fig['module_task_per_region_ms']
+        fig['uri_over_module_task'] = fig['uri_per_region_ms'] / mod if mod > 0 else None
+        fig['uri_over_module_process'] = fig['uri_per_region_ms'] / fig['module_process_per_region_ms']
+        for level in ('task', 'process', 'work'):
+            fig['module_%s_over_tritonclient' % level] = fig['module_%s_per_region_ms' % level] / fig['tritonclient_per_region_ms']
+        figures[label] = dict((k, round(v, 4) if isinstance(v, float) else v) for k, v in fig.items())
+    best = figures['best']
+    med = figures['median']
+    figures['host']['loadavg_end'] = os.getloadavg()[0]
+    figures['goals'] = {
+        'uri loop per region >= 100 x module process per region (median)': med['uri_over_module_process'] >= 100,
+        'module process per region <= 1.5 x tritonclient per region (median)': med['module_process_over_tritonclient'] <= 1.5,
+        'module work per region <= 1.5 x tritonclient per region (best)': best['module_work_over_tritonclient'] <= 1.5,
+    }
+
+    print('cleaning leaked regions (%d per run, %d B each), %d rounds (uri: %d, process pairs: %d), load average %.1f -> %.1f;'
+          % (n, args.region_bytes, args.repeat, args.uri_repeat, len(runs['process_n']), figures['host']['loadavg_start'],
+             figures['host']['loadavg_end']))
+    print('  figures: best run (median; differences paired per round)')
+
+    def row(label, key, unit='ms', fmt='%9.3f'):
+        def show(value):
+            return (fmt % value) if value is not None else '      n/a'
+        print('  %-44s %s %s  (%s)' % (label, show(best[key]), unit, show(med[key]).strip()))
+    row('module, ansible task, (T_N - T_0) / N', 'module_task_per_region_ms')
+    row('module, its own process, (T_N - T_0) / N', 'module_process_per_region_ms')
+    row('module work in process, per region', 'module_work_per_region_ms')
+    print('    parts (best): plan %.3f s, unregister loop %.3f s, re-check + unlink %.3f s'
+          % (best['module_work_parts_s']['inventory_s'], best['module_work_parts_s']['unregister_s'],
+             best['module_work_parts_s']['recheck_and_unlink_s']))
+    row('tritonclient loop (unregister + unlink)', 'tritonclient_per_region_ms')
+    row('uri + file loop, (T_M - T_0) / M', 'uri_per_region_ms', fmt='%9.1f')
+    row('uri loop / module process', 'uri_over_module_process', unit='x', fmt='%9.1f')
+    row('uri loop / module task', 'uri_over_module_task', unit='x', fmt='%9.1f')
+    row('module process / tritonclient', 'module_process_over_tritonclient', unit='x', fmt='%9.2f')
+    row('module work / tritonclient', 'module_work_over_tritonclient', unit='x', fmt='%9.2f')
+    row('module task / tritonclient', 'module_task_over_tritonclient', unit='x', fmt='%9.2f')
+    print('  (the ansible task figure is within the noise of ansible-playbook start-up on a shared host)')
+    for goal, met in figures['goals'].items():
+        print('  goal: %-60s %s' % (goal, 'met' if met else 'MISSED'))
+    path = os.path.join(results_dir(), 'bench_region.json')
+    with open(path, 'w') as f:
+        json.dump(figures, f, indent=2, sort_keys=True)
+    print('  figures written to %s' % path)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
