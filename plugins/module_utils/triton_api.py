@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import socket
 import string
 import traceback
 
 from ansible.module_utils.basic import env_fallback
 
+from http import client as http_client
 from urllib.parse import urlsplit
 
 REQUESTS_IMPORT_ERROR = None
@@ -280,31 +280,25 @@ class _Response(object):
 
 
 class _KeepAlive(object):
-    """One persistent plain HTTP/1.1 connection over a socket, for bulk calls.
+    """One persistent plain HTTP/1.1 connection (the standard library's http.client), for bulk calls.
 
-    A minimal client for Triton's small JSON answers (Content-Length, chunked or read-to-close
-    bodies). Failures are raised as the requests exceptions they correspond to, so that
-    TritonClient.request reports them exactly as for requests.
+    requests costs about 0.4 ms of Python per call, several times a loopback request to Triton;
+    http.client over one kept-alive connection costs what tritonclient does. Failures are raised
+    as the requests exceptions they correspond to, so TritonClient.request reports them exactly
+    as for requests.
     """
 
     def __init__(self, host, port, timeout, headers):
         self.host = host
         self.port = port
         self.timeout = timeout
-        host_header = '[%s]' % host if ':' in host else host
-        if port != 80:
-            host_header += ':%d' % port
-        lines = ['Host: %s' % host_header]
-        for k, v in headers.items():
-            if k.lower() not in ('host', 'content-length', 'connection', 'transfer-encoding'):
-                lines.append('%s: %s' % (k, v))
-        self.header_block = '\r\n'.join(lines)
-        self.sock = None
-        self.rfile = None
+        self.headers = dict((k, v) for k, v in headers.items()
+                            if k.lower() not in ('host', 'content-length', 'connection', 'transfer-encoding'))
+        self.conn = None
 
     @staticmethod
     def usable_headers(headers):
-        """Header names and values that can be written as they are (no line breaks, ASCII)."""
+        """Header names and values http.client can send as they are (no line breaks, ASCII)."""
         for k, v in headers.items():
             text = '%s%s' % (k, v)
             if '\r' in text or '\n' in text or any(ord(c) > 126 for c in text):
@@ -312,95 +306,40 @@ class _KeepAlive(object):
         return True
 
     def close(self):
-        for item in (self.rfile, self.sock):
-            if item is not None:
-                try:
-                    item.close()
-                except OSError:
-                    pass
-        self.sock = self.rfile = None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
-    def _connect(self):
-        if self.sock is not None:
-            readable, _w, _x = select.select([self.sock], [], [], 0)
-            if readable:   # an idle connection with something to read: the server closed it
-                self.close()
-        if self.sock is None:
-            try:
-                self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-            except socket.timeout as exc:
-                self.close()
-                raise requests.exceptions.ConnectTimeout(exc)
-            except OSError as exc:
-                self.close()
-                raise requests.exceptions.ConnectionError(exc)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.rfile = self.sock.makefile('rb')
-
-    def send(self, method, path, data=None, headers=None):
+    def send(self, method, path, data=None, headers=None, _retried=False):
         if any(c in path for c in ' \r\n\t') or not path.startswith('/'):
             raise requests.exceptions.InvalidURL('invalid request path %r' % (path,))
-        self._connect()
+        fresh = self.conn is None
+        if fresh:
+            self.conn = http_client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         body = data.encode('utf-8') if isinstance(data, str) else (data or b'')
-        extra = ''.join('\r\n%s: %s' % (k, v) for k, v in (headers or {}).items())
-        head = '%s %s HTTP/1.1\r\n%s%s\r\nContent-Length: %d\r\n\r\n' % (method, path, self.header_block, extra, len(body))
+        hdrs = dict(self.headers)
+        hdrs.update(headers or {})
+        hdrs['Content-Length'] = str(len(body))
         try:
-            self.sock.sendall(head.encode('latin-1') + body)
-            status, reason, content, close = self._read_response(method)
+            self.conn.request(method, path, body=body, headers=hdrs)
+            resp = self.conn.getresponse()
+            content = resp.read()
         except socket.timeout:
             self.close()
             raise requests.exceptions.ReadTimeout('read timed out')
-        except (OSError, ValueError) as exc:
+        except (http_client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+            # an idle kept-alive connection the server closed: reconnect once (Triton's
+            # shared-memory calls are idempotent: register of an existing spec, unregister)
+            self.close()
+            if fresh or _retried:
+                raise requests.exceptions.ConnectionError(exc)
+            return self.send(method, path, data, headers, _retried=True)
+        except (OSError, http_client.HTTPException) as exc:
             self.close()
             raise requests.exceptions.ConnectionError(exc)
-        if close:
+        if resp.will_close:
             self.close()
-        return _Response(status, reason, content)
-
-    def _line(self):
-        line = self.rfile.readline(65537)
-        if not line:
-            raise ConnectionError('the server closed the connection without an answer')
-        if len(line) > 65536:
-            raise ValueError('header line too long')
-        return line
-
-    def _read_response(self, method):
-        version, _sp, rest = self._line().decode('latin-1').rstrip('\r\n').partition(' ')
-        code, _sp, reason = rest.partition(' ')
-        if not version.startswith('HTTP/') or not code.isdigit():
-            raise ValueError('not an HTTP answer: %r' % ((version + ' ' + rest)[:100],))
-        status = int(code)
-        fields = {}
-        while True:
-            line = self._line()
-            if line in (b'\r\n', b'\n'):
-                break
-            name, _sep, value = line.decode('latin-1').partition(':')
-            fields[name.strip().lower()] = value.strip()
-        close = version == 'HTTP/1.0' or fields.get('connection', '').lower() == 'close'
-        if method == 'HEAD' or status in (204, 304) or 100 <= status < 200:
-            return status, reason, b'', close
-        if 'chunked' in fields.get('transfer-encoding', '').lower():
-            parts = []
-            while True:
-                size = int(self._line().split(b';', 1)[0].strip(), 16)
-                if size == 0:
-                    while self._line() not in (b'\r\n', b'\n'):
-                        pass
-                    break
-                parts.append(self._exact(size))
-                self._line()
-            return status, reason, b''.join(parts), close
-        if 'content-length' in fields:
-            return status, reason, self._exact(int(fields['content-length'])), close
-        return status, reason, self.rfile.read(), True
-
-    def _exact(self, size):
-        data = self.rfile.read(size)
-        if len(data) != size:
-            raise ConnectionError('the answer was cut off (%d of %d bytes)' % (len(data), size))
-        return data
+        return _Response(resp.status, resp.reason, content)
 
 
 def _short(exc):
