@@ -111,7 +111,7 @@ def demo(workdir):
     step('1. Start Triton with a private 64 MiB /dev/shm and the python-backend "echo" model')
     server = tritonrig.TritonServer(workdir=workdir, shm_size='64m', models=('echo',))
     server.start()
-    say('tritonserver pid %d at %s; %s' % (server.pid, server.url, usage(server)))
+    say('tritonserver pid %s at %s; %s' % (server.pid, server.url, usage(server)))
     say('python backend file: %s' % ', '.join(server.backend_files()))
     try:
         return story(server, workdir)

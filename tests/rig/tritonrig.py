@@ -302,7 +302,7 @@ class TritonServer:
 
     @property
     def grpc_url(self):
-        return '%s:%d' % (self.host, self.grpc_port) if self.grpc_port else None
+        return '%s:%s' % (self.host, self.grpc_port) if self.grpc_port else None
 
     @property
     def pid(self):
