@@ -172,7 +172,7 @@ class Inventory(object):
         return rec
 
     def file_record(self, e, region_records, regions_by_path=None):
-        rec = dict((k, v) for k, v in e.items() if k != 'dev')
+        rec = dict((k, v) for k, v in e.items() if k not in ('dev', 'ctime_ns'))
         if regions_by_path is None:
             regions_by_path = _regions_by_path(region_records)
         rec['regions'] = sorted(regions_by_path.get(e['path'], ()))

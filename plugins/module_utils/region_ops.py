@@ -384,7 +384,7 @@ class RegionOps(object):
                     self.skipped.append(dict(path=path, reason='held by %s (re-checked before removal)' % _holders_text(holders)))
                     continue
                 try:
-                    freed = d.unlink(entry['name'], entry['dev'], entry['inode'])
+                    freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'))
                 except shm_fs.ShmFsError as exc:
                     self.skipped.append(dict(path=path, reason=str(exc)))
                     self.warn(str(exc))

@@ -88,6 +88,7 @@ def describe(name, path, st, now=None):
         age_s=round(max(0.0, now - st.st_mtime), 3),
         inode=st.st_ino,
         dev=st.st_dev,
+        ctime_ns=st.st_ctime_ns,
     )
 
 
@@ -156,8 +157,11 @@ class ShmDir(object):
         finally:
             os.close(fd)
 
-    def unlink(self, name, expect_dev, expect_ino):
+    def unlink(self, name, expect_dev, expect_ino, expect_ctime_ns=None):
         """Unlink name only if it is still the same regular file (device and inode) we classified.
+
+        With expect_ctime_ns, its inode change time must be unchanged too: a file removed and
+        created again in its place can get the same inode number, never the same ctime.
 
         Returns the bytes the file occupied. Raises ShmFsError when the entry is not a regular
         file or was replaced since it was classified.
@@ -171,6 +175,9 @@ class ShmDir(object):
         if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
             raise ShmFsError('%s in %s was replaced since it was checked (inode %d, expected %d): not removed'
                              % (name, self.path, st.st_ino, expect_ino))
+        if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
+            raise ShmFsError('%s in %s changed since it was checked (its inode change time differs): not removed'
+                             % (name, self.path))
         try:
             os.unlink(name, dir_fd=self.fd)
         except OSError as exc:

@@ -189,3 +189,19 @@ def test_shm_dir_refuses_names_outside_the_dir(tmp_path, name):
 def test_shm_dir_of_missing_directory_says_why(tmp_path):
     with pytest.raises(ShmFsError, match='cannot open shm directory .*missing: No such file or directory'):
         ShmDir(str(tmp_path / 'missing'))
+
+
+def test_shm_dir_unlink_refuses_a_file_changed_since_it_was_checked(tmp_path):
+    """Same device and inode is not enough: a file removed and created again can reuse the inode number."""
+    path = tmp_path / 'region'
+    path.write_bytes(b'x' * 4096)
+    with ShmDir(str(tmp_path)) as d:
+        st = d.lstat('region')
+        time.sleep(0.05)              # past the kernel's coarse timestamp granularity
+        os.chmod(str(path), 0o600)    # any inode change moves ctime, as a re-creation would
+        with pytest.raises(ShmFsError, match='changed since it was checked'):
+            d.unlink('region', st.st_dev, st.st_ino, st.st_ctime_ns)
+        assert path.exists()
+        now = d.lstat('region')
+        assert d.unlink('region', now.st_dev, now.st_ino, now.st_ctime_ns) == now.st_blocks * 512
+        assert not path.exists()
