@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -60,25 +59,10 @@ MODULE_PY = 'ansible_collections.tritonops.shm.plugins.modules.triton_shm_region
 
 
 def leak_many(server, prefix, count, byte_size):
-    """One real tritonclient creates and registers COUNT regions, then is SIGKILLed with its process group."""
+    """COUNT stale regions from one real tritonclient (the rig's leak_many), checked registered."""
     if count == 0:
         return []
-    cmd = ['nsenter', '--mount', '--target', str(server.pid), sys.executable, tritonrig.CLIENT_SCRIPT,
-           '--url', server.url, '--name', prefix, '--key', '/' + prefix, '--byte-size', str(byte_size),
-           '--count', str(count)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        line = proc.stdout.readline().strip()
-        if line != 'READY':
-            raise RuntimeError('bulk client failed: %r %s' % (line, proc.stderr.read()[-2000:]))
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=60)
-    names = ['%s_%d' % (prefix, i) for i in range(count)]
+    names = server.leak_many(prefix, count, byte_size=byte_size)
     missing = set(names) - set(server.system_regions())
     if missing:
         raise RuntimeError('%d leaked regions are not registered' % len(missing))

@@ -11,7 +11,6 @@ import base64
 import os
 import signal
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -59,26 +58,6 @@ def foreign(server, name='postgres_shm_1234', size=4096, age=0):
         past = time.time() - age
         os.utime(path, (past, past))
     return path
-
-
-def leak_many(server, prefix, count, byte_size=4096):
-    """One real tritonclient creates and registers COUNT regions PREFIX_i, then is SIGKILLed with its group."""
-    cmd = ['nsenter', '--mount', '--target', str(server.pid), sys.executable, tritonrig.CLIENT_SCRIPT,
-           '--url', server.url, '--name', prefix, '--key', '/' + prefix, '--byte-size', str(byte_size),
-           '--count', str(count)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        line = proc.stdout.readline().strip()
-        if line != 'READY':
-            raise AssertionError('bulk client failed: %r %s' % (line, proc.stderr.read()[-2000:]))
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-    return ['%s_%d' % (prefix, i) for i in range(count)]
 
 
 def skipped(result, key):
@@ -254,7 +233,7 @@ def test_remove_file_false_then_orphan_cleanup(triton):
 
 
 def test_bulk_many_regions_in_one_call(triton):
-    names = leak_many(triton, 'bulk', 300)
+    names = triton.leak_many('bulk', 300)
     live = triton.client('live', byte_size=MIB)
     assert set(names) <= set(triton.system_regions())
     used = triton.shm_usage()['used_bytes']
@@ -383,7 +362,7 @@ def _server_maps(server, prefix):
 
 
 def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(triton):
-    names = leak_many(triton, 'part', 1000)
+    names = triton.leak_many('part', 1000)
     result = {}
     args = conn(triton, state='absent', stale=True, timeout=2)
     worker = threading.Thread(target=lambda: result.update(one(args)))
@@ -425,7 +404,7 @@ def test_a_restarted_server_leaves_orphans_that_patterns_clean(tmp_path):
         first = tritonrig.TritonServer(workdir=str(tmp_path), namespace=ns, name='first')
         servers.append(first)
         first.start()
-        leaked = leak_many(first, 'client_input', 3, byte_size=MIB)
+        leaked = first.leak_many('client_input', 3, byte_size=MIB)
         first.kill()                                    # a crash: nothing unregistered, the files stay
         second = tritonrig.TritonServer(workdir=str(tmp_path), namespace=ns, name='second')
         servers.append(second)
