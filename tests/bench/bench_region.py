@@ -36,13 +36,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-COLLECTION = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(COLLECTION, 'tests', 'rig'))
-sys.path.insert(0, os.path.join(COLLECTION, 'tests', 'integration'))
-sys.path.insert(0, HERE)
-if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
+# benchenv puts the rig, the integration helpers and the collection on sys.path
+import benchenv  # noqa: F401  pylint: disable=unused-import
 
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_helpers import ansible_playbook  # noqa: E402  pylint: disable=wrong-import-position
