@@ -237,10 +237,10 @@ def _parse_addr(hexaddr):
     return ip, int(port, 16)
 
 
-def listening_sockets(net_dir):
+def listening_sockets(net_dir, families=('tcp', 'tcp6')):
     """[(ip, port, inode)] of LISTEN TCP sockets in a /proc/.../net directory."""
     out = []
-    for name in ('tcp', 'tcp6'):
+    for name in families:
         try:
             with open(os.path.join(net_dir, name)) as f:
                 lines = f.read().splitlines()[1:]
@@ -298,8 +298,13 @@ def find_server(host, port, proc='/proc'):
     """
     addrs = _resolve(host) | set([host])
     wildcard = set(['0.0.0.0', '::'])
-    inodes = [ino for ip, p, ino in listening_sockets('%s/net' % proc)
-              if p == port and (ip in addrs or ip in wildcard)]
+    inodes = []
+    # /proc/net/tcp{,6} cost milliseconds each to generate: read the URL's family first, the other only if needed
+    for family in (('tcp6', 'tcp') if any(':' in a for a in addrs) else ('tcp', 'tcp6')):
+        inodes = [ino for ip, p, ino in listening_sockets('%s/net' % proc, (family,))
+                  if p == port and (ip in addrs or ip in wildcard)]
+        if inodes:
+            break
     pids = _pids(proc)
     servers = []
     for pid in pids:
