@@ -119,6 +119,24 @@ class Inventory(object):
         return self._by_name[1].get(name)
 
     def region_record(self, region):
+        rec = self._classify_region(region)
+        rec['reclaimable'] = self._reclaimable(rec)
+        return rec
+
+    def _reclaimable(self, rec):
+        """Whether cleaning dead regions (triton_shm_region stale=true) takes this one.
+
+        Stale regions, and dangling ones whose unlinked file no client maps any more: their
+        memory stays allocated until they are unregistered. A dangling region counts only when
+        the holders are fully known and the server process, whose mapping of the file is the
+        only way to find it after the unlink, is known.
+        """
+        if rec['state'] == 'stale':
+            return True
+        return (rec['state'] == 'dangling' and not rec['holders'] and self.pid is not None
+                and self.scan is not None and self.scan.complete)
+
+    def _classify_region(self, region):
         rec = dict(region)
         rec['file'] = None
         rec['holders'] = []

@@ -274,7 +274,7 @@ class RegionOps(object):
                 why = 'all'
             elif rec['name'] in names:
                 why = 'named'
-            elif p['stale'] and self._is_dead(rec):
+            elif p['stale'] and rec['reclaimable']:
                 why = rec['state']
             if why is None:
                 continue
@@ -356,14 +356,6 @@ class RegionOps(object):
                 pass
         if not self.unregistered and not self.removed_files:
             self.changed = False
-
-    def _is_dead(self, rec):
-        """Stale, or dangling with no client holding the unlinked file (and holders fully known)."""
-        if rec['state'] == 'stale':
-            return True
-        inv = self.inv
-        return (rec['state'] == 'dangling' and not rec['holders'] and inv.pid is not None
-                and inv.scan is not None and inv.scan.complete)
 
     def _remove_files(self, inv, file_plan, still_registered):
         if not file_plan:

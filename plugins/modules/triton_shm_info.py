@@ -171,6 +171,12 @@ system_regions:
       type: str
       sample: stale
     state_reason: {description: Why the state was chosen., type: str}
+    reclaimable:
+      description:
+        - Whether M(tritonops.shm.triton_shm_region) with O(tritonops.shm.triton_shm_region#module:stale=true) unregisters it.
+        - True for C(stale) regions, and for C(dangling) ones whose unlinked file no client maps any more (their memory stays
+          allocated until they are unregistered), when the holders and the server process are fully known.
+      type: bool
 cuda_regions:
   description: Every registered CUDA region (C(name), C(device_id), C(byte_size), and what else the server returns); C(state) is C(unknown).
   returned: always

@@ -213,6 +213,8 @@ def test_region_held_only_by_the_server_is_stale(result):
     assert stale['state'] == 'stale'
     assert stale['holders'] == []
     assert 'client is gone' in stale['state_reason']
+    assert stale['reclaimable'] is True
+    assert by_name(result['system_regions'])['live']['reclaimable'] is False
 
 
 def test_region_whose_file_is_missing_is_dangling(result, ns):
@@ -224,6 +226,9 @@ def test_region_whose_file_is_missing_is_dangling(result, ns):
     assert regions['gone_held']['state'] == 'dangling'
     assert regions['gone_held']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
     assert 'still mapped by a client' in regions['gone_held']['state_reason']
+    # a dangling region's memory is freed by unregistering it, unless a client still maps the file
+    assert regions['gone']['reclaimable'] is True
+    assert regions['gone_held']['reclaimable'] is False
 
 
 def test_regions_that_cannot_be_located_safely_are_unknown(result):
@@ -326,6 +331,7 @@ def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
         inv = Inventory(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm', orphan_patterns=['client_*'])
         res = inv.result()
         return dict(states=dict((r['name'], r['state']) for r in res['system_regions']),
+                    reclaimable=sorted(r['name'] for r in res['system_regions'] if r['reclaimable']),
                     cats=dict((f['name'], f['category']) for f in res['files']),
                     unreadable=res['unreadable_processes'], complete=res['holders_complete'], warnings=inv.warnings)
     got = as_nobody(classify, setns_pid=ns.server.pid)
@@ -334,6 +340,7 @@ def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
     assert 'stale' not in got['states'].values() and 'healthy' not in got['states'].values()
     assert got['states']['stale'] == got['states']['live'] == 'unknown'
     assert got['states']['gone'] == 'dangling', 'a missing file is missing whoever looks'
+    assert got['reclaimable'] == [], 'with holders unknown, not even a dangling region may be cleaned'
     assert 'orphan' not in got['cats'].values()
     assert got['cats']['client_old'] == 'foreign'
     assert any('no region is reported stale' in w and 'run the module as root' in w for w in got['warnings'])
@@ -374,6 +381,7 @@ def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
     res = inv.result()
     states = dict((r['name'], r['state']) for r in res['system_regions'])
     assert 'stale' not in states.values()
+    assert not any(r['reclaimable'] for r in res['system_regions'])
     assert states['live'] == 'healthy'
     assert res['server']['located_by'] == 'shm_dir given'
     assert any('cannot be told apart from clients' in w for w in inv.warnings)
