@@ -215,20 +215,18 @@ class RegionOps(object):
                       % (path, need, inv.fs['free_bytes']))
 
     def _check_backing_file(self, inv, key_name, need, create_file):
-        """Validate the backing file; True when it has to be created."""
-        with shm_fs.ShmDir(inv.shm_dir) as d:
-            st = d.lstat(key_name)
+        """Validate the backing file, as the inventory just listed it; True when it has to be created."""
+        entry = inv.entry(key_name)
         path = os.path.join(inv.shm_dir, key_name)
-        if st is None:
+        if entry is None:
             if not create_file:
                 raise shm_fs.ShmFsError('backing file %s does not exist: create it (a client does) or set create_file: true' % path)
             return True
-        kind = shm_fs.describe(key_name, inv.shm_dir, st)['type']
-        if kind != 'file':
-            raise shm_fs.ShmFsError('backing path %s is a %s, not a regular file: refusing to register it' % (path, kind))
-        if st.st_size < need:
+        if entry['type'] != 'file':
+            raise shm_fs.ShmFsError('backing path %s is a %s, not a regular file: refusing to register it' % (path, entry['type']))
+        if entry['size'] < need:
             raise shm_fs.ShmFsError('offset + byte_size (%d) is past the end of %s (%d bytes); the file is never truncated or grown'
-                                    % (need, path, st.st_size))
+                                    % (need, path, entry['size']))
         return False
 
     def _present_cuda(self):
@@ -354,8 +352,6 @@ class RegionOps(object):
                 self.after['regions'] = [_spec(r) for r in self.status_after]
             except TritonError:
                 pass
-        if not self.unregistered and not self.removed_files:
-            self.changed = False
 
     def _remove_files(self, inv, file_plan, still_registered):
         if not file_plan:
@@ -412,8 +408,6 @@ class RegionOps(object):
         for rec in selected:
             if self._unregister('cuda', rec['name']):
                 self.unregistered.append(rec['name'])
-        if not self.unregistered:
-            self.changed = False
 
     def regions_after(self):
         """The regions after the change (predicted in check mode)."""
