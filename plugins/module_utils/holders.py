@@ -75,6 +75,11 @@ def read_comm(pid, proc='/proc'):
         os.close(fd)
 
 
+def holders_text(holders):
+    """Holders as people read them: '4711 (python), 4712 (tritonserver)'."""
+    return ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in holders)
+
+
 class HolderScan(object):
     """Result of one /proc pass."""
 

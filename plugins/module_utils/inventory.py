@@ -171,7 +171,7 @@ class Inventory(object):
         rec['holders'] = self.client_holders(e['dev'], e['inode'])
         if rec['holders']:
             rec['state'] = 'healthy'
-            rec['state_reason'] = 'held by ' + ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in rec['holders'])
+            rec['state_reason'] = 'held by ' + holders_mod.holders_text(rec['holders'])
         elif not self.scan.complete:
             rec['state'] = 'unknown'
             rec['state_reason'] = 'holders could not be fully determined'
@@ -207,7 +207,7 @@ class Inventory(object):
         if e['name'].startswith(shm_fs.BACKEND_PREFIX):
             return 'backend', "Triton's python backend shared memory"
         if all_holders:
-            return 'in_use', 'held by ' + ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in all_holders)
+            return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
         if not _matches(e['name'], self.orphan_patterns):
             return 'foreign', 'matches no orphan pattern'
         if e['age_s'] < self.min_age:

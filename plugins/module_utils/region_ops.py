@@ -17,6 +17,7 @@ import os
 import time
 
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
 
@@ -27,10 +28,6 @@ def _spec(region):
 
 def _cuda_spec(region):
     return dict((k, region.get(k)) for k in ('name', 'device_id', 'byte_size') if k in region)
-
-
-def _holders_text(holders):
-    return ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in holders)
 
 
 class RegionOps(object):
@@ -298,9 +295,9 @@ class RegionOps(object):
                 self.skipped.append(dict(path=path, reason='not a regular file (%s): never removed' % f.get('type')))
                 continue
             if rec['holders']:
-                self.skipped.append(dict(path=path, reason='held by ' + _holders_text(rec['holders'])))
+                self.skipped.append(dict(path=path, reason='held by ' + holders_text(rec['holders'])))
                 self.warn("region '%s' is unregistered as asked, but its file %s is held by %s and is kept"
-                          % (rec['name'], path, _holders_text(rec['holders'])))
+                          % (rec['name'], path, holders_text(rec['holders'])))
                 continue
             if inv.scan is None or not inv.scan.complete:
                 self.skipped.append(dict(path=path, reason='holders could not be fully determined'))
@@ -369,7 +366,7 @@ class RegionOps(object):
                     continue
                 holders = inv.scan.holders_of(entry['dev'], entry['inode'])
                 if holders:
-                    self.skipped.append(dict(path=path, reason='held by %s (re-checked before removal)' % _holders_text(holders)))
+                    self.skipped.append(dict(path=path, reason='held by %s (re-checked before removal)' % holders_text(holders)))
                     continue
                 try:
                     freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'))
