@@ -47,6 +47,12 @@ options:
     description:
       - PEM private key for O(client_cert), when the certificate file does not contain it.
     type: path
+attributes:
+  action_group:
+    description: Use C(group/tritonops.shm.triton) in C(module_defaults) to set the connection options.
+    support: full
+    membership:
+      - tritonops.shm.triton
 notes:
   - Requires the Python library C(requests) on the host that runs the module (the Triton host).
   - Member of the action group C(tritonops.shm.triton), so C(module_defaults) can set the connection options once per play.

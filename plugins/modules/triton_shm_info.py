@@ -36,11 +36,6 @@ attributes:
   idempotent:
     support: full
     description: Reading twice gives the same result when nothing else changed.
-  action_group:
-    description: Use C(group/tritonops.shm.triton) in C(module_defaults) to set the connection options.
-    support: full
-    membership:
-      - tritonops.shm.triton
 options:
   orphan_patterns:
     description:

@@ -35,11 +35,6 @@ attributes:
   idempotent:
     support: full
     description: A second run with the same arguments reports no change.
-  action_group:
-    description: Use C(group/tritonops.shm.triton) in C(module_defaults) to set the connection options.
-    support: full
-    membership:
-      - tritonops.shm.triton
 options:
   state:
     description:
