@@ -17,10 +17,12 @@ import socket
 import string
 import traceback
 
-from ansible.module_utils.basic import env_fallback
+from ansible.module_utils.basic import env_fallback, missing_required_lib
 
 from http import client as http_client
 from urllib.parse import urlsplit
+
+from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 
 REQUESTS_IMPORT_ERROR = None
 try:
@@ -167,16 +169,16 @@ class TritonClient(object):
         """Send one request; return (status, decoded JSON or None). Raise TritonError on any failure."""
         url = self.base + path
         what = what or '%s %s' % (method, path)
-        kwargs = {}
+        data = headers = None
         if body is not None:
-            kwargs['data'] = json.dumps(body)
-            kwargs['headers'] = {'Content-Type': 'application/json'}
+            data = json.dumps(body)
+            headers = {'Content-Type': 'application/json'}
         self.requests_made += 1
         try:
             if self._keep_alive is not None:
-                resp = self._keep_alive.send(method, path, kwargs.get('data'), kwargs.get('headers'))
+                resp = self._keep_alive.send(method, path, data, headers)
             else:
-                prepared = self.session.prepare_request(requests.Request(method, url, data=kwargs.get('data'), headers=kwargs.get('headers')))
+                prepared = self.session.prepare_request(requests.Request(method, url, data=data, headers=headers))
                 prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
                 # verify/cert passed explicitly: otherwise REQUESTS_CA_BUNDLE would override ca_path and validate_certs=false
                 settings = self.session.merge_environment_settings(url, {}, None, self.session.verify, self.session.cert)
@@ -366,7 +368,6 @@ def shm_dir_argument_spec():
 
 def make_client(module):
     """A TritonClient from the module's connection options; fail_json on missing requests or a bad URL."""
-    from ansible.module_utils.basic import missing_required_lib  # pylint: disable=import-outside-toplevel
     if not HAS_REQUESTS:
         module.fail_json(msg=missing_required_lib('requests'), exception=REQUESTS_IMPORT_ERROR)
     params = module.params
@@ -390,7 +391,6 @@ def run_module_main(module, body, partial=None):
 
     partial: a callable returning the result keys of work already done, reported on failure.
     """
-    from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError  # pylint: disable=import-outside-toplevel
     try:
         body()
     except TritonError as exc:
