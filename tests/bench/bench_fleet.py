@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(COLLECTION, 'tests', 'rig'))
 sys.path.insert(0, HERE)
 
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
-from run import results_dir  # noqa: E402  pylint: disable=wrong-import-position
+from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 BIN = os.path.dirname(os.path.abspath(sys.executable))
 COLLECTIONS_PATH = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
@@ -127,9 +127,7 @@ def main():
     out = dict(benchmark='fleet', hosts=args.hosts, leaks_per_host=args.leaks, repeat=args.repeat,
                strategy='linear', forks=args.hosts, pipelining=True, cpus=os.cpu_count(),
                loadavg_before=loadavg_before, loadavg_after=os.getloadavg(), python=platform.python_version(), figures=figures)
-    path = os.path.join(results_dir(), 'bench_fleet.json')
-    with open(path, 'w') as f:
-        json.dump(out, f, indent=2)
+    path = write_results('bench_fleet.json', out)
     print('wrote %s' % path)
     return 0
 

@@ -32,7 +32,7 @@ import time
 import benchenv  # noqa: F401  pylint: disable=unused-import
 
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
-from run import results_dir  # noqa: E402  pylint: disable=wrong-import-position
+from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 try:
     from ansible_collections.tritonops.shm.plugins.module_utils import holders  # noqa: E402
@@ -193,9 +193,7 @@ def main(argv=None):
         print('  ansible-playbook task           %8.3f s' % figures['ansible_s'])
     print('  goal (work <= 2x grep): %s   load average before/after: %s / %s'
           % ('met' if figures['goal_met'] else 'MISSED', figures['loadavg_before'], figures['loadavg_after']))
-    path = os.path.join(results_dir(), 'info.json')
-    with open(path, 'w') as f:
-        json.dump(figures, f, indent=2, sort_keys=True)
+    path = write_results('info.json', figures)
     print('  figures written to %s' % path)
     return 0
 

@@ -41,7 +41,7 @@ import benchenv  # noqa: F401  pylint: disable=unused-import
 
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_helpers import ansible_playbook  # noqa: E402  pylint: disable=wrong-import-position
-from run import results_dir  # noqa: E402  pylint: disable=wrong-import-position
+from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 try:
     from ansible_collections.tritonops.shm.plugins.module_utils import region_ops  # noqa: E402
@@ -279,9 +279,7 @@ def main(argv=None):
     print('  (the ansible task figure is within the noise of ansible-playbook start-up on a shared host)')
     for goal, met in figures['goals'].items():
         print('  goal: %-60s %s' % (goal, 'met' if met else 'MISSED'))
-    path = os.path.join(results_dir(), 'bench_region.json')
-    with open(path, 'w') as f:
-        json.dump(figures, f, indent=2, sort_keys=True)
+    path = write_results('bench_region.json', figures)
     print('  figures written to %s' % path)
     return 0
 

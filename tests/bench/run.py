@@ -6,6 +6,7 @@ Usage: python tests/bench/run.py [NAME ...]   (NAME: bench_NAME.py, e.g. ``info`
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,14 @@ def results_dir():
             root = os.sep.join(parts[:-4])  # make collection copies the checkout to build/: report into the checkout
         path = os.path.join(root, 'bench-results')
     os.makedirs(path, exist_ok=True)
+    return path
+
+
+def write_results(filename, figures):
+    """Write a benchmark's figures as JSON into results_dir(); return the path."""
+    path = os.path.join(results_dir(), filename)
+    with open(path, 'w') as f:
+        json.dump(figures, f, indent=2, sort_keys=True)
     return path
 
 
