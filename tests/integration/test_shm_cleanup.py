@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -33,16 +32,6 @@ def cleanup(servers, check=False, **extra):
     extra.setdefault('prometheus_textfile_dir', '')
     return ansible_playbook('tritonops.shm.cleanup', inventory=inventory(servers), extra_vars=extra, check=check,
                             env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
-
-
-def write_file(server, name, size, age=0.0):
-    path = server.shm_path('/' + name)
-    with open(path, 'wb') as f:
-        f.write(b'\1' * size)
-    if age:
-        then = time.time() - age
-        os.utime(path, (then, then))
-    return path
 
 
 def state(server):
@@ -77,9 +66,9 @@ def leak_everything(server, infer=False):
     server.leak('dead_a', byte_size=8 * MiB)
     server.leak('dead_b', byte_size=4 * MiB)
     server.leak('dangling', byte_size=2 * MiB, keep_file=False)
-    write_file(server, 'client_old', 3 * MiB, age=3600)
-    write_file(server, 'client_young', 1 * MiB)
-    write_file(server, 'other_app.dat', 1 * MiB, age=3600)
+    server.write_file('client_old', 3 * MiB, age=3600)
+    server.write_file('client_young', 1 * MiB)
+    server.write_file('other_app.dat', 1 * MiB, age=3600)
     return live
 
 
@@ -175,7 +164,7 @@ def test_cleanup_fleet_with_a_down_host(fleet, tmp_path):
 def test_threshold_above_use_changes_nothing(make_triton, tmp_path):
     server = make_triton(models=())
     live = server.client('live', byte_size=1 * MiB)
-    write_file(server, 'client_old', 2 * MiB, age=3600)
+    server.write_file('client_old', 2 * MiB, age=3600)
     server.leak('excluded_dead', byte_size=1 * MiB)
     before = state(server)
     args = dict(shm_cleanup_orphan_patterns=ORPHANS, shm_cleanup_reregister=REREGISTER, shm_cleanup_exclude=['excluded_*'])

@@ -51,13 +51,7 @@ def snapshot(server):
 
 
 def foreign(server, name='postgres_shm_1234', size=4096, age=0):
-    path = server.shm_path(name)
-    with open(path, 'wb') as f:
-        f.write(b'f' * size)
-    if age:
-        past = time.time() - age
-        os.utime(path, (past, past))
-    return path
+    return server.write_file(name, size, age=age, fill=b'f')
 
 
 def skipped(result, key):

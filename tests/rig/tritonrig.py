@@ -409,6 +409,16 @@ class TritonServer:
     def shm_path(self, name):
         return os.path.join(self.shm_dir, name.lstrip('/'))
 
+    def write_file(self, name, size, age=0.0, fill=b'\1'):
+        """A file in the server's /dev/shm written with size bytes (so it really uses shm), age seconds old."""
+        path = self.shm_path(name)
+        with open(path, 'wb') as f:
+            f.write(fill * size)
+        if age:
+            then = time.time() - age
+            os.utime(path, (then, then))
+        return path
+
     def shm_usage(self):
         st = os.statvfs(self.shm_dir)
         return {'total_bytes': st.f_blocks * st.f_frsize,
