@@ -14,33 +14,12 @@ import fnmatch
 import os
 import time
 
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
-
-
-def locate_server(client, server_pid=None, shm_dir=None, proc='/proc'):
-    """Decide the server pid and the shm directory: (pid, shm_dir, how, warnings)."""
-    warnings = []
-    pid = server_pid
-    how = 'server_pid' if server_pid else None
-    if pid is None:
-        pid, how, reason = holders_mod.find_server(client.host, client.port, proc=proc)
-        if pid is None and shm_dir is None:
-            warnings.append('tritonserver process for %s not found (%s): file and holder data are missing' % (client.base, reason))
-        elif pid is None:
-            warnings.append('tritonserver process for %s not found (%s): it cannot be told apart from clients, '
-                            'so every file it maps counts as held' % (client.base, reason))
-    elif not os.path.isdir('%s/%d' % (proc, pid)):
-        raise TritonError('server_pid %d (given for %s) does not exist on this host' % (pid, client.base), url=client.base)
-    if shm_dir is None and pid is not None:
-        shm_dir = '%s/%d/root/dev/shm' % (proc, pid)
-        how = '%s; shm_dir from /proc/%d/root' % (how, pid)
-    elif shm_dir is not None:
-        how = (how + '; ' if how else '') + 'shm_dir given'
-    return pid, shm_dir, how, warnings
 
 
 def _matches(name, patterns):
@@ -67,7 +46,11 @@ class Inventory(object):
         self.cuda = []
         if 'cuda' in kinds and 'cuda_shared_memory' in extensions:
             self.cuda = client.status('cuda')
-        self.pid, self.shm_dir, self.located_by, warns = locate_server(client, server_pid, shm_dir, proc)
+        try:
+            self.pid, self.shm_dir, self.located_by, warns = discovery.locate_server(
+                client.host, client.port, client.base, server_pid, shm_dir, proc)
+        except discovery.DiscoveryError as exc:
+            raise TritonError(str(exc), url=client.base)
         self.warnings.extend(warns)
         self.fs = None
         self.entries = []

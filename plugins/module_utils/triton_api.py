@@ -12,17 +12,12 @@ and turns every failure into a TritonError whose message names the URL.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import string
 import traceback
 
-from ansible.module_utils.basic import env_fallback, missing_required_lib
-
 from http import client as http_client
 from urllib.parse import urlsplit
-
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 
 REQUESTS_IMPORT_ERROR = None
 try:
@@ -31,19 +26,6 @@ try:
 except ImportError:
     HAS_REQUESTS = False
     REQUESTS_IMPORT_ERROR = traceback.format_exc()
-
-
-def connection_argument_spec():
-    """Connection options shared by every module of the collection (see doc fragment tritonops.shm.triton)."""
-    return dict(
-        url=dict(type='str', required=True, fallback=(env_fallback, ['TRITON_URL'])),
-        timeout=dict(type='float', default=10.0),
-        validate_certs=dict(type='bool', default=True),
-        ca_path=dict(type='path'),
-        headers=dict(type='dict', default={}, no_log=True),
-        client_cert=dict(type='path'),
-        client_key=dict(type='path', no_log=False),
-    )
 
 
 class TritonError(Exception):
@@ -352,50 +334,3 @@ def _short(exc):
 def _snippet(text, limit=200):
     text = (text or '').strip().replace('\n', ' ')
     return text if len(text) <= limit else text[:limit] + '...'
-
-
-# -- module glue: argument specs, client creation and error reporting ---------------------------
-
-def shm_dir_argument_spec():
-    """Connection options plus the options that locate the server's shm directory on this host."""
-    spec = connection_argument_spec()
-    spec.update(
-        server_pid=dict(type='int'),
-        shm_dir=dict(type='path'),
-    )
-    return spec
-
-
-def make_client(module):
-    """A TritonClient from the module's connection options; fail_json on missing requests or a bad URL."""
-    if not HAS_REQUESTS:
-        module.fail_json(msg=missing_required_lib('requests'), exception=REQUESTS_IMPORT_ERROR)
-    params = module.params
-    if params['timeout'] is not None and params['timeout'] <= 0:
-        module.fail_json(msg='timeout must be a positive number of seconds, got %s' % params['timeout'])
-    for opt in ('ca_path', 'client_cert', 'client_key'):
-        path = params.get(opt)
-        if path and not (os.path.isfile(path) or (opt == 'ca_path' and os.path.isdir(path))):
-            module.fail_json(msg='%s %s does not exist or is not a file' % (opt, path))
-    try:
-        client = TritonClient.from_params(params)
-    except TritonError as exc:
-        module.fail_json(msg=exc.msg)
-    if client.scheme == 'https' and not params['validate_certs']:
-        module.warn('validate_certs is false: the TLS certificate of %s is not verified' % client.base)
-    return client
-
-
-def run_module_main(module, body, partial=None):
-    """Run body(); turn TritonError and filesystem refusals into fail_json with a clear msg.
-
-    partial: a callable returning the result keys of work already done, reported on failure.
-    """
-    try:
-        body()
-    except TritonError as exc:
-        extra = partial() if partial else {}
-        module.fail_json(msg=exc.msg, failure=exc.as_dict(), **extra)
-    except ShmFsError as exc:
-        extra = partial() if partial else {}
-        module.fail_json(msg=str(exc), **extra)

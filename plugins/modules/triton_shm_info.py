@@ -253,7 +253,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import make_client, run_module_main, shm_dir_argument_spec
+from ansible_collections.tritonops.shm.plugins.module_utils.base import make_client, run_module_main, shm_dir_argument_spec
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
 
 JMESPATH_IMPORT_ERROR = None

@@ -247,9 +247,8 @@ failure:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import (
-    TritonError, make_client, region_segment, run_module_main, shm_dir_argument_spec,
-)
+from ansible_collections.tritonops.shm.plugins.module_utils.base import make_client, run_module_main, shm_dir_argument_spec
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError, region_segment
 
 
 def validate(module):

@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
 
 # A process that maps, opens or listens as asked, prints READY and waits; comm set by prctl.
 CHILD = textwrap.dedent('''
@@ -295,13 +295,13 @@ TCP6 = '\n'.join([
 def test_listening_sockets_parses_tcp_and_tcp6_lines(tmp_path):
     (tmp_path / 'tcp').write_text(TCP.replace('0000000000:1F41', '00000000:1F41'))
     (tmp_path / 'tcp6').write_text(TCP6)
-    got = holders.listening_sockets(str(tmp_path))
+    got = discovery.listening_sockets(str(tmp_path))
     assert got == [('127.0.0.1', 8000, 1111), ('0.0.0.0', 8001, 2222), ('127.0.1.1', 8002, 4444),
                    ('::1', 8000, 5555), ('127.0.0.1', 8003, 6666), ('::', 8004, 7777)]
 
 
 def test_listening_sockets_of_a_missing_net_dir_is_empty(tmp_path):
-    assert holders.listening_sockets(str(tmp_path / 'nope')) == []
+    assert discovery.listening_sockets(str(tmp_path / 'nope')) == []
 
 
 @pytest.mark.parametrize('family,host', [(socket.AF_INET, '127.0.0.1'), (socket.AF_INET, '127.0.0.3'), (socket.AF_INET6, '::1')])
@@ -311,34 +311,34 @@ def test_listening_sockets_sees_a_real_listener_with_its_inode(family, host):
         sock.listen(1)
         port = sock.getsockname()[1]
         inode = os.fstat(sock.fileno()).st_ino
-        got = holders.listening_sockets('/proc/self/net')
+        got = discovery.listening_sockets('/proc/self/net')
     assert (host, port, inode) in got
 
 
 def test_find_server_by_its_listening_socket(child):
     port = free_port()
     server = child('listen', '127.0.0.1:%d' % port, comm='tritonserver')
-    assert holders.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
-    assert holders.find_server('localhost', port) == (server.pid, 'listener', None)
+    assert discovery.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
+    assert discovery.find_server('localhost', port) == (server.pid, 'listener', None)
 
 
 def test_find_server_on_a_wildcard_listener(child):
     port = free_port()
     server = child('listen', '0.0.0.0:%d' % port, comm='tritonserver')
-    assert holders.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
+    assert discovery.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
 
 
 def test_find_server_refuses_a_port_held_by_another_program(child):
     port = free_port()
     other = child('listen', '127.0.0.1:%d' % port, comm='nginx')
-    pid, how, reason = holders.find_server('127.0.0.1', port)
+    pid, how, reason = discovery.find_server('127.0.0.1', port)
     assert (pid, how) == (None, None)
     assert 'held by pid %d (nginx), not by a tritonserver process' % other.pid in reason
 
 
 def test_find_server_when_nobody_listens():
     port = free_port()
-    pid, how, reason = holders.find_server('127.0.0.1', port)
+    pid, how, reason = discovery.find_server('127.0.0.1', port)
     assert (pid, how) == (None, None)
     assert 'no local process listens on 127.0.0.1:%d' % port in reason and 'set server_pid or shm_dir' in reason
 
@@ -348,8 +348,8 @@ def test_find_server_in_another_network_namespace(child):
     """A port published by a proxy: the listener lives in the tritonserver's own network namespace."""
     port = free_port()
     server = child('listen', '0.0.0.0:%d' % port, comm='tritonserver', prefix=('unshare', '--net'))
-    assert holders.find_server('127.0.0.1', port) == (server.pid, 'netns', None)
+    assert discovery.find_server('127.0.0.1', port) == (server.pid, 'netns', None)
     second = child('listen', '0.0.0.0:%d' % port, comm='tritonserver', prefix=('unshare', '--net'))
-    pid, _how, reason = holders.find_server('127.0.0.1', port)
+    pid, _how, reason = discovery.find_server('127.0.0.1', port)
     assert pid is None
     assert 'several tritonserver processes' in reason and str(server.pid) in reason and str(second.pid) in reason

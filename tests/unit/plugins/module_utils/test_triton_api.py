@@ -19,7 +19,7 @@ import threading
 import pytest
 import requests
 
-from ansible_collections.tritonops.shm.plugins.module_utils import triton_api
+from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_api
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
 
@@ -336,11 +336,11 @@ class FakeModule(object):
 
 
 def test_connection_argument_spec_matches_the_doc_fragment():
-    spec = triton_api.connection_argument_spec()
+    spec = base.connection_argument_spec()
     assert sorted(spec) == ['ca_path', 'client_cert', 'client_key', 'headers', 'timeout', 'url', 'validate_certs']
     assert spec['url']['required'] is True and spec['url']['fallback'][1] == ['TRITON_URL']
     assert spec['headers']['no_log'] is True
-    assert sorted(triton_api.shm_dir_argument_spec()) == sorted(list(spec) + ['server_pid', 'shm_dir'])
+    assert sorted(base.shm_dir_argument_spec()) == sorted(list(spec) + ['server_pid', 'shm_dir'])
 
 
 @pytest.mark.parametrize('params,msg', [
@@ -351,17 +351,17 @@ def test_connection_argument_spec_matches_the_doc_fragment():
 def test_make_client_refuses_bad_options(params, msg):
     module = FakeModule(**params)
     with pytest.raises(Failed):
-        triton_api.make_client(module)
+        base.make_client(module)
     assert msg in module.failed['msg']
 
 
 def test_make_client_warns_when_tls_is_not_verified():
     module = FakeModule(url='https://127.0.0.1:8443', validate_certs=False)
-    client = triton_api.make_client(module)
+    client = base.make_client(module)
     assert client.session.verify is False
     assert module.warnings == ['validate_certs is false: the TLS certificate of https://127.0.0.1:8443 is not verified']
     module = FakeModule(url='http://127.0.0.1:8000', validate_certs=False)
-    triton_api.make_client(module)
+    base.make_client(module)
     assert module.warnings == []
 
 
@@ -371,16 +371,16 @@ def test_run_module_main_turns_errors_into_clear_failures():
     def triton_fails():
         raise TritonError('unregister region at http://x: HTTP 400: busy', url='http://x', status=400, server_error='busy')
     with pytest.raises(Failed):
-        triton_api.run_module_main(module, triton_fails, partial=lambda: dict(unregistered=['a']))
+        base.run_module_main(module, triton_fails, partial=lambda: dict(unregistered=['a']))
     assert module.failed == dict(msg='unregister region at http://x: HTTP 400: busy', unregistered=['a'],
                                  failure=dict(url='http://x', status=400, server_error='busy'))
 
     def fs_fails():
         raise ShmFsError('cannot remove x from /dev/shm: Permission denied')
     with pytest.raises(Failed):
-        triton_api.run_module_main(module, fs_fails)
+        base.run_module_main(module, fs_fails)
     assert module.failed == dict(msg='cannot remove x from /dev/shm: Permission denied')
 
     done = []
-    triton_api.run_module_main(module, lambda: done.append(1))
+    base.run_module_main(module, lambda: done.append(1))
     assert done == [1]
