@@ -37,6 +37,19 @@ def _inventory(triton, **hostvars):
     return {'all': {'children': {'triton': {'hosts': {'t1': host}}}}}
 
 
+def _blind_playbook(playbook, triton, tmp_path, report_var):
+    """Run a fleet playbook on one host where the server is invisible: (result, report dir, metrics dict)."""
+    report_dir = tmp_path / 'report'
+    prom = tmp_path / 'prom'
+    prom.mkdir()
+    res = ansible_playbook(playbook, inventory=_inventory(triton, prometheus_textfile_dir=str(prom)),
+                           extra_vars={report_var: str(report_dir)}, prefix=BLIND, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    metrics = {}
+    for path in prom.iterdir():
+        metrics.update((s.name, s.value) for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples)
+    return res, report_dir, metrics
+
+
 def test_info_says_why_and_nothing_is_stale(scene):
     triton, _live, _before = scene
     res = run_module(INFO, dict(url=triton.url), prefix=BLIND)
@@ -65,12 +78,7 @@ def test_region_stale_cleanup_fails_with_the_reason_and_touches_nothing(scene):
 
 def test_cleanup_playbook_fails_the_host_with_the_reason_everywhere(scene, tmp_path):
     triton, _live, before = scene
-    report_dir = tmp_path / 'report'
-    prom = tmp_path / 'prom'
-    prom.mkdir()
-    res = ansible_playbook('tritonops.shm.cleanup', inventory=_inventory(triton, prometheus_textfile_dir=str(prom)),
-                           extra_vars={'shm_cleanup_report_dir': str(report_dir)}, prefix=BLIND,
-                           env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    res, report_dir, metrics = _blind_playbook('tritonops.shm.cleanup', triton, tmp_path, 'shm_cleanup_report_dir')
     assert res.rc != 0, res
     assert res.stats['t1']['failures'] == 1, res.stats
     assert (triton.system_regions(), triton.shm_files()) == before
@@ -88,18 +96,12 @@ def test_cleanup_playbook_fails_the_host_with_the_reason_everywhere(scene, tmp_p
     assert failed['msg'].startswith("shm_cleanup failed on t1 at 'Locate the Triton server process': nothing on t1 could be checked")
     stats = res.data['global_custom_stats']['tritonops_shm_cleanup']['t1']
     assert stats['status'] == 'failed' and 'could be checked' in stats['error']['msg']
-    metrics = dict((s.name, s.value) for fam in text_string_to_metric_families((prom / 'tritonops_shm_cleanup.prom').read_text())
-                   for s in fam.samples)
     assert metrics['tritonops_shm_cleanup_last_success'] == 0
 
 
 def test_report_playbook_shows_the_host_unlocated_and_fails_it(scene, tmp_path):
     triton, _live, before = scene
-    report_dir = tmp_path / 'report'
-    prom = tmp_path / 'prom'
-    prom.mkdir()
-    res = ansible_playbook('tritonops.shm.report', inventory=_inventory(triton, prometheus_textfile_dir=str(prom)),
-                           extra_vars={'report_dir': str(report_dir)}, prefix=BLIND)
+    res, report_dir, metrics = _blind_playbook('tritonops.shm.report', triton, tmp_path, 'report_dir')
     assert res.rc != 0 and res.stats['t1']['failures'] == 1, res
     assert (triton.system_regions(), triton.shm_files()) == before
     with open(report_dir / 'report.json') as f:
@@ -109,7 +111,5 @@ def test_report_playbook_shows_the_host_unlocated_and_fails_it(scene, tmp_path):
     assert 'UNLOCATED' in table and 'was not found' in table
     md = (report_dir / 'report.md').read_text()
     assert '| t1 | **unlocated** |' in md and 'whose server process was not found' in md
-    metrics = dict((s.name, s.value) for fam in text_string_to_metric_families((prom / 'tritonops_shm.prom').read_text())
-                   for s in fam.samples)
     assert metrics['tritonops_shm_up'] == 1 and metrics['tritonops_shm_server_located'] == 0
     assert 'tritonops_shm_stale_regions' not in metrics
