@@ -600,7 +600,7 @@ class ClientContainer(Container):
 
 
 def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.0, register=True,
-               fill=True, ready_timeout=90.0):
+               fill=True, init=True, extra=(), ready_timeout=90.0):
     """Start the rig's client in a container sharing triton's IPC and network namespaces.
 
     It creates system shm region ``name`` (key ``/name`` unless given) of
@@ -609,12 +609,19 @@ def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.
     inferences through it on the ``echo`` model (mode 'infer'; the server needs
     ``models=('echo',)``). count > 0 registers count regions NAME_i / KEY_i.
     Returns once it printed READY.
+
+    init (``--init``): an init process is the container's PID 1, so `kill` kills
+    the client and its resource tracker at once and the file stays (a stale
+    region). Without it the client is PID 1; when it dies its pipe to the
+    tracker closes before the kernel kills the rest of the container, and the
+    tracker sometimes unlinks the file first (a dangling region): a race.
+    extra: more engine ``run`` options.
     """
     engine = triton.engine
     image = engine.image('rig')
     key = key or '/' + name
     cname = engine.unique_name('client-' + name.replace('/', '_'))
-    opts = ['--name', cname, '--ipc', 'container:' + triton.id]
+    opts = ['--name', cname, '--ipc', 'container:' + triton.id] + (['--init'] if init else []) + list(extra)
     if triton.network == 'host':
         opts += ['--network', 'host']
     else:
