@@ -77,8 +77,8 @@ units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prom
 integration: collection  ## integration tests against real tritonserver processes
 	cd $(COLL) && $(PYTEST_RUN) tests/integration $(PYTEST_ARGS)
 
-lint: collection  ## ansible-lint, production profile
-	cd $(COLL) && ansible-lint --profile production --offline roles playbooks
+lint: collection  ## ansible-lint, production profile (roles, playbooks, rulebooks)
+	cd $(COLL) && ansible-lint --profile production --offline roles playbooks extensions/eda/rulebooks
 
 deps:  ## install missing Debian packages the tests need (as root), else list them
 	@.ci/deps

@@ -62,8 +62,8 @@ class Rulebook:
         while time.monotonic() < deadline:
             if predicate():
                 return
-            assert self.proc.poll() is None, 'ansible-rulebook exited with %s:\n%s' % (self.proc.returncode,
-                                                                                     self.output()[-4000:])
+            assert self.proc.poll() is None, 'ansible-rulebook exited with %s:\n%s' % (
+                self.proc.returncode, self.output()[-4000:])
             time.sleep(0.5)
         raise AssertionError('not within %ss: %s\n%s' % (timeout, what, self.output()[-4000:]))
 

@@ -100,6 +100,7 @@ EXAMPLES = r"""
 import asyncio
 import json
 import logging
+import math
 import os
 import re
 import ssl
@@ -136,7 +137,9 @@ def _number(value: Any, what: str, positive: bool = True) -> float:
         number = float(value)
     except (TypeError, ValueError):
         raise ConfigError("%s must be a number, got %r" % (what, value)) from None
-    if positive and not number > 0:
+    if not math.isfinite(number):
+        raise ConfigError("%s must be a finite number, got %r" % (what, value))
+    if positive and number <= 0:
         raise ConfigError("%s must be greater than 0, got %r" % (what, value))
     return number
 

@@ -263,6 +263,7 @@ def test_secrets_never_reach_events_or_logs(caplog):
     ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm_bytes': 'lots'}]}, 'shm_bytes must be a number'),
     ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm': 1}]}, 'unknown keys shm'),
     ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 0}, 'interval must be greater than 0'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 'nan'}, 'interval must be a finite number'),
     ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'timeout': 'x'}, 'timeout must be a number'),
     ({'servers': [{'host': 'a', 'url': 'http://a:1', 'validate_certs': 'maybe'}]}, 'validate_certs must be a boolean'),
     ({'servers': [{'host': 'a', 'url': 'https://a:1', 'ca_path': '/nonexistent/ca.pem'}]}, 'cannot load the TLS files'),
