@@ -34,7 +34,8 @@ class Rulebook:
         self.dir = tmp_path / ('rulebook-%d' % time.monotonic_ns())
         self.dir.mkdir()
         inventory = self.dir / 'inventory.yml'
-        inventory.write_text(yaml.safe_dump({'all': {'children': {'triton': {'hosts': hosts}}}}))
+        # hosts outside group triton: the rulebooks set target to the event's host
+        inventory.write_text(yaml.safe_dump({'all': {'hosts': hosts}}))
         var_file = self.dir / 'vars.yml'
         var_file.write_text(yaml.safe_dump(variables))
         self.log = self.dir / 'rulebook.log'
