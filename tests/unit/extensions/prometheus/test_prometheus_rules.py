@@ -40,7 +40,7 @@ def run(promtool, *args):
 
 
 def test_rules_are_valid(promtool):
-    assert 'SUCCESS: 5 rules found' in run(promtool, 'check', 'rules', RULES)
+    assert 'SUCCESS: 6 rules found' in run(promtool, 'check', 'rules', RULES)
 
 
 def test_rules_fire_as_documented(promtool):
