@@ -285,6 +285,20 @@ def _snippet(raw: bytes, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body, chunk by chunk (one read() returns what has arrived so far), up to the limit."""
+    chunks = []
+    size = 0
+    while True:
+        chunk = await resp.content.read(1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise ValueError("the answer is larger than %d bytes" % MAX_ANSWER_BYTES)
+        chunks.append(chunk)
+
+
 async def _query(session: aiohttp.ClientSession, server: dict) -> list:
     """The server's region list; raise ValueError with the reason when it cannot be had."""
     headers = {"Accept": "application/json"}
@@ -294,9 +308,7 @@ async def _query(session: aiohttp.ClientSession, server: dict) -> list:
     try:
         async with session.get(url, headers=headers, ssl=server["ssl"] if server["ssl"] is not None else True,
                                timeout=timeout, allow_redirects=False) as resp:
-            raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
-            if len(raw) > MAX_ANSWER_BYTES:
-                raise ValueError("the answer is larger than %d bytes" % MAX_ANSWER_BYTES)
+            raw = await _read_body(resp)
             if resp.status != 200:
                 raise ValueError("HTTP %d: %s" % (resp.status, _snippet(raw) or resp.reason))
     except asyncio.TimeoutError:
@@ -305,9 +317,14 @@ async def _query(session: aiohttp.ClientSession, server: dict) -> list:
         raise ValueError("TLS verification failed: %s" % exc) from None
     except aiohttp.ClientConnectorError as exc:
         raise ValueError("cannot connect to Triton (refused or unreachable): %s" % exc) from None
+    except aiohttp.ClientPayloadError as exc:
+        raise ValueError("the answer was cut short: %s" % exc) from None
     except aiohttp.ClientError as exc:
         raise ValueError("the answer is not HTTP (is another service on this port?): %s"
                          % (str(exc) or type(exc).__name__)) from None
+    except (OSError, RuntimeError) as exc:
+        # anything else the transport raises makes this server down for this poll, never the source
+        raise ValueError("request failed: %s: %s" % (type(exc).__name__, exc)) from None
     try:
         return json.loads(raw)
     except ValueError:

@@ -150,6 +150,27 @@ def test_up_server_event_with_percent_polled_every_interval():
     assert fake.requests[0][2]['Accept'] == 'application/json'
 
 
+def test_a_long_answer_is_read_whole():
+    regions = [{'name': 'client_%05d' % i, 'key': '/client_%05d' % i, 'offset': 0, 'byte_size': 4096}
+               for i in range(20000)]   # about 1.5 MB: many reads
+
+    async def scenario():
+        async with Fake(json_answer(regions)) as fake:
+            return await collect({'servers': [{'host': 'big', 'url': fake.url}], 'interval': 60}, 1)
+    data = run(scenario())[0]['triton_shm']
+    assert (data['status'], data['regions'], data['registered_bytes']) == ('up', 20000, 20000 * 4096), data
+
+
+def test_an_endless_answer_is_cut_at_the_limit(monkeypatch):
+    monkeypatch.setattr(source, 'MAX_ANSWER_BYTES', 100000)
+
+    async def scenario():
+        async with Fake(json_answer(['x' * 1000] * 200)) as fake:
+            return await collect({'servers': [{'host': 'huge', 'url': fake.url}], 'interval': 60}, 1)
+    data = run(scenario())[0]['triton_shm']
+    assert data['status'] == 'down' and 'larger than 100000 bytes' in data['error']
+
+
 def test_percent_only_with_shm_bytes_and_threshold_only_with_percent():
     async def scenario():
         async with Fake(json_answer([])) as empty, Fake(json_answer(REGIONS)) as fake:
@@ -190,7 +211,7 @@ def http(body, status='200 OK', length=None):
     (http(b'[{"name": "a", "byte_size": -1}]'), 'expected regions with a name and a byte_size'),
     (http(b'[{"name": "a", "byte_size": true}]'), 'expected regions with a name and a byte_size'),
     (http(b'{"error": "boom"}', status='500 Internal Server Error'), 'HTTP 500: {"error": "boom"}'),
-    (http(b'[{"name"', length=1000), 'not Triton JSON'),   # cut short
+    (http(b'[{"name"', length=1000), 'the answer was cut short'),
 ])
 def test_garbage_answers_are_down_with_the_reason(reply, reason):
     async def scenario():
