@@ -143,8 +143,8 @@ class TritonGrpcClient(FromParams):
                                   % self.base, url=self.base)
             cert = _read(client_cert, 'client_cert') if client_cert else None
             key = _read(client_key, 'client_key') if client_key else cert   # a client_cert file may hold the key too
-            self.credentials = _Lib.grpc.ssl_channel_credentials(root_certificates=_read_ca(ca_path) if ca_path else None,
-                                                            private_key=key, certificate_chain=cert)
+            roots = _read_ca(ca_path) if ca_path else None
+            self.credentials = _Lib.grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=cert)
         self.requests_made = 0
         self._channel = None
         self._stub = None
@@ -266,7 +266,7 @@ class TritonGrpcClient(FromParams):
         except (binascii.Error, ValueError, TypeError) as exc:
             raise TritonError('%s: raw_handle is not base64: %s' % (what, exc), url=self.base)
         req = _Lib.pb.CudaSharedMemoryRegisterRequest(name=self._name(name, what), raw_handle=raw, device_id=device_id,
-                                                          byte_size=byte_size)
+                                                      byte_size=byte_size)
         self.call('CudaSharedMemoryRegister', req, what)
 
     def unregister(self, kind, name):
@@ -277,4 +277,3 @@ class TritonGrpcClient(FromParams):
             self.call('CudaSharedMemoryUnregister', _Lib.pb.CudaSharedMemoryUnregisterRequest(name=self._name(name, what)), what)
         else:
             raise ValueError('unknown shared memory kind %r' % (kind,))
-

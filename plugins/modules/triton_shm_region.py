@@ -132,7 +132,8 @@ options:
     type: float
     default: 10
 requirements:
-  - requests
+  - requests (for http:// and https:// URLs)
+  - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
 seealso:
   - module: tritonops.shm.triton_shm_info
 '''

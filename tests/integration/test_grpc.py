@@ -92,8 +92,8 @@ def test_same_results_over_http_and_grpc_and_grpc_cleans_what_http_cannot(both):
         {'name': 'again grpc', REGION: dict(clean, url=grpc)},
         {'name': 'after grpc', INFO: dict(info, url=grpc)},
     ], check_tasks=('check http', 'check grpc')))
-    r = dict((n, res.task(n)) for n in ('info http', 'info grpc', 'check http', 'check grpc', 'clean http', 'clean grpc',
-                                          'again grpc', 'after grpc'))
+    tasks = ('info http', 'info grpc', 'check http', 'check grpc', 'clean http', 'clean grpc', 'again grpc', 'after grpc')
+    r = dict((n, res.task(n)) for n in tasks)
     no_failure(*r.values())
     states = dict((x['name'], x['state']) for x in r['info grpc']['system_regions'])
     assert states == dict([('healthy', 'healthy'), ('stale', 'stale'), ('dangling', 'dangling')]
