@@ -27,6 +27,7 @@ REGION = 'tritonops.shm.triton_shm_region'
 KiB = 4096
 UNADDRESSABLE = {'a b': '/un_space', 'x#y': '/un_hash', 'ünï': '/un_unicode', 's/l': '/un_slash'}
 VOLATILE = ('age_s', 'scanned_at', 'url', 'located_by')
+SECRET = 'Bearer s3cr3t-grpc-metadata-do-not-log'
 
 
 def play(tasks, check_tasks=()):
@@ -140,12 +141,17 @@ def grpc_only(tmp_path):
 
 def test_http_off_info_and_stale_cleanup_through_grpc(grpc_only):
     url = grpc_only.url
+    new = dict(url=url, name='new region#2', key='/new2', byte_size=KiB, create_file=True)
     res = ansible_helpers.ansible_playbook(play([
-        {'name': 'info', INFO: dict(url=url)},
+        {'name': 'info', INFO: dict(url=url, headers={'Authorization': SECRET})},
         {'name': 'check', REGION: dict(url=url, state='absent', stale=True)},
         {'name': 'after check', INFO: dict(url=url)},
         {'name': 'clean', REGION: dict(url=url, state='absent', stale=True)},
         {'name': 'again', REGION: dict(url=url, state='absent', stale=True)},
+        {'name': 'register', REGION: new},
+        {'name': 'register again', REGION: new},
+        {'name': 'check regions', INFO: dict(url=url)},
+        {'name': 'unregister it', REGION: dict(url=url, state='absent', name=['new region#2'], headers={'Authorization': SECRET})},
         {'name': 'http url', INFO: dict(url='http://%s:%d' % (grpc_only.host, grpc_only.grpc_port))},
     ], check_tasks=('check',)))
     info, check, clean, again, http = (res.task(n) for n in ('info', 'check', 'clean', 'again', 'http url'))
@@ -160,6 +166,14 @@ def test_http_off_info_and_stale_cleanup_through_grpc(grpc_only):
     assert again['changed'] is False
     assert set(grpc_only.system_regions()) == {'live grpc'}
     assert grpc_only.shm_files() == ['live_grpc']
+    # a name HTTP cannot carry, registered and unregistered by the module over gRPC
+    reg, again, regions, gone = (res.task(n) for n in ('register', 'register again', 'check regions', 'unregister it'))
+    no_failure(reg, again, regions, gone)
+    assert reg['changed'] is True and reg['registered'] == ['new region#2'] and again['changed'] is False
+    assert [(x['key'], x['byte_size']) for x in regions['system_regions'] if x['name'] == 'new region#2'] == [('/new2', KiB)]
+    assert gone['unregistered'] == ['new region#2'] and [os.path.basename(p) for p in gone['removed_files']] == ['new2']
+    assert set(grpc_only.system_regions()) == {'live grpc'} and grpc_only.shm_files() == ['live_grpc']
+    assert SECRET not in res.stdout and SECRET not in res.stderr, 'headers (gRPC metadata) never logged'
     # pointing http:// at the gRPC port fails with a clear message, not a traceback
     assert http.get('failed') is True and 'Traceback' not in http['msg'], http
 
