@@ -8,8 +8,9 @@
   tritonclient.grpc client that is then SIGKILLed is reported and cleaned, a live gRPC
   client's region is kept.
 - gRPC over TLS (--grpc-use-ssl, client certificates required) with certificates from CAs
-  made in the test: our CA + client certificate works, another CA fails clearly, no client
-  certificate fails, validate_certs=false is refused with the reason.
+  made in the test: our CA + client certificate works (also as a ca_path directory and one
+  PEM file holding certificate and key), another CA fails clearly, no client certificate
+  fails, validate_certs=false is refused with the reason.
 """
 from __future__ import annotations
 
@@ -202,6 +203,10 @@ def tls_server(tmp_path):
     d = str(tmp_path)
     ca, other = proxy_helpers.make_ca(d, 'test-ca'), proxy_helpers.make_ca(d, 'other-ca')
     cert = proxy_helpers.make_cert(d, 'triton', ca)
+    os.mkdir(os.path.join(d, 'cas'))   # a ca_path directory: the other CA and ours
+    for name, src in (('a-other.pem', other['cert']), ('b-ours.pem', ca['cert'])):
+        with open(src) as f, open(os.path.join(d, 'cas', name), 'w') as out:
+            out.write(f.read())
     client = proxy_helpers.make_cert(d, 'client', ca, server=False)
     tls = dict(cert=cert['cert'], key=cert['key'], ca=ca['cert'], root=ca['cert'],
                client_cert=client['cert'], client_key=client['key'])
@@ -219,8 +224,14 @@ def test_grpcs_verified_with_our_ca_and_client_certificate(tls_server):
     url = server.grpc_scheme_url
     assert url.startswith('grpcs://')
     mtls = dict(url=url, ca_path=pki['ca'], client_cert=pki['client_cert'], client_key=pki['client_key'])
+    combined = os.path.join(os.path.dirname(pki['ca']), 'client-with-key.pem')   # a client_cert file that holds the key too
+    with open(combined, 'w') as out:
+        for part in (pki['client_cert'], pki['client_key']):
+            with open(part) as f:
+                out.write(f.read())
     res = ansible_helpers.ansible_playbook(play([
         {'name': 'ours', INFO: mtls},
+        {'name': 'one pem', INFO: dict(url=url, ca_path=os.path.dirname(pki['ca']) + '/cas', client_cert=combined)},
         {'name': 'clean', REGION: dict(mtls, state='absent', stale=True)},
         {'name': 'other ca', INFO: dict(mtls, ca_path=pki['other'])},
         {'name': 'no client cert', INFO: dict(url=url, ca_path=pki['ca'])},
@@ -228,7 +239,7 @@ def test_grpcs_verified_with_our_ca_and_client_certificate(tls_server):
         {'name': 'plain grpc', INFO: dict(url='grpc://' + server.grpc_url)},
     ]))
     ours, clean = res.task('ours'), res.task('clean')
-    no_failure(ours, clean)
+    no_failure(ours, clean, res.task('one pem'))
     assert [x['state'] for x in ours['system_regions'] if x['name'] == 'stale_behind_tls'] == ['stale']
     assert clean['unregistered'] == ['stale_behind_tls'] and 'stale_behind_tls' not in server.system_regions()
     other = res.task('other ca')
