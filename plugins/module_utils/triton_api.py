@@ -113,7 +113,7 @@ class TritonClient(FromParams):
             url = 'http://' + url
         parts = urlsplit(url)
         if parts.scheme not in ('http', 'https') or not parts.hostname:
-            raise TritonError("url %r is not an http(s) URL of a Triton server (e.g. http://127.0.0.1:8000)" % (url,), url=url)
+            raise TritonError("url %r is not an http(s) URL of a Triton server (e.g. http://127.0.0.1:8000; grpc://127.0.0.1:8001 for gRPC)" % (url,), url=url)
         try:
             parts.port  # pylint: disable=pointless-statement
         except ValueError as exc:

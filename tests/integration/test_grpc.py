@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -153,6 +154,9 @@ def test_http_off_info_and_stale_cleanup_through_grpc(grpc_only):
         {'name': 'register again', REGION: new},
         {'name': 'check regions', INFO: dict(url=url)},
         {'name': 'unregister it', REGION: dict(url=url, state='absent', name=['new region#2'], headers={'Authorization': SECRET})},
+        {'name': 'cuda register', REGION: dict(url=url, kind='cuda', name=['gpu one'], raw_handle=base64.b64encode(b'\0' * 64).decode(),
+                                               device_id=0, byte_size=KiB)},
+        {'name': 'cuda all', REGION: dict(url=url, kind='cuda', state='absent', all=True)},
         {'name': 'http url', INFO: dict(url='http://%s:%d' % (grpc_only.host, grpc_only.grpc_port))},
     ], check_tasks=('check',)))
     info, check, clean, again, http = (res.task(n) for n in ('info', 'check', 'clean', 'again', 'http url'))
@@ -175,6 +179,11 @@ def test_http_off_info_and_stale_cleanup_through_grpc(grpc_only):
     assert gone['unregistered'] == ['new region#2'] and [os.path.basename(p) for p in gone['removed_files']] == ['new2']
     assert set(grpc_only.system_regions()) == {'live grpc'} and grpc_only.shm_files() == ['live_grpc']
     assert SECRET not in res.stdout and SECRET not in res.stderr, 'headers (gRPC metadata) never logged'
+    # CUDA over gRPC: status (none here), and this GPU-less server's own refusal, as over HTTP
+    assert info['cuda_regions'] == [] and res.task('cuda all')['changed'] is False
+    cuda = res.task('cuda register')
+    assert cuda.get('failed') is True and cuda['msg'].startswith("register cuda region 'gpu one' at %s: gRPC " % url), cuda
+    assert cuda['failure']['server_error'] == 'failed to register shared memory region: invalid args', cuda['failure']
     # pointing http:// at the gRPC port fails with a clear message, not a traceback
     assert http.get('failed') is True and 'Traceback' not in http['msg'], http
 
