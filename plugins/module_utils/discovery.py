@@ -78,8 +78,7 @@ def _tcp_lines(net_dir, families):
                 lines = f.read().splitlines()[1:]
         except OSError:
             continue
-        for line in lines:
-            yield line
+        yield from lines
 
 
 def listening_sockets(net_dir, families=('tcp', 'tcp6')):

@@ -8,8 +8,10 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'rig'))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'containers'))
 
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
+import engines  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,3 +48,73 @@ def make_triton(tmp_path):
     finally:
         for server in servers:
             server.stop()
+
+
+# --- real container engines (tests/integration/containers/engines.py) ---
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item, so teardown can show container logs of a failed test."""
+    outcome = yield
+    setattr(item, 'rep_' + call.when, outcome.get_result())
+
+
+def _engine_or_skip(factory):
+    try:
+        return factory().start()
+    except engines.EngineUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope='session')
+def docker_daemon():
+    """The private dockerd (userland proxy on); `.set_userland_proxy(False)` restarts it without. Stopped at the end."""
+    daemon = _engine_or_skip(engines.DockerDaemon)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope='session')
+def podman_engine():
+    """Rootful podman in a private mount namespace; its containers are removed at the end."""
+    podman = _engine_or_skip(engines.Podman)
+    try:
+        yield podman
+    finally:
+        podman.stop()
+
+
+@pytest.fixture(params=['docker', 'podman'])
+def container_engine(request):
+    """docker_daemon or podman_engine (parametrized; `indirect=True` with ['docker'] picks one).
+
+    The containers a test creates are removed after it; when it failed, their log tails are printed.
+    """
+    engine = request.getfixturevalue('docker_daemon' if request.param == 'docker' else 'podman_engine')
+    mark = engine.mark()
+    try:
+        yield engine
+    finally:
+        report = getattr(request.node, 'rep_call', None)
+        if report is not None and report.failed:
+            for cid in engine.created[mark:]:
+                print('--- %s container %s log ---\n%s' % (engine.name, cid[:12], engine.log_tail(cid)))
+        engine.remove_since(mark)
+
+
+@pytest.fixture
+def forwarder():
+    """Factory: forwarder(url) -> a started socat Forwarder on 127.0.0.1 (stopped after the test)."""
+    started = []
+
+    def factory(url, **kwargs):
+        fwd = engines.Forwarder(url, **kwargs)
+        started.append(fwd)
+        return fwd.start()
+    try:
+        yield factory
+    finally:
+        for fwd in started:
+            fwd.stop()

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -53,6 +54,10 @@ def free_port(host='127.0.0.1'):
         return s.getsockname()[1]
 
 
+def _run(*argv):
+    subprocess.run(list(argv), check=True, capture_output=True)
+
+
 class Host(object):
     """Processes, network namespaces and NAT rules made by one test; all undone by teardown()."""
 
@@ -79,12 +84,12 @@ class Host(object):
 
     def socat(self, listen_port, target):
         proc = self.start(['socat', 'TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr' % listen_port, 'TCP:%s' % target])
-        for _ in range(100):
+        for _attempt in range(100):
             if any(p == listen_port for _ip, p, _i in discovery.listening_sockets('/proc/self/net', ('tcp',))):
                 return proc
             if proc.poll() is not None:
                 break
-            subprocess.run(['sleep', '0.05'], check=False)
+            time.sleep(0.05)
         raise RuntimeError('socat did not listen: %s' % proc.stderr.read())
 
     def netns(self, index):
@@ -92,22 +97,21 @@ class Host(object):
         name = 'tops-%s-%d' % (self.tag, index)
         host_if, ns_if = 'th%s%d' % (self.tag, index), 'tn%s%d' % (self.tag, index)
         host_ip, ns_ip = '10.231.%d.1' % index, '10.231.%d.2' % index
-        run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)  # noqa: E731
-        run('ip', 'netns', 'add', name)
+        _run('ip', 'netns', 'add', name)
         self.namespaces.append((name, host_if))
-        run('ip', 'link', 'add', host_if, 'type', 'veth', 'peer', 'name', ns_if)
-        run('ip', 'link', 'set', ns_if, 'netns', name)
-        run('ip', 'addr', 'add', host_ip + '/24', 'dev', host_if)
-        run('ip', 'link', 'set', host_if, 'up')
-        run('ip', 'netns', 'exec', name, 'ip', 'addr', 'add', ns_ip + '/24', 'dev', ns_if)
-        run('ip', 'netns', 'exec', name, 'ip', 'link', 'set', ns_if, 'up')
-        run('ip', 'netns', 'exec', name, 'ip', 'link', 'set', 'lo', 'up')
+        _run('ip', 'link', 'add', host_if, 'type', 'veth', 'peer', 'name', ns_if)
+        _run('ip', 'link', 'set', ns_if, 'netns', name)
+        _run('ip', 'addr', 'add', host_ip + '/24', 'dev', host_if)
+        _run('ip', 'link', 'set', host_if, 'up')
+        _run('ip', 'netns', 'exec', name, 'ip', 'addr', 'add', ns_ip + '/24', 'dev', ns_if)
+        _run('ip', 'netns', 'exec', name, 'ip', 'link', 'set', ns_if, 'up')
+        _run('ip', 'netns', 'exec', name, 'ip', 'link', 'set', 'lo', 'up')
         return name, host_ip, ns_ip
 
     def dnat(self, address, port, target):
         rule = ['OUTPUT', '-p', 'tcp', '-d', address, '--dport', str(port), '-j', 'DNAT', '--to-destination', target,
                 '-m', 'comment', '--comment', 'tritonops-test-%s' % self.tag]
-        subprocess.run(['iptables', '-t', 'nat', '-A'] + rule, check=True, capture_output=True)
+        _run('iptables', '-t', 'nat', '-A', *rule)
         self.rules.append(rule)
 
     def teardown(self):

@@ -16,7 +16,6 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory, summarize
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
