@@ -254,6 +254,20 @@ class RegionOps(object):
     def _excluded(self, name):
         return any(fnmatch.fnmatchcase(name, pat) for pat in self.params.get('exclude') or ())
 
+    def _unaddressable(self, rec):
+        """True (and skipped with the reason, its file kept) when the client cannot address this region's name.
+
+        Decided while planning, so that check mode reports exactly what a real run does.
+        """
+        why = self.client.unaddressable(rec['name'])
+        if why is None:
+            return False
+        self.skipped.append(dict(name=rec['name'], reason=why))
+        f = rec.get('file')
+        if self.params.get('remove_file') and f and f.get('exists'):
+            self.skipped.append(dict(path=f['path'], reason="region '%s' stays registered" % rec['name']))
+        return True
+
     def _require_server(self, inv):
         """Stale and orphan cleanup on a host whose server was not found would be a silent no-op: refuse it."""
         p = self.params
@@ -287,6 +301,8 @@ class RegionOps(object):
                 continue
             if self._excluded(rec['name']):
                 self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+                continue
+            if self._unaddressable(rec):
                 continue
             selected.append(rec)
         selected_names = set(r['name'] for r in selected)
@@ -401,6 +417,8 @@ class RegionOps(object):
                 continue
             if self._excluded(rec['name']):
                 self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+                continue
+            if self._unaddressable(rec):
                 continue
             selected.append(rec)
         if p['stale'] and not p['all']:

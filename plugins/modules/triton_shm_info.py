@@ -57,7 +57,8 @@ options:
       - Needs the Python library C(jmespath).
     type: str
 requirements:
-  - requests
+  - requests (for http:// and https:// URLs)
+  - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
   - jmespath (only for O(query))
 seealso:
   - module: tritonops.shm.triton_shm_region

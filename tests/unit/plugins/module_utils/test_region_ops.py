@@ -20,7 +20,7 @@ import pytest
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
@@ -45,6 +45,8 @@ class FakeTriton:
         self.on_unregister = on_unregister
         self.calls = []
         self.unregister_calls = 0
+
+    unaddressable = staticmethod(TritonClient.unaddressable)   # the names HTTP cannot carry, as over HTTP
 
     def server_metadata(self):
         self.calls.append(('metadata',))
@@ -236,6 +238,20 @@ def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc):
     # and the real run does exactly that
     real = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*orphan'])
     assert (real['unregistered'], sorted(real['removed_files'])) == (res['unregistered'], sorted(res['removed_files']))
+
+
+def test_names_the_client_cannot_address_are_skipped_in_the_plan_so_check_mode_tells_the_truth(shm, server_proc):
+    make_file(shm, 'a')
+    make_file(shm, 'sp')
+    fake = FakeTriton(shm, regions=[region('a'), region('a b', key='/sp')])
+    check = run(fake, shm, server_proc.pid, check_mode=True, stale=True)
+    real = run(fake, shm, server_proc.pid, stale=True)
+    for res in (check, real):
+        assert res['unregistered'] == ['a'] and [os.path.basename(p) for p in res['removed_files']] == ['a']
+        assert 'grpc://' in reasons(res, 'name')['a b']
+        assert reasons(res, 'path') == {os.path.join(shm, 'sp'): "region 'a b' stays registered"}
+    assert fake.actions() == [('unregister', 'system', 'a', True)], 'never sent'
+    assert os.path.exists(os.path.join(shm, 'sp'))
 
 
 def test_diff_lists_regions_before_and_after_and_the_files(shm, server_proc):
