@@ -24,8 +24,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason='network namespaces, veth and iptables need root')
 
 # serve: listen and accept, keep connections.  forward: the same, and for every accepted
-# connection open one to each backend (one process, as docker-proxy; two backends make
-# a load balancer).  listen: listen only, never accept.
+# connection open one to each backend (one process, as docker-proxy).  pool: connect to
+# every backend first and keep those connections (a load balancer's upstream pool).
+# listen: listen only, never accept.
 PEER = textwrap.dedent('''
     import ctypes, socket, sys, time
     mode, comm, addr = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -36,14 +37,16 @@ PEER = textwrap.dedent('''
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, int(port)))
     s.listen(16)
-    print('READY %d' % s.getsockname()[1], flush=True)
     keep = []
+    if mode == 'pool':
+        keep.extend(socket.create_connection((h, int(p)), timeout=5) for h, p in backends)
+    print('READY %d' % s.getsockname()[1], flush=True)
     if mode == 'listen':
         time.sleep(600)
     while True:
         c, _ = s.accept()
         keep.append(c)
-        for h, p in backends:
+        for h, p in (backends if mode == 'forward' else ()):
             keep.append(socket.create_connection((h, int(p)), timeout=5))
 ''')
 
@@ -302,12 +305,13 @@ def test_several_servers_each_url_finds_its_own(host):
 
 @ROOT
 def test_a_load_balancer_in_front_of_two_servers_is_refused(host):
+    """Its upstream pool keeps connections to both servers: the URL is refused, never resolved to one of them."""
     backends = []
     for i in (1, 2):
         ns, _host_ip, ns_ip = host.netns(i)
         host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
         backends.append('%s:8000' % ns_ip)
-    _lb, port = host.peer('forward', 'haproxy', '127.0.0.1:0', backends=backends)
+    _lb, port = host.peer('pool', 'haproxy', '127.0.0.1:0', backends=backends)
     pid, how, reason = discovery.find_server('127.0.0.1', port)
     assert (pid, how) == (None, None)
     assert 'lead to several tritonserver processes' in reason and 'load balancer' in reason
