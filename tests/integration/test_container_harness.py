@@ -147,3 +147,15 @@ def test_socat_forwarder_reaches_triton(container_engine, forwarder):
     with socket.socket() as sock:
         sock.settimeout(2)
         assert sock.connect_ex(('127.0.0.1', fwd.port)) != 0
+
+
+@pytest.mark.parametrize('container_engine', ['docker', 'podman'], indirect=True)
+def test_a_triton_that_exits_fails_with_its_log_and_is_removed(container_engine):
+    before = list(container_engine.created)
+    with pytest.raises(engines.EngineError) as err:
+        engines.run_triton(container_engine, args=['--no-such-flag=1'], ready_timeout=60)
+    assert 'is not ready at http://127.0.0.1:' in str(err.value)
+    assert "unrecognized option '--no-such-flag=1'" in str(err.value)
+    assert container_engine.created == before
+    assert container_engine.run('ps', '-aq', '--filter', 'label=' + engines.LABEL).stdout.split() == \
+        [cid[:12] for cid in before]
