@@ -325,6 +325,19 @@ class DockerDaemon(Engine):
                 if os.path.exists(path):
                     os.unlink(path)
 
+    def _refuse_foreign_dockerd(self):
+        """Another dockerd in this network namespace would lose its DNAT rules: dockerd recreates the DOCKER chains at start."""
+        for entry in os.listdir('/proc'):
+            if entry.isdigit():
+                try:
+                    with open('/proc/%s/comm' % entry) as f:
+                        comm = f.read().strip()
+                except OSError:
+                    continue
+                if comm == 'dockerd':
+                    raise EngineUnavailable('a dockerd (pid %s) already runs on this host; the private test dockerd would '
+                                            'recreate its iptables chains: run the Docker tests where no other dockerd runs' % entry)
+
     def _ensure_bridge(self):
         shown = _run(['ip', '-o', '-4', 'addr', 'show', 'dev', self.bridge], check=False)
         if shown.returncode != 0:
@@ -355,6 +368,7 @@ class DockerDaemon(Engine):
             os.makedirs(self.exec_root, exist_ok=True)
             os.makedirs(self.data_root, exist_ok=True)
             self._stop_stale()
+            self._refuse_foreign_dockerd()
             self._ensure_bridge()
             cmd = ['unshare', '--mount', '--propagation', 'slave', self.dockerd,
                    '--host', self.host, '--data-root', self.data_root, '--exec-root', self.exec_root,
