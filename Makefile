@@ -15,6 +15,8 @@ export ANSIBLE_COLLECTIONS_PATH := $(BUILD)
 export ANSIBLE_PYTHON_INTERPRETER := $(VPY)
 export TRITONOPS_VENV_PYTHON := $(VPY)
 export PYTHONDONTWRITEBYTECODE := 1
+# promtool for `promtool test rules` (tests/unit/extensions/prometheus): from Debian's prometheus package
+export PROMTOOL ?= $(BUILD)/bin/promtool
 
 PYTEST_ARGS ?=
 
@@ -22,7 +24,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps help venv collection sanity sanity-2.19 changelog-check units integration test demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool help venv collection sanity sanity-2.19 changelog-check units integration test demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -40,7 +42,7 @@ $(VENV)/.installed: tests/requirements.txt tests/requirements-3.11.txt
 
 collection: venv  ## copy the checkout into build/ansible_collections/tritonops/shm
 	@rm -rf $(COLL) && mkdir -p $(COLL)
-	@tar -c --exclude=./.venv --exclude=./build --exclude=./.git --exclude=./bench-results \
+	@tar -c --exclude=./.venv --exclude=./build --exclude="./build-*" --exclude=./.git --exclude=./bench-results \
 		--exclude=__pycache__ --exclude=.pytest_cache --exclude=./tests/output . | tar -x -C $(COLL)
 	@# ansible-test lists files with git: give the copy its own repository (build/ is ignored by ours)
 	@cd $(COLL) && git init -q . && git add -A >/dev/null 2>&1 || true
@@ -64,14 +66,19 @@ changelog-check:  ## lint changelog fragments and dry-run the 0.1.0 release
 docs: collection  ## lint the collection docs and build the antsibull-docs docsite into build/docsite
 	.ci/build-docsite $(BUILD)/docsite
 
-units: collection  ## unit tests (pytest, no server needed)
+promtool: $(PROMTOOL)  ## put promtool into build/bin (apt-get download prometheus + dpkg-deb -x; no server installed)
+
+$(PROMTOOL):
+	.ci/get-promtool $@
+
+units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prometheus rules with promtool)
 	cd $(COLL) && $(PYTEST_RUN) tests/unit $(PYTEST_ARGS)
 
 integration: collection  ## integration tests against real tritonserver processes
 	cd $(COLL) && $(PYTEST_RUN) tests/integration $(PYTEST_ARGS)
 
-lint: collection  ## ansible-lint, production profile
-	cd $(COLL) && ansible-lint --profile production --offline roles playbooks
+lint: collection  ## ansible-lint, production profile (roles, playbooks, rulebooks)
+	cd $(COLL) && ansible-lint --profile production --offline roles playbooks extensions/eda/rulebooks
 
 deps:  ## install missing Debian packages the tests need (as root), else list them
 	@.ci/deps

@@ -12,30 +12,39 @@ class ModuleDocFragment(object):
 options:
   url:
     description:
-      - Base URL of the Triton Inference Server HTTP endpoint, for example V(http://127.0.0.1:8000).
-      - A URL without scheme is taken as C(http://).
+      - URL of the Triton Inference Server, for example V(http://127.0.0.1:8000).
+      - The scheme picks the transport. V(http://HOST:PORT) or V(https://HOST:PORT) for Triton's HTTP endpoint
+        (C(--http-port), 8000 by default); a URL without scheme is taken as C(http://).
+      - V(grpc://HOST:PORT), or V(grpcs://HOST:PORT) for TLS, for Triton's gRPC endpoint (C(--grpc-port), 8001 by default,
+        also when the port is left out), for example when Triton runs with C(--allow-http=false).
+        Results, states and errors are the same; C(failure.status) is then the gRPC status code name.
+      - Region names an HTTP path cannot carry (space, C(#), C(?), C(/), non-ASCII) can only be unregistered over gRPC;
+        over HTTP they are skipped with that reason.
       - If not set, the environment variable E(TRITON_URL) is used.
       - The port also identifies the server process on the host (see O(server_pid)).
     type: str
     required: true
   timeout:
     description:
-      - Seconds to wait for each HTTP request (connect and read).
+      - Seconds to wait for each HTTP request (connect and read), or for each gRPC call.
     type: float
     default: 10.0
   validate_certs:
     description:
-      - Verify the server's TLS certificate for C(https) URLs.
+      - Verify the server's TLS certificate for C(https) and C(grpcs) URLs.
       - Set to V(false) only for testing; the module then warns.
+      - V(false) is refused for C(grpcs) URLs (grpcio always verifies); set O(ca_path) instead.
     type: bool
     default: true
   ca_path:
     description:
-      - PEM file of CA certificates to verify the server with, instead of the system store.
+      - PEM file of CA certificates to verify the server with, instead of the system store
+        (for C(grpcs) URLs, instead of grpcio's bundled root certificates). May be a directory of PEM files.
     type: path
   headers:
     description:
       - Extra HTTP headers sent with every request, for example an C(Authorization) header for a proxy in front of Triton.
+      - Over gRPC they are sent as metadata with lower-case names; names must be letters, digits and C(-_.), values printable ASCII.
       - Never logged or returned.
     type: dict
     default: {}
@@ -54,7 +63,8 @@ attributes:
     membership:
       - tritonops.shm.triton
 notes:
-  - Requires the Python library C(requests) on the host that runs the module (the Triton host).
+  - Requires the Python library C(requests) on the host that runs the module (the Triton host) for C(http) and C(https) URLs,
+    and C(tritonclient[grpc]) (which brings C(grpcio) and Triton's protobuf messages) for C(grpc) and C(grpcs) URLs.
   - Member of the action group C(tritonops.shm.triton), so C(module_defaults) can set the connection options once per play.
 '''
 

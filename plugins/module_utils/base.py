@@ -15,6 +15,8 @@ import os
 
 from ansible.module_utils.basic import env_fallback, missing_required_lib
 
+from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc
+from ansible_collections.tritonops.shm.plugins.module_utils.discovery import DiscoveryError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import (
     HAS_REQUESTS, REQUESTS_IMPORT_ERROR, TritonClient, TritonError,
@@ -45,10 +47,18 @@ def shm_dir_argument_spec():
 
 
 def make_client(module):
-    """A TritonClient from the module's connection options; fail_json on missing requests or a bad URL."""
-    if not HAS_REQUESTS:
-        module.fail_json(msg=missing_required_lib('requests'), exception=REQUESTS_IMPORT_ERROR)
+    """A client from the module's connection options; fail_json on a missing library or a bad URL.
+
+    The URL's scheme picks the transport: grpc:// and grpcs:// the gRPC client (triton_grpc), anything
+    else the HTTP one. Both offer the same calls with the same results and errors.
+    """
     params = module.params
+    grpc = triton_grpc.is_grpc_url(params['url'])
+    if grpc and triton_grpc.load_grpc() is not None:
+        module.fail_json(msg=missing_required_lib(triton_grpc.GRPC_REQUIREMENT, reason='for grpc:// and grpcs:// URLs'),
+                         exception=triton_grpc.load_grpc())
+    if not grpc and not HAS_REQUESTS:
+        module.fail_json(msg=missing_required_lib('requests'), exception=REQUESTS_IMPORT_ERROR)
     if params['timeout'] is not None and params['timeout'] <= 0:
         module.fail_json(msg='timeout must be a positive number of seconds, got %s' % params['timeout'])
     for opt in ('ca_path', 'client_cert', 'client_key'):
@@ -56,7 +66,7 @@ def make_client(module):
         if path and not (os.path.isfile(path) or (opt == 'ca_path' and os.path.isdir(path))):
             module.fail_json(msg='%s %s does not exist or is not a file' % (opt, path))
     try:
-        client = TritonClient.from_params(params)
+        client = (triton_grpc.TritonGrpcClient if grpc else TritonClient).from_params(params)
     except TritonError as exc:
         module.fail_json(msg=exc.msg)
     if client.scheme == 'https' and not params['validate_certs']:
@@ -74,6 +84,6 @@ def run_module_main(module, body, partial=None):
     except TritonError as exc:
         extra = partial() if partial else {}
         module.fail_json(msg=exc.msg, failure=exc.as_dict(), **extra)
-    except ShmFsError as exc:
+    except (ShmFsError, DiscoveryError) as exc:
         extra = partial() if partial else {}
         module.fail_json(msg=str(exc), **extra)

@@ -4,21 +4,47 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """From a Triton URL's (host, port) to the tritonserver process and its shm directory.
 
-Private to the tritonops.shm collection.
+Private to the tritonops.shm collection. See docs/concepts.md, "Finding the server".
+
+Two ways, tried in this order:
+
+1. **Listening socket** (the fast path): a tritonserver process in this network
+   namespace owns the socket listening on the port (Triton on the host, or a
+   container with host networking).
+2. **Following a connection**: open a TCP connection to the URL and find the process
+   that owns the other end of it, in whatever network namespace it lives, through
+   /proc/PID/net/tcp{,6} and the processes' fds. Across NAT (Docker without its
+   userland proxy, rootful podman, Kubernetes services), the translated addresses
+   come from the namespace's conntrack table. When the owner is not tritonserver but
+   a forwarder (docker-proxy, socat, kubectl port-forward, ...), follow the
+   forwarder's own outgoing connections, a bounded number of hops. The answer must
+   be one tritonserver: several reachable servers (a load balancer) are refused.
+
+No container engine API is used: everything comes from /proc, so it works the same
+for Docker, podman, containerd/CRI-O pods and plain processes, and needs root to
+see other users' processes and namespaces.
 """
 from __future__ import annotations
 
 import os
 import socket
+import time
 
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import list_pids, read_comm
 
 SERVER_COMMS = ('tritonserver',)
 _LISTEN = '0A'
+_ESTABLISHED = '01'
+MAX_HOPS = 4
+FIX_HINT = 'set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)'
 
 
 class DiscoveryError(Exception):
     """The server_pid or shm_dir given cannot be used."""
+
+
+class ServerNotFound(DiscoveryError):
+    """An action needs the server process and its shm directory, and they were not found."""
 
 
 def _parse_addr(hexaddr):
@@ -29,28 +55,89 @@ def _parse_addr(hexaddr):
         ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
     else:
         words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
-        ip = socket.inet_ntop(socket.AF_INET6, b''.join(words))
-        if ip.startswith('::ffff:') and '.' in ip:
-            ip = ip[len('::ffff:'):]
+        ip = _plain_ip(socket.inet_ntop(socket.AF_INET6, b''.join(words)))
     return ip, int(port, 16)
 
 
-def listening_sockets(net_dir, families=('tcp', 'tcp6')):
-    """[(ip, port, inode)] of LISTEN TCP sockets in a /proc/.../net directory."""
-    out = []
+def _plain_ip(ip):
+    """An address as the other tables print it: IPv4-mapped IPv6 as IPv4, IPv6 compressed."""
+    if ':' in ip:
+        try:
+            ip = socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, ip))
+        except (OSError, ValueError):
+            return ip
+        if ip.startswith('::ffff:') and '.' in ip:
+            ip = ip[len('::ffff:'):]
+    return ip
+
+
+def _tcp_lines(net_dir, families):
     for name in families:
         try:
             with open(os.path.join(net_dir, name)) as f:
                 lines = f.read().splitlines()[1:]
         except OSError:
             continue
-        for line in lines:
-            head = line.split(None, 4)  # most sockets are not listening: split the rest only for those that are
-            if len(head) == 5 and head[3] == _LISTEN:
-                fields = line.split()
-                if len(fields) >= 10:
-                    ip, port = _parse_addr(fields[1])
-                    out.append((ip, port, int(fields[9])))
+        yield from lines
+
+
+def listening_sockets(net_dir, families=('tcp', 'tcp6')):
+    """[(ip, port, inode)] of LISTEN TCP sockets in a /proc/.../net directory."""
+    out = []
+    for line in _tcp_lines(net_dir, families):
+        head = line.split(None, 4)  # most sockets are not listening: split the rest only for those that are
+        if len(head) == 5 and head[3] == _LISTEN:
+            fields = line.split()
+            if len(fields) >= 10:
+                ip, port = _parse_addr(fields[1])
+                out.append((ip, port, int(fields[9])))
+    return out
+
+
+def tcp_sockets(net_dir):
+    """[(local (ip, port), remote (ip, port), state hex, inode)] of every TCP socket in a /proc/.../net directory."""
+    out = []
+    for line in _tcp_lines(net_dir, ('tcp', 'tcp6')):
+        fields = line.split()
+        if len(fields) >= 10:
+            out.append((_parse_addr(fields[1]), _parse_addr(fields[2]), fields[3], int(fields[9])))
+    return out
+
+
+def conntrack_replies(net_dir, local, remote):
+    """[(peer local (ip, port), peer remote (ip, port))] for the TCP connection local→remote in a conntrack table.
+
+    The reply tuple of a translated connection is what the other end sees: its own
+    address (after DNAT) and ours (after SNAT). An empty list when the table is not
+    there (no NAT module) or not readable.
+    """
+    want = (local[0], remote[0], str(local[1]), str(remote[1]))
+    out = []
+    try:
+        with open(os.path.join(net_dir, 'nf_conntrack')) as f:
+            for line in f:
+                if ' tcp ' not in line or ('sport=%d ' % local[1]) not in line:
+                    continue
+                tuples = []   # the original tuple, then the reply tuple; each starts at src=
+                for field in line.split():
+                    key, sep, value = field.partition('=')
+                    if not sep:
+                        continue
+                    if key == 'src':
+                        tuples.append({})
+                    if tuples:
+                        tuples[-1][key] = _plain_ip(value) if key in ('src', 'dst') else value
+                if len(tuples) < 2:
+                    continue
+                first, reply = tuples[0], tuples[1]
+                if (first.get('src'), first.get('dst'), first.get('sport'), first.get('dport')) != want:
+                    continue
+                try:
+                    out.append(((reply['src'], int(reply['sport'])), (reply['dst'], int(reply['dport']))))
+                except (KeyError, ValueError):
+                    continue
+    except OSError:
+        return []
     return out
 
 
@@ -59,23 +146,32 @@ def _resolve(host):
         infos = socket.getaddrinfo(host, None)
     except (socket.gaierror, UnicodeError):
         return set()
-    return set(i[4][0] for i in infos)
+    return set(_plain_ip(i[4][0]) for i in infos)
+
+
+def _socket_inodes(pid, proc):
+    """{socket inode} of a process's fds (empty when gone or unreadable)."""
+    base = '%s/%d/fd' % (proc, pid)
+    out = set()
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(base + '/' + fd)
+        except OSError:
+            continue
+        if link.startswith('socket:['):
+            out.add(int(link[8:-1]))
+    return out
 
 
 def _socket_owner(inodes, pids, proc):
-    wanted = set('socket:[%d]' % i for i in inodes)
+    wanted = set(inodes)
     for pid in pids:
-        base = '%s/%d/fd' % (proc, pid)
-        try:
-            fds = os.listdir(base)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(base + '/' + fd) in wanted:
-                    return pid
-            except OSError:
-                continue
+        if _socket_inodes(pid, proc) & wanted:
+            return pid
     return None
 
 
@@ -86,15 +182,145 @@ def _netns(pid, proc):
         return None
 
 
-def find_server(host, port, proc='/proc'):
-    """Find the tritonserver process serving host:port.
+def _who(pid, proc):
+    return '%s (pid %d)' % (read_comm(pid, proc) or '?', pid)
 
-    Returns (pid or None, how, reason). ``how`` is 'listener' when the process
-    owns the listening socket in our network namespace, 'netns' when it is the
-    single tritonserver whose own network namespace listens on the port (the
-    port is published by a proxy or NAT, as with container bridge networks).
-    """
-    addrs = _resolve(host) | set([host])
+
+class Found(object):
+    """Where a URL leads: the server pid (or None), the way it was found, or why not."""
+
+    def __init__(self, pid=None, located_by=None, reason=None):
+        self.pid = pid
+        self.located_by = located_by
+        self.reason = reason
+
+    def as_tuple(self):
+        return self.pid, self.located_by, self.reason
+
+
+class _Tracer(object):
+    """One look at every network namespace on the host, to follow TCP connections to their other end."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.own_ns = _netns('self', proc)
+        self.ns_pids = {}
+        for pid in list_pids(proc):
+            ns = _netns(pid, proc)
+            if ns is not None:
+                self.ns_pids.setdefault(ns, []).append(pid)
+        self._tables = {}
+        self.unreadable_ns = 0
+
+    def _net_dir(self, ns):
+        if ns == self.own_ns:
+            return '%s/self/net' % self.proc
+        for pid in self.ns_pids.get(ns, ()):
+            path = '%s/%d/net' % (self.proc, pid)
+            if os.access(path + '/tcp', os.R_OK):
+                return path
+        return None
+
+    def table(self, ns):
+        if ns not in self._tables:
+            net_dir = self._net_dir(ns)
+            if net_dir is None:
+                self.unreadable_ns += 1
+            self._tables[ns] = tcp_sockets(net_dir) if net_dir else []
+        return self._tables[ns]
+
+    def namespaces(self):
+        """Own namespace first: most connections end next door."""
+        return [self.own_ns] + [ns for ns in self.ns_pids if ns != self.own_ns]
+
+    def peers(self, local, remote, ns):
+        """[(ns, socket)] of the other end of the connection local→remote made from namespace ns, and how."""
+        found = self._exact(remote, local)
+        if found:
+            return found, None
+        net_dir = self._net_dir(ns)
+        for peer_local, peer_remote in (conntrack_replies(net_dir, local, remote) if net_dir else []):
+            found = self._exact(peer_local, peer_remote)
+            if found:
+                return found, 'NAT %s:%d -> %s:%d' % (remote[0], remote[1], peer_local[0], peer_local[1])
+        return [], None
+
+    def _exact(self, want_local, want_remote):
+        out = []
+        for ns in self.namespaces():
+            for sock in self.table(ns):
+                if sock[0] == want_local and sock[1] == want_remote and sock[2] == _ESTABLISHED:
+                    out.append((ns, sock))
+        return out
+
+    def owners(self, ns, inode):
+        """Pids in namespace ns that have the socket open (a forked forwarder may share it for a moment)."""
+        return [pid for pid in self.ns_pids.get(ns, ()) if inode in _socket_inodes(pid, self.proc)]
+
+    def outgoing(self, ns, pid, skip_inode):
+        """The established connections a forwarder opened itself: not the accepted ones (on its listening ports)."""
+        mine = _socket_inodes(pid, self.proc)
+        table = self.table(ns)
+        listening_ports = set(s[0][1] for s in table if s[2] == _LISTEN and s[3] in mine)
+        return [s for s in table if s[3] in mine and s[3] != skip_inode and s[2] == _ESTABLISHED
+                and s[0][1] not in listening_ports]
+
+
+class _Trace(object):
+    """The search from one connection: every tritonserver reached, with the way to it, or why none."""
+
+    def __init__(self, tracer, max_hops):
+        self.tracer = tracer
+        self.max_hops = max_hops
+        self.servers = {}     # pid -> located_by
+        self.dead_ends = []   # why a branch ended without a server
+        self.transient = False
+
+    def follow(self, local, remote, ns, via, hop):
+        peers, nat = self.tracer.peers(local, remote, ns)
+        if not peers:
+            self.dead_ends.append('no process on this host owns the other end of the connection %s:%d -> %s:%d%s'
+                                  % (local[0], local[1], remote[0], remote[1], ' (via %s)' % ', '.join(via) if via else ''))
+            self.transient = True
+            return
+        step = list(via) + ([nat] if nat else [])
+        for peer_ns, sock in peers:
+            if sock[3] == 0:
+                self.transient = True   # accepted by the kernel, not yet by the process: no inode yet
+                continue
+            owners = self.tracer.owners(peer_ns, sock[3])
+            if not owners:
+                self.dead_ends.append('the process owning %s:%d in network namespace %s could not be read'
+                                      % (sock[0][0], sock[0][1], peer_ns))
+                self.transient = True   # or it was forked (a forwarder's child) after the processes were listed
+                continue
+            for pid in owners:
+                self._owner(pid, peer_ns, sock, step, hop)
+
+    def _owner(self, pid, ns, sock, via, hop):
+        proc = self.tracer.proc
+        comm = read_comm(pid, proc)
+        if comm in SERVER_COMMS:
+            where = '' if ns == self.tracer.own_ns else ' at %s:%d in another network namespace' % sock[0]
+            path = 'connection %sto tritonserver (pid %d)%s' % ('via %s ' % ', '.join(via) if via else '', pid, where)
+            self.servers.setdefault(pid, path)
+            return
+        if hop >= self.max_hops:
+            self.dead_ends.append('gave up after %d forwarding hops at %s' % (hop, _who(pid, proc)))
+            return
+        onward = self.tracer.outgoing(ns, pid, sock[3])
+        if not onward:
+            self.dead_ends.append('%s accepts the connection but is not tritonserver and forwards it nowhere visible'
+                                  % _who(pid, proc))
+            self.transient = True   # a forwarder may not have connected onward yet
+            return
+        for out in onward:
+            self.follow(out[0], out[1], ns, list(via) + [_who(pid, proc)], hop + 1)
+
+
+def _by_listener(host, port, proc):
+    """The fast path: a tritonserver in this network namespace owns the listening socket. Else (None, holder)."""
+    addrs = _resolve(host) | set([_plain_ip(host)])
     wildcard = set(['0.0.0.0', '::'])
     inodes = []
     # /proc/net/tcp{,6} cost milliseconds each to generate: read the URL's family first, the other only if needed
@@ -103,45 +329,76 @@ def find_server(host, port, proc='/proc'):
                   if p == port and (ip in addrs or ip in wildcard)]
         if inodes:
             break
+    if not inodes:
+        return None, None
     pids = list_pids(proc)
-    servers = []
+    others = []
     for pid in pids:
         if read_comm(pid, proc) in SERVER_COMMS:
-            if inodes and _socket_owner(inodes, [pid], proc) == pid:
-                return pid, 'listener', None  # the usual case: no need to read every other process's name
-            servers.append(pid)
-    if inodes:
-        known = set(servers)
-        owner = _socket_owner(inodes, [p for p in pids if p not in known], proc)
-        if owner is not None and read_comm(owner, proc) in SERVER_COMMS:
-            return owner, 'listener', None
-        via = ('pid %s (%s)' % (owner, read_comm(owner, proc))) if owner else 'an unidentified process'
-    else:
-        via = None
-    my_ns = _netns('self', proc)
-    candidates = []
-    for pid in servers:
-        ns = _netns(pid, proc)
-        if ns is None or ns == my_ns:
-            continue
-        if any(p == port for _ip, p, _ino in listening_sockets('%s/%d/net' % (proc, pid))):
-            candidates.append(pid)
-    if len(candidates) == 1:
-        return candidates[0], 'netns', None
-    if len(candidates) > 1:
-        return None, None, ('port %d is served by several tritonserver processes in other network namespaces (pids %s); '
-                            'set server_pid or shm_dir' % (port, ', '.join(str(c) for c in candidates)))
-    if via:
-        return None, None, 'port %d on %s is held by %s, not by a tritonserver process; set server_pid or shm_dir' % (port, host, via)
-    return None, None, ('no local process listens on %s:%d and no tritonserver network namespace does: the server is remote or '
-                        'not visible from here; set server_pid or shm_dir' % (host, port))
+            if _socket_owner(inodes, [pid], proc) == pid:
+                return pid, None  # the usual case: no need to read every other process's name
+        else:
+            others.append(pid)
+    return None, _socket_owner(inodes, others, proc)
+
+
+def _by_connection(host, port, proc, timeout, max_hops, attempts):
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        return Found(reason='cannot open a TCP connection to %s:%d to follow it to the server: %s' % (host, port, exc))
+    try:
+        local = sock.getsockname()[:2]
+        remote = sock.getpeername()[:2]
+        local, remote = (_plain_ip(local[0]), local[1]), (_plain_ip(remote[0]), remote[1])
+        delay = 0.02
+        for attempt in range(attempts):
+            tracer = _Tracer(proc)
+            trace = _Trace(tracer, max_hops)
+            trace.follow(local, remote, tracer.own_ns, [], 0)
+            if trace.servers or not trace.transient or attempt == attempts - 1:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.3)
+    finally:
+        sock.close()
+    if len(trace.servers) == 1:
+        pid, path = list(trace.servers.items())[0]
+        return Found(pid, path)
+    if trace.servers:
+        return Found(reason='connections to %s:%d lead to several tritonserver processes (%s), as through a load balancer: '
+                            'the one serving this URL cannot be told; %s'
+                            % (host, port, '; '.join(trace.servers[p] for p in sorted(trace.servers)), FIX_HINT))
+    reasons = list(dict.fromkeys(trace.dead_ends))
+    if tracer.unreadable_ns:
+        reasons.append('%d network namespace(s) could not be read (not root?)' % tracer.unreadable_ns)
+    return Found(reason='; '.join(reasons) or 'the connection to %s:%d could not be followed' % (host, port))
+
+
+def find_server(host, port, proc='/proc', timeout=2.0, max_hops=MAX_HOPS, attempts=6):
+    """Find the tritonserver process serving host:port: (pid or None, located_by, reason)."""
+    pid, holder = _by_listener(host, port, proc)
+    if pid is not None:
+        return pid, 'listener: tritonserver (pid %d) owns the listening socket %s:%d' % (pid, host, port), None
+    found = _by_connection(host, port, proc, timeout, max_hops, attempts)
+    if found.pid is not None:
+        return found.as_tuple()
+    prefix = ''
+    if holder is not None:
+        prefix = 'port %d on %s is held by %s, not by a tritonserver process, and ' % (port, host, _who(holder, proc))
+    return None, None, ('%sthe tritonserver process behind %s:%d was not found: %s; %s'
+                        % (prefix, host, port, found.reason, FIX_HINT))
 
 
 def locate_server(host, port, base, server_pid=None, shm_dir=None, proc='/proc'):
-    """Decide the server pid and the shm directory: (pid, shm_dir, how, warnings)."""
+    """Decide the server pid and the shm directory: (pid, shm_dir, how, warnings, reason).
+
+    reason says why the server process was not found (None when it was, or when server_pid was given).
+    """
     warnings = []
     pid = server_pid
     how = 'server_pid' if server_pid else None
+    reason = None
     if pid is None:
         pid, how, reason = find_server(host, port, proc=proc)
         if pid is None and shm_dir is None:
@@ -156,4 +413,4 @@ def locate_server(host, port, base, server_pid=None, shm_dir=None, proc='/proc')
         how = '%s; shm_dir from /proc/%d/root' % (how, pid)
     elif shm_dir is not None:
         how = (how + '; ' if how else '') + 'shm_dir given'
-    return pid, shm_dir, how, warnings
+    return pid, shm_dir, how, warnings, reason

@@ -47,7 +47,7 @@ class Inventory(object):
         if 'cuda' in kinds and 'cuda_shared_memory' in extensions:
             self.cuda = client.status('cuda')
         try:
-            self.pid, self.shm_dir, self.located_by, warns = discovery.locate_server(
+            self.pid, self.shm_dir, self.located_by, warns, self.server_reason = discovery.locate_server(
                 client.host, client.port, client.base, server_pid, shm_dir, proc)
         except discovery.DiscoveryError as exc:
             raise TritonError(str(exc), url=client.base)
@@ -212,7 +212,8 @@ class Inventory(object):
         summary = summarize(regions, cuda, files, fs)
         server = dict(url=self.client.base, live=live, ready=ready, version=self.metadata.get('version'),
                       name=self.metadata.get('name'), extensions=self.metadata.get('extensions') or [],
-                      pid=self.pid, shm_dir=self.shm_dir, located_by=self.located_by)
+                      pid=self.pid, shm_dir=self.shm_dir, located_by=self.located_by,
+                      not_found_reason=self.server_reason if self.pid is None else None)
         return dict(server=server, shm_fs=fs, system_regions=regions, cuda_regions=cuda, files=files,
                     summary=summary,
                     unreadable_processes=len(self.scan.unreadable) if self.scan else 0,

@@ -16,7 +16,7 @@ import fnmatch
 import os
 import time
 
-from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
@@ -254,12 +254,38 @@ class RegionOps(object):
     def _excluded(self, name):
         return any(fnmatch.fnmatchcase(name, pat) for pat in self.params.get('exclude') or ())
 
+    def _unaddressable(self, rec):
+        """True (and skipped with the reason, its file kept) when the client cannot address this region's name.
+
+        Decided while planning, so that check mode reports exactly what a real run does.
+        """
+        why = self.client.unaddressable(rec['name'])
+        if why is None:
+            return False
+        self.skipped.append(dict(name=rec['name'], reason=why))
+        f = rec.get('file')
+        if self.params.get('remove_file') and f and f.get('exists'):
+            self.skipped.append(dict(path=f['path'], reason="region '%s' stays registered" % rec['name']))
+        return True
+
+    def _require_server(self, inv):
+        """Stale and orphan cleanup on a host whose server was not found would be a silent no-op: refuse it."""
+        p = self.params
+        wants = [w for w, needs in (('stale', inv.pid is None), ('orphan_files', inv.shm_dir is None)) if p.get(w) and needs]
+        if wants:
+            raise discovery.ServerNotFound(
+                '%s cleanup needs the tritonserver process behind %s and its shm directory, and %s: %s'
+                % (' and '.join(wants), self.client.base,
+                   'the process was not found' if inv.pid is None else 'the directory is not known',
+                   inv.server_reason or inv.dir_error or 'see the warnings'))
+
     def absent(self):
         p = self.params
         if p['kind'] == 'cuda':
             return self._absent_cuda()
         inv = self._inventory(kinds=('system',), orphan_patterns=p['orphan_patterns'] if p['orphan_files'] else None,
                               min_age=p['min_age'])
+        self._require_server(inv)
         regions, _cuda, files = inv.records()
         selected = []
         names = set(p['name'] or ())
@@ -275,6 +301,8 @@ class RegionOps(object):
                 continue
             if self._excluded(rec['name']):
                 self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+                continue
+            if self._unaddressable(rec):
                 continue
             selected.append(rec)
         selected_names = set(r['name'] for r in selected)
@@ -389,6 +417,8 @@ class RegionOps(object):
                 continue
             if self._excluded(rec['name']):
                 self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+                continue
+            if self._unaddressable(rec):
                 continue
             selected.append(rec)
         if p['stale'] and not p['all']:

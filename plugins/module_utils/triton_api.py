@@ -63,14 +63,16 @@ def region_segment(name):
     ``a%20b`` creates a region literally named ``a%20b``. So a name is sent as it
     is, and a name with characters a path segment cannot carry (space, ``#``,
     ``?``, ``/``, non-ASCII, controls) cannot be addressed over HTTP at all
-    (such regions can only come from gRPC clients): that raises TritonError
-    with ``unaddressable`` set, before anything is sent.
+    (such regions can only come from gRPC clients, and a ``grpc://`` URL handles
+    them, see triton_grpc): that raises TritonError with ``unaddressable`` set,
+    before anything is sent.
     """
     bad = sorted(set(c for c in name if c not in _SEGMENT_SAFE))
     if not name or bad:
         raise TritonError("region name %r cannot be addressed over Triton's HTTP API: it contains %s, and Triton does not "
-                          "decode percent-encoding in region names (use names of letters, digits and -._~ only; "
-                          "a region registered like this over gRPC must be unregistered over gRPC)"
+                          "decode percent-encoding in region names (use names of letters, digits and -._~ only). "
+                          "Such a region comes from a gRPC client: a grpc:// URL of the same server (its gRPC port, "
+                          "8001 by default) can unregister and clean it"
                           % (name, ', '.join(repr(c) for c in bad) or 'nothing'), unaddressable=True)
     return name
 
@@ -88,7 +90,18 @@ def _kind_root(kind):
     raise ValueError('unknown shared memory kind %r' % (kind,))
 
 
-class TritonClient(object):
+class FromParams(object):
+    """Both transports' clients are built the same way from the connection options."""
+
+    @classmethod
+    def from_params(cls, params):
+        return cls(params['url'], timeout=params.get('timeout') or 10.0,
+                   validate_certs=params.get('validate_certs', True), ca_path=params.get('ca_path'),
+                   headers=params.get('headers'), client_cert=params.get('client_cert'),
+                   client_key=params.get('client_key'))
+
+
+class TritonClient(FromParams):
     """HTTP(S) client for one Triton server, one requests session per module run."""
 
     def __init__(self, url, timeout=10.0, validate_certs=True, ca_path=None, headers=None,
@@ -100,7 +113,7 @@ class TritonClient(object):
             url = 'http://' + url
         parts = urlsplit(url)
         if parts.scheme not in ('http', 'https') or not parts.hostname:
-            raise TritonError("url %r is not an http(s) URL of a Triton server (e.g. http://127.0.0.1:8000)" % (url,), url=url)
+            raise TritonError("url %r is not an http(s) URL of a Triton server (e.g. http://127.0.0.1:8000; grpc://127.0.0.1:8001 for gRPC)" % (url,), url=url)
         try:
             parts.port  # pylint: disable=pointless-statement
         except ValueError as exc:
@@ -137,13 +150,6 @@ class TritonClient(object):
             return False
         self._keep_alive = _KeepAlive(self.host, self.port, self.timeout, headers)
         return True
-
-    @classmethod
-    def from_params(cls, params):
-        return cls(params['url'], timeout=params.get('timeout') or 10.0,
-                   validate_certs=params.get('validate_certs', True), ca_path=params.get('ca_path'),
-                   headers=params.get('headers'), client_cert=params.get('client_cert'),
-                   client_key=params.get('client_key'))
 
     # -- transport -----------------------------------------------------------------
 
@@ -207,6 +213,15 @@ class TritonClient(object):
             raise TritonError('%s at %s: expected a JSON list of regions, got %s' % (what, self.base + path, _snippet(json.dumps(data))),
                               url=self.base + path)
         return data
+
+    @staticmethod
+    def unaddressable(name):
+        """None when a region of this name can be addressed over HTTP; else why not (see region_segment)."""
+        try:
+            region_segment(name)
+        except TritonError as exc:
+            return exc.msg
+        return None
 
     # -- server ---------------------------------------------------------------------
 

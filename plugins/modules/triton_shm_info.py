@@ -57,7 +57,8 @@ options:
       - Needs the Python library C(jmespath).
     type: str
 requirements:
-  - requests
+  - requests (for http:// and https:// URLs)
+  - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
   - jmespath (only for O(query))
 seealso:
   - module: tritonops.shm.triton_shm_region
@@ -111,7 +112,25 @@ server:
     extensions: {description: Protocol extensions., type: list, elements: str, sample: [system_shared_memory, cuda_shared_memory]}
     pid: {description: "PID of the tritonserver process on this host, or null when not found.", type: int, sample: 4242}
     shm_dir: {description: "Directory used as the server's /dev/shm, or null.", type: str, sample: /proc/4242/root/dev/shm}
-    located_by: {description: How the pid and directory were found., type: str, sample: "listener; shm_dir from /proc/4242/root"}
+    located_by:
+      description:
+        - How the pid and directory were found, hop by hop, or null when the server was not found.
+        - C(listener) when tritonserver owns the listening socket in this network namespace (a host process,
+          host networking); C(connection ...) when the module followed a TCP connection to the URL through
+          forwarders such as C(docker-proxy) or C(socat) and NAT (published container ports) or into another
+          network namespace (a container or pod IP). See docs/concepts.md, "Finding the server".
+      type: str
+      sample: "connection via docker-proxy (pid 2311) to tritonserver (pid 4242) at 172.18.0.2:8000 in another network namespace;
+        shm_dir from /proc/4242/root"
+    not_found_reason:
+      description:
+        - Why the tritonserver process could not be found from the URL, with how to fix it; null when it was found
+          (or C(server_pid) was given).
+        - When set, no region can be called stale, and M(tritonops.shm.triton_shm_region) refuses stale and orphan
+          cleanup on this host.
+      type: str
+      sample: "the tritonserver process behind 10.0.0.7:8000 was not found: no process on this host owns the other end of the
+        connection ...; set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)"
 shm_fs:
   description: Usage of the server's shm filesystem (statvfs), or null when the directory is not known.
   returned: always

@@ -18,7 +18,7 @@ description:
     holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
     Triton's python backend files and files matching no O(orphan_patterns) are never removed; when holders cannot all be seen
     (not root), nothing is stale and no file is removed."
-  - One call handles any number of regions over one HTTP session. A failure part-way fails the task with what was already
+  - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails the task with what was already
     done in the result; a rerun converges.
 author:
   - tritonops.shm developers (@tritonops)
@@ -132,7 +132,8 @@ options:
     type: float
     default: 10
 requirements:
-  - requests
+  - requests (for http:// and https:// URLs)
+  - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
 seealso:
   - module: tritonops.shm.triton_shm_info
 '''
@@ -237,8 +238,10 @@ failure:
       description: The URL of the failed request.
       type: str
     status:
-      description: The HTTP status, when the server answered.
-      type: int
+      description:
+        - When the server answered, the HTTP status (an integer) for C(http) and C(https) URLs,
+          or the gRPC status code name (a string such as C(INTERNAL)) for C(grpc) and C(grpcs) URLs.
+      type: raw
     server_error:
       description: Triton's own error message, when it gave one.
       type: str
@@ -248,10 +251,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.base import make_client, run_module_main, shm_dir_argument_spec
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError, region_segment
 
 
-def validate(module):
+def validate(module, client):
     p = module.params
     if p['state'] == 'present':
         if not p['name']:
@@ -269,10 +271,9 @@ def validate(module):
         if missing:
             module.fail_json(msg='state=present with kind=%s needs %s' % (p['kind'], ', '.join(missing)))
         for name in p['name']:
-            try:
-                region_segment(name)
-            except TritonError as exc:
-                module.fail_json(msg=exc.msg)
+            why = client.unaddressable(name)   # over HTTP: names a URL path cannot carry
+            if why:
+                module.fail_json(msg=why)
     else:
         if not (p['name'] or p['stale'] or p['all'] or p['orphan_files']):
             module.fail_json(msg='state=absent needs a selector: name, stale=true, all=true or orphan_files=true')
@@ -308,8 +309,8 @@ def main():
         in_use_timeout=dict(type='float', default=10),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    validate(module)
     client = make_client(module)
+    validate(module, client)
     client.use_keep_alive()   # one connection for any number of regions
     ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
 

@@ -91,11 +91,11 @@ def module_run(server, names):
     return elapsed
 
 
-def module_process(server, names, workdir):
-    """The module as a plain Python process, the way AnsiballZ runs it, without the controller."""
+def module_process(server, names, workdir, url=None):
+    """The module as a plain Python process, the way AnsiballZ runs it, without the controller (url: server.url)."""
     args_path = os.path.join(workdir, 'args.json')
     with open(args_path, 'w') as f:
-        json.dump(dict(ANSIBLE_MODULE_ARGS=dict(url=server.url, state='absent', stale=True)), f)
+        json.dump(dict(ANSIBLE_MODULE_ARGS=dict(url=url or server.url, state='absent', stale=True)), f)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))))
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, '-m', MODULE_PY, args_path], capture_output=True, text=True, env=env, check=False)
@@ -107,9 +107,9 @@ def module_process(server, names, workdir):
     return elapsed
 
 
-def module_work(server, names):
-    """RegionOps in this process, with its parts timed through a wrapping client."""
-    client = TritonClient(server.url)
+def module_work(server, names, client=None):
+    """RegionOps in this process, with its parts timed through a wrapping client (default: HTTP to server.url)."""
+    client = client or TritonClient(server.url)
     client.use_keep_alive()   # as the module does
     spent = dict(unregister=0.0)
     real_unregister = client.unregister
@@ -151,9 +151,14 @@ def module_work(server, names):
                 recheck_and_unlink_s=marks['remove_end'] - marks['remove_start'], requests=client.requests_made)
 
 
-def tritonclient_loop(server, names):
-    import tritonclient.http as httpclient  # pylint: disable=import-outside-toplevel
-    client = httpclient.InferenceServerClient(server.url.split('://', 1)[1])
+def tritonclient_loop(server, names, grpc=False):
+    """NVIDIA's tritonclient (tritonclient.grpc with grpc=True, at server.grpc_url), unregister + unlink per region."""
+    if grpc:
+        import tritonclient.grpc as api  # pylint: disable=import-outside-toplevel
+        client = api.InferenceServerClient(server.grpc_url)
+    else:
+        import tritonclient.http as api  # pylint: disable=import-outside-toplevel
+        client = api.InferenceServerClient(server.url.split('://', 1)[1])
     paths = [server.shm_path(n) for n in names]
     started = time.perf_counter()
     for name, path in zip(names, paths):
@@ -161,7 +166,7 @@ def tritonclient_loop(server, names):
         os.unlink(path)
     elapsed = time.perf_counter() - started
     client.close()
-    check_clean(server, names, 'tritonclient loop')
+    check_clean(server, names, 'tritonclient.%s loop' % ('grpc' if grpc else 'http'))
     return elapsed
 
 

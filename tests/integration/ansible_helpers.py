@@ -69,8 +69,8 @@ class PlaybookResult:
 
 
 def ansible_playbook(playbook, inventory=None, extra_vars=None, check=False, diff=False,
-                     env=None, args=(), timeout=900, cwd=None):
-    """Run a playbook (a path, or a list of plays which is written to a temp file)."""
+                     env=None, args=(), timeout=900, cwd=None, prefix=()):
+    """Run a playbook (a path, or a list of plays which is written to a temp file); prefix wraps the command."""
     with tempfile.TemporaryDirectory(prefix='tritonops-pb-') as tmp:
         if not isinstance(playbook, str):
             path = os.path.join(tmp, 'playbook.yml')
@@ -84,7 +84,7 @@ def ansible_playbook(playbook, inventory=None, extra_vars=None, check=False, dif
             with open(path, 'w') as f:
                 yaml.safe_dump(inventory, f, sort_keys=False)
             inventory = path
-        cmd = [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, playbook]
+        cmd = list(prefix) + [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, playbook]
         if extra_vars:
             path = os.path.join(tmp, 'extra_vars.json')
             with open(path, 'w') as f:
@@ -105,7 +105,7 @@ def ansible_playbook(playbook, inventory=None, extra_vars=None, check=False, dif
     return PlaybookResult(proc, data)
 
 
-def run_module(module, args=None, check=False, diff=False, env=None, host_vars=None):
+def run_module(module, args=None, check=False, diff=False, env=None, host_vars=None, prefix=()):
     """Run one module on localhost (connection local) and return its result dict."""
     play = [{
         'name': 'run %s' % module,
@@ -115,7 +115,7 @@ def run_module(module, args=None, check=False, diff=False, env=None, host_vars=N
         'vars': dict(host_vars or {}),
         'tasks': [{'name': 'the module', module: args or {}, 'register': 'result', 'ignore_errors': True}],
     }]
-    res = ansible_playbook(play, check=check, diff=diff, env=env, inventory='localhost,')
+    res = ansible_playbook(play, check=check, diff=diff, env=env, inventory='localhost,', prefix=prefix)
     try:
         return res.task('the module')
     except KeyError:

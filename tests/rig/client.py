@@ -2,7 +2,8 @@
 
 Run inside the server's mount namespace (``nsenter --mount --target PID``) so
 its /dev/shm is the server's. It creates the region with tritonclient's own
-shared_memory utilities (shm_open + ftruncate + mmap), registers it over HTTP,
+shared_memory utilities (shm_open + ftruncate + mmap), registers it over HTTP
+(over gRPC with ``tritonclient.grpc`` when the URL is ``grpc://HOST:PORT``),
 prints ``READY`` and then:
 
 - ``--mode hold``: keeps the mapping and sleeps (a live client);
@@ -13,7 +14,7 @@ prints ``READY`` and then:
 SIGKILL it to leak the region: no unregister, no unlink.
 
 ``--count N`` (hold mode only) creates and registers N regions ``NAME_i`` with
-keys ``KEY_i`` (i = 0..N-1) instead of one, over one HTTP connection: a quick
+keys ``KEY_i`` (i = 0..N-1) instead of one, over one connection: a quick
 way to leak many regions at once (benchmarks, bulk tests).
 """
 import argparse
@@ -24,6 +25,14 @@ import time
 import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+
+
+def connect(url):
+    """(client, the tritonclient module it comes from): gRPC for grpc:// URLs, HTTP otherwise."""
+    if url.startswith('grpc://'):
+        import tritonclient.grpc as grpcclient  # pylint: disable=import-outside-toplevel
+        return grpcclient.InferenceServerClient(url.split('://', 1)[-1]), grpcclient
+    return httpclient.InferenceServerClient(url.split('://', 1)[-1]), httpclient
 
 
 def main():
@@ -42,7 +51,7 @@ def main():
     if args.count:
         return hold_many(args)
 
-    client = httpclient.InferenceServerClient(args.url.split('://', 1)[-1])
+    client, api = connect(args.url)
     handle = shm.create_shared_memory_region(args.name, args.key, args.offset + args.byte_size)
     out_handle = None
     if args.mode == 'infer':
@@ -68,9 +77,9 @@ def main():
     last = time.monotonic()
     while not stop:
         try:
-            inp = httpclient.InferInput('INPUT0', [args.byte_size], 'UINT8')
+            inp = api.InferInput('INPUT0', [args.byte_size], 'UINT8')
             inp.set_shared_memory(args.name, args.byte_size, offset=args.offset)
-            out = httpclient.InferRequestedOutput('OUTPUT0', binary_data=True)
+            out = api.InferRequestedOutput('OUTPUT0', **({'binary_data': True} if api is httpclient else {}))
             out.set_shared_memory(args.name + '_out', args.byte_size)
             client.infer('echo', [inp], outputs=[out])
             got = shm.get_contents_as_numpy(out_handle, np.uint8, [args.byte_size])
@@ -97,7 +106,7 @@ def hold_many(args):
     """Create, fill and register args.count regions, print READY and hold them until SIGTERM."""
     if args.mode != 'hold':
         raise SystemExit('--count works with --mode hold only')
-    client = httpclient.InferenceServerClient(args.url.split('://', 1)[-1])
+    client, _api = connect(args.url)
     handles = []
     for i in range(args.count):
         name, key = '%s_%d' % (args.name, i), '%s_%d' % (args.key, i)

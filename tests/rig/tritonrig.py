@@ -275,22 +275,29 @@ class TritonServer:
     """One real tritonserver with a private /dev/shm.
 
     grpc=True also serves gRPC on ``grpc_url`` (host:port) for clients that register
-    regions the HTTP API cannot address. namespace=ShmNamespace runs the server in that
-    namespace's /dev/shm instead of a new one of its own.
+    regions the HTTP API cannot address. http=False turns HTTP off (``--allow-http=false``,
+    implies grpc): ``url`` is then the ``grpc://`` URL, readiness is asked over gRPC and the
+    rig's clients speak gRPC. grpc_tls=dict(cert=, key=, ca=[, root=, client_cert=, client_key=])
+    serves gRPC over TLS (``--grpc-use-ssl``; ca: what the rig's own gRPC calls trust; root: also
+    require client certificates from that CA, the rig presenting client_cert/client_key).
+    namespace=ShmNamespace runs the server in that namespace's /dev/shm instead of a new one
+    of its own.
     """
 
     def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
-                 models=('echo',), name='triton', grpc=False, namespace=None):
+                 models=('echo',), name='triton', grpc=False, namespace=None, http=True, grpc_tls=None):
         self.name = name
         self.host = host
         self.shm_size = shm_size
         self.models = list(models)
-        self.grpc_port = free_port(host) if grpc else None
+        self.http = http
+        self.grpc_tls = grpc_tls
+        self.grpc_port = free_port(host) if (grpc or not http or grpc_tls) else None
         self.namespace = namespace
         self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix='tritonrig-')
         os.makedirs(self.workdir, exist_ok=True)
-        self.http_port = http_port or free_port(host)
+        self.http_port = (http_port or free_port(host)) if http else None
         self.proc = None
         self.clients = []
         self.log_path = os.path.join(self.workdir, '%s.log' % name)
@@ -298,7 +305,15 @@ class TritonServer:
 
     @property
     def url(self):
+        """The URL the modules use: HTTP, or the grpc:// URL when HTTP is off."""
+        if not self.http:
+            return self.grpc_scheme_url
         return 'http://%s:%d' % (self.host, self.http_port)
+
+    @property
+    def grpc_scheme_url(self):
+        """grpc://HOST:PORT (grpcs:// with TLS), as the modules take it."""
+        return '%s://%s' % ('grpcs' if self.grpc_tls else 'grpc', self.grpc_url) if self.grpc_port else None
 
     @property
     def grpc_url(self):
@@ -327,11 +342,19 @@ class TritonServer:
         args = [self.paths['binary'],
                 '--model-repository', self._model_repository(),
                 '--backend-directory', self.paths['backends'],
-                '--http-address', self.host, '--http-port', str(self.http_port),
                 '--allow-metrics', 'false',
                 '--model-control-mode', 'explicit', '--log-verbose', '0']
+        if self.http:
+            args += ['--http-address', self.host, '--http-port', str(self.http_port)]
+        else:
+            args += ['--allow-http', 'false']
         if self.grpc_port:
             args += ['--allow-grpc', 'true', '--grpc-address', self.host, '--grpc-port', str(self.grpc_port)]
+            if self.grpc_tls:
+                args += ['--grpc-use-ssl', 'true', '--grpc-server-cert', self.grpc_tls['cert'],
+                         '--grpc-server-key', self.grpc_tls['key']]
+                if self.grpc_tls.get('root'):
+                    args += ['--grpc-root-cert', self.grpc_tls['root'], '--grpc-use-ssl-mutual', 'true']
         else:
             args += ['--allow-grpc', 'false']
         for model in self.models:
@@ -357,16 +380,32 @@ class TritonServer:
             if self.proc.poll() is not None:
                 raise RigError('tritonserver %s exited with %s before it was ready; log %s:\n%s'
                                % (self.name, self.proc.returncode, self.log_path, self.log_tail()))
-            try:
-                status = http_json(self.url + '/v2/health/ready', timeout=2)[0]
-                if status == 200:
-                    return self
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
+            if self._ready():
+                return self
             time.sleep(0.2)
         self.stop()
         raise RigError('tritonserver %s not ready at %s within %ss; log %s:\n%s'
                        % (self.name, self.url, timeout, self.log_path, self.log_tail()))
+
+    def _ready(self):
+        if self.http:
+            try:
+                return http_json(self.url + '/v2/health/ready', timeout=2)[0] == 200
+            except (urllib.error.URLError, ConnectionError, OSError):
+                return False
+        from tritonclient.utils import InferenceServerException  # pylint: disable=import-outside-toplevel
+        try:
+            with self.grpc_client() as client:
+                return client.is_server_ready(client_timeout=2)
+        except InferenceServerException:
+            return False
+
+    def grpc_client(self):
+        """A tritonclient.grpc client of this server (TLS and client certificate as the server requires)."""
+        import tritonclient.grpc as grpcclient  # pylint: disable=import-outside-toplevel
+        tls = self.grpc_tls or {}
+        return grpcclient.InferenceServerClient(self.grpc_url, ssl=bool(tls), root_certificates=tls.get('ca'),
+                                                private_key=tls.get('client_key'), certificate_chain=tls.get('client_cert'))
 
     def log_tail(self, lines=40):
         try:
@@ -401,6 +440,10 @@ class TritonServer:
         return http_json(self.url + path, method=method, body=body)
 
     def system_regions(self):
+        if not self.http:
+            with self.grpc_client() as client:
+                regions = client.get_system_shared_memory_status().regions.values()
+            return {r.name: dict(name=r.name, key=r.key, offset=int(r.offset), byte_size=int(r.byte_size)) for r in regions}
         return {r['name']: r for r in self.api('/v2/systemsharedmemory/status')[1]}
 
     def shm_files(self):

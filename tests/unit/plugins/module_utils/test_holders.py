@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils import holders
 
 # A process that maps, opens or listens as asked, prints READY and waits; comm set by prctl.
 CHILD = textwrap.dedent('''
@@ -69,12 +68,6 @@ def make_file(directory, name, size=8192):
         f.write(b'\1' * size)
     st = os.stat(path)
     return path, (st.st_dev, st.st_ino)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 # -- device formatting ------------------------------------------------------------------------
@@ -273,83 +266,3 @@ def test_not_root_hidepid_makes_the_scan_incomplete(as_nobody):
     assert got['opt'] == 'hidepid=invisible'
     assert got['scan']['hidden'] is True and got['scan']['complete'] is False
     assert 'hidepid=invisible' in got['scan']['reason'] and 'not run as root' in got['scan']['reason']
-
-
-# -- /proc/net/tcp and finding the server ------------------------------------------------------------
-
-TCP = '''  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0
-   1: 0000000000:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2222 1 0000000000000000 100 0 0 10 0
-   2: 0100007F:1F40 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3333 1 0000000000000000 20 4 30 10 -1
-   3: 0101007F:1F42 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000000000000000 100 0 0 10 0
-'''
-_TAIL6 = ' 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 %d 1 0000000000000000 100 0 0 10 0'
-TCP6 = '\n'.join([
-    '  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode',
-    '   0: 00000000000000000000000001000000:1F40' + _TAIL6 % 5555,
-    '   1: 0000000000000000FFFF00000100007F:1F43' + _TAIL6 % 6666,
-    '   2: 00000000000000000000000000000000:1F44' + _TAIL6 % 7777,
-]) + '\n'
-
-
-def test_listening_sockets_parses_tcp_and_tcp6_lines(tmp_path):
-    (tmp_path / 'tcp').write_text(TCP.replace('0000000000:1F41', '00000000:1F41'))
-    (tmp_path / 'tcp6').write_text(TCP6)
-    got = discovery.listening_sockets(str(tmp_path))
-    assert got == [('127.0.0.1', 8000, 1111), ('0.0.0.0', 8001, 2222), ('127.0.1.1', 8002, 4444),
-                   ('::1', 8000, 5555), ('127.0.0.1', 8003, 6666), ('::', 8004, 7777)]
-
-
-def test_listening_sockets_of_a_missing_net_dir_is_empty(tmp_path):
-    assert discovery.listening_sockets(str(tmp_path / 'nope')) == []
-
-
-@pytest.mark.parametrize('family,host', [(socket.AF_INET, '127.0.0.1'), (socket.AF_INET, '127.0.0.3'), (socket.AF_INET6, '::1')])
-def test_listening_sockets_sees_a_real_listener_with_its_inode(family, host):
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        sock.listen(1)
-        port = sock.getsockname()[1]
-        inode = os.fstat(sock.fileno()).st_ino
-        got = discovery.listening_sockets('/proc/self/net')
-    assert (host, port, inode) in got
-
-
-def test_find_server_by_its_listening_socket(child):
-    port = free_port()
-    server = child('listen', '127.0.0.1:%d' % port, comm='tritonserver')
-    assert discovery.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
-    assert discovery.find_server('localhost', port) == (server.pid, 'listener', None)
-
-
-def test_find_server_on_a_wildcard_listener(child):
-    port = free_port()
-    server = child('listen', '0.0.0.0:%d' % port, comm='tritonserver')
-    assert discovery.find_server('127.0.0.1', port) == (server.pid, 'listener', None)
-
-
-def test_find_server_refuses_a_port_held_by_another_program(child):
-    port = free_port()
-    other = child('listen', '127.0.0.1:%d' % port, comm='nginx')
-    pid, how, reason = discovery.find_server('127.0.0.1', port)
-    assert (pid, how) == (None, None)
-    assert 'held by pid %d (nginx), not by a tritonserver process' % other.pid in reason
-
-
-def test_find_server_when_nobody_listens():
-    port = free_port()
-    pid, how, reason = discovery.find_server('127.0.0.1', port)
-    assert (pid, how) == (None, None)
-    assert 'no local process listens on 127.0.0.1:%d' % port in reason and 'set server_pid or shm_dir' in reason
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason='network namespaces need root')
-def test_find_server_in_another_network_namespace(child):
-    """A port published by a proxy: the listener lives in the tritonserver's own network namespace."""
-    port = free_port()
-    server = child('listen', '0.0.0.0:%d' % port, comm='tritonserver', prefix=('unshare', '--net'))
-    assert discovery.find_server('127.0.0.1', port) == (server.pid, 'netns', None)
-    second = child('listen', '0.0.0.0:%d' % port, comm='tritonserver', prefix=('unshare', '--net'))
-    pid, _how, reason = discovery.find_server('127.0.0.1', port)
-    assert pid is None
-    assert 'several tritonserver processes' in reason and str(server.pid) in reason and str(second.pid) in reason

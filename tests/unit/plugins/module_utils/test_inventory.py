@@ -16,7 +16,6 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory, summarize
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
@@ -355,7 +354,9 @@ def test_server_found_by_its_listening_port(ns):
     inv = Inventory(FakeTriton(port=port))
     assert inv.pid == listener.pid
     assert inv.shm_dir == '/proc/%d/root/dev/shm' % listener.pid
-    assert inv.located_by == 'listener; shm_dir from /proc/%d/root' % listener.pid
+    assert inv.located_by == ('listener: tritonserver (pid %d) owns the listening socket 127.0.0.1:%d; shm_dir from /proc/%d/root'
+                              % (listener.pid, port, listener.pid))
+    assert inv.result()['server']['not_found_reason'] is None
     assert inv.warnings == []
 
 
@@ -373,7 +374,9 @@ def test_no_server_and_no_shm_dir_warns_why():
     inv = Inventory(FakeTriton(system=[region('r')]))
     assert len(inv.warnings) == 1
     assert 'tritonserver process for http://127.0.0.1:' in inv.warnings[0]
-    assert 'no local process listens' in inv.warnings[0] and 'file and holder data are missing' in inv.warnings[0]
+    assert 'cannot open a TCP connection to 127.0.0.1:' in inv.warnings[0] and 'file and holder data are missing' in inv.warnings[0]
+    reason = inv.result()['server']['not_found_reason']
+    assert reason.startswith('the tritonserver process behind 127.0.0.1:') and reason in inv.warnings[0]
 
 
 def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
@@ -418,13 +421,6 @@ def test_cuda_status_is_only_asked_when_the_server_offers_it(tmp_path):
     res = Inventory(triton, shm_dir=str(tmp_path)).result()
     assert res['cuda_regions'] == []
     assert 'cuda' not in triton.calls
-
-
-def test_locate_server_explicit_values():
-    triton = FakeTriton()
-    assert discovery.locate_server(triton.host, triton.port, triton.base, server_pid=os.getpid()) == \
-        (os.getpid(), '/proc/%d/root/dev/shm' % os.getpid(), 'server_pid; shm_dir from /proc/%d/root' % os.getpid(), [])
-    assert discovery.locate_server(triton.host, triton.port, triton.base, server_pid=os.getpid(), shm_dir='/x') == (os.getpid(), '/x', 'server_pid; shm_dir given', [])
 
 
 def test_summarize_without_filesystem():

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
@@ -45,6 +45,8 @@ class FakeTriton:
         self.on_unregister = on_unregister
         self.calls = []
         self.unregister_calls = 0
+
+    unaddressable = staticmethod(TritonClient.unaddressable)   # the names HTTP cannot carry, as over HTTP
 
     def server_metadata(self):
         self.calls.append(('metadata',))
@@ -236,6 +238,20 @@ def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc):
     # and the real run does exactly that
     real = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*orphan'])
     assert (real['unregistered'], sorted(real['removed_files'])) == (res['unregistered'], sorted(res['removed_files']))
+
+
+def test_names_the_client_cannot_address_are_skipped_in_the_plan_so_check_mode_tells_the_truth(shm, server_proc):
+    make_file(shm, 'a')
+    make_file(shm, 'sp')
+    fake = FakeTriton(shm, regions=[region('a'), region('a b', key='/sp')])
+    check = run(fake, shm, server_proc.pid, check_mode=True, stale=True)
+    real = run(fake, shm, server_proc.pid, stale=True)
+    for res in (check, real):
+        assert res['unregistered'] == ['a'] and [os.path.basename(p) for p in res['removed_files']] == ['a']
+        assert 'grpc://' in reasons(res, 'name')['a b']
+        assert reasons(res, 'path') == {os.path.join(shm, 'sp'): "region 'a b' stays registered"}
+    assert fake.actions() == [('unregister', 'system', 'a', True)], 'never sent'
+    assert os.path.exists(os.path.join(shm, 'sp'))
 
 
 def test_diff_lists_regions_before_and_after_and_the_files(shm, server_proc):
@@ -490,6 +506,36 @@ def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_pr
     assert res['unregistered'] == ['a']       # named: the operator asked
     assert reasons(res, 'path') == {path: 'holders could not be fully determined'}
     assert os.path.exists(path) and os.path.exists(orphan)
+
+
+# -- invariant 6: a server that cannot be found ---------------------------------------------------
+
+@pytest.mark.parametrize('selector,shm_given,what', [
+    (dict(stale=True), True, 'stale cleanup needs the tritonserver process behind http://127.0.0.1:9 and its shm directory, '
+                             'and the process was not found: '),
+    (dict(stale=True), False, 'stale cleanup needs'),
+    (dict(orphan_files=True, orphan_patterns=['*'], min_age=0), False, 'orphan_files cleanup needs'),
+    (dict(stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0), False, 'stale and orphan_files cleanup needs'),
+])
+def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, selector, shm_given, what):
+    """Nothing listens on the fake's port 9: discovery fails, and a silent no-op would report 'ok'."""
+    make_file(shm, 'a', age=3600)
+    make_file(shm, 'client_input_0', age=3600)
+    fake = FakeTriton(shm, regions=[region('a')])
+    before = snapshot(shm)
+    with pytest.raises(discovery.ServerNotFound) as err:
+        run(fake, shm if shm_given else None, None, **selector)
+    assert what in str(err.value)
+    assert 'cannot open a TCP connection to 127.0.0.1:9' in str(err.value) and 'set server_pid or shm_dir' in str(err.value)
+    assert fake.actions() == [] and snapshot(shm) == before
+
+
+def test_orphan_cleanup_with_shm_dir_but_no_server_still_works(shm):
+    """shm_dir given, server unknown: orphans can still be judged (the server's own files count as held)."""
+    orphan = make_file(shm, 'client_input_0', age=3600)
+    fake = FakeTriton(shm)
+    res = run(fake, shm, None, orphan_files=True, orphan_patterns=['client_*'], min_age=0)
+    assert res['removed_files'] == [orphan]
 
 
 # -- invariant 8: a failure part-way --------------------------------------------------------------

@@ -19,7 +19,7 @@ import threading
 import pytest
 import requests
 
-from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_api
+from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_api, triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
 
@@ -363,6 +363,31 @@ def test_make_client_warns_when_tls_is_not_verified():
     module = FakeModule(url='http://127.0.0.1:8000', validate_certs=False)
     base.make_client(module)
     assert module.warnings == []
+
+
+def test_make_client_picks_the_transport_by_scheme():
+    pytest.importorskip('grpc')
+    assert isinstance(base.make_client(FakeModule(url='grpc://127.0.0.1:8001')), triton_grpc.TritonGrpcClient)
+    assert isinstance(base.make_client(FakeModule(url='GRPCS://127.0.0.1:8001')), triton_grpc.TritonGrpcClient)
+    assert isinstance(base.make_client(FakeModule(url='127.0.0.1:8000')), TritonClient)
+    module = FakeModule(url='grpcs://127.0.0.1:8001', validate_certs=False)
+    with pytest.raises(Failed):
+        base.make_client(module)
+    assert 'validate_certs=false is not possible with grpcs://127.0.0.1:8001' in module.failed['msg']
+
+
+def test_make_client_without_the_grpc_library_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(triton_grpc._Lib, 'grpc', None)  # pylint: disable=protected-access
+    monkeypatch.setattr(triton_grpc._Lib, 'error', 'Traceback ...\nModuleNotFoundError: No module named grpc')  # pylint: disable=protected-access
+    module = FakeModule(url='grpc://127.0.0.1:8001')
+    with pytest.raises(Failed):
+        base.make_client(module)
+    assert "Failed to import the required Python library (tritonclient[grpc])" in module.failed['msg']
+    assert 'for grpc:// and grpcs:// URLs' in module.failed['msg']
+    assert 'No module named grpc' in module.failed['exception']
+    with pytest.raises(RuntimeError):
+        triton_grpc.TritonGrpcClient('grpc://127.0.0.1:8001')
+    assert isinstance(base.make_client(FakeModule(url='http://127.0.0.1:8000')), TritonClient), 'HTTP does not need it'
 
 
 def test_run_module_main_turns_errors_into_clear_failures():

@@ -1,0 +1,357 @@
+"""The event source tritonops.shm.triton_shm against a queue, with fake servers on loopback.
+
+The fakes answer what a real tritonserver cannot be made to answer here: garbage, errors,
+silence, TLS. main() runs as a task, as ansible-rulebook runs it; the tests read the queue,
+then cancel it.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import socket
+import ssl
+import subprocess
+import sys
+
+import pytest
+from aiohttp import web
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
+SOURCE_PATH = os.path.join(COLLECTION, 'extensions', 'eda', 'plugins', 'event_source', 'triton_shm.py')
+sys.path.insert(0, os.path.join(COLLECTION, 'tests', 'integration'))
+
+from proxy_helpers import make_ca, make_cert  # noqa: E402  pylint: disable=wrong-import-position
+
+_SPEC = importlib.util.spec_from_file_location('triton_shm_source', SOURCE_PATH)
+source = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(source)
+
+MiB = 1 << 20
+STATUS = '/v2/systemsharedmemory/status'
+REGIONS = [{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 4 * MiB},
+           {'name': 'b', 'key': '/b', 'offset': 0, 'byte_size': 2 * MiB}]
+
+
+def closed_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+class Fake:
+    """An HTTP(S) server on 127.0.0.1: answer(request) -> aiohttp response; records requests."""
+
+    def __init__(self, answer, ssl_context=None):
+        self.answer = answer
+        self.ssl_context = ssl_context
+        self.requests = []
+        self.runner = None
+        self.url = None
+
+    async def _handle(self, request):
+        self.requests.append((request.method, request.path_qs, dict(request.headers)))
+        return await self.answer(request)
+
+    async def __aenter__(self):
+        app = web.Application()
+        app.router.add_route('*', '/{tail:.*}', self._handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, '127.0.0.1', 0, ssl_context=self.ssl_context)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.url = '%s://127.0.0.1:%d' % ('https' if self.ssl_context else 'http', port)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that writes reply (bytes, or None: say nothing) to whoever connects."""
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.server = None
+        self.url = None
+        self.writers = []
+
+    async def _handle(self, reader, writer):
+        self.writers.append(writer)
+        await reader.read(4096)
+        if self.reply is None:
+            await asyncio.sleep(3600)
+        writer.write(self.reply)
+        await writer.drain()
+        writer.close()
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self._handle, '127.0.0.1', 0)
+        self.url = 'http://127.0.0.1:%d' % self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        for writer in self.writers:
+            writer.close()
+        self.server.close()
+
+
+def json_answer(data, status=200):
+    async def answer(_request):
+        return web.Response(status=status, text=json.dumps(data), content_type='application/json')
+    return answer
+
+
+async def collect(args, count, timeout=15.0):
+    """Run main(queue, args) as a task until count events reached the queue; cancel it; return them."""
+    queue = asyncio.Queue()
+    task = asyncio.create_task(source.main(queue, args))
+    events = []
+    try:
+        while len(events) < count:
+            getter = asyncio.ensure_future(queue.get())
+            done, _pending = await asyncio.wait({getter, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                if task in done:
+                    task.result()  # raises the source's error
+                raise AssertionError('only %d of %d events within %ss: %s' % (len(events), count, timeout, events))
+            events.append(getter.result())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return events
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_up_server_event_with_percent_polled_every_interval():
+    async def scenario():
+        async with Fake(json_answer(REGIONS)) as fake:
+            args = {'servers': [{'host': 't1', 'url': fake.url, 'shm_bytes': 16 * MiB,
+                                 'headers': {'X-Token': 'abc'}}],
+                    'interval': 0.05, 'threshold_percent': 80}
+            return fake, await collect(args, 3)
+    fake, events = run(scenario())
+    assert events[0] == {'triton_shm': {'host': 't1', 'url': fake.url, 'status': 'up', 'regions': 2,
+                                        'registered_bytes': 6 * MiB, 'registered_percent': 37.5,
+                                        'shm_bytes': 16 * MiB, 'threshold_percent': 80.0},
+                         'meta': {'hosts': 't1'}}
+    assert events[1] == events[2] == events[0]
+    # read-only: only GETs of the status, with the configured header
+    assert [(m, p) for m, p, _h in fake.requests] == [('GET', STATUS)] * len(fake.requests)
+    assert len(fake.requests) >= 3 and fake.requests[0][2]['X-Token'] == 'abc'
+    assert fake.requests[0][2]['Accept'] == 'application/json'
+
+
+def test_a_long_answer_is_read_whole():
+    regions = [{'name': 'client_%05d' % i, 'key': '/client_%05d' % i, 'offset': 0, 'byte_size': 4096}
+               for i in range(20000)]   # about 1.5 MB: many reads
+
+    async def scenario():
+        async with Fake(json_answer(regions)) as fake:
+            return await collect({'servers': [{'host': 'big', 'url': fake.url}], 'interval': 60}, 1)
+    data = run(scenario())[0]['triton_shm']
+    assert (data['status'], data['regions'], data['registered_bytes']) == ('up', 20000, 20000 * 4096), data
+
+
+def test_an_endless_answer_is_cut_at_the_limit(monkeypatch):
+    monkeypatch.setattr(source, 'MAX_ANSWER_BYTES', 100000)
+
+    async def scenario():
+        async with Fake(json_answer(['x' * 1000] * 200)) as fake:
+            return await collect({'servers': [{'host': 'huge', 'url': fake.url}], 'interval': 60}, 1)
+    data = run(scenario())[0]['triton_shm']
+    assert data['status'] == 'down' and 'larger than 100000 bytes' in data['error']
+
+
+def test_percent_only_with_shm_bytes_and_threshold_only_with_percent():
+    async def scenario():
+        async with Fake(json_answer([])) as empty, Fake(json_answer(REGIONS)) as fake:
+            args = {'servers': [{'host': 'nosize', 'url': fake.url},
+                                {'host': 'empty', 'url': empty.url + '/', 'shm_bytes': MiB, 'threshold_percent': 10}],
+                    'interval': 60}
+            return await collect(args, 2)
+    by_host = dict((e['triton_shm']['host'], e['triton_shm']) for e in run(scenario()))
+    assert 'registered_percent' not in by_host['nosize'] and 'threshold_percent' not in by_host['nosize']
+    assert by_host['nosize']['registered_bytes'] == 6 * MiB
+    assert by_host['empty'] == {'host': 'empty', 'url': by_host['empty']['url'], 'status': 'up', 'regions': 0,
+                                'registered_bytes': 0, 'registered_percent': 0.0, 'shm_bytes': MiB,
+                                'threshold_percent': 10.0}
+
+
+def test_down_server_gives_a_down_event_every_poll_and_one_warning(caplog):
+    url = 'http://127.0.0.1:%d' % closed_port()
+    caplog.set_level(logging.INFO)
+    events = run(collect({'servers': [{'host': 'gone', 'url': url, 'shm_bytes': MiB}], 'interval': 0.05}, 3))
+    for event in events:
+        data = event['triton_shm']
+        assert data['status'] == 'down' and 'cannot connect to Triton' in data['error'] and url in data['error']
+        assert set(data) == {'host', 'url', 'status', 'error'} and event['meta'] == {'hosts': 'gone'}
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and 'gone: Triton is down' in warnings[0].getMessage()
+
+
+def http(body, status='200 OK', length=None):
+    return b'HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s' % (status.encode(), len(body) if length is None else length, body)
+
+
+@pytest.mark.parametrize('reply, reason', [
+    (b'\x00\x01garbage that is not HTTP\r\n\r\n', 'not HTTP'),
+    (b'SSH-2.0-OpenSSH_9.2\r\n', 'not HTTP'),
+    (http(b'<html>hello, nginx!</html>\n'), 'not Triton JSON'),
+    (http(b'{"a": 1}'), 'expected a JSON list of regions'),
+    (http(b'["a", 1]'), 'expected regions with a name and a byte_size'),
+    (http(b'[{"name": "a", "byte_size": -1}]'), 'expected regions with a name and a byte_size'),
+    (http(b'[{"name": "a", "byte_size": true}]'), 'expected regions with a name and a byte_size'),
+    (http(b'{"error": "boom"}', status='500 Internal Server Error'), 'HTTP 500: {"error": "boom"}'),
+    (http(b'[{"name"', length=1000), 'the answer was cut short'),
+])
+def test_garbage_answers_are_down_with_the_reason(reply, reason):
+    async def scenario():
+        async with RawServer(reply) as raw:
+            return raw, await collect({'servers': [{'host': 'odd', 'url': raw.url, 'shm_bytes': MiB}],
+                                       'interval': 60, 'timeout': 2}, 1)
+    raw, events = run(scenario())
+    data = events[0]['triton_shm']
+    assert data['status'] == 'down' and reason in data['error'] and raw.url in data['error'], data
+    assert 'regions' not in data and 'registered_percent' not in data
+
+
+def test_silent_server_times_out_without_blocking_the_loop():
+    async def scenario():
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(1)
+                await asyncio.sleep(0.01)
+        tick = asyncio.create_task(ticker())
+        async with RawServer(None) as silent, Fake(json_answer(REGIONS)) as fake:
+            args = {'servers': [{'host': 'silent', 'url': silent.url}, {'host': 'ok', 'url': fake.url}],
+                    'interval': 60, 'timeout': 1}
+            events = await collect(args, 2)
+        tick.cancel()
+        return events, len(ticks)
+    events, ticks = run(scenario())
+    by_host = dict((e['triton_shm']['host'], e['triton_shm']) for e in events)
+    assert by_host['silent']['status'] == 'down' and 'no answer within 1.0s (timeout)' in by_host['silent']['error']
+    assert by_host['ok']['status'] == 'up'
+    # the loop kept running other tasks during the 1 s wait (a blocking call would give ~0 ticks)
+    assert ticks >= 30
+
+
+def test_secrets_never_reach_events_or_logs(caplog):
+    secret, password = 's3cr3t-t0ken', 'pa55w0rd'
+
+    async def echo_headers(request):
+        # a hostile or misconfigured server echoing the request (and its credentials) back
+        return web.Response(status=403, text='denied: %s %s' % (request.headers.get('X-Api-Key'), password))
+
+    async def scenario():
+        async with Fake(echo_headers) as fake:
+            url = fake.url.replace('://', '://admin:%s@' % password)
+            return fake, await collect({'servers': [{'host': 'h', 'url': url}], 'interval': 60,
+                                        'headers': {'X-Api-Key': secret}}, 1)
+    caplog.set_level(logging.DEBUG)
+    fake, events = run(scenario())
+    text = json.dumps(events) + '\n'.join(r.getMessage() for r in caplog.records)
+    assert 'HTTP 403' in text and '***@127.0.0.1' in text
+    assert 's3cr3t' not in text and password not in text
+    assert fake.requests[0][2]['X-Api-Key'] == secret and fake.requests[0][2]['Authorization'].startswith('Basic ')
+
+
+@pytest.mark.parametrize('args, message', [
+    ({}, 'servers must be a non-empty list'),
+    ({'servers': []}, 'servers must be a non-empty list'),
+    ({'servers': ['t1']}, 'must be a dict'),
+    ({'servers': [{'host': 'all', 'url': 'http://a:1'}]}, "not 'all', not a pattern"),
+    ({'servers': [{'host': 'web*', 'url': 'http://a:1'}]}, 'not a pattern'),
+    ({'servers': [{'host': 'a,b', 'url': 'http://a:1'}]}, 'not a pattern'),
+    ({'servers': [{'host': '!a', 'url': 'http://a:1'}]}, 'not a pattern'),
+    ({'servers': [{'url': 'http://a:1'}]}, 'host must be one inventory host name'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1'}, {'host': 'a', 'url': 'http://b:1'}]}, 'listed twice'),
+    ({'servers': [{'host': 'a'}]}, 'url is required'),
+    ({'servers': [{'host': 'a', 'url': 'ftp://a:1'}]}, 'not an http(s) URL'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:99999'}]}, 'invalid port'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm_bytes': -1}]}, 'shm_bytes must be greater than 0'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm_bytes': 'lots'}]}, 'shm_bytes must be a number'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm': 1}]}, 'unknown keys shm'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 0}, 'interval must be greater than 0'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 'nan'}, 'interval must be a finite number'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'timeout': 'x'}, 'timeout must be a number'),
+    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'validate_certs': 'maybe'}]}, 'validate_certs must be a boolean'),
+    ({'servers': [{'host': 'a', 'url': 'https://a:1', 'ca_path': '/nonexistent/ca.pem'}]}, 'cannot load the TLS files'),
+])
+def test_bad_arguments_fail_before_polling(args, message):
+    with pytest.raises(source.ConfigError, match=message.replace('(', r'\(').replace(')', r'\)').replace('*', r'\*')):
+        source.parse_args(args)
+
+
+def test_header_with_a_line_break_is_refused_without_echoing_its_value():
+    with pytest.raises(source.ConfigError) as err:
+        source.parse_args({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'headers': {'X-Key': 'hunter2\r\nX: y'}})
+    assert 'X-Key' in str(err.value) and 'hunter2' not in str(err.value)
+
+
+def test_per_server_options_override_the_global_ones():
+    servers, interval = source.parse_args({
+        'servers': [{'host': 'a', 'url': '127.0.0.1:8000', 'timeout': 3, 'headers': {'X': '1'}},
+                    {'host': 'b', 'url': 'http://u:p@127.0.0.2:8000/', 'threshold_percent': '90'}],
+        'interval': '5', 'timeout': 7, 'headers': {'X': 'global'}, 'threshold_percent': 80})
+    assert interval == 5.0
+    assert (servers[0]['url'], servers[0]['timeout'], servers[0]['headers']) == ('http://127.0.0.1:8000', 3.0, {'X': '1'})
+    assert (servers[1]['timeout'], servers[1]['headers'], servers[1]['threshold_percent']) == (7.0, {'X': 'global'}, 90.0)
+    assert servers[1]['shown_url'] == 'http://***@127.0.0.2:8000' and servers[0]['ssl'] is None
+
+
+def test_tls_options_work_as_in_the_modules(tmp_path):
+    ca = make_ca(str(tmp_path), 'ca')
+    cert = make_cert(str(tmp_path), 'server', ca)
+    client = make_cert(str(tmp_path), 'client', ca, server=False)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert['cert'], cert['key'])
+    mtls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    mtls.load_cert_chain(cert['cert'], cert['key'])
+    mtls.load_verify_locations(ca['cert'])
+    mtls.verify_mode = ssl.CERT_REQUIRED
+
+    async def scenario():
+        async with Fake(json_answer(REGIONS), context) as fake, Fake(json_answer(REGIONS), mtls) as strict:
+            cases = {
+                'untrusted': {'url': fake.url},
+                'ca_path': {'url': fake.url, 'ca_path': ca['cert']},
+                'ca_dir': {'url': fake.url, 'ca_path': str(tmp_path)},
+                'no_verify': {'url': fake.url, 'validate_certs': False},
+                'no_client_cert': {'url': strict.url, 'ca_path': ca['cert']},
+                'client_cert': {'url': strict.url, 'ca_path': ca['cert'], 'client_cert': client['cert'],
+                                'client_key': client['key']},
+            }
+            # a CA directory needs the hashed names openssl rehash makes
+            subprocess.run(['openssl', 'rehash', str(tmp_path)], check=True, capture_output=True)
+            servers = [dict(host=name, **opts) for name, opts in cases.items()]
+            return await collect({'servers': servers, 'interval': 60, 'timeout': 5}, len(servers))
+    by_host = dict((e['triton_shm']['host'], e['triton_shm']) for e in run(scenario()))
+    assert 'TLS verification failed' in by_host['untrusted']['error']
+    assert by_host['no_client_cert']['status'] == 'down'
+    for name in ('ca_path', 'ca_dir', 'no_verify', 'client_cert'):
+        assert by_host[name]['status'] == 'up' and by_host[name]['registered_bytes'] == 6 * MiB, by_host[name]
+
+
+def test_runs_alone_with_a_mock_queue():
+    """python triton_shm.py URL SHM_BYTES prints events (the source's __main__)."""
+    url = 'http://127.0.0.1:%d' % closed_port()
+    proc = subprocess.Popen([sys.executable, SOURCE_PATH, url, '1024'], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert "'host': 'localhost'" in line and "'status': 'down'" in line and url in line

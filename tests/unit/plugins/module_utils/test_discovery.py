@@ -1,0 +1,359 @@
+"""Unit tests for module_utils/discovery.py: from a URL's host and port to the tritonserver process.
+
+Everything is real: listening and accepting processes (named by prctl, as tritonserver is),
+network namespaces joined by veth pairs, socat and a one-process forwarder (as docker-proxy
+is), iptables DNAT with its conntrack entries. Only the parsers also get small tables.
+The namespaces, links and rules are the tests' own, made on addresses of this machine only,
+and removed afterwards; every process is stopped by pid.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery
+
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason='network namespaces, veth and iptables need root')
+
+# serve: listen and accept, keep connections.  forward: the same, and for every accepted
+# connection open one to each backend (one process, as docker-proxy; two backends make
+# a load balancer).  listen: listen only, never accept.
+PEER = textwrap.dedent('''
+    import ctypes, socket, sys, time
+    mode, comm, addr = sys.argv[1], sys.argv[2], sys.argv[3]
+    backends = [b.rsplit(':', 1) for b in sys.argv[4:]]
+    ctypes.CDLL(None).prctl(15, comm.encode(), 0, 0, 0)
+    host, port = addr.rsplit(':', 1)
+    s = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, int(port)))
+    s.listen(16)
+    print('READY %d' % s.getsockname()[1], flush=True)
+    keep = []
+    if mode == 'listen':
+        time.sleep(600)
+    while True:
+        c, _ = s.accept()
+        keep.append(c)
+        for h, p in backends:
+            keep.append(socket.create_connection((h, int(p)), timeout=5))
+''')
+
+
+def free_port(host='127.0.0.1'):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _run(*argv):
+    subprocess.run(list(argv), check=True, capture_output=True)
+
+
+class Host(object):
+    """Processes, network namespaces and NAT rules made by one test; all undone by teardown()."""
+
+    def __init__(self):
+        self.procs = []
+        self.namespaces = []
+        self.rules = []
+        self.tag = uuid.uuid4().hex[:6]
+
+    def start(self, argv, netns=None):
+        prefix = ['ip', 'netns', 'exec', netns] if netns else []
+        proc = subprocess.Popen(prefix + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def peer(self, mode, comm, addr, backends=(), netns=None):
+        """A PEER process; returns (proc, port)."""
+        proc = self.start([sys.executable, '-c', PEER, mode, comm, addr] + list(backends), netns)
+        line = proc.stdout.readline()
+        if not line.startswith('READY'):
+            proc.kill()
+            raise RuntimeError('peer did not start: %s %s' % (line, proc.stderr.read()))
+        return proc, int(line.split()[1])
+
+    def socat(self, listen_port, target):
+        proc = self.start(['socat', 'TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr' % listen_port, 'TCP:%s' % target])
+        for _attempt in range(100):
+            if any(p == listen_port for _ip, p, _i in discovery.listening_sockets('/proc/self/net', ('tcp',))):
+                return proc
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError('socat did not listen: %s' % proc.stderr.read())
+
+    def netns(self, index):
+        """A network namespace joined to this one by a veth pair: (name, host-side address, namespace address)."""
+        name = 'tops-%s-%d' % (self.tag, index)
+        host_if, ns_if = 'th%s%d' % (self.tag, index), 'tn%s%d' % (self.tag, index)
+        host_ip, ns_ip = '10.231.%d.1' % index, '10.231.%d.2' % index
+        _run('ip', 'netns', 'add', name)
+        self.namespaces.append((name, host_if))
+        _run('ip', 'link', 'add', host_if, 'type', 'veth', 'peer', 'name', ns_if)
+        _run('ip', 'link', 'set', ns_if, 'netns', name)
+        _run('ip', 'addr', 'add', host_ip + '/24', 'dev', host_if)
+        _run('ip', 'link', 'set', host_if, 'up')
+        _run('ip', 'netns', 'exec', name, 'ip', 'addr', 'add', ns_ip + '/24', 'dev', ns_if)
+        _run('ip', 'netns', 'exec', name, 'ip', 'link', 'set', ns_if, 'up')
+        _run('ip', 'netns', 'exec', name, 'ip', 'link', 'set', 'lo', 'up')
+        return name, host_ip, ns_ip
+
+    def dnat(self, address, port, target):
+        rule = ['OUTPUT', '-p', 'tcp', '-d', address, '--dport', str(port), '-j', 'DNAT', '--to-destination', target,
+                '-m', 'comment', '--comment', 'tritonops-test-%s' % self.tag]
+        _run('iptables', '-t', 'nat', '-A', *rule)
+        self.rules.append(rule)
+
+    def teardown(self):
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        for rule in self.rules:
+            subprocess.run(['iptables', '-t', 'nat', '-D'] + rule, check=False, capture_output=True)
+        for name, host_if in self.namespaces:
+            subprocess.run(['ip', 'link', 'del', host_if], check=False, capture_output=True)
+            subprocess.run(['ip', 'netns', 'del', name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def host():
+    h = Host()
+    yield h
+    h.teardown()
+
+
+# -- parsers ------------------------------------------------------------------------------------
+
+TCP = '''  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0
+   1: 00000000:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2222 1 0000000000000000 100 0 0 10 0
+   2: 0100007F:1F40 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3333 1 0000000000000000 20 4 30 10 -1
+   3: 0101007F:1F42 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000000000000000 100 0 0 10 0
+'''
+_TAIL6 = ' 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 %d 1 0000000000000000 100 0 0 10 0'
+TCP6 = '\n'.join([
+    '  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode',
+    '   0: 00000000000000000000000001000000:1F40' + _TAIL6 % 5555,
+    '   1: 0000000000000000FFFF00000100007F:1F43' + _TAIL6 % 6666,
+    '   2: 00000000000000000000000000000000:1F44' + _TAIL6 % 7777,
+]) + '\n'
+
+
+def test_listening_sockets_parses_tcp_and_tcp6_lines(tmp_path):
+    (tmp_path / 'tcp').write_text(TCP)
+    (tmp_path / 'tcp6').write_text(TCP6)
+    got = discovery.listening_sockets(str(tmp_path))
+    assert got == [('127.0.0.1', 8000, 1111), ('0.0.0.0', 8001, 2222), ('127.0.1.1', 8002, 4444),
+                   ('::1', 8000, 5555), ('127.0.0.1', 8003, 6666), ('::', 8004, 7777)]
+
+
+def test_tcp_sockets_lists_every_socket_with_both_ends(tmp_path):
+    (tmp_path / 'tcp').write_text(TCP)
+    got = discovery.tcp_sockets(str(tmp_path))
+    assert (('127.0.0.1', 8000), ('127.0.0.1', 50000), '01', 3333) in got
+    assert len(got) == 4
+
+
+def test_listening_sockets_of_a_missing_net_dir_is_empty(tmp_path):
+    assert discovery.listening_sockets(str(tmp_path / 'nope')) == []
+    assert discovery.tcp_sockets(str(tmp_path / 'nope')) == []
+
+
+@pytest.mark.parametrize('family,host', [(socket.AF_INET, '127.0.0.1'), (socket.AF_INET, '127.0.0.3'), (socket.AF_INET6, '::1')])
+def test_listening_sockets_sees_a_real_listener_with_its_inode(family, host):
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        inode = os.fstat(sock.fileno()).st_ino
+        got = discovery.listening_sockets('/proc/self/net')
+    assert (host, port, inode) in got
+
+
+CONNTRACK = '\n'.join([
+    'ipv4     2 udp      17 20 src=10.0.0.1 dst=10.0.0.2 sport=5353 dport=5353 src=10.0.0.2 dst=10.0.0.1 sport=5353 dport=5353 mark=0 use=2',
+    # with accounting on, packets= and bytes= follow each tuple
+    'ipv4     2 tcp      6 431999 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=41000 dport=18000 packets=3 bytes=180 '
+    'src=10.88.0.5 dst=10.88.0.1 sport=8000 dport=41000 packets=2 bytes=112 [ASSURED] mark=0 zone=0 use=2',
+    'ipv4     2 tcp      6 431999 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=41001 dport=18000 '
+    'src=10.88.0.6 dst=10.88.0.1 sport=8000 dport=41001 [ASSURED] mark=0 zone=0 use=2',
+    'ipv6     10 tcp      6 431999 ESTABLISHED src=0000:0000:0000:0000:0000:0000:0000:0001 '
+    'dst=0000:0000:0000:0000:0000:0000:0000:0001 sport=41002 dport=18000 src=fd00:0000:0000:0000:0000:0000:0000:0005 '
+    'dst=fd00:0000:0000:0000:0000:0000:0000:0001 sport=8000 dport=41002 [ASSURED] mark=0 zone=0 use=2',
+]) + '\n'
+
+
+def test_conntrack_replies_give_what_the_other_end_sees(tmp_path):
+    (tmp_path / 'nf_conntrack').write_text(CONNTRACK)
+    net = str(tmp_path)
+    assert discovery.conntrack_replies(net, ('127.0.0.1', 41000), ('127.0.0.1', 18000)) == \
+        [(('10.88.0.5', 8000), ('10.88.0.1', 41000))]
+    assert discovery.conntrack_replies(net, ('::1', 41002), ('::1', 18000)) == [(('fd00::5', 8000), ('fd00::1', 41002))]
+    assert discovery.conntrack_replies(net, ('127.0.0.1', 41000), ('127.0.0.1', 18001)) == []
+    assert discovery.conntrack_replies(str(tmp_path / 'none'), ('127.0.0.1', 41000), ('127.0.0.1', 18000)) == []
+
+
+# -- the listening socket -----------------------------------------------------------------------
+
+def test_find_server_by_its_listening_socket(host):
+    server, port = host.peer('serve', 'tritonserver', '127.0.0.1:0')
+    for name in ('127.0.0.1', 'localhost'):
+        pid, how, reason = discovery.find_server(name, port)
+        assert (pid, reason) == (server.pid, None)
+        assert how == 'listener: tritonserver (pid %d) owns the listening socket %s:%d' % (server.pid, name, port)
+
+
+def test_find_server_on_a_wildcard_listener(host):
+    server, port = host.peer('listen', 'tritonserver', '0.0.0.0:0')
+    assert discovery.find_server('127.0.0.1', port)[:1] == (server.pid,)
+
+
+def test_find_server_refuses_a_port_held_by_another_program(host):
+    other, port = host.peer('serve', 'nginx', '127.0.0.1:0')
+    pid, how, reason = discovery.find_server('127.0.0.1', port)
+    assert (pid, how) == (None, None)
+    assert 'port %d on 127.0.0.1 is held by nginx (pid %d), not by a tritonserver process' % (port, other.pid) in reason
+    assert 'nginx (pid %d) accepts the connection but is not tritonserver and forwards it nowhere visible' % other.pid in reason
+    assert 'set server_pid or shm_dir' in reason
+
+
+def test_find_server_when_nobody_listens():
+    port = free_port()
+    pid, how, reason = discovery.find_server('127.0.0.1', port, timeout=1)
+    assert (pid, how) == (None, None)
+    assert 'cannot open a TCP connection to 127.0.0.1:%d' % port in reason and 'set server_pid or shm_dir' in reason
+
+
+# -- following the connection ------------------------------------------------------------------------
+
+@ROOT
+def test_a_server_in_another_namespace_reached_by_its_own_address(host):
+    """A container or pod IP: the other end of the connection is in the server's namespace."""
+    ns, _host_ip, ns_ip = host.netns(1)
+    server, port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
+    pid, how, reason = discovery.find_server(ns_ip, port)
+    assert (pid, reason) == (server.pid, None)
+    assert how == 'connection to tritonserver (pid %d) at %s:8000 in another network namespace' % (server.pid, ns_ip)
+
+
+@ROOT
+def test_a_one_process_forwarder_like_docker_proxy(host):
+    ns, _host_ip, ns_ip = host.netns(1)
+    server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
+    proxy, port = host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=['%s:8000' % ns_ip])
+    pid, how, reason = discovery.find_server('127.0.0.1', port)
+    assert (pid, reason) == (server.pid, None)
+    assert how == ('connection via docker-proxy (pid %d) to tritonserver (pid %d) at %s:8000 in another network namespace'
+                   % (proxy.pid, server.pid, ns_ip))
+
+
+@ROOT
+@pytest.mark.skipif(not shutil.which('socat'), reason='socat is installed by .ci/deps')
+def test_a_forking_forwarder_socat(host):
+    """socat forks a child per connection: the child holds both ends, the parent only listens."""
+    ns, _host_ip, ns_ip = host.netns(1)
+    server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
+    port = free_port()
+    host.socat(port, '%s:8000' % ns_ip)
+    pid, how, reason = discovery.find_server('127.0.0.1', port)
+    assert (pid, reason) == (server.pid, None)
+    assert how.startswith('connection via socat (pid ') and how.endswith(
+        ') to tritonserver (pid %d) at %s:8000 in another network namespace' % (server.pid, ns_ip))
+
+
+@ROOT
+def test_nat_is_followed_through_conntrack(host):
+    """A published port without a proxy (Docker userland-proxy=false, rootful podman): DNAT, no process on the host port."""
+    ns, host_ip, ns_ip = host.netns(1)
+    server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
+    port = free_port()
+    host.dnat(host_ip, port, '%s:8000' % ns_ip)
+    pid, how, reason = discovery.find_server(host_ip, port)
+    assert (pid, reason) == (server.pid, None)
+    assert how == ('connection via NAT %s:%d -> %s:8000 to tritonserver (pid %d) at %s:8000 in another network namespace'
+                   % (host_ip, port, ns_ip, server.pid, ns_ip))
+
+
+@ROOT
+def test_several_servers_each_url_finds_its_own(host):
+    """Two containers, both on port 8000 inside, published on two host ports: never the other one's server."""
+    servers, urls = [], []
+    for i in (1, 2):
+        ns, host_ip, ns_ip = host.netns(i)
+        servers.append(host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)[0])
+        urls.append(host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=['%s:8000' % ns_ip])[1])
+        port = free_port()
+        host.dnat(host_ip, port, '%s:8000' % ns_ip)
+        urls.append((host_ip, port))
+    got = [discovery.find_server('127.0.0.1', urls[0])[0], discovery.find_server(*urls[1])[0],
+           discovery.find_server('127.0.0.1', urls[2])[0], discovery.find_server(*urls[3])[0]]
+    assert got == [servers[0].pid, servers[0].pid, servers[1].pid, servers[1].pid]
+
+
+@ROOT
+def test_a_load_balancer_in_front_of_two_servers_is_refused(host):
+    backends = []
+    for i in (1, 2):
+        ns, _host_ip, ns_ip = host.netns(i)
+        host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
+        backends.append('%s:8000' % ns_ip)
+    _lb, port = host.peer('forward', 'haproxy', '127.0.0.1:0', backends=backends)
+    pid, how, reason = discovery.find_server('127.0.0.1', port)
+    assert (pid, how) == (None, None)
+    assert 'lead to several tritonserver processes' in reason and 'load balancer' in reason
+
+
+@ROOT
+def test_forwarding_hops_are_bounded(host):
+    ns, _host_ip, ns_ip = host.netns(1)
+    server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
+    _inner, inner_port = host.peer('forward', 'fwd-inner', '127.0.0.1:0', backends=['%s:8000' % ns_ip])
+    outer, port = host.peer('forward', 'fwd-outer', '127.0.0.1:0', backends=['127.0.0.1:%d' % inner_port])
+    assert discovery.find_server('127.0.0.1', port)[0] == server.pid
+    pid, _how, reason = discovery.find_server('127.0.0.1', port, max_hops=1, attempts=1)
+    assert pid is None
+    assert 'gave up after 1 forwarding hops at fwd-inner' in reason, reason
+    assert 'port %d on 127.0.0.1 is held by fwd-outer (pid %d)' % (port, outer.pid) in reason
+
+
+@ROOT
+def test_not_root_cannot_follow_into_other_namespaces(host, as_nobody):
+    """Without root the other end's process cannot be read: no guess, a reason that says to become root."""
+    ns, _host_ip, ns_ip = host.netns(1)
+    host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
+    pid, how, reason = as_nobody(discovery.find_server, ns_ip, 8000, '/proc', 2.0, 4, 1)
+    assert (pid, how) == (None, None)
+    assert 'become: true' in reason
+
+
+# -- locate_server -------------------------------------------------------------------------------
+
+def test_locate_server_explicit_values():
+    me = os.getpid()
+    assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me) == \
+        (me, '/proc/%d/root/dev/shm' % me, 'server_pid; shm_dir from /proc/%d/root' % me, [], None)
+    assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me, shm_dir='/x') == \
+        (me, '/x', 'server_pid; shm_dir given', [], None)
+
+
+def test_locate_server_not_found_says_why():
+    port = free_port()
+    pid, shm_dir, how, warnings, reason = discovery.locate_server('127.0.0.1', port, 'http://127.0.0.1:%d' % port)
+    assert (pid, shm_dir, how) == (None, None, None)
+    assert 'cannot open a TCP connection' in reason
+    assert warnings == ['tritonserver process for http://127.0.0.1:%d not found (%s): file and holder data are missing' % (port, reason)]
+
+
+def test_locate_server_refuses_a_server_pid_that_does_not_exist():
+    with pytest.raises(discovery.DiscoveryError, match='server_pid 99999999 .given for http://x. does not exist on this host'):
+        discovery.locate_server('127.0.0.1', 1, 'http://x', server_pid=99999999)

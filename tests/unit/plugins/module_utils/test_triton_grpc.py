@@ -1,0 +1,259 @@
+"""Unit tests for module_utils/triton_grpc.py: gRPC URLs, metadata, and the mapping of every failure to a TritonError.
+
+Calls go over real gRPC to an in-process grpcio server implementing Triton's service with
+Triton's own messages (tritonclient.grpc.service_pb2), scripted for the answers a real Triton
+never gives (no version, a method it does not implement, an answer slower than the timeout,
+in use on demand) and to see what reached it (metadata, request fields). Everything a real
+Triton answers is tested against a real one in tests/integration/test_grpc.py.
+"""
+from __future__ import annotations
+
+import base64
+import threading
+from concurrent import futures
+
+import pytest
+
+grpc = pytest.importorskip('grpc')
+service_pb2 = pytest.importorskip('tritonclient.grpc.service_pb2')
+service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
+
+# pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
+
+IN_USE = "Cannot unregister shared memory region 'r', it is currently in use."
+
+
+class Scripted(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Triton's gRPC service answering from a script; every call is recorded with its metadata.
+
+    Methods not in the script answer UNIMPLEMENTED, as any gRPC server does for a method it lacks.
+    """
+
+    def __init__(self):
+        self.calls = []
+        self.version = '2.51.0'
+        self.ready = True
+        self.regions = {}
+        self.fail = {}          # method -> (grpc.StatusCode, details)
+        self.slow = False
+        self.release = threading.Event()
+
+    def _record(self, method, request, context):
+        self.calls.append((method, request, dict(context.invocation_metadata())))
+        if method in self.fail:
+            code, details = self.fail[method]
+            context.abort(code, details)
+
+    def ServerMetadata(self, request, context):  # noqa: N802 (grpc API)
+        self._record('ServerMetadata', request, context)
+        return service_pb2.ServerMetadataResponse(name='triton', version=self.version, extensions=['system_shared_memory'])
+
+    def ServerLive(self, request, context):  # noqa: N802
+        self._record('ServerLive', request, context)
+        return service_pb2.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request, context):  # noqa: N802
+        self._record('ServerReady', request, context)
+        if self.slow:
+            self.release.wait(5)
+        return service_pb2.ServerReadyResponse(ready=self.ready)
+
+    def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
+        self._record('SystemSharedMemoryStatus', request, context)
+        resp = service_pb2.SystemSharedMemoryStatusResponse()
+        for name, (key, offset, size) in self.regions.items():
+            resp.regions[name].name = name
+            resp.regions[name].key = key
+            resp.regions[name].offset = offset
+            resp.regions[name].byte_size = size
+        return resp
+
+    def SystemSharedMemoryRegister(self, request, context):  # noqa: N802
+        self._record('SystemSharedMemoryRegister', request, context)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
+        self._record('SystemSharedMemoryUnregister', request, context)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryRegister(self, request, context):  # noqa: N802
+        self._record('CudaSharedMemoryRegister', request, context)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+
+@pytest.fixture
+def served():
+    script = Scripted()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(script, server)
+    port = server.add_insecure_port('127.0.0.1:0')
+    server.start()
+    try:
+        yield script, 'grpc://127.0.0.1:%d' % port
+    finally:
+        script.release.set()
+        server.stop(0)
+
+
+# -- URLs and metadata --------------------------------------------------------------------------
+
+@pytest.mark.parametrize('url,base,host,port', [
+    ('grpc://127.0.0.1:8001', 'grpc://127.0.0.1:8001', '127.0.0.1', 8001),
+    ('GRPC://triton.example:9001/', 'grpc://triton.example:9001', 'triton.example', 9001),
+    ('grpcs://triton.example', 'grpcs://triton.example:8001', 'triton.example', 8001),
+    ('grpc://[::1]:8001', 'grpc://[::1]:8001', '::1', 8001),
+])
+def test_url_forms(url, base, host, port):
+    client = TritonGrpcClient(url, ca_path=None)
+    assert (client.base, client.host, client.port) == (base, host, port)
+    assert triton_grpc.is_grpc_url(url)
+
+
+@pytest.mark.parametrize('url', ['http://127.0.0.1:8001', '127.0.0.1:8001', 'grpcx://h:1', '', None])
+def test_other_urls_are_not_grpc(url):
+    assert not triton_grpc.is_grpc_url(url)
+
+
+@pytest.mark.parametrize('url,why', [
+    ('grpc://127.0.0.1:8001/v2', 'no path'),
+    ('grpc://user:pw@127.0.0.1:8001', 'no path, query or user'),
+    ('grpc://127.0.0.1:99999', 'invalid port'),
+    ('grpc://:8001', 'is not a grpc:// or grpcs:// URL'),
+])
+def test_bad_grpc_urls_are_refused(url, why):
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url)
+    assert why in err.value.msg
+
+
+def test_grpcs_without_verification_is_refused_with_the_way_out():
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient('grpcs://127.0.0.1:8001', validate_certs=False)
+    assert 'validate_certs=false is not possible' in err.value.msg and 'ca_path' in err.value.msg
+
+
+def test_headers_become_metadata_and_reach_the_server(served):
+    script, url = served
+    client = TritonGrpcClient(url, headers={'Authorization': 'Bearer t0k', 'X-Team': 'ml'})
+    client.status('system')
+    assert script.calls[0][2]['authorization'] == 'Bearer t0k' and script.calls[0][2]['x-team'] == 'ml'
+
+
+@pytest.mark.parametrize('headers,why', [
+    ({'Bad Name': 'v'}, "header 'Bad Name' cannot be sent"),
+    ({'grpc-timeout': 'v'}, "header 'grpc-timeout' cannot be sent"),
+    ({'x-key-bin': 'v'}, 'binary'),
+    ({'authorization': 'Bearer s3cr3t\n'}, "the value of header 'authorization' cannot be sent"),
+    ({'authorization': 'Bearer s3cr3t\u00e9'}, "the value of header 'authorization' cannot be sent"),
+])
+def test_headers_grpc_cannot_carry_are_refused_without_showing_the_value(headers, why):
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient('grpc://127.0.0.1:8001', headers=headers)
+    assert why in err.value.msg and 's3cr3t' not in err.value.msg
+
+
+# -- the calls ----------------------------------------------------------------------------------
+
+def test_status_has_the_http_shape_ordered_by_name(served):
+    script, url = served
+    script.regions = {'b b': ('/b', 0, 4096), 'a#1': ('/a', 64, 8192)}
+    assert TritonGrpcClient(url).status('system') == [
+        dict(name='a#1', key='/a', offset=64, byte_size=8192), dict(name='b b', key='/b', offset=0, byte_size=4096)]
+    with pytest.raises(ValueError):
+        TritonGrpcClient(url).status('tpu')
+
+
+def test_one_channel_for_every_call_and_names_sent_as_they_are(served):
+    script, url = served
+    client = TritonGrpcClient(url)
+    assert client.use_keep_alive() is True
+    client.register_system('my region#1', '/k', 0, 4096)
+    client.unregister('system', 'ünï/x')
+    client.register_cuda('gpu', base64.b64encode(b'\x01\x02handle').decode(), 0, 1024)
+    channel = client._channel  # pylint: disable=protected-access
+    client.status('system')
+    assert client._channel is channel and client.requests_made == 4  # pylint: disable=protected-access
+    reg, unreg, cuda = (c[1] for c in script.calls[:3])
+    assert (reg.name, reg.key, reg.byte_size) == ('my region#1', '/k', 4096)
+    assert unreg.name == 'ünï/x'
+    assert (cuda.raw_handle, cuda.device_id, cuda.byte_size) == (b'\x01\x02handle', 0, 1024)
+
+
+def test_an_empty_name_is_never_sent(served):
+    """Over gRPC an empty name means every region."""
+    script, url = served
+    client = TritonGrpcClient(url)
+    for call in (lambda: client.unregister('system', ''), lambda: client.register_system('', '/k', 0, 1)):
+        with pytest.raises(TritonError) as err:
+            call()
+        assert err.value.unaddressable is True and 'every region' in err.value.msg
+    assert client.unaddressable('') and client.unaddressable('a b#/ü') is None
+    assert script.calls == []
+
+
+def test_a_raw_handle_that_is_not_base64_is_refused(served):
+    script, url = served
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).register_cuda('gpu', 'not base64!', 0, 1024)
+    assert 'raw_handle is not base64' in err.value.msg and script.calls == []
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+def test_server_errors_carry_the_code_and_triton_s_own_message(served):
+    script, url = served
+    script.fail['SystemSharedMemoryUnregister'] = (grpc.StatusCode.INTERNAL, IN_USE)
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).unregister('system', 'r')
+    exc = err.value
+    assert exc.msg == "unregister system region 'r' at %s: gRPC INTERNAL: %s" % (url, IN_USE)
+    assert (exc.url, exc.status, exc.server_error, exc.in_use) == (url, 'INTERNAL', IN_USE, True)
+
+
+def test_health_is_false_on_an_error_answer_or_not_ready(served):
+    script, url = served
+    script.ready = False
+    script.fail['ServerLive'] = (grpc.StatusCode.INTERNAL, 'shutting down')
+    client = TritonGrpcClient(url)
+    assert client.health('ready') is False and client.health('live') is False
+
+
+def test_metadata_without_a_version_is_not_triton(served):
+    script, url = served
+    script.version = ''
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).server_metadata()
+    assert 'not Triton server metadata' in err.value.msg
+
+
+def test_a_grpc_server_that_is_not_triton_says_so(served):
+    _script, url = served
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).status('cuda')   # the script does not implement CudaSharedMemoryStatus
+    assert 'gRPC UNIMPLEMENTED' in err.value.msg and "is this Triton's gRPC port?" in err.value.msg
+
+
+def test_no_answer_within_the_timeout(served):
+    script, url = served
+    script.slow = True
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url, timeout=0.3).health('ready')
+    assert err.value.msg == 'health ready at %s: no answer within 0.3s (timeout)' % url and err.value.status is None
+
+
+def test_connection_refused_names_the_url_and_health_raises():
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient('grpc://127.0.0.1:1', timeout=2).health('live')
+    assert err.value.msg.startswith('health live at grpc://127.0.0.1:1: cannot connect to Triton (refused or unreachable)')
+
+
+def test_unreadable_tls_files_are_named(tmp_path):
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient('grpcs://127.0.0.1:8001', ca_path=str(tmp_path / 'missing.pem'))
+    assert 'cannot read ca_path' in err.value.msg
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient('grpcs://127.0.0.1:8001', ca_path=str(tmp_path))
+    assert 'without PEM certificates' in err.value.msg
