@@ -88,11 +88,17 @@ def podman_engine():
 
 @pytest.fixture(params=['docker', 'podman'])
 def container_engine(request):
-    """docker_daemon or podman_engine (parametrized; `indirect=True` with ['docker'] picks one).
+    """docker_daemon or podman_engine, parametrized.
 
-    The containers a test creates are removed after it; when it failed, their log tails are printed.
+    `@pytest.mark.parametrize('container_engine', [...], indirect=True)` picks from
+    'docker', 'docker-noproxy' (the same daemon restarted with
+    --userland-proxy=false for this test, restarted with the proxy after it) and
+    'podman'. The containers a test creates are removed after it; when it
+    failed, their log tails are printed.
     """
-    engine = request.getfixturevalue('docker_daemon' if request.param == 'docker' else 'podman_engine')
+    engine = request.getfixturevalue('podman_engine' if request.param == 'podman' else 'docker_daemon')
+    if engine.name == 'docker':
+        engine.set_userland_proxy(request.param != 'docker-noproxy')
     mark = engine.mark()
     try:
         yield engine
@@ -102,6 +108,8 @@ def container_engine(request):
             for cid in engine.created[mark:]:
                 print('--- %s container %s log ---\n%s' % (engine.name, cid[:12], engine.log_tail(cid)))
         engine.remove_since(mark)
+        if engine.name == 'docker' and not engine.userland_proxy:
+            engine.set_userland_proxy(True)
 
 
 @pytest.fixture

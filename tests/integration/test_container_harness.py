@@ -101,21 +101,19 @@ def test_infer_client_container_runs_inferences_through_its_regions(container_en
     assert any(name.startswith('triton_python_backend_shm_region_') for name in triton.shm_files())
 
 
-@pytest.mark.parametrize('container_engine', ['docker'], indirect=True)
-def test_docker_with_and_without_userland_proxy(container_engine):
-    try:
-        container_engine.set_userland_proxy(False)
-        triton = engines.run_triton(container_engine)
-        # iptables DNAT only: 127.0.0.1 still reaches the container, and no docker-proxy holds the port
-        assert engines.http_status(triton.published_url) == 200
-        assert _docker_proxies(triton.host_port) == []
-    finally:
-        container_engine.set_userland_proxy(True)
+@pytest.mark.parametrize('container_engine', ['docker', 'docker-noproxy'], indirect=True)
+def test_docker_userland_proxy_holds_the_published_port_or_not(container_engine, request):
+    proxy = request.node.callspec.params['container_engine'] == 'docker'
+    assert container_engine.userland_proxy is proxy
     triton = engines.run_triton(container_engine)
     assert engines.http_status(triton.published_url) == 200
     proxies = _docker_proxies(triton.host_port)
-    assert len(proxies) == 1
-    assert os.readlink('/proc/%d/exe' % proxies[0]).endswith('docker-proxy')
+    if proxy:
+        assert len(proxies) == 1
+        assert os.readlink('/proc/%d/exe' % proxies[0]).endswith('docker-proxy')
+    else:
+        # iptables DNAT only: 127.0.0.1 still reaches the container, and no docker-proxy holds the port
+        assert proxies == []
 
 
 @pytest.mark.parametrize('container_engine', ['podman'], indirect=True)
@@ -149,3 +147,15 @@ def test_socat_forwarder_reaches_triton(container_engine, forwarder):
     with socket.socket() as sock:
         sock.settimeout(2)
         assert sock.connect_ex(('127.0.0.1', fwd.port)) != 0
+
+
+@pytest.mark.parametrize('container_engine', ['docker', 'podman'], indirect=True)
+def test_a_triton_that_exits_fails_with_its_log_and_is_removed(container_engine):
+    before = list(container_engine.created)
+    with pytest.raises(engines.EngineError) as err:
+        engines.run_triton(container_engine, args=['--no-such-flag=1'], ready_timeout=60)
+    assert 'is not ready at http://127.0.0.1:' in str(err.value)
+    assert "unrecognized option '--no-such-flag=1'" in str(err.value)
+    assert container_engine.created == before
+    assert container_engine.run('ps', '-aq', '--filter', 'label=' + engines.LABEL).stdout.split() == \
+        [cid[:12] for cid in before]

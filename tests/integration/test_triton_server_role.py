@@ -3,7 +3,9 @@
 Podman (and runc) from the distribution, a local tritonserver image built from
 the nvidia-pytriton wheel by tests/integration/containers/setup.sh (no
 registry), the docker engine through Podman's Docker API (`podman system
-service`). Each flow deploys with a plan, checks `podman inspect` ShmSize, the
+service`, engine id ``docker``) and through a real dockerd (Debian's docker.io,
+the harness's private daemon, engine id ``dockerd``). Each flow deploys with a
+plan, checks the engine's `inspect` ShmSize, the
 container's /dev/shm as tritonops.shm.triton_shm_info sees it from the URL
 alone, readiness, `changed=0` on a rerun, check mode, recreation on a changed
 plan and removal.
@@ -98,20 +100,39 @@ def docker_host(image, tmp_path_factory):
             proc.wait(timeout=10)
 
 
+@pytest.fixture(scope='module')
+def dockerd_host(image, docker_daemon):
+    """The harness's private dockerd (Debian's docker.io) with the same tritonserver image imported."""
+    assert docker_daemon.image('tritonserver').ref == image
+    return docker_daemon.host
+
+
+def engine_setup(engine, request):
+    """(the role's triton_server_engine, its docker_host, the engine the test inspects through or None for podman)."""
+    if engine == 'dockerd':
+        return 'docker', request.getfixturevalue('dockerd_host'), request.getfixturevalue('docker_daemon')
+    if engine == 'docker':
+        return 'docker', request.getfixturevalue('docker_host'), None
+    return engine, None, None
+
+
 @pytest.fixture
 def container():
-    """A unique container name; the container is removed after the test whatever happened."""
+    """A unique container name (make(label, via=engine) for one the harness's dockerd runs); removed after the test."""
     names = []
 
-    def make(label):
+    def make(label, via=None):
         name = 'tritonops-test-%s-%d-%d' % (label, os.getpid(), len(names))
-        names.append(name)
+        names.append((name, via))
         return name
     try:
         yield make
     finally:
-        for name in names:
-            _podman('rm', '--force', '--time', '2', name, check=False)
+        for name, via in names:
+            if via is not None:
+                via.run('rm', '--force', name, check=False)
+            else:
+                _podman('rm', '--force', '--time', '2', name, check=False)
 
 
 def role_vars(image, ulimits, name, tmp_path, engine, docker_host=None, **extra):
@@ -178,7 +199,10 @@ def failed(res):
     return res.stats.get('localhost', {}).get('failures', 0)
 
 
-def inspect(name):
+def inspect(name, via=None):
+    """`inspect` through podman, or through the harness engine `via` (the real dockerd)."""
+    if via is not None:
+        return via.inspect(name)
     proc = _podman('container', 'inspect', name, check=False)
     if proc.returncode != 0:
         return None
@@ -199,7 +223,7 @@ def shm_info(url):
     return result
 
 
-def deploy_and_check(values, name, bytes_expected, docker_string):
+def deploy_and_check(values, name, bytes_expected, docker_string, via=None):
     """Run the role, then check the container: ShmSize, readiness, its /dev/shm seen from the URL alone."""
     res = run_role(values)
     assert res.rc == 0 and failed(res) == 0, res
@@ -211,7 +235,7 @@ def deploy_and_check(values, name, bytes_expected, docker_string):
     assert result['shm_size']['docker'] == docker_string
     url = result['url']
     assert url == 'http://127.0.0.1:%d' % values['triton_server_http_port']
-    state = inspect(name)
+    state = inspect(name, via)
     assert state is not None and state['State']['Running'] is True
     assert state['HostConfig']['ShmSize'] == bytes_expected
     assert ready_status(url) == 200
@@ -219,14 +243,14 @@ def deploy_and_check(values, name, bytes_expected, docker_string):
     return res, result, state
 
 
-@pytest.mark.parametrize('engine', ['podman', 'docker'])
+@pytest.mark.parametrize('engine', ['podman', 'docker', 'dockerd'])
 def test_deploy_rerun_recreate_absent(engine, image, ulimits, container, tmp_path, request):
-    docker = request.getfixturevalue('docker_host') if engine == 'docker' else None
-    name = container(engine)
-    values = role_vars(image, ulimits, name, tmp_path, engine, docker_host=docker)
+    role_engine, docker, via = engine_setup(engine, request)
+    name = container(engine, via)
+    values = role_vars(image, ulimits, name, tmp_path, role_engine, docker_host=docker)
 
     # deploy with a plan
-    res, result, state = deploy_and_check(values, name, PLAN_BYTES, '100m')
+    res, result, state = deploy_and_check(values, name, PLAN_BYTES, '100m', via)
     # Triton 2.51 has no --allow-client-shm: auto leaves it out (the server would exit otherwise)
     assert result['allow_client_shm'] is False
     assert not any(a.startswith('--allow-client-shm') for a in result['args'])
@@ -236,18 +260,19 @@ def test_deploy_rerun_recreate_absent(engine, image, ulimits, container, tmp_pat
     res = run_role(values)
     assert res.rc == 0 and changed(res) == 0, res
     assert result_of(res)['changed'] is False
-    assert inspect(name)['Id'] == state['Id']
+    assert inspect(name, via)['Id'] == state['Id']
 
-    if engine == 'podman':
+    if engine in ('podman', 'dockerd'):
         # check mode with a bigger plan: reports the recreation, changes nothing, does not fail
         res = run_role(dict(values, triton_server_shm_plan=BIGGER_PLAN), check=True)
         assert res.rc == 0 and failed(res) == 0, res
-        assert role_task(res, 'Run the Triton Podman container')['changed'] is True
-        assert inspect(name)['Id'] == state['Id']
-        assert inspect(name)['HostConfig']['ShmSize'] == PLAN_BYTES
+        run_task = 'Run the Triton Podman container' if engine == 'podman' else 'Run the Triton Docker container'
+        assert role_task(res, run_task)['changed'] is True
+        assert inspect(name, via)['Id'] == state['Id']
+        assert inspect(name, via)['HostConfig']['ShmSize'] == PLAN_BYTES
 
     # a bigger plan recreates the container, and says so
-    res, result, new_state = deploy_and_check(dict(values, triton_server_shm_plan=BIGGER_PLAN), name, BIGGER_PLAN_BYTES, '120m')
+    res, result, new_state = deploy_and_check(dict(values, triton_server_shm_plan=BIGGER_PLAN), name, BIGGER_PLAN_BYTES, '120m', via)
     said = role_task(res, 'Say that the container is recreated for its /dev/shm size')
     assert 'changes from %d to %d bytes' % (PLAN_BYTES, BIGGER_PLAN_BYTES) in said['msg']
     assert result['recreated_for_shm_size'] is True
@@ -255,25 +280,25 @@ def test_deploy_rerun_recreate_absent(engine, image, ulimits, container, tmp_pat
 
     # absent removes it (check mode first: nothing removed); again changes nothing
     absent = dict(values, triton_server_state='absent')
-    if engine == 'podman':
+    if engine in ('podman', 'dockerd'):
         res = run_role(absent, check=True)
         assert res.rc == 0 and changed(res) == 1, res
-        assert inspect(name) is not None
+        assert inspect(name, via) is not None
     res = run_role(absent)
     assert res.rc == 0 and changed(res) == 1, res
-    assert inspect(name) is None
-    if engine == 'podman':
+    assert inspect(name, via) is None
+    if engine in ('podman', 'dockerd'):
         res = run_role(absent)
         assert res.rc == 0 and changed(res) == 0, res
 
 
-@pytest.mark.parametrize('engine', ['podman', 'docker'])
+@pytest.mark.parametrize('engine', ['podman', 'docker', 'dockerd'])
 def test_not_ready_shows_the_log(engine, image, ulimits, container, tmp_path, request):
-    if engine == 'docker' and shutil.which('docker') is None:
+    if engine != 'podman' and shutil.which('docker') is None:
         pytest.skip('the docker CLI (used to read the log of a docker-engine container) is not installed')
-    docker = request.getfixturevalue('docker_host') if engine == 'docker' else None
-    name = container('bad-' + engine)
-    values = role_vars(image, ulimits, name, tmp_path, engine, docker_host=docker,
+    role_engine, docker, via = engine_setup(engine, request)
+    name = container('bad-' + engine, via)
+    values = role_vars(image, ulimits, name, tmp_path, role_engine, docker_host=docker,
                        triton_server_extra_args=['--no-such-flag=1'], triton_server_ready_timeout=4,
                        triton_server_restart_policy='no')
     res = run_role(values)
@@ -304,13 +329,13 @@ def test_capped_plan_fails_unless_an_explicit_size_is_set(image, ulimits, contai
     assert inspect(name) is None
 
 
-@pytest.mark.parametrize('engine', ['podman', 'docker'])
+@pytest.mark.parametrize('engine', ['podman', 'docker', 'dockerd'])
 def test_check_mode_with_a_missing_image(engine, image, ulimits, container, tmp_path, request):
     """--check on a fresh host: reports the new container, pulls nothing, creates nothing, does not fail."""
-    docker = request.getfixturevalue('docker_host') if engine == 'docker' else None
-    name = container('check-' + engine)
+    role_engine, docker, via = engine_setup(engine, request)
+    name = container('check-' + engine, via)
     missing = 'localhost/tritonops-test/not-pulled:26.04-py3'
-    values = role_vars(image, ulimits, name, tmp_path, engine, docker_host=docker,
+    values = role_vars(image, ulimits, name, tmp_path, role_engine, docker_host=docker,
                        triton_server_image=missing, triton_server_image_pull='missing')
     res = run_role(values, check=True)
     assert res.rc == 0 and failed(res) == 0, res
@@ -318,7 +343,9 @@ def test_check_mode_with_a_missing_image(engine, image, ulimits, container, tmp_
     assert result['changed'] is True
     assert result['allow_client_shm'] is True  # 26.04 from the tag
     assert '--allow-client-shm=true' in result['args']
-    assert inspect(name) is None
+    assert inspect(name, via) is None
+    if via is not None:
+        assert via.run('image', 'inspect', missing, check=False).returncode != 0
     assert _podman('image', 'exists', missing, check=False).returncode == 1
     assert not os.path.exists(values['triton_server_model_repository'])
 

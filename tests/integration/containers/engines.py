@@ -30,6 +30,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -65,6 +66,16 @@ class EngineUnavailable(EngineError):
 
 def _tail(text, lines=40):
     return '\n'.join((text or '').rstrip().splitlines()[-lines:])
+
+
+ERROR_LINE = re.compile(r'^(E[0-9]{4} |[^ \t-].*(?i:error|unrecognized|invalid|failed|fatal|denied|traceback))')
+
+
+def log_excerpt(text, lines=40):
+    """A log's error lines (glog E lines, unindented lines with an error word: not --help text), then its tail."""
+    errors = [line for line in (text or '').splitlines() if ERROR_LINE.search(line)]
+    head = 'errors in the log:\n%s\n' % '\n'.join(errors[-10:]) if errors else ''
+    return head + 'last %d lines:\n%s' % (lines, _tail(text, lines))
 
 
 def _run(cmd, timeout=120, check=True, input_text=None):
@@ -150,7 +161,8 @@ class Engine:
         return proc.stdout + proc.stderr
 
     def log_tail(self, ref, lines=40):
-        return _tail(self.logs(ref), lines)
+        """The container's error lines and last lines (log_excerpt)."""
+        return log_excerpt(self.logs(ref), lines)
 
     def image(self, kind='rig'):
         """The reference of a test image in this engine, imported when missing (cached by content hash)."""
@@ -164,9 +176,16 @@ class Engine:
         self._serial += 1
         return 'tritonops-t%d-%d-%s' % (os.getpid(), self._serial, label)
 
-    def create(self, args, timeout=120):
-        """`run -d` with the harness label; the id is recorded for removal."""
-        proc = self.run('run', '-d', '--label', '%s=%d' % (LABEL, os.getpid()), *args, timeout=timeout)
+    def create(self, name, args, timeout=120):
+        """`run -d --name NAME` with the harness label; the id is recorded for removal.
+
+        When the container is created but does not start (a port taken meanwhile), it is removed.
+        """
+        try:
+            proc = self.run('run', '-d', '--name', name, '--label', '%s=%d' % (LABEL, os.getpid()), *args, timeout=timeout)
+        except EngineError:
+            self.run('rm', '--force', name, check=False, timeout=60)
+            raise
         cid = proc.stdout.strip().splitlines()[-1]
         self.created.append(cid)
         return cid
@@ -306,6 +325,19 @@ class DockerDaemon(Engine):
                 if os.path.exists(path):
                     os.unlink(path)
 
+    def _refuse_foreign_dockerd(self):
+        """Another dockerd in this network namespace would lose its DNAT rules: dockerd recreates the DOCKER chains at start."""
+        for entry in os.listdir('/proc'):
+            if entry.isdigit():
+                try:
+                    with open('/proc/%s/comm' % entry) as f:
+                        comm = f.read().strip()
+                except OSError:
+                    continue
+                if comm == 'dockerd':
+                    raise EngineUnavailable('a dockerd (pid %s) already runs on this host; the private test dockerd would '
+                                            'recreate its iptables chains: run the Docker tests where no other dockerd runs' % entry)
+
     def _ensure_bridge(self):
         shown = _run(['ip', '-o', '-4', 'addr', 'show', 'dev', self.bridge], check=False)
         if shown.returncode != 0:
@@ -336,6 +368,7 @@ class DockerDaemon(Engine):
             os.makedirs(self.exec_root, exist_ok=True)
             os.makedirs(self.data_root, exist_ok=True)
             self._stop_stale()
+            self._refuse_foreign_dockerd()
             self._ensure_bridge()
             cmd = ['unshare', '--mount', '--propagation', 'slave', self.dockerd,
                    '--host', self.host, '--data-root', self.data_root, '--exec-root', self.exec_root,
@@ -528,7 +561,7 @@ def run_triton(engine, shm_size='64m', publish=True, network=None, models=(), na
     """
     ref = engine.image(image).ref if image in ('rig', 'tritonserver') else image
     name = name or engine.unique_name('triton')
-    opts = ['--name', name, '--shm-size', shm_size]
+    opts = ['--shm-size', shm_size]
     if ipc:
         opts += ['--ipc', ipc]
     http_port, host_port = TRITON_HTTP_PORT, None
@@ -547,7 +580,7 @@ def run_triton(engine, shm_size='64m', publish=True, network=None, models=(), na
         if network == 'host':
             command.append('--http-address=127.0.0.1')
         command += ['--load-model=%s' % m for m in models] + list(args)
-    cid = engine.create(opts + list(extra) + [ref] + list(command))
+    cid = engine.create(name, opts + list(extra) + [ref] + list(command))
     triton = TritonContainer(engine, cid, name, ref, shm_size, network, host_port, http_port)
     if ready_timeout:
         try:
@@ -621,7 +654,7 @@ def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.
     image = engine.image('rig')
     key = key or '/' + name
     cname = engine.unique_name('client-' + name.replace('/', '_'))
-    opts = ['--name', cname, '--ipc', 'container:' + triton.id] + (['--init'] if init else []) + list(extra)
+    opts = ['--ipc', 'container:' + triton.id] + (['--init'] if init else []) + list(extra)
     if triton.network == 'host':
         opts += ['--network', 'host']
     else:
@@ -636,7 +669,7 @@ def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.
         cmd.append('--no-register')
     if not fill:
         cmd.append('--no-fill')
-    cid = engine.create(opts + [image.ref] + cmd)
+    cid = engine.create(cname, opts + [image.ref] + cmd)
     client = ClientContainer(triton, cid, cname, name, key, byte_size, mode)
     try:
         client.wait_ready(ready_timeout)
