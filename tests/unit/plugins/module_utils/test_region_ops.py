@@ -172,15 +172,18 @@ def params(shm_dir, pid, **kw):
     return p
 
 
-def run(client, shm_dir, pid, check_mode=False, clock=None, **kw):
+def run(client, shm_dir, pid, check_mode=False, clock=None, lock_dir=None, **kw):
     warnings = []
     clock = clock or FakeClock()
     ops = RegionOps(client, params(shm_dir, pid, **kw), check_mode=check_mode, warn=warnings.append,
-                    sleep=clock.sleep, clock=clock.clock)
-    if ops.params['state'] == 'present':
-        ops.present()
-    else:
-        ops.absent()
+                    sleep=clock.sleep, clock=clock.clock, lock_dir=lock_dir)
+    try:
+        if ops.params['state'] == 'present':
+            ops.present()
+        else:
+            ops.absent()
+    finally:
+        ops.release()
     result = ops.partial()
     result['regions'] = ops.regions_after()
     result['warnings'] = warnings
