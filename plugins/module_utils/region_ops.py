@@ -43,6 +43,11 @@ def version_tuple(version):
 SAFE_UNREGISTER_VERSION = (2, 50)
 
 
+def _same(listed, spec):
+    """Whether a listed region has the spec (key, offset, byte_size; device_id for CUDA) of an earlier record."""
+    return all(listed.get(k) == spec.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in spec)
+
+
 def _cuda_spec(region):
     return dict((k, region.get(k)) for k in ('name', 'device_id', 'byte_size') if k in region)
 
@@ -167,19 +172,20 @@ class RegionOps(object):
                 self.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def _wait_gone(self, kind, names):
-        """Poll the status until none of names is listed, within in_use_timeout; return the names still listed.
+    def _wait_gone(self, kind, specs):
+        """Poll the status until no region of specs {name: spec} is listed, within in_use_timeout; return those still listed.
 
         Triton 24.12 and later accept an unregister while requests are in flight and keep the region
         listed until they finish: its file must not be unlinked, nor the name registered again, before then.
+        A name listed with another spec is a new registration (a client registered the name again), not ours.
         """
-        names = set(names)
-        if not names:
+        if not specs:
             return set()
         deadline = self.clock() + self.params.get('in_use_timeout', 10)
         delay = 0.05
         while True:
-            listed = names & set(r.get('name') for r in self.client.status(kind))
+            listed = set(r.get('name') for r in self.client.status(kind)
+                         if r.get('name') in specs and _same(r, specs[r.get('name')]))
             if not listed or self.clock() + delay > deadline:
                 return listed
             self.sleep(delay)
@@ -301,7 +307,7 @@ class RegionOps(object):
             if cur is not None:
                 if self._unregister(kind, name) is False:
                     raise TritonError("re-register %s region '%s': it stays in use (requests in flight), not changed" % (kind, name))
-                if self._wait_gone(kind, [name]):
+                if self._wait_gone(kind, {name: cur}):
                     self.unregistered.append(name)
                     raise TritonError("re-register %s region '%s': it was unregistered but is still listed after %ss "
                                       "(requests in flight: Triton 24.12 and later remove it when they finish); "
@@ -453,13 +459,13 @@ class RegionOps(object):
                         still_registered.add(rec['name'])
                     elif done:
                         self.unregistered.append(rec['name'])
-                self._deferred(still_registered)
+                self._deferred(selected, still_registered)
             except TritonError:
                 # failed part-way: still remove the files of the regions confirmed unregistered and gone
                 # from the status, so that a rerun of the same task converges; the rest keeps its file
                 done = set(self.unregistered)
                 try:
-                    self._deferred(still_registered)
+                    self._deferred(selected, still_registered)
                     self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
                 except TritonError as again:
                     self.skipped.extend(dict(path=e['path'], reason='not removed: the status could not be read to confirm '
@@ -481,9 +487,10 @@ class RegionOps(object):
             except TritonError:
                 pass
 
-    def _deferred(self, still_registered):
+    def _deferred(self, selected, still_registered):
         """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files."""
-        for name in sorted(self._wait_gone('system', [n for n in self.unregistered if n not in still_registered])):
+        specs = dict((r['name'], r) for r in selected if r['name'] in self.unregistered and r['name'] not in still_registered)
+        for name in sorted(self._wait_gone('system', specs)):
             still_registered.add(name)
             self.skipped.append(dict(name=name, reason='unregistered, but still listed by the server after %ss (requests in '
                                      'flight: it goes when they finish); its file is kept' % self.params.get('in_use_timeout', 10)))
