@@ -43,6 +43,17 @@ def version_tuple(version):
 SAFE_UNREGISTER_VERSION = (2, 50)
 
 
+# Triton 2.53 (NGC 24.12) and later accept an unregister while requests are in flight and keep the
+# region listed until they finish; before, an answered unregister removed it at once.
+DEFERRED_UNREGISTER_VERSION = (2, 53)
+
+
+def _may_defer(inv):
+    """Whether this server may keep an unregistered region listed (24.12+, or a version we cannot read)."""
+    version = version_tuple(inv.metadata.get('version'))
+    return version is None or version >= DEFERRED_UNREGISTER_VERSION
+
+
 def _same(listed, spec):
     """Whether a listed region has the spec (key, offset, byte_size; device_id for CUDA) of an earlier record."""
     return all(listed.get(k) == spec.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in spec)
@@ -464,13 +475,19 @@ class RegionOps(object):
                 # failed part-way: still remove the files of the regions confirmed unregistered and gone
                 # from the status, so that a rerun of the same task converges; the rest keeps its file
                 done = set(self.unregistered)
+                confirmed = True
                 try:
                     self._deferred(selected, still_registered)
-                    self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
                 except TritonError as again:
-                    self.skipped.extend(dict(path=e['path'], reason='not removed: the status could not be read to confirm '
-                                             'that its region is gone: %s' % again.msg)
-                                        for e, n in file_plan if n in done)
+                    # before 24.12 an unregister Triton answered is final; since, it may still be listed
+                    if _may_defer(inv):
+                        confirmed = False
+                        self.skipped.extend(dict(path=e['path'], reason='not removed: the status could not be read to confirm '
+                                                 'that its region is gone: %s' % again.msg)
+                                            for e, n in file_plan if n in done)
+                try:
+                    if confirmed:
+                        self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
                 except shm_fs.ShmFsError as exc:
                     # e.g. the server died and its private /dev/shm went with it: report the server's
                     # failure (the cause), and the files that could not be removed with this reason

@@ -163,9 +163,9 @@ system_regions:
       description:
         - C(healthy) some process besides the server holds the file.
         - C(stale) registered, file present, no holder but the server (the client is gone).
-        - C(reserved) registered by this collection (M(tritonops.shm.triton_shm_region) O(tritonops.shm.triton_shm_region#module:state=present),
+        - "C(reserved) registered by this collection (M(tritonops.shm.triton_shm_region) O(tritonops.shm.triton_shm_region#module:state=present),
           the re-register step of the C(shm_cleanup) role): its file carries the mark C(trusted.tritonops_shm.reserved) naming
-          this region, and no holder but the server. Desired state, never stale; C(healthy) once a client maps it.
+          this region, and no holder but the server. Desired state, never stale; C(healthy) once a client maps it."
         - C(dangling) registered, backing file missing.
         - C(unknown) holders or file could not be determined.
       type: str

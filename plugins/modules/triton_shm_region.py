@@ -116,7 +116,7 @@ options:
     description:
       - With O(state=absent), select every registered region of O(kind), live clients' too. Never a default.
       - On Triton older than 2.50, unregistering a region with requests in flight could crash the server
-        (triton-inference-server/server#3207): named or O(all=true) unregisters of regions a live client holds warn.
+        (triton-inference-server/server#3207), so named or O(all=true) unregisters of regions a live client holds warn.
     type: bool
     default: false
   orphan_files:

@@ -1034,3 +1034,23 @@ def test_check_mode_takes_no_lock(shm, server_proc, tmp_path):
     finally:
         other.release()
     assert res['unregistered'] == ['a']
+
+
+@pytest.mark.parametrize('version, removed', [('2.51.0', True), ('2.53.0', False)])
+def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_may_be_deferred(shm, server_proc, version, removed):
+    make_file(shm, 'a')
+    make_file(shm, 'b')
+    fake = DeferringTriton(shm, defer={}, version=version, regions=[region('a'), region('b')], fail_unregister_at=2)
+    real_status = fake.status
+
+    def status(kind):
+        if fake.unregister_calls:
+            raise TritonError('read system shared memory status at %s: no answer within 2s (timeout)' % fake.base, url=fake.base)
+        return real_status(kind)
+    fake.status = status
+    with pytest.raises(TritonError):
+        run(fake, shm, server_proc.pid, stale=True)
+    # 'a' was unregistered (answered) before the connection was lost
+    assert 'a' not in fake.regions
+    assert os.path.exists(os.path.join(shm, 'a')) is not removed
+    assert os.path.exists(os.path.join(shm, 'b'))
