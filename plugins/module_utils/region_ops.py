@@ -231,7 +231,6 @@ class RegionOps(object):
             return
         self.marked_files.append(path)
 
-
     def present(self):
         if self.params['kind'] == 'cuda':
             return self._present_cuda()

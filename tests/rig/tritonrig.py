@@ -45,7 +45,7 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # The python backend stub embeds the base interpreter, whose sys.path does not
 # include this venv: put the venv's site-packages first so numpy imports.
 ECHO_MODEL = '''import sys
-sys.path.insert(0, {site!r})
+sys.path[:0] = {sites!r}
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 
@@ -87,6 +87,8 @@ def triton_paths():
     root = os.path.join(site, 'pytriton', 'tritonserver')
     paths = {
         'site': site,
+        # the stub's sys.path: the wheel's site-packages, then this interpreter's (numpy), when they differ
+        'model_path': list(dict.fromkeys([site, sysconfig.get_paths()['purelib']])),
         'root': root,
         'binary': os.path.join(root, 'bin', 'tritonserver'),
         'backends': os.path.join(root, 'backends'),
@@ -334,7 +336,7 @@ class TritonServer:
             with open(os.path.join(repo, 'echo', 'config.pbtxt'), 'w') as f:
                 f.write(ECHO_CONFIG)
             with open(os.path.join(repo, 'echo', '1', 'model.py'), 'w') as f:
-                f.write(ECHO_MODEL.format(site=self.paths['site']))
+                f.write(ECHO_MODEL.format(sites=self.paths['model_path']))
         os.makedirs(repo, exist_ok=True)
         return repo
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, inventory
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory, summarize
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
@@ -424,7 +424,8 @@ def test_locate_server_explicit_values():
     triton = FakeTriton()
     assert discovery.locate_server(triton.host, triton.port, triton.base, server_pid=os.getpid()) == \
         (os.getpid(), '/proc/%d/root/dev/shm' % os.getpid(), 'server_pid; shm_dir from /proc/%d/root' % os.getpid(), [])
-    assert discovery.locate_server(triton.host, triton.port, triton.base, server_pid=os.getpid(), shm_dir='/x') == (os.getpid(), '/x', 'server_pid; shm_dir given', [])
+    assert discovery.locate_server(triton.host, triton.port, triton.base, server_pid=os.getpid(), shm_dir='/x') == \
+        (os.getpid(), '/x', 'server_pid; shm_dir given', [])
 
 
 def test_summarize_without_filesystem():
