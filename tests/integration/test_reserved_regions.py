@@ -122,6 +122,7 @@ def test_cleanup_rerun_with_reports_is_unchanged_and_the_rebuilt_region_survives
     for s in servers:
         assert second.stats[s.name]['changed'] == 0, second.stats
         assert host_result(second, s.name)['changed'] is False
+        assert host_result(second, s.name)['before']['reserved_regions'] == 1
     assert second.stats['localhost']['changed'] == 0, second.stats
     # ... while the outputs are still written: the report is this run's
     with open(os.path.join(report_dir, 'triton1.json')) as f:
