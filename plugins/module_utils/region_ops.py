@@ -67,9 +67,9 @@ class RegionOps(object):
     """One module run: plan, then (unless check mode) act, recording everything done."""
 
     def __init__(self, client, params, check_mode=False, warn=None, sleep=time.sleep, clock=time.monotonic,
-                 lock_dir=runlock.LOCK_DIR):
+                 serialise=True):
         self.client = client
-        self.lock_dir = lock_dir
+        self.serialise = serialise
         self.lock = None
         self.params = params
         self.check_mode = check_mode
@@ -130,16 +130,15 @@ class RegionOps(object):
         return self.inv
 
     def _lock(self, inv):
-        """Serialise runs against this server on this host; True when another run held the lock."""
-        if self.lock_dir is None or self.lock is not None:
+        """Serialise runs against this server's shm directory; True when another run held the lock."""
+        if not self.serialise or self.lock is not None or inv.shm_dir is None:
             return False
-        lock = runlock.ServerLock(runlock.lock_key(inv.pid, self.client.host, self.client.port), lock_dir=self.lock_dir,
-                                  sleep=self.sleep, clock=self.clock)
+        lock = runlock.ShmDirLock(inv.shm_dir, sleep=self.sleep, clock=self.clock)
         try:
             waited = lock.acquire()
         except OSError as exc:
-            self.warn('cannot take the per-server lock %s (%s): acting without it, a run at the same time may count '
-                      'the same regions' % (lock.path, exc.strerror or exc))
+            self.warn('cannot lock %s (%s): acting without it, a run at the same time may count the same regions'
+                      % (lock.path, exc.strerror or exc))
             return False
         self.lock = lock
         return waited

@@ -19,9 +19,9 @@ description:
     C(trusted.tritonops_shm.reserved) (the region's name), which stays with the file across runs. M(tritonops.shm.triton_shm_info)
     then calls it C(reserved) while no client maps it (C(healthy) once one does), and O(stale=true) never selects it. Marking needs
     root (C(become: true)); when it fails, a warning says so."
-  - "Runs that change a server are serialised per server on the host: an exclusive C(flock) on
-    C(/run/lock/tritonops-shm-pid-PID.lock) (never in the shm directory), released when the run ends. A run that waited reads the
-    server again, so it reports only what it did itself."
+  - "Runs that change a server are serialised per server: an exclusive C(flock) on the server's shm directory itself (no lock
+    file is created, in it or anywhere else), released when the run ends. A run that waited reads the server again, so it reports
+    only what it did itself."
   - "After an unregister the module waits, up to O(in_use_timeout), until the region is gone from the status before it removes the
     file or registers the name again (Triton 24.12 and later keep a region with requests in flight listed until they finish)."
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server

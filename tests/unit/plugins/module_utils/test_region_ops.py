@@ -174,11 +174,11 @@ def params(shm_dir, pid, **kw):
     return p
 
 
-def run(client, shm_dir, pid, check_mode=False, clock=None, lock_dir=None, **kw):
+def run(client, shm_dir, pid, check_mode=False, clock=None, serialise=False, **kw):
     warnings = []
     clock = clock or FakeClock()
     ops = RegionOps(client, params(shm_dir, pid, **kw), check_mode=check_mode, warn=warnings.append,
-                    sleep=clock.sleep, clock=clock.clock, lock_dir=lock_dir)
+                    sleep=clock.sleep, clock=clock.clock, serialise=serialise)
     try:
         if ops.params['state'] == 'present':
             ops.present()
@@ -979,11 +979,11 @@ def test_a_file_another_run_removed_first_is_not_counted(shm, server_proc):
     assert 'already removed' in reasons(res, 'path')[os.path.join(shm, 'a')]
 
 
-def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc, tmp_path):
+def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc):
     for name in ('a', 'b'):
         make_file(shm, name)
     fake = FakeTriton(shm, regions=[region('a'), region('b')])
-    other = runlock.ServerLock(runlock.lock_key(server_proc.pid), lock_dir=str(tmp_path))
+    other = runlock.ShmDirLock(shm)
     assert other.acquire() is False
 
     class OtherRunFinishes(FakeClock):
@@ -994,43 +994,44 @@ def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc,
                 for name in ('a', 'b'):
                     os.unlink(os.path.join(shm, name))
                 other.release()
-    res = run(fake, shm, server_proc.pid, clock=OtherRunFinishes(), stale=True, lock_dir=str(tmp_path))
+    res = run(fake, shm, server_proc.pid, clock=OtherRunFinishes(), stale=True, serialise=True)
     assert res['changed'] is False and res['unregistered'] == [] and res['removed_files'] == []
     assert not [c for c in fake.calls if c[0] == 'unregister']
 
 
-def test_a_lock_held_too_long_fails_clearly_and_touches_nothing(shm, server_proc, tmp_path):
+def test_a_lock_held_too_long_fails_clearly_and_touches_nothing(shm, server_proc):
     make_file(shm, 'a')
     fake = FakeTriton(shm, regions=[region('a')])
-    other = runlock.ServerLock(runlock.lock_key(server_proc.pid), lock_dir=str(tmp_path))
+    other = runlock.ShmDirLock(shm)
     other.acquire()
     try:
         with pytest.raises(shm_fs.ShmFsError) as err:
-            run(fake, shm, server_proc.pid, stale=True, lock_dir=str(tmp_path))
+            run(fake, shm, server_proc.pid, stale=True, serialise=True)
     finally:
         other.release()
-    assert 'another tritonops.shm run on this host has held' in str(err.value) and other.path in str(err.value)
+    assert 'another tritonops.shm run has held the lock on %s for 600' % shm in str(err.value)
     assert 'a' in fake.regions and os.listdir(shm) == ['a']
 
 
-def test_a_lock_file_that_is_not_ours_is_not_used(shm, server_proc, tmp_path, as_nobody):
-    lock_path = tmp_path / ('tritonops-shm-%s.lock' % runlock.lock_key(server_proc.pid))
-    lock_path.write_text('')
-    os.chown(str(lock_path), 65534, 65534)
+def test_the_lock_is_the_directory_itself_and_leaves_no_file(shm, server_proc):
     make_file(shm, 'a')
     fake = FakeTriton(shm, regions=[region('a')])
-    res = run(fake, shm, server_proc.pid, stale=True, lock_dir=str(tmp_path))
-    assert res['unregistered'] == ['a']
-    assert any('cannot take the per-server lock' in w for w in res['warnings'])
+    before = os.listdir(os.path.dirname(shm))
+    res = run(fake, shm, server_proc.pid, stale=True, serialise=True)
+    assert res['unregistered'] == ['a'] and os.listdir(shm) == []
+    assert os.listdir(os.path.dirname(shm)) == before
+    # released: the next run takes it at once
+    lock = runlock.ShmDirLock(shm)
+    assert lock.acquire() is False
+    lock.release()
 
 
-def test_check_mode_takes_no_lock(shm, server_proc, tmp_path):
+def test_check_mode_takes_no_lock(shm, server_proc):
     make_file(shm, 'a')
-    other = runlock.ServerLock(runlock.lock_key(server_proc.pid), lock_dir=str(tmp_path))
+    other = runlock.ShmDirLock(shm)
     other.acquire()
     try:
-        res = run(FakeTriton(shm, regions=[region('a')]), shm, server_proc.pid, stale=True, check_mode=True,
-                  lock_dir=str(tmp_path))
+        res = run(FakeTriton(shm, regions=[region('a')]), shm, server_proc.pid, stale=True, check_mode=True, serialise=True)
     finally:
         other.release()
     assert res['unregistered'] == ['a']
