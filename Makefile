@@ -24,7 +24,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool help venv collection sanity sanity-2.19 changelog-check units integration test demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool help venv collection sanity sanity-2.19 changelog-check units integration integration-matrix test demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -77,13 +77,26 @@ units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prom
 integration: collection  ## integration tests against real tritonserver processes
 	cd $(COLL) && $(PYTEST_RUN) tests/integration $(PYTEST_ARGS)
 
+# The version matrix: the core integration tests against the tritonserver of an older
+# nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see DEVELOPERS.md).
+PYTRITON_OLD ?= 0.5.10
+PYTRITON_OLD_SITE := $(BUILD)/pytriton-$(PYTRITON_OLD)
+MATRIX_TESTS ?= tests/integration/test_triton_shm_info.py tests/integration/test_triton_shm_region.py tests/integration/test_triton_versions.py
+
+$(PYTRITON_OLD_SITE)/.installed: | venv
+	$(VPY) -m pip install --quiet --no-deps --target $(PYTRITON_OLD_SITE) nvidia-pytriton==$(PYTRITON_OLD)
+	touch $@
+
+integration-matrix: collection $(PYTRITON_OLD_SITE)/.installed  ## core integration tests against Triton 2.48 (nvidia-pytriton 0.5.10)
+	cd $(COLL) && TRITONRIG_PYTRITON_SITE=$(PYTRITON_OLD_SITE) $(PYTEST_RUN) $(MATRIX_TESTS) $(PYTEST_ARGS)
+
 lint: collection  ## ansible-lint, production profile (roles, playbooks, rulebooks)
 	cd $(COLL) && ansible-lint --profile production --offline roles playbooks extensions/eda/rulebooks
 
 deps:  ## install missing Debian packages the tests need (as root), else list them
 	@.ci/deps
 
-test: deps sanity sanity-2.19 lint changelog-check docs units integration  ## every test: sanity (2.21, 2.19), lint, changelog, docs, units, integration
+test: deps sanity sanity-2.19 lint changelog-check docs units integration integration-matrix  ## every test: sanity (2.21, 2.19), lint, changelog, docs, units, integration (Triton 2.51), integration-matrix (2.48)
 
 demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
 	cd $(COLL) && $(VPY) tests/rig/demo.py

@@ -85,3 +85,17 @@ options:
         when Triton runs in a container (its size is the container's C(--shm-size)), or the host's C(/dev/shm) with C(--ipc=host).
     type: path
 '''
+
+    # Which files of the shm directory belong to Triton's python backend
+    BACKEND = r'''
+options:
+  backend_patterns:
+    description:
+      - Shell-style patterns (case-sensitive) of the files Triton's python backend keeps in the shm directory. Such files are
+        category V(backend), never an orphan, never foreign, never removed, and never accepted as the key of a client region.
+      - The default matches the backend's own prefix, followed by a counter before Triton 24.04 and by a UUID since.
+      - Add a pattern when the server runs with C(--backend-config=python,shm-region-prefix-name=PREFIX), for example V(PREFIX*).
+    type: list
+    elements: str
+    default: ["triton_python_backend_shm_region_*"]
+'''

@@ -17,7 +17,7 @@ from ansible.module_utils.basic import env_fallback, missing_required_lib
 
 from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.discovery import DiscoveryError
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import (
     HAS_REQUESTS, REQUESTS_IMPORT_ERROR, TritonClient, TritonError,
 )
@@ -44,6 +44,11 @@ def shm_dir_argument_spec():
         shm_dir=dict(type='path'),
     )
     return spec
+
+
+def backend_argument_spec():
+    """The option that tells Triton's python backend files (doc fragment tritonops.shm.triton.backend)."""
+    return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)))
 
 
 def make_client(module):

@@ -5,8 +5,12 @@
 """Join regions, files and holders into classified records.
 
 Private to the tritonops.shm collection. This is the one place where a region
-is called healthy, stale, dangling or unknown, and a file registered, backend,
-in_use, orphan or foreign (see docs/concepts.md and ../shared/DESIGN.md).
+is called healthy, stale, reserved, dangling or unknown, and a file registered,
+backend, in_use, orphan or foreign (see docs/concepts.md and ../shared/DESIGN.md).
+
+A region is the operator's (``reserved`` while no client maps it) when its backing file
+carries the mark triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR)
+and the mark names that region.
 """
 from __future__ import annotations
 
@@ -30,10 +34,11 @@ class Inventory(object):
     """Everything known about one server's shared memory at one moment."""
 
     def __init__(self, client, server_pid=None, shm_dir=None, orphan_patterns=None, min_age=300,
-                 require_readable_dir=False, proc='/proc', now=None, kinds=('system', 'cuda')):
+                 require_readable_dir=False, proc='/proc', now=None, kinds=('system', 'cuda'), backend_patterns=None):
         self.client = client
         self.proc = proc
         self.orphan_patterns = list(orphan_patterns or [])
+        self.backend_patterns = list(shm_fs.BACKEND_PATTERNS if backend_patterns is None else backend_patterns)
         self.min_age = min_age
         self.warnings = []
         self.metadata = client.server_metadata()
@@ -123,6 +128,7 @@ class Inventory(object):
         rec = dict(region)
         rec['file'] = None
         rec['holders'] = []
+        rec['reserved'] = False
         if self.shm_dir is None:
             rec['state'] = 'unknown'
             rec['state_reason'] = 'the shm directory of the server is not known'
@@ -152,6 +158,7 @@ class Inventory(object):
             rec['state_reason'] = 'backing path is a %s, not a regular file' % e['type']
             return rec
         rec['holders'] = self.client_holders(e['dev'], e['inode'])
+        rec['reserved'] = shm_fs.read_mark(e['path']) == region.get('name')
         if rec['holders']:
             rec['state'] = 'healthy'
             rec['state_reason'] = 'held by ' + holders_mod.holders_text(rec['holders'])
@@ -161,6 +168,10 @@ class Inventory(object):
         elif self.pid is None:
             rec['state'] = 'unknown'
             rec['state_reason'] = 'the server process is not known, so its own mapping cannot be told apart'
+        elif rec['reserved']:
+            rec['state'] = 'reserved'
+            rec['state_reason'] = ('registered by tritonops.shm (its file carries the mark %s) and not mapped by a client yet: '
+                                   'desired state, never stale' % shm_fs.RESERVED_XATTR)
         else:
             rec['state'] = 'stale'
             rec['state_reason'] = 'no process but the server holds the backing file: the client is gone'
@@ -187,8 +198,8 @@ class Inventory(object):
             return 'foreign', 'not a regular file (%s)' % e['type']
         if rec['regions']:
             return 'registered', 'backs region(s) %s' % ', '.join(rec['regions'])
-        if e['name'].startswith(shm_fs.BACKEND_PREFIX):
-            return 'backend', "Triton's python backend shared memory"
+        if _matches(e['name'], self.backend_patterns):
+            return 'backend', "Triton's python backend shared memory (matches the backend patterns)"
         if all_holders:
             return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
         if not _matches(e['name'], self.orphan_patterns):
@@ -243,6 +254,7 @@ def summarize(regions, cuda, files, fs):
         cuda_regions=len(cuda),
         healthy_regions=count(regions, 'state', 'healthy'),
         stale_regions=count(regions, 'state', 'stale'),
+        reserved_regions=count(regions, 'state', 'reserved'),
         stale_bytes=sum(dict((r['file']['path'], file_bytes(r)) for r in regions if r['state'] == 'stale').values()),
         dangling_regions=count(regions, 'state', 'dangling'),
         unknown_regions=count(regions, 'state', 'unknown'),

@@ -16,7 +16,7 @@ import fnmatch
 import os
 import time
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
@@ -26,6 +26,38 @@ def _spec(region):
     return dict((k, region.get(k)) for k in ('name', 'key', 'offset', 'byte_size') if k in region)
 
 
+def version_tuple(version):
+    """'2.51.0' -> (2, 51, 0); None or an unparsable version -> None."""
+    parts = []
+    for part in str(version or '').split('.'):
+        digits = ''.join(c for c in part if c.isdigit()) if part[:1].isdigit() else ''
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+# Before Triton 2.50 (NGC 24.09), unregistering a region with requests in flight could crash the
+# server (triton-inference-server/server#3207); 2.50 refuses it as "in use" instead.
+SAFE_UNREGISTER_VERSION = (2, 50)
+
+
+# Triton 2.53 (NGC 24.12) and later accept an unregister while requests are in flight and keep the
+# region listed until they finish; before, an answered unregister removed it at once.
+DEFERRED_UNREGISTER_VERSION = (2, 53)
+
+
+def _may_defer(inv):
+    """Whether this server may keep an unregistered region listed (24.12+, or a version we cannot read)."""
+    version = version_tuple(inv.metadata.get('version'))
+    return version is None or version >= DEFERRED_UNREGISTER_VERSION
+
+
+def _same(listed, spec):
+    """Whether a listed region has the spec (key, offset, byte_size; device_id for CUDA) of an earlier record."""
+    return all(listed.get(k) == spec.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in spec)
+
+
 def _cuda_spec(region):
     return dict((k, region.get(k)) for k in ('name', 'device_id', 'byte_size') if k in region)
 
@@ -33,8 +65,11 @@ def _cuda_spec(region):
 class RegionOps(object):
     """One module run: plan, then (unless check mode) act, recording everything done."""
 
-    def __init__(self, client, params, check_mode=False, warn=None, sleep=time.sleep, clock=time.monotonic):
+    def __init__(self, client, params, check_mode=False, warn=None, sleep=time.sleep, clock=time.monotonic,
+                 serialise=True):
         self.client = client
+        self.serialise = serialise
+        self.lock = None
         self.params = params
         self.check_mode = check_mode
         self.warn = warn or (lambda msg: None)
@@ -45,6 +80,7 @@ class RegionOps(object):
         self.unregistered = []
         self.removed_files = []
         self.created_files = []
+        self.marked_files = []
         self.skipped = []
         self.freed_bytes = 0
         self.before = None
@@ -57,7 +93,7 @@ class RegionOps(object):
     # -- results ---------------------------------------------------------------------------
 
     def done_something(self):
-        return bool(self.registered or self.unregistered or self.removed_files or self.created_files)
+        return bool(self.registered or self.unregistered or self.removed_files or self.created_files or self.marked_files)
 
     def partial(self):
         """What was done so far: returned on success and on failure part-way.
@@ -66,7 +102,8 @@ class RegionOps(object):
         """
         changed = self.changed if self.check_mode else self.done_something()
         out = dict(changed=changed, registered=self.registered, unregistered=self.unregistered,
-                   removed_files=self.removed_files, created_files=self.created_files, skipped_items=self.skipped,
+                   removed_files=self.removed_files, created_files=self.created_files, marked_files=self.marked_files,
+                   skipped_items=self.skipped,
                    freed_bytes=self.freed_bytes)
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
@@ -75,14 +112,41 @@ class RegionOps(object):
 
     def _inventory(self, kinds, orphan_patterns=None, min_age=300):
         p = self.params
-        self.inv = Inventory(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
+
+        def read():
+            return Inventory(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
                              orphan_patterns=orphan_patterns, min_age=min_age,
-                             require_readable_dir=p.get('shm_dir') is not None, kinds=kinds)
+                             require_readable_dir=p.get('shm_dir') is not None, kinds=kinds,
+                             backend_patterns=p.get('backend_patterns'))
+        self.inv = read()
+        if not self.check_mode and self._lock(self.inv):
+            # another run acted on this server while we waited: plan from what is there now
+            self.inv = read()
         for w in self.inv.warnings:
             self.warn(w)
         if self.inv.fs:
             self.used_before = self.used_after = self.inv.fs['used_bytes']
         return self.inv
+
+    def _lock(self, inv):
+        """Serialise runs against this server's shm directory; True when another run held the lock."""
+        if not self.serialise or self.lock is not None or inv.shm_dir is None:
+            return False
+        lock = runlock.ShmDirLock(inv.shm_dir, sleep=self.sleep, clock=self.clock)
+        try:
+            waited = lock.acquire()
+        except OSError as exc:
+            self.warn('cannot lock %s (%s): acting without it, a run at the same time may count the same regions'
+                      % (lock.path, exc.strerror or exc))
+            return False
+        self.lock = lock
+        return waited
+
+    def release(self):
+        """Release the per-server lock (the end of the process releases it too)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _measure_after(self):
         if self.inv and self.inv.shm_dir and not self.check_mode:
@@ -117,7 +181,53 @@ class RegionOps(object):
                 self.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
+    def _wait_gone(self, kind, specs):
+        """Poll the status until no region of specs {name: spec} is listed, within in_use_timeout; return those still listed.
+
+        Triton 24.12 and later accept an unregister while requests are in flight and keep the region
+        listed until they finish: its file must not be unlinked, nor the name registered again, before then.
+        A name listed with another spec is a new registration (a client registered the name again), not ours.
+        """
+        if not specs:
+            return set()
+        deadline = self.clock() + self.params.get('in_use_timeout', 10)
+        delay = 0.05
+        while True:
+            listed = set(r.get('name') for r in self.client.status(kind)
+                         if r.get('name') in specs and _same(r, specs[r.get('name')]))
+            if not listed or self.clock() + delay > deadline:
+                return listed
+            self.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
     # -- present ----------------------------------------------------------------------------
+
+    def _check_key_allowed(self, key_name):
+        """Refuse keys of Triton's python backend files before asking the server."""
+        if key_name.startswith(shm_fs.BACKEND_PREFIX):
+            raise shm_fs.ShmFsError("key '/%s' starts with '%s', the prefix Triton reserves for its python backend "
+                                    "(Triton 2.60 and later refuse it as a reserved prefix): choose another key"
+                                    % (key_name, shm_fs.BACKEND_PREFIX))
+        patterns = self.params.get('backend_patterns')
+        if patterns and any(fnmatch.fnmatchcase(key_name, pat) for pat in patterns):
+            raise shm_fs.ShmFsError("key '/%s' names a python backend file (it matches backend_patterns %s): "
+                                    "registering it as a client region would hand Triton's own memory to clients; "
+                                    "choose another key" % (key_name, ', '.join(patterns)))
+
+    def _mark(self, inv, key_name, region):
+        """Mark the backing file as this region's (reserved); a refusal is a warning, the region stays registered."""
+        path = os.path.join(inv.shm_dir, key_name)
+        try:
+            with shm_fs.ShmDir(inv.shm_dir) as d:
+                st = d.lstat(key_name)
+                if st is None:
+                    raise shm_fs.ShmFsError('%s does not exist' % path)
+                d.set_mark(key_name, region, st.st_dev, st.st_ino)
+        except shm_fs.ShmFsError as exc:
+            self.warn("region '%s' is registered, but its file could not be marked as the operator's: a later "
+                      "stale cleanup would take it once no client maps it (%s)" % (region, exc))
+            return
+        self.marked_files.append(path)
 
     def present(self):
         if self.params['kind'] == 'cuda':
@@ -129,6 +239,7 @@ class RegionOps(object):
         if p['offset'] < 0:
             raise shm_fs.ShmFsError('offset must be 0 or more, got %s' % p['offset'])
         need = p['offset'] + p['byte_size']
+        self._check_key_allowed(key_name)
         inv = self._inventory(kinds=('system',))
         current = dict((r['name'], r) for r in inv.system)
         wanted = dict(key=p['key'], offset=p['offset'], byte_size=p['byte_size'])
@@ -149,6 +260,7 @@ class RegionOps(object):
                 self._check_fits(inv, key_name, need)
         self.after = dict(regions=[dict(name=n, **wanted) for n in p['name']])
         if not todo:
+            self._mark_unmarked(inv, key_name)
             return
         self.changed = True
         if self.check_mode:
@@ -164,6 +276,9 @@ class RegionOps(object):
         try:
             self._register_all('system', todo, lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
                                lambda cur: self.client.register_system(cur['name'], cur['key'], cur.get('offset', 0), cur['byte_size']))
+            if inv.shm_dir is not None:
+                for name in self.registered:
+                    self._mark(inv, key_name, name)
         except TritonError:
             if created is not None and not self.registered:
                 # nothing uses the file we created: take it back (only that very file, by device and inode)
@@ -173,6 +288,22 @@ class RegionOps(object):
             raise
         finally:
             self._measure_after()
+
+    def _mark_unmarked(self, inv, key_name):
+        """A region already registered as asked: mark its backing file when it does not carry the mark yet."""
+        if inv.shm_dir is None:
+            return
+        entry = inv.entry(key_name)
+        if entry is None or entry['type'] != 'file':
+            return
+        for name in self.params['name']:
+            if shm_fs.read_mark(entry['path']) == name:
+                continue
+            self.changed = True
+            if self.check_mode:
+                self.marked_files.append(entry['path'])
+            else:
+                self._mark(inv, key_name, name)
 
     def _register_all(self, kind, todo, register, restore):
         """Register each (name, current) of todo; a different current spec is unregistered first.
@@ -184,6 +315,11 @@ class RegionOps(object):
             if cur is not None:
                 if self._unregister(kind, name) is False:
                     raise TritonError("re-register %s region '%s': it stays in use (requests in flight), not changed" % (kind, name))
+                if self._wait_gone(kind, {name: cur}):
+                    self.unregistered.append(name)
+                    raise TritonError("re-register %s region '%s': it was unregistered but is still listed after %ss "
+                                      "(requests in flight: Triton 24.12 and later remove it when they finish); "
+                                      "not registered again, run again later" % (kind, name, self.params.get('in_use_timeout', 10)))
             try:
                 register(name)
             except TritonError as exc:
@@ -297,6 +433,8 @@ class RegionOps(object):
                 why = 'named'
             elif p['stale'] and rec['reclaimable']:
                 why = rec['state']
+            elif p.get('reserved') and rec['state'] == 'reserved':
+                why = 'reserved'
             if why is None:
                 continue
             if self._excluded(rec['name']):
@@ -342,6 +480,7 @@ class RegionOps(object):
         if not selected and not file_plan:
             return
         self.changed = True
+        self._warn_unsafe_unregister(inv, selected)
         if self.check_mode:
             self.unregistered = sorted(selected_names)
             self.removed_files = [e['path'] for e, _n in file_plan]
@@ -356,12 +495,24 @@ class RegionOps(object):
                         still_registered.add(rec['name'])
                     elif done:
                         self.unregistered.append(rec['name'])
+                self._deferred(selected, still_registered)
             except TritonError:
-                # failed part-way: still remove the files of the regions confirmed unregistered, so that
-                # a rerun of the same task converges; the rest stays registered and keeps its file
+                # failed part-way: still remove the files of the regions confirmed unregistered and gone
+                # from the status, so that a rerun of the same task converges; the rest keeps its file
                 done = set(self.unregistered)
+                confirmed = True
                 try:
-                    self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
+                    self._deferred(selected, still_registered)
+                except TritonError as again:
+                    # before 24.12 an unregister Triton answered is final; since, it may still be listed
+                    if _may_defer(inv):
+                        confirmed = False
+                        self.skipped.extend(dict(path=e['path'], reason='not removed: the status could not be read to confirm '
+                                                 'that its region is gone: %s' % again.msg)
+                                            for e, n in file_plan if n in done)
+                try:
+                    if confirmed:
+                        self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
                 except shm_fs.ShmFsError as exc:
                     # e.g. the server died and its private /dev/shm went with it: report the server's
                     # failure (the cause), and the files that could not be removed with this reason
@@ -377,6 +528,27 @@ class RegionOps(object):
                 self.after['regions'] = [_spec(r) for r in self.status_after]
             except TritonError:
                 pass
+
+    def _deferred(self, selected, still_registered):
+        """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files."""
+        specs = dict((r['name'], r) for r in selected if r['name'] in self.unregistered and r['name'] not in still_registered)
+        for name in sorted(self._wait_gone('system', specs)):
+            still_registered.add(name)
+            self.skipped.append(dict(name=name, reason='unregistered, but still listed by the server after %ss (requests in '
+                                     'flight: it goes when they finish); its file is kept' % self.params.get('in_use_timeout', 10)))
+            self.warn("region '%s' is still listed after its unregister (requests in flight): its file is kept, "
+                      "a later run removes it" % name)
+
+    def _warn_unsafe_unregister(self, inv, selected):
+        """Before Triton 2.50, unregistering a region a live client uses could crash the server (#3207)."""
+        version = version_tuple(inv.metadata.get('version'))
+        if version is None or version >= SAFE_UNREGISTER_VERSION:
+            return
+        held = sorted(r['name'] for r in selected if r['holders'])
+        if held:
+            self.warn('Triton %s is older than 2.50: unregistering a region while a live client runs requests through it '
+                      'can crash the server (triton-inference-server/server#3207); region(s) %s are held by live clients'
+                      % (inv.metadata.get('version'), ', '.join(held)))
 
     def _remove_files(self, inv, file_plan, still_registered):
         if not file_plan:
@@ -397,10 +569,14 @@ class RegionOps(object):
                     self.skipped.append(dict(path=path, reason='held by %s (re-checked before removal)' % holders_text(holders)))
                     continue
                 try:
-                    freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'))
+                    freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'), missing=None)
                 except shm_fs.ShmFsError as exc:
                     self.skipped.append(dict(path=path, reason=str(exc)))
                     self.warn(str(exc))
+                    continue
+                if freed is None:
+                    # removed by someone else since it was listed: not this run's work
+                    self.skipped.append(dict(path=path, reason='already removed (by another process) before this run unlinked it'))
                     continue
                 self.removed_files.append(path)
                 self.freed_bytes += freed

@@ -17,6 +17,14 @@ import stat
 import time
 
 BACKEND_PREFIX = 'triton_python_backend_shm_region_'
+# Shell-style patterns of Triton's python backend files: the default prefix, with a counter
+# suffix before Triton 24.04 and a UUID since (--backend-config=python,shm-region-prefix-name=... changes it).
+BACKEND_PATTERNS = (BACKEND_PREFIX + '*',)
+
+# The mark of a region this collection registered (the 建 step): an extended attribute of the
+# backing file, whose value is the region's name. trusted.* needs CAP_SYS_ADMIN to set and to read,
+# tmpfs supports it, and it goes with the file: a file removed and created again has no mark.
+RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
 
 
 class ShmFsError(Exception):
@@ -51,6 +59,16 @@ def key_to_name(key):
     if name in ('.', '..'):
         raise ShmFsError('key %r points outside the shm directory' % (key,))
     return name
+
+
+def read_mark(path):
+    """The reserved mark (a region name) of the file at path, never followed; None when absent or unreadable."""
+    try:
+        value = os.getxattr(path, RESERVED_XATTR, follow_symlinks=False)
+    except OSError:
+        # no mark (ENODATA), gone, no xattr support, or not privileged to read trusted.*
+        return None
+    return value.decode('utf-8', 'replace')
 
 
 def check_name(name):
@@ -157,19 +175,47 @@ class ShmDir(object):
         finally:
             os.close(fd)
 
-    def unlink(self, name, expect_dev, expect_ino, expect_ctime_ns=None):
+    def read_mark(self, name):
+        """The reserved mark (a region name) of regular file name, or None when it has none or it cannot be read."""
+        return read_mark(os.path.join(self.path, check_name(name)))
+
+    def set_mark(self, name, region, expect_dev, expect_ino):
+        """Mark regular file name, still the same (device, inode), as backing region (see RESERVED_XATTR).
+
+        Raises ShmFsError when the file is gone, replaced, not regular, or the filesystem or the
+        caller's privileges do not allow trusted.* attributes.
+        """
+        check_name(name)
+        flags = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0)
+        try:
+            fd = os.open(name, flags, dir_fd=self.fd)
+        except OSError as exc:
+            raise ShmFsError('cannot open %s in %s to mark it: %s' % (name, self.path, exc.strerror))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
+                raise ShmFsError('%s in %s was replaced since it was checked: not marked' % (name, self.path))
+            os.setxattr(fd, RESERVED_XATTR, region.encode('utf-8'))
+        except OSError as exc:
+            raise ShmFsError('cannot mark %s in %s as reserved (extended attribute %s): %s'
+                             % (name, self.path, RESERVED_XATTR, exc.strerror))
+        finally:
+            os.close(fd)
+
+    def unlink(self, name, expect_dev, expect_ino, expect_ctime_ns=None, missing=0):
         """Unlink name only if it is still the same regular file (device and inode) we classified.
 
         With expect_ctime_ns, its inode change time must be unchanged too: a file removed and
         created again in its place can get the same inode number, never the same ctime.
 
-        Returns the bytes the file occupied. Raises ShmFsError when the entry is not a regular
-        file or was replaced since it was classified.
+        Returns the bytes the file occupied, or ``missing`` when it was already gone (another run
+        removed it). Raises ShmFsError when the entry is not a regular file or was replaced since
+        it was classified.
         """
         check_name(name)
         st = self.lstat(name)
         if st is None:
-            return 0
+            return missing
         if not stat.S_ISREG(st.st_mode):
             raise ShmFsError('%s in %s is a %s, not a regular file: not removed' % (name, self.path, _kind(st.st_mode)))
         if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
@@ -182,6 +228,6 @@ class ShmDir(object):
             os.unlink(name, dir_fd=self.fd)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
-                return 0
+                return missing
             raise ShmFsError('cannot remove %s from %s: %s' % (name, self.path, exc.strerror))
         return st.st_blocks * 512

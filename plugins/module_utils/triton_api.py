@@ -52,6 +52,13 @@ class TritonError(Exception):
         return dict(url=self.url, status=self.status, server_error=self.server_error)
 
 
+# Triton 2.68 (NGC 26.04) and later turn client shared memory off unless started with the flag below.
+CLIENT_SHM_DISABLED = 'Client shared memory is disabled'
+CLIENT_SHM_HINT = ("this Triton has client shared memory turned off (2.68 and later, by default): start it with "
+                   "--allow-client-shm=true (role tritonops.shm.triton_server: triton_server_allow_client_shm: true, "
+                   "or auto, which adds it for 2.68 and later)")
+
+
 # Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
 _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
 
@@ -200,6 +207,8 @@ class TritonClient(FromParams):
             if isinstance(data, dict) and isinstance(data.get('error'), str):
                 server_error = data['error']
             detail = server_error or _snippet(resp.text) or resp.reason
+            if CLIENT_SHM_DISABLED in (server_error or ''):
+                detail = '%s; %s' % (detail, CLIENT_SHM_HINT)
             raise TritonError('%s at %s: HTTP %s: %s' % (what, url, resp.status_code, detail), url=url,
                               status=resp.status_code, server_error=server_error)
         if expect_json and decode_error is not None:

@@ -13,7 +13,8 @@ description:
   - Reads, and never changes, everything an operator needs to repair leaked Triton shared memory in one call.
   - The server's metadata and health (C(GET /v2), C(/v2/health/live), C(/v2/health/ready)).
   - Every registered system region (C(GET /v2/systemsharedmemory/status)) joined with its backing file in the server's
-    C(/dev/shm) and the processes that map or hold that file, classified C(healthy), C(stale), C(dangling) or C(unknown).
+    C(/dev/shm) and the processes that map or hold that file, classified C(healthy), C(stale), C(reserved), C(dangling) or
+    C(unknown).
   - Every registered CUDA region (C(GET /v2/cudasharedmemory/status)).
   - Every entry of the server's shm directory, classified C(registered), C(backend), C(in_use), C(orphan) or C(foreign).
   - Usage of the server's shm filesystem (its size is the container's C(--shm-size)).
@@ -26,6 +27,7 @@ author:
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
+  - tritonops.shm.triton.backend
 attributes:
   check_mode:
     support: full
@@ -180,11 +182,20 @@ system_regions:
       description:
         - C(healthy) some process besides the server holds the file.
         - C(stale) registered, file present, no holder but the server (the client is gone).
+        - "C(reserved) registered by this collection (M(tritonops.shm.triton_shm_region) O(tritonops.shm.triton_shm_region#module:state=present),
+          the re-register step of the C(shm_cleanup) role): its file carries the mark C(trusted.tritonops_shm.reserved) naming
+          this region, and no holder but the server. Desired state, never stale; C(healthy) once a client maps it."
         - C(dangling) registered, backing file missing.
         - C(unknown) holders or file could not be determined.
       type: str
       sample: stale
     state_reason: {description: Why the state was chosen., type: str}
+    reserved:
+      description:
+        - Whether the backing file carries this collection's mark naming this region (see C(reserved) above), whatever the state.
+        - Read as root only; false when the mark cannot be read.
+      type: bool
+      version_added: 0.2.0
     reclaimable:
       description:
         - Whether M(tritonops.shm.triton_shm_region) with O(tritonops.shm.triton_shm_region#module:stale=true) unregisters it.
@@ -235,6 +246,7 @@ summary:
     cuda_regions: {description: Registered CUDA regions., type: int}
     healthy_regions: {description: Healthy regions., type: int}
     stale_regions: {description: Stale regions., type: int}
+    reserved_regions: {description: "Regions in state C(reserved) (registered by this collection, no client yet).", type: int, version_added: 0.2.0}
     stale_bytes: {description: "Shm bytes occupied by stale regions' files, each file counted once.", type: int}
     dangling_regions: {description: Dangling regions., type: int}
     unknown_regions: {description: Regions in state unknown., type: int}
@@ -272,7 +284,9 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils.base import make_client, run_module_main, shm_dir_argument_spec
+from ansible_collections.tritonops.shm.plugins.module_utils.base import (
+    backend_argument_spec, make_client, run_module_main, shm_dir_argument_spec,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
 
 JMESPATH_IMPORT_ERROR = None
@@ -298,7 +312,7 @@ def run(module, client):
     ready = client.health('ready')
     inv = Inventory(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
                     orphan_patterns=params['orphan_patterns'], min_age=params['min_age'],
-                    require_readable_dir=params['shm_dir'] is not None)
+                    require_readable_dir=params['shm_dir'] is not None, backend_patterns=params['backend_patterns'])
     for warning in inv.warnings:
         module.warn(warning)
     result = inv.result(live=live, ready=ready)
@@ -312,6 +326,7 @@ def run(module, client):
 
 def main():
     argument_spec = shm_dir_argument_spec()
+    argument_spec.update(backend_argument_spec())
     argument_spec.update(
         orphan_patterns=dict(type='list', elements='str', default=[]),
         min_age=dict(type='float', default=300),

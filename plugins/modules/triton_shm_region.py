@@ -12,8 +12,18 @@ version_added: 0.1.0
 description:
   - Registers system or CUDA shared-memory regions with a Triton Inference Server, or unregisters them and removes their
     backing files from the server's C(/dev/shm), without restarting Triton.
-  - "O(state=absent) selects regions by O(name), by state (O(stale=true): every region whose client is gone), or all of them
+  - "O(state=absent) selects regions by O(name), by state (O(stale=true): every region whose client is gone;
+    O(reserved=true): every region this collection registered that no client maps yet), or all of them
     (O(all=true), explicit only), and optionally orphan files by pattern (O(orphan_files=true))."
+  - "A system region registered by O(state=present) is the operator's: its backing file gets the extended attribute
+    C(trusted.tritonops_shm.reserved) (the region's name), which stays with the file across runs. M(tritonops.shm.triton_shm_info)
+    then calls it C(reserved) while no client maps it (C(healthy) once one does), and O(stale=true) never selects it. Marking needs
+    root (C(become: true)); when it fails, a warning says so."
+  - "Runs that change a server are serialised per server: an exclusive C(flock) on the server's shm directory itself (no lock
+    file is created, in it or anywhere else), released when the run ends. A run that waited reads the server again, so it reports
+    only what it did itself."
+  - "After an unregister the module waits, up to O(in_use_timeout), until the region is gone from the status before it removes the
+    file or registers the name again (Triton 24.12 and later keep a region with requests in flight listed until they finish)."
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
     holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
     Triton's python backend files and files matching no O(orphan_patterns) are never removed; when holders cannot all be seen
@@ -25,6 +35,7 @@ author:
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
+  - tritonops.shm.triton.backend
 attributes:
   check_mode:
     support: full
@@ -61,6 +72,8 @@ options:
     description:
       - Shared-memory key of a system region, C(/) followed by one file name (the file C(shm_dir/NAME)).
       - Required with O(state=present) and O(kind=system).
+      - Keys of python backend files (the prefix C(triton_python_backend_shm_region_), reserved by Triton 2.60 and later,
+        or a name matching O(backend_patterns)) are refused before anything is sent.
     type: str
   offset:
     description:
@@ -92,9 +105,18 @@ options:
         (file gone) that no client still maps.
     type: bool
     default: false
+  reserved:
+    description:
+      - With O(state=absent), select every C(reserved) region (registered by this collection, no client maps it). O(stale=true)
+        never selects them; O(name) and O(all=true) do.
+    type: bool
+    default: false
+    version_added: 0.2.0
   all:
     description:
       - With O(state=absent), select every registered region of O(kind), live clients' too. Never a default.
+      - On Triton older than 2.50, unregistering a region with requests in flight could crash the server
+        (triton-inference-server/server#3207), so named or O(all=true) unregisters of regions a live client holds warn.
     type: bool
     default: false
   orphan_files:
@@ -129,6 +151,8 @@ options:
     description:
       - Seconds to keep retrying, with backoff, an unregister that Triton refuses because requests are in flight
         ("currently in use", Triton 2.50 and later). After that the region is skipped, not failed.
+      - Also the longest wait for an unregistered region to leave the status (Triton 24.12 and later defer it while requests are
+        in flight); its file is kept until then, and a region still listed is reported in RV(skipped_items).
     type: float
     default: 10
 requirements:
@@ -203,6 +227,14 @@ created_files:
   returned: always
   type: list
   elements: str
+marked_files:
+  description:
+    - Backing files given the mark C(trusted.tritonops_shm.reserved) by O(state=present) (or that would be, in check mode),
+      including the file of a region already registered as asked that did not carry the mark yet.
+  returned: always
+  type: list
+  elements: str
+  version_added: 0.2.0
 skipped_items:
   description:
     - What was left alone and why; items have C(name) (a region) or C(path) (a file), and C(reason).
@@ -250,7 +282,9 @@ failure:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.base import make_client, run_module_main, shm_dir_argument_spec
+from ansible_collections.tritonops.shm.plugins.module_utils.base import (
+    backend_argument_spec, make_client, run_module_main, shm_dir_argument_spec,
+)
 
 
 def validate(module, client):
@@ -261,7 +295,7 @@ def validate(module, client):
         if len(p['name']) > 1:
             module.fail_json(msg='state=present registers one region per task, got %d names (Triton refuses a second region on a key '
                                  'that is already registered): loop over the names, each with its own key' % len(p['name']))
-        for opt in ('stale', 'all', 'orphan_files'):
+        for opt in ('stale', 'reserved', 'all', 'orphan_files'):
             if p[opt]:
                 module.fail_json(msg='%s applies to state=absent only' % opt)
         if p['kind'] == 'system':
@@ -275,8 +309,8 @@ def validate(module, client):
             if why:
                 module.fail_json(msg=why)
     else:
-        if not (p['name'] or p['stale'] or p['all'] or p['orphan_files']):
-            module.fail_json(msg='state=absent needs a selector: name, stale=true, all=true or orphan_files=true')
+        if not (p['name'] or p['stale'] or p['reserved'] or p['all'] or p['orphan_files']):
+            module.fail_json(msg='state=absent needs a selector: name, stale=true, reserved=true, all=true or orphan_files=true')
         if p['orphan_files'] and not p['orphan_patterns']:
             module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
         if p['min_age'] < 0:
@@ -289,6 +323,7 @@ def validate(module, client):
 
 def main():
     argument_spec = shm_dir_argument_spec()
+    argument_spec.update(backend_argument_spec())
     argument_spec.update(
         state=dict(type='str', choices=['present', 'absent'], default='present'),
         kind=dict(type='str', choices=['system', 'cuda'], default='system'),
@@ -300,6 +335,7 @@ def main():
         raw_handle=dict(type='str'),
         device_id=dict(type='int'),
         stale=dict(type='bool', default=False),
+        reserved=dict(type='bool', default=False),
         all=dict(type='bool', default=False),
         orphan_files=dict(type='bool', default=False),
         orphan_patterns=dict(type='list', elements='str', default=[]),

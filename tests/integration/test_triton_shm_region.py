@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 import tritonrig
 from ansible_helpers import COLLECTIONS_PATH, ansible_playbook, run_module
 
@@ -326,6 +328,9 @@ def test_present_errors_say_why_and_touch_nothing(triton, tmp_path):
 
 
 def test_real_in_use_text_is_recognised_and_retried(triton):
+    if tuple(int(p) for p in triton.version().split('.')[:2]) < (2, 50):
+        pytest.skip('Triton %s has no "in use" refusal: unregistering a busy region can crash it '
+                    '(server#3207; 2.48 did in this test)' % triton.version())
     if COLLECTIONS_PATH not in sys.path:
         sys.path.insert(0, COLLECTIONS_PATH)
     from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError

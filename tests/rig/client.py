@@ -13,11 +13,17 @@ prints ``READY`` and then:
 
 SIGKILL it to leak the region: no unregister, no unlink.
 
+``--register-when-gone REGION``: create the region unregistered, print ``READY``, poll
+the server's status until REGION is not listed, register the region under the name
+REGION and SIGKILL the own process group at once (no unregister, no unlink): a client
+that leaks a region again while a cleanup runs.
+
 ``--count N`` (hold mode only) creates and registers N regions ``NAME_i`` with
 keys ``KEY_i`` (i = 0..N-1) instead of one, over one connection: a quick
 way to leak many regions at once (benchmarks, bulk tests).
 """
 import argparse
+import os
 import signal
 import sys
 import time
@@ -47,9 +53,12 @@ def main():
     parser.add_argument('--no-fill', action='store_true', help='leave the region sparse (default: write it, as a real client writes tensors)')
     parser.add_argument('--count', type=int, default=0, help='hold mode: create and register COUNT regions NAME_i / KEY_i')
     parser.add_argument('--pause', type=float, default=0.0, help='infer mode: seconds to wait between inferences (default 0: flat out)')
+    parser.add_argument('--register-when-gone', metavar='REGION', help='register as REGION once it is gone from the status, then die')
     args = parser.parse_args()
     if args.count:
         return hold_many(args)
+    if args.register_when_gone:
+        return register_when_gone(args)
 
     client, api = connect(args.url)
     handle = shm.create_shared_memory_region(args.name, args.key, args.offset + args.byte_size)
@@ -100,6 +109,23 @@ def main():
             last = now
     print('STATS ok=%d failed=%d' % (ok, failed), flush=True)
     return 0
+
+
+def register_when_gone(args):
+    """Wait until args.register_when_gone is not registered, register it on our own region, die with our group."""
+    client = httpclient.InferenceServerClient(args.url.split('://', 1)[-1])
+    handle = shm.create_shared_memory_region(args.name, args.key, args.offset + args.byte_size)
+    shm.set_shared_memory_region(handle, [np.ones(args.offset + args.byte_size, dtype=np.uint8)])
+    print('READY', flush=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        names = [r['name'] for r in client.get_system_shared_memory_status()]
+        if args.register_when_gone not in names:
+            client.register_system_shared_memory(args.register_when_gone, args.key, args.byte_size, offset=args.offset)
+            print('REGISTERED', flush=True)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        time.sleep(0.01)
+    return 1
 
 
 def hold_many(args):

@@ -45,7 +45,7 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 # The python backend stub embeds the base interpreter, whose sys.path does not
 # include this venv: put the venv's site-packages first so numpy imports.
 ECHO_MODEL = '''import sys
-sys.path.insert(0, {site!r})
+sys.path[:0] = {sites!r}
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 
@@ -63,7 +63,17 @@ class RigError(RuntimeError):
     """The rig could not do what was asked; the message says why."""
 
 
+# The site-packages of another nvidia-pytriton (it bundles another tritonserver) for a version
+# matrix, e.g. /work/venv-pytriton-old/lib/python3.12/site-packages (see DEVELOPERS.md).
+SITE_ENV = 'TRITONRIG_PYTRITON_SITE'
+
+
 def _site_packages():
+    if os.environ.get(SITE_ENV):
+        site = os.environ[SITE_ENV]
+        if not os.path.isdir(os.path.join(site, 'pytriton')):
+            raise ImportError('%s=%s has no pytriton package' % (SITE_ENV, site))
+        return site
     import pytriton  # pylint: disable=import-outside-toplevel
     return os.path.dirname(os.path.dirname(os.path.abspath(pytriton.__file__)))
 
@@ -77,6 +87,8 @@ def triton_paths():
     root = os.path.join(site, 'pytriton', 'tritonserver')
     paths = {
         'site': site,
+        # the stub's sys.path: the wheel's site-packages, then this interpreter's (numpy), when they differ
+        'model_path': list(dict.fromkeys([site, sysconfig.get_paths()['purelib']])),
         'root': root,
         'binary': os.path.join(root, 'bin', 'tritonserver'),
         'backends': os.path.join(root, 'backends'),
@@ -144,7 +156,8 @@ def _kill(proc, grace=10.0):
 class Client:
     """A real tritonclient process inside a server's mount namespace."""
 
-    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0, count=0, pause=0.0):
+    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0, count=0, pause=0.0,
+                 register_when_gone=None):
         self.server = server
         self.name = name
         self.key = key
@@ -159,6 +172,8 @@ class Client:
             cmd += ['--count', str(count)]
         if pause:
             cmd += ['--pause', str(pause)]
+        if register_when_gone:
+            cmd += ['--register-when-gone', register_when_gone]
         # own session: the client and the resource tracker multiprocessing starts for its
         # SharedMemory form one process group, like a client container's processes
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -281,12 +296,15 @@ class TritonServer:
     serves gRPC over TLS (``--grpc-use-ssl``; ca: what the rig's own gRPC calls trust; root: also
     require client certificates from that CA, the rig presenting client_cert/client_key).
     namespace=ShmNamespace runs the server in that namespace's /dev/shm instead of a new one
-    of its own.
+    of its own. backend_config: extra ``--backend-config`` values, e.g.
+    ``('python,shm-region-prefix-name=my_prefix_',)``.
     """
 
     def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
-                 models=('echo',), name='triton', grpc=False, namespace=None, http=True, grpc_tls=None):
+                 models=('echo',), name='triton', grpc=False, namespace=None, http=True, grpc_tls=None,
+                 backend_config=()):
         self.name = name
+        self.backend_config = list(backend_config)
         self.host = host
         self.shm_size = shm_size
         self.models = list(models)
@@ -334,7 +352,7 @@ class TritonServer:
             with open(os.path.join(repo, 'echo', 'config.pbtxt'), 'w') as f:
                 f.write(ECHO_CONFIG)
             with open(os.path.join(repo, 'echo', '1', 'model.py'), 'w') as f:
-                f.write(ECHO_MODEL.format(site=self.paths['site']))
+                f.write(ECHO_MODEL.format(sites=self.paths['model_path']))
         os.makedirs(repo, exist_ok=True)
         return repo
 
@@ -359,6 +377,8 @@ class TritonServer:
             args += ['--allow-grpc', 'false']
         for model in self.models:
             args += ['--load-model', model]
+        for value in self.backend_config:
+            args += ['--backend-config', value]
         if self.namespace is not None:
             # nsenter execs the server: its pid is the server's
             return ['nsenter', '--mount', '--target', str(self.namespace.pid)] + args
@@ -414,9 +434,16 @@ class TritonServer:
         except OSError:
             return '(no log)'
 
-    def client(self, name, key=None, byte_size=1 << 20, register=True, mode='hold', offset=0, pause=0.0):
-        """Start a live tritonclient process that creates (and registers) a region (pause: seconds between inferences)."""
-        client = Client(self, name, key or '/' + name, byte_size, register=register, mode=mode, offset=offset, pause=pause)
+    def client(self, name, key=None, byte_size=1 << 20, register=True, mode='hold', offset=0, pause=0.0,
+               register_when_gone=None):
+        """Start a live tritonclient process that creates (and registers) a region (pause: seconds between inferences).
+
+        register_when_gone=REGION: the client creates its region unregistered, waits until REGION is not in the
+        server's status, registers its region under the name REGION and SIGKILLs its own process group (a client
+        that re-leaks a region while a cleanup runs).
+        """
+        client = Client(self, name, key or '/' + name, byte_size, register=register, mode=mode, offset=offset, pause=pause,
+                        register_when_gone=register_when_gone)
         self.clients.append(client)
         return client
 
@@ -461,6 +488,10 @@ class TritonServer:
             then = time.time() - age
             os.utime(path, (then, then))
         return path
+
+    def version(self):
+        """The server's version, from GET /v2 (e.g. '2.51.0')."""
+        return self.api('/v2')[1]['version']
 
     def shm_usage(self):
         st = os.statvfs(self.shm_dir)

@@ -430,3 +430,72 @@ def test_summarize_without_filesystem():
                dict(state='dangling', file=dict(path='/s/c', exists=False))]
     s = summarize(regions, [], [], None)
     assert (s['stale_regions'], s['stale_bytes'], s['dangling_regions'], s['used_bytes'], s['total_bytes']) == (3, 15, 1, None, None)
+
+
+# -- reserved regions and custom backend patterns ------------------------------------------------------
+
+MARK = 'trusted.tritonops_shm.reserved'
+
+
+def test_reserved_is_decided_by_the_mark_on_the_file_naming_the_region():
+    space = Namespace()
+    try:
+        for name in ('mine', 'mine_used', 'theirs', 'other_name'):
+            space.write(name, 4096)
+            space.server.do('map ' + name)
+        for name in ('mine', 'mine_used'):
+            os.setxattr(space.path(name), MARK, name.encode())
+        os.setxattr(space.path('other_name'), MARK, b'someone_else')   # the mark names another region
+        space.client('user').do('map mine_used')
+        triton = FakeTriton(system=[region(n) for n in ('mine', 'mine_used', 'theirs', 'other_name')])
+        res = Inventory(triton, server_pid=space.server.pid).result()
+    finally:
+        space.close()
+    regions = by_name(res['system_regions'])
+    states = dict((n, (r['state'], r['reserved'], r['reclaimable'])) for n, r in regions.items())
+    assert states == {
+        'mine': ('reserved', True, False),          # the operator's, nobody maps it yet
+        'mine_used': ('healthy', True, False),      # the operator's, a client maps it
+        'theirs': ('stale', False, True),
+        'other_name': ('stale', False, True),
+    }
+    assert MARK in regions['mine']['state_reason'] and 'never stale' in regions['mine']['state_reason']
+    assert res['summary']['reserved_regions'] == 1 and res['summary']['stale_regions'] == 2
+    # a reserved region's file counts in no stale bytes
+    assert res['summary']['stale_bytes'] == 2 * 4096
+
+
+def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
+    """Not root: the mark cannot even be read (trusted.*), and nothing is stale or reserved."""
+    os.setxattr(ns.path('stale'), MARK, b'stale')
+    try:
+        def classify():
+            inv = Inventory(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm')
+            return dict((r['name'], r['state']) for r in inv.result()['system_regions'])
+        states = as_nobody(classify, setns_pid=ns.server.pid)
+        assert states['stale'] == 'unknown' and 'reserved' not in states.values()
+        own = by_name(Inventory(scene_triton(), server_pid=ns.server.pid).result()['system_regions'])
+        assert own['stale']['state'] == 'reserved'
+    finally:
+        os.removexattr(ns.path('stale'), MARK)
+
+
+@pytest.mark.parametrize('patterns, category', [
+    (None, 'foreign'),                                            # default: only Triton's own prefix
+    (['triton_python_backend_shm_region_*', 'myprefix_*'], 'backend'),
+    (['myprefix_*'], 'backend'),
+])
+def test_backend_patterns_name_the_backend_files(ns, patterns, category):
+    ns.write('myprefix_1', 4096, age=OLD)
+    try:
+        inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'] if patterns is None else [],
+                        min_age=0, backend_patterns=patterns)
+        files = by_name(inv.result()['files'])
+    finally:
+        os.unlink(ns.path('myprefix_1'))
+    assert files['myprefix_1']['category'] == ('orphan' if patterns is None else category)
+    if patterns == ['myprefix_*']:
+        # the list replaces the default: the default prefix is then just another file
+        assert files['triton_python_backend_shm_region_1234']['category'] == 'foreign'
+    else:
+        assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'

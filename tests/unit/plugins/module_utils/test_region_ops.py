@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, runlock
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
@@ -169,20 +169,24 @@ def region(name, key=None, byte_size=64 * KIB, offset=0):
 def params(shm_dir, pid, **kw):
     p = dict(state='absent', kind='system', name=[], key=None, offset=0, byte_size=None, create_file=False,
              raw_handle=None, device_id=None, stale=False, all=False, orphan_files=False, orphan_patterns=[],
-             min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=pid, shm_dir=shm_dir)
+             min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=pid, shm_dir=shm_dir,
+             reserved=False, backend_patterns=list(shm_fs.BACKEND_PATTERNS))
     p.update(kw)
     return p
 
 
-def run(client, shm_dir, pid, check_mode=False, clock=None, **kw):
+def run(client, shm_dir, pid, check_mode=False, clock=None, serialise=False, **kw):
     warnings = []
     clock = clock or FakeClock()
     ops = RegionOps(client, params(shm_dir, pid, **kw), check_mode=check_mode, warn=warnings.append,
-                    sleep=clock.sleep, clock=clock.clock)
-    if ops.params['state'] == 'present':
-        ops.present()
-    else:
-        ops.absent()
+                    sleep=clock.sleep, clock=clock.clock, serialise=serialise)
+    try:
+        if ops.params['state'] == 'present':
+            ops.present()
+        else:
+            ops.absent()
+    finally:
+        ops.release()
     result = ops.partial()
     result['regions'] = ops.regions_after()
     result['warnings'] = warnings
@@ -816,3 +820,283 @@ def test_keep_alive_is_not_used_for_https_or_proxied_urls(monkeypatch):
     assert TritonClient('http://triton.example:8000').use_keep_alive() is False
     monkeypatch.setenv('NO_PROXY', 'triton.example')
     assert TritonClient('http://triton.example:8000').use_keep_alive() is True
+
+
+# -- reserved regions, Triton versions beyond 2.51, overlapping runs ------------------------------------
+
+MARK = 'trusted.tritonops_shm.reserved'
+# Triton 24.12 and later, registering a name that is still listed (deferred unregister)
+ALREADY = "shared memory region '%s' already in manager"
+
+
+class DeferringTriton(FakeTriton):
+    """Triton >= 24.12: an unregister succeeds, the region stays listed for `defer[name]` more status reads."""
+
+    def __init__(self, shm_dir, defer, version='2.53.0', **kw):
+        super(DeferringTriton, self).__init__(shm_dir, **kw)
+        self.defer = dict(defer)
+        self.leaving = {}
+        self.version = version
+
+    def server_metadata(self):
+        meta = super(DeferringTriton, self).server_metadata()
+        meta['version'] = self.version
+        return meta
+
+    def status(self, kind):
+        out = super(DeferringTriton, self).status(kind)
+        for name in sorted(self.leaving):
+            left = self.leaving[name]
+            if left == 0:
+                del self.leaving[name]
+                continue
+            self.leaving[name] = left - 1 if left > 0 else left
+            out.append(dict(self.leaving_spec[name]))
+        return out
+
+    def unregister(self, kind, name):
+        spec = self.regions.get(name)
+        super(DeferringTriton, self).unregister(kind, name)
+        if spec is not None and name in self.defer:
+            self.leaving_spec = getattr(self, 'leaving_spec', {})
+            self.leaving_spec[name] = spec
+            self.leaving[name] = self.defer.pop(name)
+
+    def register_system(self, name, key, offset, byte_size):
+        if name in self.leaving:
+            msg = ALREADY % name
+            self.calls.append(('register', 'system', name, key, offset, byte_size))
+            raise TritonError("register system region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+                              url=self.base, status=400, server_error=msg)
+        super(DeferringTriton, self).register_system(name, key, offset, byte_size)
+
+
+def _unlinked_while_listed(fake, shm_dir):
+    """Names whose file was gone while the fake still listed them (invariant 2)."""
+    bad = []
+    real_status = fake.status
+
+    def status(kind):
+        out = real_status(kind)
+        bad.extend(r['name'] for r in out if not os.path.exists(os.path.join(shm_dir, r['key'].lstrip('/'))))
+        return out
+    fake.status = status
+    return bad
+
+
+def test_deferred_unregister_waits_until_the_region_is_gone_before_unlinking(shm, server_proc):
+    for name in ('a', 'b'):
+        make_file(shm, name)
+    fake = DeferringTriton(shm, defer={'a': 3}, regions=[region('a'), region('b')])
+    bad = _unlinked_while_listed(fake, shm)
+    clock = FakeClock()
+    res = run(fake, shm, server_proc.pid, clock=clock, stale=True)
+    assert res['unregistered'] == ['a', 'b'] and os.listdir(shm) == []
+    assert sorted(os.path.basename(p) for p in res['removed_files']) == ['a', 'b']
+    assert bad == [] and clock.sleeps, 'the status was polled until a was gone, and no file went while listed'
+    assert res['warnings'] == []
+
+
+def test_deferred_unregister_past_in_use_timeout_keeps_the_file_and_says_why(shm, server_proc):
+    make_file(shm, 'busy')
+    fake = DeferringTriton(shm, defer={'busy': -1}, regions=[region('busy')])
+    bad = _unlinked_while_listed(fake, shm)
+    clock = FakeClock()
+    res = run(fake, shm, server_proc.pid, clock=clock, stale=True, in_use_timeout=2)
+    assert res['unregistered'] == ['busy'] and res['removed_files'] == [] and os.listdir(shm) == ['busy']
+    assert 'still listed by the server after 2' in reasons(res, 'name')['busy']
+    assert "region 'busy' is still registered" in reasons(res, 'path')[os.path.join(shm, 'busy')]
+    assert any('still listed' in w for w in res['warnings'])
+    assert bad == [] and 1.5 <= sum(clock.sleeps) <= 2.0
+
+
+def test_deferred_unregister_before_re_registering_a_changed_spec(shm, server_proc):
+    make_file(shm, 'in0', size=128 * KIB)
+    fake = DeferringTriton(shm, defer={'in0': 2}, regions=[region('in0', byte_size=64 * KIB)])
+    res = run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=128 * KIB)
+    assert res['registered'] == ['in0'] and fake.regions['in0']['byte_size'] == 128 * KIB
+    registers = [c for c in fake.calls if c[0] == 'register']
+    assert len(registers) == 1, 'registered once, after the old spec left the status (no "already in manager")'
+
+
+def test_deferred_unregister_that_never_ends_is_not_registered_again(shm, server_proc):
+    make_file(shm, 'in0', size=128 * KIB)
+    fake = DeferringTriton(shm, defer={'in0': -1}, regions=[region('in0', byte_size=64 * KIB)])
+    with pytest.raises(TritonError) as err:
+        run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=128 * KIB, in_use_timeout=1)
+    assert 'still listed after 1' in err.value.msg and 'run again later' in err.value.msg
+    assert not [c for c in fake.calls if c[0] == 'register']
+    assert os.path.exists(os.path.join(shm, 'in0'))
+
+
+def test_a_new_registration_of_the_same_name_is_not_a_deferred_one(shm, server_proc):
+    """A client registering the cleaned name again (another key) must not keep the old file."""
+    make_file(shm, 'old')
+    make_file(shm, 'new')
+
+    def reregister(name):
+        fake.regions[name] = region(name, key='/new')
+    fake = FakeTriton(shm, regions=[region('dead', key='/old')], on_unregister=reregister)
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['unregistered'] == ['dead'] and res['removed_files'] == [os.path.join(shm, 'old')]
+    assert os.listdir(shm) == ['new']
+
+
+@pytest.mark.parametrize('key, why', [
+    ('/triton_python_backend_shm_region_7', 'reserves for its python backend'),
+    ('/mybackend_3', 'matches backend_patterns'),
+])
+def test_keys_of_backend_files_are_refused_before_any_call(shm, server_proc, key, why):
+    fake = FakeTriton(shm)
+    with pytest.raises(shm_fs.ShmFsError) as err:
+        run(fake, shm, server_proc.pid, state='present', name=['x'], key=key, byte_size=KIB, create_file=True,
+            backend_patterns=['triton_python_backend_shm_region_*', 'mybackend_*'])
+    assert why in str(err.value) and 'choose another key' in str(err.value)
+    assert fake.calls == [] and os.listdir(shm) == []
+
+
+@pytest.mark.parametrize('version, warned', [('2.48.0', True), ('2.49.1', True), ('2.50.0', False), ('2.51.0', False)])
+def test_unregistering_a_held_region_warns_on_servers_older_than_2_50(shm, server_proc, version, warned):
+    path = make_file(shm, 'live')
+    with open(path, 'r+b') as f:   # this test process is the live client
+        held = mmap.mmap(f.fileno(), 0)
+    try:
+        fake = DeferringTriton(shm, defer={}, version=version, regions=[region('live'), region('other')])
+        make_file(shm, 'other')
+        res = run(fake, shm, server_proc.pid, name=['live', 'other'])
+    finally:
+        held.close()
+    crash = [w for w in res['warnings'] if '#3207' in w]
+    assert bool(crash) is warned
+    if warned:
+        assert 'older than 2.50' in crash[0] and 'live' in crash[0] and 'other' not in crash[0].split('region(s)')[1]
+
+
+def _mark(path, name):
+    os.setxattr(path, MARK, name.encode())
+
+
+@pytest.fixture
+def xattrs(shm):
+    try:
+        _mark(make_file(shm, '.probe'), 'x')
+    except OSError as exc:
+        pytest.skip('no trusted.* extended attributes here: %s' % exc)
+    os.unlink(os.path.join(shm, '.probe'))
+
+
+def test_registering_marks_the_file_and_stale_never_selects_it(shm, server_proc, xattrs):
+    res = run(FakeTriton(shm), shm, server_proc.pid, state='present', name=['warm'], key='/warm', byte_size=KIB,
+              create_file=True)
+    path = os.path.join(shm, 'warm')
+    assert res['marked_files'] == [path] and os.getxattr(path, MARK) == b'warm'
+    fake = FakeTriton(shm, regions=[region('warm', byte_size=KIB)])
+    again = run(fake, shm, server_proc.pid, state='present', name=['warm'], key='/warm', byte_size=KIB, create_file=True)
+    assert again['changed'] is False and again['marked_files'] == []
+    stale = run(fake, shm, server_proc.pid, stale=True)
+    assert stale['changed'] is False and 'warm' in fake.regions and os.path.exists(path)
+    dry = run(fake, shm, server_proc.pid, reserved=True, check_mode=True)
+    assert dry['unregistered'] == ['warm'] and 'warm' in fake.regions
+    gone = run(fake, shm, server_proc.pid, reserved=True)
+    assert gone['unregistered'] == ['warm'] and gone['removed_files'] == [path] and fake.regions == {}
+
+
+def test_marking_that_fails_is_a_warning_not_a_failure(shm, server_proc, monkeypatch):
+    def refuse(*_args):
+        raise OSError(95, 'Operation not supported')
+    monkeypatch.setattr(os, 'setxattr', refuse)
+    fake = FakeTriton(shm)
+    res = run(fake, shm, server_proc.pid, state='present', name=['warm'], key='/warm', byte_size=KIB, create_file=True)
+    assert res['registered'] == ['warm'] and res['marked_files'] == [] and 'warm' in fake.regions
+    assert any('could not be marked' in w and 'Operation not supported' in w for w in res['warnings'])
+
+
+def test_a_file_another_run_removed_first_is_not_counted(shm, server_proc):
+    for name in ('a', 'b'):
+        make_file(shm, name)
+
+    def other_run_unlinks(name):
+        if name == 'b':
+            os.unlink(os.path.join(shm, 'a'))   # another job got to a's file first
+    fake = FakeTriton(shm, regions=[region('a'), region('b')], on_unregister=other_run_unlinks)
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['removed_files'] == [os.path.join(shm, 'b')] and res['freed_bytes'] == 64 * KIB
+    assert 'already removed' in reasons(res, 'path')[os.path.join(shm, 'a')]
+
+
+def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc):
+    for name in ('a', 'b'):
+        make_file(shm, name)
+    fake = FakeTriton(shm, regions=[region('a'), region('b')])
+    other = runlock.ShmDirLock(shm)
+    assert other.acquire() is False
+
+    class OtherRunFinishes(FakeClock):
+        def sleep(self, seconds):
+            super(OtherRunFinishes, self).sleep(seconds)
+            if other.fd is not None:   # the other run does the work and ends
+                fake.regions.clear()
+                for name in ('a', 'b'):
+                    os.unlink(os.path.join(shm, name))
+                other.release()
+    res = run(fake, shm, server_proc.pid, clock=OtherRunFinishes(), stale=True, serialise=True)
+    assert res['changed'] is False and res['unregistered'] == [] and res['removed_files'] == []
+    assert not [c for c in fake.calls if c[0] == 'unregister']
+
+
+def test_a_lock_held_too_long_fails_clearly_and_touches_nothing(shm, server_proc):
+    make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    other = runlock.ShmDirLock(shm)
+    other.acquire()
+    try:
+        with pytest.raises(shm_fs.ShmFsError) as err:
+            run(fake, shm, server_proc.pid, stale=True, serialise=True)
+    finally:
+        other.release()
+    assert 'another tritonops.shm run has held the lock on %s for 600' % shm in str(err.value)
+    assert 'a' in fake.regions and os.listdir(shm) == ['a']
+
+
+def test_the_lock_is_the_directory_itself_and_leaves_no_file(shm, server_proc):
+    make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    before = os.listdir(os.path.dirname(shm))
+    res = run(fake, shm, server_proc.pid, stale=True, serialise=True)
+    assert res['unregistered'] == ['a'] and os.listdir(shm) == []
+    assert os.listdir(os.path.dirname(shm)) == before
+    # released: the next run takes it at once
+    lock = runlock.ShmDirLock(shm)
+    assert lock.acquire() is False
+    lock.release()
+
+
+def test_check_mode_takes_no_lock(shm, server_proc):
+    make_file(shm, 'a')
+    other = runlock.ShmDirLock(shm)
+    other.acquire()
+    try:
+        res = run(FakeTriton(shm, regions=[region('a')]), shm, server_proc.pid, stale=True, check_mode=True, serialise=True)
+    finally:
+        other.release()
+    assert res['unregistered'] == ['a']
+
+
+@pytest.mark.parametrize('version, removed', [('2.51.0', True), ('2.53.0', False)])
+def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_may_be_deferred(shm, server_proc, version, removed):
+    make_file(shm, 'a')
+    make_file(shm, 'b')
+    fake = DeferringTriton(shm, defer={}, version=version, regions=[region('a'), region('b')], fail_unregister_at=2)
+    real_status = fake.status
+
+    def status(kind):
+        if fake.unregister_calls:
+            raise TritonError('read system shared memory status at %s: no answer within 2s (timeout)' % fake.base, url=fake.base)
+        return real_status(kind)
+    fake.status = status
+    with pytest.raises(TritonError):
+        run(fake, shm, server_proc.pid, stale=True)
+    # 'a' was unregistered (answered) before the connection was lost
+    assert 'a' not in fake.regions
+    assert os.path.exists(os.path.join(shm, 'a')) is not removed
+    assert os.path.exists(os.path.join(shm, 'b'))

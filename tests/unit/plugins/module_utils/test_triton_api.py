@@ -194,6 +194,25 @@ def test_http_error_carries_the_servers_own_error(serve):
     assert (err.in_use, err.not_found) == (False, True)
 
 
+# Triton 2.68 and later without --allow-client-shm=true (the server's exact text; 2.51 here has no such switch)
+CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
+
+
+@pytest.mark.parametrize('call', [
+    lambda c: c.status('system'),
+    lambda c: c.register_system('in0', '/in0', 0, 1024),
+    lambda c: c.unregister('system', 'in0'),
+])
+def test_client_shm_disabled_names_the_flag_and_the_role_variable(serve, call):
+    answer = jsonr(dict(error=CLIENT_SHM_OFF), 400)
+    srv = serve({('GET', '/v2/systemsharedmemory/status'): answer,
+                 ('POST', '/v2/systemsharedmemory/region/in0/register'): answer,
+                 ('POST', '/v2/systemsharedmemory/region/in0/unregister'): answer})
+    err = _fails(lambda: call(TritonClient(srv.url())), CLIENT_SHM_OFF, '--allow-client-shm=true',
+                 'tritonops.shm.triton_server', 'triton_server_allow_client_shm')
+    assert err.server_error == CLIENT_SHM_OFF and err.status == 400
+
+
 def test_http_error_without_json_quotes_the_body_or_the_reason(serve):
     srv = serve({('GET', '/v2'): (502, 'text/html', '<html><body>Bad Gateway from the proxy</body></html>'),
                  ('GET', '/v2/systemsharedmemory/status'): (500, None, b'')})

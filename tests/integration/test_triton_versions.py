@@ -1,0 +1,106 @@
+"""Behaviours that differ between Triton versions, against the real servers this machine can run.
+
+The rig's tritonserver is 2.51 (nvidia-pytriton 0.7.0); with TRITONRIG_PYTRITON_SITE set to the
+site-packages of another nvidia-pytriton (0.5.10 bundles 2.48, see DEVELOPERS.md) the same tests
+run against that server. Answers only newer servers give (24.12+ deferred unregister, 2.60+
+reserved key prefix, 2.68+ client shared memory off) are covered by unit tests with their
+exact texts.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import tritonrig
+from ansible_helpers import run_module
+
+INFO = 'tritonops.shm.triton_shm_info'
+REGION = 'tritonops.shm.triton_shm_region'
+MIB = 1 << 20
+DEFAULT_BACKEND = 'triton_python_backend_shm_region_*'
+PREFIX = 'acme_pb_'
+
+
+def version_tuple(text):
+    return tuple(int(p) for p in text.split('.')[:2])
+
+
+def categories(info, prefix):
+    return dict((f['name'], f['category']) for f in info['files'] if f['name'].startswith(prefix))
+
+
+def crash(server):
+    """SIGKILL the server and its python backend stubs together (frozen first, so none cleans up after the other)."""
+    group = [server.pid] + [int(d) for d in os.listdir('/proc') if d.isdigit() and _ppid(d) == server.pid]
+    for pid in group:
+        os.kill(pid, signal.SIGSTOP)
+    for pid in group:
+        os.kill(pid, signal.SIGKILL)
+    server.proc.wait(timeout=10)
+
+
+def _ppid(pid):
+    try:
+        with open('/proc/%s/stat' % pid) as f:
+            return int(f.read().rsplit(')', 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_a_custom_python_backend_prefix_is_backend_never_orphan(tmp_path):
+    """--backend-config=python,shm-region-prefix-name=...: the server killed, its backend files left behind."""
+    with tritonrig.ShmNamespace('64m') as ns:
+        first = tritonrig.TritonServer(workdir=str(tmp_path), namespace=ns, name='first',
+                                       backend_config=('python,shm-region-prefix-name=%s' % PREFIX,))
+        second = None
+        try:
+            first.start()
+            custom = [f for f in os.listdir(ns.shm_dir) if f.startswith(PREFIX)]
+            assert custom, os.listdir(ns.shm_dir)
+            assert not [f for f in os.listdir(ns.shm_dir) if f.startswith('triton_python_backend_shm_region_')]
+            patterns = [DEFAULT_BACKEND, PREFIX + '*']
+            live = run_module(INFO, dict(url=first.url, backend_patterns=patterns))
+            assert set(categories(live, PREFIX).values()) == {'backend'}, categories(live, PREFIX)
+
+            # the server and its stub die at once (a crashed container whose /dev/shm is the host's): the files stay
+            crash(first)
+            assert set(custom) <= set(os.listdir(ns.shm_dir))
+            second = tritonrig.TritonServer(workdir=str(tmp_path), namespace=ns, name='second', models=(),
+                                            http_port=first.http_port).start()
+            sweep = dict(url=second.url, orphan_patterns=['*'], min_age=0)
+            default = run_module(INFO, sweep)
+            # with the default rule the custom prefix is nobody's: a pattern matching everything would take it
+            assert set(categories(default, PREFIX).values()) == {'orphan'}, categories(default, PREFIX)
+            told = run_module(INFO, dict(sweep, backend_patterns=patterns))
+            assert set(categories(told, PREFIX).values()) == {'backend'}
+            assert told['summary']['backend_files'] == len(custom)
+            clean = run_module(REGION, dict(sweep, state='absent', orphan_files=True, backend_patterns=patterns))
+            assert not clean.get('failed') and clean['removed_files'] == [] and clean['changed'] is False, clean
+            assert set(custom) <= set(os.listdir(ns.shm_dir))
+        finally:
+            if second:
+                second.stop()
+            first.stop()
+
+
+def test_unregistering_a_live_clients_region_warns_only_before_2_50(triton):
+    """Triton < 2.50 could crash when a region with requests in flight was unregistered (server#3207)."""
+    version = triton.version()
+    client = triton.client('busy', byte_size=64 * 1024, mode='infer')
+    dry = run_module(REGION, dict(url=triton.url, state='absent', name='busy'), check=True)
+    warned = [w for w in dry.get('warnings', []) if '#3207' in w]
+    if version_tuple(version) < (2, 50):
+        assert warned and 'older than 2.50' in warned[0] and 'busy' in warned[0], dry
+    else:
+        assert warned == [], dry
+    assert 'busy' in triton.system_regions() and client.alive
+    print('FIGURE version_warning: Triton %s, warned=%s' % (version, bool(warned)))
+
+
+def test_reserved_key_prefix_is_refused_before_the_server_is_asked(triton):
+    """Triton 2.60+ refuse the python backend's prefix as a client key; 2.51 here would accept it."""
+    res = run_module(REGION, dict(url=triton.url, name='sneaky', key='/triton_python_backend_shm_region_x', byte_size=MIB,
+                                  create_file=True))
+    assert res.get('failed') and 'reserves for its python backend' in res['msg'], res
+    assert 'sneaky' not in triton.system_regions()
+    assert 'triton_python_backend_shm_region_x' not in triton.shm_files()
