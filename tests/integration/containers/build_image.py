@@ -202,7 +202,7 @@ def collect_rig(paths):
 def rig_texts():
     """In-memory files of the rig image: the rig's echo model."""
     site = '/%s/lib/python%d.%d/site-packages' % ((PY_PREFIX,) + sys.version_info[:2])
-    return [('models/echo/config.pbtxt', tritonrig.ECHO_CONFIG), ('models/echo/1/model.py', tritonrig.ECHO_MODEL.format(site=site))]
+    return [('models/echo/config.pbtxt', tritonrig.ECHO_CONFIG), ('models/echo/1/model.py', tritonrig.ECHO_MODEL.format(sites=[site]))]
 
 
 def content_hash(files, texts=()):
