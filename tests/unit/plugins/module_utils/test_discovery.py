@@ -324,7 +324,7 @@ def test_forwarding_hops_are_bounded(host):
     _inner, inner_port = host.peer('forward', 'fwd-inner', '127.0.0.1:0', backends=['%s:8000' % ns_ip])
     outer, port = host.peer('forward', 'fwd-outer', '127.0.0.1:0', backends=['127.0.0.1:%d' % inner_port])
     assert discovery.find_server('127.0.0.1', port)[0] == server.pid
-    pid, _how, reason = discovery.find_server('127.0.0.1', port, max_hops=1, attempts=1)
+    pid, _how, reason = discovery.find_server('127.0.0.1', port, max_hops=1)
     assert pid is None
     assert 'gave up after 1 forwarding hops at fwd-inner' in reason, reason
     assert 'port %d on 127.0.0.1 is held by fwd-outer (pid %d)' % (port, outer.pid) in reason
