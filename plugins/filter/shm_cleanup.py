@@ -105,6 +105,9 @@ def shm_cleanup_result(before, plan, absent=None, present=None, after=None, fail
     """The role's record of one host: what was found, decided, done, left alone and why, and how it ended."""
     before = before or {}
     server = before.get('server') or {}
+    if not plan.get('act'):
+        # the act steps did not run: results registered by an earlier run of the role in the same play are not ours
+        absent = present = after = None
     absent = absent if _ran(absent) else {}
     present = [r for r in ((present or {}).get('results') or []) if not r.get('skipped')]
     done = dict(unregistered=list(absent.get('unregistered') or []), removed_files=list(absent.get('removed_files') or []),

@@ -147,6 +147,14 @@ def test_result_after_summary(check_mode, threshold, after, expected):
     assert r['before']['used_percent'] == 10.0
 
 
+def test_results_of_steps_that_did_not_run_are_ignored():
+    """Nothing to do: registered results of an earlier run of the role in the same play are not this run's work."""
+    r = result(info([LIVE]), dict(threshold_percent=50), absent=ABSENT, present=PRESENT, after=info([DEAD]))
+    assert (r['status'], r['changed'], r['skipped']) == ('ok', False, [])
+    assert r['done'] == dict(unregistered=[], removed_files=[], freed_bytes=0, registered=[], created_files=[])
+    assert r['after'] == r['before']
+
+
 def test_result_of_a_host_whose_query_failed():
     r = shm_cleanup_result({'failed': True, 'msg': 'cannot connect'}, {}, failure=dict(step='Query', msg='cannot connect'),
                            host='h', url='u', finished_epoch='17')
