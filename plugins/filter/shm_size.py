@@ -1,5 +1,6 @@
-# Copyright (c) tritonops.shm developers
-# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The shm-size planner: how big a Triton container's /dev/shm must be for a workload.
 
 Documentation: plugins/filter/shm_size.yml (``ansible-doc -t filter tritonops.shm.shm_size``).

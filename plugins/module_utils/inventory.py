@@ -6,7 +6,7 @@
 
 Private to the tritonops.shm collection. This is the one place where a region
 is called healthy, stale, reserved, dangling or unknown, and a file registered,
-backend, in_use, orphan or foreign (see docs/concepts.md and ../shared/DESIGN.md).
+backend, in_use, orphan or foreign (see docs/concepts.md).
 
 A region is the operator's (``reserved`` while no client maps it) when its backing file
 carries the mark triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR)
@@ -14,20 +14,16 @@ and the mark names that region.
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 import time
 
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
-
-
-def _matches(name, patterns):
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns or ())
 
 
 class Inventory(object):
@@ -198,11 +194,11 @@ class Inventory(object):
             return 'foreign', 'not a regular file (%s)' % e['type']
         if rec['regions']:
             return 'registered', 'backs region(s) %s' % ', '.join(rec['regions'])
-        if _matches(e['name'], self.backend_patterns):
+        if matches(e['name'], self.backend_patterns):
             return 'backend', "Triton's python backend shared memory (matches the backend patterns)"
         if all_holders:
             return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
-        if not _matches(e['name'], self.orphan_patterns):
+        if not matches(e['name'], self.orphan_patterns):
             return 'foreign', 'matches no orphan pattern'
         if e['age_s'] < self.min_age:
             return 'foreign', 'matches an orphan pattern but is younger than min_age (%ss < %ss)' % (e['age_s'], self.min_age)

@@ -6,24 +6,30 @@
 
 Private to the tritonops.shm collection. Decisions about what a region or a
 file *is* come from inventory.py; this file decides what to *do* and does it,
-in the order the safety invariants require (../shared/DESIGN.md):
+in the order the safety invariants require (docs/concepts.md):
 unregister first, re-check holders, then unlink only unheld regular files by
 (device, inode) inside the shm directory.
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 import time
 
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Inventory
+from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
 
 
+# what _unregister did with one region
+UNREGISTERED = 'unregistered'
+GONE = 'gone'
+KEPT = 'kept'
+
+
 def _spec(region):
-    return dict((k, region.get(k)) for k in ('name', 'key', 'offset', 'byte_size') if k in region)
+    return dict((k, region.get(k)) for k in REGION_KEYS if k in region)
 
 
 def version_tuple(version):
@@ -158,26 +164,30 @@ class RegionOps(object):
     # -- unregister with the in-use retry ---------------------------------------------------
 
     def _unregister(self, kind, name):
-        """Unregister; True when done (or already gone), False when skipped because it stayed in use."""
+        """Unregister one region; return UNREGISTERED, GONE (no longer registered: not our work) or KEPT.
+
+        KEPT means it is still registered (in use past in_use_timeout, or a name the client cannot
+        address), with the reason recorded in skipped.
+        """
         timeout = self.params.get('in_use_timeout', 10)
         deadline = self.clock() + timeout
         delay = 0.05
         while True:
             try:
                 self.client.unregister(kind, name)
-                return True
+                return UNREGISTERED
             except TritonError as exc:
                 if exc.unaddressable:
                     self.skipped.append(dict(name=name, reason=exc.msg))
-                    return False
+                    return KEPT
                 if exc.not_found:
-                    return None
+                    return GONE
                 if not exc.in_use:
                     raise
                 if self.clock() + delay > deadline:
                     self.skipped.append(dict(name=name, reason='still in use after %ss (requests in flight): %s'
                                              % (timeout, exc.server_error)))
-                    return False
+                    return KEPT
                 self.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
@@ -209,7 +219,7 @@ class RegionOps(object):
                                     "(Triton 2.60 and later refuse it as a reserved prefix): choose another key"
                                     % (key_name, shm_fs.BACKEND_PREFIX))
         patterns = self.params.get('backend_patterns')
-        if patterns and any(fnmatch.fnmatchcase(key_name, pat) for pat in patterns):
+        if matches(key_name, patterns):
             raise shm_fs.ShmFsError("key '/%s' names a python backend file (it matches backend_patterns %s): "
                                     "registering it as a client region would hand Triton's own memory to clients; "
                                     "choose another key" % (key_name, ', '.join(patterns)))
@@ -234,8 +244,7 @@ class RegionOps(object):
             return self._present_cuda()
         p = self.params
         key_name = shm_fs.key_to_name(p['key'])
-        if p['byte_size'] is None or p['byte_size'] <= 0:
-            raise shm_fs.ShmFsError('byte_size must be a positive number of bytes, got %s' % p['byte_size'])
+        self._check_byte_size()
         if p['offset'] < 0:
             raise shm_fs.ShmFsError('offset must be 0 or more, got %s' % p['offset'])
         need = p['offset'] + p['byte_size']
@@ -244,12 +253,7 @@ class RegionOps(object):
         current = dict((r['name'], r) for r in inv.system)
         wanted = dict(key=p['key'], offset=p['offset'], byte_size=p['byte_size'])
         self.before = dict(regions=[_spec(current[n]) for n in p['name'] if n in current])
-        todo = []
-        for name in p['name']:
-            cur = current.get(name)
-            if cur is not None and all(cur.get(k) == v for k, v in wanted.items()):
-                continue
-            todo.append((name, cur))
+        todo = self._todo(current, wanted)
         create = False
         if inv.shm_dir is None:
             if p['create_file']:
@@ -289,6 +293,16 @@ class RegionOps(object):
         finally:
             self._measure_after()
 
+    def _check_byte_size(self):
+        size = self.params['byte_size']
+        if size is None or size <= 0:
+            raise shm_fs.ShmFsError('byte_size must be a positive number of bytes, got %s' % size)
+
+    def _todo(self, current, wanted):
+        """[(name, current region or None)] of the asked names not registered as wanted."""
+        return [(n, current.get(n)) for n in self.params['name']
+                if not (n in current and all(current[n].get(k) == v for k, v in wanted.items()))]
+
     def _mark_unmarked(self, inv, key_name):
         """A region already registered as asked: mark its backing file when it does not carry the mark yet."""
         if inv.shm_dir is None:
@@ -313,7 +327,7 @@ class RegionOps(object):
         """
         for name, cur in todo:
             if cur is not None:
-                if self._unregister(kind, name) is False:
+                if self._unregister(kind, name) == KEPT:
                     raise TritonError("re-register %s region '%s': it stays in use (requests in flight), not changed" % (kind, name))
                 if self._wait_gone(kind, {name: cur}):
                     self.unregistered.append(name)
@@ -364,13 +378,12 @@ class RegionOps(object):
 
     def _present_cuda(self):
         p = self.params
-        if p['byte_size'] is None or p['byte_size'] <= 0:
-            raise shm_fs.ShmFsError('byte_size must be a positive number of bytes, got %s' % p['byte_size'])
+        self._check_byte_size()
         current = dict((r['name'], r) for r in self.client.status('cuda'))
+        wanted = dict(device_id=p['device_id'], byte_size=p['byte_size'])
         self.before = dict(regions=[_cuda_spec(current[n]) for n in p['name'] if n in current])
-        self.after = dict(regions=[dict(name=n, device_id=p['device_id'], byte_size=p['byte_size']) for n in p['name']])
-        todo = [(n, current.get(n)) for n in p['name']
-                if not (n in current and current[n].get('device_id') == p['device_id'] and current[n].get('byte_size') == p['byte_size'])]
+        self.after = dict(regions=[dict(name=n, **wanted) for n in p['name']])
+        todo = self._todo(current, wanted)
         if not todo:
             return
         self.changed = True
@@ -387,8 +400,21 @@ class RegionOps(object):
 
     # -- absent -----------------------------------------------------------------------------
 
-    def _excluded(self, name):
-        return any(fnmatch.fnmatchcase(name, pat) for pat in self.params.get('exclude') or ())
+    def _select(self, candidates):
+        """The candidate regions to unregister, minus the excluded and the unaddressable ones (skipped with the reason)."""
+        selected = []
+        for rec in candidates:
+            if matches(rec['name'], self.params.get('exclude')):
+                self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+            elif not self._unaddressable(rec):
+                selected.append(rec)
+        return selected
+
+    def _wanted(self, rec):
+        """Whether the parameters ask for this system region (before exclusion)."""
+        p = self.params
+        return bool(p['all'] or rec['name'] in (p['name'] or ()) or (p['stale'] and rec['reclaimable'])
+                    or (p.get('reserved') and rec['state'] == 'reserved'))
 
     def _unaddressable(self, rec):
         """True (and skipped with the reason, its file kept) when the client cannot address this region's name.
@@ -416,6 +442,7 @@ class RegionOps(object):
                    inv.server_reason or inv.dir_error or 'see the warnings'))
 
     def absent(self):
+        """Unregister the selected regions, then remove their unheld files and (with orphan_files) orphan files."""
         p = self.params
         if p['kind'] == 'cuda':
             return self._absent_cuda()
@@ -423,58 +450,10 @@ class RegionOps(object):
                               min_age=p['min_age'])
         self._require_server(inv)
         regions, _cuda, files = inv.records()
-        selected = []
-        names = set(p['name'] or ())
-        for rec in regions:
-            why = None
-            if p['all']:
-                why = 'all'
-            elif rec['name'] in names:
-                why = 'named'
-            elif p['stale'] and rec['reclaimable']:
-                why = rec['state']
-            elif p.get('reserved') and rec['state'] == 'reserved':
-                why = 'reserved'
-            if why is None:
-                continue
-            if self._excluded(rec['name']):
-                self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
-                continue
-            if self._unaddressable(rec):
-                continue
-            selected.append(rec)
+        selected = self._select(rec for rec in regions if self._wanted(rec))
         selected_names = set(r['name'] for r in selected)
         remaining = [r for r in regions if r['name'] not in selected_names]
-        kept_paths = set(r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists'))
-        file_plan = []   # (entry, region name or None)
-        planned = set()
-        entries = dict((e['path'], e) for e in inv.entries)
-        for rec in selected:
-            f = rec.get('file')
-            if not p['remove_file'] or not f or not f.get('exists'):
-                continue
-            path = f['path']
-            if path in kept_paths:
-                self.skipped.append(dict(path=path, reason='also backs a region that stays registered'))
-                continue
-            if f.get('type') != 'file':
-                self.skipped.append(dict(path=path, reason='not a regular file (%s): never removed' % f.get('type')))
-                continue
-            if rec['holders']:
-                self.skipped.append(dict(path=path, reason='held by ' + holders_text(rec['holders'])))
-                self.warn("region '%s' is unregistered as asked, but its file %s is held by %s and is kept"
-                          % (rec['name'], path, holders_text(rec['holders'])))
-                continue
-            if inv.scan is None or not inv.scan.complete:
-                self.skipped.append(dict(path=path, reason='holders could not be fully determined'))
-                continue
-            if path not in planned:
-                planned.add(path)
-                file_plan.append((entries[path], rec['name']))
-        if p['orphan_files']:
-            for f in files:
-                if f['category'] == 'orphan':
-                    file_plan.append((entries[f['path']], None))
+        file_plan = self._plan_files(inv, selected, remaining, files)
         self.before = dict(regions=[_spec(r) for r in regions], files=[e['path'] for e, _n in file_plan])
         self.after = dict(regions=[_spec(r) for r in remaining], files=[])
         if not selected and not file_plan:
@@ -487,47 +466,97 @@ class RegionOps(object):
             self.freed_bytes = sum(e['allocated_bytes'] for e, _n in file_plan)
             return
         try:
-            still_registered = set()
-            try:
-                for rec in selected:
-                    done = self._unregister('system', rec['name'])
-                    if done is False:
-                        still_registered.add(rec['name'])
-                    elif done:
-                        self.unregistered.append(rec['name'])
-                self._deferred(selected, still_registered)
-            except TritonError:
-                # failed part-way: still remove the files of the regions confirmed unregistered and gone
-                # from the status, so that a rerun of the same task converges; the rest keeps its file
-                done = set(self.unregistered)
-                confirmed = True
-                try:
-                    self._deferred(selected, still_registered)
-                except TritonError as again:
-                    # before 24.12 an unregister Triton answered is final; since, it may still be listed
-                    if _may_defer(inv):
-                        confirmed = False
-                        self.skipped.extend(dict(path=e['path'], reason='not removed: the status could not be read to confirm '
-                                                 'that its region is gone: %s' % again.msg)
-                                            for e, n in file_plan if n in done)
-                try:
-                    if confirmed:
-                        self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
-                except shm_fs.ShmFsError as exc:
-                    # e.g. the server died and its private /dev/shm went with it: report the server's
-                    # failure (the cause), and the files that could not be removed with this reason
-                    removed = set(self.removed_files)
-                    self.skipped.extend(dict(path=e['path'], reason='not removed: %s' % exc)
-                                        for e, n in file_plan if n in done and e['path'] not in removed)
-                raise
-            self._remove_files(inv, file_plan, still_registered)
+            self._unregister_then_remove(inv, selected, file_plan)
         finally:
-            self._measure_after()
-            try:
-                self.status_after = self.client.status('system')
-                self.after['regions'] = [_spec(r) for r in self.status_after]
-            except TritonError:
-                pass
+            self._record_after()
+
+    def _unregister_then_remove(self, inv, selected, file_plan):
+        """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
+        still_registered = set()
+        try:
+            self._unregister_selected('system', selected, still_registered)
+            self._deferred(selected, still_registered)
+        except TritonError:
+            self._salvage_files(inv, selected, file_plan, still_registered)
+            raise
+        self._remove_files(inv, file_plan, still_registered)
+
+    def _plan_files(self, inv, selected, remaining, files):
+        """[(inventory entry, region name or None)]: the files to remove, each skip recorded with its reason."""
+        p = self.params
+        kept_paths = set(r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists'))
+        entries = dict((e['path'], e) for e in inv.entries)
+        file_plan = []
+        planned = set()
+        for rec in selected:
+            f = rec.get('file')
+            if not p['remove_file'] or not f or not f.get('exists'):
+                continue
+            path = f['path']
+            reason = self._keep_file_reason(inv, rec, f, kept_paths)
+            if reason is not None:
+                self.skipped.append(dict(path=path, reason=reason))
+            elif path not in planned:
+                planned.add(path)
+                file_plan.append((entries[path], rec['name']))
+        if p['orphan_files']:
+            file_plan.extend((entries[f['path']], None) for f in files if f['category'] == 'orphan')
+        return file_plan
+
+    def _keep_file_reason(self, inv, rec, f, kept_paths):
+        """Why the backing file of a selected region must stay, or None."""
+        path = f['path']
+        if path in kept_paths:
+            return 'also backs a region that stays registered'
+        if f.get('type') != 'file':
+            return 'not a regular file (%s): never removed' % f.get('type')
+        if rec['holders']:
+            self.warn("region '%s' is unregistered as asked, but its file %s is held by %s and is kept"
+                      % (rec['name'], path, holders_text(rec['holders'])))
+            return 'held by ' + holders_text(rec['holders'])
+        if inv.scan is None or not inv.scan.complete:
+            return 'holders could not be fully determined'
+        return None
+
+    def _unregister_selected(self, kind, selected, still_registered):
+        """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered."""
+        for rec in selected:
+            outcome = self._unregister(kind, rec['name'])
+            if outcome == UNREGISTERED:
+                self.unregistered.append(rec['name'])
+            elif outcome == KEPT:
+                still_registered.add(rec['name'])
+
+    def _salvage_files(self, inv, selected, file_plan, still_registered):
+        """After a failure part-way: remove the files of the regions confirmed unregistered and gone from the status,
+        so that a rerun of the same task converges; every other file is kept."""
+        done = set(self.unregistered)
+        try:
+            self._deferred(selected, still_registered)
+        except TritonError as again:
+            # before 24.12 an unregister Triton answered is final; since, it may still be listed
+            if _may_defer(inv):
+                self.skipped.extend(dict(path=e['path'], reason='not removed: the status could not be read to confirm '
+                                         'that its region is gone: %s' % again.msg)
+                                    for e, n in file_plan if n in done)
+                return
+        try:
+            self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
+        except shm_fs.ShmFsError as exc:
+            # e.g. the server died and its private /dev/shm went with it: the server's failure (the cause)
+            # is what is raised; the files that could not be removed are reported with this reason
+            removed = set(self.removed_files)
+            self.skipped.extend(dict(path=e['path'], reason='not removed: %s' % exc)
+                                for e, n in file_plan if n in done and e['path'] not in removed)
+
+    def _record_after(self):
+        """/dev/shm use and the server's regions after the change, as far as they can still be read."""
+        self._measure_after()
+        try:
+            self.status_after = self.client.status('system')
+            self.after['regions'] = [_spec(r) for r in self.status_after]
+        except TritonError:
+            pass
 
     def _deferred(self, selected, still_registered):
         """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files."""
@@ -587,16 +616,7 @@ class RegionOps(object):
             raise shm_fs.ShmFsError('orphan_files applies to kind=system only (CUDA regions have no files)')
         current = self.client.status('cuda')
         names = set(p['name'] or ())
-        selected = []
-        for rec in current:
-            if not (p['all'] or rec['name'] in names):
-                continue
-            if self._excluded(rec['name']):
-                self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
-                continue
-            if self._unaddressable(rec):
-                continue
-            selected.append(rec)
+        selected = self._select(rec for rec in current if p['all'] or rec['name'] in names)
         if p['stale'] and not p['all']:
             self.warn('CUDA regions are never stale (their clients cannot be observed): stale=true selects none of them')
         sel = set(r['name'] for r in selected)
@@ -608,9 +628,7 @@ class RegionOps(object):
         if self.check_mode:
             self.unregistered = sorted(sel)
             return
-        for rec in selected:
-            if self._unregister('cuda', rec['name']):
-                self.unregistered.append(rec['name'])
+        self._unregister_selected('cuda', selected, set())
 
     def regions_after(self):
         """The regions after the change (predicted in check mode)."""

@@ -7,8 +7,9 @@ no client holding it (what a SIGKILLed client leaves), so cleanup has real work.
 
 Timed with wall clock, median of R runs each (leaks re-created before every cleanup):
   report x 1 host, report x N hosts, cleanup x 1 host, cleanup x N hosts.
-Strategy: linear (the default), forks = N (-f N), pipelining on. The goal is N hosts
-within 2x one host's time. Also measured: CPU seconds of ansible-playbook and every module
+Strategy: linear (the default), forks = N (-f N), pipelining on. Information only: the
+former goal (N hosts within 2x one host's time) is retired, on 2 cores it measures the CPU,
+not the design; the cost goals are CPU per host (bench_cost.py). Also measured: CPU seconds of ansible-playbook and every module
 process it ran; CPU / cores is the floor no strategy or fork count can beat on this machine.
 Prints the figures, writes bench-results/bench_fleet.json.
 Usage: python tests/bench/bench_fleet.py [--hosts 16] [--leaks 3] [--repeat 2]
@@ -122,8 +123,9 @@ def main():
         figures['%s_ratio' % playbook] = round(ratio, 2)
         floor = figures['%s_%d_hosts_cpu_s' % (playbook, args.hosts)] / (os.cpu_count() or 1)
         figures['%s_cpu_floor_s' % playbook] = round(floor, 2)
-        print('%-8s %d hosts / 1 host = %.2fx (goal <= 2x): %s; CPU-bound floor on %d CPU(s): %.2fs'
-              % (playbook, args.hosts, ratio, 'met' if ratio <= 2 else 'NOT met', os.cpu_count() or 1, floor))
+        print('%-8s %d hosts / 1 host = %.2fx (information; the wall-time goal is retired: on 2 cores it measures the '
+              'CPU, not the design; see bench_cost.py); CPU-bound floor on %d CPU(s): %.2fs'
+              % (playbook, args.hosts, ratio, os.cpu_count() or 1, floor))
     out = dict(benchmark='fleet', hosts=args.hosts, leaks_per_host=args.leaks, repeat=args.repeat,
                strategy='linear', forks=args.hosts, pipelining=True, cpus=os.cpu_count(),
                loadavg_before=loadavg_before, loadavg_after=os.getloadavg(), python=platform.python_version(), figures=figures)

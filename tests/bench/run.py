@@ -38,6 +38,30 @@ def write_results(filename, figures):
     return path
 
 
+def _load(filename):
+    try:
+        with open(os.path.join(results_dir(), filename)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def print_goals():
+    """The cost goals (issue 14), from this run's cost.json and info.json when they were written."""
+    cost, info = _load('cost.json'), _load('info.json')
+    rows = []
+    if cost:
+        for play, goal in sorted(cost['goals'].items()):
+            rows.append(('%s CPU/host vs a one-task triton_shm_info play' % play, cost['ratio_vs_info'][play], goal))
+    if info:
+        rows.append(('triton_shm_info work vs grep -l /dev/shm /proc/*/maps (median of %d)' % info['repeat'],
+                     info['work_over_grep'], 2.0))
+    if rows:
+        print('== goals')
+        for what, ratio, goal in rows:
+            print('  %-75s %5.2fx  goal <= %.1fx: %s' % (what, ratio, goal, 'met' if ratio <= goal else 'MISSED'))
+
+
 def main(argv):
     wanted = set(argv)
     benches = sorted(glob.glob(os.path.join(HERE, 'bench_*.py')))
@@ -56,6 +80,7 @@ def main(argv):
         print('== %s: exit %d after %.1fs' % (name, rc, time.monotonic() - started), flush=True)
         if rc:
             failed.append(name)
+    print_goals()
     if failed:
         print('benchmarks that did not complete: %s' % ', '.join(failed), file=sys.stderr)
     return 1 if failed else 0

@@ -20,7 +20,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inv
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount namespaces with a private /dev/shm')
+# Only the tests that build a mount namespace need root; the others run as any user.
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount namespaces with a private /dev/shm')
 
 MIB = 1 << 20
 OLD = 3600
@@ -156,6 +157,8 @@ CUDA = [dict(name='gpu0', device_id=0, byte_size=1024)]
 
 @pytest.fixture(scope='module')
 def ns():
+    if os.geteuid() != 0:
+        pytest.skip('needs root: mount namespaces with a private /dev/shm')
     space = Namespace()
     try:
         client = space.client('client')
@@ -437,6 +440,7 @@ def test_summarize_without_filesystem():
 MARK = 'trusted.tritonops_shm.reserved'
 
 
+@needs_root
 def test_reserved_is_decided_by_the_mark_on_the_file_naming_the_region():
     space = Namespace()
     try:

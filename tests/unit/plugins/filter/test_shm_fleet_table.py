@@ -1,0 +1,87 @@
+"""Unit tests for the tritonops.shm.shm_fleet_table filter: the report and cleanup tables, line by line."""
+from __future__ import annotations
+
+import pytest
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import FilterModule, shm_fleet_table, shm_report_row
+
+MIB = 1 << 20
+OK_ROW = dict(host='t1', status='ok', version='2.51.0', shm_used_bytes=8 * MIB, shm_total_bytes=64 * MIB, shm_used_percent=12.5,
+              regions=3, stale_regions=1, stale_bytes=MIB, dangling_regions=0, orphan_files=2, orphan_bytes=2 * MIB)
+
+
+def cleanup_result(status='ok', changed=True, error=None, before=True, after=True, check_mode=False, acted=True):
+    used = dict(used_bytes=32 * MIB, total_bytes=64 * MIB, used_percent=50.0)
+    return dict(status=status, changed=changed, error=error, decision='1 stale or dangling region(s): dead',
+                before=used if before else None, after=dict(used, used_bytes=16 * MIB, used_percent=25.0) if after else None,
+                check_mode=check_mode, acted=acted, skipped=[dict(name='x', reason='y')],
+                done=dict(unregistered=['dead'], removed_files=['/dev/shm/dead'], freed_bytes=MIB))
+
+
+@pytest.mark.parametrize('row, expected', [
+    (OK_ROW, ['t1', 'ok', '2.51.0', '8.0', 'MiB/64.0', 'MiB', '12%', '3', '1', '(1.0', 'MiB)', '0', '2', '(2.0', 'MiB)']),
+    (dict(OK_ROW, shm_total_bytes=0), ['t1', 'ok', '2.51.0', 'unknown', '3', '1', '(1.0', 'MiB)', '0', '2', '(2.0', 'MiB)']),
+    (dict(host='t1', status='down', error='cannot connect'), ['t1', 'DOWN', 'cannot', 'connect']),
+    (dict(host='t1', status='unlocated', error='x' * 300), ['t1', 'UNLOCATED', 'x' * 197 + '...']),
+])
+def test_report_rows(row, expected):
+    lines = shm_fleet_table([row], 'report')
+    assert lines[0].split() == ['HOST', 'STATUS', 'TRITON', '/DEV/SHM', 'USED', 'REGIONS', 'STALE', 'DANGLING', 'ORPHAN']
+    assert lines[1].split() == expected
+
+
+def test_report_width_follows_the_longest_host():
+    lines = shm_fleet_table([dict(OK_ROW, host='a-long-host-name'), dict(OK_ROW, host='b')], 'report')
+    assert lines[2].index('ok') == lines[1].index('ok') == len('a-long-host-name') + 2
+
+
+@pytest.mark.parametrize('result, check_mode, expected', [
+    (cleanup_result(), False, ['t1', 'ok*', '32.0', 'MiB/64.0', 'MiB', '50%', '16.0', 'MiB/64.0', 'MiB', '25%', '1', '1',
+                               '1.0', 'MiB', '1', '1', 'stale', 'or', 'dangling', 'region(s):', 'dead']),
+    (cleanup_result(changed=False, after=False, check_mode=True), True,
+     ['t1', 'ok', '32.0', 'MiB/64.0', 'MiB', '50%', '(check', 'mode)', '1', '1', '1.0', 'MiB', '1', '1', 'stale', 'or',
+      'dangling', 'region(s):', 'dead']),
+    (cleanup_result(status='failed', changed=False, before=False, after=False, error=dict(step='Query', msg='cannot connect')),
+     False, ['t1', 'failed', '-', '-', '1', '1', '1.0', 'MiB', '1', 'FAILED', 'at', 'Query:', 'cannot', 'connect']),
+    (None, False, ['t1', 'not', 'run', '-', '-', '-', '-', '-', '-', 'no', 'result', '(unreachable,', 'limited', 'out', 'or',
+                   'stopped', 'early)']),
+])
+def test_cleanup_rows(result, check_mode, expected):
+    lines = shm_fleet_table([result], 'cleanup', hosts=['t1'], check_mode=check_mode)
+    assert lines[0].split() == ['HOST', 'STATUS', 'SHM', 'BEFORE', 'SHM', 'AFTER', 'UNREG', 'FILES', 'FREED', 'SKIP', 'NOTE']
+    assert lines[1].split() == expected
+    assert lines[-1] == '(* changed%s)' % ('; check mode: what would be done, nothing was changed' if check_mode else '')
+
+
+@pytest.mark.parametrize('rows, kind, hosts, match', [
+    ([], 'other', None, "kind must be 'report' or 'cleanup'"),
+    ([None], 'cleanup', ['a', 'b'], 'one result'),
+])
+def test_errors(rows, kind, hosts, match):
+    with pytest.raises(AnsibleFilterError, match=match):
+        shm_fleet_table(rows, kind, hosts=hosts)
+
+
+def test_filter_module():
+    assert FilterModule().filters() == {"shm_fleet_table": shm_fleet_table, "shm_report_row": shm_report_row}
+
+
+def info_result(pid=42, reason=None):
+    summary = dict(total_bytes=64 * MIB, used_bytes=8 * MIB, used_percent=12.5, system_regions=3, cuda_regions=0, healthy_regions=1,
+                   stale_regions=1, stale_bytes=MIB, dangling_regions=1, unknown_regions=0, orphan_files=2, orphan_bytes=2 * MIB)
+    return dict(server=dict(pid=pid, version='2.51.0', ready=True, shm_dir='/dev/shm', not_found_reason=reason), summary=summary,
+                holders_complete=True, scanned_at=1.5,
+                system_regions=[dict(name='a', state='healthy'), dict(name='b', state='stale'), dict(name='c', state='dangling')])
+
+
+@pytest.mark.parametrize('info, status, error', [
+    (info_result(), 'ok', None),
+    (info_result(pid=None, reason='not found: set server_pid'), 'unlocated', 'not found: set server_pid'),
+])
+def test_report_row(info, status, error):
+    row = shm_report_row(info, 't1', 'http://t1:8000')
+    assert (row['host'], row['url'], row['status'], row['error']) == ('t1', 'http://t1:8000', status, error)
+    assert (row['regions'], row['stale'], row['dangling'], row['shm_used_percent']) == (3, ['b'], ['c'], 12.5)
+    assert shm_fleet_table([row], 'report')[1].split()[:2] == ['t1', status.upper() if status != 'ok' else 'ok']
