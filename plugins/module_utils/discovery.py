@@ -210,7 +210,14 @@ class _Tracer(object):
             if ns is not None:
                 self.ns_pids.setdefault(ns, []).append(pid)
         self._tables = {}
+        self._inodes = {}
         self.unreadable_ns = 0
+
+    def inodes(self, pid):
+        """A process's socket inodes, read once per look."""
+        if pid not in self._inodes:
+            self._inodes[pid] = _socket_inodes(pid, self.proc)
+        return self._inodes[pid]
 
     def _net_dir(self, ns):
         if ns == self.own_ns:
@@ -255,11 +262,11 @@ class _Tracer(object):
 
     def owners(self, ns, inode):
         """Pids in namespace ns that have the socket open (a forked forwarder may share it for a moment)."""
-        return [pid for pid in self.ns_pids.get(ns, ()) if inode in _socket_inodes(pid, self.proc)]
+        return [pid for pid in self.ns_pids.get(ns, ()) if inode in self.inodes(pid)]
 
     def outgoing(self, ns, pid, skip_inode):
         """The established connections a forwarder opened itself: not the accepted ones (on its listening ports)."""
-        mine = _socket_inodes(pid, self.proc)
+        mine = self.inodes(pid)
         table = self.table(ns)
         listening_ports = set(s[0][1] for s in table if s[2] == _LISTEN and s[3] in mine)
         return [s for s in table if s[3] in mine and s[3] != skip_inode and s[2] == _ESTABLISHED
@@ -298,24 +305,23 @@ class _Trace(object):
                 self._owner(pid, peer_ns, sock, step, hop)
 
     def _owner(self, pid, ns, sock, via, hop):
-        proc = self.tracer.proc
-        comm = read_comm(pid, proc)
+        comm = read_comm(pid, self.tracer.proc)
+        who = '%s (pid %d)' % (comm or '?', pid)
         if comm in SERVER_COMMS:
             where = '' if ns == self.tracer.own_ns else ' at %s:%d in another network namespace' % sock[0]
             path = 'connection %sto tritonserver (pid %d)%s' % ('via %s ' % ', '.join(via) if via else '', pid, where)
             self.servers.setdefault(pid, path)
             return
         if hop >= self.max_hops:
-            self.dead_ends.append('gave up after %d forwarding hops at %s' % (hop, _who(pid, proc)))
+            self.dead_ends.append('gave up after %d forwarding hops at %s' % (hop, who))
             return
         onward = self.tracer.outgoing(ns, pid, sock[3])
         if not onward:
-            self.dead_ends.append('%s accepts the connection but is not tritonserver and forwards it nowhere visible'
-                                  % _who(pid, proc))
+            self.dead_ends.append('%s accepts the connection but is not tritonserver and forwards it nowhere visible' % who)
             self.transient = True   # a forwarder may not have connected onward yet
             return
         for out in onward:
-            self.follow(out[0], out[1], ns, list(via) + [_who(pid, proc)], hop + 1)
+            self.follow(out[0], out[1], ns, list(via) + [who], hop + 1)
 
 
 def _by_listener(host, port, proc):

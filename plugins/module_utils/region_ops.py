@@ -300,8 +300,7 @@ class RegionOps(object):
 
     def _todo(self, current, wanted):
         """[(name, current region or None)] of the asked names not registered as wanted."""
-        return [(n, current.get(n)) for n in self.params['name']
-                if not (n in current and all(current[n].get(k) == v for k, v in wanted.items()))]
+        return [(n, current.get(n)) for n in self.params['name'] if not (n in current and _same(current[n], wanted))]
 
     def _mark_unmarked(self, inv, key_name):
         """A region already registered as asked: mark its backing file when it does not carry the mark yet."""
