@@ -94,6 +94,7 @@ class RegionOps(object):
         self.used_before = None
         self.used_after = None
         self.inv = None
+        self.inv_after = None    # the read before unlinking, when it is also the state returned after the change
         self.status_after = None
 
     # -- results ---------------------------------------------------------------------------
@@ -153,6 +154,28 @@ class RegionOps(object):
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+    def inventory_after(self):
+        """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
+        inv = self.inv_after
+        if inv is None:
+            inv = self._read_again()
+        result = inv.result()
+        if self.inv is not None:
+            result['server'].update(located_by=self.inv.located_by,
+                                    not_found_reason=self.inv.server_reason if self.inv.pid is None else None)
+        return result
+
+    def _read_again(self):
+        """The server's shared memory read again: status, files and a full holder scan.
+
+        The server found before is kept (no second discovery); server.live and server.ready are not measured.
+        """
+        p = self.params
+        before = self.inv
+        return Inventory(self.client, server_pid=before.pid if before else p.get('server_pid'),
+                         shm_dir=before.shm_dir if before else p.get('shm_dir'), orphan_patterns=p['orphan_patterns'],
+                         min_age=p['min_age'], kinds=('system',), backend_patterns=p.get('backend_patterns'))
 
     def _measure_after(self):
         if self.inv and self.inv.shm_dir and not self.check_mode:
@@ -581,18 +604,24 @@ class RegionOps(object):
     def _remove_files(self, inv, file_plan, still_registered):
         if not file_plan:
             return
-        # Invariant 3: re-check holders immediately before unlinking.
-        inv.rescan()
+        # Invariant 3: re-check holders immediately before unlinking. When the state after the change is
+        # asked for, that re-check is a full read of the server (status, files, holders), which then
+        # only loses the files unlinked here: one holder scan instead of two.
+        if self.params.get('inventory_after') and not self.check_mode:
+            check = self.inv_after = self._read_again()
+        else:
+            inv.rescan()
+            check = inv
         with shm_fs.ShmDir(inv.shm_dir) as d:
             for entry, region in file_plan:
                 path = entry['path']
                 if region in still_registered:
                     self.skipped.append(dict(path=path, reason="region '%s' is still registered" % region))
                     continue
-                if inv.scan is None or not inv.scan.complete:
+                if check.scan is None or not check.scan.complete:
                     self.skipped.append(dict(path=path, reason='holders could not be fully determined'))
                     continue
-                holders = inv.scan.holders_of(entry['dev'], entry['inode'])
+                holders = check.scan.holders_of(entry['dev'], entry['inode'])
                 if holders:
                     self.skipped.append(dict(path=path, reason='held by %s (re-checked before removal)' % holders_text(holders)))
                     continue
@@ -608,6 +637,13 @@ class RegionOps(object):
                     continue
                 self.removed_files.append(path)
                 self.freed_bytes += freed
+        if self.inv_after is not None:
+            removed = set(self.removed_files)
+            self.inv_after.entries = [e for e in self.inv_after.entries if e['path'] not in removed]
+            try:
+                self.inv_after.fs = shm_fs.usage(self.inv_after.shm_dir)
+            except OSError:
+                pass
 
     def _absent_cuda(self):
         p = self.params

@@ -11,7 +11,8 @@ import json
 import os
 
 from ansible_helpers import PYTHON, ansible_playbook, run_module
-from test_shm_cleanup import cleanup, host_result
+import proxy_helpers
+from test_shm_cleanup import cleanup, host_result, inventory
 
 INFO = 'tritonops.shm.triton_shm_info'
 REGION = 'tritonops.shm.triton_shm_region'
@@ -139,16 +140,32 @@ def test_cleanup_rerun_with_reports_is_unchanged_and_the_rebuilt_region_survives
 
 
 def test_verify_fails_when_a_client_leaks_a_cleaned_region_again_during_the_run(make_triton, tmp_path):
-    """The role's verify step with a real trigger: between the unregister and the verify query a real
-    client registers the just-cleaned name on its own file and dies with its process group."""
+    """The role's verify step with a real trigger: between the unregister and the state the region module reads
+    after its change, a real client registers the just-cleaned name on its own file and dies with its process group.
+
+    The order is made certain, not left to timing: triton1 is reached through a forwarding proxy that, for the
+    unregister of 'dead', sends it to Triton itself, lets the client re-register the name and die, and only then
+    answers the module.
+    """
     server = make_triton(models=(), host='127.0.1.1', name='triton1')
     calm = make_triton(models=(), host='127.0.1.2', name='triton2')   # a host where nothing happens meanwhile
     for s in (server, calm):
         s.leak('dead', byte_size=MIB)
     releaker = server.client('releak', key='/releak', byte_size=MIB, register=False, register_when_gone='dead')
+
+    def releak_during_unregister(method, path, _headers):
+        if method != 'POST' or path != '/v2/systemsharedmemory/region/dead/unregister':
+            return None
+        server.api(path, 'POST')                # the real unregister ...
+        releaker.proc.wait(timeout=30)           # ... the client re-registers 'dead' on /releak and dies ...
+        return 200, 'application/json', b''      # ... and only then the module gets its answer
+
     report_dir = str(tmp_path / 'report')
-    res = cleanup([server, calm], shm_cleanup_report_dir=report_dir)
-    releaker.proc.wait(timeout=30)
+    with proxy_helpers.ForwardingProxy(server.url, fault=releak_during_unregister) as proxy:
+        inv = inventory([server, calm])
+        inv['all']['children']['triton']['hosts']['triton1'].update(triton_url=proxy.url(), triton_server_pid=server.pid)
+        res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+                               extra_vars=dict(prometheus_textfile_dir='', shm_cleanup_report_dir=report_dir))
     assert 'REGISTERED' in releaker.lines, releaker.lines
     # what the user sees: the host failed at the verify step, with the region named ...
     assert res.rc != 0 and res.stats['triton1']['failures'] == 1, res

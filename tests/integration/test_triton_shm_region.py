@@ -146,6 +146,36 @@ def test_stale_cleanup_spares_live_backend_and_foreign_and_frees_memory(triton):
     assert second['changed'] is False and second['unregistered'] == [] and second['removed_files'] == []
 
 
+def test_inventory_after_is_what_a_query_right_after_sees(triton):
+    """inventory_after returns the state after the change, as triton_shm_info reports it, from the same run."""
+    live = triton.client('live', byte_size=MIB)
+    triton.leak('dead', byte_size=2 * MIB)
+    triton.leak('gone', byte_size=MIB, keep_file=False)
+    with open(triton.shm_path('client_old'), 'wb') as f:
+        f.write(b'x' * MIB)
+    os.utime(triton.shm_path('client_old'), (time.time() - 3600, time.time() - 3600))
+    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], inventory_after=True)
+    checked = steps(args, check=True)[0]
+    acted, nothing = steps(args, args)
+    assert 'after' not in checked and checked['unregistered'] == ['dead', 'gone']
+    assert acted['unregistered'] == ['dead', 'gone'] and not acted.get('failed'), acted
+    after = acted['after']
+    query = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*']))
+    # the same picture a query right after gives: regions with their states, files, counts, usage
+    assert [(r['name'], r['state']) for r in after['system_regions']] == [('live', 'healthy')]
+    assert [(r['name'], r['state']) for r in query['system_regions']] == [('live', 'healthy')]
+    assert [h['pid'] for h in after['system_regions'][0]['holders']] == [live.pid]
+    assert sorted(f['name'] for f in after['files']) == sorted(f['name'] for f in query['files'])
+    assert 'dead' not in [f['name'] for f in after['files']] and 'client_old' not in [f['name'] for f in after['files']]
+    assert after['summary'] == query['summary']
+    assert after['summary']['stale_regions'] == 0 and after['summary']['orphan_files'] == 0
+    assert after['holders_complete'] is True and after['server']['pid'] == query['server']['pid']
+    assert after['server']['located_by'] == query['server']['located_by']
+    assert acted['shm_used_bytes_after'] == after['summary']['used_bytes']
+    # nothing left to do: the state is still returned, unchanged
+    assert nothing['changed'] is False and nothing['after']['summary'] == query['summary']
+
+
 def test_absent_check_mode_reports_exactly_what_the_real_run_does(triton):
     triton.client('live', byte_size=MIB)
     triton.leak('dead', byte_size=2 * MIB)
