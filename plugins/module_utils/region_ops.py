@@ -94,6 +94,7 @@ class RegionOps(object):
         self.used_before = None
         self.used_after = None
         self.inv = None
+        self.before_result = None   # with inventory: what triton_shm_info would have returned when this run read the server
         self.inv_after = None    # the read before unlinking, when it is also the state returned after the change
         self.status_after = None
 
@@ -112,6 +113,8 @@ class RegionOps(object):
                    removed_files=self.removed_files, created_files=self.created_files, marked_files=self.marked_files,
                    skipped_items=self.skipped,
                    freed_bytes=self.freed_bytes)
+        if self.params.get('inventory') and self.before_result is not None:
+            out['before'] = self.before_result
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
             out['shm_used_bytes_after'] = self.used_after
@@ -157,6 +160,8 @@ class RegionOps(object):
 
     def inventory_after(self):
         """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
+        if self.inv_after is None and not self.done_something() and self.before_result is not None:
+            return self.before_result   # nothing changed since the read this run selected from
         inv = self.inv_after
         if inv is None:
             inv = self._read_again()
@@ -468,8 +473,11 @@ class RegionOps(object):
         p = self.params
         if p['kind'] == 'cuda':
             return self._absent_cuda()
-        inv = self._inventory(kinds=('system',), orphan_patterns=p['orphan_patterns'] if p['orphan_files'] else None,
+        classify_orphans = p['orphan_files'] or p.get('inventory')
+        inv = self._inventory(kinds=('system',), orphan_patterns=p['orphan_patterns'] if classify_orphans else None,
                               min_age=p['min_age'])
+        if p.get('inventory'):
+            self.before_result = inv.result()
         self._require_server(inv)
         regions, _cuda, files = inv.records()
         selected = self._select(rec for rec in regions if self._wanted(rec))
@@ -607,7 +615,7 @@ class RegionOps(object):
         # Invariant 3: re-check holders immediately before unlinking. When the state after the change is
         # asked for, that re-check is a full read of the server (status, files, holders), which then
         # only loses the files unlinked here: one holder scan instead of two.
-        if self.params.get('inventory_after') and not self.check_mode:
+        if self.params.get('inventory') and not self.check_mode:
             check = self.inv_after = self._read_again()
         else:
             inv.rescan()

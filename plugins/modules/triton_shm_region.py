@@ -155,12 +155,13 @@ options:
         in flight); its file is kept until then, and a region still listed is reported in RV(skipped_items).
     type: float
     default: 10
-  inventory_after:
+  inventory:
     description:
-      - With O(state=absent) and O(kind=system), also return RV(after), the server's shared memory right after the change, as
-        M(tritonops.shm.triton_shm_info) would report it, read in this same run (and under its per-server lock). A task that
-        verifies the cleanup then needs no second query.
-      - Not read in check mode (nothing changed).
+      - With O(state=absent) and O(kind=system), also return RV(before) and RV(after), the server's shared memory as
+        M(tritonops.shm.triton_shm_info) would report it when this run read it to select, and right after the change, read
+        in this same run (and under its per-server lock). One task can then query, clean and verify, with no second query.
+      - RV(after) is not read in check mode (nothing changed).
+      - Orphan files are classified with O(orphan_patterns) and O(min_age), also without O(orphan_files).
     type: bool
     default: false
     version_added: 0.1.0
@@ -264,13 +265,20 @@ shm_used_bytes_after:
   description: Used bytes after the change (equal to before in check mode).
   returned: when the shm directory is known
   type: int
+before:
+  description:
+    - The server's shared memory when this run read it to select, with the keys M(tritonops.shm.triton_shm_info) returns
+      (C(server), C(shm_fs), C(system_regions), C(cuda_regions), C(files), C(summary), C(holders_complete),
+      C(unreadable_processes), C(scanned_at)). C(server.live) and C(server.ready) are not measured here (null);
+      C(cuda_regions) is empty.
+  returned: when O(inventory=true) and the server could be read (also when the task fails afterwards, for example because the
+    server process was not found)
+  type: dict
+  sample: {summary: {system_regions: 2, stale_regions: 1, used_bytes: 3145728}, system_regions: [{name: input0, state: healthy}]}
 after:
   description:
-    - The server's shared memory right after the change, read again in this run, with the keys M(tritonops.shm.triton_shm_info)
-      returns (C(server), C(shm_fs), C(system_regions), C(cuda_regions), C(files), C(summary), C(holders_complete),
-      C(unreadable_processes), C(scanned_at)). Its C(server.live) and C(server.ready) are not measured here (null);
-      C(cuda_regions) is empty. Orphan files are classified with O(orphan_patterns) and O(min_age), also without O(orphan_files).
-  returned: when O(inventory_after=true), not in check mode
+    - The server's shared memory right after the change, read again in this run, with the same keys as RV(before).
+  returned: when O(inventory=true), not in check mode
   type: dict
   sample: {summary: {system_regions: 1, stale_regions: 0, used_bytes: 1048576}, system_regions: [{name: input0, state: healthy}]}
 regions:
@@ -333,8 +341,8 @@ def validate(module, client):
             module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
         if p['min_age'] < 0:
             module.fail_json(msg='min_age must be 0 or more seconds')
-    if p['inventory_after'] and (p['state'] != 'absent' or p['kind'] != 'system'):
-        module.fail_json(msg='inventory_after applies to state=absent with kind=system only')
+    if p['inventory'] and (p['state'] != 'absent' or p['kind'] != 'system'):
+        module.fail_json(msg='inventory applies to state=absent with kind=system only')
     if p['in_use_timeout'] < 0:
         module.fail_json(msg='in_use_timeout must be 0 or more seconds')
     if any(not n for n in p['name']):
@@ -363,7 +371,7 @@ def main():
         exclude=dict(type='list', elements='str', default=[]),
         remove_file=dict(type='bool', default=True),
         in_use_timeout=dict(type='float', default=10),
-        inventory_after=dict(type='bool', default=False),
+        inventory=dict(type='bool', default=False),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     client = make_client(module)
@@ -378,7 +386,7 @@ def main():
             ops.absent()
         result = ops.partial()
         result['regions'] = ops.regions_after()
-        if module.params['inventory_after'] and not module.check_mode:
+        if module.params['inventory'] and not module.check_mode:
             result['after'] = ops.inventory_after()
         if module._diff and ops.before is not None:
             result['diff'] = dict(before=ops.before, after=ops.after)

@@ -146,18 +146,23 @@ def test_stale_cleanup_spares_live_backend_and_foreign_and_frees_memory(triton):
     assert second['changed'] is False and second['unregistered'] == [] and second['removed_files'] == []
 
 
-def test_inventory_after_is_what_a_query_right_after_sees(triton):
-    """inventory_after returns the state after the change, as triton_shm_info reports it, from the same run."""
+def test_inventory_is_what_queries_right_before_and_after_see(triton):
+    """inventory returns the state this run selected from and the state after its change, as triton_shm_info reports them."""
     live = triton.client('live', byte_size=MIB)
     triton.leak('dead', byte_size=2 * MIB)
     triton.leak('gone', byte_size=MIB, keep_file=False)
     with open(triton.shm_path('client_old'), 'wb') as f:
         f.write(b'x' * MIB)
     os.utime(triton.shm_path('client_old'), (time.time() - 3600, time.time() - 3600))
-    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], inventory_after=True)
+    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], inventory=True)
+    first = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*']))
     checked = steps(args, check=True)[0]
-    acted, nothing = steps(args, args)
     assert 'after' not in checked and checked['unregistered'] == ['dead', 'gone']
+    assert [(r['name'], r['state']) for r in checked['before']['system_regions']] == [
+        (r['name'], r['state']) for r in first['system_regions']] == [('dead', 'stale'), ('gone', 'dangling'), ('live', 'healthy')]
+    assert checked['before']['summary'] == first['summary'] and checked['before']['summary']['orphan_files'] == 1
+    acted, nothing = steps(args, args)
+    assert acted['before']['summary'] == first['summary']
     assert acted['unregistered'] == ['dead', 'gone'] and not acted.get('failed'), acted
     after = acted['after']
     query = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*']))
