@@ -79,11 +79,11 @@ class Inventory(object):
         if self.shm_dir is None:
             self.scan = None
             return
-        if self.pid is not None:
-            self.deleted = holders_mod.deleted_mappings(self.pid, proc=self.proc)
         targets = set((e['dev'], e['inode']) for e in self.entries if e['type'] == 'file')
-        targets |= set(self.deleted.values())
-        self.scan = holders_mod.scan(targets, proc=self.proc)
+        # the server's unlinked-but-mapped files come from the same read of its maps as its holdings
+        self.scan = holders_mod.scan(targets, proc=self.proc, deleted_of=self.pid)
+        if self.pid is not None:
+            self.deleted = self.scan.deleted
         reason = self.scan.incomplete_reason()
         if reason:
             self.warnings.append('holders are incomplete, no region is reported stale and no file orphan: ' + reason)
