@@ -103,7 +103,9 @@ class HolderScan(object):
         return None
 
     def holders_of(self, dev, ino, exclude=()):
-        pids = self.holders.get((dev, ino), set())
+        pids = self.holders.get((dev, ino))
+        if not pids:
+            return []
         return [dict(pid=p, comm=self.comms.get(p)) for p in sorted(pids) if p not in exclude]
 
 
