@@ -144,22 +144,40 @@ def _mountinfo_has_dev(pid, devs, proc):
     return False
 
 
-def _open_fds(fd_dir):
-    """{fd name: stat of the open file} of one process, or raise OSError as os.listdir(fd_dir) does.
+def fd_counts(proc='/proc'):
+    """Whether the size of /proc/PID/fd is the number of open descriptors (Linux >= 6.2), checked on ourselves.
 
-    Since Linux 6.2 the size of /proc/PID/fd is the number of open descriptors: when it is N and
-    descriptors 0..N-1 all exist, they are all of them, and listing the directory (an open, two
-    reads and a close) is saved. Anything else (an older kernel's size 0, a gap, a descriptor
-    closed meanwhile, no permission) falls back to listing it.
+    The listing holds one descriptor of its own while it reads the directory.
     """
+    fd_dir = '%s/self/fd' % proc
     try:
         count = os.stat(fd_dir).st_size
+        return count > 0 and count == len(os.listdir(fd_dir)) - 1
     except OSError:
-        count = 0
+        return False
+
+
+def _open_fds(fd_dir, counted=False):
+    """{fd name: stat of the open file} of one process, or raise OSError as os.listdir(fd_dir) does.
+
+    With counted (see fd_counts), when the size of the directory is N and descriptors 0..N-1 all
+    exist, they are all of them, and listing the directory (an open, two reads and a close) is
+    saved. Anything else (a gap, a descriptor closed meanwhile, no permission) falls back to
+    listing it.
+    """
+    count = 0
+    if counted:
+        try:
+            count = os.stat(fd_dir).st_size
+        except OSError:
+            count = 0
     if 0 < count <= 1024:
         names = [str(count - 1)] + [str(i) for i in range(count - 1)]   # a gap usually shows at the top
+        out = {}
         try:
-            return dict((name, os.stat(fd_dir + name)) for name in names)
+            for name in names:
+                out[name] = os.stat(fd_dir + name)
+            return out
         except OSError:
             pass
     out = {}
@@ -218,7 +236,9 @@ def scan(targets, proc='/proc', deleted_of=None, deleted_prefix='/dev/shm/'):
     map_devs = dict((dev_maps_str(d).encode('ascii'), d) for d in devs)
     # the device field of a maps line, with its separating spaces: a cheap test before parsing any line
     needles = [b' ' + k + b' ' for k in map_devs]
+    needle = needles[0] if len(needles) == 1 else None   # the usual case: one shm filesystem
     mount_devs = set(dev_mountinfo_str(d) for d in devs)
+    counted = fd_counts(proc)
     for pid in list_pids(proc):
         base = '%s/%d' % (proc, pid)
         found = set()
@@ -233,7 +253,7 @@ def scan(targets, proc='/proc', deleted_of=None, deleted_prefix='/dev/shm/'):
                 denied = True
                 data = b''
         result.processes += 1
-        if data and any(n in data for n in needles):
+        if data and ((needle in data) if needle is not None else any(n in data for n in needles)):
             for line in data.split(b'\n'):
                 fields = line.split(None, 5)
                 if len(fields) >= 5 and fields[3] in map_devs:
@@ -241,7 +261,7 @@ def scan(targets, proc='/proc', deleted_of=None, deleted_prefix='/dev/shm/'):
                     if key in targets:
                         found.add(key)
         try:
-            fds = _open_fds(base + '/fd/')
+            fds = _open_fds(base + '/fd/', counted)
         except (FileNotFoundError, ProcessLookupError):
             fds = {}
         except OSError:

@@ -226,10 +226,12 @@ def test_open_fds_are_those_the_fd_directory_lists(tmp_path, child, monkeypatch)
     fd_dir = '/proc/%d/fd/' % opener.pid
     want = _listed_fds(fd_dir)
     assert key in want.values()
-    if os.stat(fd_dir).st_size == len(want) and sorted(want) == [str(i) for i in range(len(want))]:
-        # Linux >= 6.2 counts them: no listing needed
-        monkeypatch.setattr(holders.os, 'listdir', None)
-    got = holders._open_fds(fd_dir)
+    counted = holders.fd_counts()
+    assert counted == (os.stat(fd_dir).st_size == len(want)), 'Linux >= 6.2 counts the descriptors'
+    assert dict((name, (st.st_dev, st.st_ino)) for name, st in holders._open_fds(fd_dir).items()) == want
+    if counted and sorted(want) == [str(i) for i in range(len(want))]:
+        monkeypatch.setattr(holders.os, 'listdir', None)   # counted, no gap: no listing needed
+    got = holders._open_fds(fd_dir, counted)
     assert dict((name, (st.st_dev, st.st_ino)) for name, st in got.items()) == want
 
 
@@ -239,7 +241,7 @@ def test_open_fds_with_a_gap_are_those_the_fd_directory_lists(tmp_path):
     os.close(fds.pop(1))
     try:
         fd_dir = '/proc/%d/fd/' % os.getpid()
-        got = holders._open_fds(fd_dir)
+        got = holders._open_fds(fd_dir, holders.fd_counts())
         want = _listed_fds(fd_dir)   # the listing's own descriptor is closed again before the stat: not in it
     finally:
         for fd in fds:
@@ -252,9 +254,10 @@ def test_open_fds_of_a_plain_directory_lists_it(tmp_path):
     fd_dir = tmp_path / 'fd'
     fd_dir.mkdir()
     (fd_dir / '0').write_text('x')
-    assert sorted(holders._open_fds(str(fd_dir) + '/')) == ['0']
+    assert sorted(holders._open_fds(str(fd_dir) + '/', True)) == ['0']
     with pytest.raises(FileNotFoundError):
-        holders._open_fds(str(tmp_path / 'nope') + '/')
+        holders._open_fds(str(tmp_path / 'nope') + '/', True)
+    assert holders.fd_counts(str(tmp_path)) is False
 
 # -- the unreadable-process rule ------------------------------------------------------------------
 
