@@ -42,17 +42,23 @@ def list_pids(proc):
     return [int(n) for n in names if n.isdigit()]
 
 
+_READ_FLAGS = os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0)
+
+
 def _read(path):
     """The whole content of a /proc file as bytes: a raw open and reads to EOF (no text decoding, no buffer layer)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
+    fd = os.open(path, _READ_FLAGS)
     try:
-        chunks = []
+        data = os.read(fd, 1 << 17)
+        if not data:
+            return data
+        chunks = [data]
         while True:
             chunk = os.read(fd, 1 << 17)
             if not chunk:
                 break
             chunks.append(chunk)
-        return b''.join(chunks)
+        return chunks[0] if len(chunks) == 1 else b''.join(chunks)
     finally:
         os.close(fd)
 
@@ -157,6 +163,9 @@ def fd_counts(proc='/proc'):
         return False
 
 
+_FD_NAMES = [str(i) for i in range(1024)]
+
+
 def _open_fds(fd_dir, counted=False):
     """{fd name: stat of the open file} of one process, or raise OSError as os.listdir(fd_dir) does.
 
@@ -171,11 +180,11 @@ def _open_fds(fd_dir, counted=False):
             count = os.stat(fd_dir).st_size
         except OSError:
             count = 0
-    if 0 < count <= 1024:
-        names = [str(count - 1)] + [str(i) for i in range(count - 1)]   # a gap usually shows at the top
-        out = {}
+    if 0 < count <= len(_FD_NAMES):
+        top = _FD_NAMES[count - 1]
         try:
-            for name in names:
+            out = {top: os.stat(fd_dir + top)}   # a gap usually shows at the top: test it first
+            for name in _FD_NAMES[:count - 1]:
                 out[name] = os.stat(fd_dir + name)
             return out
         except OSError:
@@ -268,9 +277,10 @@ def scan(targets, proc='/proc', deleted_of=None, deleted_prefix='/dev/shm/'):
             denied = True
             fds = {}
         for st in fds.values():
-            key = (st.st_dev, st.st_ino)
-            if key in targets:
-                found.add(key)
+            if st.st_dev in devs:
+                key = (st.st_dev, st.st_ino)
+                if key in targets:
+                    found.add(key)
         if denied:
             if _mountinfo_has_dev(pid, mount_devs, proc):
                 result.unreadable.append(pid)
