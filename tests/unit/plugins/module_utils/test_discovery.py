@@ -185,7 +185,6 @@ def test_listening_sockets_sees_a_real_listener_with_its_inode(family, host):
     assert (host, port, inode) in got
 
 
-
 def _diag_msg(family, state, ip, port, inode):
     raw = socket.inet_pton(family, ip).ljust(16, b'\0')
     body = struct.pack('=BBBB', family, state, 0, 0) + struct.pack('>HH', port, 0) + raw + b'\0' * 16 + b'\0' * 12
@@ -236,6 +235,7 @@ def test_own_listeners_come_from_the_tables_when_sock_diag_cannot_be_asked(monke
             raise OSError(errno.EPROTONOSUPPORT, 'no netlink here')
         monkeypatch.setattr(discovery.socket, 'socket', refused)
         assert want in discovery.listening_sockets('/proc/self/net', ('tcp',))
+
 
 CONNTRACK = '\n'.join([
     'ipv4     2 udp      17 20 src=10.0.0.1 dst=10.0.0.2 sport=5353 dport=5353 src=10.0.0.2 dst=10.0.0.1 sport=5353 dport=5353 mark=0 use=2',

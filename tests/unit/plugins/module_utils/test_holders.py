@@ -176,7 +176,6 @@ def test_deleted_mappings_reports_unlinked_files_under_the_prefix(tmp_path):
     assert holders.deleted_mappings(os.getpid(), path_prefix='/nonexistent-prefix/') == {}
 
 
-
 MAPS = (b'7f0000000000-7f0000001000 rw-s 00000000 00:2d 101                        /dev/shm/gone region (deleted)\n'
         b'7f0000001000-7f0000002000 rw-s 00000000 00:2d 102                        /dev/shm/kept\n'
         b'7f0000002000-7f0000003000 rw-s 00000000 08:01 103                        /tmp/elsewhere (deleted)\n'
@@ -258,6 +257,7 @@ def test_open_fds_of_a_plain_directory_lists_it(tmp_path):
     with pytest.raises(FileNotFoundError):
         holders._open_fds(str(tmp_path / 'nope') + '/', True)
     assert holders.fd_counts(str(tmp_path)) is False
+
 
 # -- the unreadable-process rule ------------------------------------------------------------------
 
