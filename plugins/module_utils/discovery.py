@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import time
 
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import list_pids, read_comm
@@ -81,8 +82,88 @@ def _tcp_lines(net_dir, families):
         yield from lines
 
 
+# sock_diag (netlink), the interface of `ss`: with only TCP_LISTEN asked for, the kernel walks the
+# listening table alone; /proc/net/tcp walks the whole established table (milliseconds on a busy host)
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_NLMSG_ERROR = 2
+_NLMSG_DONE = 3
+_TCP_LISTEN_STATE = 10
+_NL_HEADER = struct.Struct('=IHHII')          # nlmsghdr: len, type, flags, seq, pid
+_DIAG_REQ = struct.Struct('=BBBBI48x')        # inet_diag_req_v2: family, protocol, ext, pad, states, sockid (any)
+_DIAG_MSG = struct.Struct('=BBBBHH16s16s12xIIIII')  # inet_diag_msg, sport and dport in network order
+_OWN_NET_DIRS = ('/proc/net', '/proc/self/net')
+_FAMILIES = {'tcp': socket.AF_INET, 'tcp6': socket.AF_INET6}
+
+
+def parse_diag_listeners(data, family):
+    """[(ip, port, inode)] of the LISTEN sockets in a sock_diag dump answer, and whether it is complete.
+
+    Raises OSError for a netlink error message (no inet_diag in this kernel, a filter refusing it).
+    """
+    out = []
+    off = 0
+    while off + _NL_HEADER.size <= len(data):
+        length, kind = _NL_HEADER.unpack_from(data, off)[:2]
+        if length < _NL_HEADER.size:
+            raise OSError('malformed sock_diag answer')
+        if kind == _NLMSG_DONE:
+            return out, True
+        if kind == _NLMSG_ERROR:
+            err = struct.unpack_from('=i', data, off + _NL_HEADER.size)[0]
+            raise OSError(-err, os.strerror(-err) if err else 'sock_diag error')
+        if length >= _NL_HEADER.size + _DIAG_MSG.size:
+            msg = _DIAG_MSG.unpack_from(data, off + _NL_HEADER.size)
+            if msg[0] == family and msg[1] == _TCP_LISTEN_STATE:
+                raw = msg[6][:4] if family == socket.AF_INET else msg[6]
+                ip = socket.inet_ntop(family, raw)
+                out.append((_plain_ip(ip) if family == socket.AF_INET6 else ip, socket.ntohs(msg[4]), msg[12]))
+        off += (length + 3) & ~3
+    return out, False
+
+
+def _diag_listeners(family):
+    """LISTEN TCP sockets of this process's network namespace through sock_diag, or None when it cannot be asked."""
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | getattr(socket, 'SOCK_CLOEXEC', 0), _NETLINK_SOCK_DIAG)
+    except (OSError, AttributeError):
+        return None
+    try:
+        request = _DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN_STATE)
+        sock.settimeout(2.0)
+        sock.sendall(_NL_HEADER.pack(_NL_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, 1, 0) + request)
+        out = []
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                return None
+            part, done = parse_diag_listeners(data, family)
+            out.extend(part)
+            if done:
+                return out
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
 def listening_sockets(net_dir, families=('tcp', 'tcp6')):
-    """[(ip, port, inode)] of LISTEN TCP sockets in a /proc/.../net directory."""
+    """[(ip, port, inode)] of LISTEN TCP sockets in a /proc/.../net directory.
+
+    For this process's own namespace they come from sock_diag when it answers, else from the
+    tables; the same sockets either way.
+    """
+    if net_dir in _OWN_NET_DIRS:
+        out = []
+        for name in families:
+            found = _diag_listeners(_FAMILIES[name])
+            out.extend(found if found is not None else _listening_in_table(net_dir, (name,)))
+        return out
+    return _listening_in_table(net_dir, families)
+
+
+def _listening_in_table(net_dir, families):
     out = []
     for line in _tcp_lines(net_dir, families):
         head = line.split(None, 4)  # most sockets are not listening: split the rest only for those that are

@@ -42,17 +42,23 @@ def list_pids(proc):
     return [int(n) for n in names if n.isdigit()]
 
 
+_READ_FLAGS = os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0)
+
+
 def _read(path):
     """The whole content of a /proc file as bytes: a raw open and reads to EOF (no text decoding, no buffer layer)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
+    fd = os.open(path, _READ_FLAGS)
     try:
-        chunks = []
+        data = os.read(fd, 1 << 17)
+        if not data:
+            return data
+        chunks = [data]
         while True:
             chunk = os.read(fd, 1 << 17)
             if not chunk:
                 break
             chunks.append(chunk)
-        return b''.join(chunks)
+        return chunks[0] if len(chunks) == 1 else b''.join(chunks)
     finally:
         os.close(fd)
 
@@ -85,6 +91,7 @@ class HolderScan(object):
         self.unreadable = []     # pids that could hold a target and could not be read
         self.unreadable_ignored = []  # unreadable pids whose mount namespace cannot see the shm fs
         self.processes = 0
+        self.deleted = {}        # name -> (dev, ino): files the server maps although they were unlinked (scan(deleted_of=))
         self.hidden = False      # /proc mounted with hidepid and we are not root
         self.hidden_reason = None
 
@@ -102,7 +109,9 @@ class HolderScan(object):
         return None
 
     def holders_of(self, dev, ino, exclude=()):
-        pids = self.holders.get((dev, ino), set())
+        pids = self.holders.get((dev, ino))
+        if not pids:
+            return []
         return [dict(pid=p, comm=self.comms.get(p)) for p in sorted(pids) if p not in exclude]
 
 
@@ -141,8 +150,80 @@ def _mountinfo_has_dev(pid, devs, proc):
     return False
 
 
-def scan(targets, proc='/proc'):
-    """One pass over every process: who maps or has open each (dev, ino) in targets."""
+def fd_counts(proc='/proc'):
+    """Whether the size of /proc/PID/fd is the number of open descriptors (Linux >= 6.2), checked on ourselves.
+
+    The listing holds one descriptor of its own while it reads the directory.
+    """
+    fd_dir = '%s/self/fd' % proc
+    try:
+        count = os.stat(fd_dir).st_size
+        return count > 0 and count == len(os.listdir(fd_dir)) - 1
+    except OSError:
+        return False
+
+
+_FD_NAMES = [str(i) for i in range(1024)]
+
+
+def _open_fds(fd_dir, counted=False):
+    """{fd name: stat of the open file} of one process, or raise OSError as os.listdir(fd_dir) does.
+
+    With counted (see fd_counts), when the size of the directory is N and descriptors 0..N-1 all
+    exist, they are all of them, and listing the directory (an open, two reads and a close) is
+    saved. Anything else (a gap, a descriptor closed meanwhile, no permission) falls back to
+    listing it.
+    """
+    count = 0
+    if counted:
+        try:
+            count = os.stat(fd_dir).st_size
+        except OSError:
+            count = 0
+    if 0 < count <= len(_FD_NAMES):
+        top = _FD_NAMES[count - 1]
+        try:
+            out = {top: os.stat(fd_dir + top)}   # a gap usually shows at the top: test it first
+            for name in _FD_NAMES[:count - 1]:
+                out[name] = os.stat(fd_dir + name)
+            return out
+        except OSError:
+            pass
+    out = {}
+    for name in os.listdir(fd_dir):
+        # stat follows the fd's magic link to the open file itself (sockets and pipes simply never match)
+        try:
+            out[name] = os.stat(fd_dir + name)
+        except OSError:
+            continue
+    return out
+
+
+def parse_deleted(data, path_prefix='/dev/shm/'):
+    """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked."""
+    out = {}
+    prefix = os.fsencode(path_prefix)
+    suffix = b' (deleted)'
+    if suffix not in data:
+        return out
+    for line in data.split(b'\n'):
+        if not line.endswith(suffix):
+            continue
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith(prefix):
+            name = os.fsdecode(fields[5][len(prefix):-len(suffix)])
+            major, minor = fields[3].split(b':')
+            out[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+    return out
+
+
+def scan(targets, proc='/proc', deleted_of=None, deleted_prefix='/dev/shm/'):
+    """One pass over every process: who maps or has open each (dev, ino) in targets.
+
+    With deleted_of (the server's pid), the files under deleted_prefix that process maps although
+    they were unlinked (see deleted_mappings) are read from the same read of its maps first, kept
+    in the result's ``deleted`` and scanned for too.
+    """
     result = HolderScan()
     hide = proc_hidepid(proc)
     if hide:
@@ -150,49 +231,56 @@ def scan(targets, proc='/proc'):
         result.hidden_reason = ('/proc is mounted with %s and the module does not run as root: other users\' '
                                 'processes are invisible, so holders cannot be determined' % hide)
     targets = set(targets)
+    first = {}
+    if deleted_of is not None:
+        try:
+            first[deleted_of] = _read('%s/%d/maps' % (proc, deleted_of))
+        except OSError:
+            pass   # read again, and judged, in the pass itself
+        result.deleted = parse_deleted(first.get(deleted_of, b''), deleted_prefix)
+        targets.update(result.deleted.values())
     if not targets:
         return result
     devs = set(dev for dev, _ino in targets)
     map_devs = dict((dev_maps_str(d).encode('ascii'), d) for d in devs)
     # the device field of a maps line, with its separating spaces: a cheap test before parsing any line
     needles = [b' ' + k + b' ' for k in map_devs]
+    needle = needles[0] if len(needles) == 1 else None   # the usual case: one shm filesystem
     mount_devs = set(dev_mountinfo_str(d) for d in devs)
+    counted = fd_counts(proc)
     for pid in list_pids(proc):
         base = '%s/%d' % (proc, pid)
         found = set()
         denied = False
-        try:
-            data = _read(base + '/maps')
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        except OSError:
-            denied = True
-            data = b''
+        data = first.pop(pid, None)
+        if data is None:
+            try:
+                data = _read(base + '/maps')
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            except OSError:
+                denied = True
+                data = b''
         result.processes += 1
-        if data and any(n in data for n in needles):
+        if data and ((needle in data) if needle is not None else any(n in data for n in needles)):
             for line in data.split(b'\n'):
                 fields = line.split(None, 5)
                 if len(fields) >= 5 and fields[3] in map_devs:
                     key = (map_devs[fields[3]], int(fields[4]))
                     if key in targets:
                         found.add(key)
-        fd_dir = base + '/fd/'
         try:
-            fds = os.listdir(fd_dir)
+            fds = _open_fds(base + '/fd/', counted)
         except (FileNotFoundError, ProcessLookupError):
-            fds = []
+            fds = {}
         except OSError:
             denied = True
-            fds = []
-        for fd in fds:
-            # stat follows the fd's magic link to the open file itself (sockets and pipes simply never match)
-            try:
-                st = os.stat(fd_dir + fd)
-            except OSError:
-                continue
-            key = (st.st_dev, st.st_ino)
-            if key in targets:
-                found.add(key)
+            fds = {}
+        for st in fds.values():
+            if st.st_dev in devs:
+                key = (st.st_dev, st.st_ino)
+                if key in targets:
+                    found.add(key)
         if denied:
             if _mountinfo_has_dev(pid, mount_devs, proc):
                 result.unreadable.append(pid)
@@ -207,16 +295,8 @@ def scan(targets, proc='/proc'):
 
 def deleted_mappings(pid, path_prefix='/dev/shm/', proc='/proc'):
     """{name: (dev, ino)} of files under path_prefix that pid maps although they were unlinked."""
-    out = {}
     try:
-        with open('%s/%d/maps' % (proc, pid)) as f:
-            data = f.read()
+        data = _read('%s/%d/maps' % (proc, pid))
     except OSError:
-        return out
-    for line in data.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) == 6 and fields[5].endswith(' (deleted)') and fields[5].startswith(path_prefix):
-            name = fields[5][len(path_prefix):-len(' (deleted)')]
-            major, minor = fields[3].split(':')
-            out[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-    return out
+        return {}
+    return parse_deleted(data, path_prefix)

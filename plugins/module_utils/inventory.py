@@ -79,11 +79,11 @@ class Inventory(object):
         if self.shm_dir is None:
             self.scan = None
             return
-        if self.pid is not None:
-            self.deleted = holders_mod.deleted_mappings(self.pid, proc=self.proc)
         targets = set((e['dev'], e['inode']) for e in self.entries if e['type'] == 'file')
-        targets |= set(self.deleted.values())
-        self.scan = holders_mod.scan(targets, proc=self.proc)
+        # the server's unlinked-but-mapped files come from the same read of its maps as its holdings
+        self.scan = holders_mod.scan(targets, proc=self.proc, deleted_of=self.pid)
+        if self.pid is not None:
+            self.deleted = self.scan.deleted
         reason = self.scan.incomplete_reason()
         if reason:
             self.warnings.append('holders are incomplete, no region is reported stale and no file orphan: ' + reason)
@@ -136,8 +136,8 @@ class Inventory(object):
             rec['state_reason'] = 'backing file cannot be located safely: %s' % exc
             return rec
         e = self.entry(name)
-        path = os.path.join(self.shm_dir, name)
         if e is None:
+            path = os.path.join(self.shm_dir, name)
             rec['file'] = dict(path=path, exists=False)
             ident = self.deleted.get(name)
             if ident:
@@ -147,8 +147,9 @@ class Inventory(object):
             if rec['holders']:
                 rec['state_reason'] += ' (still mapped by a client)'
             return rec
-        rec['file'] = dict(path=e['path'], exists=True, type=e['type'], size=e['size'], allocated_bytes=e['allocated_bytes'],
-                           inode=e['inode'], uid=e['uid'], mode=e['mode'], mtime=e['mtime'], age_s=e['age_s'])
+        rec['file'] = {'path': e['path'], 'exists': True, 'type': e['type'], 'size': e['size'],
+                       'allocated_bytes': e['allocated_bytes'], 'inode': e['inode'], 'uid': e['uid'], 'mode': e['mode'],
+                       'mtime': e['mtime'], 'age_s': e['age_s']}
         if e['type'] != 'file':
             rec['state'] = 'unknown'
             rec['state_reason'] = 'backing path is a %s, not a regular file' % e['type']
@@ -180,7 +181,9 @@ class Inventory(object):
         return rec
 
     def file_record(self, e, region_records, regions_by_path=None):
-        rec = dict((k, v) for k, v in e.items() if k not in ('dev', 'ctime_ns'))
+        rec = dict(e)
+        rec.pop('dev', None)
+        rec.pop('ctime_ns', None)
         if regions_by_path is None:
             regions_by_path = _regions_by_path(region_records)
         rec['regions'] = sorted(regions_by_path.get(e['path'], ()))

@@ -93,33 +93,47 @@ def _kind(mode):
 
 def describe(name, path, st, now=None):
     """The public description of one directory entry from its lstat result."""
-    now = time.time() if now is None else now
-    return dict(
-        name=name,
-        path=os.path.join(path, name),
-        type=_kind(st.st_mode),
-        size=st.st_size,
-        allocated_bytes=getattr(st, 'st_blocks', 0) * 512,
-        uid=st.st_uid,
-        mode='%04o' % stat.S_IMODE(st.st_mode),
-        mtime=st.st_mtime,
-        age_s=round(max(0.0, now - st.st_mtime), 3),
-        inode=st.st_ino,
-        dev=st.st_dev,
-        ctime_ns=st.st_ctime_ns,
-    )
+    return _describe(name, os.path.join(path, name), st, time.time() if now is None else now)
+
+
+def _describe(name, full_path, st, now):
+    mode = st.st_mode
+    return {
+        'name': name,
+        'path': full_path,
+        'type': _kind(mode),
+        'size': st.st_size,
+        'allocated_bytes': getattr(st, 'st_blocks', 0) * 512,
+        'uid': st.st_uid,
+        'mode': '%04o' % stat.S_IMODE(mode),
+        'mtime': st.st_mtime,
+        'age_s': round(max(0.0, now - st.st_mtime), 3),
+        'inode': st.st_ino,
+        'dev': st.st_dev,
+        'ctime_ns': st.st_ctime_ns,
+    }
 
 
 def list_entries(path, now=None):
-    """Every entry of the shm directory, lstat'ed (never followed). Entries that vanish are skipped."""
+    """Every entry of the shm directory, lstat'ed (never followed). Entries that vanish are skipped.
+
+    The directory is opened once and listed and lstat'ed by its descriptor: a path like
+    /proc/PID/root/dev/shm costs a walk through the other process's root for every name otherwise.
+    """
     now = time.time() if now is None else now
+    prefix = os.path.join(path, '')   # path + separator, as os.path.join(path, name) spells each entry
     out = []
-    for entry in os.scandir(path):
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        out.append(describe(entry.name, path, st, now))
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
+    try:
+        with os.scandir(fd) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                out.append(_describe(entry.name, prefix + entry.name, st, now))
+    finally:
+        os.close(fd)
     out.sort(key=lambda e: e['name'])
     return out
 

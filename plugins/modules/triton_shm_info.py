@@ -308,6 +308,7 @@ def run(module, client):
             compiled = jmespath.compile(params['query'])
         except jmespath.exceptions.JMESPathError as exc:
             module.fail_json(msg='query %r is not a valid JMESPath expression: %s' % (params['query'], exc))
+    client.use_keep_alive()   # one connection for the five calls (plain http without a proxy; else as configured)
     live = client.health('live')
     ready = client.health('ready')
     inv = Inventory(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],

@@ -93,7 +93,9 @@ def grep_pass():
 
 
 def module_work(url):
+    # what triton_shm_info's run() does, with the same client setup
     client = TritonClient(url)
+    client.use_keep_alive()
     client.health('live')
     client.health('ready')
     inv = Inventory(client)

@@ -8,9 +8,11 @@ and removed afterwards; every process is stopped by pid.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -181,6 +183,58 @@ def test_listening_sockets_sees_a_real_listener_with_its_inode(family, host):
         inode = os.fstat(sock.fileno()).st_ino
         got = discovery.listening_sockets('/proc/self/net')
     assert (host, port, inode) in got
+
+
+def _diag_msg(family, state, ip, port, inode):
+    raw = socket.inet_pton(family, ip).ljust(16, b'\0')
+    body = struct.pack('=BBBB', family, state, 0, 0) + struct.pack('>HH', port, 0) + raw + b'\0' * 16 + b'\0' * 12
+    body += struct.pack('=IIIII', 0, 0, 0, 0, inode)
+    return struct.pack('=IHHII', 16 + len(body), 20, 2, 1, 0) + body
+
+
+def test_parse_diag_listeners_reads_listeners_and_the_end_of_the_dump():
+    answer = (_diag_msg(socket.AF_INET6, 10, '::ffff:127.0.0.1', 8003, 6666) + _diag_msg(socket.AF_INET6, 10, '::', 8004, 7777)
+              + _diag_msg(socket.AF_INET6, 1, '::1', 8005, 8888))
+    assert discovery.parse_diag_listeners(answer, socket.AF_INET6) == ([('127.0.0.1', 8003, 6666), ('::', 8004, 7777)], False)
+    done = struct.pack('=IHHII', 20, 3, 2, 1, 0) + b'\0' * 4
+    got = discovery.parse_diag_listeners(_diag_msg(socket.AF_INET, 10, '127.0.1.1', 8002, 4444) + done, socket.AF_INET)
+    assert got == ([('127.0.1.1', 8002, 4444)], True)
+
+
+def test_parse_diag_listeners_raises_on_a_netlink_error():
+    error = struct.pack('=IHHII', 36, 2, 0, 1, 0) + struct.pack('=i', -errno.ENOENT) + b'\0' * 16
+    with pytest.raises(OSError) as exc:
+        discovery.parse_diag_listeners(error, socket.AF_INET)
+    assert exc.value.errno == errno.ENOENT
+
+
+def test_own_listeners_from_sock_diag_equal_those_of_the_tables():
+    socks = []
+    try:
+        for family, host in ((socket.AF_INET, '127.0.0.1'), (socket.AF_INET6, '::1'), (socket.AF_INET6, '::')):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((host, 0))
+            sock.listen(1)
+        for name in ('tcp', 'tcp6'):
+            assert discovery._diag_listeners(discovery._FAMILIES[name]) is not None
+            assert sorted(discovery.listening_sockets('/proc/self/net', (name,))) == \
+                sorted(discovery._listening_in_table('/proc/self/net', (name,)))
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_own_listeners_come_from_the_tables_when_sock_diag_cannot_be_asked(monkeypatch):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        sock.listen(1)
+        want = ('127.0.0.1', sock.getsockname()[1], os.fstat(sock.fileno()).st_ino)
+
+        def refused(*_args):
+            raise OSError(errno.EPROTONOSUPPORT, 'no netlink here')
+        monkeypatch.setattr(discovery.socket, 'socket', refused)
+        assert want in discovery.listening_sockets('/proc/self/net', ('tcp',))
 
 
 CONNTRACK = '\n'.join([

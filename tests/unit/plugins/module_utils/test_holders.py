@@ -176,6 +176,89 @@ def test_deleted_mappings_reports_unlinked_files_under_the_prefix(tmp_path):
     assert holders.deleted_mappings(os.getpid(), path_prefix='/nonexistent-prefix/') == {}
 
 
+MAPS = (b'7f0000000000-7f0000001000 rw-s 00000000 00:2d 101                        /dev/shm/gone region (deleted)\n'
+        b'7f0000001000-7f0000002000 rw-s 00000000 00:2d 102                        /dev/shm/kept\n'
+        b'7f0000002000-7f0000003000 rw-s 00000000 08:01 103                        /tmp/elsewhere (deleted)\n'
+        b'7f0000003000-7f0000004000 rw-s 00000000 00:2d 104                        /dev/shm/caf\xc3\xa9 (deleted)\n'
+        b'7f0000004000-7f0000005000 rw-p 00000000 00:00 0 \n')
+
+
+def test_parse_deleted_reads_unlinked_files_under_the_prefix_from_maps_bytes():
+    assert holders.parse_deleted(MAPS) == {'gone region': (os.makedev(0, 0x2d), 101), 'caf\u00e9': (os.makedev(0, 0x2d), 104)}
+    assert holders.parse_deleted(MAPS, '/tmp/') == {'elsewhere': (os.makedev(8, 1), 103)}
+    assert holders.parse_deleted(MAPS.replace(b' (deleted)', b'')) == {}
+
+
+def test_scan_reports_the_deleted_mappings_of_the_process_it_is_given_and_their_holders(tmp_path, child):
+    path, key = make_file(tmp_path, 'gone region')
+    kept_path, kept_key = make_file(tmp_path, 'kept')
+    mapper = child('map', path, comm='mapper')
+    with open(path, 'r+b') as f:
+        m = mmap.mmap(f.fileno(), 0)
+    os.unlink(path)
+    try:
+        with open(kept_path, 'rb'):
+            result = holders.scan([kept_key], deleted_of=os.getpid(), deleted_prefix=str(tmp_path) + '/')
+            alone = holders.deleted_mappings(os.getpid(), path_prefix=str(tmp_path) + '/')
+    finally:
+        m.close()
+    assert result.deleted == alone == {'gone region': key}
+    assert set([os.getpid(), mapper.pid]) <= result.holders[key], 'the unlinked file is scanned for in every process'
+    assert os.getpid() in result.holders[kept_key]
+    assert holders.scan([kept_key]).deleted == {}
+
+
+def _listed_fds(fd_dir):
+    out = {}
+    for name in os.listdir(fd_dir):
+        try:
+            st = os.stat(fd_dir + name)
+        except OSError:
+            continue
+        out[name] = (st.st_dev, st.st_ino)
+    return out
+
+
+def test_open_fds_are_those_the_fd_directory_lists(tmp_path, child, monkeypatch):
+    path, key = make_file(tmp_path, 'held')
+    opener = child('open', path)
+    fd_dir = '/proc/%d/fd/' % opener.pid
+    want = _listed_fds(fd_dir)
+    assert key in want.values()
+    counted = holders.fd_counts()
+    assert counted == (os.stat(fd_dir).st_size == len(want)), 'Linux >= 6.2 counts the descriptors'
+    assert dict((name, (st.st_dev, st.st_ino)) for name, st in holders._open_fds(fd_dir).items()) == want
+    if counted and sorted(want) == [str(i) for i in range(len(want))]:
+        monkeypatch.setattr(holders.os, 'listdir', None)   # counted, no gap: no listing needed
+    got = holders._open_fds(fd_dir, counted)
+    assert dict((name, (st.st_dev, st.st_ino)) for name, st in got.items()) == want
+
+
+def test_open_fds_with_a_gap_are_those_the_fd_directory_lists(tmp_path):
+    path, key = make_file(tmp_path, 'held')
+    fds = [os.open(path, os.O_RDONLY) for _i in range(4)]
+    os.close(fds.pop(1))
+    try:
+        fd_dir = '/proc/%d/fd/' % os.getpid()
+        got = holders._open_fds(fd_dir, holders.fd_counts())
+        want = _listed_fds(fd_dir)   # the listing's own descriptor is closed again before the stat: not in it
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert dict((name, (st.st_dev, st.st_ino)) for name, st in got.items()) == want
+    assert [want[str(fd)] for fd in fds] == [key] * 3
+
+
+def test_open_fds_of_a_plain_directory_lists_it(tmp_path):
+    fd_dir = tmp_path / 'fd'
+    fd_dir.mkdir()
+    (fd_dir / '0').write_text('x')
+    assert sorted(holders._open_fds(str(fd_dir) + '/', True)) == ['0']
+    with pytest.raises(FileNotFoundError):
+        holders._open_fds(str(tmp_path / 'nope') + '/', True)
+    assert holders.fd_counts(str(tmp_path)) is False
+
+
 # -- the unreadable-process rule ------------------------------------------------------------------
 
 def _fake_proc(root, pid, maps=None, mountinfo=None):

@@ -141,8 +141,8 @@ def complete_scan(monkeypatch):
     """
     real = holders.scan
 
-    def scan(targets, proc='/proc'):
-        result = real(targets, proc=proc)
+    def scan(targets, **kwargs):
+        result = real(targets, **kwargs)
         result.unreadable_ignored.extend(result.unreadable)
         result.unreadable = []
         return result
@@ -494,8 +494,8 @@ def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc):
 def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_proc, monkeypatch):
     real = holders.scan
 
-    def incomplete(targets, proc='/proc'):
-        result = real(targets, proc=proc)
+    def incomplete(targets, **kwargs):
+        result = real(targets, **kwargs)
         result.unreadable = [4242]
         return result
     monkeypatch.setattr(holders, 'scan', incomplete)
