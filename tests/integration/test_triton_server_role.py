@@ -394,16 +394,22 @@ def test_client_shm_flag_and_addresses():
     assert res.task('host ports')['_triton_server_published_ports'] == []
 
 
+def only_collections(tmp_path, *names):
+    """An ANSIBLE_COLLECTIONS_PATH with only this collection, ansible.posix (the JSON callback) and names; no sys.path scan."""
+    root = tmp_path / 'collections' / 'ansible_collections'
+    os.makedirs(str(root / 'tritonops'))
+    os.symlink(REPO, str(root / 'tritonops' / 'shm'))
+    for name in ('ansible.posix',) + names:
+        namespace, collection = name.split('.')
+        (root / namespace).mkdir(exist_ok=True)
+        found = importlib.util.find_spec('ansible_collections.' + name)
+        os.symlink(list(found.submodule_search_locations)[0], str(root / namespace / collection))
+    return {'ANSIBLE_COLLECTIONS_PATH': str(tmp_path / 'collections'), 'ANSIBLE_COLLECTIONS_SCAN_SYS_PATH': 'False'}
+
+
 def test_missing_engine_collection_is_explained(tmp_path):
     """Where the engine's collection is not installed, the role says how to get it."""
-    # a collections path with only this collection and ansible.posix (the JSON callback), no sys.path scan
-    root = tmp_path / 'collections' / 'ansible_collections'
-    (root / 'tritonops').mkdir(parents=True)
-    (root / 'ansible').mkdir()
-    os.symlink(REPO, str(root / 'tritonops' / 'shm'))
-    posix = importlib.util.find_spec('ansible_collections.ansible.posix')
-    os.symlink(list(posix.submodule_search_locations)[0], str(root / 'ansible' / 'posix'))
-    env = {'ANSIBLE_COLLECTIONS_PATH': str(tmp_path / 'collections'), 'ANSIBLE_COLLECTIONS_SCAN_SYS_PATH': 'False'}
+    env = only_collections(tmp_path)
     play = role_play({'triton_server_engine': 'podman', 'triton_server_state': 'absent'}, tasks_from='collection')
     res = ansible_playbook(play, env=env)
     assert res.rc != 0, res
@@ -411,6 +417,19 @@ def test_missing_engine_collection_is_explained(tmp_path):
     assert 'needs the containers.podman collection' in fail['msg']
     assert 'ansible-galaxy collection install containers.podman' in fail['msg']
     assert 'the `ansible` package from PyPI' in fail['msg']
+
+
+def test_engine_collection_found_on_the_collections_path(tmp_path):
+    """The check finds the engine's collection where Ansible does (ANSIBLE_COLLECTIONS_PATH), and only that one."""
+    env = only_collections(tmp_path, 'containers.podman')
+    res = ansible_playbook(role_play({'triton_server_engine': 'podman', 'triton_server_state': 'absent'},
+                                     tasks_from='collection'), env=env)
+    assert res.rc == 0 and failed(res) == 0, res
+    assert role_task(res, "Fail when the engine's collection is missing")['msg'] == 'All assertions passed'
+    res = ansible_playbook(role_play({'triton_server_engine': 'docker', 'triton_server_state': 'absent'},
+                                     tasks_from='collection'), env=env)
+    assert res.rc != 0, res
+    assert 'needs the community.docker collection' in role_task(res, "Fail when the engine's collection is missing")['msg']
 
 
 def test_deploy_playbook_serial(image, ulimits, docker_host, container, tmp_path):
