@@ -216,8 +216,9 @@ class Inventory(object):
         files = [self.file_record(e, regions, by_path) for e in self.entries]
         return regions, cuda, files
 
-    def result(self, live=None, ready=None):
-        regions, cuda, files = self.records()
+    def result(self, live=None, ready=None, records=None):
+        """What triton_shm_info returns; records: this inventory's records() when the caller already has them."""
+        regions, cuda, files = records or self.records()
         fs = dict(self.fs) if self.fs else None
         summary = summarize(regions, cuda, files, fs)
         server = dict(url=self.client.base, live=live, ready=ready, version=self.metadata.get('version'),

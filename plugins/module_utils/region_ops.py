@@ -113,7 +113,7 @@ class RegionOps(object):
                    removed_files=self.removed_files, created_files=self.created_files, marked_files=self.marked_files,
                    skipped_items=self.skipped,
                    freed_bytes=self.freed_bytes)
-        if self.params.get('inventory') and self.before_result is not None:
+        if self.before_result is not None:
             out['before'] = self.before_result
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
@@ -162,13 +162,9 @@ class RegionOps(object):
         """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
         if self.inv_after is None and not self.done_something() and self.before_result is not None:
             return self.before_result   # nothing changed since the read this run selected from
-        inv = self.inv_after
-        if inv is None:
-            inv = self._read_again()
-        result = inv.result()
-        if self.inv is not None:
-            result['server'].update(located_by=self.inv.located_by,
-                                    not_found_reason=self.inv.server_reason if self.inv.pid is None else None)
+        result = (self.inv_after or self._read_again()).result()
+        result['server'].update(located_by=self.inv.located_by,
+                                not_found_reason=self.inv.server_reason if self.inv.pid is None else None)
         return result
 
     def _read_again(self):
@@ -177,9 +173,7 @@ class RegionOps(object):
         The server found before is kept (no second discovery); server.live and server.ready are not measured.
         """
         p = self.params
-        before = self.inv
-        return Inventory(self.client, server_pid=before.pid if before else p.get('server_pid'),
-                         shm_dir=before.shm_dir if before else p.get('shm_dir'), orphan_patterns=p['orphan_patterns'],
+        return Inventory(self.client, server_pid=self.inv.pid, shm_dir=self.inv.shm_dir, orphan_patterns=p['orphan_patterns'],
                          min_age=p['min_age'], kinds=('system',), backend_patterns=p.get('backend_patterns'))
 
     def _measure_after(self):
@@ -476,10 +470,10 @@ class RegionOps(object):
         classify_orphans = p['orphan_files'] or p.get('inventory')
         inv = self._inventory(kinds=('system',), orphan_patterns=p['orphan_patterns'] if classify_orphans else None,
                               min_age=p['min_age'])
+        records = regions, _cuda, files = inv.records()
         if p.get('inventory'):
-            self.before_result = inv.result()
+            self.before_result = inv.result(records=records)
         self._require_server(inv)
-        regions, _cuda, files = inv.records()
         selected = self._select(rec for rec in regions if self._wanted(rec))
         selected_names = set(r['name'] for r in selected)
         remaining = [r for r in regions if r['name'] not in selected_names]
@@ -615,7 +609,7 @@ class RegionOps(object):
         # Invariant 3: re-check holders immediately before unlinking. When the state after the change is
         # asked for, that re-check is a full read of the server (status, files, holders), which then
         # only loses the files unlinked here: one holder scan instead of two.
-        if self.params.get('inventory') and not self.check_mode:
+        if self.params.get('inventory'):
             check = self.inv_after = self._read_again()
         else:
             inv.rescan()

@@ -91,12 +91,8 @@ def _kind(mode):
     return 'other'
 
 
-def describe(name, path, st, now=None):
-    """The public description of one directory entry from its lstat result."""
-    return _describe(name, os.path.join(path, name), st, time.time() if now is None else now)
-
-
-def _describe(name, full_path, st, now):
+def describe(name, full_path, st, now):
+    """The public description of one directory entry (full_path) from its lstat result, its age as of now."""
     mode = st.st_mode
     return {
         'name': name,
@@ -131,7 +127,7 @@ def list_entries(path, now=None):
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                out.append(_describe(entry.name, prefix + entry.name, st, now))
+                out.append(describe(entry.name, prefix + entry.name, st, now))
     finally:
         os.close(fd)
     out.sort(key=lambda e: e['name'])
