@@ -170,7 +170,7 @@ def params(shm_dir, pid, **kw):
     p = dict(state='absent', kind='system', name=[], key=None, offset=0, byte_size=None, create_file=False,
              raw_handle=None, device_id=None, stale=False, all=False, orphan_files=False, orphan_patterns=[],
              min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=pid, shm_dir=shm_dir,
-             reserved=False, backend_patterns=list(shm_fs.BACKEND_PATTERNS))
+             reserved=False, backend_patterns=list(shm_fs.BACKEND_PATTERNS), inventory=False)
     p.update(kw)
     return p
 
@@ -189,6 +189,8 @@ def run(client, shm_dir, pid, check_mode=False, clock=None, serialise=False, **k
         ops.release()
     result = ops.partial()
     result['regions'] = ops.regions_after()
+    if ops.params['inventory'] and not check_mode:
+        result['after'] = ops.inventory_after()
     result['warnings'] = warnings
     result['diff'] = dict(before=ops.before, after=ops.after)
     return result
@@ -356,8 +358,10 @@ def test_in_use_timeout_zero_tries_once(shm, server_proc):
 
 
 # -- invariant 3: holders re-checked right before the unlink --------------------------------------
+# (with inventory=true the re-check is a full read of the server, which is also the state returned after)
 
-def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc):
+@pytest.mark.parametrize('inventory', [False, True])
+def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc, inventory):
     path = make_file(shm, 'a')
     maps = []
 
@@ -366,7 +370,7 @@ def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc):
             maps.append(mmap.mmap(f.fileno(), 0))
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=attach)
     try:
-        res = run(fake, shm, server_proc.pid, stale=True)
+        res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
     finally:
         for m in maps:
             m.close()
@@ -374,9 +378,15 @@ def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc):
     assert os.path.exists(path) and res['removed_files'] == []
     assert 're-checked before removal' in reasons(res, 'path')[path]
     assert str(os.getpid()) in reasons(res, 'path')[path]
+    if inventory:
+        assert res['before']['system_regions'][0]['state'] == 'stale'
+        files = dict((f['name'], f) for f in res['after']['files'])
+        assert res['after']['system_regions'] == [] and files['a']['category'] == 'in_use'
+        assert os.getpid() in [h['pid'] for h in files['a']['holders']]
 
 
-def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_proc):
+@pytest.mark.parametrize('inventory', [False, True])
+def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_proc, inventory):
     path = make_file(shm, 'a')
     procs = []
     holder = 'import mmap, sys, time\nf = open(sys.argv[1], "r+b")\nm = mmap.mmap(f.fileno(), 0)\nprint("up", flush=True)\ntime.sleep(60)\n'
@@ -387,7 +397,7 @@ def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_pr
         assert p.stdout.readline().strip() == 'up'
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=attach)
     try:
-        res = run(fake, shm, server_proc.pid, stale=True)
+        res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
     finally:
         for p in procs:
             p.kill()
@@ -398,7 +408,8 @@ def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_pr
 
 # -- invariant 4: inside the directory, no symlinks, regular files only ---------------------------
 
-def test_a_file_replaced_by_a_symlink_after_the_plan_is_not_followed(shm, server_proc, tmp_path):
+@pytest.mark.parametrize('inventory', [False, True])
+def test_a_file_replaced_by_a_symlink_after_the_plan_is_not_followed(shm, server_proc, tmp_path, inventory):
     path = make_file(shm, 'a')
     target = tmp_path / 'precious'
     target.write_bytes(b'keep me')
@@ -407,20 +418,21 @@ def test_a_file_replaced_by_a_symlink_after_the_plan_is_not_followed(shm, server
         os.unlink(path)
         os.symlink(str(target), path)
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=swap)
-    res = run(fake, shm, server_proc.pid, stale=True)
+    res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
     assert res['removed_files'] == []
     assert os.path.islink(path) and target.read_bytes() == b'keep me'
     assert 'not a regular file' in reasons(res, 'path')[path]
     assert any('symlink' in w for w in res['warnings'])
 
 
-def test_a_file_replaced_by_another_file_after_the_plan_is_kept(shm, server_proc):
+@pytest.mark.parametrize('inventory', [False, True])
+def test_a_file_replaced_by_another_file_after_the_plan_is_kept(shm, server_proc, inventory):
     path = make_file(shm, 'a')
 
     def swap(name):   # a client recreates the file (a new inode, renamed into place)
         os.rename(make_file(shm, 'a.new', size=KIB), path)
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=swap)
-    res = run(fake, shm, server_proc.pid, stale=True)
+    res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
     assert os.path.exists(path) and 'replaced since it was checked' in reasons(res, 'path')[path]
 
 
@@ -491,7 +503,8 @@ def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc):
 
 # -- invariant 6: incomplete holders --------------------------------------------------------------
 
-def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_proc, monkeypatch):
+@pytest.mark.parametrize('inventory', [False, True])
+def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_proc, monkeypatch, inventory):
     real = holders.scan
 
     def incomplete(targets, **kwargs):
@@ -503,10 +516,10 @@ def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_pr
     orphan = make_file(shm, 'client_input_0', age=3600)
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
-    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0)
+    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory)
     assert res['changed'] is False and fake.actions() == [] and snapshot(shm) == before
     assert any('holders are incomplete' in w for w in res['warnings'])
-    res = run(fake, shm, server_proc.pid, name=['a'], orphan_files=True, orphan_patterns=['*'], min_age=0)
+    res = run(fake, shm, server_proc.pid, name=['a'], orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory)
     assert res['unregistered'] == ['a']       # named: the operator asked
     assert reasons(res, 'path') == {path: 'holders could not be fully determined'}
     assert os.path.exists(path) and os.path.exists(orphan)
