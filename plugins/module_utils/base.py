@@ -16,10 +16,10 @@ import os
 from ansible.module_utils.basic import env_fallback, missing_required_lib
 
 from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc
-from ansible_collections.tritonops.shm.plugins.module_utils.discovery import DiscoveryError
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS, ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, TritonOpsError
+from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import (
-    HAS_REQUESTS, REQUESTS_IMPORT_ERROR, TritonClient, TritonError,
+    HAS_REQUESTS, REQUESTS_IMPORT_ERROR, TritonClient,
 )
 
 
@@ -89,6 +89,6 @@ def run_module_main(module, body, partial=None):
     except TritonError as exc:
         extra = partial() if partial else {}
         module.fail_json(msg=exc.msg, failure=exc.as_dict(), **extra)
-    except (ShmFsError, DiscoveryError) as exc:
+    except TritonOpsError as exc:
         extra = partial() if partial else {}
-        module.fail_json(msg=str(exc), **extra)
+        module.fail_json(msg=exc.msg, **extra)

@@ -31,6 +31,7 @@ import socket
 import struct
 import time
 
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ServerNotFound  # noqa: F401 (re-exported)
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import list_pids, read_comm
 
 SERVER_COMMS = ('tritonserver',)
@@ -38,14 +39,6 @@ _LISTEN = '0A'
 _ESTABLISHED = '01'
 MAX_HOPS = 4
 FIX_HINT = 'set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)'
-
-
-class DiscoveryError(Exception):
-    """The server_pid or shm_dir given cannot be used."""
-
-
-class ServerNotFound(DiscoveryError):
-    """An action needs the server process and its shm directory, and they were not found."""
 
 
 def _parse_addr(hexaddr):

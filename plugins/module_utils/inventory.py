@@ -21,7 +21,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
 

@@ -19,7 +19,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import discovery, ru
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 
 # what _unregister did with one region
@@ -364,10 +364,11 @@ class RegionOps(object):
                     restore(cur)
                 except TritonError as again:
                     self.unregistered.append(name)
-                    raise TritonError('%s; restoring the previous spec failed too, the region is now unregistered: %s'
-                                      % (exc.msg, again.msg), url=exc.url, status=exc.status, server_error=exc.server_error)
-                raise TritonError('%s; the previous spec was registered again, the region is unchanged' % exc.msg,
-                                  url=exc.url, status=exc.status, server_error=exc.server_error)
+                    raise type(exc)('%s; restoring the previous spec failed too, the region is now unregistered: %s'
+                                    % (exc.msg, again.msg), url=exc.url, status=exc.status, server_error=exc.server_error,
+                                    transport=exc.transport)
+                raise type(exc)('%s; the previous spec was registered again, the region is unchanged' % exc.msg,
+                                url=exc.url, status=exc.status, server_error=exc.server_error, transport=exc.transport)
             if cur is not None:
                 self.unregistered.append(name)
             self.registered.append(name)

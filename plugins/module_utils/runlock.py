@@ -21,13 +21,9 @@ import fcntl
 import os
 import time
 
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError
 
 WAIT_S = 600.0
-
-
-class LockError(ShmFsError):
-    """The lock could not be taken in time; the message says which and why."""
 
 
 class ShmDirLock(object):

@@ -16,6 +16,8 @@ import os
 import stat
 import time
 
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
+
 BACKEND_PREFIX = 'triton_python_backend_shm_region_'
 # Shell-style patterns of Triton's python backend files: the default prefix, with a counter
 # suffix before Triton 24.04 and a UUID since (--backend-config=python,shm-region-prefix-name=... changes it).
@@ -25,10 +27,6 @@ BACKEND_PATTERNS = (BACKEND_PREFIX + '*',)
 # backing file, whose value is the region's name. trusted.* needs CAP_SYS_ADMIN to set and to read,
 # tmpfs supports it, and it goes with the file: a file removed and created again has no mark.
 RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
-
-
-class ShmFsError(Exception):
-    """A refused or failed filesystem operation; the message says what and why."""
 
 
 def usage(path):

@@ -19,6 +19,8 @@ import traceback
 from http import client as http_client
 from urllib.parse import urlsplit
 
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName, classify
+
 REQUESTS_IMPORT_ERROR = None
 try:
     import requests
@@ -26,30 +28,6 @@ try:
 except ImportError:
     HAS_REQUESTS = False
     REQUESTS_IMPORT_ERROR = traceback.format_exc()
-
-
-class TritonError(Exception):
-    """A failed Triton request: what was attempted, where, and the server's own reason."""
-
-    def __init__(self, msg, url=None, status=None, server_error=None, unaddressable=False):
-        super(TritonError, self).__init__(msg)
-        self.msg = msg
-        self.url = url
-        self.status = status
-        self.server_error = server_error
-        self.unaddressable = unaddressable
-
-    @property
-    def in_use(self):
-        """Triton >= 2.50 refuses to unregister a region with requests in flight."""
-        return bool(self.server_error) and 'currently in use' in self.server_error
-
-    @property
-    def not_found(self):
-        return bool(self.server_error) and 'Unable to find' in self.server_error
-
-    def as_dict(self):
-        return dict(url=self.url, status=self.status, server_error=self.server_error)
 
 
 # Triton 2.68 (NGC 26.04) and later turn client shared memory off unless started with the flag below.
@@ -76,11 +54,11 @@ def region_segment(name):
     """
     bad = sorted(set(c for c in name if c not in _SEGMENT_SAFE))
     if not name or bad:
-        raise TritonError("region name %r cannot be addressed over Triton's HTTP API: it contains %s, and Triton does not "
+        raise UnaddressableName("region name %r cannot be addressed over Triton's HTTP API: it contains %s, and Triton does not "
                           "decode percent-encoding in region names (use names of letters, digits and -._~ only). "
                           "Such a region comes from a gRPC client: a grpc:// URL of the same server (its gRPC port, "
                           "8001 by default) can unregister and clean it"
-                          % (name, ', '.join(repr(c) for c in bad) or 'nothing'), unaddressable=True)
+                          % (name, ', '.join(repr(c) for c in bad) or 'nothing'))
     return name
 
 
@@ -209,8 +187,8 @@ class TritonClient(FromParams):
             detail = server_error or _snippet(resp.text) or resp.reason
             if CLIENT_SHM_DISABLED in (server_error or ''):
                 detail = '%s; %s' % (detail, CLIENT_SHM_HINT)
-            raise TritonError('%s at %s: HTTP %s: %s' % (what, url, resp.status_code, detail), url=url,
-                              status=resp.status_code, server_error=server_error)
+            raise classify(server_error)('%s at %s: HTTP %s: %s' % (what, url, resp.status_code, detail), url=url,
+                                         status=resp.status_code, server_error=server_error, transport='http')
         if expect_json and decode_error is not None:
             raise TritonError('%s at %s: the response is not Triton JSON (is another web server on this port?): %s'
                               % (what, url, _snippet(resp.text)), url=url, status=resp.status_code)

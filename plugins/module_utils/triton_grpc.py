@@ -23,7 +23,8 @@ import traceback
 
 from urllib.parse import urlsplit
 
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import FromParams, TritonError, _short
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName, classify
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import FromParams, _short
 
 GRPC_SCHEMES = ('grpc', 'grpcs')
 GRPC_REQUIREMENT = 'tritonclient[grpc]'
@@ -201,8 +202,9 @@ class TritonGrpcClient(FromParams):
                                url=self.base)
         if name == 'UNIMPLEMENTED':
             return TritonError("%s: gRPC %s: %s (is this Triton's gRPC port?)" % (where, name, _short(details)),
-                               url=self.base, status=name, server_error=details)
-        return TritonError('%s: gRPC %s: %s' % (where, name, _short(details)), url=self.base, status=name, server_error=details)
+                               url=self.base, status=name, server_error=details, transport='grpc')
+        return classify(details)('%s: gRPC %s: %s' % (where, name, _short(details)), url=self.base, status=name,
+                                 server_error=details, transport='grpc')
 
     # -- server ---------------------------------------------------------------------
 
@@ -250,8 +252,7 @@ class TritonGrpcClient(FromParams):
     def _name(name, what):
         # over gRPC an empty name means *every* region: never send one by accident
         if not name:
-            raise TritonError('%s: an empty region name is refused (over gRPC it would address every region)' % what,
-                              unaddressable=True)
+            raise UnaddressableName('%s: an empty region name is refused (over gRPC it would address every region)' % what)
         return name
 
     def register_system(self, name, key, offset, byte_size):

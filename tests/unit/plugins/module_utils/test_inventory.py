@@ -17,8 +17,8 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory, summarize
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 # Only the tests that build a mount namespace need root; the others run as any user.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount namespaces with a private /dev/shm')

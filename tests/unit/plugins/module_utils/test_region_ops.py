@@ -20,7 +20,8 @@ import pytest
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, runlock
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
@@ -71,7 +72,7 @@ class FakeTriton:
         left = self.in_use.get(name, 0)
         if left:
             self.in_use[name] = left - 1 if left > 0 else left
-            raise TritonError("unregister %s region '%s' at %s: HTTP 500: %s" % (kind, name, self.base, IN_USE % name),
+            raise RegionInUse("unregister %s region '%s' at %s: HTTP 500: %s" % (kind, name, self.base, IN_USE % name),
                               url=self.base, status=500, server_error=IN_USE % name)
         regions.pop(name, None)
         if self.on_unregister:
@@ -803,7 +804,7 @@ def test_keep_alive_survives_a_server_closing_idle_connections(canned):
 
 
 def test_keep_alive_errors_read_like_requests_errors(canned):
-    from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError
+    from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
     server = canned([_answer('500 Internal Server Error', json.dumps({'error': IN_USE % 'busy'}).encode()),
                      _answer('404 Not Found', b'<html>nope</html>')])
     client = _client(server.url)

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmDir, ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmDir
 
 
 def test_usage_matches_statvfs(tmp_path):

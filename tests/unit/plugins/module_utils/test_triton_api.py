@@ -20,8 +20,9 @@ import pytest
 import requests
 
 from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_api, triton_grpc
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 
 class Scripted(object):

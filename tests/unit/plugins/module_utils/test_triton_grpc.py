@@ -20,7 +20,7 @@ service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
 
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonError  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 
 IN_USE = "Cannot unregister shared memory region 'r', it is currently in use."

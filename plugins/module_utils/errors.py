@@ -1,0 +1,116 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The one exception family of the collection.
+
+Private to the tritonops.shm collection: no stability promise to other code.
+
+Every error raised on purpose is a TritonOpsError whose ``msg`` is the whole message a module
+fails with (what, where, why). A condition Triton reports (a region in use, not found, client
+shared memory disabled, …) is decided once, where the server's answer is parsed, by raising the
+matching subclass; nothing later reads message text::
+
+    TritonOpsError
+    ├── ParameterError          an option value refused before anything is done
+    ├── ShmFsError              a refused or failed operation on the shm directory or a file in it
+    │   └── LockError           the per-server lock could not be taken in time
+    ├── DiscoveryError          server_pid or shm_dir cannot be used
+    │   └── ServerNotFound      an action needs the server process and it was not found
+    └── TritonError             a failed request to Triton (url, status, server_error)
+        ├── UnaddressableName   a region name this transport cannot address (nothing was sent)
+        ├── RegionInUse         Triton >= 2.50 refuses to unregister: requests in flight
+        └── RegionNotFound      Triton does not have the region
+"""
+from __future__ import annotations
+
+
+class TritonOpsError(Exception):
+    """Base of every error the collection raises on purpose; ``msg`` is the whole message."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.msg = msg
+
+    def __str__(self) -> str:
+        return self.msg
+
+
+class ParameterError(TritonOpsError):
+    """An option value that is refused before anything is read or changed."""
+
+
+class ShmFsError(TritonOpsError):
+    """A refused or failed filesystem operation; the message says what and why."""
+
+
+class LockError(ShmFsError):
+    """The per-server lock could not be taken in time; the message says which and why."""
+
+
+class DiscoveryError(TritonOpsError):
+    """The server_pid or shm_dir given cannot be used."""
+
+
+class ServerNotFound(DiscoveryError):
+    """An action needs the server process and its shm directory, and they were not found."""
+
+
+class TritonError(TritonOpsError):
+    """A failed Triton request: what was attempted, where, and the server's own reason.
+
+    ``status`` is the transport's own code: the HTTP status (int) over HTTP, the gRPC status code
+    name (str, e.g. ``'INTERNAL'``) over gRPC; ``transport`` says which (None before any request).
+    """
+
+    def __init__(self, msg: str, url: str | None = None, status: int | str | None = None,
+                 server_error: str | None = None, transport: str | None = None) -> None:
+        super().__init__(msg)
+        self.url = url
+        self.status = status
+        self.server_error = server_error
+        self.transport = transport
+
+    # Kept as read-only views of the class: the condition is the class, decided where the answer is parsed.
+    @property
+    def in_use(self) -> bool:
+        return isinstance(self, RegionInUse)
+
+    @property
+    def not_found(self) -> bool:
+        return isinstance(self, RegionNotFound)
+
+    @property
+    def unaddressable(self) -> bool:
+        return isinstance(self, UnaddressableName)
+
+    def as_dict(self) -> dict:
+        """The ``failure`` a module returns: where, the transport's code, and the server's own text."""
+        return {'url': self.url, 'status': self.status, 'server_error': self.server_error}
+
+
+class UnaddressableName(TritonError):
+    """A region name the transport cannot address; raised before anything is sent."""
+
+
+class RegionInUse(TritonError):
+    """Triton >= 2.50 refuses to unregister a region with requests in flight (retry with backoff)."""
+
+
+class RegionNotFound(TritonError):
+    """Triton does not have the region (an unregister of it is someone else's work done)."""
+
+
+# How each condition reads in the server's own error text; used only where an answer is parsed.
+IN_USE_TEXT = 'currently in use'
+NOT_FOUND_TEXT = 'Unable to find'
+
+
+def classify(server_error: str | None) -> type[TritonError]:
+    """The TritonError subclass for a server's error text (the one place that reads it)."""
+    text = server_error or ''
+    if IN_USE_TEXT in text:
+        return RegionInUse
+    if NOT_FOUND_TEXT in text:
+        return RegionNotFound
+    return TritonError
