@@ -31,8 +31,10 @@ import socket
 import struct
 import time
 
+from typing import NamedTuple
+
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ServerNotFound  # noqa: F401 (re-exported)
-from ansible_collections.tritonops.shm.plugins.module_utils.holders import list_pids, read_comm
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_comm
 
 SERVER_COMMS = ('tritonserver',)
 _LISTEN = '0A'
@@ -470,8 +472,22 @@ def find_server(host, port, proc='/proc', timeout=2.0, max_hops=MAX_HOPS, attemp
                         % (prefix, host, port, found.reason, FIX_HINT))
 
 
-def locate_server(host, port, base, server_pid=None, shm_dir=None, proc='/proc'):
-    """Decide the server pid and the shm directory: (pid, shm_dir, how, warnings, reason).
+class Location(NamedTuple):
+    """Where one Triton server is on this host: the one answer of discovery.
+
+    pid: the tritonserver process (None when not found); shm_dir: its shm directory as seen from here
+    (None when unknown); located_by: how they were found; warnings: for the module to show;
+    reason: why the server process was not found (None when it was, or when server_pid was given).
+    """
+    pid: int | None
+    shm_dir: str | None
+    located_by: str | None
+    warnings: list
+    reason: str | None
+
+
+def locate_server(host, port, base, server_pid=None, shm_dir=None, proc='/proc') -> Location:
+    """Decide the server pid and the shm directory (see Location).
 
     reason says why the server process was not found (None when it was, or when server_pid was given).
     """
@@ -493,4 +509,4 @@ def locate_server(host, port, base, server_pid=None, shm_dir=None, proc='/proc')
         how = '%s; shm_dir from /proc/%d/root' % (how, pid)
     elif shm_dir is not None:
         how = (how + '; ' if how else '') + 'shm_dir given'
-    return pid, shm_dir, how, warnings, reason
+    return Location(pid, shm_dir, how, warnings, reason)

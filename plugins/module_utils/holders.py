@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_bytes as _read, read_comm  # noqa: F401
+
 
 def dev_maps_str(dev):
     """st_dev as printed in /proc/PID/maps: hex major:minor, at least two digits each."""
@@ -32,49 +34,6 @@ def dev_maps_str(dev):
 def dev_mountinfo_str(dev):
     """st_dev as printed in /proc/PID/mountinfo: decimal major:minor."""
     return '%d:%d' % (os.major(dev), os.minor(dev))
-
-
-def list_pids(proc):
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return []
-    return [int(n) for n in names if n.isdigit()]
-
-
-_READ_FLAGS = os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0)
-
-
-def _read(path):
-    """The whole content of a /proc file as bytes: a raw open and reads to EOF (no text decoding, no buffer layer)."""
-    fd = os.open(path, _READ_FLAGS)
-    try:
-        data = os.read(fd, 1 << 17)
-        if not data:
-            return data
-        chunks = [data]
-        while True:
-            chunk = os.read(fd, 1 << 17)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b''.join(chunks)
-    finally:
-        os.close(fd)
-
-
-def read_comm(pid, proc='/proc'):
-    """The process name (at most 16 bytes: one read is enough), or None when the process is gone or unreadable."""
-    try:
-        fd = os.open('%s/%d/comm' % (proc, pid), os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 256).decode('utf-8', 'replace').strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def holders_text(holders):

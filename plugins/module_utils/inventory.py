@@ -48,11 +48,11 @@ class Inventory(object):
         if 'cuda' in kinds and 'cuda_shared_memory' in extensions:
             self.cuda = client.status('cuda')
         try:
-            self.pid, self.shm_dir, self.located_by, warns, self.server_reason = discovery.locate_server(
-                client.host, client.port, client.base, server_pid, shm_dir, proc)
+            loc = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
         except discovery.DiscoveryError as exc:
             raise TritonError(str(exc), url=client.base)
-        self.warnings.extend(warns)
+        self.pid, self.shm_dir, self.located_by, self.server_reason = loc.pid, loc.shm_dir, loc.located_by, loc.reason
+        self.warnings.extend(loc.warnings)
         self.fs = None
         self.entries = []
         self.scan = None

@@ -1,0 +1,98 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Raw /proc reads and the one retry-with-backoff helper.
+
+Private to the tritonops.shm collection: no stability promise to other code.
+Standard library only. holders.py and discovery.py read /proc through these.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from collections.abc import Callable
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0)
+
+
+def list_pids(proc: str = '/proc') -> list[int]:
+    """The pids listed in proc (empty when it cannot be listed)."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    return [int(n) for n in names if n.isdigit()]
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole content of a /proc file: a raw open and reads to EOF (no decoding, no buffer layer).
+
+    A /proc seq_file read returns at most one buffer, so a short read is not the end of the file.
+    Raises OSError as os.open and os.read do.
+    """
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        data = os.read(fd, 1 << 17)
+        if not data:
+            return data
+        chunks = [data]
+        while True:
+            chunk = os.read(fd, 1 << 17)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b''.join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_comm(pid: int, proc: str = '/proc') -> str | None:
+    """The process name (at most 16 bytes: one read is enough), or None when the process is gone or unreadable."""
+    try:
+        fd = os.open(f'{proc}/{pid}/comm', _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256).decode('utf-8', 'replace').strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class Backoff:
+    """Delays that double from ``first`` up to ``cap``, bounded by a time budget and/or a number of tries.
+
+    The one retry loop of the collection::
+
+        backoff = Backoff(timeout=10, sleep=sleep, clock=clock)
+        while not done():
+            if not backoff.wait():   # the next delay would pass the budget: give up
+                break
+    """
+
+    def __init__(self, timeout: float | None = None, attempts: int | None = None, first: float = 0.05,
+                 cap: float = 1.0, sleep: Callable[[float], object] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sleep = sleep
+        self.clock = clock
+        self.delay = first
+        self.cap = cap
+        self.deadline = None if timeout is None else clock() + timeout
+        self.waits_left = None if attempts is None else attempts - 1
+        self.waited = 0
+
+    def wait(self) -> bool:
+        """Sleep the next delay and return True; False (without sleeping) when it would pass the budget."""
+        if self.waits_left is not None and self.waits_left <= 0:
+            return False
+        if self.deadline is not None and self.clock() + self.delay > self.deadline:
+            return False
+        self.sleep(self.delay)
+        self.waited += 1
+        if self.waits_left is not None:
+            self.waits_left -= 1
+        self.delay = min(self.delay * 2, self.cap)
+        return True
