@@ -21,7 +21,7 @@ import requests
 
 from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_api, triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 
