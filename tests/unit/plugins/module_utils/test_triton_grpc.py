@@ -20,6 +20,7 @@ service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
 
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.client import is_grpc_url  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 
@@ -92,7 +93,7 @@ def served():
     port = server.add_insecure_port('127.0.0.1:0')
     server.start()
     try:
-        yield script, 'grpc://127.0.0.1:%d' % port
+        yield script, f'grpc://127.0.0.1:{port}'
     finally:
         script.release.set()
         server.stop(0)
@@ -109,12 +110,12 @@ def served():
 def test_url_forms(url, base, host, port):
     client = TritonGrpcClient(url, ca_path=None)
     assert (client.base, client.host, client.port) == (base, host, port)
-    assert triton_grpc.is_grpc_url(url)
+    assert is_grpc_url(url)
 
 
 @pytest.mark.parametrize('url', ['http://127.0.0.1:8001', '127.0.0.1:8001', 'grpcx://h:1', '', None])
 def test_other_urls_are_not_grpc(url):
-    assert not triton_grpc.is_grpc_url(url)
+    assert not is_grpc_url(url)
 
 
 @pytest.mark.parametrize('url,why', [
@@ -209,7 +210,7 @@ def test_server_errors_carry_the_code_and_triton_s_own_message(served):
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url).unregister('system', 'r')
     exc = err.value
-    assert exc.msg == "unregister system region 'r' at %s: gRPC INTERNAL: %s" % (url, IN_USE)
+    assert exc.msg == f"unregister system region 'r' at {url}: gRPC INTERNAL: {IN_USE}"
     assert (exc.url, exc.status, exc.server_error, exc.in_use) == (url, 'INTERNAL', IN_USE, True)
 
 
@@ -241,7 +242,7 @@ def test_no_answer_within_the_timeout(served):
     script.slow = True
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url, timeout=0.3).health('ready')
-    assert err.value.msg == 'health ready at %s: no answer within 0.3s (timeout)' % url and err.value.status is None
+    assert err.value.msg == f'health ready at {url}: no answer within 0.3s (timeout)' and err.value.status is None
 
 
 def test_connection_refused_names_the_url_and_health_raises():
