@@ -344,6 +344,7 @@ class _Canned:
         self.close_after_each = close_after_each
         self.silent = silent
         self.connections = 0
+        self.closed = 0           # connections the client closed (or the server, after close_after_each/silent)
         self.requests = []
         self.sock = socket.socket()
         self.sock.bind(('127.0.0.1', 0))
@@ -383,6 +384,7 @@ class _Canned:
             except (EOFError, OSError):
                 f.close()     # the socket only closes once its file object is closed too
                 conn.close()
+                self.closed += 1
 
     def stop(self):
         self.sock.close()
@@ -475,6 +477,39 @@ def test_keep_alive_is_not_used_for_https_or_proxied_urls(monkeypatch):
     monkeypatch.setenv('NO_PROXY', 'triton.example')
     assert TritonClient('http://triton.example:8000').use_keep_alive() is True
 
+
+
+def _until(check, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+@pytest.mark.parametrize('keep_alive', [True, False])
+def test_close_closes_the_connection_and_a_later_request_opens_a_new_one(canned, keep_alive):
+    server = canned([_answer('200 OK', b'[]') for _n in range(3)])
+    client = _client(server.url) if keep_alive else TritonClient(server.url)
+    with client:
+        assert client.status('system') == [] and client.status('system') == []
+        assert server.connections == 1 and server.closed == 0, 'kept alive until closed'
+    assert _until(lambda: server.closed == 1), 'close() closed it'
+    assert client.status('system') == [] and server.connections == 2
+    client.close()
+    client.close()
+
+
+def test_every_failure_says_it_came_over_http(serve):
+    srv = serve({('POST', '/v2/systemsharedmemory/region/busy/unregister'): jsonr(dict(error=IN_USE.format('busy')), 400)})
+    with pytest.raises(TritonError) as err:
+        TritonClient(srv.url()).unregister('system', 'busy')
+    url = f'{srv.url()}/v2/systemsharedmemory/region/busy/unregister'
+    assert err.value.failure() == dict(url=url, status=400, server_error=IN_USE.format('busy'), transport='http')
+    srv.close()
+    with pytest.raises(TritonError) as err:
+        TritonClient(srv.url()).status('system')
+    assert err.value.failure() == dict(url=f'{srv.url()}/v2/systemsharedmemory/status', status=None, server_error=None,
+                                       transport='http')
 
 # -- module glue -------------------------------------------------------------------------------------
 
@@ -574,3 +609,26 @@ def test_run_module_main_turns_errors_into_clear_failures():
     done = []
     base.run_module_main(module, lambda: done.append(1))
     assert done == [1]
+
+
+def test_run_module_main_returns_which_transport_failed():
+    module = FakeModule(url='grpc://x:8001')
+
+    def grpc_fails():
+        raise TritonError("unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy", url='grpc://x:8001',
+                          status='INTERNAL', server_error='busy', transport='grpc')
+    with pytest.raises(Failed):
+        base.run_module_main(module, grpc_fails, partial=lambda: dict(unregistered=[]))
+    assert module.failed == dict(msg="unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy", unregistered=[],
+                                 failure=dict(url='grpc://x:8001', status='INTERNAL', server_error='busy', transport='grpc'))
+
+
+def test_make_client_checks_the_transports_library_once(monkeypatch):
+    calls = []
+    real = TritonClient.library.__func__
+
+    def counted(cls):
+        calls.append(cls)
+        return real(cls)
+    monkeypatch.setattr(TritonClient, 'library', classmethod(counted))
+    assert isinstance(base.make_client(FakeModule()), TritonClient) and calls == [TritonClient]

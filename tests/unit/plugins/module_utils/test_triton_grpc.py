@@ -9,6 +9,10 @@ Triton answers is tested against a real one in tests/integration/test_grpc.py.
 from __future__ import annotations
 
 import base64
+import json
+import os
+import subprocess
+import sys
 import threading
 from concurrent import futures
 
@@ -258,3 +262,58 @@ def test_unreadable_tls_files_are_named(tmp_path):
     with pytest.raises(TritonError) as err:
         TritonGrpcClient('grpcs://127.0.0.1:8001', ca_path=str(tmp_path))
     assert 'without PEM certificates' in err.value.msg
+
+
+# Triton 2.68 and later without --allow-client-shm=true (the server's exact text; 2.51 here has no such switch)
+CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
+
+
+@pytest.mark.parametrize('code', ['UNIMPLEMENTED', 'INTERNAL'])
+def test_client_shm_disabled_names_the_flag_and_the_role_variable_over_grpc_too(served, code):
+    script, url = served
+    script.fail['SystemSharedMemoryStatus'] = (getattr(grpc.StatusCode, code), CLIENT_SHM_OFF)
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).status('system')
+    msg = err.value.msg
+    assert msg.startswith(f'read system shared memory status at {url}: gRPC {code}: {CLIENT_SHM_OFF}; ')
+    assert '--allow-client-shm=true' in msg and 'tritonops.shm.triton_server' in msg and 'triton_server_allow_client_shm' in msg
+    assert "is this Triton's gRPC port?" not in msg, 'it is Triton: the hint would mislead'
+    assert (err.value.status, err.value.server_error) == (code, CLIENT_SHM_OFF)
+
+
+def test_every_failure_says_it_came_over_grpc(served):
+    script, url = served
+    script.fail['SystemSharedMemoryUnregister'] = (grpc.StatusCode.INTERNAL, IN_USE)
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).unregister('system', 'r')
+    assert err.value.failure() == dict(url=url, status='INTERNAL', server_error=IN_USE, transport='grpc')
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient('grpc://127.0.0.1:1', timeout=2).status('system')
+    assert err.value.failure() == dict(url='grpc://127.0.0.1:1', status=None, server_error=None, transport='grpc')
+
+
+def test_close_closes_the_channel_and_a_later_call_opens_a_new_one(served):
+    _script, url = served
+    with TritonGrpcClient(url) as client:
+        assert client.health('live') is True
+        channel = client._channel  # pylint: disable=protected-access
+    assert client._channel is None  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match='closed channel'):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest(), timeout=2)
+    assert client.health('live') is True and client.requests_made == 2
+    client.close()
+    client.close()
+
+
+def test_the_grpc_transport_imports_neither_the_http_one_nor_requests():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(triton_grpc.__file__)))))))
+    probe = ('import json, sys\n'
+             f'sys.path.insert(0, {root!r})\n'
+             'from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc\n'
+             "triton_grpc.TritonGrpcClient('grpc://127.0.0.1:8001')\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('requests', 'urllib3', 'ansible_collections.')))))\n")
+    loaded = json.loads(subprocess.run([sys.executable, '-c', probe], check=True, capture_output=True, text=True).stdout)
+    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc' in loaded, 'the probe imported it'
+    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_api' not in loaded
+    assert not [m for m in loaded if m.startswith(('requests', 'urllib3'))], loaded
