@@ -35,6 +35,7 @@ CLIENT_SHM_HINT = ("this Triton has client shared memory turned off (2.68 and la
                    "--allow-client-shm=true (role tritonops.shm.triton_server: triton_server_allow_client_shm: true, "
                    "or auto, which adds it for 2.68 and later)")
 
+
 # -- text -------------------------------------------------------------------------------------------
 
 def short(text: Any, limit: int = 300) -> str:

@@ -222,4 +222,3 @@ def test_client_shm_disabled_gets_the_way_out_instead_of_the_transports_hint(cod
                             url='U', status=status, transport='x', hint=" (is this Triton's gRPC port?)")
     assert err.msg == f'read system shared memory status at U: {code}: {CLIENT_SHM_OFF}; {CLIENT_SHM_HINT}'
     assert 'triton_server_allow_client_shm' in err.msg and '--allow-client-shm=true' in CLIENT_SHM_HINT
-

@@ -50,4 +50,3 @@ def test_the_failure_a_module_returns_keeps_the_transports_own_code_and_says_whi
     assert http.failure() == dict(url='http://h:8000/v2/x', status=400, server_error='busy', transport='http')
     assert grpc.failure() == dict(url='grpc://h:8001', status='INTERNAL', server_error='busy', transport='grpc')
     assert TritonError('m', url='u').failure() == dict(url='u', status=None, server_error=None), 'not raised by a client'
-

@@ -478,7 +478,6 @@ def test_keep_alive_is_not_used_for_https_or_proxied_urls(monkeypatch):
     assert TritonClient('http://triton.example:8000').use_keep_alive() is True
 
 
-
 def _until(check, seconds=5.0):
     deadline = time.monotonic() + seconds
     while not check() and time.monotonic() < deadline:
@@ -510,6 +509,7 @@ def test_every_failure_says_it_came_over_http(serve):
         TritonClient(srv.url()).status('system')
     assert err.value.failure() == dict(url=f'{srv.url()}/v2/systemsharedmemory/status', status=None, server_error=None,
                                        transport='http')
+
 
 # -- module glue -------------------------------------------------------------------------------------
 
