@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 
-class ModuleDocFragment(object):
+class ModuleDocFragment:
 
-    # Connection options shared by every module (argument spec: module_utils/triton_api.py)
+    # Connection options shared by every module (argument spec: module_utils/base.py, connection_argument_spec)
     DOCUMENTATION = r'''
 options:
   url:
@@ -17,7 +17,7 @@ options:
         (C(--http-port), 8000 by default); a URL without scheme is taken as C(http://).
       - V(grpc://HOST:PORT), or V(grpcs://HOST:PORT) for TLS, for Triton's gRPC endpoint (C(--grpc-port), 8001 by default,
         also when the port is left out), for example when Triton runs with C(--allow-http=false).
-        Results, states and errors are the same; C(failure.status) is then the gRPC status code name.
+        Results, states and errors are the same; C(failure.status) is then the gRPC status code name (see the notes).
       - Region names an HTTP path cannot carry (space, C(#), C(?), C(/), non-ASCII) can only be unregistered over gRPC;
         over HTTP they are skipped with that reason.
       - If not set, the environment variable E(TRITON_URL) is used.
@@ -66,6 +66,12 @@ notes:
   - Requires the Python library C(requests) on the host that runs the module (the Triton host) for C(http) and C(https) URLs,
     and C(tritonclient[grpc]) (which brings C(grpcio) and Triton's protobuf messages) for C(grpc) and C(grpcs) URLs.
   - Member of the action group C(tritonops.shm.triton), so C(module_defaults) can set the connection options once per play.
+  - When a request to Triton fails or its answer is refused, the result has C(failure) with C(url) (of the request),
+    C(status), C(server_error) (Triton's own message, or V(null)) and, when the transport raised it, C(transport)
+    (V(http) or V(grpc)). C(status) is the transport's own code, V(null) when no answer came (refused, unreachable, timeout,
+    TLS), else the HTTP status as an integer (for example V(400)) over C(http) and C(https) URLs, the gRPC status code name as a
+    string (for example V(INTERNAL)) over C(grpc) and C(grpcs) URLs; C(transport) says which. Conditions such as "in use" are
+    recognised from Triton's answer the same way over both. A failure before any request (a refused option) has no C(failure).
 '''
 
     # Options that say where the server's shared memory lives on this host
@@ -74,8 +80,9 @@ options:
   server_pid:
     description:
       - PID of the C(tritonserver) process on this host, as seen from the host's PID namespace.
-      - By default the module finds it itself, from the process listening on the O(url)'s port,
-        or the single C(tritonserver) whose own network namespace listens on it (ports published by a container proxy).
+      - By default the module finds it itself from the O(url), as the process listening on its port, or else the
+        C(tritonserver) at the other end of a TCP connection to it, followed through network namespaces (a container or pod IP),
+        C(docker-proxy), NAT (podman, C(--userland-proxy=false)) or any forwarder.
       - The server process maps every registered file but never counts as a client holder.
     type: int
   shm_dir:

@@ -5,25 +5,35 @@
 """Module glue shared by every module of the collection.
 
 Private to the tritonops.shm collection: no stability promise to other code.
-The connection options (documented once, in the doc fragment tritonops.shm.triton),
-the client built from them, and the one way failures become fail_json results.
-Modules pass only their own options; the transport lives in triton_api.
+
+- connection_argument_spec(): THE one definition of the connection options (documented once, in
+  the doc fragment tritonops.shm.triton; the other copies are checked against it);
+  shm_dir_argument_spec() and backend_argument_spec() add the options that locate the server's
+  shm directory and tell the python backend's files.
+- make_client(): the client.Client for those options. The URL's scheme picks the transport:
+  triton_api.TritonClient for http(s), triton_grpc.TritonGrpcClient for grpc(s); the transport's
+  library is checked once, and the options neither transport checks (timeout, TLS files) here.
+- run_module_main(): the one place where a TritonOpsError becomes fail_json: ``msg`` always, the
+  ``failure`` of a TritonError (url, status, server_error, transport), and the work already done.
+
+Modules pass only their own options; they never talk HTTP or gRPC themselves.
 """
 from __future__ import annotations
 
 import os
 
-from ansible.module_utils.basic import env_fallback, missing_required_lib
+from typing import Callable
 
-from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, TritonOpsError
+from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
+
+from ansible_collections.tritonops.shm.plugins.module_utils.client import Client, is_grpc_url
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import (
-    HAS_REQUESTS, REQUESTS_IMPORT_ERROR, TritonClient,
-)
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 
 
-def connection_argument_spec():
+def connection_argument_spec() -> dict:
     """Connection options shared by every module of the collection (see doc fragment tritonops.shm.triton)."""
     return dict(
         url=dict(type='str', required=True, fallback=(env_fallback, ['TRITON_URL'])),
@@ -36,7 +46,7 @@ def connection_argument_spec():
     )
 
 
-def shm_dir_argument_spec():
+def shm_dir_argument_spec() -> dict:
     """Connection options plus the options that locate the server's shm directory on this host."""
     spec = connection_argument_spec()
     spec.update(
@@ -46,49 +56,50 @@ def shm_dir_argument_spec():
     return spec
 
 
-def backend_argument_spec():
+def backend_argument_spec() -> dict:
     """The option that tells Triton's python backend files (doc fragment tritonops.shm.triton.backend)."""
     return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)))
 
 
-def make_client(module):
-    """A client from the module's connection options; fail_json on a missing library or a bad URL.
-
-    The URL's scheme picks the transport: grpc:// and grpcs:// the gRPC client (triton_grpc), anything
-    else the HTTP one. Both offer the same calls with the same results and errors.
-    """
-    params = module.params
-    grpc = triton_grpc.is_grpc_url(params['url'])
-    if grpc and triton_grpc.load_grpc() is not None:
-        module.fail_json(msg=missing_required_lib(triton_grpc.GRPC_REQUIREMENT, reason='for grpc:// and grpcs:// URLs'),
-                         exception=triton_grpc.load_grpc())
-    if not grpc and not HAS_REQUESTS:
-        module.fail_json(msg=missing_required_lib('requests'), exception=REQUESTS_IMPORT_ERROR)
-    if params['timeout'] is not None and params['timeout'] <= 0:
-        module.fail_json(msg='timeout must be a positive number of seconds, got %s' % params['timeout'])
+def check_connection_params(params: dict) -> None:
+    """ParameterError for a timeout or TLS file no transport could use (before anything is sent)."""
+    timeout = params['timeout']
+    if timeout is not None and timeout <= 0:
+        raise ParameterError(f'timeout must be a positive number of seconds, got {timeout}')
     for opt in ('ca_path', 'client_cert', 'client_key'):
         path = params.get(opt)
         if path and not (os.path.isfile(path) or (opt == 'ca_path' and os.path.isdir(path))):
-            module.fail_json(msg='%s %s does not exist or is not a file' % (opt, path))
+            raise ParameterError(f'{opt} {path} does not exist or is not a file')
+
+
+def make_client(module: AnsibleModule) -> Client:
+    """The client for the module's connection options; fail_json on a missing library or a bad option.
+
+    The URL's scheme picks the transport: grpc:// and grpcs:// the gRPC client (triton_grpc), anything
+    else the HTTP one (triton_api). Both implement client.Client: the same calls, results and errors.
+    """
+    params = module.params
+    transport = TritonGrpcClient if is_grpc_url(params['url']) else TritonClient
+    library = transport.library()
+    if not library.ok:
+        module.fail_json(msg=missing_required_lib(library.requirement, reason=library.reason), exception=library.error)
     try:
-        client = (triton_grpc.TritonGrpcClient if grpc else TritonClient).from_params(params)
-    except TritonError as exc:
+        check_connection_params(params)
+        client = transport.from_params(params)
+    except TritonOpsError as exc:
         module.fail_json(msg=exc.msg)
     if client.scheme == 'https' and not params['validate_certs']:
-        module.warn('validate_certs is false: the TLS certificate of %s is not verified' % client.base)
+        module.warn(f'validate_certs is false: the TLS certificate of {client.base} is not verified')
     return client
 
 
-def run_module_main(module, body, partial=None):
-    """Run body(); turn TritonError and filesystem refusals into fail_json with a clear msg.
+def run_module_main(module: AnsibleModule, body: Callable[[], None], partial: Callable[[], dict] | None = None) -> None:
+    """Run body(); turn every TritonOpsError into fail_json with its msg (a TritonError adds ``failure``).
 
     partial: a callable returning the result keys of work already done, reported on failure.
     """
     try:
         body()
-    except TritonError as exc:
-        extra = partial() if partial else {}
-        module.fail_json(msg=exc.msg, failure=exc.as_dict(), **extra)
     except TritonOpsError as exc:
-        extra = partial() if partial else {}
-        module.fail_json(msg=exc.msg, **extra)
+        failure = {'failure': exc.failure()} if isinstance(exc, TritonError) else {}
+        module.fail_json(msg=exc.msg, **failure, **(partial() if partial else {}))

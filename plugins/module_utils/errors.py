@@ -59,8 +59,10 @@ class ServerNotFound(DiscoveryError):
 class TritonError(TritonOpsError):
     """A failed Triton request: what was attempted, where, and the server's own reason.
 
-    ``status`` is the transport's own code: the HTTP status (int) over HTTP, the gRPC status code
-    name (str, e.g. ``'INTERNAL'``) over gRPC; ``transport`` says which (None before any request).
+    ``status`` is the transport's own code when the server answered (None when it did not): the HTTP
+    status (int) over HTTP, the gRPC status code name (str, e.g. ``'INTERNAL'``) over gRPC;
+    ``transport`` says which (``'http'`` or ``'grpc'``) for every error a client raises, None for an
+    error raised elsewhere (e.g. before a client exists).
     """
 
     def __init__(self, msg: str, url: str | None = None, status: int | str | None = None,
@@ -85,8 +87,19 @@ class TritonError(TritonOpsError):
         return isinstance(self, UnaddressableName)
 
     def as_dict(self) -> dict:
-        """The ``failure`` a module returns: where, the transport's code, and the server's own text."""
+        """Where, the transport's own code, and the server's own text: the keys every ``failure`` has."""
         return {'url': self.url, 'status': self.status, 'server_error': self.server_error}
+
+    def failure(self) -> dict:
+        """The ``failure`` a module returns: as_dict(), plus ``transport`` when a client raised the error.
+
+        ``status`` keeps the transport's own code (an int over HTTP, a str over gRPC) and
+        ``transport`` (``http`` or ``grpc``) says how to read it; doc fragment tritonops.shm.triton.
+        """
+        out = self.as_dict()
+        if self.transport is not None:
+            out['transport'] = self.transport
+        return out
 
 
 class UnaddressableName(TritonError):

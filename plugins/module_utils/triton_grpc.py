@@ -2,16 +2,17 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The gRPC client for Triton's shared-memory and health APIs, behind the same calls as the HTTP one.
+"""The gRPC transport: Triton's shared-memory and health APIs over gRPC.
 
 Private to the tritonops.shm collection: no stability promise to other code.
-Chosen for ``grpc://HOST:PORT`` and ``grpcs://HOST:PORT`` URLs (base.make_client). It offers
-the methods of triton_api.TritonClient with the same results and the same TritonError
-semantics, over one channel for the whole module run. Region names are sent as they are:
-gRPC carries any name, including those an HTTP path cannot (space, ``#``, ``/``, non-ASCII).
+TritonGrpcClient implements client.Client for ``grpc://HOST:PORT`` and ``grpcs://HOST:PORT`` URLs
+(base.make_client picks it by the scheme), with the same results and the same errors as the HTTP
+transport, over one channel for the whole module run. Region names are sent as they are: gRPC
+carries any name, including those an HTTP path cannot (space, ``#``, ``/``, non-ASCII). It never
+imports the HTTP transport (triton_api) or ``requests``.
 
 Needs ``grpcio`` and Triton's own protobuf messages, both from ``tritonclient[grpc]``
-(docs/concepts.md says why); imported only when a gRPC URL is used.
+(docs/concepts.md says why); imported on first use, so HTTP URLs never pay for them.
 """
 from __future__ import annotations
 
@@ -21,33 +22,33 @@ import os
 import re
 import traceback
 
-from urllib.parse import urlsplit
+from typing import Any
 
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName, classify
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import FromParams, _short
+from ansible_collections.tritonops.shm.plugins.module_utils.client import (
+    GRPC, GRPC_SCHEMES, Client, Library, check_kind, error_from_answer, host_port, short, split_url,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
 
-GRPC_SCHEMES = ('grpc', 'grpcs')
 GRPC_REQUIREMENT = 'tritonclient[grpc]'
 DEFAULT_GRPC_PORT = 8001
 
-# gRPC codes that mean no answer came from the server (the transport failed), as a connection error does over HTTP
-_NO_ANSWER = ('UNAVAILABLE', 'DEADLINE_EXCEEDED')
 _TLS_WORDS = ('ssl', 'tls', 'handshake', 'certificate')
 _METADATA_KEY = re.compile(r'^[0-9a-z_.-]+$')
 _RESERVED_KEYS = ('content-type', 'te', 'user-agent', 'host', 'connection')
 _MAX_MESSAGE = 64 << 20   # a status of 100,000 regions is a few MiB
+_EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every region)'
 
 
-class _Lib(object):
+class _Lib:
     """grpcio and Triton's messages, imported on first use (HTTP URLs never pay for the import)."""
-    grpc = None
-    pb = None
-    pb_grpc = None
-    error = None
+    grpc: Any = None
+    pb: Any = None
+    pb_grpc: Any = None
+    error: str | None = None
 
 
-def load_grpc():
-    """Import grpcio and tritonclient's protobuf messages once; None when they are there, else the import traceback."""
+def load_grpc() -> Library:
+    """Import grpcio and tritonclient's protobuf messages once; the result says whether they are there (ok) or why not."""
     if _Lib.grpc is None and _Lib.error is None:
         try:
             import grpc  # pylint: disable=import-outside-toplevel
@@ -56,24 +57,18 @@ def load_grpc():
             _Lib.error = traceback.format_exc()
         else:
             _Lib.grpc, _Lib.pb, _Lib.pb_grpc = grpc, service_pb2, service_pb2_grpc
-    return _Lib.error
+    return Library(GRPC_REQUIREMENT, _Lib.error, reason='for grpc:// and grpcs:// URLs')
 
 
-def is_grpc_url(url):
-    """True for grpc:// and grpcs:// URLs (the scheme picks the transport)."""
-    scheme = (url or '').strip().split('://', 1)[0].lower() if '://' in (url or '') else ''
-    return scheme in GRPC_SCHEMES
-
-
-def _read(path, what):
+def _read(path: str, what: str) -> bytes:
     try:
         with open(path, 'rb') as f:
             return f.read()
     except OSError as exc:
-        raise TritonError('cannot read %s %s: %s' % (what, path, exc.strerror or exc), url=None)
+        raise TritonError(f'cannot read {what} {path}: {exc.strerror or exc}', url=None) from exc
 
 
-def _read_ca(path):
+def _read_ca(path: str) -> bytes:
     """PEM bytes of ca_path: a file, or every certificate file of a directory (as requests accepts)."""
     if not os.path.isdir(path):
         return _read(path, 'ca_path')
@@ -85,11 +80,11 @@ def _read_ca(path):
             if b'-----BEGIN CERTIFICATE-----' in data:
                 pems.append(data.rstrip(b'\n') + b'\n')
     if not pems:
-        raise TritonError('ca_path %s is a directory without PEM certificates' % path)
+        raise TritonError(f'ca_path {path} is a directory without PEM certificates')
     return b''.join(pems)
 
 
-def grpc_metadata(headers):
+def grpc_metadata(headers: dict | None) -> tuple[tuple[str, str], ...]:
     """The headers option as gRPC metadata: lower-case keys, printable ASCII values.
 
     A header gRPC cannot carry raises TritonError naming the header, never its value.
@@ -99,49 +94,46 @@ def grpc_metadata(headers):
         name = str(key).strip().lower()
         text = str(value)
         if not _METADATA_KEY.match(name) or name.startswith('grpc-') or name.startswith(':') or name in _RESERVED_KEYS:
-            raise TritonError('header %r cannot be sent as gRPC metadata: names are lower-case letters, digits and -_. '
-                              'and must not be reserved (grpc-*, content-type, te, user-agent, host, connection)' % (str(key),))
+            raise TritonError(f'header {str(key)!r} cannot be sent as gRPC metadata: names are lower-case letters, digits '
+                              'and -_. and must not be reserved (grpc-*, content-type, te, user-agent, host, connection)')
         if name.endswith('-bin'):
-            raise TritonError('header %r cannot be sent as gRPC metadata: -bin (binary) metadata is not supported' % (str(key),))
+            raise TritonError(f'header {str(key)!r} cannot be sent as gRPC metadata: -bin (binary) metadata is not supported')
         if any(ord(c) < 0x20 or ord(c) > 0x7e for c in text):
-            raise TritonError('the value of header %r cannot be sent as gRPC metadata: only printable ASCII is allowed '
-                              '(the value is not shown)' % (str(key),))
+            raise TritonError(f'the value of header {str(key)!r} cannot be sent as gRPC metadata: only printable ASCII is '
+                              'allowed (the value is not shown)')
         out.append((name, text))
     return tuple(out)
 
 
-class TritonGrpcClient(FromParams):
-    """gRPC client for one Triton server: one channel per module run, the calls of TritonClient."""
+class TritonGrpcClient(Client):
+    """gRPC client for one Triton server: one channel per module run, the calls of client.Client."""
 
-    def __init__(self, url, timeout=10.0, validate_certs=True, ca_path=None, headers=None,
-                 client_cert=None, client_key=None):
-        if load_grpc() is not None:
-            raise RuntimeError('%s is required' % GRPC_REQUIREMENT)
+    transport = GRPC
+
+    def __init__(self, url: str, timeout: float = 10.0, validate_certs: bool = True, ca_path: str | None = None,
+                 headers: dict | None = None, client_cert: str | None = None, client_key: str | None = None) -> None:
+        if not load_grpc().ok:
+            raise RuntimeError(f'{GRPC_REQUIREMENT} is required')
         url = (url or '').strip()
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in GRPC_SCHEMES or not parts.hostname:
-            raise TritonError('url %r is not a grpc:// or grpcs:// URL of a Triton server (e.g. grpc://127.0.0.1:8001)' % (url,), url=url)
+        parsed = split_url(url, GRPC_SCHEMES,
+                           f'url {url!r} is not a grpc:// or grpcs:// URL of a Triton server (e.g. grpc://127.0.0.1:8001)')
+        parts = parsed.parts
         if parts.path.strip('/') or parts.query or parts.fragment or parts.username or parts.password:
-            raise TritonError('url %r: a gRPC URL is grpc://HOST:PORT or grpcs://HOST:PORT, with no path, query or user' % (url,), url=url)
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise TritonError('url %r has an invalid port: %s' % (url, exc), url=url)
-        self.scheme = scheme
-        self.host = parts.hostname
-        self.port = port or DEFAULT_GRPC_PORT
-        host = '[%s]' % self.host if ':' in self.host else self.host
-        self.target = '%s:%d' % (host, self.port)
-        self.base = '%s://%s' % (scheme, self.target)
+            raise TritonError(f'url {url!r}: a gRPC URL is grpc://HOST:PORT or grpcs://HOST:PORT, with no path, query or user',
+                              url=url)
+        self.scheme = parsed.scheme
+        self.host = parsed.host
+        self.port = parsed.port or DEFAULT_GRPC_PORT
+        self.target = host_port(self.host, self.port)
+        self.base = f'{self.scheme}://{self.target}'
         self.timeout = timeout
         self.metadata = grpc_metadata(headers)
         self.credentials = None
-        if scheme == 'grpcs':
+        if self.scheme == 'grpcs':
             if not validate_certs:
-                raise TritonError('validate_certs=false is not possible with %s: grpcio always verifies the server certificate. '
-                                  'Set ca_path to the CA that issued it (or to the certificate itself when it is self-signed)'
-                                  % self.base, url=self.base)
+                raise TritonError(f'validate_certs=false is not possible with {self.base}: grpcio always verifies the server '
+                                  'certificate. Set ca_path to the CA that issued it (or to the certificate itself when it is '
+                                  'self-signed)', url=self.base)
             cert = _read(client_cert, 'client_cert') if client_cert else None
             key = _read(client_key, 'client_key') if client_key else cert   # a client_cert file may hold the key too
             roots = _read_ca(ca_path) if ca_path else None
@@ -150,18 +142,23 @@ class TritonGrpcClient(FromParams):
         self._channel = None
         self._stub = None
 
-    def use_keep_alive(self):
+    @classmethod
+    def library(cls) -> Library:
+        return load_grpc()
+
+    def use_keep_alive(self) -> bool:
         """Every call already goes over the one channel of this client: nothing to switch."""
         return True
 
-    def close(self):
+    def close(self) -> None:
+        """Close the channel (a later call opens a new one)."""
         if self._channel is not None:
             self._channel.close()
             self._channel = self._stub = None
 
     # -- transport -----------------------------------------------------------------
 
-    def _service(self):
+    def _service(self) -> Any:
         if self._stub is None:
             options = [('grpc.max_receive_message_length', _MAX_MESSAGE), ('grpc.max_send_message_length', _MAX_MESSAGE)]
             if self.credentials is None:
@@ -171,110 +168,95 @@ class TritonGrpcClient(FromParams):
             self._stub = _Lib.pb_grpc.GRPCInferenceServiceStub(self._channel)
         return self._stub
 
-    def call(self, method, request, what):
+    def call(self, method: str, request: Any, what: str) -> Any:
         """One RPC of Triton's GRPCInferenceService; every failure becomes a TritonError naming the URL."""
         self.requests_made += 1
         try:
             return getattr(self._service(), method)(request, timeout=self.timeout, metadata=self.metadata)
         except _Lib.grpc.RpcError as exc:
-            raise self._error(exc, what)
+            raise self._rpc_error(exc, what) from exc
 
-    def _error(self, exc, what):
+    def _rpc_error(self, exc: Any, what: str) -> TritonError:
         code = exc.code() if hasattr(exc, 'code') else None
         name = getattr(code, 'name', None) or 'UNKNOWN'
         details = (exc.details() if hasattr(exc, 'details') else None) or str(exc)
-        where = '%s at %s' % (what, self.base)
+        where = f'{what} at {self.base}'
         if name == 'DEADLINE_EXCEEDED':
-            return TritonError('%s: no answer within %ss (timeout)' % (where, self.timeout), url=self.base)
-        if name == 'UNAVAILABLE':
+            return self.error(f'{where}: no answer within {self.timeout}s (timeout)')
+        if name == 'UNAVAILABLE':      # no answer came from the server: the transport failed, as a connection error over HTTP
             low = details.lower()
             if 'http1' in low or 'http/1' in low:
-                return TritonError('%s: cannot connect to Triton over gRPC: %s (is this the HTTP port? Triton serves gRPC '
-                                   'on --grpc-port, 8001 by default)' % (where, _short(details)), url=self.base)
+                return self.error(f'{where}: cannot connect to Triton over gRPC: {short(details)} (is this the HTTP port? '
+                                  'Triton serves gRPC on --grpc-port, 8001 by default)')
             if self.scheme == 'grpcs' and any(w in low for w in _TLS_WORDS):
-                return TritonError('%s: TLS verification failed: %s' % (where, _short(details)), url=self.base)
+                return self.error(f'{where}: TLS verification failed: {short(details)}')
             hint = ''
             if 'socket closed' in low:
                 hint = (' (the server closed the connection: with grpcs://, does it require a client certificate (client_cert, '
                         'client_key)?' if self.scheme == 'grpcs' else
                         ' (the server closed the connection: is this port serving TLS (use grpcs://) or HTTP rather than gRPC?)')
-            return TritonError('%s: cannot connect to Triton (refused or unreachable): %s%s' % (where, _short(details), hint),
-                               url=self.base)
-        if name == 'UNIMPLEMENTED':
-            return TritonError("%s: gRPC %s: %s (is this Triton's gRPC port?)" % (where, name, _short(details)),
-                               url=self.base, status=name, server_error=details, transport='grpc')
-        return classify(details)('%s: gRPC %s: %s' % (where, name, _short(details)), url=self.base, status=name,
-                                 server_error=details, transport='grpc')
+            return self.error(f'{where}: cannot connect to Triton (refused or unreachable): {short(details)}{hint}')
+        hint = " (is this Triton's gRPC port?)" if name == 'UNIMPLEMENTED' else ''
+        return error_from_answer(where, f'gRPC {name}', short(details), details, url=self.base, status=name,
+                                 transport=self.transport, hint=hint)
 
     # -- server ---------------------------------------------------------------------
 
-    def server_metadata(self):
+    def server_metadata(self) -> dict:
         resp = self.call('ServerMetadata', _Lib.pb.ServerMetadataRequest(), 'read server metadata')
         if not resp.version:
-            raise TritonError('read server metadata at %s: the answer is not Triton server metadata (no version)' % self.base,
-                              url=self.base)
-        return dict(name=resp.name, version=resp.version, extensions=list(resp.extensions))
+            raise self.error(f'read server metadata at {self.base}: the answer is not Triton server metadata (no version)')
+        return {'name': resp.name, 'version': resp.version, 'extensions': list(resp.extensions)}
 
-    def health(self, which):
-        """True/False for live or ready (an error answer from the server means not live/ready)."""
-        if which not in ('live', 'ready'):
-            raise ValueError('unknown health check %r' % (which,))
-        try:
-            if which == 'live':
-                return bool(self.call('ServerLive', _Lib.pb.ServerLiveRequest(), 'health live').live)
-            return bool(self.call('ServerReady', _Lib.pb.ServerReadyRequest(), 'health ready').ready)
-        except TritonError as exc:
-            if exc.status is not None:
-                return False
-            raise
+    def _health(self, which: str) -> bool:
+        if which == 'live':
+            return bool(self.call('ServerLive', _Lib.pb.ServerLiveRequest(), 'health live').live)
+        return bool(self.call('ServerReady', _Lib.pb.ServerReadyRequest(), 'health ready').ready)
 
     # -- shared memory --------------------------------------------------------------
 
-    def status(self, kind):
+    def status(self, kind: str) -> list[dict]:
         """The regions of kind, as the HTTP API lists them (the same keys), ordered by name."""
-        what = 'read %s shared memory status' % kind
+        what = f'read {check_kind(kind)} shared memory status'
         if kind == 'system':
             resp = self.call('SystemSharedMemoryStatus', _Lib.pb.SystemSharedMemoryStatusRequest(), what)
-            out = [dict(name=r.name, key=r.key, offset=int(r.offset), byte_size=int(r.byte_size)) for r in resp.regions.values()]
-        elif kind == 'cuda':
-            resp = self.call('CudaSharedMemoryStatus', _Lib.pb.CudaSharedMemoryStatusRequest(), what)
-            out = [dict(name=r.name, device_id=int(r.device_id), byte_size=int(r.byte_size)) for r in resp.regions.values()]
+            out = [{'name': r.name, 'key': r.key, 'offset': int(r.offset), 'byte_size': int(r.byte_size)}
+                   for r in resp.regions.values()]
         else:
-            raise ValueError('unknown shared memory kind %r' % (kind,))
+            resp = self.call('CudaSharedMemoryStatus', _Lib.pb.CudaSharedMemoryStatusRequest(), what)
+            out = [{'name': r.name, 'device_id': int(r.device_id), 'byte_size': int(r.byte_size)} for r in resp.regions.values()]
         return sorted(out, key=lambda r: r['name'])
 
     @staticmethod
-    def unaddressable(name):
+    def unaddressable(name: str) -> str | None:
         """None when a region of this name can be addressed (any name but the empty one); else why not."""
-        return None if name else 'an empty region name is refused (over gRPC it would address every region)'
+        return None if name else _EMPTY_NAME
 
     @staticmethod
-    def _name(name, what):
+    def _name(name: str, what: str) -> str:
         # over gRPC an empty name means *every* region: never send one by accident
         if not name:
-            raise UnaddressableName('%s: an empty region name is refused (over gRPC it would address every region)' % what)
+            raise UnaddressableName(f'{what}: {_EMPTY_NAME}')
         return name
 
-    def register_system(self, name, key, offset, byte_size):
-        what = "register system region '%s'" % name
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        what = f"register system region '{name}'"
         req = _Lib.pb.SystemSharedMemoryRegisterRequest(name=self._name(name, what), key=key, offset=offset, byte_size=byte_size)
         self.call('SystemSharedMemoryRegister', req, what)
 
-    def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
-        what = "register cuda region '%s'" % name
+    def register_cuda(self, name: str, raw_handle_b64: str, device_id: int, byte_size: int) -> None:
+        what = f"register cuda region '{name}'"
         try:
             raw = base64.b64decode(raw_handle_b64, validate=True)
         except (binascii.Error, ValueError, TypeError) as exc:
-            raise TritonError('%s: raw_handle is not base64: %s' % (what, exc), url=self.base)
+            raise self.error(f'{what}: raw_handle is not base64: {exc}') from exc
         req = _Lib.pb.CudaSharedMemoryRegisterRequest(name=self._name(name, what), raw_handle=raw, device_id=device_id,
                                                       byte_size=byte_size)
         self.call('CudaSharedMemoryRegister', req, what)
 
-    def unregister(self, kind, name):
-        what = "unregister %s region '%s'" % (kind, name)
+    def unregister(self, kind: str, name: str) -> None:
+        what = f"unregister {check_kind(kind)} region '{name}'"
         if kind == 'system':
             self.call('SystemSharedMemoryUnregister', _Lib.pb.SystemSharedMemoryUnregisterRequest(name=self._name(name, what)), what)
-        elif kind == 'cuda':
-            self.call('CudaSharedMemoryUnregister', _Lib.pb.CudaSharedMemoryUnregisterRequest(name=self._name(name, what)), what)
         else:
-            raise ValueError('unknown shared memory kind %r' % (kind,))
+            self.call('CudaSharedMemoryUnregister', _Lib.pb.CudaSharedMemoryUnregisterRequest(name=self._name(name, what)), what)

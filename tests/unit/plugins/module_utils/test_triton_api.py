@@ -15,6 +15,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 
 import pytest
 import requests
@@ -25,7 +26,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import Triton
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 
-class Scripted(object):
+class Scripted:
     """An HTTP server on 127.0.0.1 answering routes[(method, path)] = (status, content_type, body)."""
 
     def __init__(self, routes, tls=None):
@@ -60,7 +61,7 @@ class Scripted(object):
         self.thread.start()
 
     def url(self, scheme='http'):
-        return '%s://127.0.0.1:%d' % (scheme, self.port)
+        return f'{scheme}://127.0.0.1:{self.port}'
 
     def close(self):
         self.httpd.shutdown()
@@ -84,6 +85,8 @@ def jsonr(obj, status=200):
     return (status, 'application/json', json.dumps(obj))
 
 
+# the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
+IN_USE = "Cannot unregister shared memory region '{}', it is currently in use."
 METADATA = jsonr(dict(name='triton', version='2.51.0', extensions=['system_shared_memory']))
 
 
@@ -188,7 +191,7 @@ def test_http_error_carries_the_servers_own_error(serve):
                  jsonr(dict(error="Unable to find system shared memory region: 'nope'"), 400)})
     client = TritonClient(srv.url())
     url = srv.url() + '/v2/systemsharedmemory/region/busy/unregister'
-    err = _fails(lambda: client.unregister('system', 'busy'), "unregister system region 'busy' at %s: HTTP 400: Cannot unregister" % url)
+    err = _fails(lambda: client.unregister('system', 'busy'), f"unregister system region 'busy' at {url}: HTTP 400: Cannot unregister")
     assert (err.status, err.url, err.in_use, err.not_found) == (400, url, True, False)
     assert err.as_dict() == dict(url=url, status=400, server_error="Cannot unregister shared memory region 'busy', it is currently in use.")
     err = _fails(lambda: client.unregister('system', 'nope'), 'Unable to find')
@@ -218,14 +221,14 @@ def test_http_error_without_json_quotes_the_body_or_the_reason(serve):
     srv = serve({('GET', '/v2'): (502, 'text/html', '<html><body>Bad Gateway from the proxy</body></html>'),
                  ('GET', '/v2/systemsharedmemory/status'): (500, None, b'')})
     client = TritonClient(srv.url())
-    err = _fails(client.server_metadata, 'read server metadata at %s/v2: HTTP 502: <html><body>Bad Gateway from the proxy' % srv.url())
+    err = _fails(client.server_metadata, f'read server metadata at {srv.url()}/v2: HTTP 502: <html><body>Bad Gateway from the proxy')
     assert err.server_error is None
     _fails(lambda: client.status('system'), 'HTTP 500: Internal Server Error')
 
 
 def test_html_is_not_triton_json(serve):
     srv = serve({('GET', '/v2'): (200, 'text/html', '<!DOCTYPE html><title>Welcome to nginx!</title>' + 'x' * 500)})
-    err = _fails(TritonClient(srv.url()).server_metadata, 'at %s/v2: the response is not Triton JSON (is another web server on this port?)' % srv.url(),
+    err = _fails(TritonClient(srv.url()).server_metadata, f'at {srv.url()}/v2: the response is not Triton JSON (is another web server on this port?)',
                  'Welcome to nginx!')
     assert err.msg.endswith('...'), 'long bodies are cut'
     assert err.status == 200
@@ -249,8 +252,8 @@ def test_connection_refused_names_the_url():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    client = TritonClient('http://127.0.0.1:%d' % port)
-    err = _fails(client.server_metadata, 'read server metadata at http://127.0.0.1:%d/v2: cannot connect to Triton (refused or unreachable)' % port)
+    client = TritonClient(f'http://127.0.0.1:{port}')
+    err = _fails(client.server_metadata, f'read server metadata at http://127.0.0.1:{port}/v2: cannot connect to Triton (refused or unreachable)')
     assert err.status is None
     with pytest.raises(TritonError):
         client.health('live')  # no answer at all is not "not live": it is an error
@@ -260,8 +263,8 @@ def test_a_server_that_never_answers_times_out():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         s.listen(4)
-        url = 'http://127.0.0.1:%d' % s.getsockname()[1]
-        _fails(TritonClient(url, timeout=0.3).server_metadata, 'read server metadata at %s/v2: no answer within 0.3s (timeout)' % url)
+        url = f'http://127.0.0.1:{s.getsockname()[1]}'
+        _fails(TritonClient(url, timeout=0.3).server_metadata, f'read server metadata at {url}/v2: no answer within 0.3s (timeout)')
 
 
 def test_connect_timeout_names_the_url(monkeypatch):
@@ -294,13 +297,13 @@ def certs(tmp_path_factory):
     openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2', '-subj', '/CN=test-ca',
             '-keyout', 'ca.key', '-out', 'ca.pem', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=keyCertSign')
     for name in ('server', 'client'):
-        openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', '/CN=%s' % name,
+        openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', f'/CN={name}',
                 '-keyout', name + '.key', '-out', name + '.csr')
         with open(str(d / (name + '.ext')), 'w') as f:
             f.write('subjectAltName=IP:127.0.0.1\n' if name == 'server' else 'extendedKeyUsage=clientAuth\n')
         openssl('x509', '-req', '-in', name + '.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '2',
                 '-extfile', name + '.ext', '-out', name + '.pem')
-    return dict((n, str(d / n)) for n in os.listdir(str(d)))
+    return {n: str(d / n) for n in os.listdir(str(d))}
 
 
 def _tls(certs, require_client=False):
@@ -315,7 +318,7 @@ def _tls(certs, require_client=False):
 def test_tls_certificate_is_verified_against_ca_path(serve, certs):
     srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs))
     url = srv.url('https')
-    _fails(TritonClient(url).server_metadata, 'read server metadata at %s/v2: TLS verification failed' % url, 'certificate verify failed')
+    _fails(TritonClient(url).server_metadata, f'read server metadata at {url}/v2: TLS verification failed', 'certificate verify failed')
     assert TritonClient(url, ca_path=certs['ca.pem']).server_metadata()['version'] == '2.51.0'
     with pytest.warns(Warning):  # urllib3's InsecureRequestWarning: the module warns itself (see make_client)
         assert TritonClient(url, validate_certs=False).server_metadata()['version'] == '2.51.0'
@@ -331,13 +334,190 @@ def test_tls_client_certificate(serve, certs):
     assert client.server_metadata()['name'] == 'triton'
 
 
+# -- the keep-alive connection for bulk work (TritonClient.use_keep_alive), moved here from test_region_ops.py ------
+
+class _Canned:
+    """A real local HTTP server answering with canned bytes, one answer per request, counting connections."""
+
+    def __init__(self, answers, close_after_each=False, silent=False):
+        self.answers = list(answers)
+        self.close_after_each = close_after_each
+        self.silent = silent
+        self.connections = 0
+        self.closed = 0           # connections the client closed (or the server, after close_after_each/silent)
+        self.requests = []
+        self.sock = socket.socket()
+        self.sock.bind(('127.0.0.1', 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.url = f'http://127.0.0.1:{self.port}'
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _addr = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            f = conn.makefile('rb')
+            try:
+                while True:
+                    head = []
+                    while True:
+                        line = f.readline()
+                        if not line:
+                            raise EOFError
+                        if line == b'\r\n':
+                            break
+                        head.append(line.decode('latin-1').strip())
+                    length = [int(h.split(':', 1)[1]) for h in head if h.lower().startswith('content-length:')]
+                    body = f.read(length[0]) if length else b''
+                    self.requests.append((head, body))
+                    if self.silent:
+                        time.sleep(2)
+                        raise EOFError
+                    conn.sendall(self.answers.pop(0))
+                    if self.close_after_each:
+                        raise EOFError
+            except (EOFError, OSError):
+                f.close()     # the socket only closes once its file object is closed too
+                conn.close()
+                self.closed += 1
+
+    def stop(self):
+        self.sock.close()
+
+
+def _answer(status, body, extra=''):
+    return (f'HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n').encode() + body
+
+
+@pytest.fixture
+def canned():
+    servers = []
+
+    def make(*args, **kw):
+        servers.append(_Canned(*args, **kw))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def _client(url, **kw):
+    client = TritonClient(url, **kw)
+    assert client.use_keep_alive() is True
+    return client
+
+
+def test_keep_alive_sends_many_requests_over_one_connection(canned):
+    server = canned([_answer('200 OK', b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": 1}]'), _answer('200 OK', b'')] +
+                    [_answer('200 OK', b'') for _n in range(5)])
+    client = _client(server.url, headers={'X-Token': 'secret'})
+    assert client.status('system') == [dict(name='a', key='/a', offset=0, byte_size=1)]
+    client.register_system('a-b.c', '/k', 0, 4096)
+    for i in range(5):
+        client.unregister('system', f'r{i}')
+    assert server.connections == 1 and len(server.requests) == 7
+    head, body = server.requests[1]
+    assert head[0] == 'POST /v2/systemsharedmemory/region/a-b.c/register HTTP/1.1'
+    assert 'X-Token: secret' in head and f'Host: 127.0.0.1:{server.port}' in head
+    assert json.loads(body) == dict(key='/k', offset=0, byte_size=4096)
+
+
+def test_keep_alive_reads_chunked_answers_and_reconnects_after_close(canned):
+    body = b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": 1}]'
+    chunked = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n' + b''.join(
+        b'%x\r\n%s\r\n' % (len(part), part) for part in (body[:5], body[5:])) + b'0\r\n\r\n'
+    server = canned([chunked, _answer('200 OK', b'', 'Connection: close\r\n'), _answer('200 OK', b'')])
+    client = _client(server.url)
+    assert client.status('system')[0]['name'] == 'a'
+    client.unregister('system', 'x')     # the server closes after this answer
+    client.unregister('system', 'y')
+    assert server.connections == 2
+
+
+def test_keep_alive_survives_a_server_closing_idle_connections(canned):
+    server = canned([_answer('200 OK', b'') for _n in range(3)], close_after_each=True)
+    client = _client(server.url)
+    for name in ('a', 'b', 'c'):
+        time.sleep(0.05)
+        client.unregister('system', name)
+    assert server.connections == 3
+
+
+def test_keep_alive_errors_read_like_requests_errors(canned):
+    server = canned([_answer('500 Internal Server Error', json.dumps({'error': IN_USE.format('busy')}).encode()),
+                     _answer('404 Not Found', b'<html>nope</html>')])
+    client = _client(server.url)
+    with pytest.raises(TritonError) as info:
+        client.unregister('system', 'busy')
+    assert info.value.in_use and info.value.status == 500
+    assert f"unregister system region 'busy' at {server.url}/v2/systemsharedmemory/region/busy/unregister: HTTP 500: " in info.value.msg
+    with pytest.raises(TritonError, match=r'HTTP 404: <html>nope</html>'):
+        client.status('system')
+    silent = canned([], silent=True)
+    with pytest.raises(TritonError, match=r'no answer within 0.3s \(timeout\)'):
+        _client(silent.url, timeout=0.3).unregister('system', 'a')
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TritonError, match='cannot connect to Triton'):
+        _client(f'http://127.0.0.1:{port}').unregister('system', 'a')
+
+
+def test_keep_alive_is_not_used_for_https_or_proxied_urls(monkeypatch):
+    assert TritonClient('https://127.0.0.1:8443').use_keep_alive() is False
+    monkeypatch.setenv('HTTP_PROXY', 'http://127.0.0.1:3128')
+    monkeypatch.delenv('NO_PROXY', raising=False)
+    monkeypatch.delenv('no_proxy', raising=False)
+    assert TritonClient('http://triton.example:8000').use_keep_alive() is False
+    monkeypatch.setenv('NO_PROXY', 'triton.example')
+    assert TritonClient('http://triton.example:8000').use_keep_alive() is True
+
+
+def _until(check, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+@pytest.mark.parametrize('keep_alive', [True, False])
+def test_close_closes_the_connection_and_a_later_request_opens_a_new_one(canned, keep_alive):
+    server = canned([_answer('200 OK', b'[]') for _n in range(3)])
+    client = _client(server.url) if keep_alive else TritonClient(server.url)
+    with client:
+        assert client.status('system') == [] and client.status('system') == []
+        assert server.connections == 1 and server.closed == 0, 'kept alive until closed'
+    assert _until(lambda: server.closed == 1), 'close() closed it'
+    assert client.status('system') == [] and server.connections == 2
+    client.close()
+    client.close()
+
+
+def test_every_failure_says_it_came_over_http(serve):
+    srv = serve({('POST', '/v2/systemsharedmemory/region/busy/unregister'): jsonr(dict(error=IN_USE.format('busy')), 400)})
+    with pytest.raises(TritonError) as err:
+        TritonClient(srv.url()).unregister('system', 'busy')
+    url = f'{srv.url()}/v2/systemsharedmemory/region/busy/unregister'
+    assert err.value.failure() == dict(url=url, status=400, server_error=IN_USE.format('busy'), transport='http')
+    srv.close()
+    with pytest.raises(TritonError) as err:
+        TritonClient(srv.url()).status('system')
+    assert err.value.failure() == dict(url=f'{srv.url()}/v2/systemsharedmemory/status', status=None, server_error=None,
+                                       transport='http')
+
+
 # -- module glue -------------------------------------------------------------------------------------
 
 class Failed(Exception):
     pass
 
 
-class FakeModule(object):
+class FakeModule:
     """The two AnsibleModule methods the glue calls; fail_json stops like the real one."""
 
     def __init__(self, **params):
@@ -429,3 +609,26 @@ def test_run_module_main_turns_errors_into_clear_failures():
     done = []
     base.run_module_main(module, lambda: done.append(1))
     assert done == [1]
+
+
+def test_run_module_main_returns_which_transport_failed():
+    module = FakeModule(url='grpc://x:8001')
+
+    def grpc_fails():
+        raise TritonError("unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy", url='grpc://x:8001',
+                          status='INTERNAL', server_error='busy', transport='grpc')
+    with pytest.raises(Failed):
+        base.run_module_main(module, grpc_fails, partial=lambda: dict(unregistered=[]))
+    assert module.failed == dict(msg="unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy", unregistered=[],
+                                 failure=dict(url='grpc://x:8001', status='INTERNAL', server_error='busy', transport='grpc'))
+
+
+def test_make_client_checks_the_transports_library_once(monkeypatch):
+    calls = []
+    real = TritonClient.library.__func__
+
+    def counted(cls):
+        calls.append(cls)
+        return real(cls)
+    monkeypatch.setattr(TritonClient, 'library', classmethod(counted))
+    assert isinstance(base.make_client(FakeModule()), TritonClient) and calls == [TritonClient]

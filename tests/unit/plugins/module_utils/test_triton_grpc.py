@@ -9,6 +9,10 @@ Triton answers is tested against a real one in tests/integration/test_grpc.py.
 from __future__ import annotations
 
 import base64
+import json
+import os
+import subprocess
+import sys
 import threading
 from concurrent import futures
 
@@ -20,6 +24,7 @@ service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
 
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.client import is_grpc_url  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 
@@ -92,7 +97,7 @@ def served():
     port = server.add_insecure_port('127.0.0.1:0')
     server.start()
     try:
-        yield script, 'grpc://127.0.0.1:%d' % port
+        yield script, f'grpc://127.0.0.1:{port}'
     finally:
         script.release.set()
         server.stop(0)
@@ -109,12 +114,12 @@ def served():
 def test_url_forms(url, base, host, port):
     client = TritonGrpcClient(url, ca_path=None)
     assert (client.base, client.host, client.port) == (base, host, port)
-    assert triton_grpc.is_grpc_url(url)
+    assert is_grpc_url(url)
 
 
 @pytest.mark.parametrize('url', ['http://127.0.0.1:8001', '127.0.0.1:8001', 'grpcx://h:1', '', None])
 def test_other_urls_are_not_grpc(url):
-    assert not triton_grpc.is_grpc_url(url)
+    assert not is_grpc_url(url)
 
 
 @pytest.mark.parametrize('url,why', [
@@ -209,7 +214,7 @@ def test_server_errors_carry_the_code_and_triton_s_own_message(served):
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url).unregister('system', 'r')
     exc = err.value
-    assert exc.msg == "unregister system region 'r' at %s: gRPC INTERNAL: %s" % (url, IN_USE)
+    assert exc.msg == f"unregister system region 'r' at {url}: gRPC INTERNAL: {IN_USE}"
     assert (exc.url, exc.status, exc.server_error, exc.in_use) == (url, 'INTERNAL', IN_USE, True)
 
 
@@ -241,7 +246,7 @@ def test_no_answer_within_the_timeout(served):
     script.slow = True
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url, timeout=0.3).health('ready')
-    assert err.value.msg == 'health ready at %s: no answer within 0.3s (timeout)' % url and err.value.status is None
+    assert err.value.msg == f'health ready at {url}: no answer within 0.3s (timeout)' and err.value.status is None
 
 
 def test_connection_refused_names_the_url_and_health_raises():
@@ -257,3 +262,58 @@ def test_unreadable_tls_files_are_named(tmp_path):
     with pytest.raises(TritonError) as err:
         TritonGrpcClient('grpcs://127.0.0.1:8001', ca_path=str(tmp_path))
     assert 'without PEM certificates' in err.value.msg
+
+
+# Triton 2.68 and later without --allow-client-shm=true (the server's exact text; 2.51 here has no such switch)
+CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
+
+
+@pytest.mark.parametrize('code', ['UNIMPLEMENTED', 'INTERNAL'])
+def test_client_shm_disabled_names_the_flag_and_the_role_variable_over_grpc_too(served, code):
+    script, url = served
+    script.fail['SystemSharedMemoryStatus'] = (getattr(grpc.StatusCode, code), CLIENT_SHM_OFF)
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).status('system')
+    msg = err.value.msg
+    assert msg.startswith(f'read system shared memory status at {url}: gRPC {code}: {CLIENT_SHM_OFF}; ')
+    assert '--allow-client-shm=true' in msg and 'tritonops.shm.triton_server' in msg and 'triton_server_allow_client_shm' in msg
+    assert "is this Triton's gRPC port?" not in msg, 'it is Triton: the hint would mislead'
+    assert (err.value.status, err.value.server_error) == (code, CLIENT_SHM_OFF)
+
+
+def test_every_failure_says_it_came_over_grpc(served):
+    script, url = served
+    script.fail['SystemSharedMemoryUnregister'] = (grpc.StatusCode.INTERNAL, IN_USE)
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient(url).unregister('system', 'r')
+    assert err.value.failure() == dict(url=url, status='INTERNAL', server_error=IN_USE, transport='grpc')
+    with pytest.raises(TritonError) as err:
+        TritonGrpcClient('grpc://127.0.0.1:1', timeout=2).status('system')
+    assert err.value.failure() == dict(url='grpc://127.0.0.1:1', status=None, server_error=None, transport='grpc')
+
+
+def test_close_closes_the_channel_and_a_later_call_opens_a_new_one(served):
+    _script, url = served
+    with TritonGrpcClient(url) as client:
+        assert client.health('live') is True
+        channel = client._channel  # pylint: disable=protected-access
+    assert client._channel is None  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match='closed channel'):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest(), timeout=2)
+    assert client.health('live') is True and client.requests_made == 2
+    client.close()
+    client.close()
+
+
+def test_the_grpc_transport_imports_neither_the_http_one_nor_requests():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(triton_grpc.__file__)))))))
+    probe = ('import json, sys\n'
+             f'sys.path.insert(0, {root!r})\n'
+             'from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc\n'
+             "triton_grpc.TritonGrpcClient('grpc://127.0.0.1:8001')\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('requests', 'urllib3', 'ansible_collections.')))))\n")
+    loaded = json.loads(subprocess.run([sys.executable, '-c', probe], check=True, capture_output=True, text=True).stdout)
+    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc' in loaded, 'the probe imported it'
+    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_api' not in loaded
+    assert not [m for m in loaded if m.startswith(('requests', 'urllib3'))], loaded

@@ -1,0 +1,237 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The one client interface both transports implement, and what they share.
+
+Private to the tritonops.shm collection: no stability promise to other code.
+
+``Client`` declares, once, every call the modules and module_utils make on a Triton server;
+triton_api.TritonClient (HTTP) and triton_grpc.TritonGrpcClient (gRPC) implement it, and
+base.make_client picks one by the URL's scheme (``is_grpc_url``). Next to it: the URL parsing,
+the kind and health checks, the text helpers, and ``error_from_answer``, the one place where an
+error answer of the server (its own text) becomes a TritonError subclass. This file imports only
+the standard library and errors, so the gRPC transport never pays for ``requests``.
+"""
+from __future__ import annotations
+
+import abc
+
+from typing import Any, NamedTuple
+from urllib.parse import SplitResult, urlsplit
+
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, classify
+
+HTTP = 'http'
+GRPC = 'grpc'
+GRPC_SCHEMES = ('grpc', 'grpcs')
+KINDS = ('system', 'cuda')
+HEALTH_CHECKS = ('live', 'ready')
+DEFAULT_TIMEOUT = 10.0
+
+# Triton 2.68 (NGC 26.04) and later turn client shared memory off unless started with the flag below.
+CLIENT_SHM_DISABLED = 'Client shared memory is disabled'
+CLIENT_SHM_HINT = ("this Triton has client shared memory turned off (2.68 and later, by default): start it with "
+                   "--allow-client-shm=true (role tritonops.shm.triton_server: triton_server_allow_client_shm: true, "
+                   "or auto, which adds it for 2.68 and later)")
+
+
+# -- text -------------------------------------------------------------------------------------------
+
+def short(text: Any, limit: int = 300) -> str:
+    """str(text) cut to limit characters (an exception's text in a message)."""
+    text = str(text)
+    return text if len(text) <= limit else f'{text[:limit]}...'
+
+
+def snippet(text: str | None, limit: int = 200) -> str:
+    """The start of a response body on one line, for a message (empty for no body)."""
+    text = (text or '').strip().replace('\n', ' ')
+    return text if len(text) <= limit else f'{text[:limit]}...'
+
+
+# -- what every call checks -------------------------------------------------------------------------
+
+def check_kind(kind: str) -> str:
+    """kind when it is a shared-memory kind (system, cuda); ValueError otherwise (a caller's bug)."""
+    if kind not in KINDS:
+        raise ValueError(f'unknown shared memory kind {kind!r}')
+    return kind
+
+
+def check_health(which: str) -> str:
+    """which when it is a health check (live, ready); ValueError otherwise (a caller's bug)."""
+    if which not in HEALTH_CHECKS:
+        raise ValueError(f'unknown health check {which!r}')
+    return which
+
+
+# -- URLs -------------------------------------------------------------------------------------------
+
+def url_scheme(url: str | None) -> str:
+    """The URL's scheme in lower case, '' when it has none."""
+    text = (url or '').strip()
+    return text.split('://', 1)[0].lower() if '://' in text else ''
+
+
+def is_grpc_url(url: str | None) -> bool:
+    """True for grpc:// and grpcs:// URLs (the scheme picks the transport)."""
+    return url_scheme(url) in GRPC_SCHEMES
+
+
+class Url(NamedTuple):
+    """A URL split for a transport: scheme (lower case), host, port (None when left out), and the rest."""
+    scheme: str
+    host: str
+    port: int | None
+    parts: SplitResult
+
+
+def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
+    """url split into a Url; TritonError(refusal) for another scheme or no host, and for an invalid port."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in schemes or not parts.hostname:
+        raise TritonError(refusal, url=url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise TritonError(f'url {url!r} has an invalid port: {exc}', url=url) from exc
+    return Url(scheme, parts.hostname, port, parts)
+
+
+def host_port(host: str, port: int) -> str:
+    """host:port, with an IPv6 host in brackets."""
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
+# -- the server's own error text --------------------------------------------------------------------
+
+def error_from_answer(where: str, code: str, detail: str, server_error: str | None, *, url: str | None,
+                      status: int | str, transport: str, hint: str = '') -> TritonError:
+    """The TritonError for an error answer of the server, decided from the server's own text.
+
+    The one place both transports turn an answer into an error: the subclass comes from the text
+    (errors.classify: in use, not found), a refusal because client shared memory is off gets the
+    way out (CLIENT_SHM_HINT), and any other answer the transport's own hint. The message reads
+    ``WHERE: CODE: DETAIL`` (``… at URL: HTTP 400: …``, ``… at URL: gRPC INTERNAL: …``).
+    """
+    if CLIENT_SHM_DISABLED in (server_error or ''):
+        detail = f'{detail}; {CLIENT_SHM_HINT}'
+    else:
+        detail = f'{detail}{hint}'
+    return classify(server_error)(f'{where}: {code}: {detail}', url=url, status=status,
+                                  server_error=server_error, transport=transport)
+
+
+# -- the interface ----------------------------------------------------------------------------------
+
+class Library(NamedTuple):
+    """Whether a transport's Python library can be imported: ok, else the import traceback (error)."""
+    requirement: str
+    error: str | None = None
+    reason: str | None = None      # for missing_required_lib: why it is needed
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Client(abc.ABC):
+    """One Triton server over one transport: the calls the collection makes, the same for both.
+
+    Results have one shape whatever the transport (status() lists dicts with the HTTP API's keys,
+    ordered as the server lists them over HTTP, by name over gRPC); every failure is a TritonError
+    (errors.py) naming the URL, with ``transport`` set to ``'http'`` or ``'grpc'`` and ``status``
+    the transport's own code when the server answered. One connection (HTTP keep-alive, or the gRPC
+    channel) serves the calls until close(); a call after close() connects again. A client is a
+    context manager that closes itself.
+
+    Each transport's constructor takes ``(url, timeout, validate_certs, ca_path, headers, client_cert,
+    client_key)`` (what from_params passes), sends nothing, and raises TritonError for options it
+    cannot use.
+    """
+
+    transport: str = ''            # HTTP or GRPC, set by each transport
+    base: str                      # the URL without trailing '/', as messages name it
+    host: str
+    port: int
+    scheme: str                    # http, https, grpc or grpcs
+    timeout: float                 # seconds per request (connect and read) or per call
+    requests_made: int             # requests sent so far (tests and benchmarks read it)
+
+    @classmethod
+    @abc.abstractmethod
+    def library(cls) -> Library:
+        """Whether this transport's Python library is there (checked once by base.make_client)."""
+
+    @classmethod
+    def from_params(cls, params: dict) -> Client:
+        """The client for a module's connection options (base.connection_argument_spec)."""
+        return cls(params['url'], timeout=params.get('timeout') or DEFAULT_TIMEOUT,
+                   validate_certs=params.get('validate_certs', True), ca_path=params.get('ca_path'),
+                   headers=params.get('headers'), client_cert=params.get('client_cert'),
+                   client_key=params.get('client_key'))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def error(self, msg: str, url: str | None = None) -> TritonError:
+        """A TritonError of this client's transport for a failure without an answer (or a wrong one)."""
+        return TritonError(msg, url=url or self.base, transport=self.transport)
+
+    # -- server -------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def server_metadata(self) -> dict:
+        """{'name', 'version', 'extensions'}; TritonError when the answer is not Triton's."""
+
+    def health(self, which: str) -> bool:
+        """True/False for live or ready: an error answer means not live/ready, no answer raises TritonError."""
+        check_health(which)
+        try:
+            return self._health(which)
+        except TritonError as exc:
+            if exc.status is not None:
+                return False
+            raise
+
+    @abc.abstractmethod
+    def _health(self, which: str) -> bool:
+        """The server's answer to the health check which (raise TritonError on an error answer)."""
+
+    # -- shared memory ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def status(self, kind: str) -> list[dict]:
+        """The regions of kind: system ones {name, key, offset, byte_size}, CUDA ones {name, device_id, byte_size}."""
+
+    @abc.abstractmethod
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Register a system region on the file key (relative to the server's /dev/shm)."""
+
+    @abc.abstractmethod
+    def register_cuda(self, name: str, raw_handle_b64: str, device_id: int, byte_size: int) -> None:
+        """Register a CUDA region from a base64 cudaIpcMemHandle."""
+
+    @abc.abstractmethod
+    def unregister(self, kind: str, name: str) -> None:
+        """Unregister one region (RegionInUse, RegionNotFound: errors.py)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def unaddressable(name: str) -> str | None:
+        """None when this transport can address a region of this name; else why not (nothing is sent)."""
+
+    # -- connection ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def use_keep_alive(self) -> bool:
+        """Send the following calls over one persistent connection where possible; True when they are."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection(s) this client holds; idempotent."""

@@ -1,0 +1,224 @@
+"""Unit tests for module_utils/client.py: the one interface of both transports and what they share.
+
+The helpers are pure and tested on literal values. The interface is tested on the two real
+transports (constructed, never connected: their calls are tested against servers in
+test_triton_api.py and test_triton_grpc.py) and on a minimal implementation written here.
+"""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ansible_collections.tritonops.shm.plugins.module_utils.client import (
+    CLIENT_SHM_HINT, Client, Library, check_health, check_kind, error_from_answer, host_port, is_grpc_url, short,
+    snippet, split_url, url_scheme,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, RegionNotFound, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
+
+# what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)
+INTERFACE = {'library', 'server_metadata', '_health', 'status', 'register_system', 'register_cuda', 'unregister',
+             'unaddressable', 'use_keep_alive', 'close'}
+CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
+
+
+# -- the interface ----------------------------------------------------------------------------------
+
+def test_the_interface_is_declared_once_as_abstract_methods():
+    assert Client.__abstractmethods__ == frozenset(INTERFACE)
+    with pytest.raises(TypeError):
+        Client()  # pylint: disable=abstract-class-instantiated
+
+
+@pytest.mark.parametrize('transport,url,name', [
+    (TritonClient, 'http://127.0.0.1:8000', 'http'),
+    (TritonGrpcClient, 'grpc://127.0.0.1:8001', 'grpc'),
+])
+def test_both_transports_implement_all_of_it(transport, url, name):
+    if transport is TritonGrpcClient:
+        pytest.importorskip('grpc')
+    assert issubclass(transport, Client) and not transport.__abstractmethods__
+    assert transport.transport == name and transport.library().ok
+    for method in INTERFACE:   # the same parameters as declared, so callers cannot depend on one transport
+        assert (inspect.signature(getattr(transport, method)).parameters.keys()
+                == inspect.signature(getattr(Client, method)).parameters.keys()), method
+    with transport.from_params(dict(url=url, timeout=None)) as client:
+        assert (client.timeout, client.requests_made, client.scheme) == (10.0, 0, name)
+        assert client.base == url and client.host == '127.0.0.1'
+    client.close()   # idempotent
+
+
+def test_an_implementation_missing_a_call_cannot_be_built():
+    class Partial(Client):   # pylint: disable=abstract-method
+        transport = 'http'
+
+        def server_metadata(self):
+            return {}
+    with pytest.raises(TypeError, match='abstract'):
+        Partial()  # pylint: disable=abstract-class-instantiated
+
+
+class Minimal(Client):
+    """The least a transport writes: every call, health's answer raising what a server says."""
+
+    transport = 'test'
+    base = 'test://h:1'
+
+    def __init__(self, answer=None):
+        self.answer = answer
+        self.closed = 0
+
+    @classmethod
+    def library(cls):
+        return Library('nothing')
+
+    def server_metadata(self):
+        return {}
+
+    def _health(self, which):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    def status(self, kind):
+        return []
+
+    def register_system(self, name, key, offset, byte_size):
+        pass
+
+    def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
+        pass
+
+    def unregister(self, kind, name):
+        pass
+
+    @staticmethod
+    def unaddressable(name):
+        return None
+
+    def use_keep_alive(self):
+        return False
+
+    def close(self):
+        self.closed += 1
+
+
+@pytest.mark.parametrize('answer,healthy', [
+    (True, True),
+    (False, False),
+    (TritonError('health ready at test://h:1: HTTP 503: not ready', status=503), False),
+    (TritonError('health ready at test://h:1: gRPC INTERNAL: shutting down', status='INTERNAL'), False),
+])
+def test_health_is_false_for_an_error_answer(answer, healthy):
+    assert Minimal(answer).health('ready') is healthy
+
+
+def test_health_without_an_answer_raises_and_refuses_unknown_checks():
+    with pytest.raises(TritonError, match='refused'):
+        Minimal(TritonError('health live at test://h:1: cannot connect to Triton (refused or unreachable)')).health('live')
+    with pytest.raises(ValueError, match="unknown health check 'started'"):
+        Minimal(True).health('started')
+
+
+def test_a_client_is_a_context_manager_that_closes_itself_also_on_errors():
+    client = Minimal()
+    with pytest.raises(RuntimeError):
+        with client as same:
+            assert same is client
+            raise RuntimeError('boom')
+    assert client.closed == 1
+
+
+def test_errors_a_client_raises_name_its_transport():
+    err = Minimal().error('read server metadata at test://h:1/v2: the response is not Triton server metadata')
+    assert (type(err), err.url, err.status, err.transport) == (TritonError, 'test://h:1', None, 'test')
+    assert err.failure() == dict(url='test://h:1', status=None, server_error=None, transport='test')
+    assert Minimal().error('x', url='test://h:1/v2').url == 'test://h:1/v2'
+
+
+def test_the_library_check_is_one_value():
+    assert Library('requests').ok is True
+    missing = Library('tritonclient[grpc]', 'Traceback ...', reason='for grpc:// and grpcs:// URLs')
+    assert (missing.ok, missing.error, missing.reason) == (False, 'Traceback ...', 'for grpc:// and grpcs:// URLs')
+
+
+# -- the helpers ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('url,scheme,grpc', [
+    ('grpc://127.0.0.1:8001', 'grpc', True),
+    ('  GRPCS://triton:8001', 'grpcs', True),
+    ('http://127.0.0.1:8000', 'http', False),
+    ('127.0.0.1:8001', '', False),
+    ('', '', False),
+    (None, '', False),
+])
+def test_the_scheme_picks_the_transport(url, scheme, grpc):
+    assert url_scheme(url) == scheme
+    assert is_grpc_url(url) is grpc
+
+
+@pytest.mark.parametrize('url,expected', [
+    ('http://127.0.0.1:8000/x', ('http', '127.0.0.1', 8000)),
+    ('HTTPS://[::1]', ('https', '::1', None)),
+])
+def test_split_url(url, expected):
+    parsed = split_url(url, ('http', 'https'), 'refused')
+    assert (parsed.scheme, parsed.host, parsed.port) == expected
+
+
+@pytest.mark.parametrize('url,why', [
+    ('ftp://h:1', 'not one of ours'),
+    ('http://', 'not one of ours'),
+    ('http://h:99999', "url 'http://h:99999' has an invalid port"),
+    ('http://h:port', "url 'http://h:port' has an invalid port"),
+])
+def test_split_url_refuses_with_a_message_that_names_the_url(url, why):
+    with pytest.raises(TritonError) as err:
+        split_url(url, ('http', 'https'), 'not one of ours')
+    assert why in err.value.msg and err.value.url == url
+
+
+@pytest.mark.parametrize('host,port,target', [('127.0.0.1', 8001, '127.0.0.1:8001'), ('::1', 8001, '[::1]:8001'),
+                                              ('triton', 1, 'triton:1')])
+def test_host_port(host, port, target):
+    assert host_port(host, port) == target
+
+
+def test_text_helpers_cut_long_texts():
+    assert short('x' * 300) == 'x' * 300 and short('x' * 301) == 'x' * 300 + '...'
+    assert short(ValueError('bad')) == 'bad'
+    assert snippet('  <html>\n<body>  ') == '<html> <body>'
+    assert snippet('y' * 201) == 'y' * 200 + '...' and snippet(None) == ''
+
+
+def test_kind_checks():
+    assert check_kind('system') == 'system' and check_kind('cuda') == 'cuda' and check_health('live') == 'live'
+    with pytest.raises(ValueError, match="unknown shared memory kind 'gpu'"):
+        check_kind('gpu')
+
+
+# -- the server's own text, the same decision for both transports ----------------------------------
+
+@pytest.mark.parametrize('code,status,transport', [('HTTP 400', 400, 'http'), ('gRPC INTERNAL', 'INTERNAL', 'grpc')])
+@pytest.mark.parametrize('server_error,cls', [
+    ("Cannot unregister shared memory region 'r', it is currently in use.", RegionInUse),
+    ("Unable to find system shared memory region: 'r'", RegionNotFound),
+    ('failed to register shared memory region: invalid args', TritonError),
+    (None, TritonError),
+])
+def test_error_from_answer_decides_the_condition_from_the_servers_text(code, status, transport, server_error, cls):
+    err = error_from_answer("unregister system region 'r' at U", code, server_error or 'Bad Gateway', server_error,
+                            url='U', status=status, transport=transport, hint=' (a hint)')
+    assert type(err) is cls   # pylint: disable=unidiomatic-typecheck
+    assert err.msg == f"unregister system region 'r' at U: {code}: {server_error or 'Bad Gateway'} (a hint)"
+    assert err.failure() == dict(url='U', status=status, server_error=server_error, transport=transport)
+
+
+@pytest.mark.parametrize('code,status', [('HTTP 400', 400), ('gRPC UNIMPLEMENTED', 'UNIMPLEMENTED'), ('gRPC INTERNAL', 'INTERNAL')])
+def test_client_shm_disabled_gets_the_way_out_instead_of_the_transports_hint(code, status):
+    err = error_from_answer('read system shared memory status at U', code, CLIENT_SHM_OFF, CLIENT_SHM_OFF,
+                            url='U', status=status, transport='x', hint=" (is this Triton's gRPC port?)")
+    assert err.msg == f'read system shared memory status at U: {code}: {CLIENT_SHM_OFF}; {CLIENT_SHM_HINT}'
+    assert 'triton_server_allow_client_shm' in err.msg and '--allow-client-shm=true' in CLIENT_SHM_HINT
