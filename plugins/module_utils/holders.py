@@ -9,7 +9,9 @@ Private to the tritonops.shm collection.
 Holders are found in one pass over /proc/*/maps and /proc/*/fd, matching
 files by (st_dev, st_ino), so a client in another mount namespace, or a file
 renamed or unlinked since, is still matched. The cost is one read of each
-process's maps and fd table, whatever the number of files.
+process's maps and fd table, whatever the number of files. Per process, scan()
+runs the maps pass (maps_holding), the fds pass (fds_holding) and, when either
+could not be read, the unreadable-process rule (unreadable_counts).
 
 A process whose maps or fds cannot be read is *unreadable*. It makes the scan
 incomplete (so nothing may be called stale) unless its own mount namespace
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_bytes, read_comm
 
@@ -206,7 +208,7 @@ def fds_holding(fds: Iterable[os.stat_result], targets: Targets) -> set[FileKey]
     return found & targets.keys if found else _NONE
 
 
-def unreadable_counts(pid: int, mount_devs: Iterable[str], proc: str = '/proc') -> bool:
+def unreadable_counts(pid: int, mount_devs: Collection[str], proc: str = '/proc') -> bool:
     """The unreadable-process rule: whether a process whose maps or fds could not be read blocks "stale".
 
     It does when its mount namespace has a mount of one of mount_devs (mountinfo's decimal major:minor),
