@@ -33,7 +33,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ServerNotFound  # noqa: F401 (re-exported)
+# ServerNotFound is re-exported: region_ops raises discovery.ServerNotFound
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ServerNotFound  # noqa: F401 pylint: disable=unused-import
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff, list_pids, netns_inode, read_comm, socket_inodes
 
 SERVER_COMMS = ('tritonserver',)
@@ -452,7 +453,7 @@ def _by_connection(host: str, port: int, proc: str, timeout: float, max_hops: in
     finally:
         sock.close()
     if len(trace.servers) == 1:
-        [(pid, path)] = trace.servers.items()
+        pid, path = next(iter(trace.servers.items()))
         return Location.found(pid, path)
     if trace.servers:
         paths = '; '.join(trace.servers[p] for p in sorted(trace.servers))

@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import procfs
 
-from test_region_ops import FakeClock  # pylint: disable=import-error
+from test_region_ops import FakeClock
 
 # prints READY and waits, its comm set by prctl (as tritonserver's is its own name)
 NAMED = textwrap.dedent('''

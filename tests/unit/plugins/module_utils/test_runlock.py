@@ -17,8 +17,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils import runlock, shm_
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError
 
 # the whole-run helpers and fixtures (complete_scan is autouse there and here)
-from test_region_ops import FakeClock, FakeTriton, make_file, region, run  # pylint: disable=import-error
-from test_region_ops import complete_scan, server_proc, shm  # noqa: F401 pylint: disable=import-error,unused-import
+from test_region_ops import FakeClock, FakeTriton, make_file, region, run
+from test_region_ops import complete_scan, server_proc, shm  # noqa: F401 pylint: disable=unused-import
 
 # holds an exclusive flock on a directory until stdin closes (another run, in another process)
 HOLDER = textwrap.dedent('''
