@@ -29,12 +29,13 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import time
 
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ServerNotFound  # noqa: F401 (re-exported)
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_comm
+# ServerNotFound is re-exported: region_ops raises discovery.ServerNotFound
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ServerNotFound  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff, list_pids, netns_inode, read_comm, socket_inodes
 
 SERVER_COMMS = ('tritonserver',)
 _LISTEN = '0A'
@@ -42,8 +43,42 @@ _ESTABLISHED = '01'
 MAX_HOPS = 4
 FIX_HINT = 'set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)'
 
+Address = tuple[str, int]
 
-def _parse_addr(hexaddr):
+
+class Location(NamedTuple):
+    """Where one Triton server is on this host: the one answer of discovery, and of each of its steps.
+
+    pid: the tritonserver process (None when not found); shm_dir: its shm directory as seen from here
+    (None when unknown); located_by: how they were found; warnings: for the module to show;
+    reason: why the server process was not found (None when it was, or when server_pid was given).
+    The steps (the listening socket, a followed connection, find_server) fill pid and located_by,
+    or reason; locate_server adds the shm directory and the warnings.
+    """
+    pid: int | None
+    shm_dir: str | None
+    located_by: str | None
+    warnings: list[str]
+    reason: str | None
+
+    @classmethod
+    def found(cls, pid: int, located_by: str) -> Location:
+        return cls(pid, None, located_by, [], None)
+
+    @classmethod
+    def not_found(cls, reason: str | None) -> Location:
+        return cls(None, None, None, [], reason)
+
+
+class TcpSocket(NamedTuple):
+    """One line of /proc/.../net/tcp{,6}."""
+    local: Address
+    remote: Address
+    state: str   # hex, as the table prints it: '0A' listening, '01' established
+    inode: int   # 0 while the kernel holds an accepted connection no process has accepted yet
+
+
+def _parse_addr(hexaddr: str) -> Address:
     """Address of /proc/net/tcp{,6} 'ADDR:PORT' in hex → (ip string, port)."""
     addr, port = hexaddr.split(':')
     raw = bytes.fromhex(addr)
@@ -55,7 +90,7 @@ def _parse_addr(hexaddr):
     return ip, int(port, 16)
 
 
-def _plain_ip(ip):
+def _plain_ip(ip: str) -> str:
     """An address as the other tables print it: IPv4-mapped IPv6 as IPv4, IPv6 compressed."""
     if ':' in ip:
         try:
@@ -67,7 +102,7 @@ def _plain_ip(ip):
     return ip
 
 
-def _tcp_lines(net_dir, families):
+def _tcp_lines(net_dir: str, families: Iterable[str]) -> Iterator[str]:
     for name in families:
         try:
             with open(os.path.join(net_dir, name)) as f:
@@ -92,7 +127,7 @@ _OWN_NET_DIRS = ('/proc/net', '/proc/self/net')
 _FAMILIES = {'tcp': socket.AF_INET, 'tcp6': socket.AF_INET6}
 
 
-def parse_diag_listeners(data, family):
+def parse_diag_listeners(data: bytes, family: int) -> tuple[list[tuple[str, int, int]], bool]:
     """[(ip, port, inode)] of the LISTEN sockets in a sock_diag dump answer, and whether it is complete.
 
     Raises OSError for a netlink error message (no inet_diag in this kernel, a filter refusing it).
@@ -118,7 +153,7 @@ def parse_diag_listeners(data, family):
     return out, False
 
 
-def _diag_listeners(family):
+def _diag_listeners(family: int) -> list[tuple[str, int, int]] | None:
     """LISTEN TCP sockets of this process's network namespace through sock_diag, or None when it cannot be asked."""
     try:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | getattr(socket, 'SOCK_CLOEXEC', 0), _NETLINK_SOCK_DIAG)
@@ -143,7 +178,7 @@ def _diag_listeners(family):
         sock.close()
 
 
-def listening_sockets(net_dir, families=('tcp', 'tcp6')):
+def listening_sockets(net_dir: str, families: Iterable[str] = ('tcp', 'tcp6')) -> list[tuple[str, int, int]]:
     """[(ip, port, inode)] of LISTEN TCP sockets in a /proc/.../net directory.
 
     For this process's own namespace they come from sock_diag when it answers, else from the
@@ -158,7 +193,7 @@ def listening_sockets(net_dir, families=('tcp', 'tcp6')):
     return _listening_in_table(net_dir, families)
 
 
-def _listening_in_table(net_dir, families):
+def _listening_in_table(net_dir: str, families: Iterable[str]) -> list[tuple[str, int, int]]:
     out = []
     for line in _tcp_lines(net_dir, families):
         head = line.split(None, 4)  # most sockets are not listening: split the rest only for those that are
@@ -170,17 +205,17 @@ def _listening_in_table(net_dir, families):
     return out
 
 
-def tcp_sockets(net_dir):
-    """[(local (ip, port), remote (ip, port), state hex, inode)] of every TCP socket in a /proc/.../net directory."""
+def tcp_sockets(net_dir: str) -> list[TcpSocket]:
+    """Every TCP socket in a /proc/.../net directory, with both ends, its state and its inode."""
     out = []
     for line in _tcp_lines(net_dir, ('tcp', 'tcp6')):
         fields = line.split()
         if len(fields) >= 10:
-            out.append((_parse_addr(fields[1]), _parse_addr(fields[2]), fields[3], int(fields[9])))
+            out.append(TcpSocket(_parse_addr(fields[1]), _parse_addr(fields[2]), fields[3], int(fields[9])))
     return out
 
 
-def conntrack_replies(net_dir, local, remote):
+def conntrack_replies(net_dir: str, local: Address, remote: Address) -> list[tuple[Address, Address]]:
     """[(peer local (ip, port), peer remote (ip, port))] for the TCP connection local→remote in a conntrack table.
 
     The reply tuple of a translated connection is what the other end sees: its own
@@ -188,13 +223,14 @@ def conntrack_replies(net_dir, local, remote):
     there (no NAT module) or not readable.
     """
     want = (local[0], remote[0], str(local[1]), str(remote[1]))
+    sport = f'sport={local[1]} '
     out = []
     try:
         with open(os.path.join(net_dir, 'nf_conntrack')) as f:
             for line in f:
-                if ' tcp ' not in line or ('sport=%d ' % local[1]) not in line:
+                if ' tcp ' not in line or sport not in line:
                     continue
-                tuples = []   # the original tuple, then the reply tuple; each starts at src=
+                tuples: list[dict[str, str]] = []   # the original tuple, then the reply tuple; each starts at src=
                 for field in line.split():
                     key, sep, value = field.partition('=')
                     if not sep:
@@ -217,94 +253,57 @@ def conntrack_replies(net_dir, local, remote):
     return out
 
 
-def _resolve(host):
+def _resolve(host: str) -> set[str]:
     try:
         infos = socket.getaddrinfo(host, None)
     except (socket.gaierror, UnicodeError):
         return set()
-    return set(_plain_ip(i[4][0]) for i in infos)
+    return {_plain_ip(i[4][0]) for i in infos}
 
 
-def _socket_inodes(pid, proc):
-    """{socket inode} of a process's fds (empty when gone or unreadable)."""
-    base = '%s/%d/fd' % (proc, pid)
-    out = set()
-    try:
-        fds = os.listdir(base)
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            link = os.readlink(base + '/' + fd)
-        except OSError:
-            continue
-        if link.startswith('socket:['):
-            out.add(int(link[8:-1]))
-    return out
-
-
-def _socket_owner(inodes, pids, proc):
+def _socket_owner(inodes: Iterable[int], pids: Iterable[int], proc: str) -> int | None:
     wanted = set(inodes)
     for pid in pids:
-        if _socket_inodes(pid, proc) & wanted:
+        if socket_inodes(pid, proc) & wanted:
             return pid
     return None
 
 
-def _netns(pid, proc):
-    try:
-        return os.stat('%s/%s/ns/net' % (proc, pid)).st_ino
-    except OSError:
-        return None
+def _who(pid: int, proc: str) -> str:
+    return f"{read_comm(pid, proc) or '?'} (pid {pid})"
 
 
-def _who(pid, proc):
-    return '%s (pid %d)' % (read_comm(pid, proc) or '?', pid)
-
-
-class Found(object):
-    """Where a URL leads: the server pid (or None), the way it was found, or why not."""
-
-    def __init__(self, pid=None, located_by=None, reason=None):
-        self.pid = pid
-        self.located_by = located_by
-        self.reason = reason
-
-    def as_tuple(self):
-        return self.pid, self.located_by, self.reason
-
-
-class _Tracer(object):
+class _Tracer:
     """One look at every network namespace on the host, to follow TCP connections to their other end."""
 
-    def __init__(self, proc):
+    def __init__(self, proc: str) -> None:
         self.proc = proc
-        self.own_ns = _netns('self', proc)
-        self.ns_pids = {}
+        self.own_ns = netns_inode('self', proc)
+        self.ns_pids: dict[int, list[int]] = {}
         for pid in list_pids(proc):
-            ns = _netns(pid, proc)
+            ns = netns_inode(pid, proc)
             if ns is not None:
                 self.ns_pids.setdefault(ns, []).append(pid)
-        self._tables = {}
-        self._inodes = {}
+        self._tables: dict[int | None, list[TcpSocket]] = {}
+        self._inodes: dict[int, set[int]] = {}
         self.unreadable_ns = 0
 
-    def inodes(self, pid):
+    def inodes(self, pid: int) -> set[int]:
         """A process's socket inodes, read once per look."""
         if pid not in self._inodes:
-            self._inodes[pid] = _socket_inodes(pid, self.proc)
+            self._inodes[pid] = socket_inodes(pid, self.proc)
         return self._inodes[pid]
 
-    def _net_dir(self, ns):
+    def _net_dir(self, ns: int | None) -> str | None:
         if ns == self.own_ns:
-            return '%s/self/net' % self.proc
+            return f'{self.proc}/self/net'
         for pid in self.ns_pids.get(ns, ()):
-            path = '%s/%d/net' % (self.proc, pid)
+            path = f'{self.proc}/{pid}/net'
             if os.access(path + '/tcp', os.R_OK):
                 return path
         return None
 
-    def table(self, ns):
+    def table(self, ns: int | None) -> list[TcpSocket]:
         if ns not in self._tables:
             net_dir = self._net_dir(ns)
             if net_dir is None:
@@ -312,11 +311,11 @@ class _Tracer(object):
             self._tables[ns] = tcp_sockets(net_dir) if net_dir else []
         return self._tables[ns]
 
-    def namespaces(self):
+    def namespaces(self) -> list[int | None]:
         """Own namespace first: most connections end next door."""
         return [self.own_ns] + [ns for ns in self.ns_pids if ns != self.own_ns]
 
-    def peers(self, local, remote, ns):
+    def peers(self, local: Address, remote: Address, ns: int | None) -> tuple[list[tuple[int | None, TcpSocket]], str | None]:
         """[(ns, socket)] of the other end of the connection local→remote made from namespace ns, and how."""
         found = self._exact(remote, local)
         if found:
@@ -325,168 +324,165 @@ class _Tracer(object):
         for peer_local, peer_remote in (conntrack_replies(net_dir, local, remote) if net_dir else []):
             found = self._exact(peer_local, peer_remote)
             if found:
-                return found, 'NAT %s:%d -> %s:%d' % (remote[0], remote[1], peer_local[0], peer_local[1])
+                return found, f'NAT {remote[0]}:{remote[1]} -> {peer_local[0]}:{peer_local[1]}'
         return [], None
 
-    def _exact(self, want_local, want_remote):
+    def _exact(self, want_local: Address, want_remote: Address) -> list[tuple[int | None, TcpSocket]]:
         out = []
         for ns in self.namespaces():
             for sock in self.table(ns):
-                if sock[0] == want_local and sock[1] == want_remote and sock[2] == _ESTABLISHED:
+                if sock.local == want_local and sock.remote == want_remote and sock.state == _ESTABLISHED:
                     out.append((ns, sock))
         return out
 
-    def owners(self, ns, inode):
+    def owners(self, ns: int | None, inode: int) -> list[int]:
         """Pids in namespace ns that have the socket open (a forked forwarder may share it for a moment)."""
         return [pid for pid in self.ns_pids.get(ns, ()) if inode in self.inodes(pid)]
 
-    def outgoing(self, ns, pid, skip_inode):
+    def outgoing(self, ns: int | None, pid: int, skip_inode: int) -> list[TcpSocket]:
         """The established connections a forwarder opened itself: not the accepted ones (on its listening ports)."""
         mine = self.inodes(pid)
         table = self.table(ns)
-        listening_ports = set(s[0][1] for s in table if s[2] == _LISTEN and s[3] in mine)
-        return [s for s in table if s[3] in mine and s[3] != skip_inode and s[2] == _ESTABLISHED
-                and s[0][1] not in listening_ports]
+        listening_ports = {s.local[1] for s in table if s.state == _LISTEN and s.inode in mine}
+        return [s for s in table if s.inode in mine and s.inode != skip_inode and s.state == _ESTABLISHED
+                and s.local[1] not in listening_ports]
 
 
-class _Trace(object):
+class _Trace:
     """The search from one connection: every tritonserver reached, with the way to it, or why none."""
 
-    def __init__(self, tracer, max_hops):
+    def __init__(self, tracer: _Tracer, max_hops: int) -> None:
         self.tracer = tracer
         self.max_hops = max_hops
-        self.servers = {}     # pid -> located_by
-        self.dead_ends = []   # why a branch ended without a server
+        self.servers: dict[int, str] = {}   # pid -> located_by
+        self.dead_ends: list[str] = []      # why a branch ended without a server
         self.transient = False
 
-    def follow(self, local, remote, ns, via, hop):
+    def follow(self, local: Address, remote: Address, ns: int | None, via: list[str], hop: int) -> None:
         peers, nat = self.tracer.peers(local, remote, ns)
         if not peers:
-            self.dead_ends.append('no process on this host owns the other end of the connection %s:%d -> %s:%d%s'
-                                  % (local[0], local[1], remote[0], remote[1], ' (via %s)' % ', '.join(via) if via else ''))
+            self.dead_ends.append(f'no process on this host owns the other end of the connection '
+                                  f"{local[0]}:{local[1]} -> {remote[0]}:{remote[1]}{_via(via, ' (via {})')}")
             self.transient = True
             return
         step = list(via) + ([nat] if nat else [])
         for peer_ns, sock in peers:
-            if sock[3] == 0:
+            if sock.inode == 0:
                 self.transient = True   # accepted by the kernel, not yet by the process: no inode yet
                 continue
-            owners = self.tracer.owners(peer_ns, sock[3])
+            owners = self.tracer.owners(peer_ns, sock.inode)
             if not owners:
-                self.dead_ends.append('the process owning %s:%d in network namespace %s could not be read'
-                                      % (sock[0][0], sock[0][1], peer_ns))
+                self.dead_ends.append(f'the process owning {sock.local[0]}:{sock.local[1]} in network namespace {peer_ns} '
+                                      'could not be read')
                 self.transient = True   # or it was forked (a forwarder's child) after the processes were listed
                 continue
             for pid in owners:
                 self._owner(pid, peer_ns, sock, step, hop)
 
-    def _owner(self, pid, ns, sock, via, hop):
+    def _owner(self, pid: int, ns: int | None, sock: TcpSocket, via: list[str], hop: int) -> None:
         comm = read_comm(pid, self.tracer.proc)
-        who = '%s (pid %d)' % (comm or '?', pid)
+        who = f"{comm or '?'} (pid {pid})"
         if comm in SERVER_COMMS:
-            where = '' if ns == self.tracer.own_ns else ' at %s:%d in another network namespace' % sock[0]
-            path = 'connection %sto tritonserver (pid %d)%s' % ('via %s ' % ', '.join(via) if via else '', pid, where)
-            self.servers.setdefault(pid, path)
+            where = '' if ns == self.tracer.own_ns else f' at {sock.local[0]}:{sock.local[1]} in another network namespace'
+            self.servers.setdefault(pid, f"connection {_via(via, 'via {} ')}to tritonserver (pid {pid}){where}")
             return
         if hop >= self.max_hops:
-            self.dead_ends.append('gave up after %d forwarding hops at %s' % (hop, who))
+            self.dead_ends.append(f'gave up after {hop} forwarding hops at {who}')
             return
-        onward = self.tracer.outgoing(ns, pid, sock[3])
+        onward = self.tracer.outgoing(ns, pid, sock.inode)
         if not onward:
-            self.dead_ends.append('%s accepts the connection but is not tritonserver and forwards it nowhere visible' % who)
+            self.dead_ends.append(f'{who} accepts the connection but is not tritonserver and forwards it nowhere visible')
             self.transient = True   # a forwarder may not have connected onward yet
             return
         for out in onward:
-            self.follow(out[0], out[1], ns, list(via) + [who], hop + 1)
+            self.follow(out.local, out.remote, ns, list(via) + [who], hop + 1)
 
 
-def _by_listener(host, port, proc):
-    """The fast path: a tritonserver in this network namespace owns the listening socket. Else (None, holder)."""
-    addrs = _resolve(host) | set([_plain_ip(host)])
-    wildcard = set(['0.0.0.0', '::'])
-    inodes = []
+def _via(via: list[str], template: str) -> str:
+    """The forwarders a connection went through, in template ('via {} '), or '' when it went straight."""
+    return template.format(', '.join(via)) if via else ''
+
+
+def _by_listener(host: str, port: int, proc: str) -> Location:
+    """The fast path: a tritonserver in this network namespace owns the listening socket.
+
+    Not found: the reason names the program holding the port when another one does, else it is None.
+    """
+    addrs = _resolve(host) | {_plain_ip(host)}
+    wildcard = {'0.0.0.0', '::'}
+    inodes: list[int] = []
     # /proc/net/tcp{,6} cost milliseconds each to generate: read the URL's family first, the other only if needed
     for family in (('tcp6', 'tcp') if any(':' in a for a in addrs) else ('tcp', 'tcp6')):
-        inodes = [ino for ip, p, ino in listening_sockets('%s/net' % proc, (family,))
+        inodes = [ino for ip, p, ino in listening_sockets(f'{proc}/net', (family,))
                   if p == port and (ip in addrs or ip in wildcard)]
         if inodes:
             break
     if not inodes:
-        return None, None
-    pids = list_pids(proc)
+        return Location.not_found(None)
     others = []
-    for pid in pids:
+    for pid in list_pids(proc):
         if read_comm(pid, proc) in SERVER_COMMS:
-            if _socket_owner(inodes, [pid], proc) == pid:
-                return pid, None  # the usual case: no need to read every other process's name
+            if _socket_owner(inodes, [pid], proc) == pid:   # the usual case: no need to read every other process's name
+                return Location.found(pid, f'listener: tritonserver (pid {pid}) owns the listening socket {host}:{port}')
         else:
             others.append(pid)
-    return None, _socket_owner(inodes, others, proc)
+    holder = _socket_owner(inodes, others, proc)
+    if holder is None:
+        return Location.not_found(None)
+    return Location.not_found(f'port {port} on {host} is held by {_who(holder, proc)}, not by a tritonserver process')
 
 
-def _by_connection(host, port, proc, timeout, max_hops, attempts):
+def _by_connection(host: str, port: int, proc: str, timeout: float, max_hops: int, attempts: int) -> Location:
+    """Open a TCP connection to host:port and follow it to the tritonserver at its other end."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
-        return Found(reason='cannot open a TCP connection to %s:%d to follow it to the server: %s' % (host, port, exc))
+        return Location.not_found(f'cannot open a TCP connection to {host}:{port} to follow it to the server: {exc}')
     try:
         local = sock.getsockname()[:2]
         remote = sock.getpeername()[:2]
         local, remote = (_plain_ip(local[0]), local[1]), (_plain_ip(remote[0]), remote[1])
-        delay = 0.02
-        for attempt in range(attempts):
+        # a just-accepted socket has no inode yet, a forking forwarder's child may not be listed yet: look again
+        backoff = Backoff(attempts=attempts, first=0.02, cap=0.3)
+        while True:
             tracer = _Tracer(proc)
             trace = _Trace(tracer, max_hops)
             trace.follow(local, remote, tracer.own_ns, [], 0)
-            if trace.servers or not trace.transient or attempt == attempts - 1:
+            if trace.servers or not trace.transient or not backoff.wait():
                 break
-            time.sleep(delay)
-            delay = min(delay * 2, 0.3)
     finally:
         sock.close()
     if len(trace.servers) == 1:
-        pid, path = list(trace.servers.items())[0]
-        return Found(pid, path)
+        pid, path = next(iter(trace.servers.items()))
+        return Location.found(pid, path)
     if trace.servers:
-        return Found(reason='connections to %s:%d lead to several tritonserver processes (%s), as through a load balancer: '
-                            'the one serving this URL cannot be told; %s'
-                            % (host, port, '; '.join(trace.servers[p] for p in sorted(trace.servers)), FIX_HINT))
+        paths = '; '.join(trace.servers[p] for p in sorted(trace.servers))
+        return Location.not_found(f'connections to {host}:{port} lead to several tritonserver processes ({paths}), '
+                                  f'as through a load balancer: the one serving this URL cannot be told; {FIX_HINT}')
     reasons = list(dict.fromkeys(trace.dead_ends))
     if tracer.unreadable_ns:
-        reasons.append('%d network namespace(s) could not be read (not root?)' % tracer.unreadable_ns)
-    return Found(reason='; '.join(reasons) or 'the connection to %s:%d could not be followed' % (host, port))
+        reasons.append(f'{tracer.unreadable_ns} network namespace(s) could not be read (not root?)')
+    return Location.not_found('; '.join(reasons) or f'the connection to {host}:{port} could not be followed')
 
 
-def find_server(host, port, proc='/proc', timeout=2.0, max_hops=MAX_HOPS, attempts=6):
-    """Find the tritonserver process serving host:port: (pid or None, located_by, reason)."""
-    pid, holder = _by_listener(host, port, proc)
-    if pid is not None:
-        return pid, 'listener: tritonserver (pid %d) owns the listening socket %s:%d' % (pid, host, port), None
+def find_server(host: str, port: int, proc: str = '/proc', timeout: float = 2.0, max_hops: int = MAX_HOPS,
+                attempts: int = 6) -> Location:
+    """Find the tritonserver process serving host:port: its pid and located_by, or the reason it was not found.
+
+    The Location has no shm_dir and no warnings: locate_server adds them.
+    """
+    listener = _by_listener(host, port, proc)
+    if listener.pid is not None:
+        return listener
     found = _by_connection(host, port, proc, timeout, max_hops, attempts)
     if found.pid is not None:
-        return found.as_tuple()
-    prefix = ''
-    if holder is not None:
-        prefix = 'port %d on %s is held by %s, not by a tritonserver process, and ' % (port, host, _who(holder, proc))
-    return None, None, ('%sthe tritonserver process behind %s:%d was not found: %s; %s'
-                        % (prefix, host, port, found.reason, FIX_HINT))
+        return found
+    held = f'{listener.reason}, and ' if listener.reason else ''
+    return Location.not_found(f'{held}the tritonserver process behind {host}:{port} was not found: {found.reason}; {FIX_HINT}')
 
 
-class Location(NamedTuple):
-    """Where one Triton server is on this host: the one answer of discovery.
-
-    pid: the tritonserver process (None when not found); shm_dir: its shm directory as seen from here
-    (None when unknown); located_by: how they were found; warnings: for the module to show;
-    reason: why the server process was not found (None when it was, or when server_pid was given).
-    """
-    pid: int | None
-    shm_dir: str | None
-    located_by: str | None
-    warnings: list
-    reason: str | None
-
-
-def locate_server(host, port, base, server_pid=None, shm_dir=None, proc='/proc') -> Location:
+def locate_server(host: str, port: int, base: str, server_pid: int | None = None, shm_dir: str | None = None,
+                  proc: str = '/proc') -> Location:
     """Decide the server pid and the shm directory (see Location).
 
     reason says why the server process was not found (None when it was, or when server_pid was given).
@@ -496,17 +492,18 @@ def locate_server(host, port, base, server_pid=None, shm_dir=None, proc='/proc')
     how = 'server_pid' if server_pid else None
     reason = None
     if pid is None:
-        pid, how, reason = find_server(host, port, proc=proc)
+        found = find_server(host, port, proc=proc)
+        pid, how, reason = found.pid, found.located_by, found.reason
         if pid is None and shm_dir is None:
-            warnings.append('tritonserver process for %s not found (%s): file and holder data are missing' % (base, reason))
+            warnings.append(f'tritonserver process for {base} not found ({reason}): file and holder data are missing')
         elif pid is None:
-            warnings.append('tritonserver process for %s not found (%s): it cannot be told apart from clients, '
-                            'so every file it maps counts as held' % (base, reason))
-    elif not os.path.isdir('%s/%d' % (proc, pid)):
-        raise DiscoveryError('server_pid %d (given for %s) does not exist on this host' % (pid, base))
+            warnings.append(f'tritonserver process for {base} not found ({reason}): it cannot be told apart from clients, '
+                            'so every file it maps counts as held')
+    elif not os.path.isdir(f'{proc}/{pid}'):
+        raise DiscoveryError(f'server_pid {pid} (given for {base}) does not exist on this host')
     if shm_dir is None and pid is not None:
-        shm_dir = '%s/%d/root/dev/shm' % (proc, pid)
-        how = '%s; shm_dir from /proc/%d/root' % (how, pid)
+        shm_dir = f'{proc}/{pid}/root/dev/shm'
+        how = f'{how}; shm_dir from /proc/{pid}/root'
     elif shm_dir is not None:
         how = (how + '; ' if how else '') + 'shm_dir given'
     return Location(pid, shm_dir, how, warnings, reason)

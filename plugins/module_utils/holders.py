@@ -9,7 +9,9 @@ Private to the tritonops.shm collection.
 Holders are found in one pass over /proc/*/maps and /proc/*/fd, matching
 files by (st_dev, st_ino), so a client in another mount namespace, or a file
 renamed or unlinked since, is still matched. The cost is one read of each
-process's maps and fd table, whatever the number of files.
+process's maps and fd table, whatever the number of files. Per process, scan()
+runs the maps pass (maps_holding), the fds pass (fds_holding) and, when either
+could not be read, the unreadable-process rule (unreadable_counts).
 
 A process whose maps or fds cannot be read is *unreadable*. It makes the scan
 incomplete (so nothing may be called stale) unless its own mount namespace
@@ -23,63 +25,68 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_bytes as _read, read_comm  # noqa: F401
+from collections.abc import Collection, Iterable, Mapping
+
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_bytes, read_comm
+
+FileKey = tuple[int, int]   # (st_dev, st_ino)
 
 
-def dev_maps_str(dev):
+def dev_maps_str(dev: int) -> str:
     """st_dev as printed in /proc/PID/maps: hex major:minor, at least two digits each."""
-    return '%02x:%02x' % (os.major(dev), os.minor(dev))
+    return f'{os.major(dev):02x}:{os.minor(dev):02x}'
 
 
-def dev_mountinfo_str(dev):
+def dev_mountinfo_str(dev: int) -> str:
     """st_dev as printed in /proc/PID/mountinfo: decimal major:minor."""
-    return '%d:%d' % (os.major(dev), os.minor(dev))
+    return f'{os.major(dev)}:{os.minor(dev)}'
 
 
-def holders_text(holders):
+def holders_text(holders: Iterable[Mapping[str, object]]) -> str:
     """Holders as people read them: '4711 (python), 4712 (tritonserver)'."""
-    return ', '.join('%s (%s)' % (h['pid'], h['comm']) for h in holders)
+    return ', '.join(f"{h['pid']} ({h['comm']})" for h in holders)
 
 
-class HolderScan(object):
+class HolderScan:
     """Result of one /proc pass."""
 
-    def __init__(self):
-        self.holders = {}        # (dev, ino) -> set(pid)
-        self.comms = {}          # pid -> comm
-        self.unreadable = []     # pids that could hold a target and could not be read
-        self.unreadable_ignored = []  # unreadable pids whose mount namespace cannot see the shm fs
+    def __init__(self) -> None:
+        self.holders: dict[FileKey, set[int]] = {}
+        self.comms: dict[int, str | None] = {}
+        self.unreadable: list[int] = []          # pids that could hold a target and could not be read
+        self.unreadable_ignored: list[int] = []  # unreadable pids whose mount namespace cannot see the shm fs
         self.processes = 0
-        self.deleted = {}        # name -> (dev, ino): files the server maps although they were unlinked (scan(deleted_of=))
-        self.hidden = False      # /proc mounted with hidepid and we are not root
-        self.hidden_reason = None
+        self.deleted: dict[str, FileKey] = {}    # files the server maps although they were unlinked (scan(deleted_of=))
+        self.hidden = False                      # /proc mounted with hidepid and we are not root
+        self.hidden_reason: str | None = None
 
     @property
-    def complete(self):
+    def complete(self) -> bool:
         return not self.unreadable and not self.hidden
 
-    def incomplete_reason(self):
+    def incomplete_reason(self) -> str | None:
         if self.hidden:
             return self.hidden_reason
         if self.unreadable:
             sample = ', '.join(str(p) for p in sorted(self.unreadable)[:5])
-            return ('%d process(es) could not be inspected (pids %s%s): run the module as root (become: true) '
-                    'so every holder can be seen' % (len(self.unreadable), sample, ', ...' if len(self.unreadable) > 5 else ''))
+            more = ', ...' if len(self.unreadable) > 5 else ''
+            return (f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
+                    'run the module as root (become: true) so every holder can be seen')
         return None
 
-    def holders_of(self, dev, ino, exclude=()):
+    def holders_of(self, dev: int, ino: int, exclude: Iterable[int] = ()) -> list[dict[str, object]]:
         pids = self.holders.get((dev, ino))
         if not pids:
             return []
-        return [dict(pid=p, comm=self.comms.get(p)) for p in sorted(pids) if p not in exclude]
+        return [{'pid': p, 'comm': self.comms.get(p)} for p in sorted(pids) if p not in exclude]
 
 
-def proc_hidepid(proc='/proc'):
+def proc_hidepid(proc: str = '/proc') -> str | None:
     """The hidepid mount option of /proc when it hides processes from us, else None."""
     if os.geteuid() == 0:
         return None
     try:
-        with open('%s/self/mountinfo' % proc) as f:
+        with open(f'{proc}/self/mountinfo') as f:
             lines = f.read().splitlines()
     except OSError:
         return None
@@ -93,28 +100,12 @@ def proc_hidepid(proc='/proc'):
     return None
 
 
-def _mountinfo_has_dev(pid, devs, proc):
-    """True when the process's mount namespace has a mount of one of devs (or we cannot tell)."""
-    try:
-        with open('%s/%d/mountinfo' % (proc, pid)) as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except OSError:
-        return True
-    for line in data.splitlines():
-        fields = line.split(None, 3)
-        if len(fields) >= 3 and fields[2] in devs:
-            return True
-    return False
-
-
-def fd_counts(proc='/proc'):
+def fd_counts(proc: str = '/proc') -> bool:
     """Whether the size of /proc/PID/fd is the number of open descriptors (Linux >= 6.2), checked on ourselves.
 
     The listing holds one descriptor of its own while it reads the directory.
     """
-    fd_dir = '%s/self/fd' % proc
+    fd_dir = f'{proc}/self/fd'
     try:
         count = os.stat(fd_dir).st_size
         return count > 0 and count == len(os.listdir(fd_dir)) - 1
@@ -125,7 +116,7 @@ def fd_counts(proc='/proc'):
 _FD_NAMES = [str(i) for i in range(1024)]
 
 
-def _open_fds(fd_dir, counted=False):
+def _open_fds(fd_dir: str, counted: bool = False) -> dict[str, os.stat_result]:
     """{fd name: stat of the open file} of one process, or raise OSError as os.listdir(fd_dir) does.
 
     With counted (see fd_counts), when the size of the directory is N and descriptors 0..N-1 all
@@ -158,9 +149,9 @@ def _open_fds(fd_dir, counted=False):
     return out
 
 
-def parse_deleted(data, path_prefix='/dev/shm/'):
+def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:
     """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked."""
-    out = {}
+    out: dict[str, FileKey] = {}
     prefix = os.fsencode(path_prefix)
     suffix = b' (deleted)'
     if suffix not in data:
@@ -176,7 +167,100 @@ def parse_deleted(data, path_prefix='/dev/shm/'):
     return out
 
 
-def scan(targets, proc='/proc', deleted_of=None, deleted_prefix='/dev/shm/'):
+class Targets:
+    """The files one scan looks for, keyed by (dev, ino), and their devices as maps and mountinfo print them."""
+
+    __slots__ = ('keys', 'devs', 'map_devs', 'needle', 'needles', 'mount_devs')
+
+    def __init__(self, keys: Iterable[FileKey]) -> None:
+        self.keys = set(keys)
+        self.devs = {dev for dev, _ino in self.keys}
+        self.map_devs = {dev_maps_str(d).encode('ascii'): d for d in self.devs}
+        # the device field of a maps line, with its separating spaces: a cheap test before parsing any line
+        self.needles = [b' ' + k + b' ' for k in self.map_devs]
+        self.needle = self.needles[0] if len(self.needles) == 1 else None   # the usual case: one shm filesystem
+        self.mount_devs = {dev_mountinfo_str(d) for d in self.devs}
+
+
+_NONE: frozenset[FileKey] = frozenset()
+
+
+def maps_holding(data: bytes, targets: Targets) -> set[FileKey] | frozenset[FileKey]:
+    """The maps pass: the targets a process's maps text (bytes) shows mapped, whatever their path says."""
+    needle = targets.needle
+    if not data or ((needle not in data) if needle is not None else not any(n in data for n in targets.needles)):
+        return _NONE
+    map_devs, keys = targets.map_devs, targets.keys
+    found = set()
+    for line in data.split(b'\n'):
+        fields = line.split(None, 5)
+        if len(fields) >= 5 and fields[3] in map_devs:
+            key = (map_devs[fields[3]], int(fields[4]))
+            if key in keys:
+                found.add(key)
+    return found
+
+
+def fds_holding(fds: Iterable[os.stat_result], targets: Targets) -> set[FileKey] | frozenset[FileKey]:
+    """The fds pass: the targets among a process's open files (the stats of its /proc/PID/fd entries)."""
+    devs = targets.devs
+    found = {(st.st_dev, st.st_ino) for st in fds if st.st_dev in devs}
+    return found & targets.keys if found else _NONE
+
+
+def unreadable_counts(pid: int, mount_devs: Collection[str], proc: str = '/proc') -> bool:
+    """The unreadable-process rule: whether a process whose maps or fds could not be read blocks "stale".
+
+    It does when its mount namespace has a mount of one of mount_devs (mountinfo's decimal major:minor),
+    or when that cannot be told; a process gone meanwhile does not.
+    """
+    try:
+        with open(f'{proc}/{pid}/mountinfo') as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    for line in data.splitlines():
+        fields = line.split(None, 3)
+        if len(fields) >= 3 and fields[2] in mount_devs:
+            return True
+    return False
+
+
+def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, counted: bool, maps: bytes | None) -> None:
+    """Read one process's maps (unless given) and fds, and record what it holds, or that it is unreadable."""
+    base = f'{proc}/{pid}'
+    denied = False
+    if maps is None:
+        try:
+            maps = read_bytes(base + '/maps')
+        except (FileNotFoundError, ProcessLookupError):
+            return   # gone
+        except OSError:
+            denied = True
+            maps = b''
+    result.processes += 1
+    found = maps_holding(maps, targets)
+    try:
+        found = found | fds_holding(_open_fds(base + '/fd/', counted).values(), targets)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    except OSError:
+        denied = True
+    if denied:
+        if unreadable_counts(pid, targets.mount_devs, proc):
+            result.unreadable.append(pid)
+        else:
+            result.unreadable_ignored.append(pid)
+    if found:
+        result.comms[pid] = read_comm(pid, proc)
+        for key in found:
+            result.holders.setdefault(key, set()).add(pid)
+
+
+def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None = None,
+         deleted_prefix: str = '/dev/shm/') -> HolderScan:
     """One pass over every process: who maps or has open each (dev, ino) in targets.
 
     With deleted_of (the server's pid), the files under deleted_prefix that process maps although
@@ -187,75 +271,30 @@ def scan(targets, proc='/proc', deleted_of=None, deleted_prefix='/dev/shm/'):
     hide = proc_hidepid(proc)
     if hide:
         result.hidden = True
-        result.hidden_reason = ('/proc is mounted with %s and the module does not run as root: other users\' '
-                                'processes are invisible, so holders cannot be determined' % hide)
-    targets = set(targets)
-    first = {}
+        result.hidden_reason = (f"/proc is mounted with {hide} and the module does not run as root: other users' "
+                                'processes are invisible, so holders cannot be determined')
+    keys = set(targets)
+    first: dict[int, bytes] = {}
     if deleted_of is not None:
         try:
-            first[deleted_of] = _read('%s/%d/maps' % (proc, deleted_of))
+            first[deleted_of] = read_bytes(f'{proc}/{deleted_of}/maps')
         except OSError:
             pass   # read again, and judged, in the pass itself
         result.deleted = parse_deleted(first.get(deleted_of, b''), deleted_prefix)
-        targets.update(result.deleted.values())
-    if not targets:
+        keys.update(result.deleted.values())
+    if not keys:
         return result
-    devs = set(dev for dev, _ino in targets)
-    map_devs = dict((dev_maps_str(d).encode('ascii'), d) for d in devs)
-    # the device field of a maps line, with its separating spaces: a cheap test before parsing any line
-    needles = [b' ' + k + b' ' for k in map_devs]
-    needle = needles[0] if len(needles) == 1 else None   # the usual case: one shm filesystem
-    mount_devs = set(dev_mountinfo_str(d) for d in devs)
+    wanted = Targets(keys)
     counted = fd_counts(proc)
     for pid in list_pids(proc):
-        base = '%s/%d' % (proc, pid)
-        found = set()
-        denied = False
-        data = first.pop(pid, None)
-        if data is None:
-            try:
-                data = _read(base + '/maps')
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            except OSError:
-                denied = True
-                data = b''
-        result.processes += 1
-        if data and ((needle in data) if needle is not None else any(n in data for n in needles)):
-            for line in data.split(b'\n'):
-                fields = line.split(None, 5)
-                if len(fields) >= 5 and fields[3] in map_devs:
-                    key = (map_devs[fields[3]], int(fields[4]))
-                    if key in targets:
-                        found.add(key)
-        try:
-            fds = _open_fds(base + '/fd/', counted)
-        except (FileNotFoundError, ProcessLookupError):
-            fds = {}
-        except OSError:
-            denied = True
-            fds = {}
-        for st in fds.values():
-            if st.st_dev in devs:
-                key = (st.st_dev, st.st_ino)
-                if key in targets:
-                    found.add(key)
-        if denied:
-            if _mountinfo_has_dev(pid, mount_devs, proc):
-                result.unreadable.append(pid)
-            else:
-                result.unreadable_ignored.append(pid)
-        if found:
-            result.comms[pid] = read_comm(pid, proc)
-            for key in found:
-                result.holders.setdefault(key, set()).add(pid)
+        _scan_process(result, pid, wanted, proc, counted, first.pop(pid, None))
     return result
 
 
-def deleted_mappings(pid, path_prefix='/dev/shm/', proc='/proc'):
+def deleted_mappings(pid: int, path_prefix: str = '/dev/shm/', proc: str = '/proc') -> dict[str, FileKey]:
     """{name: (dev, ino)} of files under path_prefix that pid maps although they were unlinked."""
     try:
-        data = _read('%s/%d/maps' % (proc, pid))
+        data = read_bytes(f'{proc}/{pid}/maps')
     except OSError:
         return {}
     return parse_deleted(data, path_prefix)

@@ -5,7 +5,8 @@
 """Raw /proc reads and the one retry-with-backoff helper.
 
 Private to the tritonops.shm collection: no stability promise to other code.
-Standard library only. holders.py and discovery.py read /proc through these.
+Standard library only. holders.py and discovery.py read /proc through these: the pids, a
+process's name, a whole file as bytes, its socket inodes and its network namespace.
 """
 from __future__ import annotations
 
@@ -62,6 +63,32 @@ def read_comm(pid: int, proc: str = '/proc') -> str | None:
         os.close(fd)
 
 
+def socket_inodes(pid: int | str, proc: str = '/proc') -> set[int]:
+    """The inodes of the sockets a process has open (empty when it is gone or unreadable)."""
+    base = f'{proc}/{pid}/fd/'
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return set()
+    out = set()
+    for fd in fds:
+        try:
+            link = os.readlink(base + fd)
+        except OSError:
+            continue
+        if link.startswith('socket:['):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def netns_inode(pid: int | str, proc: str = '/proc') -> int | None:
+    """The inode of a process's network namespace (one per namespace), or None when gone or unreadable."""
+    try:
+        return os.stat(f'{proc}/{pid}/ns/net').st_ino
+    except OSError:
+        return None
+
+
 class Backoff:
     """Delays that double from ``first`` up to ``cap``, bounded by a time budget and/or a number of tries.
 
@@ -69,27 +96,35 @@ class Backoff:
 
         backoff = Backoff(timeout=10, sleep=sleep, clock=clock)
         while not done():
-            if not backoff.wait():   # the next delay would pass the budget: give up
+            if not backoff.wait():   # the budget is spent: give up
                 break
+
+    With a timeout, wait() refuses a delay that would end past the budget, so the loop gives up
+    before it. With ``overrun``, it sleeps while the budget is not yet spent, even when the delay
+    ends past it: the loop tries once more after the whole budget has passed, and a give-up means
+    the budget really went by (a lock held "for 600 s").
     """
 
     def __init__(self, timeout: float | None = None, attempts: int | None = None, first: float = 0.05,
                  cap: float = 1.0, sleep: Callable[[float], object] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, overrun: bool = False) -> None:
         self.sleep = sleep
         self.clock = clock
         self.delay = first
         self.cap = cap
+        self.overrun = overrun
         self.deadline = None if timeout is None else clock() + timeout
         self.waits_left = None if attempts is None else attempts - 1
         self.waited = 0
 
     def wait(self) -> bool:
-        """Sleep the next delay and return True; False (without sleeping) when it would pass the budget."""
+        """Sleep the next delay and return True; False (without sleeping) when the budget is spent."""
         if self.waits_left is not None and self.waits_left <= 0:
             return False
-        if self.deadline is not None and self.clock() + self.delay > self.deadline:
-            return False
+        if self.deadline is not None:
+            now = self.clock()
+            if (now >= self.deadline) if self.overrun else (now + self.delay > self.deadline):
+                return False
         self.sleep(self.delay)
         self.waited += 1
         if self.waits_left is not None:

@@ -21,51 +21,56 @@ import fcntl
 import os
 import time
 
+from collections.abc import Callable
+
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
 
 WAIT_S = 600.0
 
 
-class ShmDirLock(object):
+class ShmDirLock:
     """An exclusive flock on the shm directory path, held until release()."""
 
-    def __init__(self, path, wait_s=WAIT_S, sleep=time.sleep, clock=time.monotonic):
+    def __init__(self, path: str, wait_s: float = WAIT_S, sleep: Callable[[float], object] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self.wait_s = wait_s
         self.sleep = sleep
         self.clock = clock
-        self.fd = None
+        self.fd: int | None = None
 
-    def acquire(self):
+    def acquire(self) -> bool:
         """Take the lock. Returns True when another run held it (this one waited), False when it was free.
 
-        Raises OSError when the directory cannot be opened, LockError when the lock stays held for wait_s seconds.
+        Raises OSError when the directory cannot be opened, LockError when the lock stays held for wait_s seconds
+        (tried again after the whole wait: the last delay may end past it).
         """
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
         try:
-            start = self.clock()
-            delay = 0.05
-            waited = False
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                waited = True
-                if self.clock() - start >= self.wait_s:
-                    raise LockError('another tritonops.shm run has held the lock on %s for %ss: not acting '
-                                    '(it is released when that run ends)' % (self.path, self.wait_s))
-                self.sleep(delay)
-                delay = min(delay * 2, 0.5)
+            backoff = Backoff(timeout=self.wait_s, first=0.05, cap=0.5, sleep=self.sleep, clock=self.clock, overrun=True)
+            while not _try_lock(fd):
+                if not backoff.wait():
+                    raise LockError(f'another tritonops.shm run has held the lock on {self.path} for {self.wait_s}s: '
+                                    'not acting (it is released when that run ends)')
         except BaseException:
             os.close(fd)
             raise
         self.fd = fd
-        return waited
+        return backoff.waited > 0
 
-    def release(self):
+    def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive flock without waiting: False when another open file holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True

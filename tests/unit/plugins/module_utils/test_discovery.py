@@ -42,7 +42,7 @@ PEER = textwrap.dedent('''
     keep = []
     if mode == 'pool':
         keep.extend(socket.create_connection((h, int(p)), timeout=5) for h, p in backends)
-    print('READY %d' % s.getsockname()[1], flush=True)
+    print(f'READY {s.getsockname()[1]}', flush=True)
     if mode == 'listen':
         time.sleep(600)
     while True:
@@ -63,7 +63,7 @@ def _run(*argv):
     subprocess.run(list(argv), check=True, capture_output=True)
 
 
-class Host(object):
+class Host:
     """Processes, network namespaces and NAT rules made by one test; all undone by teardown()."""
 
     def __init__(self):
@@ -84,24 +84,24 @@ class Host(object):
         line = proc.stdout.readline()
         if not line.startswith('READY'):
             proc.kill()
-            raise RuntimeError('peer did not start: %s %s' % (line, proc.stderr.read()))
+            raise RuntimeError(f'peer did not start: {line} {proc.stderr.read()}')
         return proc, int(line.split()[1])
 
     def socat(self, listen_port, target):
-        proc = self.start(['socat', 'TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr' % listen_port, 'TCP:%s' % target])
+        proc = self.start(['socat', f'TCP-LISTEN:{listen_port},bind=127.0.0.1,fork,reuseaddr', f'TCP:{target}'])
         for _attempt in range(100):
             if any(p == listen_port for _ip, p, _i in discovery.listening_sockets('/proc/self/net', ('tcp',))):
                 return proc
             if proc.poll() is not None:
                 break
             time.sleep(0.05)
-        raise RuntimeError('socat did not listen: %s' % proc.stderr.read())
+        raise RuntimeError(f'socat did not listen: {proc.stderr.read()}')
 
     def netns(self, index):
         """A network namespace joined to this one by a veth pair: (name, host-side address, namespace address)."""
-        name = 'tops-%s-%d' % (self.tag, index)
-        host_if, ns_if = 'th%s%d' % (self.tag, index), 'tn%s%d' % (self.tag, index)
-        host_ip, ns_ip = '10.231.%d.1' % index, '10.231.%d.2' % index
+        name = f'tops-{self.tag}-{index}'
+        host_if, ns_if = f'th{self.tag}{index}', f'tn{self.tag}{index}'
+        host_ip, ns_ip = f'10.231.{index}.1', f'10.231.{index}.2'
         _run('ip', 'netns', 'add', name)
         self.namespaces.append((name, host_if))
         _run('ip', 'link', 'add', host_if, 'type', 'veth', 'peer', 'name', ns_if)
@@ -115,7 +115,7 @@ class Host(object):
 
     def dnat(self, address, port, target):
         rule = ['OUTPUT', '-p', 'tcp', '-d', address, '--dport', str(port), '-j', 'DNAT', '--to-destination', target,
-                '-m', 'comment', '--comment', 'tritonops-test-%s' % self.tag]
+                '-m', 'comment', '--comment', f'tritonops-test-{self.tag}']
         _run('iptables', '-t', 'nat', '-A', *rule)
         self.rules.append(rule)
 
@@ -145,12 +145,12 @@ TCP = '''  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retr
    2: 0100007F:1F40 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3333 1 0000000000000000 20 4 30 10 -1
    3: 0101007F:1F42 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000000000000000 100 0 0 10 0
 '''
-_TAIL6 = ' 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 %d 1 0000000000000000 100 0 0 10 0'
+_TAIL6 = ' 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {} 1 0000000000000000 100 0 0 10 0'
 TCP6 = '\n'.join([
     '  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode',
-    '   0: 00000000000000000000000001000000:1F40' + _TAIL6 % 5555,
-    '   1: 0000000000000000FFFF00000100007F:1F43' + _TAIL6 % 6666,
-    '   2: 00000000000000000000000000000000:1F44' + _TAIL6 % 7777,
+    '   0: 00000000000000000000000001000000:1F40' + _TAIL6.format(5555),
+    '   1: 0000000000000000FFFF00000100007F:1F43' + _TAIL6.format(6666),
+    '   2: 00000000000000000000000000000000:1F44' + _TAIL6.format(7777),
 ]) + '\n'
 
 
@@ -265,30 +265,53 @@ def test_conntrack_replies_give_what_the_other_end_sees(tmp_path):
 def test_find_server_by_its_listening_socket(host):
     server, port = host.peer('serve', 'tritonserver', '127.0.0.1:0')
     for name in ('127.0.0.1', 'localhost'):
-        pid, how, reason = discovery.find_server(name, port)
-        assert (pid, reason) == (server.pid, None)
-        assert how == 'listener: tritonserver (pid %d) owns the listening socket %s:%d' % (server.pid, name, port)
+        found = discovery.find_server(name, port)
+        assert (found.pid, found.reason) == (server.pid, None)
+        assert found.located_by == f'listener: tritonserver (pid {server.pid}) owns the listening socket {name}:{port}'
 
 
 def test_find_server_on_a_wildcard_listener(host):
     server, port = host.peer('listen', 'tritonserver', '0.0.0.0:0')
-    assert discovery.find_server('127.0.0.1', port)[:1] == (server.pid,)
+    assert discovery.find_server('127.0.0.1', port).pid == server.pid
 
 
 def test_find_server_refuses_a_port_held_by_another_program(host):
     other, port = host.peer('serve', 'nginx', '127.0.0.1:0')
-    pid, how, reason = discovery.find_server('127.0.0.1', port)
-    assert (pid, how) == (None, None)
-    assert 'port %d on 127.0.0.1 is held by nginx (pid %d), not by a tritonserver process' % (port, other.pid) in reason
-    assert 'nginx (pid %d) accepts the connection but is not tritonserver and forwards it nowhere visible' % other.pid in reason
-    assert 'set server_pid or shm_dir' in reason
+    found = discovery.find_server('127.0.0.1', port)
+    assert (found.pid, found.located_by) == (None, None)
+    assert f'port {port} on 127.0.0.1 is held by nginx (pid {other.pid}), not by a tritonserver process' in found.reason
+    assert f'nginx (pid {other.pid}) accepts the connection but is not tritonserver and forwards it nowhere visible' in found.reason
+    assert 'set server_pid or shm_dir' in found.reason
 
 
 def test_find_server_when_nobody_listens():
     port = free_port()
-    pid, how, reason = discovery.find_server('127.0.0.1', port, timeout=1)
-    assert (pid, how) == (None, None)
-    assert 'cannot open a TCP connection to 127.0.0.1:%d' % port in reason and 'set server_pid or shm_dir' in reason
+    found = discovery.find_server('127.0.0.1', port, timeout=1)
+    assert (found.pid, found.located_by) == (None, None)
+    assert f'cannot open a TCP connection to 127.0.0.1:{port}' in found.reason and 'set server_pid or shm_dir' in found.reason
+
+
+def test_each_step_answers_with_one_location(host):
+    server, port = host.peer('serve', 'tritonserver', '127.0.0.1:0')
+    other, other_port = host.peer('serve', 'nginx', '127.0.0.1:0')
+    assert discovery._by_listener('127.0.0.1', port, '/proc') == discovery.Location(
+        server.pid, None, f'listener: tritonserver (pid {server.pid}) owns the listening socket 127.0.0.1:{port}', [], None)
+    assert discovery._by_listener('127.0.0.1', other_port, '/proc') == discovery.Location(
+        None, None, None, [], f'port {other_port} on 127.0.0.1 is held by nginx (pid {other.pid}), not by a tritonserver process')
+    assert discovery._by_listener('127.0.0.1', free_port(), '/proc') == discovery.Location(None, None, None, [], None)
+    assert discovery._by_connection('127.0.0.1', port, '/proc', 2.0, discovery.MAX_HOPS, 6) == discovery.Location(
+        server.pid, None, f'connection to tritonserver (pid {server.pid})', [], None)
+
+
+def test_a_connection_nobody_accepted_yet_is_traced_again_with_backoff(host, monkeypatch):
+    """Until the process calls accept() the socket has no inode: six looks, about 0.6 s of waits at most."""
+    _listener, port = host.peer('listen', 'nginx', '127.0.0.1:0')
+    sleeps = []
+    real = discovery.Backoff
+    monkeypatch.setattr(discovery, 'Backoff', lambda **kwargs: real(sleep=sleeps.append, **kwargs))
+    found = discovery._by_connection('127.0.0.1', port, '/proc', 2.0, discovery.MAX_HOPS, 6)
+    assert found == discovery.Location(None, None, None, [], f'the connection to 127.0.0.1:{port} could not be followed')
+    assert sleeps == [0.02, 0.04, 0.08, 0.16, 0.3]
 
 
 # -- following the connection ------------------------------------------------------------------------
@@ -298,20 +321,20 @@ def test_a_server_in_another_namespace_reached_by_its_own_address(host):
     """A container or pod IP: the other end of the connection is in the server's namespace."""
     ns, _host_ip, ns_ip = host.netns(1)
     server, port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
-    pid, how, reason = discovery.find_server(ns_ip, port)
-    assert (pid, reason) == (server.pid, None)
-    assert how == 'connection to tritonserver (pid %d) at %s:8000 in another network namespace' % (server.pid, ns_ip)
+    found = discovery.find_server(ns_ip, port)
+    assert (found.pid, found.reason) == (server.pid, None)
+    assert found.located_by == f'connection to tritonserver (pid {server.pid}) at {ns_ip}:8000 in another network namespace'
 
 
 @ROOT
 def test_a_one_process_forwarder_like_docker_proxy(host):
     ns, _host_ip, ns_ip = host.netns(1)
     server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
-    proxy, port = host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=['%s:8000' % ns_ip])
-    pid, how, reason = discovery.find_server('127.0.0.1', port)
-    assert (pid, reason) == (server.pid, None)
-    assert how == ('connection via docker-proxy (pid %d) to tritonserver (pid %d) at %s:8000 in another network namespace'
-                   % (proxy.pid, server.pid, ns_ip))
+    proxy, port = host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=[f'{ns_ip}:8000'])
+    found = discovery.find_server('127.0.0.1', port)
+    assert (found.pid, found.reason) == (server.pid, None)
+    assert found.located_by == (f'connection via docker-proxy (pid {proxy.pid}) to tritonserver (pid {server.pid}) '
+                                f'at {ns_ip}:8000 in another network namespace')
 
 
 @ROOT
@@ -321,11 +344,11 @@ def test_a_forking_forwarder_socat(host):
     ns, _host_ip, ns_ip = host.netns(1)
     server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
     port = free_port()
-    host.socat(port, '%s:8000' % ns_ip)
-    pid, how, reason = discovery.find_server('127.0.0.1', port)
-    assert (pid, reason) == (server.pid, None)
-    assert how.startswith('connection via socat (pid ') and how.endswith(
-        ') to tritonserver (pid %d) at %s:8000 in another network namespace' % (server.pid, ns_ip))
+    host.socat(port, f'{ns_ip}:8000')
+    found = discovery.find_server('127.0.0.1', port)
+    assert (found.pid, found.reason) == (server.pid, None)
+    assert found.located_by.startswith('connection via socat (pid ') and found.located_by.endswith(
+        f') to tritonserver (pid {server.pid}) at {ns_ip}:8000 in another network namespace')
 
 
 @ROOT
@@ -334,11 +357,11 @@ def test_nat_is_followed_through_conntrack(host):
     ns, host_ip, ns_ip = host.netns(1)
     server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
     port = free_port()
-    host.dnat(host_ip, port, '%s:8000' % ns_ip)
-    pid, how, reason = discovery.find_server(host_ip, port)
-    assert (pid, reason) == (server.pid, None)
-    assert how == ('connection via NAT %s:%d -> %s:8000 to tritonserver (pid %d) at %s:8000 in another network namespace'
-                   % (host_ip, port, ns_ip, server.pid, ns_ip))
+    host.dnat(host_ip, port, f'{ns_ip}:8000')
+    found = discovery.find_server(host_ip, port)
+    assert (found.pid, found.reason) == (server.pid, None)
+    assert found.located_by == (f'connection via NAT {host_ip}:{port} -> {ns_ip}:8000 to tritonserver (pid {server.pid}) '
+                                f'at {ns_ip}:8000 in another network namespace')
 
 
 @ROOT
@@ -348,12 +371,12 @@ def test_several_servers_each_url_finds_its_own(host):
     for i in (1, 2):
         ns, host_ip, ns_ip = host.netns(i)
         servers.append(host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)[0])
-        urls.append(host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=['%s:8000' % ns_ip])[1])
+        urls.append(host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=[f'{ns_ip}:8000'])[1])
         port = free_port()
-        host.dnat(host_ip, port, '%s:8000' % ns_ip)
+        host.dnat(host_ip, port, f'{ns_ip}:8000')
         urls.append((host_ip, port))
-    got = [discovery.find_server('127.0.0.1', urls[0])[0], discovery.find_server(*urls[1])[0],
-           discovery.find_server('127.0.0.1', urls[2])[0], discovery.find_server(*urls[3])[0]]
+    got = [discovery.find_server('127.0.0.1', urls[0]).pid, discovery.find_server(*urls[1]).pid,
+           discovery.find_server('127.0.0.1', urls[2]).pid, discovery.find_server(*urls[3]).pid]
     assert got == [servers[0].pid, servers[0].pid, servers[1].pid, servers[1].pid]
 
 
@@ -364,24 +387,24 @@ def test_a_load_balancer_in_front_of_two_servers_is_refused(host):
     for i in (1, 2):
         ns, _host_ip, ns_ip = host.netns(i)
         host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
-        backends.append('%s:8000' % ns_ip)
+        backends.append(f'{ns_ip}:8000')
     _lb, port = host.peer('pool', 'haproxy', '127.0.0.1:0', backends=backends)
-    pid, how, reason = discovery.find_server('127.0.0.1', port)
-    assert (pid, how) == (None, None)
-    assert 'lead to several tritonserver processes' in reason and 'load balancer' in reason
+    found = discovery.find_server('127.0.0.1', port)
+    assert (found.pid, found.located_by) == (None, None)
+    assert 'lead to several tritonserver processes' in found.reason and 'load balancer' in found.reason
 
 
 @ROOT
 def test_forwarding_hops_are_bounded(host):
     ns, _host_ip, ns_ip = host.netns(1)
     server, _port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
-    _inner, inner_port = host.peer('forward', 'fwd-inner', '127.0.0.1:0', backends=['%s:8000' % ns_ip])
-    outer, port = host.peer('forward', 'fwd-outer', '127.0.0.1:0', backends=['127.0.0.1:%d' % inner_port])
-    assert discovery.find_server('127.0.0.1', port)[0] == server.pid
-    pid, _how, reason = discovery.find_server('127.0.0.1', port, max_hops=1)
-    assert pid is None
-    assert 'gave up after 1 forwarding hops at fwd-inner' in reason, reason
-    assert 'port %d on 127.0.0.1 is held by fwd-outer (pid %d)' % (port, outer.pid) in reason
+    _inner, inner_port = host.peer('forward', 'fwd-inner', '127.0.0.1:0', backends=[f'{ns_ip}:8000'])
+    outer, port = host.peer('forward', 'fwd-outer', '127.0.0.1:0', backends=[f'127.0.0.1:{inner_port}'])
+    assert discovery.find_server('127.0.0.1', port).pid == server.pid
+    bounded = discovery.find_server('127.0.0.1', port, max_hops=1)
+    assert bounded.pid is None
+    assert 'gave up after 1 forwarding hops at fwd-inner' in bounded.reason, bounded.reason
+    assert f'port {port} on 127.0.0.1 is held by fwd-outer (pid {outer.pid})' in bounded.reason
 
 
 @ROOT
@@ -389,9 +412,9 @@ def test_not_root_cannot_follow_into_other_namespaces(host, as_nobody):
     """Without root the other end's process cannot be read: no guess, a reason that says to become root."""
     ns, _host_ip, ns_ip = host.netns(1)
     host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
-    pid, how, reason = as_nobody(discovery.find_server, ns_ip, 8000, '/proc', 2.0, 4, 1)
-    assert (pid, how) == (None, None)
-    assert 'become: true' in reason
+    found = as_nobody(lambda: discovery.find_server(ns_ip, 8000, '/proc', 2.0, 4, 1)._asdict())
+    assert (found['pid'], found['located_by']) == (None, None)
+    assert 'become: true' in found['reason']
 
 
 # -- locate_server -------------------------------------------------------------------------------
@@ -399,17 +422,17 @@ def test_not_root_cannot_follow_into_other_namespaces(host, as_nobody):
 def test_locate_server_explicit_values():
     me = os.getpid()
     assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me) == \
-        (me, '/proc/%d/root/dev/shm' % me, 'server_pid; shm_dir from /proc/%d/root' % me, [], None)
+        discovery.Location(me, f'/proc/{me}/root/dev/shm', f'server_pid; shm_dir from /proc/{me}/root', [], None)
     assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me, shm_dir='/x') == \
-        (me, '/x', 'server_pid; shm_dir given', [], None)
+        discovery.Location(me, '/x', 'server_pid; shm_dir given', [], None)
 
 
 def test_locate_server_not_found_says_why():
     port = free_port()
-    pid, shm_dir, how, warnings, reason = discovery.locate_server('127.0.0.1', port, 'http://127.0.0.1:%d' % port)
-    assert (pid, shm_dir, how) == (None, None, None)
-    assert 'cannot open a TCP connection' in reason
-    assert warnings == ['tritonserver process for http://127.0.0.1:%d not found (%s): file and holder data are missing' % (port, reason)]
+    loc = discovery.locate_server('127.0.0.1', port, f'http://127.0.0.1:{port}')
+    assert (loc.pid, loc.shm_dir, loc.located_by) == (None, None, None)
+    assert 'cannot open a TCP connection' in loc.reason
+    assert loc.warnings == [f'tritonserver process for http://127.0.0.1:{port} not found ({loc.reason}): file and holder data are missing']
 
 
 def test_locate_server_refuses_a_server_pid_that_does_not_exist():

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders
+from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
 
 # A process that maps, opens or listens as asked, prints READY and waits; comm set by prctl.
 CHILD = textwrap.dedent('''
@@ -54,7 +54,7 @@ def child():
         line = proc.stdout.readline()
         if line.strip() != 'READY':
             proc.kill()
-            raise RuntimeError('helper did not start: %s %s' % (line, proc.stderr.read()))
+            raise RuntimeError(f'helper did not start: {line} {proc.stderr.read()}')
         return proc
     yield start
     for proc in procs:
@@ -68,6 +68,12 @@ def make_file(directory, name, size=8192):
         f.write(b'\1' * size)
     st = os.stat(path)
     return path, (st.st_dev, st.st_ino)
+
+
+def map_file(path):
+    """A shared mapping of the whole file in this process; closed at the end of a with block."""
+    with open(path, 'r+b') as f:
+        return mmap.mmap(f.fileno(), 0)
 
 
 # -- device formatting ------------------------------------------------------------------------
@@ -86,16 +92,11 @@ def test_dev_formats(major, minor, maps, mountinfo):
 
 def test_dev_maps_str_matches_the_kernels_maps_line(tmp_path):
     path, (dev, ino) = make_file(tmp_path, 'mapped')
-    with open(path, 'r+b') as f:
-        m = mmap.mmap(f.fileno(), 0)
-    try:
-        with open('/proc/self/maps') as f:
-            line = [ln for ln in f if ln.rstrip().endswith(path)][0]
-        fields = line.split()
-        assert fields[3] == holders.dev_maps_str(dev)
-        assert int(fields[4]) == ino
-    finally:
-        m.close()
+    with map_file(path), open('/proc/self/maps') as f:
+        line = [ln for ln in f if ln.rstrip().endswith(path)][0]
+    fields = line.split()
+    assert fields[3] == holders.dev_maps_str(dev)
+    assert int(fields[4]) == ino
 
 
 def test_dev_mountinfo_str_matches_a_mountinfo_line(tmp_path):
@@ -110,15 +111,11 @@ def test_dev_mountinfo_str_matches_a_mountinfo_line(tmp_path):
 def test_scan_finds_this_process_by_its_mapping(tmp_path):
     path, key = make_file(tmp_path, 'mapped')
     _other, other_key = make_file(tmp_path, 'not_held')
-    with open(path, 'r+b') as f:
-        m = mmap.mmap(f.fileno(), 0)
-    try:
+    with map_file(path):
         result = holders.scan([key, other_key])
-    finally:
-        m.close()
     assert os.getpid() in result.holders[key]
     assert other_key not in result.holders
-    assert result.comms[os.getpid()] == holders.read_comm(os.getpid())
+    assert result.comms[os.getpid()] == procfs.read_comm(os.getpid())
     assert result.processes >= 1
     assert os.getpid() not in result.unreadable
     assert result.holders_of(*key, exclude=(os.getpid(),)) == [h for h in result.holders_of(*key) if h['pid'] != os.getpid()]
@@ -127,14 +124,10 @@ def test_scan_finds_this_process_by_its_mapping(tmp_path):
 def test_scan_finds_an_open_file_without_mapping_and_a_mapping_after_unlink(tmp_path):
     path, key = make_file(tmp_path, 'opened')
     path2, key2 = make_file(tmp_path, 'unlinked')
-    with open(path2, 'r+b') as f:
-        m = mmap.mmap(f.fileno(), 0)
-    os.unlink(path2)
-    try:
+    with map_file(path2):
+        os.unlink(path2)
         with open(path, 'rb'):
             result = holders.scan([key, key2])
-    finally:
-        m.close()
     assert os.getpid() in result.holders[key]
     assert os.getpid() in result.holders[key2], 'matched on (dev, ino), not on the path'
 
@@ -146,7 +139,7 @@ def test_scan_finds_child_processes_and_forgets_them_when_they_die(tmp_path, chi
     result = holders.scan([key])
     pids = result.holders[key]
     assert mapper.pid in pids and opener.pid in pids
-    assert dict((h['pid'], h['comm']) for h in result.holders_of(*key) if h['pid'] in (mapper.pid, opener.pid)) == \
+    assert {h['pid']: h['comm'] for h in result.holders_of(*key) if h['pid'] in (mapper.pid, opener.pid)} == \
         {mapper.pid: 'mapper', opener.pid: 'opener'}
     assert [h['pid'] for h in result.holders_of(*key, exclude=(mapper.pid,))] == [opener.pid]
     mapper.kill()
@@ -159,19 +152,77 @@ def test_scan_without_targets_reads_nothing():
     assert result.processes == 0 and result.holders == {} and result.complete
 
 
+# -- the parts of the pass: maps, fds, and the unreadable rule ----------------------------------------
+
+def test_targets_print_their_devices_as_maps_and_mountinfo_do():
+    shm, tmp = os.makedev(0, 0x2d), os.makedev(8, 1)
+    one = holders.Targets([(shm, 101), (shm, 102)])
+    assert one.devs == {shm} and one.map_devs == {b'00:2d': shm} and one.mount_devs == {'0:45'}
+    assert one.needle == b' 00:2d ' and one.needles == [b' 00:2d ']
+    two = holders.Targets([(shm, 101), (tmp, 103)])
+    assert two.needle is None and sorted(two.needles) == [b' 00:2d ', b' 08:01 ']
+
+
+@pytest.mark.parametrize('keys,want', [
+    ([(os.makedev(0, 0x2d), 101)], [(os.makedev(0, 0x2d), 101)]),                       # unlinked: matched all the same
+    ([(os.makedev(0, 0x2d), 102), (os.makedev(0, 0x2d), 999)], [(os.makedev(0, 0x2d), 102)]),
+    ([(os.makedev(0, 0x2d), 103)], []),                                                 # inode 103 is on another device
+    ([(os.makedev(8, 1), 103), (os.makedev(0, 0x2d), 104)], [(os.makedev(0, 0x2d), 104), (os.makedev(8, 1), 103)]),
+    ([(os.makedev(0, 0x2e), 101)], []),                                                 # the device is in no line
+])
+def test_maps_holding_matches_device_and_inode_not_the_path(keys, want):
+    assert sorted(holders.maps_holding(MAPS, holders.Targets(keys))) == want
+
+
+def test_maps_holding_of_an_empty_or_unreadable_maps_is_nothing():
+    targets = holders.Targets([(os.makedev(0, 0x2d), 101)])
+    assert holders.maps_holding(b'', targets) == set()
+    assert holders.maps_holding(MAPS.replace(b' 00:2d ', b' 00:2e '), targets) == set()
+
+
+def test_maps_holding_reads_a_real_maps(tmp_path):
+    path, key = make_file(tmp_path, 'mapped')
+    _other, other_key = make_file(tmp_path, 'not_mapped')
+    with map_file(path):
+        got = holders.maps_holding(procfs.read_bytes('/proc/self/maps'), holders.Targets([key, other_key]))
+    assert got == {key}
+
+
+def test_fds_holding_matches_the_open_files_by_device_and_inode(tmp_path):
+    path, key = make_file(tmp_path, 'opened')
+    _other, other_key = make_file(tmp_path, 'closed')
+    with open(path, 'rb') as f:
+        fds = holders._open_fds(f'/proc/{os.getpid()}/fd/')
+        assert holders.fds_holding(fds.values(), holders.Targets([key, other_key])) == {key}
+        assert holders.fds_holding([os.fstat(f.fileno())], holders.Targets([other_key])) == set()
+    assert holders.fds_holding([], holders.Targets([key])) == set()
+
+
+def test_unreadable_counts_when_its_mount_namespace_shows_the_device_or_cannot_be_read(tmp_path):
+    proc = str(tmp_path)
+    _fake_proc(proc, 10, mountinfo='30 25 0:77 / /dev/shm rw - tmpfs tmpfs rw\n')
+    _fake_proc(proc, 11, mountinfo='30 25 0:78 / /dev/shm rw - tmpfs tmpfs rw\n')
+    _fake_proc(proc, 12)
+    _fake_proc(proc, 13)
+    os.mkdir(os.path.join(proc, '13', 'mountinfo'))
+    assert holders.unreadable_counts(10, {'0:77'}, proc) is True
+    assert holders.unreadable_counts(11, {'0:77'}, proc) is False, 'its namespace cannot reach the shm filesystem'
+    assert holders.unreadable_counts(12, {'0:77'}, proc) is False, 'gone meanwhile'
+    assert holders.unreadable_counts(13, {'0:77'}, proc) is True, 'cannot tell: it counts'
+
+
+def test_unreadable_counts_on_this_hosts_mountinfo(tmp_path):
+    dev = os.stat(str(tmp_path)).st_dev
+    assert holders.unreadable_counts(os.getpid(), {holders.dev_mountinfo_str(dev)}) is True
+    assert holders.unreadable_counts(os.getpid(), {'4095:1048575'}) is False
+
+
 def test_deleted_mappings_reports_unlinked_files_under_the_prefix(tmp_path):
     path, key = make_file(tmp_path, 'gone region')
     kept, _kept_key = make_file(tmp_path, 'kept')
-    maps = []
-    for p in (path, kept):
-        with open(p, 'r+b') as f:
-            maps.append(mmap.mmap(f.fileno(), 0))
-    os.unlink(path)
-    try:
+    with map_file(path), map_file(kept):
+        os.unlink(path)
         got = holders.deleted_mappings(os.getpid(), path_prefix=str(tmp_path) + '/')
-    finally:
-        for m in maps:
-            m.close()
     assert got == {'gone region': key}
     assert holders.deleted_mappings(os.getpid(), path_prefix='/nonexistent-prefix/') == {}
 
@@ -193,17 +244,13 @@ def test_scan_reports_the_deleted_mappings_of_the_process_it_is_given_and_their_
     path, key = make_file(tmp_path, 'gone region')
     kept_path, kept_key = make_file(tmp_path, 'kept')
     mapper = child('map', path, comm='mapper')
-    with open(path, 'r+b') as f:
-        m = mmap.mmap(f.fileno(), 0)
-    os.unlink(path)
-    try:
+    with map_file(path):
+        os.unlink(path)
         with open(kept_path, 'rb'):
             result = holders.scan([kept_key], deleted_of=os.getpid(), deleted_prefix=str(tmp_path) + '/')
             alone = holders.deleted_mappings(os.getpid(), path_prefix=str(tmp_path) + '/')
-    finally:
-        m.close()
     assert result.deleted == alone == {'gone region': key}
-    assert set([os.getpid(), mapper.pid]) <= result.holders[key], 'the unlinked file is scanned for in every process'
+    assert {os.getpid(), mapper.pid} <= result.holders[key], 'the unlinked file is scanned for in every process'
     assert os.getpid() in result.holders[kept_key]
     assert holders.scan([kept_key]).deleted == {}
 
@@ -222,16 +269,16 @@ def _listed_fds(fd_dir):
 def test_open_fds_are_those_the_fd_directory_lists(tmp_path, child, monkeypatch):
     path, key = make_file(tmp_path, 'held')
     opener = child('open', path)
-    fd_dir = '/proc/%d/fd/' % opener.pid
+    fd_dir = f'/proc/{opener.pid}/fd/'
     want = _listed_fds(fd_dir)
     assert key in want.values()
     counted = holders.fd_counts()
     assert counted == (os.stat(fd_dir).st_size == len(want)), 'Linux >= 6.2 counts the descriptors'
-    assert dict((name, (st.st_dev, st.st_ino)) for name, st in holders._open_fds(fd_dir).items()) == want
+    assert {name: (st.st_dev, st.st_ino) for name, st in holders._open_fds(fd_dir).items()} == want
     if counted and sorted(want) == [str(i) for i in range(len(want))]:
         monkeypatch.setattr(holders.os, 'listdir', None)   # counted, no gap: no listing needed
     got = holders._open_fds(fd_dir, counted)
-    assert dict((name, (st.st_dev, st.st_ino)) for name, st in got.items()) == want
+    assert {name: (st.st_dev, st.st_ino) for name, st in got.items()} == want
 
 
 def test_open_fds_with_a_gap_are_those_the_fd_directory_lists(tmp_path):
@@ -239,13 +286,13 @@ def test_open_fds_with_a_gap_are_those_the_fd_directory_lists(tmp_path):
     fds = [os.open(path, os.O_RDONLY) for _i in range(4)]
     os.close(fds.pop(1))
     try:
-        fd_dir = '/proc/%d/fd/' % os.getpid()
+        fd_dir = f'/proc/{os.getpid()}/fd/'
         got = holders._open_fds(fd_dir, holders.fd_counts())
         want = _listed_fds(fd_dir)   # the listing's own descriptor is closed again before the stat: not in it
     finally:
         for fd in fds:
             os.close(fd)
-    assert dict((name, (st.st_dev, st.st_ino)) for name, st in got.items()) == want
+    assert {name: (st.st_dev, st.st_ino) for name, st in got.items()} == want
     assert [want[str(fd)] for fd in fds] == [key] * 3
 
 
@@ -274,7 +321,7 @@ def _fake_proc(root, pid, maps=None, mountinfo=None):
         with open(os.path.join(base, 'mountinfo'), 'w') as f:
             f.write(mountinfo)
     with open(os.path.join(base, 'comm'), 'w') as f:
-        f.write('p%d\n' % pid)
+        f.write(f'p{pid}\n')
 
 
 def test_unreadable_process_counts_only_when_its_mount_namespace_can_see_the_device(tmp_path):
@@ -285,13 +332,13 @@ def test_unreadable_process_counts_only_when_its_mount_namespace_can_see_the_dev
     _fake_proc(proc, 10, maps=None, mountinfo=sees)       # unreadable, could hold: counts
     _fake_proc(proc, 11, maps=None, mountinfo=blind)      # unreadable, cannot reach the fs: ignored
     _fake_proc(proc, 12, maps=None, mountinfo=None)       # gone while scanning: ignored
-    _fake_proc(proc, 13, maps='7f00-7f01 rw-s 00000000 00:4d %d /dev/shm/x\n' % ino, mountinfo=sees)  # readable holder
+    _fake_proc(proc, 13, maps=f'7f00-7f01 rw-s 00000000 00:4d {ino} /dev/shm/x\n', mountinfo=sees)  # readable holder
     _fake_proc(proc, 14, maps=None)
     os.mkdir(os.path.join(proc, '14', 'mountinfo'))       # mountinfo unreadable too: cannot tell, counts
     result = holders.scan([(dev, ino)], proc=proc)
     assert sorted(result.unreadable) == [10, 14]
     assert sorted(result.unreadable_ignored) == [11, 12]
-    assert result.holders == {(dev, ino): set([13])}
+    assert result.holders == {(dev, ino): {13}}
     assert result.comms == {13: 'p13'}
     assert not result.complete
     assert result.incomplete_reason().startswith('2 process(es) could not be inspected (pids 10, 14): run the module as root')
@@ -337,7 +384,7 @@ def test_not_root_hidepid_makes_the_scan_incomplete(as_nobody):
         os.mkdir(os.path.join(proc, 'self'))
         with open(os.path.join(proc, 'self', 'mountinfo'), 'w') as f:
             f.write('22 27 0:21 / /sys rw - sysfs sysfs rw\n'
-                    '23 27 0:22 / %s rw,nosuid,nodev,noexec - proc proc rw,hidepid=invisible\n' % proc)
+                    f'23 27 0:22 / {proc} rw,nosuid,nodev,noexec - proc proc rw,hidepid=invisible\n')
         os.chmod(os.path.join(proc, 'self', 'mountinfo'), 0o644)
         got = as_nobody(lambda: dict(opt=holders.proc_hidepid(proc), scan=_scan_summary([1, 2], proc)))
         as_root = holders.proc_hidepid(proc)

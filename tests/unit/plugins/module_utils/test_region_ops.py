@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, runlock
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, TritonError
@@ -887,64 +887,6 @@ def test_a_file_another_run_removed_first_is_not_counted(shm, server_proc):
     res = run(fake, shm, server_proc.pid, stale=True)
     assert res['removed_files'] == [os.path.join(shm, 'b')] and res['freed_bytes'] == 64 * KIB
     assert 'already removed' in reasons(res, 'path')[os.path.join(shm, 'a')]
-
-
-def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc):
-    for name in ('a', 'b'):
-        make_file(shm, name)
-    fake = FakeTriton(shm, regions=[region('a'), region('b')])
-    other = runlock.ShmDirLock(shm)
-    assert other.acquire() is False
-
-    class OtherRunFinishes(FakeClock):
-        def sleep(self, seconds):
-            super(OtherRunFinishes, self).sleep(seconds)
-            if other.fd is not None:   # the other run does the work and ends
-                fake.regions.clear()
-                for name in ('a', 'b'):
-                    os.unlink(os.path.join(shm, name))
-                other.release()
-    res = run(fake, shm, server_proc.pid, clock=OtherRunFinishes(), stale=True, serialise=True)
-    assert res['changed'] is False and res['unregistered'] == [] and res['removed_files'] == []
-    assert not [c for c in fake.calls if c[0] == 'unregister']
-
-
-def test_a_lock_held_too_long_fails_clearly_and_touches_nothing(shm, server_proc):
-    make_file(shm, 'a')
-    fake = FakeTriton(shm, regions=[region('a')])
-    other = runlock.ShmDirLock(shm)
-    other.acquire()
-    try:
-        with pytest.raises(shm_fs.ShmFsError) as err:
-            run(fake, shm, server_proc.pid, stale=True, serialise=True)
-    finally:
-        other.release()
-    assert 'another tritonops.shm run has held the lock on %s for 600' % shm in str(err.value)
-    assert 'a' in fake.regions and os.listdir(shm) == ['a']
-
-
-def test_the_lock_is_the_directory_itself_and_leaves_no_file(shm, server_proc):
-    make_file(shm, 'a')
-    fake = FakeTriton(shm, regions=[region('a')])
-    before = os.listdir(os.path.dirname(shm))
-    res = run(fake, shm, server_proc.pid, stale=True, serialise=True)
-    assert res['unregistered'] == ['a'] and os.listdir(shm) == []
-    assert os.listdir(os.path.dirname(shm)) == before
-    # released: the next run takes it at once
-    lock = runlock.ShmDirLock(shm)
-    assert lock.acquire() is False
-    lock.release()
-
-
-def test_check_mode_takes_no_lock(shm, server_proc):
-    make_file(shm, 'a')
-    other = runlock.ShmDirLock(shm)
-    other.acquire()
-    try:
-        res = run(FakeTriton(shm, regions=[region('a')]), shm, server_proc.pid, stale=True, check_mode=True, serialise=True)
-    finally:
-        other.release()
-    assert res['unregistered'] == ['a']
 
 
 @pytest.mark.parametrize('version, removed', [('2.51.0', True), ('2.53.0', False)])
