@@ -74,8 +74,8 @@ margin:4px 0}
 table{border-collapse:collapse;width:100%;margin:6px 0;font-size:13px}
 th,td{border-bottom:1px solid var(--line);padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f6f8fa;font-weight:600}
-td.name,td.key,td.path{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow-wrap:anywhere;
-word-break:break-all}
+td.name,td.key,td.path{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow-wrap:anywhere}
+td.name,td.path{min-width:14em}
 td.num{text-align:right;white-space:nowrap}
 .state{font-weight:600}
 .state-stale,.state-dangling{color:var(--bad)}
