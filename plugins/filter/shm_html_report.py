@@ -76,6 +76,7 @@ th,td{border-bottom:1px solid var(--line);padding:3px 6px;text-align:left;vertic
 th{background:#f6f8fa;font-weight:600}
 td.name,td.key,td.path{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow-wrap:anywhere}
 td.name,td.path{min-width:14em}
+td.key{min-width:7em}
 td.num{text-align:right;white-space:nowrap}
 .state{font-weight:600}
 .state-stale,.state-dangling{color:var(--bad)}
@@ -203,7 +204,7 @@ def _registered_bytes(inventory: Mapping) -> Optional[int]:
 def _regions_table(regions: Sequence[Mapping], outcome: Optional[dict] = None) -> _Html:
     if not regions:
         return _h('p', 'No system region is registered.', class_='muted')
-    head = ['region', 'state', 'size', 'key', 'holders (besides the server)', 'why']
+    head = ['region', 'state', 'size', 'key', 'holders', 'why']   # holders: processes besides the server
     if outcome is not None:
         head.append('this run')
     rows = []
@@ -384,6 +385,7 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
                                                        class_='muted'), _h('div', fleet, class_='fleet')))
     main = _h('main', attention, _legend(), [items[i].section(i + 1) for i in order])
     footer = _h('footer', 'tritonops.shm · self-contained report: no script, no external resource. '
+                'Holders are the processes besides the server that map or hold a file. '
                 'Region states: healthy (a client holds it), stale (only the server holds it: its client is gone), '
                 'reserved (registered by this collection, no client yet), dangling (its file is missing), '
                 'unknown (holders or server not fully determined).')
