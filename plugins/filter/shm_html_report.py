@@ -377,12 +377,14 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))
     attention = ''
     if problems:
-        attention = _h('section', _h('h2', 'Needs attention'), _h('ul', [_h('li', _h(
-            'a', items[i].host, href=f'#host-{i + 1}'), f' ({items[i].status})', ': ' if items[i].error else '',
-            items[i].error or '', data_host=items[i].host, data_status=items[i].status) for i in problems]), id='attention')
+        lines = [_h('li', _h('a', items[i].host, href=f'#host-{i + 1}'), f' ({items[i].status})',
+                    f': {items[i].error}' if items[i].error else '', data_host=items[i].host, data_status=items[i].status)
+                 for i in problems]
+        attention = _h('section', _h('h2', 'Needs attention'), _h('ul', lines), id='attention')
     subtitle = f"{kind} playbook{', check mode: nothing was changed' if check_mode else ''}"
-    header = _h('header', _h('div', _h('h1', title), _h('div', subtitle, f' · generated {generated_at}' if generated_at else '',
-                                                       class_='muted'), _h('div', fleet, class_='fleet')))
+    if generated_at:
+        subtitle += f' · generated {generated_at}'
+    header = _h('header', _h('div', _h('h1', title), _h('div', subtitle, class_='muted'), _h('div', fleet, class_='fleet')))
     main = _h('main', attention, _legend(), [items[i].section(i + 1) for i in order])
     footer = _h('footer', 'tritonops.shm · self-contained report: no script, no external resource. '
                 'Holders are the processes besides the server that map or hold a file. '

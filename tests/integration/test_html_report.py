@@ -210,8 +210,8 @@ def test_report_html_in_chromium(fleet, tmp_path):
     legend = ok.one('div', **{'class': 'legend'})
     assert int(legend.attrs['data-total']) == 32 * MiB
     assert '32.0 MiB' in legend.text() and 'stale 9.0 MiB' in legend.text() and 'orphan 1.0 MiB' in legend.text()
-    bar = ok.one('div', **{'class': 'bar'})
-    parts = {span.attrs['class']: float(span.attrs['style'][len('width:'):-1]) for span in bar.all('span')}
+    usage = ok.one('div', **{'class': 'bar'})
+    parts = {span.attrs['class']: float(span.attrs['style'][len('width:'):-1]) for span in usage.all('span')}
     assert parts['seg-stale'] == pytest.approx(100.0 * 9 / 32, abs=0.2) and parts['seg-orphan'] == pytest.approx(100 / 32, abs=0.2)
     assert parts['seg-live'] >= 100.0 * 2 / 32 - 0.2
 
