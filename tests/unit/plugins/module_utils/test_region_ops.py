@@ -20,7 +20,7 @@ import pytest
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, runlock
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
@@ -177,23 +177,17 @@ def params(shm_dir, pid, **kw):
 
 
 def run(client, shm_dir, pid, check_mode=False, clock=None, serialise=False, **kw):
+    """One module run, as triton_shm_region does it: the result from RegionOps.result(), the diff, the warnings."""
     warnings = []
     clock = clock or FakeClock()
     ops = RegionOps(client, params(shm_dir, pid, **kw), check_mode=check_mode, warn=warnings.append,
                     sleep=clock.sleep, clock=clock.clock, serialise=serialise)
     try:
-        if ops.params['state'] == 'present':
-            ops.present()
-        else:
-            ops.absent()
+        ops.run()
+        result = ops.result(diff=True)
     finally:
         ops.release()
-    result = ops.partial()
-    result['regions'] = ops.regions_after()
-    if ops.params['inventory'] and not check_mode:
-        result['after'] = ops.inventory_after()
     result['warnings'] = warnings
-    result['diff'] = dict(before=ops.before, after=ops.after)
     return result
 
 
@@ -468,7 +462,7 @@ def test_a_non_regular_backing_path_is_never_removed(shm, server_proc, tmp_path,
 def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why):
     fake = FakeTriton(shm)
     before = snapshot(shm)
-    with pytest.raises(shm_fs.ShmFsError, match=why):
+    with pytest.raises(ParameterError, match=why):
         run(fake, shm, server_proc.pid, state='present', name=['r'], key=key, byte_size=KIB, create_file=True)
     assert fake.calls == [] and snapshot(shm) == before
 
@@ -566,7 +560,7 @@ def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(shm, ser
     ops = RegionOps(fake, params(shm, server_proc.pid, stale=True), warn=lambda m: None)
     with pytest.raises(TritonError, match='cannot connect'):
         ops.absent()
-    done = ops.partial()
+    done = ops.result(finished=False)
     assert done['changed'] is True
     assert done['unregistered'] == names[:3]
     # the files of the regions confirmed unregistered are removed, the others kept with their regions
@@ -584,7 +578,7 @@ def test_a_failure_before_anything_is_done_is_not_changed(shm, server_proc):
     ops = RegionOps(fake, params(shm, server_proc.pid, stale=True), warn=lambda m: None)
     with pytest.raises(TritonError):
         ops.absent()
-    assert ops.partial()['changed'] is False and os.path.exists(os.path.join(shm, 'a'))
+    assert ops.result(finished=False)['changed'] is False and os.path.exists(os.path.join(shm, 'a'))
 
 
 # -- present ---------------------------------------------------------------------------------------
@@ -621,7 +615,7 @@ def test_a_refused_re_register_restores_the_previous_spec(shm, server_proc):
     with pytest.raises(TritonError, match='previous spec was registered again'):
         ops.present()
     assert fake.regions['in0'] == region('in0', byte_size=4 * KIB)
-    assert ops.partial()['changed'] is False
+    assert ops.result(finished=False)['changed'] is False
 
 
 def test_a_refused_register_takes_back_the_file_it_created(shm, server_proc):
@@ -630,7 +624,7 @@ def test_a_refused_register_takes_back_the_file_it_created(shm, server_proc):
                                  create_file=True), warn=lambda m: None)
     with pytest.raises(TritonError, match='Unable to open'):
         ops.present()
-    assert os.listdir(shm) == [] and ops.partial()['created_files'] == [] and ops.partial()['changed'] is False
+    assert os.listdir(shm) == [] and ops.result(finished=False)['created_files'] == [] and ops.result(finished=False)['changed'] is False
 
 
 def test_present_check_mode_creates_and_registers_nothing(shm, server_proc):
@@ -642,16 +636,16 @@ def test_present_check_mode_creates_and_registers_nothing(shm, server_proc):
     assert res['regions'] == [region('in0', byte_size=KIB)]
 
 
-@pytest.mark.parametrize('setup,kw,why', [
-    ('none', dict(byte_size=KIB), 'does not exist'),
-    ('small', dict(byte_size=4 * KIB, offset=KIB), r'past the end of .* \(4096 bytes\)'),
-    ('symlink', dict(byte_size=KIB), 'is a symlink, not a regular file'),
-    ('fifo', dict(byte_size=KIB), 'is a fifo, not a regular file'),
-    ('small', dict(byte_size=0), 'byte_size must be a positive'),
-    ('small', dict(byte_size=-5), 'byte_size must be a positive'),
-    ('small', dict(byte_size=KIB, offset=-1), 'offset must be 0 or more'),
+@pytest.mark.parametrize('setup,kw,error,why', [
+    ('none', dict(byte_size=KIB), shm_fs.ShmFsError, 'does not exist'),
+    ('small', dict(byte_size=4 * KIB, offset=KIB), shm_fs.ShmFsError, r'past the end of .* \(4096 bytes\)'),
+    ('symlink', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a symlink, not a regular file'),
+    ('fifo', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a fifo, not a regular file'),
+    ('small', dict(byte_size=0), ParameterError, 'byte_size must be a positive'),
+    ('small', dict(byte_size=-5), ParameterError, 'byte_size must be a positive'),
+    ('small', dict(byte_size=KIB, offset=-1), ParameterError, 'offset must be 0 or more'),
 ])
-def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, why):
+def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, error, why):
     path = os.path.join(shm, 'in0')
     target = tmp_path / 'outside'
     target.write_bytes(b'y' * 8192)
@@ -663,7 +657,7 @@ def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, why
         os.mkfifo(path)
     fake = FakeTriton(shm)
     before = snapshot(shm)
-    with pytest.raises(shm_fs.ShmFsError, match=why):
+    with pytest.raises(error, match=why):
         run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', **kw)
     assert fake.actions() == [] and snapshot(shm) == before and target.read_bytes() == b'y' * 8192
 
@@ -674,7 +668,7 @@ def test_cuda_register_refusal_carries_the_servers_message(shm, server_proc):
                                  device_id=0, byte_size=KIB), warn=lambda m: None)
     with pytest.raises(TritonError, match='failed to register shared memory region: invalid args'):
         ops.present()
-    assert ops.partial()['changed'] is False
+    assert ops.result(finished=False)['changed'] is False
 
 
 def test_cuda_absent_named_and_stale(shm, server_proc):
@@ -682,7 +676,7 @@ def test_cuda_absent_named_and_stale(shm, server_proc):
     warnings = []
     ops = RegionOps(fake, params(shm, server_proc.pid, kind='cuda', stale=True), warn=warnings.append)
     ops.absent()
-    assert ops.partial()['changed'] is False and 'g' in fake.cuda and any('never stale' in w for w in warnings)
+    assert ops.result(finished=False)['changed'] is False and 'g' in fake.cuda and any('never stale' in w for w in warnings)
     res = run(fake, shm, server_proc.pid, kind='cuda', name=['g'])
     assert res['unregistered'] == ['g'] and fake.cuda == {}
     assert run(fake, shm, server_proc.pid, kind='cuda', name=['g'])['changed'] is False
@@ -962,7 +956,7 @@ def test_a_new_registration_of_the_same_name_is_not_a_deferred_one(shm, server_p
 ])
 def test_keys_of_backend_files_are_refused_before_any_call(shm, server_proc, key, why):
     fake = FakeTriton(shm)
-    with pytest.raises(shm_fs.ShmFsError) as err:
+    with pytest.raises(ParameterError) as err:
         run(fake, shm, server_proc.pid, state='present', name=['x'], key=key, byte_size=KIB, create_file=True,
             backend_patterns=['triton_python_backend_shm_region_*', 'mybackend_*'])
     assert why in str(err.value) and 'choose another key' in str(err.value)
