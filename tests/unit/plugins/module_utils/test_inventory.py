@@ -50,18 +50,18 @@ HELPER = textwrap.dedent('''
                 keep.append(s)
             print('OK', flush=True)
         except Exception as exc:
-            print('ERR %s' % exc, flush=True)
+            print(f'ERR {exc}', flush=True)
 ''')
 
 
-class Proc(object):
+class Proc:
     def __init__(self, cmd):
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         line = self.proc.stdout.readline().strip()
         if line != 'READY':
             self.kill()
-            raise RuntimeError('helper did not start: %r %s' % (line, self.proc.stderr.read()))
+            raise RuntimeError(f'helper did not start: {line!r} {self.proc.stderr.read()}')
 
     def do(self, *commands):
         for command in commands:
@@ -69,7 +69,7 @@ class Proc(object):
             self.proc.stdin.flush()
             answer = self.proc.stdout.readline().strip()
             if answer != 'OK':
-                raise RuntimeError('%s: %s' % (command, answer))
+                raise RuntimeError(f'{command}: {answer}')
         return self
 
     def kill(self):
@@ -78,7 +78,7 @@ class Proc(object):
         self.proc.wait()
 
 
-class Namespace(object):
+class Namespace:
     """A fake-Triton server process with a private /dev/shm, and clients inside its mount namespace."""
 
     def __init__(self):
@@ -86,7 +86,7 @@ class Namespace(object):
         self.server = Proc(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell,
                             sys.executable, '-c', HELPER, 'tritonserver'])
         self.procs = [self.server]
-        self.shm_dir = '/proc/%d/root/dev/shm' % self.server.pid
+        self.shm_dir = f'/proc/{self.server.pid}/root/dev/shm'
 
     def client(self, comm='client'):
         proc = Proc(['nsenter', '--mount', '--target', str(self.server.pid), sys.executable, '-c', HELPER, comm])
@@ -111,13 +111,13 @@ class Namespace(object):
             proc.kill()
 
 
-class FakeTriton(object):
+class FakeTriton:
     """Only the HTTP API is fake: the metadata and region lists a real server would return."""
 
     def __init__(self, system=(), cuda=(), extensions=('system_shared_memory', 'cuda_shared_memory'), port=None):
         self.host = '127.0.0.1'
         self.port = port or _free_port()
-        self.base = 'http://127.0.0.1:%d' % self.port
+        self.base = f'http://127.0.0.1:{self.port}'
         self.system = [dict(r) for r in system]
         self.cuda = [dict(r) for r in cuda]
         self.extensions = list(extensions)
@@ -162,7 +162,7 @@ def region(name, key=None, byte_size=4096, offset=0):
 
 
 def by_name(items):
-    return dict((i['name'], i) for i in items)
+    return {i['name']: i for i in items}
 
 
 # -- the scene -----------------------------------------------------------------------------------------
@@ -274,12 +274,12 @@ def test_two_regions_on_one_file(result):
 def test_extra_region_fields_are_kept(result):
     extra = by_name(result['system_regions'])['extra_fields']
     assert extra['ref_count'] == 1
-    assert dict((k, extra[k]) for k in ('name', 'key', 'offset', 'byte_size')) == region('extra_fields')
+    assert {k: extra[k] for k in ('name', 'key', 'offset', 'byte_size')} == region('extra_fields')
 
 
 def test_file_categories(result, ns):
     files = by_name(result['files'])
-    cats = dict((n, f['category']) for n, f in files.items())
+    cats = {n: f['category'] for n, f in files.items()}
     assert cats == {
         'live': 'registered', 'stale': 'registered', 'shared': 'registered', 'extra_fields': 'registered',
         'adir': 'foreign',
@@ -298,7 +298,7 @@ def test_file_categories(result, ns):
     assert files['PostgreSQL.7']['category_reason'] == 'matches no orphan pattern'
     for name, kind in (('client_fifo', 'fifo'), ('client_dir', 'directory'), ('client_link', 'symlink')):
         assert files[name]['type'] == kind
-        assert files[name]['category_reason'] == 'not a regular file (%s)' % kind
+        assert files[name]['category_reason'] == f'not a regular file ({kind})'
     assert files['client_link']['inode'] == os.lstat(ns.path('client_link')).st_ino != files['client_old']['inode']
     assert 'dev' not in files['live']
 
@@ -311,7 +311,7 @@ def test_server_and_summary(result, ns):
     server = result['server']
     assert server['pid'] == ns.server.pid
     assert server['shm_dir'] == ns.shm_dir
-    assert server['located_by'] == 'server_pid; shm_dir from /proc/%d/root' % ns.server.pid
+    assert server['located_by'] == f'server_pid; shm_dir from /proc/{ns.server.pid}/root'
     assert (server['live'], server['ready'], server['version']) == (True, False, '2.51.0')
     s = result['summary']
     assert (s['system_regions'], s['cuda_regions']) == (len(REGIONS), 1)
@@ -352,9 +352,9 @@ def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
     def classify():
         inv = Read(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm', orphan_patterns=['client_*'])
         res = inv.result()
-        return dict(states=dict((r['name'], r['state']) for r in res['system_regions']),
+        return dict(states={r['name']: r['state'] for r in res['system_regions']},
                     reclaimable=sorted(r['name'] for r in res['system_regions'] if r['reclaimable']),
-                    cats=dict((f['name'], f['category']) for f in res['files']),
+                    cats={f['name']: f['category'] for f in res['files']},
                     unreadable=res['unreadable_processes'], complete=res['holders_complete'], warnings=inv.warnings)
     got = as_nobody(classify, setns_pid=ns.server.pid)
     assert 'error' not in got, got
@@ -373,12 +373,12 @@ def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
 def test_server_found_by_its_listening_port(ns):
     port = _free_port()
     listener = ns.client('tritonserver')   # a tritonserver process in that namespace, serving the port
-    listener.do('listen %d' % port)
+    listener.do(f'listen {port}')
     inv = Read(FakeTriton(port=port))
     assert inv.pid == listener.pid
-    assert inv.shm_dir == '/proc/%d/root/dev/shm' % listener.pid
-    assert inv.located_by == ('listener: tritonserver (pid %d) owns the listening socket 127.0.0.1:%d; shm_dir from /proc/%d/root'
-                              % (listener.pid, port, listener.pid))
+    assert inv.shm_dir == f'/proc/{listener.pid}/root/dev/shm'
+    assert inv.located_by == (f'listener: tritonserver (pid {listener.pid}) owns the listening socket 127.0.0.1:{port}; '
+                              f'shm_dir from /proc/{listener.pid}/root')
     assert inv.result()['server']['not_found_reason'] is None
     assert inv.warnings == []
 
@@ -405,7 +405,7 @@ def test_no_server_and_no_shm_dir_warns_why():
 def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
     inv = Read(scene_triton(), shm_dir=ns.shm_dir)
     res = inv.result()
-    states = dict((r['name'], r['state']) for r in res['system_regions'])
+    states = {r['name']: r['state'] for r in res['system_regions']}
     assert 'stale' not in states.values()
     assert not any(r['reclaimable'] for r in res['system_regions'])
     assert states['live'] == 'healthy'
@@ -416,13 +416,13 @@ def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
 def test_nonexistent_server_pid_names_the_url():
     pid = int(open('/proc/sys/kernel/pid_max').read()) + 1
     triton = FakeTriton()
-    with pytest.raises(TritonError, match=r'server_pid %d \(given for %s\) does not exist' % (pid, triton.base)):
+    with pytest.raises(TritonError, match=rf'server_pid {pid} \(given for {triton.base}\) does not exist'):
         Read(triton, server_pid=pid)
 
 
 def test_unreadable_shm_dir_fails_only_when_asked(tmp_path):
     missing = str(tmp_path / 'missing')
-    with pytest.raises(ShmFsError, match='shm_dir %s is not readable: No such file or directory' % missing):
+    with pytest.raises(ShmFsError, match=f'shm_dir {missing} is not readable: No such file or directory'):
         Read(FakeTriton(system=[region('r')]), shm_dir=missing, require_readable_dir=True)
     inv = Read(FakeTriton(system=[region('r')]), shm_dir=missing)
     assert inv.shm_dir is None
@@ -434,7 +434,7 @@ def test_server_without_system_shared_memory_is_refused():
     triton = FakeTriton(extensions=('classification', 'binary_tensor_data'))
     with pytest.raises(TritonError) as err:
         Read(triton)
-    assert 'server at %s (Triton 2.51.0) does not offer the system_shared_memory extension' % triton.base in err.value.msg
+    assert f'server at {triton.base} (Triton 2.51.0) does not offer the system_shared_memory extension' in err.value.msg
     assert 'extensions: classification, binary_tensor_data' in err.value.msg
     assert triton.calls == ['metadata']
 
@@ -476,7 +476,7 @@ def test_reserved_is_decided_by_the_mark_on_the_file_naming_the_region():
     finally:
         space.close()
     regions = by_name(res['system_regions'])
-    states = dict((n, (r['state'], r['reserved'], r['reclaimable'])) for n, r in regions.items())
+    states = {n: (r['state'], r['reserved'], r['reclaimable']) for n, r in regions.items()}
     assert states == {
         'mine': ('reserved', True, False),          # the operator's, nobody maps it yet
         'mine_used': ('healthy', True, False),      # the operator's, a client maps it
@@ -495,7 +495,7 @@ def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
     try:
         def classify():
             inv = Read(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm')
-            return dict((r['name'], r['state']) for r in inv.result()['system_regions'])
+            return {r['name']: r['state'] for r in inv.result()['system_regions']}
         states = as_nobody(classify, setns_pid=ns.server.pid)
         assert states['stale'] == 'unknown' and 'reserved' not in states.values()
         own = by_name(Read(scene_triton(), server_pid=ns.server.pid).result()['system_regions'])

@@ -38,8 +38,8 @@ class FakeTriton:
     def __init__(self, shm_dir, regions=(), in_use=None, fail_unregister_at=None, refuse_register=(),
                  on_unregister=None, cuda=()):
         self.shm_dir = shm_dir
-        self.regions = dict((r['name'], dict(r)) for r in regions)
-        self.cuda = dict((r['name'], dict(r)) for r in cuda)
+        self.regions = {r['name']: dict(r) for r in regions}
+        self.cuda = {r['name']: dict(r) for r in cuda}
         self.in_use = dict(in_use or {})            # name -> refusals left (-1: always)
         self.fail_unregister_at = fail_unregister_at  # the Nth unregister call fails (connection lost)
         self.refuse_register = set(refuse_register)   # (name, byte_size) the server refuses
@@ -67,12 +67,12 @@ class FakeTriton:
         key = regions.get(name, {}).get('key')
         self.calls.append(('unregister', kind, name, self._file_exists(key) if key else None))
         if self.fail_unregister_at is not None and self.unregister_calls >= self.fail_unregister_at:
-            raise TritonError("unregister %s region '%s' at %s: cannot connect to Triton (refused or unreachable)"
-                              % (kind, name, self.base), url=self.base)
+            raise TritonError(f"unregister {kind} region '{name}' at {self.base}: cannot connect to Triton (refused or unreachable)",
+                              url=self.base)
         left = self.in_use.get(name, 0)
         if left:
             self.in_use[name] = left - 1 if left > 0 else left
-            raise RegionInUse("unregister %s region '%s' at %s: HTTP 500: %s" % (kind, name, self.base, IN_USE % name),
+            raise RegionInUse(f"unregister {kind} region '{name}' at {self.base}: HTTP 500: {IN_USE % name}",
                               url=self.base, status=500, server_error=IN_USE % name)
         regions.pop(name, None)
         if self.on_unregister:
@@ -81,19 +81,19 @@ class FakeTriton:
     def register_system(self, name, key, offset, byte_size):
         self.calls.append(('register', 'system', name, key, offset, byte_size))
         if any(r['key'] == key for r in self.regions.values()):   # Triton 2.51: one region per key
-            msg = "failed to register shared memory region '%s': invalid args" % name
-            raise TritonError("register system region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+            msg = f"failed to register shared memory region '{name}': invalid args"
+            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
                               url=self.base, status=400, server_error=msg)
         if (name, byte_size) in self.refuse_register or not self._file_exists(key):
-            msg = "Unable to open shared memory region: '%s'" % key
-            raise TritonError("register system region '%s' at %s: HTTP 500: %s" % (name, self.base, msg),
+            msg = f"Unable to open shared memory region: '{key}'"
+            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 500: {msg}",
                               url=self.base, status=500, server_error=msg)
         self.regions[name] = dict(name=name, key=key, offset=offset, byte_size=byte_size)
 
     def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
         self.calls.append(('register', 'cuda', name, device_id, byte_size))
         msg = 'failed to register shared memory region: invalid args'
-        raise TritonError("register cuda region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+        raise TritonError(f"register cuda region '{name}' at {self.base}: HTTP 400: {msg}",
                           url=self.base, status=400, server_error=msg)
 
     def actions(self):
@@ -200,7 +200,7 @@ def snapshot(shm_dir):
 
 
 def reasons(result, key):
-    return dict((item.get(key), item['reason']) for item in result['skipped_items'] if key in item)
+    return {item.get(key): item['reason'] for item in result['skipped_items'] if key in item}
 
 
 # -- the ordinary path ----------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_a_live_clients_file_survives(shm, server_proc, selector):
     else:
         # the operator asked: unregistered, but the file is kept, said so and warned about
         assert res['unregistered'] == ['live']
-        assert reasons(res, 'path')[path].startswith('held by %d' % os.getpid())
+        assert reasons(res, 'path')[path].startswith(f'held by {os.getpid()}')
         assert any("region 'live' is unregistered as asked" in w and 'is kept' in w for w in res['warnings'])
 
 
@@ -375,7 +375,7 @@ def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc, inve
     assert str(os.getpid()) in reasons(res, 'path')[path]
     if inventory:
         assert res['before']['system_regions'][0]['state'] == 'stale'
-        files = dict((f['name'], f) for f in res['after']['files'])
+        files = {f['name']: f for f in res['after']['files']}
         assert res['after']['system_regions'] == [] and files['a']['category'] == 'in_use'
         assert os.getpid() in [h['pid'] for h in files['a']['holders']]
 
@@ -398,7 +398,7 @@ def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_pr
             p.kill()
             p.wait()
     assert os.path.exists(path)
-    assert reasons(res, 'path')[path].startswith('held by %d' % procs[0].pid)
+    assert reasons(res, 'path')[path].startswith(f'held by {procs[0].pid}')
 
 
 # -- invariant 4: inside the directory, no symlinks, regular files only ---------------------------
@@ -553,7 +553,7 @@ def test_orphan_cleanup_with_shm_dir_but_no_server_still_works(shm):
 # -- invariant 8: a failure part-way --------------------------------------------------------------
 
 def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(shm, server_proc):
-    names = ['r%d' % i for i in range(6)]
+    names = [f'r{i}' for i in range(6)]
     for n in names:
         make_file(shm, n)
     fake = FakeTriton(shm, regions=[region(n) for n in names], fail_unregister_at=4)
@@ -841,18 +841,18 @@ class DeferringTriton(FakeTriton):
     """Triton >= 24.12: an unregister succeeds, the region stays listed for `defer[name]` more status reads."""
 
     def __init__(self, shm_dir, defer, version='2.53.0', **kw):
-        super(DeferringTriton, self).__init__(shm_dir, **kw)
+        super().__init__(shm_dir, **kw)
         self.defer = dict(defer)
         self.leaving = {}
         self.version = version
 
     def server_metadata(self):
-        meta = super(DeferringTriton, self).server_metadata()
+        meta = super().server_metadata()
         meta['version'] = self.version
         return meta
 
     def status(self, kind):
-        out = super(DeferringTriton, self).status(kind)
+        out = super().status(kind)
         for name in sorted(self.leaving):
             left = self.leaving[name]
             if left == 0:
@@ -864,7 +864,7 @@ class DeferringTriton(FakeTriton):
 
     def unregister(self, kind, name):
         spec = self.regions.get(name)
-        super(DeferringTriton, self).unregister(kind, name)
+        super().unregister(kind, name)
         if spec is not None and name in self.defer:
             self.leaving_spec = getattr(self, 'leaving_spec', {})
             self.leaving_spec[name] = spec
@@ -874,9 +874,9 @@ class DeferringTriton(FakeTriton):
         if name in self.leaving:
             msg = ALREADY % name
             self.calls.append(('register', 'system', name, key, offset, byte_size))
-            raise TritonError("register system region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
                               url=self.base, status=400, server_error=msg)
-        super(DeferringTriton, self).register_system(name, key, offset, byte_size)
+        super().register_system(name, key, offset, byte_size)
 
 
 def _unlinked_while_listed(fake, shm_dir):
@@ -989,7 +989,7 @@ def xattrs(shm):
     try:
         _mark(make_file(shm, '.probe'), 'x')
     except OSError as exc:
-        pytest.skip('no trusted.* extended attributes here: %s' % exc)
+        pytest.skip(f'no trusted.* extended attributes here: {exc}')
     os.unlink(os.path.join(shm, '.probe'))
 
 
@@ -1099,7 +1099,7 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
 
     def status(kind):
         if fake.unregister_calls:
-            raise TritonError('read system shared memory status at %s: no answer within 2s (timeout)' % fake.base, url=fake.base)
+            raise TritonError(f'read system shared memory status at {fake.base}: no answer within 2s (timeout)', url=fake.base)
         return real_status(kind)
     fake.status = status
     with pytest.raises(TritonError):
