@@ -20,8 +20,10 @@ import time
 
 from collections.abc import Callable, Iterable
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, inventory, runlock, shm_fs
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmFsError, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ParameterError, ServerNotFound, ShmFsError, TritonError,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
@@ -266,8 +268,8 @@ class RegionOps:
                 if not exc.in_use:
                     raise
                 if not backoff.wait():
-                    self.skipped.append({'name': name, 'reason': f'still in use after {self.in_use_timeout}s '
-                                                                  f'(requests in flight): {exc.server_error}'})
+                    reason = f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
+                    self.skipped.append({'name': name, 'reason': reason})
                     return Unregister.KEPT
 
     def _wait_gone(self, kind: str, specs: dict) -> set:
@@ -336,8 +338,8 @@ class RegionOps:
         create = False
         if snap.shm_dir is None:
             if p['create_file']:
-                raise discovery.ServerNotFound("create_file needs the server's shm directory, which was not found: "
-                                               "set server_pid or shm_dir")
+                raise ServerNotFound("create_file needs the server's shm directory, which was not found: "
+                                     "set server_pid or shm_dir")
         elif todo:
             create = self._check_backing_file(snap, key_name, need, p['create_file'])
             if create and snap.fs:
@@ -519,7 +521,7 @@ class RegionOps:
         wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None)) if p.get(w) and needs]
         if wants:
             missing = 'the process was not found' if snap.pid is None else 'the directory is not known'
-            raise discovery.ServerNotFound(
+            raise ServerNotFound(
                 f"{' and '.join(wants)} cleanup needs the tritonserver process behind {self.client.base} and its shm "
                 f"directory, and {missing}: {snap.server_reason or snap.dir_error or 'see the warnings'}")
 

@@ -513,7 +513,7 @@ def test_backend_patterns_name_the_backend_files(ns, patterns, category):
     ns.write('myprefix_1', 4096, age=OLD)
     try:
         inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'] if patterns is None else [],
-                        min_age=0, backend_patterns=patterns)
+                   min_age=0, backend_patterns=patterns)
         files = by_name(inv.result()['files'])
     finally:
         os.unlink(ns.path('myprefix_1'))
@@ -557,8 +557,8 @@ def literal_snapshot(pid=SERVER, shm_dir=SHM, complete=True, marks=None):
     scan = literal_scan({1: [SERVER, CLIENT], 2: [SERVER], 3: [SERVER], 5: [CLIENT], 6: [SERVER]}, complete=complete,
                         deleted={'gone': (7, 11)})
     location = discovery.Location(pid, shm_dir, 'server_pid; shm_dir from /proc/100/root', [], None)
-    return Snapshot(url='http://127.0.0.1:8000', metadata={'name': 'triton', 'version': '2.51.0',
-                                                             'extensions': ['system_shared_memory']},
+    metadata = {'name': 'triton', 'version': '2.51.0', 'extensions': ['system_shared_memory']}
+    return Snapshot(url='http://127.0.0.1:8000', metadata=metadata,
                     system=system, cuda=[], location=location, shm_dir=shm_dir,
                     fs={'path': shm_dir, 'total_bytes': 1 << 26, 'used_bytes': 1 << 20, 'free_bytes': 63 << 20,
                         'used_percent': 1.56},

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, runlock
+from ansible_collections.tritonops.shm.plugins.module_utils import holders, runlock
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
@@ -535,7 +535,7 @@ def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, s
     make_file(shm, 'client_input_0', age=3600)
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
-    with pytest.raises(discovery.ServerNotFound) as err:
+    with pytest.raises(ServerNotFound) as err:
         run(fake, shm if shm_given else None, None, **selector)
     assert what in str(err.value)
     assert 'cannot open a TCP connection to 127.0.0.1:9' in str(err.value) and 'set server_pid or shm_dir' in str(err.value)
@@ -660,6 +660,14 @@ def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, err
     with pytest.raises(error, match=why):
         run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', **kw)
     assert fake.actions() == [] and snapshot(shm) == before and target.read_bytes() == b'y' * 8192
+
+
+def test_create_file_without_a_known_shm_directory_fails_before_any_call(shm):
+    """Nothing listens on the fake's port 9 and no server_pid or shm_dir is given: there is nowhere to create the file."""
+    fake = FakeTriton(shm)
+    with pytest.raises(ServerNotFound, match="create_file needs the server's shm directory, which was not found"):
+        run(fake, None, None, state='present', name=['in0'], key='/in0', byte_size=KIB, create_file=True)
+    assert fake.actions() == [] and os.listdir(shm) == []
 
 
 def test_cuda_register_refusal_carries_the_servers_message(shm, server_proc):
