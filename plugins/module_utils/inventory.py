@@ -2,239 +2,397 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Join regions, files and holders into classified records.
+"""Read one server's shared memory into a snapshot, and classify the snapshot.
 
-Private to the tritonops.shm collection. This is the one place where a region
-is called healthy, stale, reserved, dangling or unknown, and a file registered,
-backend, in_use, orphan or foreign (see docs/concepts.md).
+Private to the tritonops.shm collection: no stability promise to other code.
 
-A region is the operator's (``reserved`` while no client maps it) when its backing file
-carries the mark triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR)
-and the mark names that region.
+Two halves, kept apart:
+
+- ``read_server()`` is the one read (I/O): the server's metadata and region lists, where its
+  process and shm directory are, the directory's usage and entries, the holders of every file
+  and the reserved marks of the files that back regions. It returns a plain ``Snapshot``.
+- ``classify()`` and the functions under it are pure: given a snapshot (a literal one in the unit
+  tests) and the caller's ``Criteria``, they decide. This is the one place where a region is
+  called healthy, stale, reserved, dangling or unknown (``region_state``), and a file registered,
+  backend, in_use, orphan or foreign (``file_category``); see docs/concepts.md.
+
+A region is the operator's (``reserved`` while no client maps it) when its backing file carries
+the mark triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR) and the mark
+names that region.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
+DEFAULT_MIN_AGE = 300
+
+# region states
+HEALTHY = 'healthy'
+STALE = 'stale'
+RESERVED = 'reserved'
+DANGLING = 'dangling'
+UNKNOWN = 'unknown'
 
 
-class Inventory(object):
-    """Everything known about one server's shared memory at one moment."""
+# -- the snapshot: what one read of the server saw ---------------------------------------------------
 
-    def __init__(self, client, server_pid=None, shm_dir=None, orphan_patterns=None, min_age=300,
-                 require_readable_dir=False, proc='/proc', now=None, kinds=('system', 'cuda'), backend_patterns=None):
-        self.client = client
-        self.proc = proc
-        self.orphan_patterns = list(orphan_patterns or [])
-        self.backend_patterns = list(shm_fs.BACKEND_PATTERNS if backend_patterns is None else backend_patterns)
-        self.min_age = min_age
-        self.warnings = []
-        self.metadata = client.server_metadata()
-        extensions = self.metadata.get('extensions') or []
-        if 'system_shared_memory' not in extensions:
-            raise TritonError('server at %s (Triton %s) does not offer the system_shared_memory extension; '
-                              'extensions: %s' % (client.base, self.metadata.get('version'), ', '.join(extensions) or 'none'),
-                              url=client.base + '/v2')
-        self.system = client.status('system') if 'system' in kinds else []
-        self.cuda = []
-        if 'cuda' in kinds and 'cuda_shared_memory' in extensions:
-            self.cuda = client.status('cuda')
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """Everything read about one server's shared memory at one moment. Plain data: no I/O.
+
+    shm_dir is the directory that was read (None when unknown or unreadable: dir_error says why);
+    entries are shm_fs.list_entries() records; scan is the holders.HolderScan of their regular
+    files (None without a directory); marks maps the names of regular files that back a system
+    region to their reserved mark (None when they have none).
+    """
+
+    url: str
+    metadata: dict
+    system: list
+    cuda: list
+    location: discovery.Location
+    shm_dir: str | None = None
+    fs: dict | None = None
+    entries: list = dataclasses.field(default_factory=list)
+    scan: holders_mod.HolderScan | None = None
+    marks: dict = dataclasses.field(default_factory=dict)
+    warnings: list = dataclasses.field(default_factory=list)
+    dir_error: str | None = None
+    scanned_at: float = 0.0
+    _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, '_by_name', {e['name']: e for e in self.entries})
+
+    @property
+    def pid(self) -> int | None:
+        return self.location.pid
+
+    @property
+    def located_by(self) -> str | None:
+        return self.location.located_by
+
+    @property
+    def server_reason(self) -> str | None:
+        return self.location.reason
+
+    @property
+    def deleted(self) -> dict:
+        """{name: (dev, ino)} of files the server still maps although they were unlinked."""
+        return self.scan.deleted if (self.scan is not None and self.pid is not None) else {}
+
+    @property
+    def holders_complete(self) -> bool:
+        return bool(self.scan is not None and self.scan.complete)
+
+    def entry(self, name: str) -> dict | None:
+        return self._by_name.get(name)
+
+    def client_holders(self, dev: int, ino: int) -> list[dict]:
+        """Holders of (dev, ino) other than the server process."""
+        if self.scan is None:
+            return []
+        return self.scan.holders_of(dev, ino, exclude=(self.pid,) if self.pid is not None else ())
+
+    def without(self, paths: Iterable[str], fs: dict | None = None) -> Snapshot:
+        """A new snapshot without the entries at paths (files unlinked since the read), with fs when given."""
+        gone = set(paths)
+        return dataclasses.replace(self, entries=[e for e in self.entries if e['path'] not in gone],
+                                   fs=self.fs if fs is None else fs)
+
+
+# -- the one read ------------------------------------------------------------------------------------
+
+def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None = None,
+                require_readable_dir: bool = False, kinds: Sequence[str] = ('system', 'cuda'),
+                proc: str = '/proc', now: float | None = None) -> Snapshot:
+    """Read the server behind client: metadata, region lists, location, shm directory, holders, marks.
+
+    kinds: the region lists to read ('cuda' only when the server offers the extension).
+    server_pid / shm_dir: as the modules' options (discovery from the URL when both are None).
+    require_readable_dir: an unreadable shm directory raises ShmFsError instead of a warning.
+    Raises TritonError when the server cannot be read, or does not offer system shared memory.
+    """
+    metadata = client.server_metadata()
+    extensions = metadata.get('extensions') or []
+    if 'system_shared_memory' not in extensions:
+        raise TritonError(f"server at {client.base} (Triton {metadata.get('version')}) does not offer the "
+                          f"system_shared_memory extension; extensions: {', '.join(extensions) or 'none'}",
+                          url=client.base + '/v2')
+    system = client.status('system') if 'system' in kinds else []
+    cuda = client.status('cuda') if ('cuda' in kinds and 'cuda_shared_memory' in extensions) else []
+    try:
+        location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
+    except discovery.DiscoveryError as exc:
+        raise TritonError(str(exc), url=client.base) from exc
+    warnings = list(location.warnings)
+    fs = None
+    entries = []
+    dir_error = None
+    readable_dir = location.shm_dir
+    if readable_dir is not None:
         try:
-            loc = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
-        except discovery.DiscoveryError as exc:
-            raise TritonError(str(exc), url=client.base)
-        self.pid, self.shm_dir, self.located_by, self.server_reason = loc.pid, loc.shm_dir, loc.located_by, loc.reason
-        self.warnings.extend(loc.warnings)
-        self.fs = None
-        self.entries = []
-        self.scan = None
-        self.deleted = {}
-        self.dir_error = None
-        self._by_name = None
-        if self.shm_dir is not None:
-            try:
-                self.fs = shm_fs.usage(self.shm_dir)
-                self.entries = shm_fs.list_entries(self.shm_dir, now=now)
-            except OSError as exc:
-                self.dir_error = 'shm_dir %s is not readable: %s' % (self.shm_dir, exc.strerror or exc)
-                if require_readable_dir:
-                    raise shm_fs.ShmFsError(self.dir_error)
-                self.warnings.append(self.dir_error + ': file and holder data are missing')
-                self.shm_dir = None
-                self.entries = []
-        self.rescan()
+            fs = shm_fs.usage(readable_dir)
+            entries = shm_fs.list_entries(readable_dir, now=now)
+        except OSError as exc:
+            dir_error = f'shm_dir {readable_dir} is not readable: {exc.strerror or exc}'
+            if require_readable_dir:
+                raise ShmFsError(dir_error) from exc
+            warnings.append(dir_error + ': file and holder data are missing')
+            # fs stays as read when only the listing failed (the statvfs answer is still true)
+            readable_dir, entries = None, []
+    scan = None
+    if readable_dir is not None:
+        scan, warning = read_holders(entries, location.pid, proc)
+        if warning:
+            warnings.append(warning)
+    marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
+                    shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
+                    dir_error=dir_error, scanned_at=time.time())
 
-    # -- holders ---------------------------------------------------------------------------
 
-    def rescan(self):
-        """(Re)read holders of every regular file and of registered files unlinked under the server."""
-        if self.shm_dir is None:
-            self.scan = None
-            return
-        targets = set((e['dev'], e['inode']) for e in self.entries if e['type'] == 'file')
-        # the server's unlinked-but-mapped files come from the same read of its maps as its holdings
-        self.scan = holders_mod.scan(targets, proc=self.proc, deleted_of=self.pid)
-        if self.pid is not None:
-            self.deleted = self.scan.deleted
-        reason = self.scan.incomplete_reason()
-        if reason:
-            self.warnings.append('holders are incomplete, no region is reported stale and no file orphan: ' + reason)
+def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
+    """(holders.HolderScan of the regular files among entries, the warning when it is incomplete or None).
 
-    def client_holders(self, dev, ino):
-        exclude = (self.pid,) if self.pid is not None else ()
-        return self.scan.holders_of(dev, ino, exclude=exclude) if self.scan else []
+    The server's unlinked-but-mapped files come from the same read of its maps as its holdings.
+    """
+    targets = {(e['dev'], e['inode']) for e in entries if e['type'] == 'file'}
+    scan = holders_mod.scan(targets, proc=proc, deleted_of=server_pid)
+    reason = scan.incomplete_reason()
+    warning = f'holders are incomplete, no region is reported stale and no file orphan: {reason}' if reason else None
+    return scan, warning
 
-    def server_holds(self, dev, ino):
-        return self.pid is not None and self.scan is not None and self.pid in self.scan.holders.get((dev, ino), set())
 
-    # -- records ---------------------------------------------------------------------------
+def rescan(snap: Snapshot, proc: str = '/proc') -> Snapshot:
+    """The same snapshot with its holders read again (the re-check right before an unlink)."""
+    if snap.shm_dir is None:
+        return snap
+    scan, warning = read_holders(snap.entries, snap.pid, proc)
+    return dataclasses.replace(snap, scan=scan, warnings=snap.warnings + ([warning] if warning else []))
 
-    def entry(self, name):
-        if self._by_name is None or self._by_name[0] is not self.entries:
-            self._by_name = (self.entries, dict((e['name'], e) for e in self.entries))
-        return self._by_name[1].get(name)
 
-    def region_record(self, region):
-        rec = self._classify_region(region)
-        rec['reclaimable'] = self._reclaimable(rec)
-        return rec
+def read_marks(shm_dir: str, system: Iterable[dict], entries: Iterable[dict]) -> dict:
+    """{file name: reserved mark or None} of the regular files that back a system region."""
+    by_name = {e['name']: e for e in entries}
+    marks = {}
+    for region in system:
+        name = _file_name(region.get('key'))
+        entry = by_name.get(name) if isinstance(name, str) else None
+        if entry is not None and entry['type'] == 'file' and name not in marks:
+            marks[name] = shm_fs.read_mark(entry['path'])
+    return marks
 
-    def _reclaimable(self, rec):
-        """Whether cleaning dead regions (triton_shm_region stale=true) takes this one.
 
-        Stale regions, and dangling ones whose unlinked file no client maps any more: their
-        memory stays allocated until they are unregistered. A dangling region counts only when
-        the holders are fully known and the server process, whose mapping of the file is the
-        only way to find it after the unlink, is known.
-        """
-        if rec['state'] == 'stale':
-            return True
-        return (rec['state'] == 'dangling' and not rec['holders'] and self.pid is not None
-                and self.scan is not None and self.scan.complete)
+def _file_name(key: Any) -> str | ShmFsError:
+    """The backing file name of a region key, or the ShmFsError saying why it cannot be located safely."""
+    try:
+        return shm_fs.key_to_name(key)
+    except ShmFsError as exc:
+        return exc
 
-    def _classify_region(self, region):
-        rec = dict(region)
-        rec['file'] = None
-        rec['holders'] = []
-        rec['reserved'] = False
-        if self.shm_dir is None:
-            rec['state'] = 'unknown'
-            rec['state_reason'] = 'the shm directory of the server is not known'
-            return rec
-        try:
-            name = shm_fs.key_to_name(region.get('key'))
-        except shm_fs.ShmFsError as exc:
-            rec['state'] = 'unknown'
-            rec['state_reason'] = 'backing file cannot be located safely: %s' % exc
-            return rec
-        e = self.entry(name)
+
+# -- classification (pure) ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Criteria:
+    """The caller's side of file classification: orphan patterns and grace age, backend patterns."""
+
+    orphan_patterns: tuple = ()
+    min_age: float = DEFAULT_MIN_AGE
+    backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
+
+    @classmethod
+    def of(cls, orphan_patterns: Iterable[str] | None = None, min_age: float = DEFAULT_MIN_AGE,
+           backend_patterns: Iterable[str] | None = None) -> Criteria:
+        """From module options: None patterns are none (orphans) or the default (backend)."""
+        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age,
+                   backend_patterns=shm_fs.BACKEND_PATTERNS if backend_patterns is None else tuple(backend_patterns))
+
+
+class Records(NamedTuple):
+    """The classified records of one snapshot, as triton_shm_info returns them."""
+
+    system_regions: list
+    cuda_regions: list
+    files: list
+
+
+class RegionFacts(NamedTuple):
+    """What a snapshot says about one system region's backing file: the input of region_state()."""
+
+    shm_dir_known: bool
+    key_error: str | None = None      # why the key cannot be located safely
+    path: str | None = None           # the backing file's path
+    file_type: str | None = None      # its entry type; None when it is missing
+    holders: tuple = ()               # holders other than the server
+    holders_complete: bool = False
+    server_known: bool = False
+    reserved: bool = False            # its mark names this region
+
+
+# (state, applies, reason) in order: the first rule that applies decides.
+_REGION_RULES: tuple[tuple[str, Callable[[RegionFacts], bool], Callable[[RegionFacts], str]], ...] = (
+    (UNKNOWN, lambda f: not f.shm_dir_known,
+     lambda f: 'the shm directory of the server is not known'),
+    (UNKNOWN, lambda f: f.key_error is not None,
+     lambda f: f'backing file cannot be located safely: {f.key_error}'),
+    (DANGLING, lambda f: f.file_type is None,
+     lambda f: f'backing file {f.path} is missing' + (' (still mapped by a client)' if f.holders else '')),
+    (UNKNOWN, lambda f: f.file_type != 'file',
+     lambda f: f'backing path is a {f.file_type}, not a regular file'),
+    (HEALTHY, lambda f: bool(f.holders),
+     lambda f: 'held by ' + holders_mod.holders_text(list(f.holders))),
+    (UNKNOWN, lambda f: not f.holders_complete,
+     lambda f: 'holders could not be fully determined'),
+    (UNKNOWN, lambda f: not f.server_known,
+     lambda f: 'the server process is not known, so its own mapping cannot be told apart'),
+    (RESERVED, lambda f: f.reserved,
+     lambda f: (f'registered by tritonops.shm (its file carries the mark {shm_fs.RESERVED_XATTR}) and not mapped by '
+                'a client yet: desired state, never stale')),
+    (STALE, lambda f: True,
+     lambda f: 'no process but the server holds the backing file: the client is gone'),
+)
+
+
+def region_state(facts: RegionFacts) -> tuple[str, str]:
+    """(state, state_reason) of a system region: the first of the ordered rules that applies."""
+    for state, applies, reason in _REGION_RULES:
+        if applies(facts):
+            return state, reason(facts)
+    raise AssertionError('the last rule always applies')  # pragma: no cover
+
+
+def _file_summary(e: dict) -> dict:
+    return {'path': e['path'], 'exists': True, 'type': e['type'], 'size': e['size'],
+            'allocated_bytes': e['allocated_bytes'], 'inode': e['inode'], 'uid': e['uid'], 'mode': e['mode'],
+            'mtime': e['mtime'], 'age_s': e['age_s']}
+
+
+def region_record(snap: Snapshot, region: dict) -> dict:
+    """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable."""
+    rec = dict(region)
+    rec['file'] = None
+    rec['holders'] = []
+    rec['reserved'] = False
+    facts = RegionFacts(shm_dir_known=snap.shm_dir is not None, holders_complete=snap.holders_complete,
+                        server_known=snap.pid is not None)
+    name = _file_name(region.get('key')) if snap.shm_dir is not None else None
+    if isinstance(name, ShmFsError):
+        facts = facts._replace(key_error=str(name))
+    elif name is not None:
+        e = snap.entry(name)
         if e is None:
-            path = os.path.join(self.shm_dir, name)
-            rec['file'] = dict(path=path, exists=False)
-            ident = self.deleted.get(name)
+            path = os.path.join(snap.shm_dir, name)
+            rec['file'] = {'path': path, 'exists': False}
+            ident = snap.deleted.get(name)
             if ident:
-                rec['holders'] = self.client_holders(*ident)
-            rec['state'] = 'dangling'
-            rec['state_reason'] = 'backing file %s is missing' % path
-            if rec['holders']:
-                rec['state_reason'] += ' (still mapped by a client)'
-            return rec
-        rec['file'] = {'path': e['path'], 'exists': True, 'type': e['type'], 'size': e['size'],
-                       'allocated_bytes': e['allocated_bytes'], 'inode': e['inode'], 'uid': e['uid'], 'mode': e['mode'],
-                       'mtime': e['mtime'], 'age_s': e['age_s']}
-        if e['type'] != 'file':
-            rec['state'] = 'unknown'
-            rec['state_reason'] = 'backing path is a %s, not a regular file' % e['type']
-            return rec
-        rec['holders'] = self.client_holders(e['dev'], e['inode'])
-        rec['reserved'] = shm_fs.read_mark(e['path']) == region.get('name')
-        if rec['holders']:
-            rec['state'] = 'healthy'
-            rec['state_reason'] = 'held by ' + holders_mod.holders_text(rec['holders'])
-        elif not self.scan.complete:
-            rec['state'] = 'unknown'
-            rec['state_reason'] = 'holders could not be fully determined'
-        elif self.pid is None:
-            rec['state'] = 'unknown'
-            rec['state_reason'] = 'the server process is not known, so its own mapping cannot be told apart'
-        elif rec['reserved']:
-            rec['state'] = 'reserved'
-            rec['state_reason'] = ('registered by tritonops.shm (its file carries the mark %s) and not mapped by a client yet: '
-                                   'desired state, never stale' % shm_fs.RESERVED_XATTR)
+                rec['holders'] = snap.client_holders(*ident)
+            facts = facts._replace(path=path, holders=tuple(rec['holders']))
         else:
-            rec['state'] = 'stale'
-            rec['state_reason'] = 'no process but the server holds the backing file: the client is gone'
-        return rec
-
-    def cuda_record(self, region):
-        rec = dict(region)
-        rec['state'] = 'unknown'
-        rec['state_reason'] = 'CUDA regions have no backing file; their clients cannot be observed'
-        return rec
-
-    def file_record(self, e, region_records, regions_by_path=None):
-        rec = dict(e)
-        rec.pop('dev', None)
-        rec.pop('ctime_ns', None)
-        if regions_by_path is None:
-            regions_by_path = _regions_by_path(region_records)
-        rec['regions'] = sorted(regions_by_path.get(e['path'], ()))
-        all_holders = self.scan.holders_of(e['dev'], e['inode']) if (self.scan and e['type'] == 'file') else []
-        rec['holders'] = [h for h in all_holders if h['pid'] != self.pid]
-        rec['category'], rec['category_reason'] = self._category(e, rec, all_holders)
-        return rec
-
-    def _category(self, e, rec, all_holders):
-        if e['type'] != 'file':
-            return 'foreign', 'not a regular file (%s)' % e['type']
-        if rec['regions']:
-            return 'registered', 'backs region(s) %s' % ', '.join(rec['regions'])
-        if matches(e['name'], self.backend_patterns):
-            return 'backend', "Triton's python backend shared memory (matches the backend patterns)"
-        if all_holders:
-            return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
-        if not matches(e['name'], self.orphan_patterns):
-            return 'foreign', 'matches no orphan pattern'
-        if e['age_s'] < self.min_age:
-            return 'foreign', 'matches an orphan pattern but is younger than min_age (%ss < %ss)' % (e['age_s'], self.min_age)
-        if not self.scan or not self.scan.complete:
-            return 'foreign', 'holders could not be fully determined'
-        return 'orphan', 'unregistered, unheld, matches an orphan pattern, older than min_age'
-
-    def records(self):
-        regions = [self.region_record(r) for r in self.system]
-        cuda = [self.cuda_record(r) for r in self.cuda]
-        by_path = _regions_by_path(regions)
-        files = [self.file_record(e, regions, by_path) for e in self.entries]
-        return regions, cuda, files
-
-    def result(self, live=None, ready=None, records=None):
-        """What triton_shm_info returns; records: this inventory's records() when the caller already has them."""
-        regions, cuda, files = records or self.records()
-        fs = dict(self.fs) if self.fs else None
-        summary = summarize(regions, cuda, files, fs)
-        server = dict(url=self.client.base, live=live, ready=ready, version=self.metadata.get('version'),
-                      name=self.metadata.get('name'), extensions=self.metadata.get('extensions') or [],
-                      pid=self.pid, shm_dir=self.shm_dir, located_by=self.located_by,
-                      not_found_reason=self.server_reason if self.pid is None else None)
-        return dict(server=server, shm_fs=fs, system_regions=regions, cuda_regions=cuda, files=files,
-                    summary=summary,
-                    unreadable_processes=len(self.scan.unreadable) if self.scan else 0,
-                    holders_complete=bool(self.scan and self.scan.complete),
-                    scanned_at=time.time())
+            rec['file'] = _file_summary(e)
+            if e['type'] == 'file':
+                rec['holders'] = snap.client_holders(e['dev'], e['inode'])
+                rec['reserved'] = snap.marks.get(name) == region.get('name')
+            facts = facts._replace(path=e['path'], file_type=e['type'], holders=tuple(rec['holders']),
+                                   reserved=rec['reserved'])
+    rec['state'], rec['state_reason'] = region_state(facts)
+    rec['reclaimable'] = reclaimable(snap, rec)
+    return rec
 
 
-def _regions_by_path(region_records):
+def reclaimable(snap: Snapshot, rec: dict) -> bool:
+    """Whether cleaning dead regions (triton_shm_region stale=true) takes this one.
+
+    Stale regions, and dangling ones whose unlinked file no client maps any more: their
+    memory stays allocated until they are unregistered. A dangling region counts only when
+    the holders are fully known and the server process, whose mapping of the file is the
+    only way to find it after the unlink, is known.
+    """
+    if rec['state'] == STALE:
+        return True
+    return rec['state'] == DANGLING and not rec['holders'] and snap.pid is not None and snap.holders_complete
+
+
+def cuda_record(region: dict) -> dict:
+    rec = dict(region)
+    rec['state'] = UNKNOWN
+    rec['state_reason'] = 'CUDA regions have no backing file; their clients cannot be observed'
+    return rec
+
+
+def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criteria) -> dict:
+    """The record of one directory entry: its listing, the regions it backs, holders and category."""
+    rec = dict(e)
+    rec.pop('dev', None)
+    rec.pop('ctime_ns', None)
+    rec['regions'] = sorted(regions_by_path.get(e['path'], ()))
+    all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan and e['type'] == 'file') else []
+    rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
+    rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
+                                                            criteria)
+    return rec
+
+
+def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], holders_complete: bool,
+                  criteria: Criteria) -> tuple[str, str]:
+    """(category, category_reason) of a directory entry; all_holders include the server process."""
+    if e['type'] != 'file':
+        return 'foreign', f"not a regular file ({e['type']})"
+    if regions:
+        return 'registered', f"backs region(s) {', '.join(regions)}"
+    if matches(e['name'], criteria.backend_patterns):
+        return 'backend', "Triton's python backend shared memory (matches the backend patterns)"
+    if all_holders:
+        return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
+    if not matches(e['name'], criteria.orphan_patterns):
+        return 'foreign', 'matches no orphan pattern'
+    if e['age_s'] < criteria.min_age:
+        return 'foreign', f"matches an orphan pattern but is younger than min_age ({e['age_s']}s < {criteria.min_age}s)"
+    if not holders_complete:
+        return 'foreign', 'holders could not be fully determined'
+    return 'orphan', 'unregistered, unheld, matches an orphan pattern, older than min_age'
+
+
+def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
+    """Every region and file of the snapshot, classified."""
+    regions = [region_record(snap, r) for r in snap.system]
+    cuda = [cuda_record(r) for r in snap.cuda]
+    by_path = _regions_by_path(regions)
+    files = [file_record(snap, e, by_path, criteria) for e in snap.entries]
+    return Records(regions, cuda, files)
+
+
+def info_result(snap: Snapshot, records: Records, live: bool | None = None, ready: bool | None = None) -> dict:
+    """What triton_shm_info returns for a snapshot and its records (live, ready: the health calls, if made)."""
+    regions, cuda, files = records
+    fs = dict(snap.fs) if snap.fs else None
+    server = {'url': snap.url, 'live': live, 'ready': ready, 'version': snap.metadata.get('version'),
+              'name': snap.metadata.get('name'), 'extensions': snap.metadata.get('extensions') or [],
+              'pid': snap.pid, 'shm_dir': snap.shm_dir, 'located_by': snap.located_by,
+              'not_found_reason': snap.server_reason if snap.pid is None else None}
+    return {'server': server, 'shm_fs': fs, 'system_regions': regions, 'cuda_regions': cuda, 'files': files,
+            'summary': summarize(regions, cuda, files, fs),
+            'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
+            'holders_complete': snap.holders_complete,
+            'scanned_at': snap.scanned_at}
+
+
+def _regions_by_path(region_records: Iterable[dict]) -> dict:
     """{backing file path: [region names]} of regions whose file exists: one pass, not one per file."""
-    out = {}
+    out: dict = {}
     for r in region_records:
         f = r.get('file')
         if f and f.get('exists'):
@@ -242,29 +400,29 @@ def _regions_by_path(region_records):
     return out
 
 
-def summarize(regions, cuda, files, fs):
-    def count(items, key, value):
+def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dict], fs: dict | None) -> dict:
+    def count(items: Iterable[dict], key: str, value: str) -> int:
         return sum(1 for i in items if i.get(key) == value)
 
-    def file_bytes(rec):
+    def file_bytes(rec: dict) -> int:
         f = rec.get('file') or {}
         return f.get('allocated_bytes', 0) if f.get('exists') else 0
-    return dict(
-        system_regions=len(regions),
-        cuda_regions=len(cuda),
-        healthy_regions=count(regions, 'state', 'healthy'),
-        stale_regions=count(regions, 'state', 'stale'),
-        reserved_regions=count(regions, 'state', 'reserved'),
-        stale_bytes=sum(dict((r['file']['path'], file_bytes(r)) for r in regions if r['state'] == 'stale').values()),
-        dangling_regions=count(regions, 'state', 'dangling'),
-        unknown_regions=count(regions, 'state', 'unknown'),
-        registered_files=count(files, 'category', 'registered'),
-        backend_files=count(files, 'category', 'backend'),
-        in_use_files=count(files, 'category', 'in_use'),
-        orphan_files=count(files, 'category', 'orphan'),
-        orphan_bytes=sum(f['allocated_bytes'] for f in files if f['category'] == 'orphan'),
-        foreign_files=count(files, 'category', 'foreign'),
-        used_bytes=fs['used_bytes'] if fs else None,
-        total_bytes=fs['total_bytes'] if fs else None,
-        used_percent=fs['used_percent'] if fs else None,
-    )
+    return {
+        'system_regions': len(regions),
+        'cuda_regions': len(cuda),
+        'healthy_regions': count(regions, 'state', HEALTHY),
+        'stale_regions': count(regions, 'state', STALE),
+        'reserved_regions': count(regions, 'state', RESERVED),
+        'stale_bytes': sum({r['file']['path']: file_bytes(r) for r in regions if r['state'] == STALE}.values()),
+        'dangling_regions': count(regions, 'state', DANGLING),
+        'unknown_regions': count(regions, 'state', UNKNOWN),
+        'registered_files': count(files, 'category', 'registered'),
+        'backend_files': count(files, 'category', 'backend'),
+        'in_use_files': count(files, 'category', 'in_use'),
+        'orphan_files': count(files, 'category', 'orphan'),
+        'orphan_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == 'orphan'),
+        'foreign_files': count(files, 'category', 'foreign'),
+        'used_bytes': fs['used_bytes'] if fs else None,
+        'total_bytes': fs['total_bytes'] if fs else None,
+        'used_percent': fs['used_percent'] if fs else None,
+    }

@@ -4,32 +4,55 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Register, unregister and clean regions safely: the work behind triton_shm_region.
 
-Private to the tritonops.shm collection. Decisions about what a region or a
-file *is* come from inventory.py; this file decides what to *do* and does it,
-in the order the safety invariants require (docs/concepts.md):
+Private to the tritonops.shm collection: no stability promise to other code.
+Decisions about what a region or a file *is* come from inventory.py (a snapshot read
+by inventory.read_server, classified by inventory.classify); this file decides what to
+*do* and does it, in the order the safety invariants require (docs/concepts.md):
 unregister first, re-check holders, then unlink only unheld regular files by
-(device, inode) inside the shm directory.
+(device, inode) inside the shm directory. RegionOps.result() is the module's result,
+on success and after a failure part-way.
 """
 from __future__ import annotations
 
+import enum
 import os
 import time
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, runlock, shm_fs
+from collections.abc import Callable, Iterable
+
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ParameterError, ServerNotFound, ShmFsError, TritonError,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Inventory
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
+
+# Seconds to retry an unregister Triton refuses as "in use", and to wait for a deferred one to leave
+# the status: the default of the module's in_use_timeout option.
+IN_USE_TIMEOUT = 10
 
 
-# what _unregister did with one region
-UNREGISTERED = 'unregistered'
-GONE = 'gone'
-KEPT = 'kept'
+class Unregister(enum.Enum):
+    """What _unregister did with one region."""
+
+    UNREGISTERED = 'unregistered'
+    GONE = 'gone'        # no longer registered: not this run's work
+    KEPT = 'kept'        # still registered (in use past in_use_timeout, or a name the client cannot address)
 
 
-def _spec(region):
-    return dict((k, region.get(k)) for k in REGION_KEYS if k in region)
+class Lock(enum.Enum):
+    """What _lock did about the per-server lock."""
+
+    NOT_NEEDED = 'not needed'    # not serialising, already held by this run, or no shm directory to lock
+    TAKEN = 'taken'              # taken at once: nobody else was acting on this server
+    WAITED = 'waited'            # taken after another run released it: what it read before may be out of date
+    UNAVAILABLE = 'unavailable'  # the directory cannot be locked: warned, acting without it
+
+
+def _spec(region: dict) -> dict:
+    return {k: region.get(k) for k in REGION_KEYS if k in region}
 
 
 def version_tuple(version):
@@ -53,26 +76,27 @@ SAFE_UNREGISTER_VERSION = (2, 50)
 DEFERRED_UNREGISTER_VERSION = (2, 53)
 
 
-def _may_defer(inv):
+def _may_defer(snap: Snapshot) -> bool:
     """Whether this server may keep an unregistered region listed (24.12+, or a version we cannot read)."""
-    version = version_tuple(inv.metadata.get('version'))
+    version = version_tuple(snap.metadata.get('version'))
     return version is None or version >= DEFERRED_UNREGISTER_VERSION
 
 
-def _same(listed, spec):
+def _same(listed: dict, spec: dict) -> bool:
     """Whether a listed region has the spec (key, offset, byte_size; device_id for CUDA) of an earlier record."""
     return all(listed.get(k) == spec.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in spec)
 
 
-def _cuda_spec(region):
-    return dict((k, region.get(k)) for k in ('name', 'device_id', 'byte_size') if k in region)
+def _cuda_spec(region: dict) -> dict:
+    return {k: region.get(k) for k in ('name', 'device_id', 'byte_size') if k in region}
 
 
-class RegionOps(object):
-    """One module run: plan, then (unless check mode) act, recording everything done."""
+class RegionOps:
+    """One module run: plan, then (unless check mode) act, recording everything done; result() reports it."""
 
-    def __init__(self, client, params, check_mode=False, warn=None, sleep=time.sleep, clock=time.monotonic,
-                 serialise=True):
+    def __init__(self, client, params: dict, check_mode: bool = False, warn: Callable[[str], object] | None = None,
+                 sleep: Callable[[float], object] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 serialise: bool = True) -> None:
         self.client = client
         self.serialise = serialise
         self.lock = None
@@ -89,131 +113,166 @@ class RegionOps(object):
         self.marked_files = []
         self.skipped = []
         self.freed_bytes = 0
-        self.before = None
+        self.before = None          # the diff: regions (and files) before, and after
         self.after = None
         self.used_before = None
         self.used_after = None
-        self.inv = None
-        self.before_result = None   # with inventory: what triton_shm_info would have returned when this run read the server
-        self.inv_after = None    # the read before unlinking, when it is also the state returned after the change
+        self.snap = None            # the read this run planned from
+        self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
+        self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
         self.status_after = None
 
-    # -- results ---------------------------------------------------------------------------
+    @property
+    def in_use_timeout(self) -> float:
+        return self.params.get('in_use_timeout', IN_USE_TIMEOUT)
 
-    def done_something(self):
+    def run(self) -> None:
+        """Do what the parameters' state asks (see present() and absent())."""
+        if self.params['state'] == 'present':
+            self.present()
+        else:
+            self.absent()
+
+    # -- the result ------------------------------------------------------------------------
+
+    def done_something(self) -> bool:
         return bool(self.registered or self.unregistered or self.removed_files or self.created_files or self.marked_files)
 
-    def partial(self):
-        """What was done so far: returned on success and on failure part-way.
+    def result(self, finished: bool = True, diff: bool = False) -> dict:
+        """The module's result: what was done (also after a failure part-way), then, when finished, the state after.
 
         changed is what really changed (in check mode: what would change), also after a failure.
+        finished=False (a failure) leaves out what is read after the change: regions, after and the diff.
+        diff: add the diff (before and after) when the run got as far as planning it.
         """
-        changed = self.changed if self.check_mode else self.done_something()
-        out = dict(changed=changed, registered=self.registered, unregistered=self.unregistered,
-                   removed_files=self.removed_files, created_files=self.created_files, marked_files=self.marked_files,
-                   skipped_items=self.skipped,
-                   freed_bytes=self.freed_bytes)
+        out = {'changed': self.changed if self.check_mode else self.done_something(),
+               'registered': self.registered, 'unregistered': self.unregistered,
+               'removed_files': self.removed_files, 'created_files': self.created_files,
+               'marked_files': self.marked_files, 'skipped_items': self.skipped, 'freed_bytes': self.freed_bytes}
         if self.before_result is not None:
             out['before'] = self.before_result
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
             out['shm_used_bytes_after'] = self.used_after
+        if not finished:
+            return out
+        out['regions'] = self._regions_after()
+        if self.params.get('inventory') and not self.check_mode:
+            out['after'] = self._inventory_after()
+        if diff and self.before is not None:
+            out['diff'] = {'before': self.before, 'after': self.after}
         return out
 
-    def _inventory(self, kinds, orphan_patterns=None, min_age=300):
+    def _criteria(self, orphans: bool = True) -> inventory.Criteria:
+        p = self.params
+        return inventory.Criteria.of(orphan_patterns=p.get('orphan_patterns') if orphans else None,
+                                     min_age=p.get('min_age', inventory.DEFAULT_MIN_AGE),
+                                     backend_patterns=p.get('backend_patterns'))
+
+    def _read_for_plan(self, kinds: Iterable[str]) -> Snapshot:
+        """Read the server to plan from, under the per-server lock (taken here, unless check mode)."""
         p = self.params
 
-        def read():
-            return Inventory(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
-                             orphan_patterns=orphan_patterns, min_age=min_age,
-                             require_readable_dir=p.get('shm_dir') is not None, kinds=kinds,
-                             backend_patterns=p.get('backend_patterns'))
-        self.inv = read()
-        if not self.check_mode and self._lock(self.inv):
+        def read() -> Snapshot:
+            return inventory.read_server(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
+                                         require_readable_dir=p.get('shm_dir') is not None, kinds=tuple(kinds))
+        self.snap = read()
+        if not self.check_mode and self._lock(self.snap) is Lock.WAITED:
             # another run acted on this server while we waited: plan from what is there now
-            self.inv = read()
-        for w in self.inv.warnings:
+            self.snap = read()
+        for w in self.snap.warnings:
             self.warn(w)
-        if self.inv.fs:
-            self.used_before = self.used_after = self.inv.fs['used_bytes']
-        return self.inv
+        if self.snap.fs:
+            self.used_before = self.used_after = self.snap.fs['used_bytes']
+        return self.snap
 
-    def _lock(self, inv):
-        """Serialise runs against this server's shm directory; True when another run held the lock."""
-        if not self.serialise or self.lock is not None or inv.shm_dir is None:
-            return False
-        lock = runlock.ShmDirLock(inv.shm_dir, sleep=self.sleep, clock=self.clock)
+    def _lock(self, snap: Snapshot) -> Lock:
+        """Serialise runs against this server's shm directory."""
+        if not self.serialise or self.lock is not None or snap.shm_dir is None:
+            return Lock.NOT_NEEDED
+        lock = runlock.ShmDirLock(snap.shm_dir, sleep=self.sleep, clock=self.clock)
         try:
             waited = lock.acquire()
         except OSError as exc:
-            self.warn('cannot lock %s (%s): acting without it, a run at the same time may count the same regions'
-                      % (lock.path, exc.strerror or exc))
-            return False
+            self.warn(f'cannot lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same time '
+                      'may count the same regions')
+            return Lock.UNAVAILABLE
         self.lock = lock
-        return waited
+        return Lock.WAITED if waited else Lock.TAKEN
 
-    def release(self):
+    def release(self) -> None:
         """Release the per-server lock (the end of the process releases it too)."""
         if self.lock is not None:
             self.lock.release()
             self.lock = None
 
-    def inventory_after(self):
+    def _inventory_after(self) -> dict:
         """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
-        if self.inv_after is None and not self.done_something() and self.before_result is not None:
+        if self.snap_after is None and not self.done_something() and self.before_result is not None:
             return self.before_result   # nothing changed since the read this run selected from
-        result = (self.inv_after or self._read_again()).result()
-        result['server'].update(located_by=self.inv.located_by,
-                                not_found_reason=self.inv.server_reason if self.inv.pid is None else None)
+        snap = self.snap_after or self._read_again()
+        result = inventory.info_result(snap, inventory.classify(snap, self._criteria()))
+        result['server'].update(located_by=self.snap.located_by,
+                                not_found_reason=self.snap.server_reason if self.snap.pid is None else None)
         return result
 
-    def _read_again(self):
+    def _read_again(self) -> Snapshot:
         """The server's shared memory read again: status, files and a full holder scan.
 
-        The server found before is kept (no second discovery); server.live and server.ready are not measured.
+        The server found before is kept; server.live and server.ready are not measured.
         """
-        p = self.params
-        return Inventory(self.client, server_pid=self.inv.pid, shm_dir=self.inv.shm_dir, orphan_patterns=p['orphan_patterns'],
-                         min_age=p['min_age'], kinds=('system',), backend_patterns=p.get('backend_patterns'))
+        return inventory.read_server(self.client, server_pid=self.snap.pid, shm_dir=self.snap.shm_dir, kinds=('system',))
 
-    def _measure_after(self):
-        if self.inv and self.inv.shm_dir and not self.check_mode:
+    def _measure_after(self) -> None:
+        if self.snap and self.snap.shm_dir and not self.check_mode:
             try:
-                self.used_after = shm_fs.usage(self.inv.shm_dir)['used_bytes']
+                self.used_after = shm_fs.usage(self.snap.shm_dir)['used_bytes']
             except OSError:
                 pass
 
+    def _regions_after(self) -> list:
+        """The regions after the change (predicted in check mode)."""
+        if self.status_after is not None:
+            return self.status_after
+        try:
+            current = self.client.status(self.params['kind'])
+        except TritonError:
+            return (self.after or {}).get('regions', [])
+        return self._predict(current) if self.check_mode else current
+
+    def _predict(self, current: list) -> list:
+        p = self.params
+        gone = set(self.unregistered)
+        out = [r for r in current if r['name'] not in gone]
+        if p['state'] == 'present':
+            registered = set(self.registered)
+            out = [r for r in out if r['name'] not in registered]
+            out += [r for r in self.after['regions'] if r['name'] in registered]
+        return sorted(out, key=lambda r: r['name'])
+
     # -- unregister with the in-use retry ---------------------------------------------------
 
-    def _unregister(self, kind, name):
-        """Unregister one region; return UNREGISTERED, GONE (no longer registered: not our work) or KEPT.
-
-        KEPT means it is still registered (in use past in_use_timeout, or a name the client cannot
-        address), with the reason recorded in skipped.
-        """
-        timeout = self.params.get('in_use_timeout', 10)
-        deadline = self.clock() + timeout
-        delay = 0.05
+    def _unregister(self, kind: str, name: str) -> Unregister:
+        """Unregister one region; KEPT means it stays registered, with the reason recorded in skipped."""
+        backoff = Backoff(timeout=self.in_use_timeout, sleep=self.sleep, clock=self.clock)
         while True:
             try:
                 self.client.unregister(kind, name)
-                return UNREGISTERED
+                return Unregister.UNREGISTERED
             except TritonError as exc:
                 if exc.unaddressable:
-                    self.skipped.append(dict(name=name, reason=exc.msg))
-                    return KEPT
+                    self.skipped.append({'name': name, 'reason': exc.msg})
+                    return Unregister.KEPT
                 if exc.not_found:
-                    return GONE
+                    return Unregister.GONE
                 if not exc.in_use:
                     raise
-                if self.clock() + delay > deadline:
-                    self.skipped.append(dict(name=name, reason='still in use after %ss (requests in flight): %s'
-                                             % (timeout, exc.server_error)))
-                    return KEPT
-                self.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                if not backoff.wait():
+                    reason = f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
+                    self.skipped.append({'name': name, 'reason': reason})
+                    return Unregister.KEPT
 
-    def _wait_gone(self, kind, specs):
+    def _wait_gone(self, kind: str, specs: dict) -> set:
         """Poll the status until no region of specs {name: spec} is listed, within in_use_timeout; return those still listed.
 
         Triton 24.12 and later accept an unregister while requests are in flight and keep the region
@@ -222,113 +281,115 @@ class RegionOps(object):
         """
         if not specs:
             return set()
-        deadline = self.clock() + self.params.get('in_use_timeout', 10)
-        delay = 0.05
+        backoff = Backoff(timeout=self.in_use_timeout, sleep=self.sleep, clock=self.clock)
         while True:
-            listed = set(r.get('name') for r in self.client.status(kind)
-                         if r.get('name') in specs and _same(r, specs[r.get('name')]))
-            if not listed or self.clock() + delay > deadline:
+            listed = {r.get('name') for r in self.client.status(kind)
+                      if r.get('name') in specs and _same(r, specs[r.get('name')])}
+            if not listed or not backoff.wait():
                 return listed
-            self.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
     # -- present ----------------------------------------------------------------------------
 
-    def _check_key_allowed(self, key_name):
+    def _check_key_allowed(self, key_name: str) -> None:
         """Refuse keys of Triton's python backend files before asking the server."""
         if key_name.startswith(shm_fs.BACKEND_PREFIX):
-            raise shm_fs.ShmFsError("key '/%s' starts with '%s', the prefix Triton reserves for its python backend "
-                                    "(Triton 2.60 and later refuse it as a reserved prefix): choose another key"
-                                    % (key_name, shm_fs.BACKEND_PREFIX))
+            raise ParameterError(f"key '/{key_name}' starts with '{shm_fs.BACKEND_PREFIX}', the prefix Triton reserves "
+                                 "for its python backend (Triton 2.60 and later refuse it as a reserved prefix): "
+                                 "choose another key")
         patterns = self.params.get('backend_patterns')
         if matches(key_name, patterns):
-            raise shm_fs.ShmFsError("key '/%s' names a python backend file (it matches backend_patterns %s): "
-                                    "registering it as a client region would hand Triton's own memory to clients; "
-                                    "choose another key" % (key_name, ', '.join(patterns)))
+            raise ParameterError(f"key '/{key_name}' names a python backend file (it matches backend_patterns "
+                                 f"{', '.join(patterns)}): registering it as a client region would hand Triton's own "
+                                 "memory to clients; choose another key")
 
-    def _mark(self, inv, key_name, region):
+    def _mark(self, snap: Snapshot, key_name: str, region: str) -> None:
         """Mark the backing file as this region's (reserved); a refusal is a warning, the region stays registered."""
-        path = os.path.join(inv.shm_dir, key_name)
+        path = os.path.join(snap.shm_dir, key_name)
         try:
-            with shm_fs.ShmDir(inv.shm_dir) as d:
+            with shm_fs.ShmDir(snap.shm_dir) as d:
                 st = d.lstat(key_name)
                 if st is None:
-                    raise shm_fs.ShmFsError('%s does not exist' % path)
+                    raise ShmFsError(f'{path} does not exist')
                 d.set_mark(key_name, region, st.st_dev, st.st_ino)
-        except shm_fs.ShmFsError as exc:
-            self.warn("region '%s' is registered, but its file could not be marked as the operator's: a later "
-                      "stale cleanup would take it once no client maps it (%s)" % (region, exc))
+        except ShmFsError as exc:
+            self.warn(f"region '{region}' is registered, but its file could not be marked as the operator's: a later "
+                      f"stale cleanup would take it once no client maps it ({exc})")
             return
         self.marked_files.append(path)
 
-    def present(self):
+    def present(self) -> None:
         if self.params['kind'] == 'cuda':
             return self._present_cuda()
         p = self.params
-        key_name = shm_fs.key_to_name(p['key'])
+        try:
+            key_name = shm_fs.key_to_name(p['key'])
+        except ShmFsError as exc:
+            raise ParameterError(exc.msg) from exc
         self._check_byte_size()
         if p['offset'] < 0:
-            raise shm_fs.ShmFsError('offset must be 0 or more, got %s' % p['offset'])
+            raise ParameterError(f"offset must be 0 or more, got {p['offset']}")
         need = p['offset'] + p['byte_size']
         self._check_key_allowed(key_name)
-        inv = self._inventory(kinds=('system',))
-        current = dict((r['name'], r) for r in inv.system)
-        wanted = dict(key=p['key'], offset=p['offset'], byte_size=p['byte_size'])
-        self.before = dict(regions=[_spec(current[n]) for n in p['name'] if n in current])
+        snap = self._read_for_plan(kinds=('system',))
+        current = {r['name']: r for r in snap.system}
+        wanted = {'key': p['key'], 'offset': p['offset'], 'byte_size': p['byte_size']}
+        self.before = {'regions': [_spec(current[n]) for n in p['name'] if n in current]}
         todo = self._todo(current, wanted)
         create = False
-        if inv.shm_dir is None:
+        if snap.shm_dir is None:
             if p['create_file']:
-                raise shm_fs.ShmFsError('create_file needs the server\'s shm directory, which was not found: set server_pid or shm_dir')
+                raise ServerNotFound("create_file needs the server's shm directory, which was not found: "
+                                     "set server_pid or shm_dir")
         elif todo:
-            create = self._check_backing_file(inv, key_name, need, p['create_file'])
-            if create and inv.fs:
-                self._check_fits(inv, key_name, need)
-        self.after = dict(regions=[dict(name=n, **wanted) for n in p['name']])
+            create = self._check_backing_file(snap, key_name, need, p['create_file'])
+            if create and snap.fs:
+                self._check_fits(snap, key_name, need)
+        self.after = {'regions': [dict(name=n, **wanted) for n in p['name']]}
         if not todo:
-            self._mark_unmarked(inv, key_name)
-            return
+            self._mark_unmarked(snap, key_name)
+            return None
         self.changed = True
         if self.check_mode:
             if create:
-                self.created_files.append(os.path.join(inv.shm_dir, key_name))
+                self.created_files.append(os.path.join(snap.shm_dir, key_name))
             self.registered = [n for n, _cur in todo]
-            return
+            return None
         created = None
         if create:
-            with shm_fs.ShmDir(inv.shm_dir) as d:
+            with shm_fs.ShmDir(snap.shm_dir) as d:
                 created = d.create(key_name, need)
-            self.created_files.append(os.path.join(inv.shm_dir, key_name))
+            self.created_files.append(os.path.join(snap.shm_dir, key_name))
         try:
             self._register_all('system', todo, lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
                                lambda cur: self.client.register_system(cur['name'], cur['key'], cur.get('offset', 0), cur['byte_size']))
-            if inv.shm_dir is not None:
+            if snap.shm_dir is not None:
                 for name in self.registered:
-                    self._mark(inv, key_name, name)
+                    self._mark(snap, key_name, name)
         except TritonError:
             if created is not None and not self.registered:
                 # nothing uses the file we created: take it back (only that very file, by device and inode)
-                with shm_fs.ShmDir(inv.shm_dir) as d:
+                with shm_fs.ShmDir(snap.shm_dir) as d:
                     d.unlink(key_name, created.st_dev, created.st_ino)
                 self.created_files = []
             raise
         finally:
             self._measure_after()
+        return None
 
-    def _check_byte_size(self):
+    def _check_byte_size(self) -> None:
         size = self.params['byte_size']
         if size is None or size <= 0:
-            raise shm_fs.ShmFsError('byte_size must be a positive number of bytes, got %s' % size)
+            raise ParameterError(f'byte_size must be a positive number of bytes, got {size}')
 
-    def _todo(self, current, wanted):
+    def _todo(self, current: dict, wanted: dict) -> list:
         """[(name, current region or None)] of the asked names not registered as wanted."""
         return [(n, current.get(n)) for n in self.params['name'] if not (n in current and _same(current[n], wanted))]
 
-    def _mark_unmarked(self, inv, key_name):
+    def _mark_unmarked(self, snap: Snapshot, key_name: str) -> None:
         """A region already registered as asked: mark its backing file when it does not carry the mark yet."""
-        if inv.shm_dir is None:
+        if snap.shm_dir is None:
             return
-        entry = inv.entry(key_name)
+        entry = snap.entry(key_name)
         if entry is None or entry['type'] != 'file':
             return
         for name in self.params['name']:
@@ -338,9 +399,10 @@ class RegionOps(object):
             if self.check_mode:
                 self.marked_files.append(entry['path'])
             else:
-                self._mark(inv, key_name, name)
+                self._mark(snap, key_name, name)
 
-    def _register_all(self, kind, todo, register, restore):
+    def _register_all(self, kind: str, todo: list, register: Callable[[str], object],
+                      restore: Callable[[dict], object]) -> None:
         """Register each (name, current) of todo; a different current spec is unregistered first.
 
         When the server refuses the new spec after the old one was unregistered, the old spec is
@@ -348,13 +410,13 @@ class RegionOps(object):
         """
         for name, cur in todo:
             if cur is not None:
-                if self._unregister(kind, name) == KEPT:
-                    raise TritonError("re-register %s region '%s': it stays in use (requests in flight), not changed" % (kind, name))
+                if self._unregister(kind, name) is Unregister.KEPT:
+                    raise TritonError(f"re-register {kind} region '{name}': it stays in use (requests in flight), not changed")
                 if self._wait_gone(kind, {name: cur}):
                     self.unregistered.append(name)
-                    raise TritonError("re-register %s region '%s': it was unregistered but is still listed after %ss "
-                                      "(requests in flight: Triton 24.12 and later remove it when they finish); "
-                                      "not registered again, run again later" % (kind, name, self.params.get('in_use_timeout', 10)))
+                    raise TritonError(f"re-register {kind} region '{name}': it was unregistered but is still listed after "
+                                      f"{self.in_use_timeout}s (requests in flight: Triton 24.12 and later remove it when "
+                                      "they finish); not registered again, run again later")
             try:
                 register(name)
             except TritonError as exc:
@@ -364,47 +426,48 @@ class RegionOps(object):
                     restore(cur)
                 except TritonError as again:
                     self.unregistered.append(name)
-                    raise type(exc)('%s; restoring the previous spec failed too, the region is now unregistered: %s'
-                                    % (exc.msg, again.msg), url=exc.url, status=exc.status, server_error=exc.server_error,
-                                    transport=exc.transport)
-                raise type(exc)('%s; the previous spec was registered again, the region is unchanged' % exc.msg,
-                                url=exc.url, status=exc.status, server_error=exc.server_error, transport=exc.transport)
+                    raise type(exc)(f'{exc.msg}; restoring the previous spec failed too, the region is now unregistered: '
+                                    f'{again.msg}', url=exc.url, status=exc.status, server_error=exc.server_error,
+                                    transport=exc.transport) from exc
+                raise type(exc)(f'{exc.msg}; the previous spec was registered again, the region is unchanged',
+                                url=exc.url, status=exc.status, server_error=exc.server_error,
+                                transport=exc.transport) from exc
             if cur is not None:
                 self.unregistered.append(name)
             self.registered.append(name)
 
-    def _check_fits(self, inv, key_name, need):
+    def _check_fits(self, snap: Snapshot, key_name: str, need: int) -> None:
         """A file to create must fit in the shm filesystem: a sparse file larger than it makes every writer die of SIGBUS."""
-        path = os.path.join(inv.shm_dir, key_name)
-        if need > inv.fs['total_bytes']:
-            raise shm_fs.ShmFsError('offset + byte_size (%d) is larger than the whole shm filesystem of %s (%d bytes): refusing to create %s, '
-                                    'its memory could never be allocated' % (need, inv.shm_dir, inv.fs['total_bytes'], path))
-        if need > inv.fs['free_bytes']:
-            self.warn('%s is created with %d bytes but only %d bytes of the shm filesystem are free: writing it may fail (SIGBUS)'
-                      % (path, need, inv.fs['free_bytes']))
+        path = os.path.join(snap.shm_dir, key_name)
+        if need > snap.fs['total_bytes']:
+            raise ShmFsError(f"offset + byte_size ({need}) is larger than the whole shm filesystem of {snap.shm_dir} "
+                             f"({snap.fs['total_bytes']} bytes): refusing to create {path}, its memory could never be allocated")
+        if need > snap.fs['free_bytes']:
+            self.warn(f"{path} is created with {need} bytes but only {snap.fs['free_bytes']} bytes of the shm filesystem "
+                      "are free: writing it may fail (SIGBUS)")
 
-    def _check_backing_file(self, inv, key_name, need, create_file):
-        """Validate the backing file, as the inventory just listed it; True when it has to be created."""
-        entry = inv.entry(key_name)
-        path = os.path.join(inv.shm_dir, key_name)
+    def _check_backing_file(self, snap: Snapshot, key_name: str, need: int, create_file: bool) -> bool:
+        """Validate the backing file, as the read just listed it; True when it has to be created."""
+        entry = snap.entry(key_name)
+        path = os.path.join(snap.shm_dir, key_name)
         if entry is None:
             if not create_file:
-                raise shm_fs.ShmFsError('backing file %s does not exist: create it (a client does) or set create_file: true' % path)
+                raise ShmFsError(f'backing file {path} does not exist: create it (a client does) or set create_file: true')
             return True
         if entry['type'] != 'file':
-            raise shm_fs.ShmFsError('backing path %s is a %s, not a regular file: refusing to register it' % (path, entry['type']))
+            raise ShmFsError(f"backing path {path} is a {entry['type']}, not a regular file: refusing to register it")
         if entry['size'] < need:
-            raise shm_fs.ShmFsError('offset + byte_size (%d) is past the end of %s (%d bytes); the file is never truncated or grown'
-                                    % (need, path, entry['size']))
+            raise ShmFsError(f"offset + byte_size ({need}) is past the end of {path} ({entry['size']} bytes); "
+                             "the file is never truncated or grown")
         return False
 
-    def _present_cuda(self):
+    def _present_cuda(self) -> None:
         p = self.params
         self._check_byte_size()
-        current = dict((r['name'], r) for r in self.client.status('cuda'))
-        wanted = dict(device_id=p['device_id'], byte_size=p['byte_size'])
-        self.before = dict(regions=[_cuda_spec(current[n]) for n in p['name'] if n in current])
-        self.after = dict(regions=[dict(name=n, **wanted) for n in p['name']])
+        current = {r['name']: r for r in self.client.status('cuda')}
+        wanted = {'device_id': p['device_id'], 'byte_size': p['byte_size']}
+        self.before = {'regions': [_cuda_spec(current[n]) for n in p['name'] if n in current]}
+        self.after = {'regions': [dict(name=n, **wanted) for n in p['name']]}
         todo = self._todo(current, wanted)
         if not todo:
             return
@@ -416,29 +479,29 @@ class RegionOps(object):
                            self._restore_cuda)
 
     @staticmethod
-    def _restore_cuda(cur):
+    def _restore_cuda(cur: dict) -> None:
         # Triton's status does not return the IPC handle of a CUDA region: it cannot be registered again
-        raise TritonError("the IPC handle of cuda region '%s' is not known to the server's status" % cur['name'])
+        raise TritonError(f"the IPC handle of cuda region '{cur['name']}' is not known to the server's status")
 
     # -- absent -----------------------------------------------------------------------------
 
-    def _select(self, candidates):
+    def _select(self, candidates: Iterable[dict]) -> list:
         """The candidate regions to unregister, minus the excluded and the unaddressable ones (skipped with the reason)."""
         selected = []
         for rec in candidates:
             if matches(rec['name'], self.params.get('exclude')):
-                self.skipped.append(dict(name=rec['name'], reason='excluded by pattern'))
+                self.skipped.append({'name': rec['name'], 'reason': 'excluded by pattern'})
             elif not self._unaddressable(rec):
                 selected.append(rec)
         return selected
 
-    def _wanted(self, rec):
+    def _wanted(self, rec: dict) -> bool:
         """Whether the parameters ask for this system region (before exclusion)."""
         p = self.params
         return bool(p['all'] or rec['name'] in (p['name'] or ()) or (p['stale'] and rec['reclaimable'])
-                    or (p.get('reserved') and rec['state'] == 'reserved'))
+                    or (p.get('reserved') and rec['state'] == inventory.RESERVED))
 
-    def _unaddressable(self, rec):
+    def _unaddressable(self, rec: dict) -> bool:
         """True (and skipped with the reason, its file kept) when the client cannot address this region's name.
 
         Decided while planning, so that check mode reports exactly what a real run does.
@@ -446,71 +509,70 @@ class RegionOps(object):
         why = self.client.unaddressable(rec['name'])
         if why is None:
             return False
-        self.skipped.append(dict(name=rec['name'], reason=why))
+        self.skipped.append({'name': rec['name'], 'reason': why})
         f = rec.get('file')
         if self.params.get('remove_file') and f and f.get('exists'):
-            self.skipped.append(dict(path=f['path'], reason="region '%s' stays registered" % rec['name']))
+            self.skipped.append({'path': f['path'], 'reason': f"region '{rec['name']}' stays registered"})
         return True
 
-    def _require_server(self, inv):
+    def _require_server(self, snap: Snapshot) -> None:
         """Stale and orphan cleanup on a host whose server was not found would be a silent no-op: refuse it."""
         p = self.params
-        wants = [w for w, needs in (('stale', inv.pid is None), ('orphan_files', inv.shm_dir is None)) if p.get(w) and needs]
+        wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None)) if p.get(w) and needs]
         if wants:
-            raise discovery.ServerNotFound(
-                '%s cleanup needs the tritonserver process behind %s and its shm directory, and %s: %s'
-                % (' and '.join(wants), self.client.base,
-                   'the process was not found' if inv.pid is None else 'the directory is not known',
-                   inv.server_reason or inv.dir_error or 'see the warnings'))
+            missing = 'the process was not found' if snap.pid is None else 'the directory is not known'
+            raise ServerNotFound(
+                f"{' and '.join(wants)} cleanup needs the tritonserver process behind {self.client.base} and its shm "
+                f"directory, and {missing}: {snap.server_reason or snap.dir_error or 'see the warnings'}")
 
-    def absent(self):
+    def absent(self) -> None:
         """Unregister the selected regions, then remove their unheld files and (with orphan_files) orphan files."""
         p = self.params
         if p['kind'] == 'cuda':
             return self._absent_cuda()
-        classify_orphans = p['orphan_files'] or p.get('inventory')
-        inv = self._inventory(kinds=('system',), orphan_patterns=p['orphan_patterns'] if classify_orphans else None,
-                              min_age=p['min_age'])
-        records = regions, _cuda, files = inv.records()
+        snap = self._read_for_plan(kinds=('system',))
+        records = inventory.classify(snap, self._criteria(orphans=bool(p['orphan_files'] or p.get('inventory'))))
+        regions, files = records.system_regions, records.files
         if p.get('inventory'):
-            self.before_result = inv.result(records=records)
-        self._require_server(inv)
+            self.before_result = inventory.info_result(snap, records)
+        self._require_server(snap)
         selected = self._select(rec for rec in regions if self._wanted(rec))
-        selected_names = set(r['name'] for r in selected)
+        selected_names = {r['name'] for r in selected}
         remaining = [r for r in regions if r['name'] not in selected_names]
-        file_plan = self._plan_files(inv, selected, remaining, files)
-        self.before = dict(regions=[_spec(r) for r in regions], files=[e['path'] for e, _n in file_plan])
-        self.after = dict(regions=[_spec(r) for r in remaining], files=[])
+        file_plan = self._plan_files(snap, selected, remaining, files)
+        self.before = {'regions': [_spec(r) for r in regions], 'files': [e['path'] for e, _n in file_plan]}
+        self.after = {'regions': [_spec(r) for r in remaining], 'files': []}
         if not selected and not file_plan:
-            return
+            return None
         self.changed = True
-        self._warn_unsafe_unregister(inv, selected)
+        self._warn_unsafe_unregister(snap, selected)
         if self.check_mode:
             self.unregistered = sorted(selected_names)
             self.removed_files = [e['path'] for e, _n in file_plan]
             self.freed_bytes = sum(e['allocated_bytes'] for e, _n in file_plan)
-            return
+            return None
         try:
-            self._unregister_then_remove(inv, selected, file_plan)
+            self._unregister_then_remove(snap, selected, file_plan)
         finally:
             self._record_after()
+        return None
 
-    def _unregister_then_remove(self, inv, selected, file_plan):
+    def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
         """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
         still_registered = set()
         try:
             self._unregister_selected('system', selected, still_registered)
             self._deferred(selected, still_registered)
         except TritonError:
-            self._salvage_files(inv, selected, file_plan, still_registered)
+            self._salvage_files(snap, selected, file_plan, still_registered)
             raise
-        self._remove_files(inv, file_plan, still_registered)
+        self.snap_after = self._remove_files(snap, file_plan, still_registered)
 
-    def _plan_files(self, inv, selected, remaining, files):
-        """[(inventory entry, region name or None)]: the files to remove, each skip recorded with its reason."""
+    def _plan_files(self, snap: Snapshot, selected: list, remaining: list, files: list) -> list:
+        """[(snapshot entry, region name or None)]: the files to remove, each skip recorded with its reason."""
         p = self.params
-        kept_paths = set(r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists'))
-        entries = dict((e['path'], e) for e in inv.entries)
+        kept_paths = {r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists')}
+        entries = {e['path']: e for e in snap.entries}
         file_plan = []
         planned = set()
         for rec in selected:
@@ -518,9 +580,9 @@ class RegionOps(object):
             if not p['remove_file'] or not f or not f.get('exists'):
                 continue
             path = f['path']
-            reason = self._keep_file_reason(inv, rec, f, kept_paths)
+            reason = self._keep_file_reason(snap, rec, f, kept_paths)
             if reason is not None:
-                self.skipped.append(dict(path=path, reason=reason))
+                self.skipped.append({'path': path, 'reason': reason})
             elif path not in planned:
                 planned.add(path)
                 file_plan.append((entries[path], rec['name']))
@@ -528,31 +590,31 @@ class RegionOps(object):
             file_plan.extend((entries[f['path']], None) for f in files if f['category'] == 'orphan')
         return file_plan
 
-    def _keep_file_reason(self, inv, rec, f, kept_paths):
+    def _keep_file_reason(self, snap: Snapshot, rec: dict, f: dict, kept_paths: set) -> str | None:
         """Why the backing file of a selected region must stay, or None."""
         path = f['path']
         if path in kept_paths:
             return 'also backs a region that stays registered'
         if f.get('type') != 'file':
-            return 'not a regular file (%s): never removed' % f.get('type')
+            return f"not a regular file ({f.get('type')}): never removed"
         if rec['holders']:
-            self.warn("region '%s' is unregistered as asked, but its file %s is held by %s and is kept"
-                      % (rec['name'], path, holders_text(rec['holders'])))
+            self.warn(f"region '{rec['name']}' is unregistered as asked, but its file {path} is held by "
+                      f"{holders_text(rec['holders'])} and is kept")
             return 'held by ' + holders_text(rec['holders'])
-        if inv.scan is None or not inv.scan.complete:
+        if not snap.holders_complete:
             return 'holders could not be fully determined'
         return None
 
-    def _unregister_selected(self, kind, selected, still_registered):
+    def _unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
         """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered."""
         for rec in selected:
             outcome = self._unregister(kind, rec['name'])
-            if outcome == UNREGISTERED:
+            if outcome is Unregister.UNREGISTERED:
                 self.unregistered.append(rec['name'])
-            elif outcome == KEPT:
+            elif outcome is Unregister.KEPT:
                 still_registered.add(rec['name'])
 
-    def _salvage_files(self, inv, selected, file_plan, still_registered):
+    def _salvage_files(self, snap: Snapshot, selected: list, file_plan: list, still_registered: set) -> None:
         """After a failure part-way: remove the files of the regions confirmed unregistered and gone from the status,
         so that a rerun of the same task converges; every other file is kept."""
         done = set(self.unregistered)
@@ -560,21 +622,21 @@ class RegionOps(object):
             self._deferred(selected, still_registered)
         except TritonError as again:
             # before 24.12 an unregister Triton answered is final; since, it may still be listed
-            if _may_defer(inv):
-                self.skipped.extend(dict(path=e['path'], reason='not removed: the status could not be read to confirm '
-                                         'that its region is gone: %s' % again.msg)
+            if _may_defer(snap):
+                self.skipped.extend({'path': e['path'], 'reason': 'not removed: the status could not be read to confirm '
+                                     f'that its region is gone: {again.msg}'}
                                     for e, n in file_plan if n in done)
                 return
         try:
-            self._remove_files(inv, [(e, n) for e, n in file_plan if n in done], still_registered)
-        except shm_fs.ShmFsError as exc:
+            self.snap_after = self._remove_files(snap, [(e, n) for e, n in file_plan if n in done], still_registered)
+        except ShmFsError as exc:
             # e.g. the server died and its private /dev/shm went with it: the server's failure (the cause)
             # is what is raised; the files that could not be removed are reported with this reason
             removed = set(self.removed_files)
-            self.skipped.extend(dict(path=e['path'], reason='not removed: %s' % exc)
+            self.skipped.extend({'path': e['path'], 'reason': f'not removed: {exc}'}
                                 for e, n in file_plan if n in done and e['path'] not in removed)
 
-    def _record_after(self):
+    def _record_after(self) -> None:
         """/dev/shm use and the server's regions after the change, as far as they can still be read."""
         self._measure_after()
         try:
@@ -583,83 +645,88 @@ class RegionOps(object):
         except TritonError:
             pass
 
-    def _deferred(self, selected, still_registered):
+    def _deferred(self, selected: list, still_registered: set) -> None:
         """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files."""
-        specs = dict((r['name'], r) for r in selected if r['name'] in self.unregistered and r['name'] not in still_registered)
+        specs = {r['name']: r for r in selected if r['name'] in self.unregistered and r['name'] not in still_registered}
         for name in sorted(self._wait_gone('system', specs)):
             still_registered.add(name)
-            self.skipped.append(dict(name=name, reason='unregistered, but still listed by the server after %ss (requests in '
-                                     'flight: it goes when they finish); its file is kept' % self.params.get('in_use_timeout', 10)))
-            self.warn("region '%s' is still listed after its unregister (requests in flight): its file is kept, "
-                      "a later run removes it" % name)
+            self.skipped.append({'name': name, 'reason': f'unregistered, but still listed by the server after '
+                                                         f'{self.in_use_timeout}s (requests in flight: it goes when '
+                                                         'they finish); its file is kept'})
+            self.warn(f"region '{name}' is still listed after its unregister (requests in flight): its file is kept, "
+                      "a later run removes it")
 
-    def _warn_unsafe_unregister(self, inv, selected):
+    def _warn_unsafe_unregister(self, snap: Snapshot, selected: list) -> None:
         """Before Triton 2.50, unregistering a region a live client uses could crash the server (#3207)."""
-        version = version_tuple(inv.metadata.get('version'))
+        version = version_tuple(snap.metadata.get('version'))
         if version is None or version >= SAFE_UNREGISTER_VERSION:
             return
         held = sorted(r['name'] for r in selected if r['holders'])
         if held:
-            self.warn('Triton %s is older than 2.50: unregistering a region while a live client runs requests through it '
-                      'can crash the server (triton-inference-server/server#3207); region(s) %s are held by live clients'
-                      % (inv.metadata.get('version'), ', '.join(held)))
+            self.warn(f"Triton {snap.metadata.get('version')} is older than 2.50: unregistering a region while a live "
+                      "client runs requests through it can crash the server (triton-inference-server/server#3207); "
+                      f"region(s) {', '.join(held)} are held by live clients")
 
-    def _remove_files(self, inv, file_plan, still_registered):
+    def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
+        """Unlink the planned files that are still safe to unlink; return the state after, when inventory asks for it.
+
+        Invariant 3: holders are re-checked immediately before unlinking. When the state after the change
+        is asked for, that re-check is a full read of the server (status, files, holders), returned (a new
+        snapshot) without the files unlinked here: one holder scan instead of two.
+        """
         if not file_plan:
-            return
-        # Invariant 3: re-check holders immediately before unlinking. When the state after the change is
-        # asked for, that re-check is a full read of the server (status, files, holders), which then
-        # only loses the files unlinked here: one holder scan instead of two.
-        if self.params.get('inventory'):
-            check = self.inv_after = self._read_again()
-        else:
-            inv.rescan()
-            check = inv
-        with shm_fs.ShmDir(inv.shm_dir) as d:
+            return None
+        want_after = bool(self.params.get('inventory'))
+        check = self._read_again() if want_after else inventory.rescan(snap)
+        with shm_fs.ShmDir(snap.shm_dir) as d:
             for entry, region in file_plan:
-                path = entry['path']
-                if region in still_registered:
-                    self.skipped.append(dict(path=path, reason="region '%s' is still registered" % region))
-                    continue
-                if check.scan is None or not check.scan.complete:
-                    self.skipped.append(dict(path=path, reason='holders could not be fully determined'))
-                    continue
-                holders = check.scan.holders_of(entry['dev'], entry['inode'])
-                if holders:
-                    self.skipped.append(dict(path=path, reason='held by %s (re-checked before removal)' % holders_text(holders)))
-                    continue
-                try:
-                    freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'), missing=None)
-                except shm_fs.ShmFsError as exc:
-                    self.skipped.append(dict(path=path, reason=str(exc)))
-                    self.warn(str(exc))
-                    continue
-                if freed is None:
-                    # removed by someone else since it was listed: not this run's work
-                    self.skipped.append(dict(path=path, reason='already removed (by another process) before this run unlinked it'))
-                    continue
-                self.removed_files.append(path)
-                self.freed_bytes += freed
-        if self.inv_after is not None:
-            removed = set(self.removed_files)
-            self.inv_after.entries = [e for e in self.inv_after.entries if e['path'] not in removed]
+                reason = self._unlink(d, check, entry, region, still_registered)
+                if reason is not None:
+                    self.skipped.append({'path': entry['path'], 'reason': reason})
+        if not want_after:
+            return None
+        fs = None
+        if check.shm_dir is not None:
             try:
-                self.inv_after.fs = shm_fs.usage(self.inv_after.shm_dir)
+                fs = shm_fs.usage(check.shm_dir)
             except OSError:
                 pass
+        return check.without(self.removed_files, fs=fs)
 
-    def _absent_cuda(self):
+    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, region: str | None,
+                still_registered: set) -> str | None:
+        """Unlink one planned file (recorded in removed_files and freed_bytes), or return why it stays."""
+        if region in still_registered:
+            return f"region '{region}' is still registered"
+        if not check.holders_complete:
+            return 'holders could not be fully determined'
+        holders = check.scan.holders_of(entry['dev'], entry['inode'])
+        if holders:
+            return f'held by {holders_text(holders)} (re-checked before removal)'
+        try:
+            freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'), missing=None)
+        except ShmFsError as exc:
+            self.warn(str(exc))
+            return str(exc)
+        if freed is None:
+            # removed by someone else since it was listed: not this run's work
+            return 'already removed (by another process) before this run unlinked it'
+        self.removed_files.append(entry['path'])
+        self.freed_bytes += freed
+        return None
+
+    def _absent_cuda(self) -> None:
         p = self.params
         if p['orphan_files']:
-            raise shm_fs.ShmFsError('orphan_files applies to kind=system only (CUDA regions have no files)')
+            raise ParameterError('orphan_files applies to kind=system only (CUDA regions have no files)')
         current = self.client.status('cuda')
         names = set(p['name'] or ())
         selected = self._select(rec for rec in current if p['all'] or rec['name'] in names)
         if p['stale'] and not p['all']:
             self.warn('CUDA regions are never stale (their clients cannot be observed): stale=true selects none of them')
-        sel = set(r['name'] for r in selected)
-        self.before = dict(regions=[_cuda_spec(r) for r in current], files=[])
-        self.after = dict(regions=[_cuda_spec(r) for r in current if r['name'] not in sel], files=[])
+        sel = {r['name'] for r in selected}
+        self.before = {'regions': [_cuda_spec(r) for r in current], 'files': []}
+        self.after = {'regions': [_cuda_spec(r) for r in current if r['name'] not in sel], 'files': []}
         if not selected:
             return
         self.changed = True
@@ -667,22 +734,3 @@ class RegionOps(object):
             self.unregistered = sorted(sel)
             return
         self._unregister_selected('cuda', selected, set())
-
-    def regions_after(self):
-        """The regions after the change (predicted in check mode)."""
-        if self.status_after is not None:
-            return self.status_after
-        try:
-            current = self.client.status(self.params['kind'])
-        except TritonError:
-            return (self.after or {}).get('regions', [])
-        return self._predict(current) if self.check_mode else current
-
-    def _predict(self, current):
-        p = self.params
-        gone = set(self.unregistered)
-        out = [r for r in current if r['name'] not in gone]
-        if p['state'] == 'present':
-            out = [r for r in out if r['name'] not in set(self.registered)]
-            out += [r for r in self.after['regions'] if r['name'] in set(self.registered)]
-        return sorted(out, key=lambda r: r['name'])

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The shm directory: usage, safe listing, safe create and safe unlink.
 
-Private to the tritonops.shm collection. Every operation works on names
+Private to the tritonops.shm collection: no stability promise to other code. Every operation works on names
 relative to an open directory file descriptor, never follows symlinks, and
 refuses anything that is not a single path component, so nothing outside the
 shm directory can ever be touched.
@@ -29,17 +29,17 @@ BACKEND_PATTERNS = (BACKEND_PREFIX + '*',)
 RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
 
 
-def usage(path):
+def usage(path: str) -> dict:
     """statvfs of the shm filesystem: sizes in bytes."""
     st = os.statvfs(path)
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
-    return dict(path=path, total_bytes=total, used_bytes=used, free_bytes=free,
-                used_percent=round(100.0 * used / total, 2) if total else 0.0)
+    return {'path': path, 'total_bytes': total, 'used_bytes': used, 'free_bytes': free,
+            'used_percent': round(100.0 * used / total, 2) if total else 0.0}
 
 
-def key_to_name(key):
+def key_to_name(key: object) -> str:
     """The file name a system region key refers to, or raise ShmFsError saying why the key is unsafe.
 
     Triton opens ``shm_open(key)``, i.e. ``/dev/shm`` + key: a valid key is ``/`` followed by
@@ -48,18 +48,18 @@ def key_to_name(key):
     if not isinstance(key, str) or not key:
         raise ShmFsError('key must be a non-empty string like "/my_region"')
     if '\x00' in key:
-        raise ShmFsError('key %r contains a NUL byte' % (key,))
+        raise ShmFsError(f'key {key!r} contains a NUL byte')
     if not key.startswith('/'):
-        raise ShmFsError('key %r must start with "/" (Triton opens it with shm_open in the shm directory)' % (key,))
+        raise ShmFsError(f'key {key!r} must start with "/" (Triton opens it with shm_open in the shm directory)')
     name = key[1:]
     if not name or '/' in name:
-        raise ShmFsError('key %r must be exactly one path component after the leading "/"' % (key,))
+        raise ShmFsError(f'key {key!r} must be exactly one path component after the leading "/"')
     if name in ('.', '..'):
-        raise ShmFsError('key %r points outside the shm directory' % (key,))
+        raise ShmFsError(f'key {key!r} points outside the shm directory')
     return name
 
 
-def read_mark(path):
+def read_mark(path: str) -> str | None:
     """The reserved mark (a region name) of the file at path, never followed; None when absent or unreadable."""
     try:
         value = os.getxattr(path, RESERVED_XATTR, follow_symlinks=False)
@@ -69,13 +69,13 @@ def read_mark(path):
     return value.decode('utf-8', 'replace')
 
 
-def check_name(name):
+def check_name(name: str) -> str:
     if not name or '/' in name or '\x00' in name or name in ('.', '..'):
-        raise ShmFsError('refusing unsafe file name %r (must be one component inside the shm directory)' % (name,))
+        raise ShmFsError(f'refusing unsafe file name {name!r} (must be one component inside the shm directory)')
     return name
 
 
-def _kind(mode):
+def _kind(mode: int) -> str:
     if stat.S_ISREG(mode):
         return 'file'
     if stat.S_ISLNK(mode):
@@ -89,7 +89,7 @@ def _kind(mode):
     return 'other'
 
 
-def describe(name, full_path, st, now):
+def describe(name: str, full_path: str, st: os.stat_result, now: float) -> dict:
     """The public description of one directory entry (full_path) from its lstat result, its age as of now."""
     mode = st.st_mode
     return {
@@ -99,7 +99,7 @@ def describe(name, full_path, st, now):
         'size': st.st_size,
         'allocated_bytes': getattr(st, 'st_blocks', 0) * 512,
         'uid': st.st_uid,
-        'mode': '%04o' % stat.S_IMODE(mode),
+        'mode': f'{stat.S_IMODE(mode):04o}',
         'mtime': st.st_mtime,
         'age_s': round(max(0.0, now - st.st_mtime), 3),
         'inode': st.st_ino,
@@ -108,7 +108,7 @@ def describe(name, full_path, st, now):
     }
 
 
-def list_entries(path, now=None):
+def list_entries(path: str, now: float | None = None) -> list[dict]:
     """Every entry of the shm directory, lstat'ed (never followed). Entries that vanish are skipped.
 
     The directory is opened once and listed and lstat'ed by its descriptor: a path like
@@ -132,29 +132,29 @@ def list_entries(path, now=None):
     return out
 
 
-class ShmDir(object):
+class ShmDir:
     """An open shm directory; all operations are relative to its descriptor."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
         except OSError as exc:
-            raise ShmFsError('cannot open shm directory %s: %s' % (path, exc.strerror))
+            raise ShmFsError(f'cannot open shm directory {path}: {exc.strerror}') from exc
         self.st = os.fstat(self.fd)
 
-    def close(self):
+    def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
 
-    def __enter__(self):
+    def __enter__(self) -> ShmDir:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def lstat(self, name):
+    def lstat(self, name: str) -> os.stat_result | None:
         """lstat of name inside the directory, or None when it does not exist."""
         check_name(name)
         try:
@@ -162,14 +162,14 @@ class ShmDir(object):
         except FileNotFoundError:
             return None
 
-    def create(self, name, size, mode=0o600):
+    def create(self, name: str, size: int, mode: int = 0o600) -> os.stat_result:
         """Create a new regular file of size bytes (O_EXCL: never reuses or truncates an existing file)."""
         check_name(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0)
         try:
             fd = os.open(name, flags, mode, dir_fd=self.fd)
         except OSError as exc:
-            raise ShmFsError('cannot create %s in %s: %s' % (name, self.path, exc.strerror))
+            raise ShmFsError(f'cannot create {name} in {self.path}: {exc.strerror}') from exc
         try:
             os.fchmod(fd, mode)
             os.ftruncate(fd, size)
@@ -179,15 +179,15 @@ class ShmDir(object):
                 os.unlink(name, dir_fd=self.fd)
             except OSError:
                 pass
-            raise ShmFsError('cannot size %s in %s to %d bytes: %s' % (name, self.path, size, exc.strerror))
+            raise ShmFsError(f'cannot size {name} in {self.path} to {size} bytes: {exc.strerror}') from exc
         finally:
             os.close(fd)
 
-    def read_mark(self, name):
+    def read_mark(self, name: str) -> str | None:
         """The reserved mark (a region name) of regular file name, or None when it has none or it cannot be read."""
         return read_mark(os.path.join(self.path, check_name(name)))
 
-    def set_mark(self, name, region, expect_dev, expect_ino):
+    def set_mark(self, name: str, region: str, expect_dev: int, expect_ino: int) -> None:
         """Mark regular file name, still the same (device, inode), as backing region (see RESERVED_XATTR).
 
         Raises ShmFsError when the file is gone, replaced, not regular, or the filesystem or the
@@ -198,19 +198,20 @@ class ShmDir(object):
         try:
             fd = os.open(name, flags, dir_fd=self.fd)
         except OSError as exc:
-            raise ShmFsError('cannot open %s in %s to mark it: %s' % (name, self.path, exc.strerror))
+            raise ShmFsError(f'cannot open {name} in {self.path} to mark it: {exc.strerror}') from exc
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
-                raise ShmFsError('%s in %s was replaced since it was checked: not marked' % (name, self.path))
+                raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not marked')
             os.setxattr(fd, RESERVED_XATTR, region.encode('utf-8'))
         except OSError as exc:
-            raise ShmFsError('cannot mark %s in %s as reserved (extended attribute %s): %s'
-                             % (name, self.path, RESERVED_XATTR, exc.strerror))
+            raise ShmFsError(f'cannot mark {name} in {self.path} as reserved (extended attribute {RESERVED_XATTR}): '
+                             f'{exc.strerror}') from exc
         finally:
             os.close(fd)
 
-    def unlink(self, name, expect_dev, expect_ino, expect_ctime_ns=None, missing=0):
+    def unlink(self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None,
+               missing: int | None = 0) -> int | None:
         """Unlink name only if it is still the same regular file (device and inode) we classified.
 
         With expect_ctime_ns, its inode change time must be unchanged too: a file removed and
@@ -225,17 +226,17 @@ class ShmDir(object):
         if st is None:
             return missing
         if not stat.S_ISREG(st.st_mode):
-            raise ShmFsError('%s in %s is a %s, not a regular file: not removed' % (name, self.path, _kind(st.st_mode)))
+            raise ShmFsError(f'{name} in {self.path} is a {_kind(st.st_mode)}, not a regular file: not removed')
         if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
-            raise ShmFsError('%s in %s was replaced since it was checked (inode %d, expected %d): not removed'
-                             % (name, self.path, st.st_ino, expect_ino))
+            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
+                             f'expected {expect_ino}): not removed')
         if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
-            raise ShmFsError('%s in %s changed since it was checked (its inode change time differs): not removed'
-                             % (name, self.path))
+            raise ShmFsError(f'{name} in {self.path} changed since it was checked (its inode change time differs): '
+                             'not removed')
         try:
             os.unlink(name, dir_fd=self.fd)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return missing
-            raise ShmFsError('cannot remove %s from %s: %s' % (name, self.path, exc.strerror))
+            raise ShmFsError(f'cannot remove {name} from {self.path}: {exc.strerror}') from exc
         return st.st_blocks * 512

@@ -287,7 +287,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     backend_argument_spec, make_client, run_module_main, shm_dir_argument_spec,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory
 
 JMESPATH_IMPORT_ERROR = None
 try:
@@ -298,7 +298,7 @@ except ImportError:
     JMESPATH_IMPORT_ERROR = traceback.format_exc()
 
 
-def run(module, client):
+def run(module: AnsibleModule, client) -> None:
     params = module.params
     if params['query'] and not HAS_JMESPATH:
         module.fail_json(msg=missing_required_lib('jmespath'), exception=JMESPATH_IMPORT_ERROR)
@@ -307,30 +307,30 @@ def run(module, client):
         try:
             compiled = jmespath.compile(params['query'])
         except jmespath.exceptions.JMESPathError as exc:
-            module.fail_json(msg='query %r is not a valid JMESPath expression: %s' % (params['query'], exc))
+            module.fail_json(msg=f"query {params['query']!r} is not a valid JMESPath expression: {exc}")
     client.use_keep_alive()   # one connection for the five calls (plain http without a proxy; else as configured)
     live = client.health('live')
     ready = client.health('ready')
-    inv = Inventory(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
-                    orphan_patterns=params['orphan_patterns'], min_age=params['min_age'],
-                    require_readable_dir=params['shm_dir'] is not None, backend_patterns=params['backend_patterns'])
-    for warning in inv.warnings:
+    snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
+                                 require_readable_dir=params['shm_dir'] is not None)
+    for warning in snap.warnings:
         module.warn(warning)
-    result = inv.result(live=live, ready=ready)
+    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'])
+    result = inventory.info_result(snap, inventory.classify(snap, criteria), live=live, ready=ready)
     if compiled is not None:
         try:
             result['query_result'] = compiled.search(result)
         except jmespath.exceptions.JMESPathError as exc:
-            module.fail_json(msg='query %r failed: %s' % (params['query'], exc))
+            module.fail_json(msg=f"query {params['query']!r} failed: {exc}")
     module.exit_json(changed=False, **result)
 
 
-def main():
+def main() -> None:
     argument_spec = shm_dir_argument_spec()
     argument_spec.update(backend_argument_spec())
     argument_spec.update(
         orphan_patterns=dict(type='list', elements='str', default=[]),
-        min_age=dict(type='float', default=300),
+        min_age=dict(type='float', default=inventory.DEFAULT_MIN_AGE),
         query=dict(type='str'),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)

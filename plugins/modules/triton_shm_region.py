@@ -307,29 +307,30 @@ failure:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     backend_argument_spec, make_client, run_module_main, shm_dir_argument_spec,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import IN_USE_TIMEOUT, RegionOps
 
 
-def validate(module, client):
+def validate(module: AnsibleModule, client) -> None:
     p = module.params
     if p['state'] == 'present':
         if not p['name']:
             module.fail_json(msg='state=present needs name')
         if len(p['name']) > 1:
-            module.fail_json(msg='state=present registers one region per task, got %d names (Triton refuses a second region on a key '
-                                 'that is already registered): loop over the names, each with its own key' % len(p['name']))
+            module.fail_json(msg=f"state=present registers one region per task, got {len(p['name'])} names (Triton refuses a "
+                                 "second region on a key that is already registered): loop over the names, each with its own key")
         for opt in ('stale', 'reserved', 'all', 'orphan_files'):
             if p[opt]:
-                module.fail_json(msg='%s applies to state=absent only' % opt)
+                module.fail_json(msg=f'{opt} applies to state=absent only')
         if p['kind'] == 'system':
             missing = [o for o in ('key', 'byte_size') if p[o] is None]
         else:
             missing = [o for o in ('raw_handle', 'device_id', 'byte_size') if p[o] is None]
         if missing:
-            module.fail_json(msg='state=present with kind=%s needs %s' % (p['kind'], ', '.join(missing)))
+            module.fail_json(msg=f"state=present with kind={p['kind']} needs {', '.join(missing)}")
         for name in p['name']:
             why = client.unaddressable(name)   # over HTTP: names a URL path cannot carry
             if why:
@@ -349,7 +350,7 @@ def validate(module, client):
         module.fail_json(msg='region names must not be empty')
 
 
-def main():
+def main() -> None:
     argument_spec = shm_dir_argument_spec()
     argument_spec.update(backend_argument_spec())
     argument_spec.update(
@@ -367,10 +368,10 @@ def main():
         all=dict(type='bool', default=False),
         orphan_files=dict(type='bool', default=False),
         orphan_patterns=dict(type='list', elements='str', default=[]),
-        min_age=dict(type='float', default=300),
+        min_age=dict(type='float', default=DEFAULT_MIN_AGE),
         exclude=dict(type='list', elements='str', default=[]),
         remove_file=dict(type='bool', default=True),
-        in_use_timeout=dict(type='float', default=10),
+        in_use_timeout=dict(type='float', default=IN_USE_TIMEOUT),
         inventory=dict(type='bool', default=False),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
@@ -379,20 +380,11 @@ def main():
     client.use_keep_alive()   # one connection for any number of regions
     ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
 
-    def body():
-        if module.params['state'] == 'present':
-            ops.present()
-        else:
-            ops.absent()
-        result = ops.partial()
-        result['regions'] = ops.regions_after()
-        if module.params['inventory'] and not module.check_mode:
-            result['after'] = ops.inventory_after()
-        if module._diff and ops.before is not None:
-            result['diff'] = dict(before=ops.before, after=ops.after)
-        module.exit_json(**result)
+    def body() -> None:
+        ops.run()
+        module.exit_json(**ops.result(diff=module._diff))
 
-    run_module_main(module, body, partial=ops.partial)
+    run_module_main(module, body, partial=lambda: ops.result(finished=False))
 
 
 if __name__ == '__main__':

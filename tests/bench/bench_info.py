@@ -36,7 +36,7 @@ from run import write_results  # noqa: E402  pylint: disable=wrong-import-positi
 
 try:
     from ansible_collections.tritonops.shm.plugins.module_utils import holders  # noqa: E402
-    from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory  # noqa: E402
+    from ansible_collections.tritonops.shm.plugins.module_utils import inventory  # noqa: E402
     from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient  # noqa: E402
 except ImportError as exc:
     sys.exit('run from the collection copy (make bench, or build/ansible_collections/tritonops/shm): %s' % exc)
@@ -98,8 +98,8 @@ def module_work(url):
     client.use_keep_alive()
     client.health('live')
     client.health('ready')
-    inv = Inventory(client)
-    return inv, inv.result()
+    snap = inventory.read_server(client)
+    return snap, inventory.info_result(snap, inventory.classify(snap))
 
 
 def scan_only(inv):

@@ -129,20 +129,22 @@ def module_work(server, names, client=None):
 
     def timed_remove(*a):
         marks['remove_start'] = time.perf_counter()
-        real_remove(*a)
-        marks['remove_end'] = time.perf_counter()
+        try:
+            return real_remove(*a)
+        finally:
+            marks['remove_end'] = time.perf_counter()
     ops._remove_files = timed_remove  # pylint: disable=protected-access
-    real_inventory = ops._inventory  # pylint: disable=protected-access
+    real_read = ops._read_for_plan  # pylint: disable=protected-access
 
-    def timed_inventory(*a, **kw):
+    def timed_read(*a, **kw):
         started = time.perf_counter()
-        inv = real_inventory(*a, **kw)
+        snap = real_read(*a, **kw)
         marks['plan_inventory'] = time.perf_counter() - started
-        return inv
-    ops._inventory = timed_inventory  # pylint: disable=protected-access
+        return snap
+    ops._read_for_plan = timed_read  # pylint: disable=protected-access
     started = time.perf_counter()
     ops.absent()
-    ops.regions_after()
+    ops.result()
     total = time.perf_counter() - started
     if sorted(ops.unregistered) != sorted(names) or len(ops.removed_files) != len(names):
         raise RuntimeError('RegionOps did not clean exactly the leaked regions')

@@ -16,7 +16,10 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Inventory, summarize
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
+    Criteria, RegionFacts, Snapshot, classify, info_result, read_server, region_state, summarize,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
@@ -47,18 +50,18 @@ HELPER = textwrap.dedent('''
                 keep.append(s)
             print('OK', flush=True)
         except Exception as exc:
-            print('ERR %s' % exc, flush=True)
+            print(f'ERR {exc}', flush=True)
 ''')
 
 
-class Proc(object):
+class Proc:
     def __init__(self, cmd):
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
         line = self.proc.stdout.readline().strip()
         if line != 'READY':
             self.kill()
-            raise RuntimeError('helper did not start: %r %s' % (line, self.proc.stderr.read()))
+            raise RuntimeError(f'helper did not start: {line!r} {self.proc.stderr.read()}')
 
     def do(self, *commands):
         for command in commands:
@@ -66,7 +69,7 @@ class Proc(object):
             self.proc.stdin.flush()
             answer = self.proc.stdout.readline().strip()
             if answer != 'OK':
-                raise RuntimeError('%s: %s' % (command, answer))
+                raise RuntimeError(f'{command}: {answer}')
         return self
 
     def kill(self):
@@ -75,7 +78,7 @@ class Proc(object):
         self.proc.wait()
 
 
-class Namespace(object):
+class Namespace:
     """A fake-Triton server process with a private /dev/shm, and clients inside its mount namespace."""
 
     def __init__(self):
@@ -83,7 +86,7 @@ class Namespace(object):
         self.server = Proc(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell,
                             sys.executable, '-c', HELPER, 'tritonserver'])
         self.procs = [self.server]
-        self.shm_dir = '/proc/%d/root/dev/shm' % self.server.pid
+        self.shm_dir = f'/proc/{self.server.pid}/root/dev/shm'
 
     def client(self, comm='client'):
         proc = Proc(['nsenter', '--mount', '--target', str(self.server.pid), sys.executable, '-c', HELPER, comm])
@@ -108,13 +111,13 @@ class Namespace(object):
             proc.kill()
 
 
-class FakeTriton(object):
+class FakeTriton:
     """Only the HTTP API is fake: the metadata and region lists a real server would return."""
 
     def __init__(self, system=(), cuda=(), extensions=('system_shared_memory', 'cuda_shared_memory'), port=None):
         self.host = '127.0.0.1'
         self.port = port or _free_port()
-        self.base = 'http://127.0.0.1:%d' % self.port
+        self.base = f'http://127.0.0.1:{self.port}'
         self.system = [dict(r) for r in system]
         self.cuda = [dict(r) for r in cuda]
         self.extensions = list(extensions)
@@ -131,6 +134,23 @@ class FakeTriton(object):
         return [dict(r) for r in (self.system if kind == 'system' else self.cuda)]
 
 
+class Read:
+    """read_server() with the read options, then classify() with the criteria: what triton_shm_info does.
+
+    The snapshot's fields (pid, shm_dir, located_by, warnings, scan) read through.
+    """
+
+    def __init__(self, triton, orphan_patterns=None, min_age=300, backend_patterns=None, **options):
+        self.snap = read_server(triton, **options)
+        self.criteria = Criteria.of(orphan_patterns, min_age, backend_patterns)
+
+    def __getattr__(self, name):
+        return getattr(self.snap, name)
+
+    def result(self, live=None, ready=None):
+        return info_result(self.snap, classify(self.snap, self.criteria), live=live, ready=ready)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -142,7 +162,7 @@ def region(name, key=None, byte_size=4096, offset=0):
 
 
 def by_name(items):
-    return dict((i['name'], i) for i in items)
+    return {i['name']: i for i in items}
 
 
 # -- the scene -----------------------------------------------------------------------------------------
@@ -197,7 +217,7 @@ def scene_triton():
 
 @pytest.fixture(scope='module')
 def result(ns):
-    inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=300)
+    inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=300)
     assert inv.scan.complete, inv.scan.incomplete_reason()
     return inv.result(live=True, ready=False)
 
@@ -254,12 +274,12 @@ def test_two_regions_on_one_file(result):
 def test_extra_region_fields_are_kept(result):
     extra = by_name(result['system_regions'])['extra_fields']
     assert extra['ref_count'] == 1
-    assert dict((k, extra[k]) for k in ('name', 'key', 'offset', 'byte_size')) == region('extra_fields')
+    assert {k: extra[k] for k in ('name', 'key', 'offset', 'byte_size')} == region('extra_fields')
 
 
 def test_file_categories(result, ns):
     files = by_name(result['files'])
-    cats = dict((n, f['category']) for n, f in files.items())
+    cats = {n: f['category'] for n, f in files.items()}
     assert cats == {
         'live': 'registered', 'stale': 'registered', 'shared': 'registered', 'extra_fields': 'registered',
         'adir': 'foreign',
@@ -278,7 +298,7 @@ def test_file_categories(result, ns):
     assert files['PostgreSQL.7']['category_reason'] == 'matches no orphan pattern'
     for name, kind in (('client_fifo', 'fifo'), ('client_dir', 'directory'), ('client_link', 'symlink')):
         assert files[name]['type'] == kind
-        assert files[name]['category_reason'] == 'not a regular file (%s)' % kind
+        assert files[name]['category_reason'] == f'not a regular file ({kind})'
     assert files['client_link']['inode'] == os.lstat(ns.path('client_link')).st_ino != files['client_old']['inode']
     assert 'dev' not in files['live']
 
@@ -291,7 +311,7 @@ def test_server_and_summary(result, ns):
     server = result['server']
     assert server['pid'] == ns.server.pid
     assert server['shm_dir'] == ns.shm_dir
-    assert server['located_by'] == 'server_pid; shm_dir from /proc/%d/root' % ns.server.pid
+    assert server['located_by'] == f'server_pid; shm_dir from /proc/{ns.server.pid}/root'
     assert (server['live'], server['ready'], server['version']) == (True, False, '2.51.0')
     s = result['summary']
     assert (s['system_regions'], s['cuda_regions']) == (len(REGIONS), 1)
@@ -308,20 +328,20 @@ def test_server_and_summary(result, ns):
 
 
 def test_min_age_zero_makes_a_young_match_orphan(ns):
-    inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=0)
+    inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=0)
     files = by_name(inv.result()['files'])
     assert files['client_young']['category'] == 'orphan'
     assert files['held_file']['category'] == 'in_use'
 
 
 def test_no_patterns_no_orphans(ns):
-    files = by_name(Inventory(scene_triton(), server_pid=ns.server.pid).result()['files'])
+    files = by_name(Read(scene_triton(), server_pid=ns.server.pid).result()['files'])
     assert files['client_old']['category'] == 'foreign'
     assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
 
 
 def test_backend_files_are_backend_even_when_a_pattern_matches(ns):
-    inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'], min_age=0)
+    inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'], min_age=0)
     files = by_name(inv.result()['files'])
     assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
     assert files['PostgreSQL.7']['category'] == 'orphan', 'a pattern that matches everything is the caller\'s choice'
@@ -330,11 +350,11 @@ def test_backend_files_are_backend_even_when_a_pattern_matches(ns):
 def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
     """Inside the server's mount namespace as uid 65534: root's processes cannot be read."""
     def classify():
-        inv = Inventory(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm', orphan_patterns=['client_*'])
+        inv = Read(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm', orphan_patterns=['client_*'])
         res = inv.result()
-        return dict(states=dict((r['name'], r['state']) for r in res['system_regions']),
+        return dict(states={r['name']: r['state'] for r in res['system_regions']},
                     reclaimable=sorted(r['name'] for r in res['system_regions'] if r['reclaimable']),
-                    cats=dict((f['name'], f['category']) for f in res['files']),
+                    cats={f['name']: f['category'] for f in res['files']},
                     unreadable=res['unreadable_processes'], complete=res['holders_complete'], warnings=inv.warnings)
     got = as_nobody(classify, setns_pid=ns.server.pid)
     assert 'error' not in got, got
@@ -353,19 +373,19 @@ def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
 def test_server_found_by_its_listening_port(ns):
     port = _free_port()
     listener = ns.client('tritonserver')   # a tritonserver process in that namespace, serving the port
-    listener.do('listen %d' % port)
-    inv = Inventory(FakeTriton(port=port))
+    listener.do(f'listen {port}')
+    inv = Read(FakeTriton(port=port))
     assert inv.pid == listener.pid
-    assert inv.shm_dir == '/proc/%d/root/dev/shm' % listener.pid
-    assert inv.located_by == ('listener: tritonserver (pid %d) owns the listening socket 127.0.0.1:%d; shm_dir from /proc/%d/root'
-                              % (listener.pid, port, listener.pid))
+    assert inv.shm_dir == f'/proc/{listener.pid}/root/dev/shm'
+    assert inv.located_by == (f'listener: tritonserver (pid {listener.pid}) owns the listening socket 127.0.0.1:{port}; '
+                              f'shm_dir from /proc/{listener.pid}/root')
     assert inv.result()['server']['not_found_reason'] is None
     assert inv.warnings == []
 
 
 def test_no_server_and_no_shm_dir_still_returns_the_api_data():
     triton = FakeTriton(system=[region('r')])
-    res = Inventory(triton).result()
+    res = Read(triton).result()
     assert res['server']['pid'] is None and res['server']['shm_dir'] is None
     assert res['shm_fs'] is None and res['files'] == []
     assert [(r['name'], r['state']) for r in res['system_regions']] == [('r', 'unknown')]
@@ -374,7 +394,7 @@ def test_no_server_and_no_shm_dir_still_returns_the_api_data():
 
 
 def test_no_server_and_no_shm_dir_warns_why():
-    inv = Inventory(FakeTriton(system=[region('r')]))
+    inv = Read(FakeTriton(system=[region('r')]))
     assert len(inv.warnings) == 1
     assert 'tritonserver process for http://127.0.0.1:' in inv.warnings[0]
     assert 'cannot open a TCP connection to 127.0.0.1:' in inv.warnings[0] and 'file and holder data are missing' in inv.warnings[0]
@@ -383,9 +403,9 @@ def test_no_server_and_no_shm_dir_warns_why():
 
 
 def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
-    inv = Inventory(scene_triton(), shm_dir=ns.shm_dir)
+    inv = Read(scene_triton(), shm_dir=ns.shm_dir)
     res = inv.result()
-    states = dict((r['name'], r['state']) for r in res['system_regions'])
+    states = {r['name']: r['state'] for r in res['system_regions']}
     assert 'stale' not in states.values()
     assert not any(r['reclaimable'] for r in res['system_regions'])
     assert states['live'] == 'healthy'
@@ -396,15 +416,15 @@ def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
 def test_nonexistent_server_pid_names_the_url():
     pid = int(open('/proc/sys/kernel/pid_max').read()) + 1
     triton = FakeTriton()
-    with pytest.raises(TritonError, match=r'server_pid %d \(given for %s\) does not exist' % (pid, triton.base)):
-        Inventory(triton, server_pid=pid)
+    with pytest.raises(TritonError, match=rf'server_pid {pid} \(given for {triton.base}\) does not exist'):
+        Read(triton, server_pid=pid)
 
 
 def test_unreadable_shm_dir_fails_only_when_asked(tmp_path):
     missing = str(tmp_path / 'missing')
-    with pytest.raises(ShmFsError, match='shm_dir %s is not readable: No such file or directory' % missing):
-        Inventory(FakeTriton(system=[region('r')]), shm_dir=missing, require_readable_dir=True)
-    inv = Inventory(FakeTriton(system=[region('r')]), shm_dir=missing)
+    with pytest.raises(ShmFsError, match=f'shm_dir {missing} is not readable: No such file or directory'):
+        Read(FakeTriton(system=[region('r')]), shm_dir=missing, require_readable_dir=True)
+    inv = Read(FakeTriton(system=[region('r')]), shm_dir=missing)
     assert inv.shm_dir is None
     assert any(missing in w and 'file and holder data are missing' in w for w in inv.warnings)
     assert [r['state'] for r in inv.result()['system_regions']] == ['unknown']
@@ -413,15 +433,15 @@ def test_unreadable_shm_dir_fails_only_when_asked(tmp_path):
 def test_server_without_system_shared_memory_is_refused():
     triton = FakeTriton(extensions=('classification', 'binary_tensor_data'))
     with pytest.raises(TritonError) as err:
-        Inventory(triton)
-    assert 'server at %s (Triton 2.51.0) does not offer the system_shared_memory extension' % triton.base in err.value.msg
+        Read(triton)
+    assert f'server at {triton.base} (Triton 2.51.0) does not offer the system_shared_memory extension' in err.value.msg
     assert 'extensions: classification, binary_tensor_data' in err.value.msg
     assert triton.calls == ['metadata']
 
 
 def test_cuda_status_is_only_asked_when_the_server_offers_it(tmp_path):
     triton = FakeTriton(extensions=('system_shared_memory',))
-    res = Inventory(triton, shm_dir=str(tmp_path)).result()
+    res = Read(triton, shm_dir=str(tmp_path)).result()
     assert res['cuda_regions'] == []
     assert 'cuda' not in triton.calls
 
@@ -452,11 +472,11 @@ def test_reserved_is_decided_by_the_mark_on_the_file_naming_the_region():
         os.setxattr(space.path('other_name'), MARK, b'someone_else')   # the mark names another region
         space.client('user').do('map mine_used')
         triton = FakeTriton(system=[region(n) for n in ('mine', 'mine_used', 'theirs', 'other_name')])
-        res = Inventory(triton, server_pid=space.server.pid).result()
+        res = Read(triton, server_pid=space.server.pid).result()
     finally:
         space.close()
     regions = by_name(res['system_regions'])
-    states = dict((n, (r['state'], r['reserved'], r['reclaimable'])) for n, r in regions.items())
+    states = {n: (r['state'], r['reserved'], r['reclaimable']) for n, r in regions.items()}
     assert states == {
         'mine': ('reserved', True, False),          # the operator's, nobody maps it yet
         'mine_used': ('healthy', True, False),      # the operator's, a client maps it
@@ -474,11 +494,11 @@ def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
     os.setxattr(ns.path('stale'), MARK, b'stale')
     try:
         def classify():
-            inv = Inventory(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm')
-            return dict((r['name'], r['state']) for r in inv.result()['system_regions'])
+            inv = Read(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm')
+            return {r['name']: r['state'] for r in inv.result()['system_regions']}
         states = as_nobody(classify, setns_pid=ns.server.pid)
         assert states['stale'] == 'unknown' and 'reserved' not in states.values()
-        own = by_name(Inventory(scene_triton(), server_pid=ns.server.pid).result()['system_regions'])
+        own = by_name(Read(scene_triton(), server_pid=ns.server.pid).result()['system_regions'])
         assert own['stale']['state'] == 'reserved'
     finally:
         os.removexattr(ns.path('stale'), MARK)
@@ -492,8 +512,8 @@ def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
 def test_backend_patterns_name_the_backend_files(ns, patterns, category):
     ns.write('myprefix_1', 4096, age=OLD)
     try:
-        inv = Inventory(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'] if patterns is None else [],
-                        min_age=0, backend_patterns=patterns)
+        inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'] if patterns is None else [],
+                   min_age=0, backend_patterns=patterns)
         files = by_name(inv.result()['files'])
     finally:
         os.unlink(ns.path('myprefix_1'))
@@ -503,3 +523,110 @@ def test_backend_patterns_name_the_backend_files(ns, patterns, category):
         assert files['triton_python_backend_shm_region_1234']['category'] == 'foreign'
     else:
         assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
+
+
+# -- classification is pure: literal snapshots, no /proc, no server ------------------------------------
+
+SERVER = 100
+CLIENT = 200
+SHM = '/proc/100/root/dev/shm'
+BACKEND_FILE = 'triton_python_backend_shm_region_0'
+
+
+def entry(name, ino, kind='file', size=4096, age=0.0):
+    return {'name': name, 'path': f'{SHM}/{name}', 'type': kind, 'size': size, 'allocated_bytes': size, 'uid': 0,
+            'mode': '0600', 'mtime': 1000.0, 'age_s': age, 'inode': ino, 'dev': 7, 'ctime_ns': 1}
+
+
+def literal_scan(held, complete=True, deleted=None):
+    """A holders.HolderScan as one /proc pass would leave it: held = {inode: pids}."""
+    scan = holders.HolderScan()
+    scan.holders = {(7, ino): set(pids) for ino, pids in held.items()}
+    scan.comms = {SERVER: 'tritonserver', CLIENT: 'python'}
+    scan.deleted = dict(deleted or {})
+    scan.unreadable = [] if complete else [4242]
+    return scan
+
+
+def literal_snapshot(pid=SERVER, shm_dir=SHM, complete=True, marks=None):
+    system = [region('live'), region('stale'), region('mine'), region('gone'), region('badkey', key='no_slash'),
+              region('dirkey', key='/adir')]
+    entries = [entry('live', 1), entry('stale', 2), entry('mine', 3), entry('adir', 4, kind='directory'),
+               entry('held', 5), entry(BACKEND_FILE, 6, age=OLD), entry('client_old', 8, age=OLD),
+               entry('client_young', 9, age=10.0), entry('other', 10, age=OLD)]
+    scan = literal_scan({1: [SERVER, CLIENT], 2: [SERVER], 3: [SERVER], 5: [CLIENT], 6: [SERVER]}, complete=complete,
+                        deleted={'gone': (7, 11)})
+    location = discovery.Location(pid, shm_dir, 'server_pid; shm_dir from /proc/100/root', [], None)
+    metadata = {'name': 'triton', 'version': '2.51.0', 'extensions': ['system_shared_memory']}
+    return Snapshot(url='http://127.0.0.1:8000', metadata=metadata,
+                    system=system, cuda=[], location=location, shm_dir=shm_dir,
+                    fs={'path': shm_dir, 'total_bytes': 1 << 26, 'used_bytes': 1 << 20, 'free_bytes': 63 << 20,
+                        'used_percent': 1.56},
+                    entries=entries if shm_dir else [], scan=scan if shm_dir else None,
+                    marks={'mine': 'mine', 'stale': None, 'live': None} if marks is None else marks, scanned_at=5.0)
+
+
+def states(records):
+    return {r['name']: (r['state'], r['reclaimable']) for r in records.system_regions}
+
+
+def test_a_literal_snapshot_is_classified_into_every_state_and_category():
+    records = classify(literal_snapshot(), Criteria.of(['client_*'], min_age=300))
+    assert states(records) == {
+        'live': ('healthy', False), 'stale': ('stale', True), 'mine': ('reserved', False), 'gone': ('dangling', True),
+        'badkey': ('unknown', False), 'dirkey': ('unknown', False),
+    }
+    regions = by_name(records.system_regions)
+    assert regions['live']['holders'] == [{'pid': CLIENT, 'comm': 'python'}]
+    assert regions['live']['state_reason'] == f'held by {CLIENT} (python)'
+    assert regions['gone']['file'] == {'path': f'{SHM}/gone', 'exists': False}
+    assert regions['mine']['reserved'] is True and regions['stale']['reserved'] is False
+    assert {f['name']: f['category'] for f in records.files} == {
+        'live': 'registered', 'stale': 'registered', 'mine': 'registered', 'adir': 'foreign', 'held': 'in_use',
+        BACKEND_FILE: 'backend', 'client_old': 'orphan', 'client_young': 'foreign', 'other': 'foreign',
+    }
+    files = by_name(records.files)
+    assert files['client_young']['category_reason'] == 'matches an orphan pattern but is younger than min_age (10.0s < 300s)'
+    assert 'dev' not in files['live'] and 'ctime_ns' not in files['live']
+
+
+def test_a_literal_snapshot_without_complete_holders_has_nothing_stale_reserved_or_orphan():
+    records = classify(literal_snapshot(complete=False), Criteria.of(['client_*'], min_age=0))
+    assert states(records)['stale'] == states(records)['mine'] == ('unknown', False)
+    assert states(records)['gone'] == ('dangling', False)
+    assert states(records)['live'] == ('healthy', False)
+    assert 'orphan' not in {f['category'] for f in records.files}
+    assert by_name(records.files)['client_old']['category_reason'] == 'holders could not be fully determined'
+
+
+def test_a_literal_snapshot_without_the_server_process_or_directory():
+    # without the server's pid its own mapping cannot be told apart: a client's, so never stale
+    no_pid = classify(literal_snapshot(pid=None))
+    assert states(no_pid)['stale'] == ('healthy', False) and states(no_pid)['gone'] == ('dangling', False)
+    assert by_name(no_pid.system_regions)['stale']['state_reason'] == f'held by {SERVER} (tritonserver)'
+    no_dir = classify(literal_snapshot(shm_dir=None))
+    assert {s for s, _r in states(no_dir).values()} == {'unknown'} and no_dir.files == []
+    result = info_result(literal_snapshot(shm_dir=None), no_dir)
+    assert result['holders_complete'] is False and result['unreadable_processes'] == 0
+    assert result['scanned_at'] == 5.0 and result['server']['not_found_reason'] is None
+
+
+@pytest.mark.parametrize('facts, state, reason', [
+    (RegionFacts(shm_dir_known=False), 'unknown', 'the shm directory of the server is not known'),
+    (RegionFacts(True, key_error='bad key'), 'unknown', 'backing file cannot be located safely: bad key'),
+    (RegionFacts(True, path='/s/a'), 'dangling', 'backing file /s/a is missing'),
+    (RegionFacts(True, path='/s/a', holders=({'pid': 5, 'comm': 'py'},)), 'dangling',
+     'backing file /s/a is missing (still mapped by a client)'),
+    (RegionFacts(True, path='/s/a', file_type='symlink'), 'unknown', 'backing path is a symlink, not a regular file'),
+    (RegionFacts(True, path='/s/a', file_type='file', holders=({'pid': 5, 'comm': 'py'},)), 'healthy', 'held by 5 (py)'),
+    (RegionFacts(True, path='/s/a', file_type='file', server_known=True), 'unknown', 'holders could not be fully determined'),
+    (RegionFacts(True, path='/s/a', file_type='file', holders_complete=True), 'unknown',
+     'the server process is not known, so its own mapping cannot be told apart'),
+    (RegionFacts(True, path='/s/a', file_type='file', holders_complete=True, server_known=True, reserved=True), 'reserved',
+     'registered by tritonops.shm (its file carries the mark trusted.tritonops_shm.reserved) and not mapped by a client yet: '
+     'desired state, never stale'),
+    (RegionFacts(True, path='/s/a', file_type='file', holders_complete=True, server_known=True), 'stale',
+     'no process but the server holds the backing file: the client is gone'),
+])
+def test_region_state_rules_in_order(facts, state, reason):
+    assert region_state(facts) == (state, reason)

@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils import holders
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
@@ -37,8 +37,8 @@ class FakeTriton:
     def __init__(self, shm_dir, regions=(), in_use=None, fail_unregister_at=None, refuse_register=(),
                  on_unregister=None, cuda=()):
         self.shm_dir = shm_dir
-        self.regions = dict((r['name'], dict(r)) for r in regions)
-        self.cuda = dict((r['name'], dict(r)) for r in cuda)
+        self.regions = {r['name']: dict(r) for r in regions}
+        self.cuda = {r['name']: dict(r) for r in cuda}
         self.in_use = dict(in_use or {})            # name -> refusals left (-1: always)
         self.fail_unregister_at = fail_unregister_at  # the Nth unregister call fails (connection lost)
         self.refuse_register = set(refuse_register)   # (name, byte_size) the server refuses
@@ -66,12 +66,12 @@ class FakeTriton:
         key = regions.get(name, {}).get('key')
         self.calls.append(('unregister', kind, name, self._file_exists(key) if key else None))
         if self.fail_unregister_at is not None and self.unregister_calls >= self.fail_unregister_at:
-            raise TritonError("unregister %s region '%s' at %s: cannot connect to Triton (refused or unreachable)"
-                              % (kind, name, self.base), url=self.base)
+            raise TritonError(f"unregister {kind} region '{name}' at {self.base}: cannot connect to Triton (refused or unreachable)",
+                              url=self.base)
         left = self.in_use.get(name, 0)
         if left:
             self.in_use[name] = left - 1 if left > 0 else left
-            raise RegionInUse("unregister %s region '%s' at %s: HTTP 500: %s" % (kind, name, self.base, IN_USE % name),
+            raise RegionInUse(f"unregister {kind} region '{name}' at {self.base}: HTTP 500: {IN_USE % name}",
                               url=self.base, status=500, server_error=IN_USE % name)
         regions.pop(name, None)
         if self.on_unregister:
@@ -80,19 +80,19 @@ class FakeTriton:
     def register_system(self, name, key, offset, byte_size):
         self.calls.append(('register', 'system', name, key, offset, byte_size))
         if any(r['key'] == key for r in self.regions.values()):   # Triton 2.51: one region per key
-            msg = "failed to register shared memory region '%s': invalid args" % name
-            raise TritonError("register system region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+            msg = f"failed to register shared memory region '{name}': invalid args"
+            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
                               url=self.base, status=400, server_error=msg)
         if (name, byte_size) in self.refuse_register or not self._file_exists(key):
-            msg = "Unable to open shared memory region: '%s'" % key
-            raise TritonError("register system region '%s' at %s: HTTP 500: %s" % (name, self.base, msg),
+            msg = f"Unable to open shared memory region: '{key}'"
+            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 500: {msg}",
                               url=self.base, status=500, server_error=msg)
         self.regions[name] = dict(name=name, key=key, offset=offset, byte_size=byte_size)
 
     def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
         self.calls.append(('register', 'cuda', name, device_id, byte_size))
         msg = 'failed to register shared memory region: invalid args'
-        raise TritonError("register cuda region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+        raise TritonError(f"register cuda region '{name}' at {self.base}: HTTP 400: {msg}",
                           url=self.base, status=400, server_error=msg)
 
     def actions(self):
@@ -176,23 +176,17 @@ def params(shm_dir, pid, **kw):
 
 
 def run(client, shm_dir, pid, check_mode=False, clock=None, serialise=False, **kw):
+    """One module run, as triton_shm_region does it: the result from RegionOps.result(), the diff, the warnings."""
     warnings = []
     clock = clock or FakeClock()
     ops = RegionOps(client, params(shm_dir, pid, **kw), check_mode=check_mode, warn=warnings.append,
                     sleep=clock.sleep, clock=clock.clock, serialise=serialise)
     try:
-        if ops.params['state'] == 'present':
-            ops.present()
-        else:
-            ops.absent()
+        ops.run()
+        result = ops.result(diff=True)
     finally:
         ops.release()
-    result = ops.partial()
-    result['regions'] = ops.regions_after()
-    if ops.params['inventory'] and not check_mode:
-        result['after'] = ops.inventory_after()
     result['warnings'] = warnings
-    result['diff'] = dict(before=ops.before, after=ops.after)
     return result
 
 
@@ -205,7 +199,7 @@ def snapshot(shm_dir):
 
 
 def reasons(result, key):
-    return dict((item.get(key), item['reason']) for item in result['skipped_items'] if key in item)
+    return {item.get(key): item['reason'] for item in result['skipped_items'] if key in item}
 
 
 # -- the ordinary path ----------------------------------------------------------------------------
@@ -317,7 +311,7 @@ def test_a_live_clients_file_survives(shm, server_proc, selector):
     else:
         # the operator asked: unregistered, but the file is kept, said so and warned about
         assert res['unregistered'] == ['live']
-        assert reasons(res, 'path')[path].startswith('held by %d' % os.getpid())
+        assert reasons(res, 'path')[path].startswith(f'held by {os.getpid()}')
         assert any("region 'live' is unregistered as asked" in w and 'is kept' in w for w in res['warnings'])
 
 
@@ -380,7 +374,7 @@ def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc, inve
     assert str(os.getpid()) in reasons(res, 'path')[path]
     if inventory:
         assert res['before']['system_regions'][0]['state'] == 'stale'
-        files = dict((f['name'], f) for f in res['after']['files'])
+        files = {f['name']: f for f in res['after']['files']}
         assert res['after']['system_regions'] == [] and files['a']['category'] == 'in_use'
         assert os.getpid() in [h['pid'] for h in files['a']['holders']]
 
@@ -403,7 +397,7 @@ def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_pr
             p.kill()
             p.wait()
     assert os.path.exists(path)
-    assert reasons(res, 'path')[path].startswith('held by %d' % procs[0].pid)
+    assert reasons(res, 'path')[path].startswith(f'held by {procs[0].pid}')
 
 
 # -- invariant 4: inside the directory, no symlinks, regular files only ---------------------------
@@ -467,7 +461,7 @@ def test_a_non_regular_backing_path_is_never_removed(shm, server_proc, tmp_path,
 def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why):
     fake = FakeTriton(shm)
     before = snapshot(shm)
-    with pytest.raises(shm_fs.ShmFsError, match=why):
+    with pytest.raises(ParameterError, match=why):
         run(fake, shm, server_proc.pid, state='present', name=['r'], key=key, byte_size=KIB, create_file=True)
     assert fake.calls == [] and snapshot(shm) == before
 
@@ -540,7 +534,7 @@ def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, s
     make_file(shm, 'client_input_0', age=3600)
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
-    with pytest.raises(discovery.ServerNotFound) as err:
+    with pytest.raises(ServerNotFound) as err:
         run(fake, shm if shm_given else None, None, **selector)
     assert what in str(err.value)
     assert 'cannot open a TCP connection to 127.0.0.1:9' in str(err.value) and 'set server_pid or shm_dir' in str(err.value)
@@ -558,14 +552,14 @@ def test_orphan_cleanup_with_shm_dir_but_no_server_still_works(shm):
 # -- invariant 8: a failure part-way --------------------------------------------------------------
 
 def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(shm, server_proc):
-    names = ['r%d' % i for i in range(6)]
+    names = [f'r{i}' for i in range(6)]
     for n in names:
         make_file(shm, n)
     fake = FakeTriton(shm, regions=[region(n) for n in names], fail_unregister_at=4)
     ops = RegionOps(fake, params(shm, server_proc.pid, stale=True), warn=lambda m: None)
     with pytest.raises(TritonError, match='cannot connect'):
         ops.absent()
-    done = ops.partial()
+    done = ops.result(finished=False)
     assert done['changed'] is True
     assert done['unregistered'] == names[:3]
     # the files of the regions confirmed unregistered are removed, the others kept with their regions
@@ -583,7 +577,7 @@ def test_a_failure_before_anything_is_done_is_not_changed(shm, server_proc):
     ops = RegionOps(fake, params(shm, server_proc.pid, stale=True), warn=lambda m: None)
     with pytest.raises(TritonError):
         ops.absent()
-    assert ops.partial()['changed'] is False and os.path.exists(os.path.join(shm, 'a'))
+    assert ops.result(finished=False)['changed'] is False and os.path.exists(os.path.join(shm, 'a'))
 
 
 # -- present ---------------------------------------------------------------------------------------
@@ -620,7 +614,7 @@ def test_a_refused_re_register_restores_the_previous_spec(shm, server_proc):
     with pytest.raises(TritonError, match='previous spec was registered again'):
         ops.present()
     assert fake.regions['in0'] == region('in0', byte_size=4 * KIB)
-    assert ops.partial()['changed'] is False
+    assert ops.result(finished=False)['changed'] is False
 
 
 def test_a_refused_register_takes_back_the_file_it_created(shm, server_proc):
@@ -629,7 +623,7 @@ def test_a_refused_register_takes_back_the_file_it_created(shm, server_proc):
                                  create_file=True), warn=lambda m: None)
     with pytest.raises(TritonError, match='Unable to open'):
         ops.present()
-    assert os.listdir(shm) == [] and ops.partial()['created_files'] == [] and ops.partial()['changed'] is False
+    assert os.listdir(shm) == [] and ops.result(finished=False)['created_files'] == [] and ops.result(finished=False)['changed'] is False
 
 
 def test_present_check_mode_creates_and_registers_nothing(shm, server_proc):
@@ -641,16 +635,16 @@ def test_present_check_mode_creates_and_registers_nothing(shm, server_proc):
     assert res['regions'] == [region('in0', byte_size=KIB)]
 
 
-@pytest.mark.parametrize('setup,kw,why', [
-    ('none', dict(byte_size=KIB), 'does not exist'),
-    ('small', dict(byte_size=4 * KIB, offset=KIB), r'past the end of .* \(4096 bytes\)'),
-    ('symlink', dict(byte_size=KIB), 'is a symlink, not a regular file'),
-    ('fifo', dict(byte_size=KIB), 'is a fifo, not a regular file'),
-    ('small', dict(byte_size=0), 'byte_size must be a positive'),
-    ('small', dict(byte_size=-5), 'byte_size must be a positive'),
-    ('small', dict(byte_size=KIB, offset=-1), 'offset must be 0 or more'),
+@pytest.mark.parametrize('setup,kw,error,why', [
+    ('none', dict(byte_size=KIB), shm_fs.ShmFsError, 'does not exist'),
+    ('small', dict(byte_size=4 * KIB, offset=KIB), shm_fs.ShmFsError, r'past the end of .* \(4096 bytes\)'),
+    ('symlink', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a symlink, not a regular file'),
+    ('fifo', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a fifo, not a regular file'),
+    ('small', dict(byte_size=0), ParameterError, 'byte_size must be a positive'),
+    ('small', dict(byte_size=-5), ParameterError, 'byte_size must be a positive'),
+    ('small', dict(byte_size=KIB, offset=-1), ParameterError, 'offset must be 0 or more'),
 ])
-def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, why):
+def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, error, why):
     path = os.path.join(shm, 'in0')
     target = tmp_path / 'outside'
     target.write_bytes(b'y' * 8192)
@@ -662,9 +656,17 @@ def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, why
         os.mkfifo(path)
     fake = FakeTriton(shm)
     before = snapshot(shm)
-    with pytest.raises(shm_fs.ShmFsError, match=why):
+    with pytest.raises(error, match=why):
         run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', **kw)
     assert fake.actions() == [] and snapshot(shm) == before and target.read_bytes() == b'y' * 8192
+
+
+def test_create_file_without_a_known_shm_directory_fails_before_any_call(shm):
+    """Nothing listens on the fake's port 9 and no server_pid or shm_dir is given: there is nowhere to create the file."""
+    fake = FakeTriton(shm)
+    with pytest.raises(ServerNotFound, match="create_file needs the server's shm directory, which was not found"):
+        run(fake, None, None, state='present', name=['in0'], key='/in0', byte_size=KIB, create_file=True)
+    assert fake.actions() == [] and os.listdir(shm) == []
 
 
 def test_cuda_register_refusal_carries_the_servers_message(shm, server_proc):
@@ -673,7 +675,7 @@ def test_cuda_register_refusal_carries_the_servers_message(shm, server_proc):
                                  device_id=0, byte_size=KIB), warn=lambda m: None)
     with pytest.raises(TritonError, match='failed to register shared memory region: invalid args'):
         ops.present()
-    assert ops.partial()['changed'] is False
+    assert ops.result(finished=False)['changed'] is False
 
 
 def test_cuda_absent_named_and_stale(shm, server_proc):
@@ -681,7 +683,7 @@ def test_cuda_absent_named_and_stale(shm, server_proc):
     warnings = []
     ops = RegionOps(fake, params(shm, server_proc.pid, kind='cuda', stale=True), warn=warnings.append)
     ops.absent()
-    assert ops.partial()['changed'] is False and 'g' in fake.cuda and any('never stale' in w for w in warnings)
+    assert ops.result(finished=False)['changed'] is False and 'g' in fake.cuda and any('never stale' in w for w in warnings)
     res = run(fake, shm, server_proc.pid, kind='cuda', name=['g'])
     assert res['unregistered'] == ['g'] and fake.cuda == {}
     assert run(fake, shm, server_proc.pid, kind='cuda', name=['g'])['changed'] is False
@@ -698,18 +700,18 @@ class DeferringTriton(FakeTriton):
     """Triton >= 24.12: an unregister succeeds, the region stays listed for `defer[name]` more status reads."""
 
     def __init__(self, shm_dir, defer, version='2.53.0', **kw):
-        super(DeferringTriton, self).__init__(shm_dir, **kw)
+        super().__init__(shm_dir, **kw)
         self.defer = dict(defer)
         self.leaving = {}
         self.version = version
 
     def server_metadata(self):
-        meta = super(DeferringTriton, self).server_metadata()
+        meta = super().server_metadata()
         meta['version'] = self.version
         return meta
 
     def status(self, kind):
-        out = super(DeferringTriton, self).status(kind)
+        out = super().status(kind)
         for name in sorted(self.leaving):
             left = self.leaving[name]
             if left == 0:
@@ -721,7 +723,7 @@ class DeferringTriton(FakeTriton):
 
     def unregister(self, kind, name):
         spec = self.regions.get(name)
-        super(DeferringTriton, self).unregister(kind, name)
+        super().unregister(kind, name)
         if spec is not None and name in self.defer:
             self.leaving_spec = getattr(self, 'leaving_spec', {})
             self.leaving_spec[name] = spec
@@ -731,9 +733,9 @@ class DeferringTriton(FakeTriton):
         if name in self.leaving:
             msg = ALREADY % name
             self.calls.append(('register', 'system', name, key, offset, byte_size))
-            raise TritonError("register system region '%s' at %s: HTTP 400: %s" % (name, self.base, msg),
+            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
                               url=self.base, status=400, server_error=msg)
-        super(DeferringTriton, self).register_system(name, key, offset, byte_size)
+        super().register_system(name, key, offset, byte_size)
 
 
 def _unlinked_while_listed(fake, shm_dir):
@@ -813,7 +815,7 @@ def test_a_new_registration_of_the_same_name_is_not_a_deferred_one(shm, server_p
 ])
 def test_keys_of_backend_files_are_refused_before_any_call(shm, server_proc, key, why):
     fake = FakeTriton(shm)
-    with pytest.raises(shm_fs.ShmFsError) as err:
+    with pytest.raises(ParameterError) as err:
         run(fake, shm, server_proc.pid, state='present', name=['x'], key=key, byte_size=KIB, create_file=True,
             backend_patterns=['triton_python_backend_shm_region_*', 'mybackend_*'])
     assert why in str(err.value) and 'choose another key' in str(err.value)
@@ -846,7 +848,7 @@ def xattrs(shm):
     try:
         _mark(make_file(shm, '.probe'), 'x')
     except OSError as exc:
-        pytest.skip('no trusted.* extended attributes here: %s' % exc)
+        pytest.skip(f'no trusted.* extended attributes here: {exc}')
     os.unlink(os.path.join(shm, '.probe'))
 
 
@@ -898,7 +900,7 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
 
     def status(kind):
         if fake.unregister_calls:
-            raise TritonError('read system shared memory status at %s: no answer within 2s (timeout)' % fake.base, url=fake.base)
+            raise TritonError(f'read system shared memory status at {fake.base}: no answer within 2s (timeout)', url=fake.base)
         return real_status(kind)
     fake.status = status
     with pytest.raises(TritonError):

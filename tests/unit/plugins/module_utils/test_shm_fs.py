@@ -80,7 +80,7 @@ def test_list_entries_lstats_every_kind_and_never_follows(tmp_path):
     d = str(tmp_path)
     old = make_tree(d)
     now = time.time()
-    entries = dict((e['name'], e) for e in shm_fs.list_entries(d, now=now))
+    entries = {e['name']: e for e in shm_fs.list_entries(d, now=now)}
     assert sorted(entries) == ['broken', 'directory', 'fifo', 'regular', 'socket', 'symlink']
     assert [e['type'] for e in (entries[n] for n in ('regular', 'fifo', 'directory', 'symlink', 'broken', 'socket'))] == \
         ['file', 'fifo', 'directory', 'symlink', 'symlink', 'socket']
@@ -89,7 +89,7 @@ def test_list_entries_lstats_every_kind_and_never_follows(tmp_path):
     assert reg['path'] == os.path.join(d, 'regular')
     assert (reg['size'], reg['inode'], reg['dev'], reg['uid']) == (5000, st.st_ino, st.st_dev, st.st_uid)
     assert reg['allocated_bytes'] == st.st_blocks * 512
-    assert reg['mode'] == '%04o' % stat.S_IMODE(st.st_mode)
+    assert reg['mode'] == f'{stat.S_IMODE(st.st_mode):04o}'
     assert reg['mtime'] == pytest.approx(old, abs=1e-3)
     assert reg['age_s'] == pytest.approx(now - old, abs=0.01)
     link = entries['symlink']
@@ -167,7 +167,7 @@ def test_shm_dir_unlink_refuses_non_regular_entries(tmp_path, kind):
         os.mkfifo(path)
     st = os.lstat(path)
     with ShmDir(str(tmp_path)) as sd:
-        with pytest.raises(ShmFsError, match='is a %s, not a regular file' % kind):
+        with pytest.raises(ShmFsError, match=f'is a {kind}, not a regular file'):
             sd.unlink('entry', st.st_dev, st.st_ino)
     assert os.path.lexists(path)
     assert target.read_bytes() == b'keep'
