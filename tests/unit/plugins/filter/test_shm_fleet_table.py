@@ -53,7 +53,7 @@ def test_cleanup_rows(result, check_mode, expected):
     lines = shm_fleet_table([result], 'cleanup', hosts=['t1'], check_mode=check_mode)
     assert lines[0].split() == ['HOST', 'STATUS', 'SHM', 'BEFORE', 'SHM', 'AFTER', 'UNREG', 'FILES', 'FREED', 'SKIP', 'NOTE']
     assert lines[1].split() == expected
-    assert lines[-1] == '(* changed%s)' % ('; check mode: what would be done, nothing was changed' if check_mode else '')
+    assert lines[-1] == f"(* changed{'; check mode: what would be done, nothing was changed' if check_mode else ''})"
 
 
 @pytest.mark.parametrize('rows, kind, hosts, match', [
