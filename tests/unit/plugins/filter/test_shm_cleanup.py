@@ -281,7 +281,7 @@ def test_a_failed_query_is_reported_with_its_own_reason():
 
 
 def test_a_failed_direct_call_keeps_the_work_done_and_its_reason():
-    partial = direct(info([DEAD, LIVE]), failed=True, msg='boom', **dict(ABSENT, unregistered=['dead']))
+    partial = direct(info([DEAD, LIVE]), failed=True, msg='boom', **ABSENT)
     del partial['after']
     r = shm_cleanup(dict(direct=partial), failure=dict(step='Query, unregister', msg='boom'))['record']
     assert (r['status'], r['error'], r['changed']) == ('failed', dict(step='Query, unregister', msg='boom'), True)
