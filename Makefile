@@ -41,9 +41,7 @@ $(VENV)/.installed: tests/requirements.txt tests/requirements-3.11.txt
 	touch $@
 
 collection: venv  ## copy the checkout into build/ansible_collections/tritonops/shm
-	@rm -rf $(COLL) && mkdir -p $(COLL)
-	@tar -c --exclude=./.venv --exclude=./build --exclude="./build-*" --exclude=./.git --exclude=./bench-results \
-		--exclude=__pycache__ --exclude=.pytest_cache --exclude=./tests/output . | tar -x -C $(COLL)
+	@rm -rf $(COLL) && .ci/copy-collection $(COLL)
 	@# ansible-test lists files with git: give the copy its own repository (build/ is ignored by ours)
 	@cd $(COLL) && git init -q . && git add -A >/dev/null 2>&1 || true
 

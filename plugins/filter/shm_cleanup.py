@@ -1,12 +1,16 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What the shm_cleanup role decides and reports, as pure functions of module results.
+"""What the shm_cleanup role decides and records, as pure functions of its settings and module results.
 
-Documentation: plugins/filter/shm_list.yml, shm_cleanup_plan.yml, shm_cleanup_result.yml,
-shm_fleet_table.yml (``ansible-doc -t filter tritonops.shm.NAME``).
+Documentation: plugins/filter/shm_list.yml and shm_cleanup.yml (``ansible-doc -t filter tritonops.shm.NAME``).
+The role calls one filter, ``shm_cleanup``, with this run's module results; it returns the plan (what the role
+does next and what it hands the modules) and the record (``shm_cleanup_result``). ``shm_cleanup_plan`` and
+``shm_cleanup_result`` are its two halves, kept apart for the unit tests.
 """
 from __future__ import annotations
+
+from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
@@ -18,26 +22,51 @@ SUMMARY_KEYS = ('system_regions', 'healthy_regions', 'stale_regions', 'stale_byt
                 'unknown_regions', 'orphan_files', 'orphan_bytes', 'backend_files', 'foreign_files', 'used_bytes',
                 'total_bytes', 'used_percent')
 REREGISTER_REASON = 'kept: desired state (shm_cleanup_reregister)'
+# the task files main.yml includes after its first step
+QUERY_FIRST_TASKS = 'query_first.yml'
+REREGISTER_TASKS = 'reregister.yml'
+RESULT_KEYS = ('direct', 'query', 'absent', 'present', 'after')
 
 
-def shm_list(value):
+def shm_list(value: Any) -> list[str]:
     """A list of non-empty, stripped strings from a list or a comma-separated string (AWX surveys)."""
     if value is None:
         return []
     if isinstance(value, str):
         value = value.split(',')
     elif not isinstance(value, (list, tuple)):
-        raise AnsibleFilterError('shm_list: expected a list or a comma-separated string, got %r' % (value,))
+        raise AnsibleFilterError(f'shm_list: expected a list or a comma-separated string, got {value!r}')
     return [s for s in (str(v).strip() for v in value) if s]
 
 
-def _summary(summary):
-    return dict((k, summary.get(k)) for k in SUMMARY_KEYS) if summary else None
+def _summary(summary: dict | None) -> dict | None:
+    return {k: summary.get(k) for k in SUMMARY_KEYS} if summary else None
 
 
-def shm_cleanup_plan(before, mode='stale', names=None, exclude=None, reregister=None, orphan_patterns=None,
-                     threshold_percent=0, host='', url=''):
-    """Decide from a triton_shm_info result whether the role acts, and what it hands the region module."""
+def _ran(result: dict | None) -> bool:
+    return bool(result) and not result.get('skipped')
+
+
+def _read(result: dict | None) -> dict:
+    """A triton_shm_info result that read the server, else {} (not run, skipped, or failed)."""
+    return result if _ran(result) and not result.get('failed') else {}
+
+
+def is_direct(mode: str = 'stale', threshold_percent: Any = 0, orphan_patterns: Any = None) -> bool:
+    """Whether one region module call can query and act at once: nothing to decide before acting.
+
+    Mode stale acts on every stale region whatever the threshold; the threshold gates only orphan files (and
+    re-registering, which runs after): without orphan patterns or a threshold, the role acts at once.
+    """
+    return mode == 'stale' and (float(threshold_percent) <= 0 or not shm_list(orphan_patterns))
+
+
+def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclude: Any = None, reregister: Any = None,
+                     orphan_patterns: Any = None, threshold_percent: Any = 0, host: str = '', url: str = '') -> dict:
+    """Decide from a triton_shm_info result whether the role acts, and what it hands the region module.
+
+    ``before`` is {} when the server has not been read yet: the plan then holds only what the settings decide.
+    """
     names, exclude, orphan_patterns = shm_list(names), shm_list(exclude), shm_list(orphan_patterns)
     reregister_names = [r['name'] for r in reregister or ()]
     regions = before.get('system_regions') or []
@@ -45,10 +74,12 @@ def shm_cleanup_plan(before, mode='stale', names=None, exclude=None, reregister=
     plan = dict(names=names, orphan_patterns=orphan_patterns, reregister_names=reregister_names,
                 unregister_exclude=exclude + [literal(n) for n in reregister_names],
                 act=False, candidates=False, decision='', error=None)
+    if not before:
+        return plan
     server = before.get('server') or {}
     if server.get('pid') is None:
-        reason = server.get('not_found_reason') or 'the tritonserver process behind %s was not found' % url
-        plan['error'] = dict(step=LOCATE_STEP, msg='nothing on %s could be checked: %s' % (host, reason))
+        reason = server.get('not_found_reason') or f'the tritonserver process behind {url} was not found'
+        plan['error'] = dict(step=LOCATE_STEP, msg=f'nothing on {host} could be checked: {reason}')
         return plan
     # stale regions, and dangling ones no client maps any more: what stale cleanup removes
     dead = [r['name'] for r in regions if r.get('reclaimable') and r['name'] not in reregister_names]
@@ -60,14 +91,14 @@ def shm_cleanup_plan(before, mode='stale', names=None, exclude=None, reregister=
     over = used >= threshold
     plan['act'] = over or bool(selectable)
     if threshold <= 0:
-        plan['decision'] = 'threshold 0%%: always act (/dev/shm use %.1f%%)' % used
+        plan['decision'] = f'threshold 0%: always act (/dev/shm use {used:.1f}%)'
     elif over:
-        plan['decision'] = '/dev/shm use %.1f%% is at or above the threshold %s%%' % (used, threshold_percent)
+        plan['decision'] = f'/dev/shm use {used:.1f}% is at or above the threshold {threshold_percent}%'
     elif selectable:
-        plan['decision'] = '%d stale or dangling region(s): %s' % (len(selectable), ', '.join(selectable))
+        plan['decision'] = f"{len(selectable)} stale or dangling region(s): {', '.join(selectable)}"
     else:
-        plan['decision'] = ('/dev/shm use %.1f%% is below the threshold %s%% and no region is stale or dangling: nothing to do'
-                            % (used, threshold_percent))
+        plan['decision'] = (f'/dev/shm use {used:.1f}% is below the threshold {threshold_percent}% '
+                            'and no region is stale or dangling: nothing to do')
     plan['candidates'] = bool(
         (mode == 'stale' and dead)   # excluded ones too: the module names them in skipped_items
         or (mode == 'all' and [n for n in region_names if n not in reregister_names])
@@ -76,7 +107,7 @@ def shm_cleanup_plan(before, mode='stale', names=None, exclude=None, reregister=
     return plan
 
 
-def _role_skips(regions, plan, mode):
+def _role_skips(regions: list[dict], plan: dict, mode: str) -> list[dict]:
     """Regions the role leaves alone that the region module does not name, with the reason."""
     out = []
     for r in regions:
@@ -86,22 +117,20 @@ def _role_skips(regions, plan, mode):
                 out.append(dict(name=name, reason=REREGISTER_REASON))
         elif state == 'dangling' and r.get('holders'):
             pids = ', '.join(str(h['pid']) for h in r['holders'])
-            out.append(dict(name=name, reason='dangling but still mapped by %s: its client is alive' % pids))
+            out.append(dict(name=name, reason=f'dangling but still mapped by {pids}: its client is alive'))
         elif state == 'dangling' and not r.get('reclaimable'):
             out.append(dict(name=name, reason='dangling, but its holders could not be fully determined'))
         elif state == 'unknown':
-            out.append(dict(name=name, reason='state unknown: %s' % (r.get('state_reason') or '')))
+            out.append(dict(name=name, reason=f"state unknown: {r.get('state_reason') or ''}"))
         elif mode == 'names' and state in ('stale', 'dangling') and name not in plan['names']:
             out.append(dict(name=name, reason='not selected (shm_cleanup_mode=names)'))
     return out
 
 
-def _ran(result):
-    return bool(result) and not result.get('skipped')
-
-
-def shm_cleanup_result(before, plan, absent=None, present=None, after=None, failure=None, mode='stale',
-                       threshold_percent=0, check_mode=False, verify=True, host='', url='', finished_at='', finished_epoch=0):
+def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = None, present: dict | None = None,
+                       after: dict | None = None, failure: dict | None = None, mode: str = 'stale', threshold_percent: Any = 0,
+                       check_mode: bool = False, verify: bool = True, host: str = '', url: str = '', finished_at: str = '',
+                       finished_epoch: Any = 0) -> dict:
     """The role's record of one host: what was found, decided, done, left alone and why, and how it ended."""
     before = before or {}
     server = before.get('server') or {}
@@ -138,8 +167,7 @@ def shm_cleanup_result(before, plan, absent=None, present=None, after=None, fail
         leftover = [r['name'] for r in after_regions or [] if r.get('reclaimable') and r['name'] in dead
                     and r['name'] not in skipped_names and r['name'] not in reregister_names]
         if leftover:
-            error = dict(step=VERIFY_STEP, msg='stale region(s) remain after cleanup, with no reason recorded: %s'
-                         % ', '.join(leftover))
+            error = dict(step=VERIFY_STEP, msg=f"stale region(s) remain after cleanup, with no reason recorded: {', '.join(leftover)}")
     return dict(
         host=host, url=url, check_mode=bool(check_mode), finished_at=finished_at, finished_epoch=int(finished_epoch),
         server=dict(version=server.get('version'), pid=server.get('pid'), shm_dir=server.get('shm_dir'),
@@ -150,6 +178,52 @@ def shm_cleanup_result(before, plan, absent=None, present=None, after=None, fail
         changed=bool(done['unregistered'] or done['removed_files'] or done['registered']))
 
 
-class FilterModule(object):
-    def filters(self):
-        return dict(shm_list=shm_list, shm_cleanup_plan=shm_cleanup_plan, shm_cleanup_result=shm_cleanup_result)
+def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, exclude: Any = None, reregister: Any = None,
+                orphan_patterns: Any = None, threshold_percent: Any = 0, verify: bool = True, check_mode: bool = False,
+                host: str = '', url: str = '', finished_at: str = '', finished_epoch: Any = 0,
+                failure: dict | None = None) -> dict:
+    """One step of the role: this run's module results so far -> {plan, record}.
+
+    ``results`` holds the registered results ``direct`` (the one-call path's region module), ``query``
+    (triton_shm_info), ``absent`` (the query path's region module), ``present`` (the re-register loop) and
+    ``after`` (the query after re-registering). Only the results of the steps this run took are read: the path
+    comes from the settings, and the re-register results count only when the plan re-registers.
+    """
+    results = results or {}
+    unknown = sorted(set(results) - set(RESULT_KEYS))
+    if unknown:
+        raise AnsibleFilterError(f"shm_cleanup: unknown results {', '.join(unknown)} (expected {', '.join(RESULT_KEYS)})")
+    reregister = list(reregister or ())
+    direct = is_direct(mode, threshold_percent, orphan_patterns)
+    if direct:
+        absent = results.get('direct')
+        before = (absent or {}).get('before') or {} if _ran(absent) else {}
+    else:
+        absent = results.get('absent')
+        before = _read(results.get('query'))
+    plan = shm_cleanup_plan(before, mode=mode, names=names, exclude=exclude, reregister=reregister,
+                            orphan_patterns=orphan_patterns, threshold_percent=threshold_percent, host=host, url=url)
+    rereg = bool(plan['act'] and reregister)
+    if direct:
+        include = REREGISTER_TASKS if rereg else ''
+    else:
+        include = QUERY_FIRST_TASKS
+    plan.update(direct=direct, include=include, unregister=bool(not direct and plan['act'] and plan['candidates']),
+                reregister=rereg, exclude=plan.pop('unregister_exclude'), orphan_files=bool(plan['orphan_patterns']),
+                unregister_names=plan['names'] if mode == 'names' else [])
+    if rereg:
+        present, after = results.get('present'), results.get('after')
+    else:
+        present, after = None, (absent or {}).get('after') if _ran(absent) else None
+    if before and plan['error']:
+        # a server that was read but whose process was not found: the plan names that cause, not the task that stopped
+        failure = None
+    record = shm_cleanup_result(before, plan, absent=absent, present=present, after=after, failure=failure, mode=mode,
+                                threshold_percent=threshold_percent, check_mode=check_mode, verify=verify, host=host, url=url,
+                                finished_at=finished_at, finished_epoch=finished_epoch)
+    return dict(plan=plan, record=record)
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return dict(shm_list=shm_list, shm_cleanup=shm_cleanup)

@@ -7,6 +7,8 @@ Documentation: plugins/filter/shm_fleet_table.yml and shm_report_row.yml (``ansi
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 from jinja2.filters import do_filesizeformat, do_truncate
@@ -15,44 +17,52 @@ _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'
 
 
-def _size(value):
+def _size(value: Any) -> str:
     return do_filesizeformat(value or 0, True)
 
 
-def _truncate(text, length):
+def _truncate(text: Any, length: int) -> str:
     return do_truncate(_ENV, str(text), length, True)
 
 
-def _used(summary):
-    return '%s/%s %.0f%%' % (_size(summary['used_bytes']), _size(summary['total_bytes']), float(summary['used_percent']))
+def _used(summary: dict) -> str:
+    return f"{_size(summary['used_bytes'])}/{_size(summary['total_bytes'])} {float(summary['used_percent']):.0f}%"
 
 
-def _report(rows, width):
-    fmt = '%-' + str(width) + 's  %-9s  %-8s  %-26s  %7s  %17s  %8s  %17s'
-    out = [fmt % ('HOST', 'STATUS', 'TRITON', '/DEV/SHM USED', 'REGIONS', 'STALE', 'DANGLING', 'ORPHAN')]
+def _report_line(width: int, *cells: Any) -> str:
+    host, status, triton, used, regions, stale, dangling, orphan = (str(c) for c in cells)
+    return f'{host:<{width}}  {status:<9}  {triton:<8}  {used:<26}  {regions:>7}  {stale:>17}  {dangling:>8}  {orphan:>17}'
+
+
+def _report(rows: list, width: int) -> list[str]:
+    out = [_report_line(width, 'HOST', 'STATUS', 'TRITON', '/DEV/SHM USED', 'REGIONS', 'STALE', 'DANGLING', 'ORPHAN')]
     for r in rows:
         if r.get('status') == 'ok':
             used = 'unknown'
             if r['shm_total_bytes']:
                 used = _used(dict(used_bytes=r['shm_used_bytes'], total_bytes=r['shm_total_bytes'], used_percent=r['shm_used_percent']))
-            out.append(fmt % (r['host'], 'ok', r['version'], used, r['regions'],
-                              '%d (%s)' % (int(r['stale_regions']), _size(r['stale_bytes'])), r['dangling_regions'],
-                              '%d (%s)' % (int(r['orphan_files']), _size(r['orphan_bytes']))))
+            out.append(_report_line(width, r['host'], 'ok', r['version'], used, r['regions'],
+                                    f"{int(r['stale_regions'])} ({_size(r['stale_bytes'])})", r['dangling_regions'],
+                                    f"{int(r['orphan_files'])} ({_size(r['orphan_bytes'])})"))
         else:
-            out.append(('%-' + str(width) + 's  %-9s  %s') % (r['host'], str(r.get('status')).upper(), _truncate(r.get('error'), 200)))
+            out.append(f"{str(r['host']):<{width}}  {str(r.get('status')).upper():<9}  {_truncate(r.get('error'), 200)}")
     return out
 
 
-def _cleanup(rows, width, check_mode):
-    fmt = '%-' + str(width) + 's  %-7s  %-25s  %-25s  %5s  %5s  %9s  %4s  %s'
-    out = [fmt % ('HOST', 'STATUS', 'SHM BEFORE', 'SHM AFTER', 'UNREG', 'FILES', 'FREED', 'SKIP', 'NOTE')]
+def _cleanup_line(width: int, *cells: Any) -> str:
+    host, status, before, after, unreg, files, freed, skip, note = (str(c) for c in cells)
+    return f'{host:<{width}}  {status:<7}  {before:<25}  {after:<25}  {unreg:>5}  {files:>5}  {freed:>9}  {skip:>4}  {note}'
+
+
+def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
+    out = [_cleanup_line(width, 'HOST', 'STATUS', 'SHM BEFORE', 'SHM AFTER', 'UNREG', 'FILES', 'FREED', 'SKIP', 'NOTE')]
     for host, r in rows:
         if not r:
-            out.append(fmt % (host, 'not run', '-', '-', '-', '-', '-', '-', NOT_RUN))
+            out.append(_cleanup_line(width, host, 'not run', '-', '-', '-', '-', '-', '-', NOT_RUN))
             continue
         before, after = r.get('before') or {}, r.get('after') or {}
         if r['status'] == 'failed':
-            note = 'FAILED at %s: %s' % (r['error']['step'], r['error']['msg'])
+            note = f"FAILED at {r['error']['step']}: {r['error']['msg']}"
         else:
             note = r.get('decision') or ''
         if after.get('total_bytes'):
@@ -60,10 +70,11 @@ def _cleanup(rows, width, check_mode):
         else:
             used_after = '(check mode)' if r.get('check_mode') and r.get('acted') else '-'
         done = r['done']
-        out.append(fmt % (host, r['status'] + ('*' if r.get('changed') else ''), _used(before) if before.get('total_bytes') else '-',
-                          used_after, len(done['unregistered']), len(done['removed_files']), _size(done['freed_bytes']),
-                          len(r.get('skipped') or ()), _truncate(note, 160)))
-    out.append('(* changed%s)' % ('; check mode: what would be done, nothing was changed' if check_mode else ''))
+        out.append(_cleanup_line(width, host, r['status'] + ('*' if r.get('changed') else ''),
+                                 _used(before) if before.get('total_bytes') else '-', used_after, len(done['unregistered']),
+                                 len(done['removed_files']), _size(done['freed_bytes']), len(r.get('skipped') or ()),
+                                 _truncate(note, 160)))
+    out.append(f"(* changed{'; check mode: what would be done, nothing was changed' if check_mode else ''})")
     return out
 
 
@@ -73,7 +84,7 @@ ROW_SUMMARY = (('shm_total_bytes', 'total_bytes'), ('shm_used_bytes', 'used_byte
                ('unknown_regions', 'unknown_regions'), ('orphan_files', 'orphan_files'), ('orphan_bytes', 'orphan_bytes'))
 
 
-def shm_report_row(info, host, url):
+def shm_report_row(info: dict, host: str, url: str) -> dict:
     """One host's row of the report playbook from its triton_shm_info result (status ok, or unlocated without the process)."""
     server = info['server']
     summary = info['summary']
@@ -90,7 +101,15 @@ def shm_report_row(info, host, url):
     return row
 
 
-def shm_fleet_table(rows, kind, hosts=None, check_mode=False):
+def shm_report_rows(reports: list, hosts: list) -> list[dict]:
+    """The report's rows, one per host: its tritonops_shm_report, or a 'not run' row when it has none."""
+    reports, hosts = list(reports or ()), list(hosts or ())
+    if len(reports) != len(hosts):
+        raise AnsibleFilterError('shm_report_rows: needs one report (or null) per host in hosts')
+    return [r if r else dict(host=h, status='not run', error='no result') for h, r in zip(hosts, reports)]
+
+
+def shm_fleet_table(rows: list, kind: str, hosts: list | None = None, check_mode: bool = False) -> list[str]:
     """Lines of the fleet table of ``kind`` (report: rows of tritonops_shm_report; cleanup: shm_cleanup_result per host)."""
     if kind == 'report':
         width = max([4] + [len(str(r['host'])) for r in rows])
@@ -101,9 +120,9 @@ def shm_fleet_table(rows, kind, hosts=None, check_mode=False):
             raise AnsibleFilterError('shm_fleet_table: cleanup needs one result (or null) per host in hosts')
         width = max([4] + [len(h) for h in hosts])
         return _cleanup(list(zip(hosts, rows)), width, check_mode)
-    raise AnsibleFilterError("shm_fleet_table: kind must be 'report' or 'cleanup', got %r" % (kind,))
+    raise AnsibleFilterError(f"shm_fleet_table: kind must be 'report' or 'cleanup', got {kind!r}")
 
 
-class FilterModule(object):
-    def filters(self):
-        return dict(shm_fleet_table=shm_fleet_table, shm_report_row=shm_report_row)
+class FilterModule:
+    def filters(self) -> dict:
+        return dict(shm_fleet_table=shm_fleet_table, shm_report_row=shm_report_row, shm_report_rows=shm_report_rows)

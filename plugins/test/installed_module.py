@@ -11,11 +11,11 @@ from ansible.errors import AnsibleFilterError, AnsiblePluginRemovedError
 from ansible.plugins.loader import action_loader, module_loader
 
 
-def installed_module(name):
+def installed_module(name: object) -> bool:
     """True when the module (or an action plugin of that name) resolves, following redirects; False when it does not."""
     if not isinstance(name, str) or not name.strip():
-        raise AnsibleFilterError('installed_module: expected a module name such as containers.podman.podman_container, got %s %r'
-                                 % (type(name).__name__, name))
+        raise AnsibleFilterError('installed_module: expected a module name such as containers.podman.podman_container, '
+                                 f'got {type(name).__name__} {name!r}')
     name = name.strip()
     try:
         # the order of ansible's own task parser (parsing/mod_args.py): the module, else an action plugin
@@ -25,6 +25,6 @@ def installed_module(name):
         return False
 
 
-class TestModule(object):
-    def tests(self):
+class TestModule:
+    def tests(self) -> dict:
         return dict(installed_module=installed_module)

@@ -1,4 +1,5 @@
-"""Unit tests for the shm_cleanup role's filters (shm_list, shm_cleanup_plan, shm_cleanup_result): tables of cases."""
+"""Unit tests for the shm_cleanup role's filters (shm_list, shm_cleanup and its halves shm_cleanup_plan and
+shm_cleanup_result): tables of cases."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +7,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_cleanup import (
-    LOCATE_STEP, VERIFY_STEP, FilterModule, shm_cleanup_plan, shm_cleanup_result, shm_list)
+    LOCATE_STEP, VERIFY_STEP, FilterModule, is_direct, shm_cleanup, shm_cleanup_plan, shm_cleanup_result, shm_list)
 
 
 def region(name, state, reclaimable=None, holders=(), **extra):
@@ -122,7 +123,7 @@ RESULTS = [
 def test_result(before, plan_kwargs, kwargs, status, changed, skipped):
     r = result(before, plan_kwargs, **kwargs)
     assert (r['status'], r['changed']) == (status, changed)
-    assert dict((s['name'], s['reason']) for s in r['skipped']) == skipped
+    assert {s['name']: s['reason'] for s in r['skipped']} == skipped
     assert (r['error'] is None) == (status == 'ok')
 
 
@@ -163,4 +164,151 @@ def test_result_of_a_host_whose_query_failed():
 
 
 def test_filter_module_exposes_the_filters():
-    assert set(FilterModule().filters()) == {'shm_list', 'shm_cleanup_plan', 'shm_cleanup_result'}
+    assert FilterModule().filters() == {'shm_list': shm_list, 'shm_cleanup': shm_cleanup}
+
+
+# --- shm_cleanup: the role's one step -------------------------------------------------------------------------
+
+SKIPPED = {'skipped': True, 'changed': False}
+
+
+def direct(before, **extra):
+    """A registered triton_shm_region result of the one-call path (inventory=true): the state before and after."""
+    result = dict(before=before, after=before, changed=False, unregistered=[], removed_files=[], freed_bytes=0, skipped_items=[])
+    result.update(extra)
+    return result
+
+
+# (id, settings, direct?)
+PATHS = [
+    ('defaults', {}, True),
+    ('threshold-without-orphan-patterns', dict(threshold_percent=80), True),
+    ('orphan-patterns-without-threshold', dict(orphan_patterns='tmp_*'), True),
+    ('threshold-and-orphan-patterns', dict(threshold_percent='80', orphan_patterns=['tmp_*']), False),
+    ('threshold-and-empty-patterns', dict(threshold_percent=80, orphan_patterns=' , '), True),
+    ('mode-all', dict(mode='all'), False),
+    ('mode-names', dict(mode='names', names='a'), False),
+]
+
+
+@pytest.mark.parametrize('settings, expected', [p[1:] for p in PATHS], ids=[p[0] for p in PATHS])
+def test_the_path_comes_from_the_settings(settings, expected):
+    assert is_direct(**{k: v for k, v in settings.items() if k != 'names'}) is expected
+    plan = shm_cleanup({}, **settings)['plan']
+    assert plan['direct'] is expected
+    assert plan['include'] == ('' if expected else 'query_first.yml')
+    assert (plan['act'], plan['unregister'], plan['reregister'], plan['error']) == (False, False, False, None)
+
+
+def test_the_first_call_gets_the_exclude_list_and_the_orphan_patterns_from_the_settings():
+    plan = shm_cleanup({'direct': None}, exclude='keep*', reregister=[dict(name='a[1]')], orphan_patterns='tmp_*, x')['plan']
+    assert plan['exclude'] == ['keep*', 'a[[]1]']
+    assert (plan['orphan_files'], plan['orphan_patterns'], plan['unregister_names']) == (True, ['tmp_*', 'x'], [])
+    assert shm_cleanup({}, mode='names', names='a, b')['plan']['unregister_names'] == ['a', 'b']
+    assert shm_cleanup({}, mode='all', names='a, b')['plan']['unregister_names'] == []
+
+
+OLD = dict(unregistered=['old'], removed_files=['/dev/shm/old'], freed_bytes=1, skipped_items=[])
+OLD_PRESENT = dict(results=[dict(registered=['old_warm'], created_files=[])])
+WARM = [dict(name='warm', key='/warm', byte_size=1)]
+
+# (id, results, settings, include, unregister, reregister, unregistered, registered, after used_percent)
+STEPS = [
+    ('direct-nothing-to-clean', dict(direct=direct(info([LIVE]))), {}, '', False, False, [], [], 10.0),
+    ('direct-cleaned', dict(direct=direct(info([DEAD, LIVE]), after=info([LIVE], 4.0), **ABSENT)), {}, '', False, False,
+     ['dead'], [], 4.0),
+    # the plan after the first step (re-registering has not run yet): the state after is not measured
+    ('direct-then-reregister', dict(direct=direct(info([DEAD]), after=info([], 4.0), **ABSENT)), dict(reregister=WARM),
+     'reregister.yml', False, True, ['dead'], [], 10.0),
+    ('direct-reregistered', dict(direct=direct(info([DEAD]), after=info([], 4.0), **ABSENT), present=PRESENT,
+                                 after=info([region('warm', 'reserved')], 5.0)),
+     dict(reregister=WARM), 'reregister.yml', False, True, ['dead'], ['warm'], 5.0),
+    # the query path's results of an earlier run of the role in the same play are not this run's
+    ('direct-ignores-the-query-path', dict(direct=direct(info([LIVE])), query=info([DEAD]), absent=OLD, present=OLD_PRESENT,
+                                           after=info([DEAD])), {}, '', False, False, [], [], 10.0),
+    ('query-nothing-to-do', dict(direct=SKIPPED, query=info([LIVE]), absent=SKIPPED),
+     dict(threshold_percent=50, orphan_patterns='tmp_*'), 'query_first.yml', False, False, [], [], 10.0),
+    ('query-acted', dict(direct=SKIPPED, query=info([DEAD, LIVE]), absent=dict(ABSENT, after=info([LIVE], 3.0))),
+     dict(threshold_percent=50, orphan_patterns='tmp_*'), 'query_first.yml', True, False, ['dead'], [], 3.0),
+    ('query-over-threshold-nothing-to-clean', dict(query=info([LIVE], 75.0), absent=SKIPPED),
+     dict(threshold_percent=50, orphan_patterns='tmp_*'), 'query_first.yml', False, False, [], [], 75.0),
+    ('query-reregisters-without-candidates', dict(query=info([LIVE], 75.0), absent=SKIPPED, present=PRESENT,
+                                                  after=info([LIVE, region('warm', 'reserved')], 76.0)),
+     dict(mode='all', reregister=[dict(name='live')]), 'query_first.yml', False, True, [], ['warm'], 76.0),
+    # nothing to do: the re-register results of an earlier run are not this run's
+    ('query-nothing-to-do-ignores-old-reregister', dict(query=info([LIVE]), absent=SKIPPED, present=OLD_PRESENT,
+                                                        after=info([], 1.0)),
+     dict(threshold_percent=50, orphan_patterns='tmp_*', reregister=WARM), 'query_first.yml', False, False, [], [], 10.0),
+    ('names', dict(query=info([DEAD, LIVE]), absent=dict(ABSENT, after=info([LIVE], 3.0))), dict(mode='names', names='dead'),
+     'query_first.yml', True, False, ['dead'], [], 3.0),
+]
+
+
+@pytest.mark.parametrize('results, settings, include, unregister, reregister, unregistered, registered, used_after',
+                         [s[1:] for s in STEPS], ids=[s[0] for s in STEPS])
+def test_step(results, settings, include, unregister, reregister, unregistered, registered, used_after):
+    step = shm_cleanup(results, host='h1', url='http://x', **settings)
+    plan, record = step['plan'], step['record']
+    assert (plan['include'], plan['unregister'], plan['reregister']) == (include, unregister, reregister)
+    assert record['done']['unregistered'] == unregistered and record['done']['registered'] == registered
+    assert record['after']['used_percent'] == used_after
+    assert (record['host'], record['url'], record['status']) == ('h1', 'http://x', 'ok')
+
+
+def test_the_plan_after_the_query_unregisters_a_stale_region_below_the_threshold():
+    plan = shm_cleanup(dict(direct=SKIPPED, query=info([DEAD, LIVE])), threshold_percent=50, orphan_patterns='tmp_*')['plan']
+    assert (plan['include'], plan['act'], plan['unregister'], plan['reregister']) == ('query_first.yml', True, True, False)
+    assert plan['decision'] == '1 stale or dangling region(s): dead'
+
+
+def test_step_record_is_the_record_of_its_halves():
+    """The step hands shm_cleanup_result exactly what the role handed it before: the same record."""
+    before, absent = info([DEAD, LIVE]), dict(ABSENT, after=info([LIVE], 3.0))
+    settings = dict(threshold_percent=50, orphan_patterns='tmp_*', host='h', url='u', finished_at='t', finished_epoch=5)
+    plan_settings = {k: v for k, v in settings.items() if k not in ('finished_at', 'finished_epoch')}
+    plan = shm_cleanup_plan(before, **plan_settings)
+    expected = shm_cleanup_result(before, plan, absent=absent, after=absent['after'], threshold_percent=50, host='h', url='u',
+                                  finished_at='t', finished_epoch=5)
+    assert shm_cleanup(dict(query=before, absent=absent), **settings)['record'] == expected
+
+
+def test_a_failed_query_is_reported_with_its_own_reason():
+    """A down server on the query path: the failed task and its message, not 'process not found'."""
+    failed = {'failed': True, 'msg': 'cannot connect to http://x: refused'}
+    failure = dict(step="Query the server's regions, files and /dev/shm use", msg=failed['msg'])
+    r = shm_cleanup(dict(query=failed), mode='names', names='a', host='h', url='http://x', failure=failure)['record']
+    assert (r['status'], r['error'], r['acted'], r['decision'], r['before']) == ('failed', failure, False, '', None)
+
+
+def test_a_failed_direct_call_keeps_the_work_done_and_its_reason():
+    partial = direct(info([DEAD, LIVE]), failed=True, msg='boom', **ABSENT)
+    del partial['after']
+    r = shm_cleanup(dict(direct=partial), failure=dict(step='Query, unregister', msg='boom'))['record']
+    assert (r['status'], r['error'], r['changed']) == ('failed', dict(step='Query, unregister', msg='boom'), True)
+    assert r['done']['unregistered'] == ['dead'] and r['before']['used_percent'] == 10.0
+
+
+@pytest.mark.parametrize('results', [
+    dict(direct=dict(failed=True, msg='stale cleanup needs the process', before=info([DEAD], pid=None, not_found_reason='hidden'))),
+    dict(query=info([DEAD], pid=None, not_found_reason='hidden')),
+], ids=['direct', 'query'])
+def test_an_unlocated_server_is_reported_as_such_whatever_task_stopped(results):
+    settings = dict(mode='stale' if 'direct' in results else 'all', host='h1')
+    failure = dict(step='some task', msg='stale cleanup needs the process')
+    r = shm_cleanup(results, failure=failure, **settings)['record']
+    assert r['error'] == dict(step=LOCATE_STEP, msg='nothing on h1 could be checked: hidden')
+    assert (r['status'], r['changed']) == ('failed', False)
+    r = shm_cleanup(results, **settings)['record']
+    assert r['error'] == dict(step=LOCATE_STEP, msg='nothing on h1 could be checked: hidden')
+
+
+def test_nothing_read_yet_records_the_failure_only():
+    failure = dict(step='Query', msg='cannot connect')
+    r = shm_cleanup({'direct': {'failed': True, 'msg': 'cannot connect'}}, failure=failure, host='h', finished_epoch='17')['record']
+    assert (r['status'], r['error'], r['before'], r['after'], r['acted']) == ('failed', failure, None, None, False)
+    assert r['finished_epoch'] == 17
+
+
+def test_unknown_results_are_refused():
+    with pytest.raises(AnsibleFilterError, match='^shm_cleanup: unknown results befor '):
+        shm_cleanup({'befor': {}})

@@ -5,7 +5,8 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import FilterModule, shm_fleet_table, shm_report_row
+from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import (
+    FilterModule, shm_fleet_table, shm_report_row, shm_report_rows)
 
 MIB = 1 << 20
 OK_ROW = dict(host='t1', status='ok', version='2.51.0', shm_used_bytes=8 * MIB, shm_total_bytes=64 * MIB, shm_used_percent=12.5,
@@ -52,7 +53,7 @@ def test_cleanup_rows(result, check_mode, expected):
     lines = shm_fleet_table([result], 'cleanup', hosts=['t1'], check_mode=check_mode)
     assert lines[0].split() == ['HOST', 'STATUS', 'SHM', 'BEFORE', 'SHM', 'AFTER', 'UNREG', 'FILES', 'FREED', 'SKIP', 'NOTE']
     assert lines[1].split() == expected
-    assert lines[-1] == '(* changed%s)' % ('; check mode: what would be done, nothing was changed' if check_mode else '')
+    assert lines[-1] == f"(* changed{'; check mode: what would be done, nothing was changed' if check_mode else ''})"
 
 
 @pytest.mark.parametrize('rows, kind, hosts, match', [
@@ -65,7 +66,8 @@ def test_errors(rows, kind, hosts, match):
 
 
 def test_filter_module():
-    assert FilterModule().filters() == {"shm_fleet_table": shm_fleet_table, "shm_report_row": shm_report_row}
+    assert FilterModule().filters() == {"shm_fleet_table": shm_fleet_table, "shm_report_row": shm_report_row,
+                                        "shm_report_rows": shm_report_rows}
 
 
 def info_result(pid=42, reason=None):
@@ -85,3 +87,22 @@ def test_report_row(info, status, error):
     assert (row['host'], row['url'], row['status'], row['error']) == ('t1', 'http://t1:8000', status, error)
     assert (row['regions'], row['stale'], row['dangling'], row['shm_used_percent']) == (3, ['b'], ['c'], 12.5)
     assert shm_fleet_table([row], 'report')[1].split()[:2] == ['t1', status.upper() if status != 'ok' else 'ok']
+
+
+NOT_RUN_ROW = {'host': 'h2', 'status': 'not run', 'error': 'no result'}
+
+
+@pytest.mark.parametrize('reports, hosts, rows', [
+    ([], [], []),
+    ([{'host': 'h1', 'status': 'ok'}, None], ['h1', 'h2'], [{'host': 'h1', 'status': 'ok'}, NOT_RUN_ROW]),
+    ([None, {'host': 'h2', 'status': 'down', 'error': 'x'}], ['h1', 'h2'],
+     [dict(NOT_RUN_ROW, host='h1'), {'host': 'h2', 'status': 'down', 'error': 'x'}]),
+    ((None,), ('h2',), [NOT_RUN_ROW]),
+])
+def test_report_rows(reports, hosts, rows):
+    assert shm_report_rows(reports, hosts) == rows
+
+
+def test_report_rows_need_one_report_per_host():
+    with pytest.raises(AnsibleFilterError, match='^shm_report_rows: needs one report'):
+        shm_report_rows([None], ['h1', 'h2'])
