@@ -19,7 +19,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PROMTOOL ?= $(BUILD)/bin/promtool
 # prometheus, node_exporter and alertmanager for the observability tests (tests/integration/observability.py)
 export PROMETHEUS_BIN ?= $(BUILD)/bin
-PROMETHEUS_BINARIES := $(addprefix $(PROMETHEUS_BIN)/,prometheus prometheus-node-exporter prometheus-alertmanager)
+PROMETHEUS_BINARIES := $(addprefix $(PROMETHEUS_BIN)/,prometheus prometheus-node-exporter prometheus-alertmanager ../share/prometheus/alertmanager/default.tmpl)
 
 PYTEST_ARGS ?=
 

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import pytest
 import yaml
 
 import engines  # tests/integration/containers (conftest puts it on sys.path)
@@ -26,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COLLECTION = os.path.dirname(os.path.dirname(HERE))
 RULES = os.path.join(COLLECTION, 'extensions', 'prometheus', 'tritonops_shm.rules.yml')
 DASHBOARD = os.path.join(COLLECTION, 'extensions', 'grafana', 'tritonops-shm.json')
+DEBIAN_TEMPLATES = '/usr/share/prometheus/alertmanager'
 
 
 def binary(name: str) -> str:
@@ -130,8 +132,18 @@ class Alertmanager(Service):
         self.config.write_text(yaml.safe_dump(config))
 
     def command(self) -> list:
-        return [binary('prometheus-alertmanager'), f'--config.file={self.config}', f'--storage.path={self.dir / "data"}',
-                f'--web.listen-address=127.0.0.1:{self.port}', '--cluster.listen-address=']
+        am = binary('prometheus-alertmanager')
+        cmd = [am, f'--config.file={self.config}', f'--storage.path={self.dir / "data"}',
+               f'--web.listen-address=127.0.0.1:{self.port}', '--cluster.listen-address=']
+        if os.path.exists(DEBIAN_TEMPLATES + '/default.tmpl'):
+            return cmd
+        # Debian's build reads its templates from /usr/share/prometheus/alertmanager, which a package
+        # install provides; .ci/get-prometheus extracts them next to the binary instead: lay that tree
+        # over /usr/share in a private mount namespace of this process only
+        share = os.path.normpath(os.path.join(os.path.dirname(am), '..', 'share'))
+        assert os.path.exists(share + '/prometheus/alertmanager/default.tmpl'), f'{share}: run `make prometheus`'
+        script = f'mount -t overlay tritonops-am -o lowerdir={share}:/usr/share /usr/share && exec "$@"'
+        return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', script, 'alertmanager'] + cmd
 
 
 class Prometheus(Service):
@@ -174,6 +186,23 @@ class Prometheus(Service):
 
     def scraped(self, expr: str) -> bool:
         return bool(self.query(expr))
+
+
+@pytest.fixture
+def services():
+    """services(x): start a Service (or take any started object with stop()); all stopped at the end, last first."""
+    started = []
+
+    def start(service):
+        if isinstance(service, Service):
+            service.start()
+        started.append(service)
+        return service
+    try:
+        yield start
+    finally:
+        for service in reversed(started):
+            service.stop()
 
 
 def rules_with_short_for(workdir: Path, seconds: int = 1) -> Path:

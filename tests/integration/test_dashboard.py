@@ -15,26 +15,12 @@ import pytest
 
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
-from observability import DASHBOARD, NodeExporter, Prometheus, dashboard_queries, wait_for
+from observability import DASHBOARD, NodeExporter, Prometheus, dashboard_queries, services, wait_for  # noqa: F401 (fixture)
 
 MiB = 1 << 20
 BLIND = ('unshare', '--pid', '--fork', '--mount-proc')
 # what Grafana puts in place of its variables: every host, and windows that cover the whole test
 SUBSTITUTIONS = {'host': '.+', '__rate_interval': '10m', '__range': '10m', '__interval': '1m'}
-
-
-@pytest.fixture
-def services():
-    started = []
-
-    def start(service):
-        started.append(service.start())
-        return service
-    try:
-        yield start
-    finally:
-        for service in reversed(started):
-            service.stop()
 
 
 @pytest.fixture
