@@ -137,7 +137,7 @@ def _inventory_of(result: Mapping) -> Mapping:
 def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: Optional[float] = None) -> str:
     """The report textfile of one server from an inventory result (None or a failed result: the server is down).
 
-    A server that answered but whose process was not found (no ``server.pid``) gets only ``up``, ``server_located``
+    A server that answered but whose process was not found (no ``server.pid``) gets only ``up``, ``server_located``, the version
     and the report time: nothing on the host could be checked, so no state, file or byte figure is written.
     """
     result = result or {}

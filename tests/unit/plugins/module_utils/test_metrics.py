@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -233,3 +234,14 @@ def test_a_directory_that_cannot_be_written(as_nobody):
 def test_only_plain_prom_names(tmp_path, name):
     with pytest.raises(ValueError, match='plain NAME.prom'):
         metrics.write_textfile(str(tmp_path), name, '')
+
+
+@pytest.mark.parametrize('page', ['metrics.md', 'metrics.zh.md'])
+def test_the_docs_list_the_metric_set(page):
+    docs = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'docs', page)
+    with open(docs, encoding='utf-8') as f:
+        text = f.read()
+    tables = set(re.findall(r'^\| `(tritonops_shm_[a-z_]+)` \|', text, re.M))
+    assert tables == set(metrics.METRICS)
+    for label in metrics.REGION_STATES + metrics.FILE_CATEGORIES:
+        assert f'`{label}`' in text
