@@ -14,7 +14,8 @@ import socket
 import time
 
 from ansible_helpers import PYTHON, ansible_playbook
-from observability import Alertmanager, NodeExporter, Prometheus, rules_with_short_for, services, wait_for  # noqa: F401
+from observability import Alertmanager, NodeExporter, Prometheus, rules_with_short_for, wait_for
+from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
 from test_self_healing import Rulebook
 
 import tritonrig

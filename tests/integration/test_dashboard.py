@@ -15,7 +15,8 @@ import pytest
 
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
-from observability import DASHBOARD, NodeExporter, Prometheus, dashboard_queries, services, wait_for  # noqa: F401 (fixture)
+from observability import DASHBOARD, NodeExporter, Prometheus, dashboard_queries, wait_for
+from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
 
 MiB = 1 << 20
 BLIND = ('unshare', '--pid', '--fork', '--mount-proc')

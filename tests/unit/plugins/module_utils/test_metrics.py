@@ -102,8 +102,8 @@ def test_a_down_server_is_up_0_and_nothing_else(promtool, result):
     check_metrics(promtool, text)
     s = samples(text)
     del s['_hosts']
-    assert {k[0]: v for k, v in s.items()} == {'tritonops_shm_up': 0, 'tritonops_shm_server_located': 0,
-                                              'tritonops_shm_report_timestamp_seconds': 1000}
+    expected = {'tritonops_shm_up': 0, 'tritonops_shm_server_located': 0, 'tritonops_shm_report_timestamp_seconds': 1000}
+    assert {k[0]: v for k, v in s.items()} == expected
 
 
 def test_an_unlocated_server_gives_no_state_or_bytes(promtool):
