@@ -17,6 +17,9 @@ export TRITONOPS_VENV_PYTHON := $(VPY)
 export PYTHONDONTWRITEBYTECODE := 1
 # promtool for `promtool test rules` (tests/unit/extensions/prometheus): from Debian's prometheus package
 export PROMTOOL ?= $(BUILD)/bin/promtool
+# prometheus, node_exporter and alertmanager for the observability tests (tests/integration/observability.py)
+export PROMETHEUS_BIN ?= $(BUILD)/bin
+PROMETHEUS_BINARIES := $(addprefix $(PROMETHEUS_BIN)/,prometheus prometheus-node-exporter prometheus-alertmanager ../share/prometheus/alertmanager/default.tmpl)
 
 PYTEST_ARGS ?=
 
@@ -24,7 +27,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool help venv collection sanity sanity-2.19 changelog-check units integration integration-matrix test demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool prometheus help venv collection sanity sanity-2.19 changelog-check units integration integration-matrix test demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -69,10 +72,15 @@ promtool: $(PROMTOOL)  ## put promtool into build/bin (apt-get download promethe
 $(PROMTOOL):
 	.ci/get-promtool $@
 
+prometheus: $(PROMETHEUS_BINARIES)  ## put prometheus, node_exporter and alertmanager into build/bin (apt-get download + dpkg-deb -x; no daemon installed)
+
+$(PROMETHEUS_BINARIES) &:
+	.ci/get-prometheus $(PROMETHEUS_BIN) prometheus prometheus-node-exporter prometheus-alertmanager
+
 units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prometheus rules with promtool)
 	cd $(COLL) && $(PYTEST_RUN) tests/unit $(PYTEST_ARGS)
 
-integration: collection  ## integration tests against real tritonserver processes
+integration: collection $(PROMETHEUS_BINARIES)  ## integration tests against real tritonserver processes (and a real Prometheus, node_exporter, Alertmanager)
 	cd $(COLL) && $(PYTEST_RUN) tests/integration $(PYTEST_ARGS)
 
 # The version matrix: the core integration tests against the tritonserver of an older

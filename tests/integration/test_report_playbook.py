@@ -24,13 +24,14 @@ def fleet(tmp_path):
         f.stop()
 
 
-def metrics(path):
-    with open(path) as f:
-        text = f.read()
+def metrics(directory, kind, host):
+    """{sample name (with its labels other than host and triton_url): (value, labels)} of host's one file of kind."""
+    [path] = directory.glob(f'{kind}.{host}.*.prom')
     out = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(path.read_text()):
         for sample in family.samples:
-            out[sample.name] = (sample.value, sample.labels)
+            extra = ','.join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k not in ('host', 'triton_url'))
+            out[sample.name + (f'{{{extra}}}' if extra else '')] = (sample.value, sample.labels)
     return out
 
 
@@ -82,23 +83,25 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
     assert '| triton1 | ok |' in md and '| triton2 | **down** |' in md
     assert '- **triton1**: dead' in md
 
-    m = metrics(str(prom['triton1'] / 'tritonops_shm.prom'))
-    assert m['tritonops_shm_up'] == (1.0, {'triton_url': up.url})
+    m = metrics(prom['triton1'], 'tritonops_shm', 'triton1')
+    assert m['tritonops_shm_up'] == (1.0, {'host': 'triton1', 'triton_url': up.url})
     assert m['tritonops_shm_fs_size_bytes'][0] == 32 * MiB
-    assert m['tritonops_shm_stale_regions'][0] == 1 and m['tritonops_shm_stale_bytes'][0] == 8 * MiB
-    assert m['tritonops_shm_orphan_bytes'][0] == MiB and m['tritonops_shm_system_regions'][0] == 2
-    m = metrics(str(prom['triton2'] / 'tritonops_shm.prom'))
+    assert m['tritonops_shm_regions{state="stale"}'][0] == 1 and m['tritonops_shm_stale_bytes'][0] == 8 * MiB
+    assert m['tritonops_shm_orphan_bytes'][0] == MiB and m['tritonops_shm_regions{state="healthy"}'][0] == 1
+    assert sum(v for k, (v, _labels) in m.items() if k.startswith('tritonops_shm_regions{')) == 2
+    assert m['tritonops_shm_files{category="orphan"}'][0] == 1 and m['tritonops_shm_registered_bytes'][0] == 10 * MiB
+    m = metrics(prom['triton2'], 'tritonops_shm', 'triton2')
     assert m['tritonops_shm_up'][0] == 0 and 'tritonops_shm_fs_size_bytes' not in m
 
     # the cleanup playbook writes the last cleanup's time and outcome next to it
     start = time.time()
     res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, extra_vars={'shm_cleanup_orphan_patterns': ['client_*']})
     assert res.stats['triton1']['failures'] == 0 and res.stats['triton2']['failures'] == 1, res
-    m = metrics(str(prom['triton1'] / 'tritonops_shm_cleanup.prom'))
+    m = metrics(prom['triton1'], 'tritonops_shm_cleanup', 'triton1')
     assert m['tritonops_shm_cleanup_last_success'][0] == 1
     assert m['tritonops_shm_cleanup_last_unregistered_regions'][0] == 1
     assert m['tritonops_shm_cleanup_last_removed_files'][0] == 2
     assert m['tritonops_shm_cleanup_last_freed_bytes'][0] == 9 * MiB
     assert start - 2 <= m['tritonops_shm_cleanup_last_run_timestamp_seconds'][0] <= time.time() + 2
-    m = metrics(str(prom['triton2'] / 'tritonops_shm_cleanup.prom'))
+    m = metrics(prom['triton2'], 'tritonops_shm_cleanup', 'triton2')
     assert m['tritonops_shm_cleanup_last_success'][0] == 0

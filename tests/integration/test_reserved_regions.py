@@ -128,8 +128,12 @@ def test_cleanup_rerun_with_reports_is_unchanged_and_the_rebuilt_region_survives
     # ... while the outputs are still written: the report is this run's
     with open(os.path.join(report_dir, 'triton1.json')) as f:
         assert json.load(f)['done']['unregistered'] == []
-    with open(os.path.join(str(tmp_path / 'prom'), 'tritonops_shm_cleanup.prom')) as f:
-        assert 'tritonops_shm_cleanup' in f.read()
+    # two servers on one machine, one textfile directory: each keeps its own file and series
+    prom_files = sorted(os.listdir(str(tmp_path / 'prom')))
+    assert [f.split('.')[:2] for f in prom_files] == [['tritonops_shm_cleanup', s.name] for s in servers], prom_files
+    for s, name in zip(servers, prom_files):
+        with open(os.path.join(str(tmp_path / 'prom'), name)) as f:
+            assert f'tritonops_shm_cleanup_last_success{{host="{s.name}",triton_url="{s.url}"}} 1\n' in f.read()
 
     # the region the role rebuilt is the operator's: a bare module run with stale=true leaves it
     for s in servers:

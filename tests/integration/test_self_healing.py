@@ -153,8 +153,8 @@ def test_self_heal_cleans_a_host_over_the_threshold_and_never_a_down_one(servers
     assert rb.cleanups('tdown') == 0 and not os.listdir(tmp_path / 'prom-tdown')
     assert re.search(r'tdown: Triton is down, no cleanup: .*cannot connect', rb.output())
     # the cleanup on t1 wrote its outcome
-    prom = (tmp_path / 'prom-t1' / 'tritonops_shm_cleanup.prom').read_text()
-    assert 'tritonops_shm_cleanup_last_unregistered_regions{triton_url="%s"} 3' % t1.url in prom
+    [prom] = [p.read_text() for p in (tmp_path / 'prom-t1').glob('tritonops_shm_cleanup.t1.*.prom')]
+    assert f'tritonops_shm_cleanup_last_unregistered_regions{{host="t1",triton_url="{t1.url}"}} 3\n' in prom
     print('healed %.1fs after the threshold was crossed' % healed_after)
 
 

@@ -10,30 +10,33 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
+if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
+
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics  # noqa: E402 (after sys.path)
+
 RULES = os.path.join(COLLECTION, 'extensions', 'prometheus', 'tritonops_shm.rules.yml')
 RULES_TEST = os.path.join(HERE, 'tritonops_shm.rules_test.yml')
-TEMPLATES = [os.path.join(COLLECTION, 'playbooks', 'templates', 'tritonops_shm.prom.j2'),
-             os.path.join(COLLECTION, 'roles', 'shm_cleanup', 'templates', 'cleanup.prom.j2')]
 ALERTMANAGER_RULEBOOK = os.path.join(COLLECTION, 'extensions', 'eda', 'rulebooks', 'self_heal_alertmanager.yml')
 
 
 @pytest.fixture(scope='module')
-def promtool():
+def promtool() -> str:
     path = os.environ.get('PROMTOOL') or shutil.which('promtool')
     if not path or not os.access(path, os.X_OK):
-        pytest.fail('promtool not found (PROMTOOL=%r): run `make promtool` (.ci/get-promtool extracts it from '
-                    "Debian's prometheus package into build/bin) or set PROMTOOL=/path/to/promtool"
-                    % os.environ.get('PROMTOOL'))
+        pytest.fail(f"promtool not found (PROMTOOL={os.environ.get('PROMTOOL')!r}): run `make promtool` (.ci/get-promtool "
+                    "extracts it from Debian's prometheus package into build/bin) or set PROMTOOL=/path/to/promtool")
     return path
 
 
-def run(promtool, *args):
+def run(promtool: str, *args: str) -> str:
     proc = subprocess.run([promtool] + list(args), capture_output=True, text=True, timeout=120, cwd=HERE, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
@@ -47,20 +50,25 @@ def test_rules_fire_as_documented(promtool):
     assert 'SUCCESS' in run(promtool, 'test', 'rules', RULES_TEST)
 
 
-def alerts():
+def alerts() -> dict:
     with open(RULES) as f:
-        return dict((r['alert'], r) for g in yaml.safe_load(f)['groups'] for r in g['rules'])
+        return {r['alert']: r for g in yaml.safe_load(f)['groups'] for r in g['rules']}
 
 
 def test_rules_use_only_metrics_the_collection_writes():
-    written = set()
-    for path in TEMPLATES:
-        with open(path) as f:
-            written |= set(re.findall(r'\b(tritonops_shm_[a-z_]+)\b', f.read()))
+    # the one metric set (module_utils/metrics.py) the report playbook and the cleanup role write
+    written = set(metrics.METRICS)
     for name, rule in alerts().items():
         used = set(re.findall(r'\b(tritonops_shm_[a-z_]+)\b', rule['expr']))
         assert used and used <= written, (name, used - written)
-        assert '"host"' in rule['expr'], name   # every alert names the inventory host
+        # every alert keeps the series' inventory host: no aggregation drops it
+        assert not re.search(r'\b(sum|max|min|avg|count) (by|\()', rule['expr']), name
+
+
+def test_rule_label_values_are_those_the_collection_writes():
+    with open(RULES) as f:
+        states = set(re.findall(r'state="([a-z_]+)"', f.read()))
+    assert states and states <= set(metrics.REGION_STATES)
 
 
 def test_the_alertmanager_rulebook_cleans_for_existing_alerts_only():

@@ -1,0 +1,38 @@
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The node_exporter textfile metrics the report playbook and the shm_cleanup role write, from module_utils/metrics.py.
+
+Documentation: plugins/filter/shm_metrics.yml and shm_metrics_file.yml (``ansible-doc -t filter tritonops.shm.NAME``).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+
+
+def shm_metrics(value: Optional[Mapping], kind: str, host: str, url: Optional[str], previous: Optional[str] = None) -> str:
+    """The textfile text: kind report (a triton_shm_info result) or cleanup (the role's shm_cleanup_result)."""
+    if kind == metrics.REPORT:
+        return metrics.report_text(value, host, url)
+    if kind == metrics.CLEANUP:
+        if not isinstance(value, Mapping):
+            raise AnsibleFilterError(f'shm_metrics: cleanup needs the shm_cleanup_result dict, got {type(value).__name__}')
+        return metrics.cleanup_text(value, host, url, previous=previous or None)
+    raise AnsibleFilterError(f"shm_metrics: kind must be 'report' or 'cleanup', got {kind!r}")
+
+
+def shm_metrics_file(kind: str, host: str, url: Any) -> str:
+    """The file name of one (inventory host, URL) for kind (report or cleanup)."""
+    try:
+        return metrics.file_name(kind, host, url)
+    except ValueError as exc:
+        raise AnsibleFilterError(f'shm_metrics_file: {exc}', orig_exc=exc) from exc
+
+
+class FilterModule:
+    def filters(self):
+        return {'shm_metrics': shm_metrics, 'shm_metrics_file': shm_metrics_file}

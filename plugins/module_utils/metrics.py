@@ -1,0 +1,301 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Private to tritonops.shm: the node_exporter textfile metrics of one Triton server, and their atomic writer.
+
+The one definition of the metric set (``METRICS``). Two files per (inventory host, URL), so that
+several servers on one machine never overwrite each other's series:
+
+- ``report_text()``: the server's shared memory as a query saw it (the report playbook, and
+  triton_shm_info), file ``file_name(REPORT, host, url)``;
+- ``cleanup_text()``: the outcome of the last cleanup (the shm_cleanup role), file
+  ``file_name(CLEANUP, host, url)``; its counters go on from the previous file (``read_textfile()``).
+
+``write_textfile()`` writes one of them atomically. It never fails the caller: a missing directory,
+a directory reached through a symlink, or one that cannot be written gives a warning and writes
+nothing. Check mode is the caller's job: do not call it in check mode.
+
+Standard library only: the filters import it in every Ansible worker process.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import math
+import os
+import re
+import secrets
+import stat
+import time
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
+
+REPORT = 'report'
+CLEANUP = 'cleanup'
+FILE_BASES = {REPORT: 'tritonops_shm', CLEANUP: 'tritonops_shm_cleanup'}
+REGION_STATES = ('healthy', 'stale', 'reserved', 'dangling', 'unknown')
+FILE_CATEGORIES = ('registered', 'backend', 'in_use', 'orphan', 'foreign')
+
+
+class Metric(NamedTuple):
+    name: str
+    type: str
+    help: str
+    kind: str
+
+
+METRICS = {m.name: m for m in (
+    Metric('tritonops_shm_up', 'gauge',
+           '1 when the server answered the shared-memory query, 0 when it could not be queried.', REPORT),
+    Metric('tritonops_shm_server_located', 'gauge',
+           '1 when the tritonserver process behind the URL was found on this host, so its /dev/shm could be checked.',
+           REPORT),
+    Metric('tritonops_shm_report_timestamp_seconds', 'gauge', 'When the server was last queried (Unix time).', REPORT),
+    Metric('tritonops_shm_server_info', 'gauge', 'The Triton version the server reports (value always 1).', REPORT),
+    Metric('tritonops_shm_fs_size_bytes', 'gauge', "Size of the server's /dev/shm (the container's --shm-size).", REPORT),
+    Metric('tritonops_shm_fs_used_bytes', 'gauge', "Used bytes of the server's /dev/shm.", REPORT),
+    Metric('tritonops_shm_registered_bytes', 'gauge', 'Sum of the byte sizes of the registered system regions.', REPORT),
+    Metric('tritonops_shm_regions', 'gauge', 'Registered system shared-memory regions by state.', REPORT),
+    Metric('tritonops_shm_cuda_regions', 'gauge', 'Registered CUDA shared-memory regions.', REPORT),
+    Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
+    Metric('tritonops_shm_files', 'gauge', "Files in the server's /dev/shm by category.", REPORT),
+    Metric('tritonops_shm_orphan_bytes', 'gauge', 'Bytes of /dev/shm held by orphan files.', REPORT),
+    Metric('tritonops_shm_cleanup_last_run_timestamp_seconds', 'gauge',
+           'When the last cleanup of this server ended (Unix time).', CLEANUP),
+    Metric('tritonops_shm_cleanup_last_success', 'gauge', '1 when the last cleanup succeeded, 0 when it failed.', CLEANUP),
+    Metric('tritonops_shm_cleanup_last_success_timestamp_seconds', 'gauge',
+           'When a cleanup of this server last succeeded (Unix time; 0 when none has).', CLEANUP),
+    Metric('tritonops_shm_cleanup_last_unregistered_regions', 'gauge', 'Regions the last cleanup unregistered.', CLEANUP),
+    Metric('tritonops_shm_cleanup_last_removed_files', 'gauge', 'Files the last cleanup removed from /dev/shm.', CLEANUP),
+    Metric('tritonops_shm_cleanup_last_freed_bytes', 'gauge', 'Bytes of /dev/shm the last cleanup freed.', CLEANUP),
+    Metric('tritonops_shm_cleanup_freed_bytes_total', 'counter',
+           'Bytes of /dev/shm freed by every cleanup of this server that this textfile has seen.', CLEANUP),
+)}
+
+
+class WriteResult(NamedTuple):
+    """What write_textfile() did: the path, whether the file was written, and the warning when it was not."""
+    path: str
+    written: bool
+    warning: Optional[str]
+
+
+def file_name(kind: str, host: str, url: Optional[str]) -> str:
+    """The textfile of one (inventory host, URL): readable host part, and a digest that keeps any two apart."""
+    if kind not in FILE_BASES:
+        raise ValueError(f'metrics kind must be one of {sorted(FILE_BASES)}, got {kind!r}')
+    host = str(host)
+    readable = re.sub(r'[^A-Za-z0-9_-]', '_', host)[:64] or '_'
+    digest = hashlib.sha256(f'{host}\0{url or ""}'.encode('utf-8', 'surrogatepass')).hexdigest()[:12]
+    return f'{FILE_BASES[kind]}.{readable}.{digest}.prom'
+
+
+def _label_value(value: Any) -> str:
+    text = str('' if value is None else value).encode('utf-8', 'backslashreplace').decode('utf-8')
+    return text.replace('\\', '\\\\').replace('"', '\\"').replace('\n', '\\n')
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return '1' if value else '0'
+    if isinstance(value, int):
+        return str(value)
+    value = float(value)
+    if math.isnan(value):
+        return 'NaN'
+    if math.isinf(value):
+        return '+Inf' if value > 0 else '-Inf'
+    return str(int(value)) if value.is_integer() and abs(value) < 2 ** 53 else repr(value)
+
+
+def _render(samples: Iterable[tuple], host: str, url: Optional[str]) -> str:
+    """Exposition text: samples (name, extra labels, value) grouped by metric in METRICS order, HELP and TYPE once each."""
+    base = f'host="{_label_value(host)}",triton_url="{_label_value(url)}"'
+    by_name: dict = {}
+    for name, labels, value in samples:
+        by_name.setdefault(name, []).append((labels, value))
+    lines = []
+    for name, metric in METRICS.items():
+        if name not in by_name:
+            continue
+        help_text = metric.help.replace('\\', '\\\\').replace('\n', '\\n')
+        lines += [f'# HELP {name} {help_text}', f'# TYPE {name} {metric.type}']
+        for labels, value in by_name[name]:
+            extra = ''.join(f',{k}="{_label_value(v)}"' for k, v in labels)
+            lines.append(f'{name}{{{base}{extra}}} {_number(value)}')
+    return '\n'.join(lines) + '\n'
+
+
+def _inventory_of(result: Mapping) -> Mapping:
+    """The inventory in a module result: triton_shm_info's result itself, or triton_shm_region's ``after``."""
+    after = result.get('after')
+    if 'summary' not in result and isinstance(after, Mapping) and 'summary' in after:
+        return after
+    return result
+
+
+def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: Optional[float] = None) -> str:
+    """The report textfile of one server from an inventory result (None or a failed result: the server is down).
+
+    A server that answered but whose process was not found (no ``server.pid``) gets only ``up``, ``server_located``, the version
+    and the report time: nothing on the host could be checked, so no state, file or byte figure is written.
+    """
+    result = result or {}
+    up = bool(result) and not result.get('failed')
+    inv = _inventory_of(result) if up else {}
+    server = inv.get('server') or {}
+    located = up and server.get('pid') is not None
+    scanned = inv.get('scanned_at')
+    when = float(scanned) if scanned is not None else (time.time() if now is None else now)
+    samples = [('tritonops_shm_up', (), up), ('tritonops_shm_server_located', (), located),
+               ('tritonops_shm_report_timestamp_seconds', (), when)]
+    if up and server.get('version'):
+        samples.append(('tritonops_shm_server_info', (('version', server['version']),), 1))
+    if located:
+        regions = inv.get('system_regions') or []
+        summary = inv.get('summary') or {}
+        fs = inv.get('shm_fs') or {}
+        if fs.get('total_bytes') is not None:
+            samples += [('tritonops_shm_fs_size_bytes', (), fs['total_bytes']),
+                        ('tritonops_shm_fs_used_bytes', (), fs.get('used_bytes') or 0)]
+        samples.append(('tritonops_shm_registered_bytes', (), sum(int(r.get('byte_size') or 0) for r in regions)))
+        samples += [('tritonops_shm_regions', (('state', s),), sum(1 for r in regions if r.get('state') == s))
+                    for s in REGION_STATES]
+        samples.append(('tritonops_shm_cuda_regions', (), len(inv.get('cuda_regions') or ())))
+        samples.append(('tritonops_shm_stale_bytes', (), summary.get('stale_bytes') or 0))
+        files = inv.get('files') or []
+        samples += [('tritonops_shm_files', (('category', c),), sum(1 for f in files if f.get('category') == c))
+                    for c in FILE_CATEGORIES]
+        samples.append(('tritonops_shm_orphan_bytes', (), summary.get('orphan_bytes') or 0))
+    return _render(samples, host, url)
+
+
+def _previous_values(text: Optional[str]) -> dict:
+    """Sample values by metric name of a textfile this module wrote for one server (one series per name)."""
+    out = {}
+    for line in (text or '').splitlines():
+        if not line or line.startswith('#'):
+            continue
+        name, _sep, rest = line.partition('{')
+        value = rest.rpartition(' ')[2] if rest else line.rpartition(' ')[2]
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(number) and number >= 0:
+            out[name.strip()] = number
+    return out
+
+
+def cleanup_text(outcome: Mapping, host: str, url: Optional[str], previous: Optional[str] = None) -> str:
+    """The cleanup textfile of one server from the shm_cleanup role's record (``shm_cleanup_result``).
+
+    ``previous`` is the text of this server's previous cleanup file: the counter and the last success time go on
+    from it (a missing or unreadable file starts them again, which Prometheus reads as a counter reset).
+    """
+    done = outcome.get('done') or {}
+    success = outcome.get('status') != 'failed'
+    ended = float(outcome.get('finished_epoch') or time.time())
+    before = _previous_values(previous)
+    freed = int(done.get('freed_bytes') or 0)   # a cleanup that failed part-way may have freed some
+    last_success = ended if success else before.get('tritonops_shm_cleanup_last_success_timestamp_seconds', 0)
+    samples = [
+        ('tritonops_shm_cleanup_last_run_timestamp_seconds', (), ended),
+        ('tritonops_shm_cleanup_last_success', (), success),
+        ('tritonops_shm_cleanup_last_success_timestamp_seconds', (), last_success),
+        ('tritonops_shm_cleanup_last_unregistered_regions', (), len(done.get('unregistered') or ())),
+        ('tritonops_shm_cleanup_last_removed_files', (), len(done.get('removed_files') or ())),
+        ('tritonops_shm_cleanup_last_freed_bytes', (), freed),
+        ('tritonops_shm_cleanup_freed_bytes_total', (), before.get('tritonops_shm_cleanup_freed_bytes_total', 0) + freed),
+    ]
+    return _render(samples, host, url)
+
+
+def _check_name(name: str) -> None:
+    if not name.endswith('.prom') or '/' in name or name.startswith('.'):
+        raise ValueError(f'metrics file name must be a plain NAME.prom, got {name!r}')
+
+
+def _open_dir(directory: str) -> tuple:
+    """(fd, None) for the directory itself, or (None, why nothing is written)."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return None, f'{directory} does not exist on this host'
+    except OSError as exc:
+        return None, f'{directory} cannot be read ({exc.strerror})'
+    if stat.S_ISLNK(st.st_mode):
+        return None, f'{directory} is a symlink to {os.path.realpath(directory)} (not followed; give the real directory)'
+    if not stat.S_ISDIR(st.st_mode):
+        return None, f'{directory} is not a directory'
+    real = os.path.realpath(directory)
+    if real != os.path.abspath(directory):
+        return None, f'{directory} leads to {real} through a symlink (not followed; give the real directory)'
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, f'{directory} cannot be opened ({exc.strerror})'
+    fst = os.fstat(fd)
+    if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        return None, f'{directory} was replaced while it was opened'
+    return fd, None
+
+
+def read_textfile(directory: str, name: str) -> Optional[str]:
+    """The current text of a metrics file (None when absent, not a regular file, or unreadable); never follows symlinks."""
+    _check_name(name)
+    fd, _why = _open_dir(directory)
+    if fd is None:
+        return None
+    try:
+        ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(ffd).st_mode):
+            return None
+        with os.fdopen(ffd, 'rb') as f:
+            ffd = None
+            return f.read(1 << 20).decode('utf-8', 'replace')
+    finally:
+        if ffd is not None:
+            os.close(ffd)
+
+
+def write_textfile(directory: str, name: str, text: str) -> WriteResult:
+    """Write text to directory/name atomically (a temporary file in the same directory, then rename), mode 0644.
+
+    Never raises for the directory's condition: returns written=False and a warning instead. Not for check mode.
+    """
+    _check_name(name)
+    path = os.path.join(directory, name)
+    fd, why = _open_dir(directory)
+    if fd is None:
+        return WriteResult(path, False, f'{why}: no metrics written ({name})')
+    # node_exporter reads *.prom only: the temporary name never matches
+    tmp = f'.{name}.{secrets.token_hex(6)}.tmp'
+    try:
+        try:
+            tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        except OSError as exc:
+            reason = 'is not writable' if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else 'cannot be written'
+            return WriteResult(path, False, f'{directory} {reason} ({exc.strerror}): no metrics written ({name})')
+        try:
+            with os.fdopen(tfd, 'wb') as f:
+                os.fchmod(f.fileno(), 0o644)   # whatever the umask
+                f.write(text.encode('utf-8'))
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError as exc:
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
+            return WriteResult(path, False, f'{path} cannot be written ({exc.strerror}): no metrics written')
+        return WriteResult(path, True, None)
+    finally:
+        os.close(fd)

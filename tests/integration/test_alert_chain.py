@@ -1,0 +1,89 @@
+"""The real alert chain, end to end, with no human: leak -> report -> node_exporter -> Prometheus -> Alertmanager
+-> ansible-rulebook -> cleanup -> report -> the alert resolves.
+
+A real tritonserver with a live client and two killed ones (stale regions); the report playbook writes the
+textfile; a real node_exporter exposes it; a real Prometheus loads the collection's alert rules (as shipped, only
+each `for` shortened to 1 s) and scrapes and evaluates every second; a real Alertmanager (group_wait 0) sends the
+alert with its bearer token to the webhook of the rulebook tritonops.shm.self_heal_alertmanager, which runs the
+cleanup playbook. Every service is on a loopback port the test chose, with its own data directory, stopped by pid.
+"""
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+
+from ansible_helpers import PYTHON, ansible_playbook
+from observability import Alertmanager, NodeExporter, Prometheus, rules_with_short_for, wait_for
+from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
+from test_self_healing import Rulebook
+
+import tritonrig
+
+MiB = 1 << 20
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(('127.0.0.1', port)) == 0
+
+
+def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_triton, services, tmp_path):
+    server = make_triton(models=(), shm_size='32m')
+    live = server.client('live', byte_size=2 * MiB)
+    prom_dir = tmp_path / 'textfile'
+    prom_dir.mkdir()
+    hosts = {'t1': dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=server.url,
+                        prometheus_textfile_dir=str(prom_dir))}
+    inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
+    token = secrets.token_hex(16)
+    webhook = tritonrig.free_port()
+    rulebook = services(Rulebook(tmp_path, 'tritonops.shm.self_heal_alertmanager', hosts, {
+        'self_heal_hosts': ['t1'], 'self_heal_webhook_port': webhook, 'self_heal_webhook_token': token}))
+    alertmanager = services(Alertmanager(tmp_path, f'http://127.0.0.1:{webhook}/alerts', token))
+    node = services(NodeExporter(tmp_path, prom_dir))
+    prometheus = services(Prometheus(tmp_path, [f'127.0.0.1:{node.port}'], rule_files=(rules_with_short_for(tmp_path),),
+                                     alertmanager_urls=(alertmanager.url,)))
+    for service in (alertmanager, node, prometheus):
+        service.wait_ready()
+    rulebook.wait('the webhook listens', lambda: listening(webhook), 90)
+    assert prometheus.api('rules')['groups'][0]['rules'], 'the collection rules are loaded'
+
+    # the leak: two clients killed with their process group leave stale regions and their files
+    leaked = time.monotonic()
+    for name in ('dead1', 'dead2'):
+        server.leak(name, byte_size=4 * MiB)
+    assert {'dead1', 'dead2', 'live'} <= set(server.system_regions())
+    killed = time.monotonic()
+    res = ansible_playbook('tritonops.shm.report', inventory=inventory)
+    assert res.rc == 0, res
+    reported = time.monotonic()
+
+    firing = wait_for('TritonShmStaleRegions fires', lambda: prometheus.alerts('TritonShmStaleRegions'), 60,
+                      log=prometheus.output)
+    assert firing[0]['labels']['host'] == 't1' and firing[0]['labels']['triton_url'] == server.url
+    fired = time.monotonic()
+    rulebook.wait('the stale regions and their files are gone',
+                  lambda: not {'dead1', 'dead2'} & (set(server.system_regions()) | set(server.shm_files())), 120)
+    healed = time.monotonic()
+    rulebook.wait('the cleanup run finished', lambda: rulebook.cleanups('t1') == 1, 60)
+    # the live client's region and file are kept, and the client still works
+    assert 'live' in server.system_regions() and 'live' in server.shm_files() and live.alive
+    # the cleanup's outcome reaches Prometheus through the same textfile directory
+    wait_for('the cleanup outcome scraped', lambda: prometheus.query(
+        'tritonops_shm_cleanup_last_success{host="t1"} == 1 and tritonops_shm_cleanup_last_freed_bytes >= 8 * 1048576'), 30)
+
+    # the next report shows it, and the alert resolves: in Prometheus, and as Alertmanager's resolved notification
+    res = ansible_playbook('tritonops.shm.report', inventory=inventory)
+    assert res.rc == 0, res
+    wait_for('the report without stale regions scraped',
+             lambda: prometheus.query('tritonops_shm_regions{host="t1",state="stale"} == 0'), 30)
+    wait_for('TritonShmStaleRegions resolves', lambda: not prometheus.alerts('TritonShmStaleRegions')
+             and not prometheus.alerts('TritonShmStaleRegions', 'pending'), 30)
+    rulebook.wait("Alertmanager's resolved notification", lambda: rulebook.events('t1', 'resolved') >= 1, 30)
+    resolved = time.monotonic()
+    assert rulebook.cleanups('t1') == 1   # one alert, one cleanup
+    assert 'live' in server.system_regions() and live.alive
+    print(f'leak -> healed {healed - leaked:.1f}s (clients killed {killed - leaked:.1f}s, report playbook '
+          f'{reported - killed:.1f}s, alert firing {fired - reported:.1f}s after it, cleaned {healed - fired:.1f}s later); '
+          f'leak -> resolved {resolved - leaked:.1f}s')

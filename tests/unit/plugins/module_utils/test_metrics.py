@@ -1,0 +1,247 @@
+"""Unit tests for module_utils/metrics.py: the metric set (checked by promtool), one file per server, the writer."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+
+MIB = 1 << 20
+URL = 'http://127.0.0.1:8000'
+
+
+def region(name, state, byte_size=MIB):
+    return dict(name=name, key='/' + name, offset=0, byte_size=byte_size, state=state)
+
+
+def shm_file(name, category, allocated=MIB):
+    return dict(name=name, path='/dev/shm/' + name, allocated_bytes=allocated, category=category)
+
+
+def info(pid=4242, **over):
+    """A triton_shm_info result: 2 healthy, 1 stale, 1 dangling, 1 reserved region; files of every category but foreign."""
+    result = dict(
+        changed=False,
+        server=dict(url=URL, version='2.51.0', pid=pid, shm_dir='/proc/4242/root/dev/shm'),
+        shm_fs=dict(path='/proc/4242/root/dev/shm', total_bytes=64 * MIB, used_bytes=9 * MIB, free_bytes=55 * MIB,
+                    used_percent=14.1),
+        system_regions=[region('a', 'healthy'), region('b', 'healthy', 2 * MIB), region('dead', 'stale', 4 * MIB),
+                        region('gone', 'dangling'), region('kept', 'reserved')],
+        cuda_regions=[dict(name='gpu0', device_id=0, byte_size=MIB, state='unknown')],
+        files=[shm_file('a', 'registered'), shm_file('b', 'registered', 2 * MIB), shm_file('dead', 'registered', 4 * MIB),
+               shm_file('kept', 'registered'), shm_file('triton_python_backend_shm_region_1', 'backend'),
+               shm_file('client_x', 'orphan'), shm_file('busy', 'in_use')],
+        summary=dict(stale_bytes=4 * MIB, orphan_bytes=MIB),
+        scanned_at=1764760000.25,
+    )
+    result.update(over)
+    return result
+
+
+def samples(text):
+    """{(name, frozenset of labels other than host and triton_url): value}, after checking host/triton_url on each."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = dict(s.labels)
+            out.setdefault('_hosts', set()).add((labels.pop('host'), labels.pop('triton_url')))
+            out[(s.name, frozenset(labels.items()))] = s.value
+    return out
+
+
+@pytest.fixture(scope='module')
+def promtool():
+    path = os.environ.get('PROMTOOL') or shutil.which('promtool')
+    if not path or not os.access(path, os.X_OK):
+        pytest.fail(f"promtool not found (PROMTOOL={os.environ.get('PROMTOOL')!r}): run `make promtool`")
+    return path
+
+
+def check_metrics(promtool, text):
+    proc = subprocess.run([promtool, 'check', 'metrics'], input=text, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), proc.stdout + proc.stderr
+
+
+def test_report_of_a_located_server(promtool):
+    text = metrics.report_text(info(), 'gpu1', URL)
+    check_metrics(promtool, text)
+    s = samples(text)
+    assert s.pop('_hosts') == {('gpu1', URL)}
+    g = {k[0]: v for k, v in s.items() if not k[1]}
+    assert g == {'tritonops_shm_up': 1, 'tritonops_shm_server_located': 1, 'tritonops_shm_report_timestamp_seconds': 1764760000.25,
+                 'tritonops_shm_fs_size_bytes': 64 * MIB, 'tritonops_shm_fs_used_bytes': 9 * MIB,
+                 'tritonops_shm_registered_bytes': 9 * MIB, 'tritonops_shm_cuda_regions': 1,
+                 'tritonops_shm_stale_bytes': 4 * MIB, 'tritonops_shm_orphan_bytes': MIB}
+    by_state = {dict(k[1])['state']: v for k, v in s.items() if k[0] == 'tritonops_shm_regions'}
+    assert by_state == {'healthy': 2, 'stale': 1, 'reserved': 1, 'dangling': 1, 'unknown': 0}
+    by_category = {dict(k[1])['category']: v for k, v in s.items() if k[0] == 'tritonops_shm_files'}
+    assert by_category == {'registered': 4, 'backend': 1, 'in_use': 1, 'orphan': 1, 'foreign': 0}
+    assert s[('tritonops_shm_server_info', frozenset({('version', '2.51.0')}))] == 1
+
+
+def test_every_metric_has_one_help_and_type_line_and_the_prefix():
+    text = metrics.report_text(info(), 'h', URL) + metrics.cleanup_text(dict(status='ok', finished_epoch=5, done={}), 'h', URL)
+    for name, metric in metrics.METRICS.items():
+        assert name.startswith('tritonops_shm_') and not name.startswith('tritonops_shm_tritonops')
+        assert text.count(f'# HELP {name} ') == 1 and text.count(f'# TYPE {name} {metric.type}\n') == 1, name
+        # Prometheus naming: _total only for counters, units as the last word
+        assert name.endswith('_total') == (metric.type == 'counter'), name
+        assert not name.endswith('_seconds') or 'timestamp' in name
+
+
+@pytest.mark.parametrize('result', [None, dict(failed=True, msg='cannot connect to http://127.0.0.1:8000')])
+def test_a_down_server_is_up_0_and_nothing_else(promtool, result):
+    text = metrics.report_text(result, 'gpu1', URL, now=1000.0)
+    check_metrics(promtool, text)
+    s = samples(text)
+    del s['_hosts']
+    expected = {'tritonops_shm_up': 0, 'tritonops_shm_server_located': 0, 'tritonops_shm_report_timestamp_seconds': 1000}
+    assert {k[0]: v for k, v in s.items()} == expected
+
+
+def test_an_unlocated_server_gives_no_state_or_bytes(promtool):
+    server = dict(url=URL, version='2.51.0', pid=None, shm_dir=None, not_found_reason='not found')
+    text = metrics.report_text(info(server=server, shm_fs=None, files=[]), 'gpu1', URL)
+    check_metrics(promtool, text)
+    names = {k[0] for k in samples(text) if k != '_hosts'}
+    assert names == {'tritonops_shm_up', 'tritonops_shm_server_located', 'tritonops_shm_report_timestamp_seconds',
+                     'tritonops_shm_server_info'}
+    assert 'tritonops_shm_server_located{host="gpu1",triton_url="http://127.0.0.1:8000"} 0\n' in text
+
+
+def test_the_region_modules_after_state_is_reported():
+    result = dict(changed=True, unregistered=['dead'], before=info(), after=info(system_regions=[region('a', 'healthy')]))
+    s = samples(metrics.report_text(result, 'gpu1', URL))
+    assert s[('tritonops_shm_regions', frozenset({('state', 'stale')}))] == 0
+    assert s[('tritonops_shm_registered_bytes', frozenset())] == MIB
+
+
+@pytest.mark.parametrize('host, url', [
+    ('gpu"1', 'http://h:1/"x"'), ('a\\b', 'http://h:1/\\'), ('line\nbreak', 'http://h:1/\n'), ('中文主机', 'http://[::1]:8000'),
+    ('bad\udcffbyte', URL),
+])
+def test_label_values_are_escaped(promtool, host, url):
+    text = metrics.report_text(info(), host, url)
+    check_metrics(promtool, text)
+    expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
+    assert samples(text)['_hosts'] == {(expected, url)}
+    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 20
+
+
+def test_cleanup_outcome_and_counters_that_go_on(promtool):
+    first = metrics.cleanup_text(dict(status='ok', finished_epoch=100, done=dict(
+        unregistered=['d1', 'd2'], removed_files=['/dev/shm/d1', '/dev/shm/d2', '/dev/shm/o'], freed_bytes=3 * MIB)), 'gpu1', URL)
+    check_metrics(promtool, first)
+    s = {k[0]: v for k, v in samples(first).items() if k != '_hosts'}
+    assert s == {'tritonops_shm_cleanup_last_run_timestamp_seconds': 100, 'tritonops_shm_cleanup_last_success': 1,
+                 'tritonops_shm_cleanup_last_success_timestamp_seconds': 100,
+                 'tritonops_shm_cleanup_last_unregistered_regions': 2, 'tritonops_shm_cleanup_last_removed_files': 3,
+                 'tritonops_shm_cleanup_last_freed_bytes': 3 * MIB, 'tritonops_shm_cleanup_freed_bytes_total': 3 * MIB}
+    # a failure part-way that still freed 1 MiB: counted, and the last success time is kept
+    failed = dict(status='failed', finished_epoch=200, error=dict(step='x', msg='y'),
+                  done=dict(unregistered=['d3'], removed_files=['/dev/shm/d3'], freed_bytes=MIB))
+    second = metrics.cleanup_text(failed, 'gpu1', URL, previous=first)
+    check_metrics(promtool, second)
+    s = {k[0]: v for k, v in samples(second).items() if k != '_hosts'}
+    assert s['tritonops_shm_cleanup_last_success'] == 0 and s['tritonops_shm_cleanup_last_run_timestamp_seconds'] == 200
+    assert s['tritonops_shm_cleanup_last_success_timestamp_seconds'] == 100
+    assert s['tritonops_shm_cleanup_freed_bytes_total'] == 4 * MIB and s['tritonops_shm_cleanup_last_freed_bytes'] == MIB
+    # an unreadable previous file starts the counter again (Prometheus reads a reset)
+    third = metrics.cleanup_text(dict(status='ok', finished_epoch=300, done={}), 'gpu1', URL, previous='garbage {')
+    assert 'tritonops_shm_cleanup_freed_bytes_total{host="gpu1",triton_url="http://127.0.0.1:8000"} 0\n' in third
+
+
+def test_one_file_per_host_and_url():
+    names = {metrics.file_name(kind, host, url) for kind in ('report', 'cleanup') for host in ('t1', 't2', 't/1', 't 1')
+             for url in (URL, 'http://127.0.0.1:8001', None)}
+    assert len(names) == 24
+    assert all('/' not in n and ' ' not in n and n.endswith('.prom') for n in names)
+    assert metrics.file_name('report', 't1', URL) == metrics.file_name('report', 't1', URL)
+    assert metrics.file_name('report', 'gpu-1.example.com', URL).startswith('tritonops_shm.gpu-1_example_com.')
+    assert metrics.file_name('cleanup', '../../etc', URL).startswith('tritonops_shm_cleanup.______etc.')
+    with pytest.raises(ValueError, match='kind'):
+        metrics.file_name('other', 't1', URL)
+
+
+def test_write_is_atomic_and_0644_whatever_the_umask(tmp_path):
+    old = os.umask(0o077)
+    try:
+        res = metrics.write_textfile(str(tmp_path), 'x.prom', 'a 1\n')
+    finally:
+        os.umask(old)
+    assert res == metrics.WriteResult(str(tmp_path / 'x.prom'), True, None)
+    assert stat.S_IMODE(os.stat(res.path).st_mode) == 0o644 and (tmp_path / 'x.prom').read_text() == 'a 1\n'
+    inode = os.stat(res.path).st_ino
+    assert metrics.write_textfile(str(tmp_path), 'x.prom', 'a 2\n').written
+    assert os.stat(res.path).st_ino != inode    # replaced by rename, never rewritten in place
+    assert os.listdir(tmp_path) == ['x.prom']   # no temporary file left
+    assert metrics.read_textfile(str(tmp_path), 'x.prom') == 'a 2\n'
+    assert metrics.read_textfile(str(tmp_path), 'missing.prom') is None
+
+
+def test_a_missing_directory_is_a_warning(tmp_path):
+    res = metrics.write_textfile(str(tmp_path / 'nope'), 'x.prom', 'a 1\n')
+    assert not res.written and res.warning == f'{tmp_path}/nope does not exist on this host: no metrics written (x.prom)'
+    assert not (tmp_path / 'nope').exists()
+
+
+def test_a_symlinked_directory_is_never_followed(tmp_path):
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    (tmp_path / 'link').symlink_to(elsewhere)
+    res = metrics.write_textfile(str(tmp_path / 'link'), 'x.prom', 'a 1\n')
+    assert not res.written and f'is a symlink to {elsewhere}' in res.warning and 'no metrics written' in res.warning
+    # a symlink further up the path leads elsewhere too
+    (elsewhere / 'sub').mkdir()
+    res = metrics.write_textfile(str(tmp_path / 'link' / 'sub'), 'x.prom', 'a 1\n')
+    assert not res.written and f'leads to {elsewhere}/sub through a symlink' in res.warning
+    assert not list(elsewhere.rglob('*.prom')) and metrics.read_textfile(str(tmp_path / 'link'), 'x.prom') is None
+
+
+def test_a_file_in_place_of_the_directory(tmp_path):
+    (tmp_path / 'f').write_text('')
+    res = metrics.write_textfile(str(tmp_path / 'f'), 'x.prom', 'a 1\n')
+    assert not res.written and 'is not a directory' in res.warning
+
+
+def test_a_directory_in_place_of_the_file(tmp_path):
+    (tmp_path / 'x.prom').mkdir()
+    res = metrics.write_textfile(str(tmp_path), 'x.prom', 'a 1\n')
+    assert not res.written and 'cannot be written' in res.warning
+    assert sorted(os.listdir(tmp_path)) == ['x.prom']
+
+
+def test_a_directory_that_cannot_be_written(as_nobody):
+    # pytest's tmp_path is under a 0700 directory: nobody could not even reach it
+    directory = tempfile.mkdtemp(prefix='tritonops-metrics-')
+    try:
+        os.chmod(directory, 0o755)
+        res = as_nobody(metrics.write_textfile, directory, 'x.prom', 'a 1\n')
+        assert res[1] is False and res[2] == f'{directory} is not writable (Permission denied): no metrics written (x.prom)'
+        assert os.listdir(directory) == []
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.mark.parametrize('name', ['../x.prom', 'x.txt', '.x.prom', 'a/b.prom'])
+def test_only_plain_prom_names(tmp_path, name):
+    with pytest.raises(ValueError, match='plain NAME.prom'):
+        metrics.write_textfile(str(tmp_path), name, '')
+
+
+@pytest.mark.parametrize('page', ['metrics.md', 'metrics.zh.md'])
+def test_the_docs_list_the_metric_set(page):
+    docs = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'docs', page)
+    with open(docs, encoding='utf-8') as f:
+        text = f.read()
+    tables = set(re.findall(r'^\| `(tritonops_shm_[a-z_]+)` \|', text, re.M))
+    assert tables == set(metrics.METRICS)
+    for label in metrics.REGION_STATES + metrics.FILE_CATEGORIES:
+        assert f'`{label}`' in text
