@@ -8,6 +8,7 @@ Documentation: plugins/filter/shm_size.yml (``ansible-doc -t filter tritonops.sh
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 from typing import Any, NoReturn, Optional
 
@@ -31,6 +32,10 @@ REGION_KEYS = ('byte_size', 'count')
 # Options that may be None on purpose (None means "not known", not "the default").
 NULLABLE = ('host_memory_bytes', 'server_memory_bytes')
 
+# Kubernetes' binary quantities (a node's allocatable memory is "263921344Ki"); Ansible's human_to_bytes reads the rest.
+_BINARY_QUANTITY = re.compile(r'^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei)$')
+_BINARY_POWER = {'Ki': 1, 'Mi': 2, 'Gi': 3, 'Ti': 4, 'Pi': 5, 'Ei': 6}
+
 # The pod's /dev/shm: the conventional volume name, and where it is mounted in every container that shares regions.
 SHM_VOLUME = 'dshm'
 SHM_MOUNT_PATH = '/dev/shm'
@@ -41,10 +46,13 @@ def _fail(msg: str, exc: Optional[BaseException] = None) -> NoReturn:
 
 
 def _size(value: Any, what: str) -> int:
-    """A byte count from an int or a size string such as ``64m``; never negative."""
+    """A byte count from an int, a size string such as ``64m`` or a binary Kubernetes quantity (``16Gi``); never negative."""
     if isinstance(value, bool) or value is None:
         _fail(f'{what} must be a byte count or a size string such as "64m", got {value!r}')
-    if isinstance(value, str):
+    quantity = _BINARY_QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    if quantity:
+        value = int(quantity.group(1)) << (10 * _BINARY_POWER[quantity.group(2)])
+    elif isinstance(value, str):
         try:
             value = human_to_bytes(value.strip())
         except (ValueError, TypeError) as exc:

@@ -90,12 +90,17 @@ def _memory_limit(resources: dict, shm: Optional[dict], server_memory_bytes: Opt
                   f'/dev/shm made smaller) when /dev/shm fills. {shm["notes"][1]}')
         return resources, []
     if server_memory_bytes is None:
-        return resources, [f'No memory limit is set: {shm["notes"][1]}']
+        return resources, [f'No memory limit is set. {shm["notes"][1]}']
     limits['memory'] = shm['memory_limit']
     requests = resources.setdefault('requests', {})
     if isinstance(requests, dict):
         requests.setdefault('memory', shm['memory_limit'])
     return resources, []
+
+
+def _named(name: str, source: dict) -> dict:
+    """A volume: its name first (and always ours: the mount refers to it), then its source."""
+    return dict({'name': name}, **{k: v for k, v in source.items() if k != 'name'})
 
 
 def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_bytes: Any = None,
@@ -176,8 +181,10 @@ def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_by
         model_volume = {'hostPath': {'path': model_repository, 'type': 'Directory'}}
     pod_spec = {
         'containers': [container],
-        'volumes': ([shm['volume']] if shm is not None else []) + [dict(model_volume, name=MODELS_VOLUME)],
+        'volumes': ([shm['volume']] if shm is not None else []) + [_named(MODELS_VOLUME, model_volume)],
     }
+    if not container['env']:
+        del container['env']
     if ipc_mode == 'host':
         pod_spec['hostIPC'] = True
     if share_process_namespace:

@@ -63,6 +63,11 @@ PLANS = [
     ('kwargs-only', {}, {'extra_bytes': '200m', 'headroom': 0}, 200 * MIB, '200m', False),
     ('none-means-default', {'headroom': None, 'extra_bytes': 100 * MIB}, {}, 125 * MIB, '125m', False),
     ('host-none-no-cap', {'extra_bytes': 10 * GIB, 'host_memory_bytes': None}, {}, 12800 * MIB, '12800m', False),
+    # Kubernetes' binary quantities, as a node's allocatable memory is given
+    ('kubernetes-binary-quantities',
+     {'client_regions': [{'byte_size': '64Mi', 'count': 8}], 'python_backend_instances': 4,
+      'python_backend_peak_byte_size': '16Mi', 'host_memory_bytes': f'{16 * 1024 * 1024}Ki'},
+     {}, 720 * MIB, '720m', False),
     ('float-whole-bytes', {'extra_bytes': float(100 * MIB), 'headroom': 0}, {}, 100 * MIB, '100m', False),
 ]
 
@@ -130,6 +135,7 @@ ERRORS = [
     ('fraction-above-one', {'max_host_fraction': 1.5}, {}, 'max_host_fraction must be > 0 and <= 1'),
     ('host-zero', {'host_memory_bytes': 0}, {}, 'host_memory_bytes must be > 0'),
     ('host-bad-string', {'host_memory_bytes': 'sixteen'}, {}, 'host_memory_bytes: cannot read'),
+    ('decimal-kubernetes-quantity', {'extra_bytes': '1.5Gi'}, {}, "extra_bytes: cannot read '1.5Gi'"),
 ]
 
 

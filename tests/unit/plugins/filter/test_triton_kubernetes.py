@@ -119,6 +119,7 @@ def test_gpus_host_ipc_share_process_namespace_and_a_pvc():
 def test_env_labels_and_pull_policy():
     result = manifest(env={'B': 2, 'A': 'x'}, labels={'team': 'ml'}, image_pull='always', replicas=3)
     assert container(result)['env'] == [{'name': 'A', 'value': 'x'}, {'name': 'B', 'value': '2'}]
+    assert 'env' not in container(manifest())
     assert container(result)['imagePullPolicy'] == 'Always'
     labels = result['deployment']['metadata']['labels']
     assert labels['team'] == 'ml' and labels['app.kubernetes.io/managed-by'] == 'tritonops.shm.triton_server'
