@@ -549,7 +549,8 @@ class Container:
 class TritonContainer(Container):
     """A Triton container: where it answers, its host pid and its /dev/shm seen from the host."""
 
-    def __init__(self, engine, cid, name, image, shm_size, network, host_port, http_port, pod=None):
+    def __init__(self, engine: Engine, cid: str, name: str, image: str, shm_size: str, network: str | None,
+                 host_port: int | None, http_port: int, pod: Pod | None = None) -> None:
         super().__init__(engine, cid, name)
         self.image = image
         self.shm_size = shm_size
@@ -614,8 +615,9 @@ class TritonContainer(Container):
         return 'TritonContainer(%s %s pid=%s url=%s ip=%s)' % (self.engine.name, self.name, self.pid, self.url, self.ip)
 
 
-def run_triton(engine, shm_size='64m', publish=True, network=None, models=(), name=None, image='rig',
-               args=(), command=None, ipc='shareable', extra=(), ready_timeout=120.0, pod=None):
+def run_triton(engine: Engine, shm_size: str = '64m', publish: bool = True, network: str | None = None, models=(),
+               name: str | None = None, image: str = 'rig', args=(), command: list | None = None, ipc: str = 'shareable',
+               extra=(), ready_timeout: float = 120.0, pod: Pod | None = None) -> TritonContainer:
     """Start a Triton container and wait until it is ready.
 
     shm_size: ``--shm-size``; publish: publish the HTTP port on 127.0.0.1 at a free
@@ -643,13 +645,13 @@ def run_triton(engine, shm_size='64m', publish=True, network=None, models=(), na
             opts += ['--network', network]
         if publish:
             host_port = tritonrig.free_port()
-            opts += ['-p', '127.0.0.1:%d:%d' % (host_port, TRITON_HTTP_PORT)]
+            opts += ['-p', f'127.0.0.1:{host_port}:{TRITON_HTTP_PORT}']
     if command is None:
         command = ['tritonserver', '--model-repository=/models', '--model-control-mode=explicit',
-                   '--allow-grpc=false', '--allow-metrics=false', '--http-port=%d' % http_port]
+                   '--allow-grpc=false', '--allow-metrics=false', f'--http-port={http_port}']
         if network == 'host':
             command.append('--http-address=127.0.0.1')
-        command += ['--load-model=%s' % m for m in models] + list(args)
+        command += [f'--load-model={m}' for m in models] + list(args)
     cid = engine.create(name, opts + list(extra) + [ref] + list(command))
     triton = TritonContainer(engine, cid, name, ref, shm_size, network, host_port, http_port, pod)
     if ready_timeout:
@@ -702,8 +704,9 @@ class ClientContainer(Container):
         return 'ClientContainer(%s %s region=%s key=%s)' % (self.engine.name, self.name, self.region, self.key)
 
 
-def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.0, register=True,
-               fill=True, init=True, extra=(), ready_timeout=90.0):
+def run_client(triton: TritonContainer, name: str, byte_size: int, mode: str = 'hold', key: str | None = None,
+               count: int = 0, pause: float = 0.0, register: bool = True, fill: bool = True, init: bool = True, extra=(),
+               ready_timeout: float = 90.0) -> ClientContainer:
     """Start the rig's client in a container sharing triton's IPC and network namespaces.
 
     It creates system shm region ``name`` (key ``/name`` unless given) of
@@ -732,7 +735,7 @@ def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.
         opts += ['--network', 'host']
     else:
         opts += ['--network', 'container:' + triton.id]
-    cmd = [image.python, build_image.CLIENT_PATH, '--url', 'http://127.0.0.1:%d' % triton.http_port,
+    cmd = [image.python, build_image.CLIENT_PATH, '--url', f'http://127.0.0.1:{triton.http_port}',
            '--name', name, '--key', key, '--byte-size', str(byte_size), '--mode', mode]
     if count:
         cmd += ['--count', str(count)]
