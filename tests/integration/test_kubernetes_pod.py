@@ -130,7 +130,8 @@ def test_the_role_renders_a_deployment_and_service_that_validate(tmp_path):
     assert res.rc == 0 and res.stats['localhost']['changed'] == 0, res
 
     # an older server does not get the flag (it would refuse to start)
-    res = _render(tmp_path, **dict(role_vars, triton_server_image='nvcr.io/nvidia/tritonserver:24.10-py3'))
+    older = {**role_vars, 'triton_server_image': 'nvcr.io/nvidia/tritonserver:24.10-py3'}
+    res = _render(tmp_path, **older)
     assert res.rc == 0 and res.stats['localhost']['changed'] > 0, res
     deployment = next(yaml.safe_load_all(path.read_text()))
     assert not any(a.startswith('--allow-client-shm') for a in deployment['spec']['template']['spec']['containers'][0]['args'])
