@@ -1,14 +1,16 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The shm-size planner: how big a Triton container's /dev/shm must be for a workload.
+"""The shm-size planner: how big a Triton container's (or pod's) /dev/shm must be for a workload.
 
 Documentation: plugins/filter/shm_size.yml (``ansible-doc -t filter tritonops.shm.shm_size``).
 """
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
+from typing import Any, NoReturn, Optional
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.formatters import human_to_bytes
@@ -24,98 +26,165 @@ DEFAULTS = {
     'host_memory_bytes': None,
     'max_host_fraction': 0.5,
     'floor_bytes': 64 * MIB,
+    'server_memory_bytes': None,
 }
 REGION_KEYS = ('byte_size', 'count')
+# Options that may be None on purpose (None means "not known", not "the default").
+NULLABLE = ('host_memory_bytes', 'server_memory_bytes')
+
+# Kubernetes' binary quantities (a node's allocatable memory is "263921344Ki"); Ansible's human_to_bytes reads the rest.
+_BINARY_QUANTITY = re.compile(r'^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei)$')
+_BINARY_POWER = {'Ki': 1, 'Mi': 2, 'Gi': 3, 'Ti': 4, 'Pi': 5, 'Ei': 6}
+
+# The pod's /dev/shm: the conventional volume name, and where it is mounted in every container that shares regions.
+SHM_VOLUME = 'dshm'
+SHM_MOUNT_PATH = '/dev/shm'
 
 
-def _fail(msg, exc=None):
-    raise AnsibleFilterError('shm_size: %s' % msg, orig_exc=exc)
+def _fail(msg: str, exc: Optional[BaseException] = None) -> NoReturn:
+    raise AnsibleFilterError(f'shm_size: {msg}', orig_exc=exc)
 
 
-def _size(value, what):
-    """A byte count from an int or a size string such as ``64m``; never negative."""
+def _size(value: Any, what: str) -> int:
+    """A byte count from an int, a size string such as ``64m`` or a binary Kubernetes quantity (``16Gi``); never negative."""
     if isinstance(value, bool) or value is None:
-        _fail('%s must be a byte count or a size string such as "64m", got %r' % (what, value))
-    if isinstance(value, str):
+        _fail(f'{what} must be a byte count or a size string such as "64m", got {value!r}')
+    quantity = _BINARY_QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    if quantity:
+        value = int(quantity.group(1)) << (10 * _BINARY_POWER[quantity.group(2)])
+    elif isinstance(value, str):
         try:
             value = human_to_bytes(value.strip())
         except (ValueError, TypeError) as exc:
-            _fail('%s: cannot read %r as a size (use bytes or a size such as "64m", "1G")' % (what, value), exc)
+            _fail(f'{what}: cannot read {value!r} as a size (use bytes or a size such as "64m", "1G")', exc)
     elif isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):
-        _fail('%s must be a whole number of bytes or a size string, got %r' % (what, value))
+        _fail(f'{what} must be a whole number of bytes or a size string, got {value!r}')
     if value < 0:
-        _fail('%s must not be negative, got %r' % (what, value))
+        _fail(f'{what} must not be negative, got {value!r}')
     return value
 
 
-def _count(value, what):
+def size_bytes(value: Any, what: str) -> int:
+    """A byte count read as the planner reads it: bytes, or a size string with binary units (``4G`` is 4 GiB)."""
+    return _size(value, what)
+
+
+def _count(value: Any, what: str) -> int:
     if isinstance(value, bool):
-        _fail('%s must be a whole number, got %r' % (what, value))
+        _fail(f'{what} must be a whole number, got {value!r}')
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if not isinstance(value, int) or value < 0:
-        _fail('%s must be a whole number >= 0, got %r' % (what, value))
+        _fail(f'{what} must be a whole number >= 0, got {value!r}')
     return value
 
 
-def _fraction(value, what):
+def _fraction(value: Any, what: str) -> Fraction:
     """A non-negative exact fraction from a number or a numeric string (0.25 stays exactly 1/4)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        _fail('%s must be a number, got %r' % (what, value))
+        _fail(f'{what} must be a number, got {value!r}')
     try:
         result = Fraction(str(value).strip())
     except (ValueError, ZeroDivisionError) as exc:
-        _fail('%s must be a number, got %r' % (what, value), exc)
+        _fail(f'{what} must be a number, got {value!r}', exc)
     if result < 0:
-        _fail('%s must not be negative, got %r' % (what, value))
+        _fail(f'{what} must not be negative, got {value!r}')
     return result
 
 
-def _ceil_mib(value):
+def _ceil_mib(value: Any) -> int:
     return int(math.ceil(value / MIB)) * MIB
 
 
-def docker_size(num_bytes):
+def docker_size(num_bytes: int) -> str:
     """The ``--shm-size`` spelling: whole MiB as ``720m``, anything else in bytes (``1000b``)."""
     if num_bytes % MIB == 0:
-        return '%dm' % (num_bytes // MIB)
-    return '%db' % num_bytes
+        return f'{num_bytes // MIB}m'
+    return f'{num_bytes}b'
 
 
-def _regions(value):
+def kubernetes_quantity(num_bytes: int) -> str:
+    """A Kubernetes quantity: whole MiB as ``720Mi``, anything else as plain bytes (``1000``)."""
+    if num_bytes % MIB == 0:
+        return f'{num_bytes // MIB}Mi'
+    return str(num_bytes)
+
+
+def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None) -> dict:
+    """The pod spec fragment for a /dev/shm of shm_bytes: the memory-backed emptyDir, its mount, the memory limit to set.
+
+    The suggested memory limit is the /dev/shm plus the server's own memory when that is known, else the /dev/shm
+    alone (a floor, never enough by itself); ``memory_limit_includes_server`` says which.
+    """
+    size_limit = kubernetes_quantity(shm_bytes)
+    known = server_memory_bytes is not None
+    limit_bytes = _ceil_mib(shm_bytes + (server_memory_bytes or 0))
+    limit = kubernetes_quantity(limit_bytes)
+    if known:
+        limit_note = (f'Set resources.limits.memory of the Triton container to at least {limit}: the {size_limit} of '
+                      f'/dev/shm plus the server\'s own {kubernetes_quantity(_ceil_mib(server_memory_bytes))}.')
+    else:
+        limit_note = (f'Set resources.limits.memory of the Triton container to {size_limit} (the /dev/shm) PLUS the '
+                      'server\'s own memory (tritonserver and its python backend stubs, measured at peak): give it as '
+                      'server_memory_bytes and the plan adds it. A limit of the /dev/shm alone gets the container '
+                      'OOM-killed when /dev/shm fills.')
+    return {
+        'volume': {'name': SHM_VOLUME, 'emptyDir': {'medium': 'Memory', 'sizeLimit': size_limit}},
+        'volume_mount': {'name': SHM_VOLUME, 'mountPath': SHM_MOUNT_PATH},
+        'size_limit': size_limit,
+        'memory_limit': limit,
+        'memory_limit_bytes': limit_bytes,
+        'memory_limit_includes_server': known,
+        'notes': [
+            'A memory-backed emptyDir (medium: Memory) is a tmpfs: the pages written to it count against the memory '
+            'limit of the container that writes them, and against the pod\'s memory.',
+            limit_note,
+            'Kubernetes sizes the tmpfs to the smaller of sizeLimit and the sum of the memory limits of the pod\'s '
+            'containers (SizeMemoryBackedVolumes: beta and on since 1.22, GA in 1.32): a lower memory limit gives a '
+            'smaller /dev/shm than planned.',
+            f'When the volume\'s usage exceeds sizeLimit the kubelet evicts the pod ("Usage of EmptyDir volume '
+            f'"{SHM_VOLUME}" exceeds the limit", kubernetes/kubernetes#28272). Regions leaked by killed clients count '
+            'until they are cleaned up.',
+            f'Mount the volume at {SHM_MOUNT_PATH} in every container of the pod that shares regions with Triton '
+            '(clients, sidecars); the pod\'s containers already share the IPC namespace.',
+        ],
+    }
+
+
+def _regions(value: Any) -> int:
     if value is None:
         return 0
     if not isinstance(value, list):
-        _fail('client_regions must be a list of {byte_size, count}, got %r' % (value,))
+        _fail(f'client_regions must be a list of {{byte_size, count}}, got {value!r}')
     total = 0
     for index, region in enumerate(value):
-        what = 'client_regions[%d]' % index
+        what = f'client_regions[{index}]'
         if not isinstance(region, dict):
-            _fail('%s must be a dict with byte_size (and count), got %r' % (what, region))
+            _fail(f'{what} must be a dict with byte_size (and count), got {region!r}')
         unknown = sorted(set(region) - set(REGION_KEYS))
         if unknown:
-            _fail('%s: unknown key(s) %s (expected byte_size, count)' % (what, ', '.join(unknown)))
+            _fail(f'{what}: unknown key(s) {", ".join(unknown)} (expected byte_size, count)')
         if 'byte_size' not in region:
-            _fail('%s: byte_size is required' % what)
-        total += _size(region['byte_size'], what + '.byte_size') * _count(region.get('count', 1), what + '.count')
+            _fail(f'{what}: byte_size is required')
+        total += _size(region['byte_size'], f'{what}.byte_size') * _count(region.get('count', 1), f'{what}.count')
     return total
 
 
-def shm_size(workload=None, **overrides):
-    """Plan a /dev/shm size: ``{bytes, docker, capped, breakdown}`` (see shm_size.yml)."""
+def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
+    """Plan a /dev/shm size: ``{bytes, docker, capped, breakdown, kubernetes}`` (see shm_size.yml)."""
     if workload is None:
         workload = {}
     if not isinstance(workload, dict):
-        _fail('the input must be a dict describing the workload, got %s' % type(workload).__name__)
+        _fail(f'the input must be a dict describing the workload, got {type(workload).__name__}')
     spec = dict(workload)
     spec.update(overrides)
     unknown = sorted(set(spec) - set(DEFAULTS))
     if unknown:
-        _fail('unknown key(s) %s (known: %s)' % (', '.join(unknown), ', '.join(sorted(DEFAULTS))))
+        _fail(f'unknown key(s) {", ".join(unknown)} (known: {", ".join(sorted(DEFAULTS))})')
     opts = dict(DEFAULTS)
-    opts.update((k, v) for k, v in spec.items() if v is not None or k == 'host_memory_bytes')
+    opts.update((k, v) for k, v in spec.items() if v is not None or k in NULLABLE)
 
     client_bytes = _regions(opts['client_regions'])
     instances = _count(opts['python_backend_instances'], 'python_backend_instances')
@@ -125,12 +194,15 @@ def shm_size(workload=None, **overrides):
     floor = _size(opts['floor_bytes'], 'floor_bytes')
     fraction = _fraction(opts['max_host_fraction'], 'max_host_fraction')
     if not 0 < fraction <= 1:
-        _fail('max_host_fraction must be > 0 and <= 1, got %r' % (opts['max_host_fraction'],))
+        _fail(f'max_host_fraction must be > 0 and <= 1, got {opts["max_host_fraction"]!r}')
     host = opts['host_memory_bytes']
     if host is not None:
         host = _size(host, 'host_memory_bytes')
         if host == 0:
             _fail('host_memory_bytes must be > 0 when given (omit it to plan without a cap)')
+    server_memory = opts['server_memory_bytes']
+    if server_memory is not None:
+        server_memory = _size(server_memory, 'server_memory_bytes')
 
     python_bytes = instances * peak
     subtotal = client_bytes + python_bytes + extra
@@ -159,11 +231,12 @@ def shm_size(workload=None, **overrides):
             'host_memory_bytes': host,
             'cap_bytes': cap,
         },
+        'kubernetes': pod_shm(planned, server_memory),
     }
 
 
 class FilterModule:
     """tritonops.shm filters."""
 
-    def filters(self):
+    def filters(self) -> dict:
         return {'shm_size': shm_size}

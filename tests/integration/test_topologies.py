@@ -118,11 +118,54 @@ def _used(triton):
     return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
 
 
-def _cleanup(url, **kwargs):
-    host = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=url)
-    inv = {'all': {'children': {'triton': {'hosts': {'t1': host}}}}}
+def _cleanup(url, host='t1', **kwargs):
+    host_vars = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=url)
+    inv = {'all': {'children': {'triton': {'hosts': {host: host_vars}}}}}
     return ansible_playbook('tritonops.shm.cleanup', inventory=inv, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
                             extra_vars={'prometheus_textfile_dir': ''}, **kwargs)
+
+
+def clean_a_killed_client_given_only_the_url(triton, url, live_clients, host='t1'):
+    """The killed client 'dead_client' (8 MiB) is cleaned by the cleanup playbook given only url; the live clients'
+    regions and files and the python backend's files are kept; check mode changes nothing; a rerun is changed=0.
+
+    Shared with test_kubernetes_pod.py (a pod's sidecars, the pod's IP).
+    """
+    regions, files = triton.system_regions(), triton.shm_files()
+    assert {'dead_client'} | {c.region for c in live_clients} <= set(regions)
+    assert {'live_client', 'dead_client'} <= set(files)
+    backend = sorted(f for f in files if f.startswith('triton_python_backend_shm_region_'))
+    assert backend, files
+    used_before = _used(triton)
+
+    # check mode first: says what it would do, changes nothing
+    res = _cleanup(url, check=True, host=host)
+    assert res.rc == 0, res
+    assert (set(triton.system_regions()), set(triton.shm_files())) == (set(regions), set(files))
+    would = res.data['global_custom_stats']['tritonops_shm_cleanup'][host]
+    assert would['check_mode'] is True and would['done']['unregistered'] == ['dead_client'], would
+
+    res = _cleanup(url, host=host)
+    assert res.rc == 0, res
+    after_regions, after_files = triton.system_regions(), triton.shm_files()
+    # the killed client container's region and file are gone
+    assert 'dead_client' not in after_regions and 'dead_client' not in after_files
+    # the live clients' regions and files, and the python backend's files, are kept
+    assert {c.region for c in live_clients} <= set(after_regions)
+    assert 'live_client' in after_files and set(backend) <= set(after_files)
+    assert all(c.alive for c in live_clients)
+    result = res.data['global_custom_stats']['tritonops_shm_cleanup'][host]
+    assert result['status'] == 'ok' and result['changed'] is True
+    assert result['done']['unregistered'] == ['dead_client']
+    assert [path.rsplit('/', 1)[1] for path in result['done']['removed_files']] == ['dead_client']
+    assert result['done']['freed_bytes'] >= 8 * MIB
+    assert result['server']['pid'] == triton.pid
+    assert _used(triton) <= used_before - 8 * MIB
+
+    # a second run has nothing to do
+    res = _cleanup(url, host=host)
+    assert res.rc == 0 and res.stats[host]['changed'] == 0, res
+    assert json.dumps(sorted(triton.system_regions())) == json.dumps(sorted(after_regions))
 
 
 @pytest.mark.parametrize('container_engine', ['docker', 'podman'], indirect=True)
@@ -132,36 +175,4 @@ def test_cleanup_playbook_cleans_a_killed_client_container_given_only_the_url(co
     busy = engines.run_client(triton, 'busy_client', MIB, mode='infer')
     dead = engines.run_client(triton, 'dead_client', 8 * MIB)
     dead.kill()
-    regions, files = triton.system_regions(), triton.shm_files()
-    assert {'live_client', 'dead_client', 'busy_client'} <= set(regions)
-    assert {'live_client', 'dead_client'} <= set(files)
-    backend = sorted(f for f in files if f.startswith('triton_python_backend_shm_region_'))
-    assert backend, files
-    used_before = _used(triton)
-
-    # check mode first: says what it would do, changes nothing
-    res = _cleanup(triton.published_url, check=True)
-    assert res.rc == 0, res
-    assert (set(triton.system_regions()), set(triton.shm_files())) == (set(regions), set(files))
-
-    res = _cleanup(triton.published_url)
-    assert res.rc == 0, res
-    after_regions, after_files = triton.system_regions(), triton.shm_files()
-    # the killed client container's region and file are gone
-    assert 'dead_client' not in after_regions and 'dead_client' not in after_files
-    # the live clients' regions and files, and the python backend's files, are kept
-    assert {'live_client', 'busy_client'} <= set(after_regions)
-    assert 'live_client' in after_files and set(backend) <= set(after_files)
-    assert live.alive and busy.alive
-    result = res.data['global_custom_stats']['tritonops_shm_cleanup']['t1']
-    assert result['status'] == 'ok' and result['changed'] is True
-    assert result['done']['unregistered'] == ['dead_client']
-    assert [path.rsplit('/', 1)[1] for path in result['done']['removed_files']] == ['dead_client']
-    assert result['done']['freed_bytes'] >= 8 * MIB
-    assert result['server']['pid'] == triton.pid
-    assert _used(triton) <= used_before - 8 * MIB
-
-    # a second run has nothing to do
-    res = _cleanup(triton.published_url)
-    assert res.rc == 0 and res.stats['t1']['changed'] == 0, res
-    assert json.dumps(sorted(triton.system_regions())) == json.dumps(sorted(after_regions))
+    clean_a_killed_client_given_only_the_url(triton, triton.published_url, [live, busy])

@@ -15,6 +15,10 @@
   127.0.0.1 or not), client containers sharing its IPC and network namespaces
   that register a system shm region and hold it or run inferences, killed with
   ``docker kill`` / ``podman kill`` as the OOM killer would.
+- :class:`Pod` / :func:`create_pod`: a podman pod sharing IPC and network
+  (``podman pod create --share ipc,net --shm-size``), the model of a
+  Kubernetes pod whose /dev/shm is a memory-backed emptyDir: ``run_triton`` and
+  ``run_client`` with ``pod=`` put their containers in it.
 - :class:`Forwarder`: a ``socat`` TCP forwarder on 127.0.0.1 (one child per
   connection), stopped by pid.
 
@@ -215,6 +219,7 @@ class Podman(Engine):
         super().__init__()
         self.podman = podman or shutil.which('podman')
         self.holder = None
+        self.pods = []
 
     @property
     def cli(self):
@@ -236,10 +241,18 @@ class Podman(Engine):
                 raise EngineError('could not start the mount namespace holder for podman: %s' % err)
         return self
 
+    def remove_pods(self, ids):
+        """`pod rm --force` (the pod's containers go with it)."""
+        for pod_id in ids:
+            self.run('pod', 'rm', '--force', pod_id, check=False, timeout=120)
+            if pod_id in self.pods:
+                self.pods.remove(pod_id)
+
     def stop(self):
         try:
             if self.holder is not None:
                 self.remove(list(reversed(self.created)))
+                self.remove_pods(list(reversed(self.pods)))
         finally:
             if self.holder is not None:
                 self.holder.kill()
@@ -447,6 +460,58 @@ class DockerDaemon(Engine):
         return self.bridge_cidr.split('/')[0]
 
 
+class Pod:
+    """A podman pod whose containers share IPC and network, as a Kubernetes pod's do.
+
+    Its infra container holds the namespaces: the pod's /dev/shm (``--shm-size``, what
+    a memory-backed emptyDir is in Kubernetes) and its IP on the podman bridge.
+    """
+
+    def __init__(self, engine: Podman, pod_id: str, name: str, shm_size: str) -> None:
+        self.engine = engine
+        self.id = pod_id
+        self.name = name
+        self.shm_size = shm_size
+        info = json.loads(engine.run('pod', 'inspect', pod_id, timeout=60).stdout)
+        info = info[0] if isinstance(info, list) else info
+        self.infra_id = info['InfraContainerID']
+        self.shared = sorted(info.get('SharedNamespaces') or [])
+        self.ip = None
+
+    def start(self, timeout: float = 60.0) -> Pod:
+        """Start the infra container (the pod's namespaces exist from then on) and read the pod's IP."""
+        self.engine.run('pod', 'start', self.id, timeout=timeout)
+        state = self.engine.inspect(self.infra_id) or {}
+        settings = state.get('NetworkSettings', {})
+        self.ip = settings.get('IPAddress') or next(
+            (n.get('IPAddress') for n in (settings.get('Networks') or {}).values() if n.get('IPAddress')), None)
+        if not self.ip:
+            raise EngineError(f'pod {self.name} has no IP address: {settings}')
+        return self
+
+    def remove(self) -> None:
+        self.engine.remove_pods([self.id])
+
+    def __repr__(self) -> str:
+        return f'Pod({self.name} ip={self.ip} shm={self.shm_size} shared={",".join(self.shared)})'
+
+
+def create_pod(engine: Podman, shm_size: str = '64m', name: str | None = None) -> Pod:
+    """`podman pod create --share ipc,net --shm-size SIZE`, started; removed by the caller (or at the engine's stop)."""
+    if engine.name != 'podman':
+        raise EngineUnavailable(f'pods need podman, not {engine.name}')
+    name = name or engine.unique_name('pod')
+    proc = engine.run('pod', 'create', '--name', name, '--share', 'ipc,net', '--shm-size', shm_size,
+                      '--label', f'{LABEL}={os.getpid()}', timeout=120)
+    pod_id = proc.stdout.strip().splitlines()[-1]
+    engine.pods.append(pod_id)
+    try:
+        return Pod(engine, pod_id, name, shm_size).start()
+    except EngineError:
+        engine.remove_pods([pod_id])
+        raise
+
+
 def http_status(url, path='/v2/health/ready', timeout=5.0):
     """The HTTP status of GET url+path, or None when nothing answers."""
     try:
@@ -484,17 +549,19 @@ class Container:
 class TritonContainer(Container):
     """A Triton container: where it answers, its host pid and its /dev/shm seen from the host."""
 
-    def __init__(self, engine, cid, name, image, shm_size, network, host_port, http_port):
+    def __init__(self, engine: Engine, cid: str, name: str, image: str, shm_size: str, network: str | None,
+                 host_port: int | None, http_port: int, pod: Pod | None = None) -> None:
         super().__init__(engine, cid, name)
         self.image = image
         self.shm_size = shm_size
         self.network = network
         self.host_port = host_port
         self.http_port = http_port
+        self.pod = pod
         state = engine.inspect(cid) or {}
         self.pid = state.get('State', {}).get('Pid') or None
-        self.ip = None
-        if network != 'host':
+        self.ip = pod.ip if pod is not None else None
+        if network != 'host' and pod is None:
             settings = state.get('NetworkSettings', {})
             self.ip = settings.get('IPAddress') or next(
                 (n.get('IPAddress') for n in (settings.get('Networks') or {}).values() if n.get('IPAddress')), None)
@@ -548,8 +615,9 @@ class TritonContainer(Container):
         return 'TritonContainer(%s %s pid=%s url=%s ip=%s)' % (self.engine.name, self.name, self.pid, self.url, self.ip)
 
 
-def run_triton(engine, shm_size='64m', publish=True, network=None, models=(), name=None, image='rig',
-               args=(), command=None, ipc='shareable', extra=(), ready_timeout=120.0):
+def run_triton(engine: Engine, shm_size: str = '64m', publish: bool = True, network: str | None = None, models=(),
+               name: str | None = None, image: str = 'rig', args=(), command: list | None = None, ipc: str = 'shareable',
+               extra=(), ready_timeout: float = 120.0, pod: Pod | None = None) -> TritonContainer:
     """Start a Triton container and wait until it is ready.
 
     shm_size: ``--shm-size``; publish: publish the HTTP port on 127.0.0.1 at a free
@@ -558,14 +626,18 @@ def run_triton(engine, shm_size='64m', publish=True, network=None, models=(), na
     the rig image); image: 'rig' or 'tritonserver' (or a reference); args: extra
     tritonserver arguments; command: the whole command instead; ipc: the IPC mode
     (``shareable`` lets clients join it); extra: more engine ``run`` options.
+    pod: a :class:`Pod` to run in; its IPC (and /dev/shm, the pod's ``--shm-size``)
+    and network are the container's, so shm_size, ipc, network and publish do not apply.
     """
     ref = engine.image(image).ref if image in ('rig', 'tritonserver') else image
     name = name or engine.unique_name('triton')
-    opts = ['--shm-size', shm_size]
-    if ipc:
+    opts = ['--shm-size', shm_size] if pod is None else ['--pod', pod.id]
+    if ipc and pod is None:
         opts += ['--ipc', ipc]
     http_port, host_port = TRITON_HTTP_PORT, None
-    if network == 'host':
+    if pod is not None:
+        shm_size = pod.shm_size
+    elif network == 'host':
         http_port = tritonrig.free_port()
         opts += ['--network', 'host']
     else:
@@ -573,15 +645,15 @@ def run_triton(engine, shm_size='64m', publish=True, network=None, models=(), na
             opts += ['--network', network]
         if publish:
             host_port = tritonrig.free_port()
-            opts += ['-p', '127.0.0.1:%d:%d' % (host_port, TRITON_HTTP_PORT)]
+            opts += ['-p', f'127.0.0.1:{host_port}:{TRITON_HTTP_PORT}']
     if command is None:
         command = ['tritonserver', '--model-repository=/models', '--model-control-mode=explicit',
-                   '--allow-grpc=false', '--allow-metrics=false', '--http-port=%d' % http_port]
+                   '--allow-grpc=false', '--allow-metrics=false', f'--http-port={http_port}']
         if network == 'host':
             command.append('--http-address=127.0.0.1')
-        command += ['--load-model=%s' % m for m in models] + list(args)
+        command += [f'--load-model={m}' for m in models] + list(args)
     cid = engine.create(name, opts + list(extra) + [ref] + list(command))
-    triton = TritonContainer(engine, cid, name, ref, shm_size, network, host_port, http_port)
+    triton = TritonContainer(engine, cid, name, ref, shm_size, network, host_port, http_port, pod)
     if ready_timeout:
         try:
             triton.wait_ready(ready_timeout)
@@ -632,8 +704,9 @@ class ClientContainer(Container):
         return 'ClientContainer(%s %s region=%s key=%s)' % (self.engine.name, self.name, self.region, self.key)
 
 
-def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.0, register=True,
-               fill=True, init=True, extra=(), ready_timeout=90.0):
+def run_client(triton: TritonContainer, name: str, byte_size: int, mode: str = 'hold', key: str | None = None,
+               count: int = 0, pause: float = 0.0, register: bool = True, fill: bool = True, init: bool = True, extra=(),
+               ready_timeout: float = 90.0) -> ClientContainer:
     """Start the rig's client in a container sharing triton's IPC and network namespaces.
 
     It creates system shm region ``name`` (key ``/name`` unless given) of
@@ -655,11 +728,14 @@ def run_client(triton, name, byte_size, mode='hold', key=None, count=0, pause=0.
     key = key or '/' + name
     cname = engine.unique_name('client-' + name.replace('/', '_'))
     opts = ['--ipc', 'container:' + triton.id] + (['--init'] if init else []) + list(extra)
-    if triton.network == 'host':
+    if triton.pod is not None:
+        # a sidecar: the pod gives it the server's IPC namespace (/dev/shm) and network
+        opts = ['--pod', triton.pod.id] + opts[2:]
+    elif triton.network == 'host':
         opts += ['--network', 'host']
     else:
         opts += ['--network', 'container:' + triton.id]
-    cmd = [image.python, build_image.CLIENT_PATH, '--url', 'http://127.0.0.1:%d' % triton.http_port,
+    cmd = [image.python, build_image.CLIENT_PATH, '--url', f'http://127.0.0.1:{triton.http_port}',
            '--name', name, '--key', key, '--byte-size', str(byte_size), '--mode', mode]
     if count:
         cmd += ['--count', str(count)]

@@ -5,7 +5,12 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.shm_size import FilterModule, docker_size, shm_size
+import kubernetes_validate
+from kubernetes_validate import utils as kubernetes_validate_utils
+
+from ansible_collections.tritonops.shm.plugins.filter.shm_size import (
+    FilterModule, docker_size, kubernetes_quantity, shm_size)
+from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import quantity_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -58,6 +63,11 @@ PLANS = [
     ('kwargs-only', {}, {'extra_bytes': '200m', 'headroom': 0}, 200 * MIB, '200m', False),
     ('none-means-default', {'headroom': None, 'extra_bytes': 100 * MIB}, {}, 125 * MIB, '125m', False),
     ('host-none-no-cap', {'extra_bytes': 10 * GIB, 'host_memory_bytes': None}, {}, 12800 * MIB, '12800m', False),
+    # Kubernetes' binary quantities, as a node's allocatable memory is given
+    ('kubernetes-binary-quantities',
+     {'client_regions': [{'byte_size': '64Mi', 'count': 8}], 'python_backend_instances': 4,
+      'python_backend_peak_byte_size': '16Mi', 'host_memory_bytes': f'{16 * 1024 * 1024}Ki'},
+     {}, 720 * MIB, '720m', False),
     ('float-whole-bytes', {'extra_bytes': float(100 * MIB), 'headroom': 0}, {}, 100 * MIB, '100m', False),
 ]
 
@@ -69,7 +79,7 @@ def test_plan(workload, overrides, expected_bytes, expected_docker, expected_cap
     assert plan['bytes'] == expected_bytes
     assert plan['docker'] == expected_docker
     assert plan['capped'] is expected_capped
-    assert set(plan) == {'bytes', 'docker', 'capped', 'breakdown'}
+    assert set(plan) == {'bytes', 'docker', 'capped', 'breakdown', 'kubernetes'}
 
 
 def test_breakdown_of_the_first_vector():
@@ -125,6 +135,7 @@ ERRORS = [
     ('fraction-above-one', {'max_host_fraction': 1.5}, {}, 'max_host_fraction must be > 0 and <= 1'),
     ('host-zero', {'host_memory_bytes': 0}, {}, 'host_memory_bytes must be > 0'),
     ('host-bad-string', {'host_memory_bytes': 'sixteen'}, {}, 'host_memory_bytes: cannot read'),
+    ('decimal-kubernetes-quantity', {'extra_bytes': '1.5Gi'}, {}, "extra_bytes: cannot read '1.5Gi'"),
 ]
 
 
@@ -151,3 +162,97 @@ def test_docker_size(num_bytes, expected):
 
 def test_filter_is_registered():
     assert FilterModule().filters()['shm_size'] is shm_size
+
+
+# -- the pod spec fragment (Kubernetes) -------------------------------------------------------------
+
+VECTOR1 = {'client_regions': [{'byte_size': '64m', 'count': 8}], 'python_backend_instances': 4,
+           'python_backend_peak_byte_size': '16m', 'host_memory_bytes': '16G'}
+
+
+def test_the_schemas_cover_kubernetes_1_30_to_1_37():
+    minors = {'.'.join(v.split('.')[:2]) for v in kubernetes_validate_utils.all_versions()}
+    assert {f'1.{minor}' for minor in range(30, 38)} <= minors
+
+
+def test_the_fragment_of_the_first_vector():
+    k8s = shm_size(VECTOR1, server_memory_bytes='4G')['kubernetes']
+    assert k8s['volume'] == {'name': 'dshm', 'emptyDir': {'medium': 'Memory', 'sizeLimit': '720Mi'}}
+    assert k8s['volume_mount'] == {'name': 'dshm', 'mountPath': '/dev/shm'}
+    assert k8s['size_limit'] == '720Mi'
+    assert (k8s['memory_limit'], k8s['memory_limit_bytes']) == ('4816Mi', (720 + 4096) * MIB)
+    assert k8s['memory_limit_includes_server'] is True
+    notes = ' '.join(k8s['notes'])
+    assert 'count against the memory limit' in notes
+    assert 'the kubelet evicts the pod' in notes and 'kubernetes/kubernetes#28272' in notes
+    assert 'at least 4816Mi: the 720Mi of /dev/shm plus the server\'s own 4096Mi' in notes
+
+
+def test_without_the_server_memory_the_limit_is_only_the_floor_and_says_so():
+    k8s = shm_size(VECTOR1)['kubernetes']
+    assert (k8s['memory_limit'], k8s['memory_limit_includes_server']) == ('720Mi', False)
+    assert 'PLUS the server\'s own memory' in k8s['notes'][1] and 'OOM-killed' in k8s['notes'][1]
+
+
+@pytest.mark.parametrize('workload, size_limit', [
+    ({}, '64Mi'),
+    ({'floor_bytes': 1000}, '1000'),
+    ({'extra_bytes': GIB, 'host_memory_bytes': GIB}, '512Mi'),  # capped: the fragment is the capped size
+    ({'floor_bytes': '1g'}, '1024Mi'),
+])
+def test_the_size_limit_is_the_planned_bytes_as_a_quantity(workload, size_limit):
+    plan = shm_size(workload)
+    assert plan['kubernetes']['size_limit'] == size_limit
+    assert plan['kubernetes']['volume']['emptyDir']['sizeLimit'] == size_limit
+    assert quantity_bytes(size_limit) == plan['bytes']
+
+
+@pytest.mark.parametrize('num_bytes, expected', [(MIB, '1Mi'), (720 * MIB, '720Mi'), (1000, '1000'), (MIB + 1, '1048577')])
+def test_kubernetes_quantity(num_bytes, expected):
+    assert kubernetes_quantity(num_bytes) == expected
+    assert quantity_bytes(expected) == num_bytes
+
+
+def test_server_memory_must_be_a_size():
+    with pytest.raises(AnsibleFilterError, match='server_memory_bytes: cannot read'):
+        shm_size({'server_memory_bytes': 'lots'})
+
+
+def _pod_spec(k8s):
+    """A Triton container and a client sidecar, both mounting the planned /dev/shm, as a user writes them."""
+    mount = k8s['volume_mount']
+    return {
+        'containers': [
+            {'name': 'tritonserver', 'image': 'nvcr.io/nvidia/tritonserver:26.04-py3',
+             'args': ['tritonserver', '--model-repository=/models', '--allow-client-shm=true'],
+             'resources': {'limits': {'memory': k8s['memory_limit']}, 'requests': {'memory': k8s['memory_limit']}},
+             'volumeMounts': [mount]},
+            {'name': 'client', 'image': 'registry.example/client:1', 'volumeMounts': [mount]},
+        ],
+        'volumes': [k8s['volume']],
+    }
+
+
+def test_the_fragment_validates_in_a_pod_and_a_deployment(k8s_version):
+    k8s = shm_size(VECTOR1, server_memory_bytes='4G')['kubernetes']
+    pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 'triton'}, 'spec': _pod_spec(k8s)}
+    labels = {'app': 'triton'}
+    deployment = {'apiVersion': 'apps/v1', 'kind': 'Deployment', 'metadata': {'name': 'triton'},
+                  'spec': {'replicas': 1, 'selector': {'matchLabels': labels},
+                           'template': {'metadata': {'labels': labels}, 'spec': _pod_spec(k8s)}}}
+    for resource in (pod, deployment):
+        assert kubernetes_validate.validate(resource, k8s_version, strict=True) == k8s_version
+
+
+def test_the_validation_can_fail(k8s_version):
+    """The schemas are strict: a misspelt emptyDir field or a sizeLimit that is not a quantity is refused."""
+    spec = _pod_spec(shm_size(VECTOR1)['kubernetes'])
+    spec['volumes'][0]['emptyDir']['sizeLimt'] = '1Gi'
+    with pytest.raises(kubernetes_validate.ValidationError, match='sizeLimt'):
+        kubernetes_validate.validate({'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 't'}, 'spec': spec},
+                                     k8s_version, strict=True)
+    spec = _pod_spec(shm_size(VECTOR1)['kubernetes'])
+    spec['volumes'][0]['emptyDir']['sizeLimit'] = ['1Gi']
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate({'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 't'}, 'spec': spec},
+                                     k8s_version, strict=True)
