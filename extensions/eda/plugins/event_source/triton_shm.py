@@ -132,7 +132,7 @@ STATUS_LINE_RE = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: (.*))?\Z")
 PER_SERVER = ("threshold_percent", "timeout", "validate_certs", "ca_path", "headers",
               "client_cert", "client_key")
 MAX_SPACING = 0.01   # seconds between two poll starts, at most (fewer servers than interval / 0.01)
-BATCH = 0.02         # polls due within this many seconds start together (one timer, not one per server)
+BATCH = 0.1          # polls due within this many seconds (at most interval / 20) start together: fewer wake-ups
 FD_RESERVE = 256     # open files left for everything else in the process
 
 
@@ -664,6 +664,7 @@ class _Poller:
         self.queue = queue
         self.interval = interval
         self.spacing = min(interval / len(servers), MAX_SPACING)
+        self.batch = min(BATCH, interval / 20)
         # polls running at once, at most: those started within the longest timeout (each server one at a time)
         longest = max(s["timeout"] for s in servers)
         in_flight = min(len(servers), math.ceil(min(longest, interval) / self.spacing) + 1)
@@ -671,6 +672,10 @@ class _Poller:
         self.targets = [_Target(s, index < budget) for index, s in enumerate(servers)]
         self.last_status: dict[str, str] = {}
         self.tasks: set[asyncio.Task] = set()
+        # events not yet taken by the queue, oldest first, at most one per server: ansible-rulebook's queue holds one
+        # event, and when the rules fall behind, a server's newer event replaces its older one (never a growing backlog)
+        self.pending: dict[str, dict] = {}
+        self.wake: asyncio.Future | None = None
 
     def _start(self, loop: asyncio.AbstractEventLoop, target: _Target) -> None:
         if target.busy:
@@ -684,36 +689,50 @@ class _Poller:
     async def _poll(self, loop: asyncio.AbstractEventLoop, target: _Target) -> None:
         try:
             event = await target.poll(loop)
-            data = event["triton_shm"]
-            if self.last_status.get(data["host"]) != data["status"]:
-                if data["status"] == "down":
-                    LOGGER.warning("%s: Triton is down: %s", data["host"], data["error"])
-                else:
-                    LOGGER.info("%s: Triton at %s is up", data["host"], data["url"])
-                self.last_status[data["host"]] = data["status"]
-            await self.queue.put(event)
         finally:
             target.busy = False
+        data = event["triton_shm"]
+        if self.last_status.get(data["host"]) != data["status"]:
+            if data["status"] == "down":
+                LOGGER.warning("%s: Triton is down: %s", data["host"], data["error"])
+            else:
+                LOGGER.info("%s: Triton at %s is up", data["host"], data["url"])
+            self.last_status[data["host"]] = data["status"]
+        self.pending[data["host"]] = event
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
         if target.again:
             target.again = False
             self._start(loop, target)
 
+    async def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand the pending events to the queue, oldest first, as fast as the queue takes them."""
+        while True:
+            if not self.pending:
+                self.wake = loop.create_future()
+                await self.wake
+                continue
+            host = next(iter(self.pending))
+            await self.queue.put(self.pending.pop(host))
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
+        sender = loop.create_task(self._send(loop))
         try:
             for rnd in itertools.count():
                 base = started + rnd * self.interval
                 for index, target in enumerate(self.targets):
                     delay = base + index * self.spacing - loop.time()
-                    if delay > BATCH:
+                    if delay > self.batch:
                         await asyncio.sleep(delay)
                     self._start(loop, target)
                 await asyncio.sleep(max(0.0, base + self.interval - loop.time()))
         finally:
+            sender.cancel()
             for task in list(self.tasks):
                 task.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+            await asyncio.gather(sender, *self.tasks, return_exceptions=True)
             for target in self.targets:
                 target.close()
 

@@ -565,3 +565,24 @@ def test_beyond_the_open_file_limit_servers_get_a_new_connection_per_poll(monkey
     assert all(d['status'] == 'up' for _t, d in sum(by_host(events).values(), []))
     # 261 - 256 reserved - at most 6 in flight: no server keeps its connection
     assert all(len(reqs) == 1 and reqs[0]['Connection'] == 'close' for reqs in fast.connections.values())
+
+
+def test_rules_that_fall_behind_get_each_servers_latest_event_not_a_backlog():
+    async def scenario():
+        async with Counting() as fast:
+            queue = asyncio.Queue(1)   # as ansible-rulebook gives it; nobody takes from it for 20 intervals
+            task = asyncio.create_task(source.main(queue, {'servers': [{'host': 'h%d' % i, 'url': fast.url}
+                                                                       for i in range(3)], 'interval': 0.05}))
+            await asyncio.sleep(1.0)
+            backlog = []
+            while not queue.empty():
+                backlog.append(queue.get_nowait())
+                await asyncio.sleep(0)   # let the source hand over what it holds
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return fast, backlog
+    fast, backlog = run(scenario())
+    assert sum(len(reqs) for reqs in fast.connections.values()) >= 30   # the polls went on
+    # one event in the queue, one on its way to it, then at most the newest of each server: no backlog of 60
+    assert 3 <= len(backlog) <= 5, backlog
+    assert len({e['triton_shm']['host'] for e in backlog[2:]}) == len(backlog) - 2

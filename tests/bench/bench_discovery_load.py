@@ -1,0 +1,173 @@
+"""Benchmark (not a test): finding the tritonserver behind a published port on a busy host.
+
+The scene, in private network and PID namespaces (``unshare --net --pid --mount-proc``: only ``lo``,
+and ``/proc`` shows only this scene, so nothing here slows other work on the machine, and the
+2,000 processes and 5,000 connections are exactly those below):
+
+- one real tritonserver (the rig) on 127.0.0.1;
+- a published-port-like forwarder in front of it: ``socat TCP-LISTEN:P,fork`` (the host port belongs
+  to the forwarder, as with docker-proxy, so the listening socket alone does not find Triton);
+- --connections established TCP loopback connections (both ends held by one helper process);
+- --processes extra processes (``sleep``).
+
+Measured: ``discovery.locate_server`` for the forwarder's port (the connection is followed through
+socat) and, for reference, for Triton's own port (the listening socket), first on the quiet scene,
+then under the load; median and best of --repeat calls each. Goal (issue 22): the forwarded port
+under load <= 50 ms (median).
+Usage: python tests/bench/bench_discovery_load.py [--connections 5000] [--processes 2000] [--repeat 15] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NS_ENV = 'TRITONOPS_BENCH_DISCOVERY_NS'
+GOAL_MS = 50.0
+
+
+def hold(count: int) -> None:
+    """Open count loopback connections (both ends in this process), say READY, and keep them until killed."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(4096)
+    address = listener.getsockname()
+    ends = []
+    for _ in range(count):
+        client = socket.create_connection(address)
+        server, _peer = listener.accept()
+        ends += [client, server]
+    print('READY', flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(('127.0.0.1', port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f'nothing listens on 127.0.0.1:{port} after {timeout}s')
+
+
+def established() -> int:
+    with open('/proc/net/tcp') as f:
+        return sum(1 for line in f if line.split()[3:4] == ['01'])
+
+
+def measure(discovery, port: int, want_pid: int, repeat: int) -> dict:
+    """Median and best time of locate_server for 127.0.0.1:port; every call must find want_pid."""
+    times = []
+    located_by = None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        location = discovery.locate_server('127.0.0.1', port, f'http://127.0.0.1:{port}')
+        times.append(time.perf_counter() - started)
+        if location.pid != want_pid:
+            raise RuntimeError(f'locate_server found pid {location.pid} ({location.reason}), not {want_pid}')
+        located_by = location.located_by
+    return {'median_ms': round(statistics.median(times) * 1000, 2), 'best_ms': round(min(times) * 1000, 2),
+            'runs_ms': [round(t * 1000, 2) for t in times], 'located_by': located_by}
+
+
+def scene(args: argparse.Namespace) -> dict:
+    import benchenv  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
+    import tritonrig  # pylint: disable=import-outside-toplevel
+    from ansible_collections.tritonops.shm.plugins.module_utils import discovery  # pylint: disable=import-outside-toplevel
+
+    workdir = tempfile.mkdtemp(prefix='bench-discovery-')
+    server = tritonrig.TritonServer(workdir=workdir, shm_size='16m', models=())
+    started = []
+    figures: dict = {}
+    try:
+        server.start()
+        port = tritonrig.free_port()
+        started.append(subprocess.Popen(['socat', f'TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr',
+                                         f'TCP:127.0.0.1:{server.http_port}'], stdin=subprocess.DEVNULL))
+        wait_port(port)
+        for label in ('quiet', 'loaded'):
+            if label == 'loaded':
+                holder = subprocess.Popen([sys.executable, os.path.abspath(__file__), '--hold', str(args.connections)],
+                                          stdout=subprocess.PIPE, text=True)
+                started.append(holder)
+                if holder.stdout.readline().strip() != 'READY':
+                    raise RuntimeError('the connection holder did not start')
+                for _ in range(args.processes):
+                    started.append(subprocess.Popen(['sleep', '3600'], stdin=subprocess.DEVNULL))
+            scene_info = {'processes': len([p for p in os.listdir('/proc') if p.isdigit()]),
+                          'established_sockets': established()}
+            forwarded = measure(discovery, port, server.pid, args.repeat)
+            direct = measure(discovery, server.http_port, server.pid, args.repeat)
+            figures[label] = dict(scene_info, forwarded=forwarded, direct=direct)
+            print(f"  {label:6}: {scene_info['processes']:5d} processes, {scene_info['established_sockets']:6d} "
+                  f"established sockets: through the forwarder {forwarded['median_ms']:7.2f} ms (best "
+                  f"{forwarded['best_ms']:.2f}), Triton's own port {direct['median_ms']:7.2f} ms (best {direct['best_ms']:.2f})",
+                  flush=True)
+        figures['located_by'] = figures['loaded']['forwarded']['located_by']
+    finally:
+        for proc in reversed(started):
+            proc.kill()
+        for proc in started:
+            proc.wait(timeout=30)
+        server.cleanup()
+        subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ['--hold']:
+        hold(int(argv[1]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--connections', type=int, default=5000, help='established TCP loopback connections')
+    parser.add_argument('--processes', type=int, default=2000, help='extra processes (sleep)')
+    parser.add_argument('--repeat', type=int, default=15)
+    parser.add_argument('--quick', action='store_true', help='a quick check: 500 connections, 200 processes, 5 calls')
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.connections, args.processes, args.repeat = 500, 200, 5
+    if os.environ.get(NS_ENV) != '1':
+        if os.geteuid() != 0:
+            print('bench_discovery_load needs root (namespaces, the rig)', file=sys.stderr)
+            return 2
+        env = dict(os.environ, **{NS_ENV: '1'})
+        cmd = ['unshare', '--net', '--pid', '--fork', '--mount', '--mount-proc', '--', 'sh', '-c',
+               'ip link set lo up && exec "$0" "$@"', sys.executable, os.path.abspath(__file__)] + argv
+        return subprocess.call(cmd, env=env)
+    sys.path.insert(0, HERE)
+    from run import write_results  # pylint: disable=import-outside-toplevel
+    loadavg = os.getloadavg()
+    print(f'discovery under load: {args.connections} connections, {args.processes} processes, {args.repeat} calls each; '
+          f'load average {loadavg[0]:.1f}', flush=True)
+    figures = scene(args)
+    median = figures['loaded']['forwarded']['median_ms']
+    goal = (f'discovery behind a forwarder, {args.connections} connections + {args.processes} processes '
+            f'<= {GOAL_MS:.0f} ms (median)')
+    out = dict(benchmark='discovery_load', connections=args.connections, processes=args.processes, repeat=args.repeat,
+               figures=figures, goals={goal: median <= GOAL_MS},
+               issue22=[{'goal': goal, 'value': f'{median:.1f} ms', 'met': median <= GOAL_MS}],
+               host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version(),
+                         loadavg_start=loadavg, loadavg_end=os.getloadavg()))
+    print(f"  located by: {figures['located_by']}")
+    for goal, met in out['goals'].items():
+        print(f"  goal: {goal:60} {'PASS' if met else 'MISS'} ({median:.2f} ms)")
+    print(f"  figures written to {write_results('bench_discovery_load.json', out)}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
