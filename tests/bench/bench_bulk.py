@@ -34,6 +34,7 @@ from bench_region import MODULE_PY, check_clean, leak_many, tritonclient_loop  #
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 GOALS = {'http': 1.0, 'grpc': 1.0, 'scale': 1.2, 'rss_mib': 100}
+LEAK_CHUNK = 4000
 
 
 def module_process(server: tritonrig.TritonServer, names: list[str], workdir: str, url: str) -> tuple[float, float]:
@@ -77,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         for rnd in range(1, args.repeat + 1):
             def leak(tag: str, count: int) -> list[str]:
-                return leak_many(server, f'{tag}{rnd}_', count, 4096)  # pylint: disable=cell-var-from-loop
+                # one client holds two descriptors per region: at most LEAK_CHUNK regions per client
+                names = []
+                for part, first in enumerate(range(0, count, LEAK_CHUNK)):
+                    names += leak_many(server, f'{tag}{rnd}_{part}', min(LEAK_CHUNK, count - first), 4096)  # pylint: disable=cell-var-from-loop
+                return names
             fig = {}
             for transport, url in (('http', server.url), ('grpc', server.grpc_scheme_url)):
                 t0, _rss = module_process(server, [], workdir, url)

@@ -80,7 +80,7 @@ def print_issue22_goals(since: float | None = None) -> None:
             print(f'  {what}: not measured in this run')
             continue
         for row in figures['issue22']:
-            print(f"  {row['goal']:78} {row['value']:>14}  {'PASS' if row['met'] else 'MISS'}")
+            print(f"  {row['goal']:104} {row['value']:>14}  {'PASS' if row['met'] else 'MISS'}")
 
 
 def main(argv):

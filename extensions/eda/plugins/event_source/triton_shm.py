@@ -479,16 +479,19 @@ class _Connection(asyncio.Protocol):
         if used < 0:
             return
         leftover = len(self.buf) > used
+        keep_alive = self.answer.keep_alive
         self.used = True
         self._finish(None)
-        if leftover or not self.answer.keep_alive:
+        self.buf.clear()   # a kept connection holds no answer between polls
+        if leftover or not keep_alive:
             self.close()
 
     def _finish(self, error: Exception | None) -> None:
         waiter, self.waiter = self.waiter, None
+        answer, self.answer = self.answer, None
         if waiter is not None and not waiter.done():
             if error is None:
-                waiter.set_result(self.answer)
+                waiter.set_result(answer)
             else:
                 waiter.set_exception(error)
 
