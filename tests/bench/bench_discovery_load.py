@@ -48,7 +48,7 @@ def hold(count: int) -> None:
     listener.listen(4096)
     address = listener.getsockname()
     ends = []
-    for _ in range(count):
+    for _connection in range(count):
         client = socket.create_connection(address)
         server, _peer = listener.accept()
         ends += [client, server]
@@ -100,7 +100,7 @@ def measure(discovery, port: int, want_pid: int, repeat: int) -> dict:
     """Median and best time of locate_server for 127.0.0.1:port; every call must find want_pid."""
     times = []
     located_by = None
-    for _ in range(repeat):
+    for _call in range(repeat):
         started = time.perf_counter()
         location = discovery.locate_server('127.0.0.1', port, f'http://127.0.0.1:{port}')
         times.append(time.perf_counter() - started)
@@ -137,7 +137,7 @@ def scene(args: argparse.Namespace) -> dict:
                 started.append(holder)
                 if holder.stdout.readline().strip() != 'READY':
                     raise RuntimeError('the connection holder did not start')
-                for _ in range(args.processes):
+                for _process in range(args.processes):
                     started.append(subprocess.Popen(['sleep', '3600'], stdin=subprocess.DEVNULL))
             scene_info = {'processes': len([p for p in os.listdir('/proc') if p.isdigit()]),
                           'established_sockets': established()}

@@ -197,7 +197,7 @@ def bench(args: argparse.Namespace) -> dict:
     tritons = [tritonrig.TritonServer(workdir=workdir, host='0.0.0.0', shm_size='16m', models=(), name=f'triton{i}')
                for i in range(2)]
     fakes = None
-    slow_port, garbage_port, dead_port = (tritonrig.free_port('0.0.0.0') for _ in range(3))
+    slow_port, garbage_port, dead_port = (tritonrig.free_port('0.0.0.0') for _port in range(3))
     try:
         for triton in tritons:
             triton.start()
