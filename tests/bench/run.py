@@ -38,9 +38,13 @@ def write_results(filename, figures):
     return path
 
 
-def _load(filename):
+def _load(filename, since=None):
+    """A benchmark's figures; None when missing, unreadable, or (since: a time.time()) written before since."""
+    path = os.path.join(results_dir(), filename)
     try:
-        with open(os.path.join(results_dir(), filename)) as f:
+        if since is not None and os.stat(path).st_mtime < since:
+            return None
+        with open(path) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
@@ -62,6 +66,23 @@ def print_goals():
             print('  %-75s %5.2fx  goal <= %.1fx: %s' % (what, ratio, goal, 'met' if ratio <= goal else 'MISSED'))
 
 
+# issue 22: each benchmark writes its goals as rows {goal, value, met} under 'issue22' in its JSON
+ISSUE_22 = (('bench_bulk.json', 'bulk cleanup (bench_bulk.py)'), ('bench_poller.json', 'poller at fleet size (bench_poller.py)'),
+            ('bench_discovery_load.json', 'discovery under load (bench_discovery_load.py)'))
+
+
+def print_issue22_goals(since: float | None = None) -> None:
+    """Every issue-22 goal next to the figure this run measured, PASS or MISS; a benchmark that did not write is said so."""
+    print('== issue 22 goals (figures of this run)')
+    for filename, what in ISSUE_22:
+        figures = _load(filename, since)
+        if not figures or 'issue22' not in figures:
+            print(f'  {what}: not measured in this run')
+            continue
+        for row in figures['issue22']:
+            print(f"  {row['goal']:104} {row['value']:>14}  {'PASS' if row['met'] else 'MISS'}")
+
+
 def main(argv):
     wanted = set(argv)
     benches = sorted(glob.glob(os.path.join(HERE, 'bench_*.py')))
@@ -71,6 +92,7 @@ def main(argv):
             print('no benchmark named %s in %s' % (', '.join(sorted(wanted)), HERE), file=sys.stderr)
             return 2
     env = dict(os.environ, BENCH_RESULTS_DIR=results_dir())
+    run_started = time.time()
     failed = []
     for bench in benches:
         name = os.path.basename(bench)
@@ -81,6 +103,8 @@ def main(argv):
         if rc:
             failed.append(name)
     print_goals()
+    if {os.path.basename(b) for b in benches} & {name.replace('.json', '.py') for name, _what in ISSUE_22}:
+        print_issue22_goals(run_started)
     if failed:
         print('benchmarks that did not complete: %s' % ', '.join(failed), file=sys.stderr)
     return 1 if failed else 0

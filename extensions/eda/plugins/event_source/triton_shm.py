@@ -22,8 +22,16 @@ description:
   - C(meta.hosts) is the server's inventory host, so that a C(run_playbook) action is
     limited to that host.
   - Read-only; it sends C(GET /v2/systemsharedmemory/status) and nothing else.
-    The HTTP calls use aiohttp (installed with ansible-rulebook) and never block the
-    event loop; servers are polled concurrently.
+    The HTTP calls never block the event loop and need nothing beyond Python's standard
+    library: one HTTP/1.1 connection per server, kept open between polls.
+  - "Polls are spread over the interval: they start one after another, min(O(interval) / number
+    of servers, 0.01) seconds apart, and each server keeps its place, so every server is polled
+    every O(interval) whatever the others answer. A slow or dead server delays only its own event;
+    it is never polled twice at once (with a O(timeout) longer than the O(interval), its next poll
+    starts when the current one ends)."
+  - With more servers than the soft limit on open files allows, the source raises that limit
+    towards the hard limit; servers beyond what the hard limit allows get a new connection
+    for every poll.
   - The C(url) in events and logs has any user:password part replaced by C(***).
     Header values never appear in events or logs.
 options:
@@ -98,6 +106,8 @@ EXAMPLES = r"""
 """
 
 import asyncio
+import base64
+import itertools
 import json
 import logging
 import math
@@ -105,21 +115,37 @@ import os
 import re
 import ssl
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-import aiohttp
+try:
+    import resource
+except ImportError:  # not a Unix system: the open-file limit is left as it is
+    resource = None
 
 LOGGER = logging.getLogger(__name__)
 
 STATUS_PATH = "/v2/systemsharedmemory/status"
 MAX_ANSWER_BYTES = 32 << 20  # a status list of 100,000 regions is about 15 MiB
+MAX_HEAD_BYTES = 64 << 10    # status line and headers
 HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+STATUS_LINE_RE = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: (.*))?\Z")
 PER_SERVER = ("threshold_percent", "timeout", "validate_certs", "ca_path", "headers",
               "client_cert", "client_key")
+MAX_SPACING = 0.01   # seconds between two poll starts, at most (fewer servers than interval / 0.01)
+BATCH = 0.1          # polls due within this many seconds (at most interval / 20) start together: fewer wake-ups
+FD_RESERVE = 256     # open files left for everything else in the process
 
 
 class ConfigError(ValueError):
     """The source's arguments are not usable; raised before anything is polled."""
+
+
+class PollError(Exception):
+    """This poll of this server has no region list; the message says why."""
+
+
+class _Reconnect(PollError):
+    """A kept-alive connection was closed by the server before it answered: send again on a new one."""
 
 
 def redact_url(url: str) -> str:
@@ -132,15 +158,15 @@ def redact_url(url: str) -> str:
 
 def _number(value: Any, what: str, positive: bool = True) -> float:
     if isinstance(value, bool):
-        raise ConfigError("%s must be a number, got %r" % (what, value))
+        raise ConfigError(f"{what} must be a number, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ConfigError("%s must be a number, got %r" % (what, value)) from None
+        raise ConfigError(f"{what} must be a number, got {value!r}") from None
     if not math.isfinite(number):
-        raise ConfigError("%s must be a finite number, got %r" % (what, value))
+        raise ConfigError(f"{what} must be a finite number, got {value!r}")
     if positive and number <= 0:
-        raise ConfigError("%s must be greater than 0, got %r" % (what, value))
+        raise ConfigError(f"{what} must be greater than 0, got {value!r}")
     return number
 
 
@@ -149,20 +175,20 @@ def _bool(value: Any, what: str) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
         return value.lower() in ("true", "yes", "on", "1")
-    raise ConfigError("%s must be a boolean, got %r" % (what, value))
+    raise ConfigError(f"{what} must be a boolean, got {value!r}")
 
 
 def _headers(value: Any, what: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError("%s must be a dict of header names to values" % what)
+        raise ConfigError(f"{what} must be a dict of header names to values")
     out = {}
     for name, val in value.items():
         name, val = str(name), str(val)
-        if not name or any(c in name for c in "\r\n:") or "\r" in val or "\n" in val:
+        if not name or any(c in name for c in "\r\n: \t") or "\r" in val or "\n" in val:
             # never echo the value: it may be a secret
-            raise ConfigError("%s: header %r has an invalid name or a line break in its value" % (what, name))
+            raise ConfigError(f"{what}: header {name!r} has an invalid name or a line break in its value")
         out[name] = val
     return out
 
@@ -185,8 +211,24 @@ def _ssl_context(server: dict, what: str) -> ssl.SSLContext | None:
         if server.get("client_cert"):
             context.load_cert_chain(server["client_cert"], server.get("client_key") or None)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError("%s: cannot load the TLS files: %s" % (what, exc)) from None
+        raise ConfigError(f"{what}: cannot load the TLS files: {exc}") from None
     return context
+
+
+def _request(server: dict) -> bytes:
+    """The one request this source sends to server: GET of the status, with its headers and credentials."""
+    parts = urlsplit(server["url"])
+    headers = {"Host": parts.netloc.rpartition("@")[2], "Accept": "application/json",
+               "Accept-Encoding": "identity", "User-Agent": "tritonops.shm-triton_shm"}
+    if parts.username is not None or parts.password is not None:
+        credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode("utf-8")).decode("ascii")
+    for name, value in server["headers"].items():  # the configured headers win, whatever their case
+        for same in [h for h in headers if h.lower() == name.lower()]:
+            del headers[same]
+        headers[name] = value
+    lines = [f"GET {parts.path}{STATUS_PATH} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
 
 
 def parse_args(args: dict) -> tuple[list[dict], float]:
@@ -207,22 +249,22 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
     out = []
     seen = set()
     for index, item in enumerate(servers):
-        what = "servers[%d]" % index
+        what = f"servers[{index}]"
         if not isinstance(item, dict):
-            raise ConfigError("%s must be a dict with host and url" % what)
-        unknown = sorted(set(item) - set(("host", "url", "shm_bytes") + PER_SERVER))
+            raise ConfigError(f"{what} must be a dict with host and url")
+        unknown = sorted(set(item) - {"host", "url", "shm_bytes", *PER_SERVER})
         if unknown:
-            raise ConfigError("%s: unknown keys %s" % (what, ", ".join(unknown)))
+            raise ConfigError(f"{what}: unknown keys {', '.join(unknown)}")
         host = item.get("host")
         if not isinstance(host, str) or not HOST_RE.match(host) or host == "all":
-            raise ConfigError("%s: host must be one inventory host name (not 'all', not a pattern), got %r"
-                              % (what, host))
+            raise ConfigError(f"{what}: host must be one inventory host name (not 'all', not a pattern), got {host!r}")
         if host in seen:
-            raise ConfigError("%s: host %s is listed twice" % (what, host))
+            raise ConfigError(f"{what}: host {host} is listed twice")
         seen.add(host)
+        what = f"{what} ({host})"
         url = item.get("url")
         if not isinstance(url, str) or not url.strip():
-            raise ConfigError("%s (%s): url is required" % (what, host))
+            raise ConfigError(f"{what}: url is required")
         url = url.strip().rstrip("/")
         if "://" not in url:
             url = "http://" + url
@@ -230,22 +272,23 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
         try:
             parts.port  # pylint: disable=pointless-statement
         except ValueError:
-            raise ConfigError("%s (%s): url %s has an invalid port" % (what, host, redact_url(url))) from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError("%s (%s): url %s is not an http(s) URL of a Triton server"
-                              % (what, host, redact_url(url)))
+            raise ConfigError(f"{what}: url {redact_url(url)} has an invalid port") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c in url for c in " \r\n\t"):
+            raise ConfigError(f"{what}: url {redact_url(url)} is not an http(s) URL of a Triton server")
         server = dict(defaults)
         server.update((k, item[k]) for k in PER_SERVER if k in item)
         server.update(host=host, url=url, shown_url=redact_url(url))
         server["shm_bytes"] = None if item.get("shm_bytes") is None else int(
-            _number(item["shm_bytes"], "%s (%s): shm_bytes" % (what, host)))
+            _number(item["shm_bytes"], f"{what}: shm_bytes"))
         if server["threshold_percent"] is not None:
-            server["threshold_percent"] = _number(server["threshold_percent"], "%s (%s): threshold_percent" % (what, host),
+            server["threshold_percent"] = _number(server["threshold_percent"], f"{what}: threshold_percent",
                                                   positive=False)
-        server["timeout"] = _number(server["timeout"], "%s (%s): timeout" % (what, host))
-        server["validate_certs"] = _bool(server["validate_certs"], "%s (%s): validate_certs" % (what, host))
-        server["headers"] = _headers(server["headers"], "%s (%s): headers" % (what, host))
-        server["ssl"] = _ssl_context(server, "%s (%s)" % (what, host))
+        server["timeout"] = _number(server["timeout"], f"{what}: timeout")
+        server["validate_certs"] = _bool(server["validate_certs"], f"{what}: validate_certs")
+        server["headers"] = _headers(server["headers"], f"{what}: headers")
+        server["ssl"] = _ssl_context(server, what)
+        server["request"] = _request(server)
+        server["secrets"] = _secrets(server)
         out.append(server)
     return out, interval
 
@@ -256,26 +299,33 @@ def summarize(regions: Any) -> tuple[int, int]:
         raise ValueError("expected a JSON list of regions")
     total = 0
     for region in regions:
-        size = region.get("byte_size") if isinstance(region, dict) else None
-        if isinstance(size, str) and size.isdigit():
+        try:
+            size, name = region["byte_size"], region["name"]
+        except (TypeError, KeyError):
+            raise ValueError("expected regions with a name and a byte_size") from None
+        if type(size) is not int:  # pylint: disable=unidiomatic-typecheck  # bool is an int, and not a size
+            if not (isinstance(size, str) and size.isdigit()):
+                raise ValueError("expected regions with a name and a byte_size")
             size = int(size)  # Triton's JSON writes uint64 as numbers; accept digit strings too
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(region.get("name"), str):
+        if size < 0 or not isinstance(name, str):
             raise ValueError("expected regions with a name and a byte_size")
         total += size
     return len(regions), total
 
 
 def _secrets(server: dict) -> list[str]:
+    """What must never reach an event or a log: header values, the URL's password, the Basic credentials sent."""
     found = [v for v in server["headers"].values() if v]
-    password = urlsplit(server["url"]).password
-    if password:
-        found.append(password)
-    return found
+    parts = urlsplit(server["url"])
+    if parts.password:
+        found += [parts.password, unquote(parts.password)]
+    found += [token.decode("ascii") for token in re.findall(rb"^Authorization: Basic (\S+)\r$", server["request"], re.M)]
+    return sorted(set(found), key=len, reverse=True)
 
 
 def _redact(text: str, server: dict) -> str:
     text = text.replace(server["url"], server["shown_url"])
-    for secret in _secrets(server):
+    for secret in server["secrets"]:
         text = text.replace(secret, "********")
     return text
 
@@ -285,89 +335,415 @@ def _snippet(raw: bytes, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-async def _read_body(resp: aiohttp.ClientResponse) -> bytes:
-    """The whole body, chunk by chunk (one read() returns what has arrived so far), up to the limit."""
-    chunks = []
-    size = 0
-    while True:
-        chunk = await resp.content.read(1 << 16)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            raise ValueError("the answer is larger than %d bytes" % MAX_ANSWER_BYTES)
-        chunks.append(chunk)
+class _Answer:
+    """An HTTP/1.1 response read from a byte stream: the status, whether the connection stays open, the body."""
+
+    __slots__ = ("status", "reason", "keep_alive", "body", "_length", "_chunked", "_chunks", "_pos")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.reason = ""
+        self.keep_alive = True
+        self.body = b""
+        self._length: int | None = None   # Content-Length; None: chunked or until the connection closes
+        self._chunked = False
+        self._chunks: list[bytes] = []
+        self._pos = 0
+
+    def head(self, buf: bytearray) -> int:
+        """Parse the head at the start of buf; return its length, 0 when it is not complete yet; raise PollError."""
+        if len(buf) >= 5 and not buf.startswith(b"HTTP/"):
+            raise PollError(f"the answer is not HTTP (is another service on this port?): {_snippet(bytes(buf[:60]))}")
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEAD_BYTES:
+                raise PollError("the answer is not HTTP (is another service on this port?): no end of headers")
+            return 0
+        lines = buf[:end].decode("latin-1").split("\r\n")
+        match = STATUS_LINE_RE.match(lines[0])
+        if not match:
+            raise PollError(f"the answer is not HTTP (is another service on this port?): {_snippet(lines[0].encode())}")
+        self.status, self.reason = int(match.group(2)), match.group(3) or ""
+        connection = "keep-alive" if match.group(1) == "1" else "close"
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise PollError(f"the answer is not HTTP (is another service on this port?): {_snippet(line.encode())}")
+            name = name.strip().lower()
+            value = value.strip()
+            if name == "content-length":
+                if not value.isdigit() or (self._length is not None and self._length != int(value)):
+                    raise PollError(f"the answer is not HTTP (bad Content-Length {value!r})")
+                self._length = int(value)
+            elif name == "transfer-encoding":
+                self._chunked = value.lower().rsplit(",", 1)[-1].strip() == "chunked"
+                if not self._chunked:
+                    raise PollError(f"the answer has a transfer encoding this source does not read: {value}")
+            elif name == "connection":
+                connection = value.lower()
+        self.keep_alive = "close" not in connection
+        if self._chunked:
+            self._length = None
+        elif self._length is None and not (100 <= self.status < 200 or self.status in (204, 304)):
+            self.keep_alive = False   # the body ends when the connection does
+        elif self._length is None:
+            self._length = 0
+        if self._length is not None and self._length > MAX_ANSWER_BYTES:
+            raise PollError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+        return end + 4
+
+    def feed(self, buf: bytearray) -> int:
+        """Body bytes from the start of buf; return how many were used when the body is complete, else -1."""
+        if self._length is not None:
+            if len(buf) < self._length:
+                return -1
+            self.body = bytes(buf[:self._length])
+            return self._length
+        if not self._chunked:
+            if len(buf) > MAX_ANSWER_BYTES:
+                raise PollError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+            return -1   # until the connection closes
+        while True:   # chunked: size line, data, CRLF; a 0 size line, trailers, CRLF
+            line_end = buf.find(b"\r\n", self._pos)
+            if line_end < 0:
+                return -1
+            size_text = bytes(buf[self._pos:line_end]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise PollError(f"the answer is not HTTP (bad chunk size {_snippet(size_text)!r})") from None
+            if size == 0:
+                trailer_end = buf.find(b"\r\n\r\n", line_end)   # after the trailers, if any
+                if trailer_end < 0:
+                    return -1
+                self.body = b"".join(self._chunks)
+                return trailer_end + 4
+            if len(buf) < line_end + 2 + size + 2:
+                return -1
+            if buf[line_end + 2 + size:line_end + 4 + size] != b"\r\n":
+                raise PollError("the answer is not HTTP (a chunk does not end where its size says)")
+            self._chunks.append(bytes(buf[line_end + 2:line_end + 2 + size]))
+            self._pos = line_end + 2 + size + 2
+            if self._pos > MAX_ANSWER_BYTES + MAX_HEAD_BYTES:
+                raise PollError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+
+    def closed(self, buf: bytearray) -> None:
+        """The connection ended after the head: the body is what came, when nothing said how long it is."""
+        if self._length is None and not self._chunked:
+            self.body = bytes(buf)
+            return
+        raise PollError("the answer was cut short: the connection closed before the whole body")
 
 
-async def _query(session: aiohttp.ClientSession, server: dict) -> list:
-    """The server's region list; raise ValueError with the reason when it cannot be had."""
-    headers = {"Accept": "application/json"}
-    headers.update(server["headers"])
-    url = server["url"] + STATUS_PATH
-    timeout = aiohttp.ClientTimeout(total=server["timeout"])
-    try:
-        async with session.get(url, headers=headers, ssl=server["ssl"] if server["ssl"] is not None else True,
-                               timeout=timeout, allow_redirects=False) as resp:
-            raw = await _read_body(resp)
-            if resp.status != 200:
-                raise ValueError("HTTP %d: %s" % (resp.status, _snippet(raw) or resp.reason))
-    except asyncio.TimeoutError:
-        raise ValueError("no answer within %ss (timeout)" % server["timeout"]) from None
-    except aiohttp.ClientSSLError as exc:
-        raise ValueError("TLS verification failed: %s" % exc) from None
-    except aiohttp.ClientConnectorError as exc:
-        raise ValueError("cannot connect to Triton (refused or unreachable): %s" % exc) from None
-    except aiohttp.ClientPayloadError as exc:
-        raise ValueError("the answer was cut short: %s" % exc) from None
-    except aiohttp.ClientError as exc:
-        raise ValueError("the answer is not HTTP (is another service on this port?): %s"
-                         % (str(exc) or type(exc).__name__)) from None
-    except (OSError, RuntimeError) as exc:
-        # anything else the transport raises makes this server down for this poll, never the source
-        raise ValueError("request failed: %s: %s" % (type(exc).__name__, exc)) from None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise ValueError("the answer is not Triton JSON (is another web server on this port?): %s"
-                         % _snippet(raw)) from None
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection to one server: one request at a time, kept open between polls when it can be."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future | None = None
+        self.buf = bytearray()
+        self.answer: _Answer | None = None
+        self.head_done = False
+        self.open = False
+        self.used = False   # a request was answered on it: a close before the next answer may be a stale keep-alive
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def expect(self, waiter: asyncio.Future) -> None:
+        self.waiter, self.answer, self.head_done = waiter, _Answer(), False
+        self.buf.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.waiter is None or self.waiter.done():
+            self.close()   # bytes nobody asked for: this connection cannot be trusted any more
+            return
+        self.buf += data
+        try:
+            if not self.head_done:
+                used = self.answer.head(self.buf)
+                if not used:
+                    return
+                del self.buf[:used]
+                self.head_done = True
+                if 100 <= self.answer.status < 200:   # an interim answer: the real one follows
+                    self.answer = _Answer()
+                    self.head_done = False
+                    return self.data_received(b"")
+            used = self.answer.feed(self.buf)
+        except PollError as exc:
+            self._finish(exc)
+            self.close()
+            return
+        if used < 0:
+            return
+        leftover = len(self.buf) > used
+        keep_alive = self.answer.keep_alive
+        self.used = True
+        self._finish(None)
+        self.buf.clear()   # a kept connection holds no answer between polls
+        if leftover or not keep_alive:
+            self.close()
+
+    def _finish(self, error: Exception | None) -> None:
+        waiter, self.waiter = self.waiter, None
+        answer, self.answer = self.answer, None
+        if waiter is not None and not waiter.done():
+            if error is None:
+                waiter.set_result(answer)
+            else:
+                waiter.set_exception(error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        if self.waiter is None:
+            return
+        if self.head_done:
+            try:
+                if exc is not None:
+                    raise PollError(f"the answer was cut short: {type(exc).__name__}: {exc}")
+                self.answer.closed(self.buf)
+            except PollError as error:
+                self._finish(error)
+                return
+            self._finish(None)
+        elif not self.buf and self.used:
+            self._finish(_Reconnect("the kept-alive connection was closed"))
+        elif self.buf:
+            self._finish(PollError(f"the answer was cut short: {_snippet(bytes(self.buf))}"))
+        elif isinstance(exc, ssl.SSLError):
+            self._finish(PollError(f"TLS failed: {exc}"))
+        else:
+            reason = f"{type(exc).__name__}: {exc}" if exc else "closed"
+            self._finish(PollError(f"the server closed the connection without an answer ({reason})"))
+
+    def close(self) -> None:
+        self.open = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.open = False
+        self.waiter = None
+        if self.transport is not None:
+            self.transport.abort()
 
 
-async def poll(session: aiohttp.ClientSession, server: dict) -> dict:
-    """One event for one server: its registered system shared memory, or why it is down."""
-    data = {"host": server["host"], "url": server["shown_url"]}
-    try:
-        count, registered = summarize(await _query(session, server))
-    except ValueError as exc:
-        data.update(status="down", error=_redact("%s%s: %s" % (server["url"], STATUS_PATH, exc), server))
-    else:
-        data.update(status="up", regions=count, registered_bytes=registered)
-        if server["shm_bytes"]:
-            data.update(shm_bytes=server["shm_bytes"],
-                        registered_percent=round(100.0 * registered / server["shm_bytes"], 2))
-            if server["threshold_percent"] is not None:
-                data["threshold_percent"] = server["threshold_percent"]
-    return {"triton_shm": data, "meta": {"hosts": server["host"]}}
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
+
+
+class _Target:
+    """One server as the poller keeps it: its options, its request, its connection, its poll in flight."""
+
+    __slots__ = ("server", "address", "keep_alive", "request", "conn", "busy", "again")
+
+    def __init__(self, server: dict, keep_alive: bool) -> None:
+        self.server = server
+        parts = urlsplit(server["url"])
+        self.address = (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+        self.keep_alive = keep_alive
+        self.request = server["request"] if keep_alive else server["request"].replace(
+            b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+        self.conn: _Connection | None = None
+        self.busy = False    # a poll of this server is running
+        self.again = False   # its next poll was due while it ran: start it as soon as it ends
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        host, port = self.address
+        ssl_context = self.server["ssl"]
+        try:
+            _transport, conn = await loop.create_connection(
+                _Connection, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None)
+        except ssl.SSLCertVerificationError as exc:
+            raise PollError(f"TLS verification failed: {exc}") from None
+        except ssl.SSLError as exc:
+            raise PollError(f"TLS failed: {exc}") from None
+        except OSError as exc:
+            raise PollError(f"cannot connect to Triton (refused or unreachable): {exc}") from None
+        return conn
+
+    async def fetch(self, loop: asyncio.AbstractEventLoop) -> _Answer:
+        """The server's answer to the status request, within its timeout; PollError otherwise."""
+        timeout = self.server["timeout"]
+        deadline = loop.time() + timeout
+        for attempt in (1, 2):
+            conn = self.conn
+            if conn is None or not conn.open:
+                self.conn = None
+                try:
+                    conn = await asyncio.wait_for(self._connect(loop), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    raise PollError(f"no answer within {timeout}s (timeout)") from None
+                if self.keep_alive:
+                    self.conn = conn
+            waiter = loop.create_future()
+            conn.expect(waiter)
+            timer = loop.call_at(deadline, _expire, waiter)
+            try:
+                conn.transport.write(self.request)
+                return await waiter
+            except asyncio.TimeoutError:
+                conn.abort()
+                raise PollError(f"no answer within {timeout}s (timeout)") from None
+            except (OSError, RuntimeError) as exc:   # whatever else the transport raises: down, never the source
+                conn.abort()
+                raise PollError(f"request failed: {type(exc).__name__}: {exc}") from None
+            except _Reconnect:
+                conn.abort()
+                if attempt == 2:
+                    raise PollError("the server closed the connection without an answer") from None
+            except BaseException:
+                conn.abort()   # an error or a cancel: a late answer must not meet the next request
+                raise
+            finally:
+                timer.cancel()
+                if not self.keep_alive or not conn.open:
+                    if self.conn is conn:
+                        self.conn = None
+                    if not self.keep_alive:
+                        conn.close()
+        raise AssertionError("unreachable")
+
+    async def poll(self, loop: asyncio.AbstractEventLoop) -> dict:
+        """One event for this server: its registered system shared memory, or why it is down."""
+        server = self.server
+        data = {"host": server["host"], "url": server["shown_url"]}
+        try:
+            answer = await self.fetch(loop)
+            if answer.status != 200:
+                raise PollError(f"HTTP {answer.status}: {_snippet(answer.body) or answer.reason}")
+            try:
+                regions = json.loads(answer.body)
+            except ValueError:
+                raise PollError("the answer is not Triton JSON (is another web server on this port?): "
+                                + _snippet(answer.body)) from None
+            count, registered = summarize(regions)
+        except (PollError, ValueError) as exc:
+            data.update(status="down", error=_redact(f"{server['url']}{STATUS_PATH}: {exc}", server))
+        else:
+            data.update(status="up", regions=count, registered_bytes=registered)
+            if server["shm_bytes"]:
+                data.update(shm_bytes=server["shm_bytes"],
+                            registered_percent=round(100.0 * registered / server["shm_bytes"], 2))
+                if server["threshold_percent"] is not None:
+                    data["threshold_percent"] = server["threshold_percent"]
+        return {"triton_shm": data, "meta": {"hosts": server["host"]}}
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+
+
+def _keep_alive_budget(servers: int, in_flight: int) -> int:
+    """How many servers can keep their connection open between polls; raises the soft open-file limit if needed."""
+    if resource is None:
+        return servers
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = servers + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        raised = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            LOGGER.info("raised the open-file limit from %d to %d for %d servers", soft, raised, servers)
+            soft = raised
+        except (ValueError, OSError) as exc:
+            LOGGER.warning("cannot raise the open-file limit from %d: %s", soft, exc)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return servers
+    budget = max(0, soft - FD_RESERVE - in_flight)
+    LOGGER.warning("the open-file limit (%d) keeps connections open to %d of %d servers; the others get a new "
+                   "connection for every poll", soft, budget, servers)
+    return budget
+
+
+class _Poller:
+    """Every server polled once per interval at its own place in it; events to the queue as they come."""
+
+    def __init__(self, queue: asyncio.Queue, servers: list[dict], interval: float) -> None:
+        self.queue = queue
+        self.interval = interval
+        self.spacing = min(interval / len(servers), MAX_SPACING)
+        self.batch = min(BATCH, interval / 20)
+        # polls running at once, at most: those started within the longest timeout (each server one at a time)
+        longest = max(s["timeout"] for s in servers)
+        in_flight = min(len(servers), math.ceil(min(longest, interval) / self.spacing) + 1)
+        budget = _keep_alive_budget(len(servers), in_flight)
+        self.targets = [_Target(s, index < budget) for index, s in enumerate(servers)]
+        self.last_status: dict[str, str] = {}
+        self.tasks: set[asyncio.Task] = set()
+        # events not yet taken by the queue, oldest first, at most one per server: ansible-rulebook's queue holds one
+        # event, and when the rules fall behind, a server's newer event replaces its older one (never a growing backlog)
+        self.pending: dict[str, dict] = {}
+        self.wake: asyncio.Future | None = None
+
+    def _start(self, loop: asyncio.AbstractEventLoop, target: _Target) -> None:
+        if target.busy:
+            target.again = True
+            return
+        target.busy = True
+        task = loop.create_task(self._poll(loop, target))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _poll(self, loop: asyncio.AbstractEventLoop, target: _Target) -> None:
+        try:
+            event = await target.poll(loop)
+        finally:
+            target.busy = False
+        data = event["triton_shm"]
+        if self.last_status.get(data["host"]) != data["status"]:
+            if data["status"] == "down":
+                LOGGER.warning("%s: Triton is down: %s", data["host"], data["error"])
+            else:
+                LOGGER.info("%s: Triton at %s is up", data["host"], data["url"])
+            self.last_status[data["host"]] = data["status"]
+        self.pending[data["host"]] = event
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+        if target.again:
+            target.again = False
+            self._start(loop, target)
+
+    async def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand the pending events to the queue, oldest first, as fast as the queue takes them."""
+        while True:
+            if not self.pending:
+                self.wake = loop.create_future()
+                await self.wake
+                continue
+            host = next(iter(self.pending))
+            await self.queue.put(self.pending.pop(host))
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        sender = loop.create_task(self._send(loop))
+        try:
+            for rnd in itertools.count():
+                base = started + rnd * self.interval
+                for index, target in enumerate(self.targets):
+                    delay = base + index * self.spacing - loop.time()
+                    if delay > self.batch:
+                        await asyncio.sleep(delay)
+                    self._start(loop, target)
+                await asyncio.sleep(max(0.0, base + self.interval - loop.time()))
+        finally:
+            sender.cancel()
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(sender, *self.tasks, return_exceptions=True)
+            for target in self.targets:
+                target.close()
 
 
 async def main(queue: asyncio.Queue, args: dict) -> None:
     """Poll every server every interval seconds, one event per server per poll, until cancelled."""
     servers, interval = parse_args(args)
-    loop = asyncio.get_running_loop()
-    last_status = {}
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-        while True:
-            started = loop.time()
-            events = await asyncio.gather(*(poll(session, s) for s in servers))
-            for event in events:
-                data = event["triton_shm"]
-                if last_status.get(data["host"]) != data["status"]:
-                    if data["status"] == "down":
-                        LOGGER.warning("%s: Triton is down: %s", data["host"], data["error"])
-                    else:
-                        LOGGER.info("%s: Triton at %s is up", data["host"], data["url"])
-                    last_status[data["host"]] = data["status"]
-                await queue.put(event)
-            await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+    await _Poller(queue, servers, interval).run()
 
 
 if __name__ == "__main__":

@@ -355,3 +355,234 @@ def test_runs_alone_with_a_mock_queue():
         proc.kill()
         proc.wait(timeout=10)
     assert "'host': 'localhost'" in line and "'status': 'down'" in line and url in line
+
+
+# ---- fleet size: spreading, keep-alive, slow servers (issue 22) ----
+
+class Counting:
+    """An aiohttp app answering REGIONS that records, per connection (client port), the requests and the hosts asked."""
+
+    def __init__(self, delay=0.0, chunked=False, keepalive_timeout=75.0):
+        self.delay, self.chunked, self.keepalive_timeout = delay, chunked, keepalive_timeout
+        self.connections = {}
+        self.open_now = 0
+        self.most_open = 0
+        self.url = None
+        self.runner = None
+
+    async def _handle(self, request):
+        port = request.transport.get_extra_info('peername')[1]
+        self.connections.setdefault(port, []).append(dict(request.headers))
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            resp = web.Response(text=json.dumps(REGIONS), content_type='application/json')
+            if self.chunked:
+                resp.enable_chunked_encoding()
+            return resp
+        finally:
+            self.open_now -= 1
+
+    async def __aenter__(self):
+        app = web.Application()
+        app.router.add_get(STATUS, self._handle)
+        self.runner = web.AppRunner(app, access_log=None, keepalive_timeout=self.keepalive_timeout)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, '127.0.0.1', 0)
+        await site.start()
+        self.url = 'http://127.0.0.1:%d' % self.runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()
+
+
+async def run_for(args, seconds):
+    """main(queue, args) as a task for seconds, the queue as ansible-rulebook makes it (size 1); (time, event) pairs."""
+    queue = asyncio.Queue(1)
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(source.main(queue, args))
+    events = []
+    deadline = loop.time() + seconds
+    try:
+        while loop.time() < deadline:
+            try:
+                event = await asyncio.wait_for(queue.get(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                break
+            events.append((loop.time(), event))
+        assert not task.done(), task.exception()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return events
+
+
+def by_host(events):
+    out = {}
+    for when, event in events:
+        out.setdefault(event['triton_shm']['host'], []).append((when, event['triton_shm']))
+    return out
+
+
+def test_slow_and_dead_servers_delay_no_one_and_every_server_keeps_its_place():
+    interval = 0.4
+
+    async def scenario():
+        async with Counting() as fast, RawServer(None) as silent:
+            servers = [{'host': 'fast%02d' % i, 'url': fast.url} for i in range(30)]
+            servers[5:5] = [{'host': 'silent', 'url': silent.url, 'timeout': 3},
+                            {'host': 'dead', 'url': 'http://127.0.0.1:%d' % closed_port()}]
+            return fast, await run_for({'servers': servers, 'interval': interval, 'timeout': 1}, 2.1)
+    fast, events = run(scenario())
+    hosts = by_host(events)
+    for i in range(30):
+        polls = hosts['fast%02d' % i]
+        assert len(polls) in (5, 6) and all(d['status'] == 'up' for _t, d in polls), polls
+        gaps = [b[0] - a[0] for a, b in zip(polls, polls[1:])]
+        assert all(interval * 0.75 < gap < interval * 1.25 for gap in gaps), gaps
+    # the polls of one round are spread: 32 servers start 0.01 s apart, not all at once
+    first = sorted(polls[0][0] for name, polls in hosts.items() if name.startswith('fast'))
+    assert first[-1] - first[0] > 0.2
+    assert [d['status'] for _t, d in hosts['dead']] == ['down'] * len(hosts['dead']) and len(hosts['dead']) >= 5
+    # the silent server times out after 3 s, more than the run: no event yet, and it held no one up
+    assert 'silent' not in hosts
+    # one connection per server, kept open between polls
+    assert len(fast.connections) == 30 and all(len(reqs) >= 5 for reqs in fast.connections.values())
+
+
+def test_a_timeout_longer_than_the_interval_never_polls_one_server_twice_at_once():
+    async def scenario():
+        async with Counting(delay=0.25) as slow:
+            return slow, await run_for({'servers': [{'host': 'slow', 'url': slow.url}], 'interval': 0.1}, 1.2)
+    slow, events = run(scenario())
+    polls = by_host(events)['slow']
+    assert slow.most_open == 1
+    assert 3 <= len(polls) <= 5 and all(d['status'] == 'up' for _t, d in polls), polls
+    gaps = [b[0] - a[0] for a, b in zip(polls, polls[1:])]
+    assert all(0.2 < gap < 0.4 for gap in gaps), gaps  # back to back, one at a time
+
+
+def test_chunked_answers_and_a_server_closing_idle_connections_are_read_up():
+    async def scenario():
+        async with Counting(chunked=True) as chunked, Counting(keepalive_timeout=0.05) as closing:
+            args = {'servers': [{'host': 'chunked', 'url': chunked.url, 'shm_bytes': 16 * MiB},
+                                {'host': 'closing', 'url': closing.url, 'shm_bytes': 16 * MiB}], 'interval': 0.2}
+            return closing, await run_for(args, 0.9)
+    closing, events = run(scenario())
+    hosts = by_host(events)
+    for name in ('chunked', 'closing'):
+        assert len(hosts[name]) >= 4, hosts
+        assert all((d['status'], d['registered_bytes'], d['registered_percent']) == ('up', 6 * MiB, 37.5)
+                   for _t, d in hosts[name]), hosts[name]
+    assert len(closing.connections) == len(hosts['closing'])  # it closed each one: a new one every poll
+
+
+def test_a_kept_alive_connection_closed_under_the_request_is_sent_again_on_a_new_one():
+    answer = http(json.dumps(REGIONS).encode())
+    seen = []
+
+    async def handle(reader, writer):
+        # answers the first request of each connection, then closes it when the next one comes
+        seen.append(writer)
+        for nth in range(2):
+            if not await reader.readuntil(b'\r\n\r\n'):
+                break
+            if nth == 1:
+                break
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(handle, '127.0.0.1', 0)
+        url = 'http://127.0.0.1:%d' % server.sockets[0].getsockname()[1]
+        try:
+            return await run_for({'servers': [{'host': 'h', 'url': url}], 'interval': 0.1}, 0.55)
+        finally:
+            server.close()
+    polls = by_host(run(scenario()))['h']
+    assert len(polls) >= 4 and all(d['status'] == 'up' and d['regions'] == 2 for _t, d in polls), polls
+    assert len(seen) >= len(polls)
+
+
+@pytest.mark.parametrize('reply, status', [
+    (b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n' + json.dumps(REGIONS).encode(), 'up'),
+    (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx', 'transfer encoding this source does not read'),
+    (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n[]', 'cut short'),
+    (b'HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n[]', 'bad Content-Length'),
+    (b'HTTP/1.1 301 Moved\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n', 'HTTP 301: Moved'),
+])
+def test_answers_read_to_the_end_of_the_connection_and_odd_framings(reply, status):
+    async def scenario():
+        async with RawServer(reply) as raw:
+            return await collect({'servers': [{'host': 'h', 'url': raw.url}], 'interval': 60, 'timeout': 2}, 1)
+    data = run(scenario())[0]['triton_shm']
+    if status == 'up':
+        assert (data['status'], data['regions'], data['registered_bytes']) == ('up', 2, 6 * MiB), data
+    else:
+        assert data['status'] == 'down' and status in data['error'], data
+
+
+def test_basic_credentials_are_sent_and_never_shown(caplog):
+    async def echo(request):
+        return web.Response(status=401, text='who is %s?' % request.headers.get('Authorization'))
+
+    async def scenario():
+        async with Fake(echo) as fake:
+            url = fake.url.replace('://', '://us%40er:p%3Ass@')
+            return fake, await collect({'servers': [{'host': 'h', 'url': url}], 'interval': 60}, 1)
+    caplog.set_level(logging.DEBUG)
+    fake, events = run(scenario())
+    sent = fake.requests[0][2]['Authorization']
+    assert sent == 'Basic dXNAZXI6cDpzcw=='   # base64 of the decoded us@er:p:ss
+    text = json.dumps(events) + '\n'.join(r.getMessage() for r in caplog.records)
+    assert 'HTTP 401' in text and 'dXNAZXI6cDpzcw' not in text and 'p%3Ass' not in text
+
+
+def test_beyond_the_open_file_limit_servers_get_a_new_connection_per_poll(monkeypatch):
+    class Limits:
+        RLIMIT_NOFILE, RLIM_INFINITY = 7, -1
+        set_to = []
+
+        @staticmethod
+        def getrlimit(_which):
+            return (258, 261)
+
+        @classmethod
+        def setrlimit(cls, _which, limits):
+            cls.set_to.append(limits)
+    monkeypatch.setattr(source, 'resource', Limits)
+
+    async def scenario():
+        async with Counting() as fast:
+            servers = [{'host': 'h%d' % i, 'url': fast.url} for i in range(6)]
+            return fast, await run_for({'servers': servers, 'interval': 0.3, 'timeout': 0.2}, 1.0)
+    fast, events = run(scenario())
+    assert Limits.set_to == [(261, 261)]   # raised to the hard limit, not beyond (6 servers + 256 wanted)
+    assert all(d['status'] == 'up' for _t, d in sum(by_host(events).values(), []))
+    # 261 - 256 reserved - at most 6 in flight: no server keeps its connection
+    assert all(len(reqs) == 1 and reqs[0]['Connection'] == 'close' for reqs in fast.connections.values())
+
+
+def test_rules_that_fall_behind_get_each_servers_latest_event_not_a_backlog():
+    async def scenario():
+        async with Counting() as fast:
+            queue = asyncio.Queue(1)   # as ansible-rulebook gives it; nobody takes from it for 20 intervals
+            task = asyncio.create_task(source.main(queue, {'servers': [{'host': 'h%d' % i, 'url': fast.url}
+                                                                       for i in range(3)], 'interval': 0.05}))
+            await asyncio.sleep(1.0)
+            backlog = []
+            while not queue.empty():
+                backlog.append(queue.get_nowait())
+                await asyncio.sleep(0)   # let the source hand over what it holds
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return fast, backlog
+    fast, backlog = run(scenario())
+    assert sum(len(reqs) for reqs in fast.connections.values()) >= 30   # the polls went on
+    # one event in the queue, one on its way to it, then at most the newest of each server: no backlog of 60
+    assert 3 <= len(backlog) <= 5, backlog
+    assert len({e['triton_shm']['host'] for e in backlog[2:]}) == len(backlog) - 2
