@@ -22,6 +22,9 @@ export PROMETHEUS_BIN ?= $(BUILD)/bin
 PROMETHEUS_BINARIES := $(addprefix $(PROMETHEUS_BIN)/,prometheus prometheus-node-exporter prometheus-alertmanager ../share/prometheus/alertmanager/default.tmpl)
 
 PYTEST_ARGS ?=
+# what units / integration run: a file or a directory under tests/ narrows the run (make integration TESTS=tests/integration/test_grpc.py)
+UNIT_TESTS ?= $(or $(TESTS),tests/unit)
+INTEGRATION_TESTS ?= $(or $(TESTS),tests/integration)
 
 PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
@@ -78,10 +81,10 @@ $(PROMETHEUS_BINARIES) &:
 	.ci/get-prometheus $(PROMETHEUS_BIN) prometheus prometheus-node-exporter prometheus-alertmanager
 
 units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prometheus rules with promtool)
-	cd $(COLL) && $(PYTEST_RUN) tests/unit $(PYTEST_ARGS)
+	cd $(COLL) && $(PYTEST_RUN) $(UNIT_TESTS) $(PYTEST_ARGS)
 
 integration: collection $(PROMETHEUS_BINARIES)  ## integration tests against real tritonserver processes (and a real Prometheus, node_exporter, Alertmanager)
-	cd $(COLL) && $(PYTEST_RUN) tests/integration $(PYTEST_ARGS)
+	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(PYTEST_ARGS)
 
 # The version matrix: the core integration tests against the tritonserver of an older
 # nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see DEVELOPERS.md).

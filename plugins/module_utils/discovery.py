@@ -33,8 +33,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-# ServerNotFound is re-exported: region_ops raises discovery.ServerNotFound
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ServerNotFound  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff, list_pids, netns_inode, read_comm, socket_inodes
 
 SERVER_COMMS = ('tritonserver',)

@@ -133,10 +133,7 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
                           url=client.base + '/v2')
     system = client.status('system') if 'system' in kinds else []
     cuda = client.status('cuda') if ('cuda' in kinds and 'cuda_shared_memory' in extensions) else []
-    try:
-        location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
-    except discovery.DiscoveryError as exc:
-        raise TritonError(str(exc), url=client.base) from exc
+    location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
     warnings = list(location.warnings)
     fs = None
     entries = []

@@ -28,6 +28,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.holders import holde
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
+from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
 # Seconds to retry an unregister Triton refuses as "in use", and to wait for a deferred one to leave
 # the status: the default of the module's in_use_timeout option.
@@ -53,17 +54,6 @@ class Lock(enum.Enum):
 
 def _spec(region: dict) -> dict:
     return {k: region.get(k) for k in REGION_KEYS if k in region}
-
-
-def version_tuple(version):
-    """'2.51.0' -> (2, 51, 0); None or an unparsable version -> None."""
-    parts = []
-    for part in str(version or '').split('.'):
-        digits = ''.join(c for c in part if c.isdigit()) if part[:1].isdigit() else ''
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
 
 
 # Before Triton 2.50 (NGC 24.09), unregistering a region with requests in flight could crash the

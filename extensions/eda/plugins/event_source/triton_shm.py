@@ -23,7 +23,7 @@ description:
     limited to that host.
   - Read-only; it sends C(GET /v2/systemsharedmemory/status) and nothing else.
     The HTTP calls never block the event loop and need nothing beyond Python's standard
-    library: one HTTP/1.1 connection per server, kept open between polls.
+    library, with one HTTP/1.1 connection per server, kept open between polls.
   - "Polls are spread over the interval: they start one after another, min(O(interval) / number
     of servers, 0.01) seconds apart, and each server keeps its place, so every server is polled
     every O(interval) whatever the others answer. A slow or dead server delays only its own event;

@@ -20,7 +20,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import discovery, ho
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
     Criteria, RegionFacts, Snapshot, classify, info_result, read_server, region_state, summarize,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 # Only the tests that build a mount namespace need root; the others run as any user.
@@ -416,7 +416,7 @@ def test_shm_dir_without_a_known_server_never_calls_anything_stale(ns):
 def test_nonexistent_server_pid_names_the_url():
     pid = int(open('/proc/sys/kernel/pid_max').read()) + 1
     triton = FakeTriton()
-    with pytest.raises(TritonError, match=rf'server_pid {pid} \(given for {triton.base}\) does not exist'):
+    with pytest.raises(DiscoveryError, match=rf'server_pid {pid} \(given for {triton.base}\) does not exist'):
         Read(triton, server_pid=pid)
 
 
