@@ -135,8 +135,11 @@ def test_cleanup_fleet_with_a_down_host(fleet, tmp_path):
     assert stats['triton3']['status'] == 'failed' and 'cannot connect' in stats['triton3']['error']['msg']
     assert sorted(stats['triton2']['done']['unregistered']) == ['dangling', 'dead_a', 'dead_b']
 
-    # report files on the controller: one JSON per host and the fleet summary
-    assert sorted(os.listdir(report_dir)) == ['summary.md', 'triton1.json', 'triton2.json', 'triton3.json']
+    # report files on the controller: one JSON per host, the fleet summary and the fleet's HTML page
+    assert sorted(os.listdir(report_dir)) == ['report.html', 'summary.md', 'triton1.json', 'triton2.json', 'triton3.json']
+    with open(os.path.join(report_dir, 'report.html')) as f:
+        page = f.read()
+    assert 'triton3' in page and 'cannot connect' in page
     with open(os.path.join(report_dir, 'triton1.json')) as f:
         j1 = json.load(f)
     assert j1['check_mode'] is False and sorted(j1['done']['unregistered']) == ['dangling', 'dead_a', 'dead_b']
