@@ -138,9 +138,9 @@ server:
         - Why this server offers no shared memory at all, or null. Triton 2.73 and later started through the in-process
           C(tritonfrontend) Python bindings answer every shared-memory call with HTTP 503 C(Shared memory is not supported in
           this server configuration...).
-        - The module then reports the server, its files and a warning instead of failing: RV(system_regions) and
+        - "The module then reports the server, its files and a warning instead of failing: RV(system_regions) and
           RV(cuda_regions) are empty, and no file is called V(orphan) (nothing says which are registered). This is not a leak.
-          M(tritonops.shm.triton_shm_region) fails on such a server with this reason, and the C(shm_cleanup) role fails the host.
+          M(tritonops.shm.triton_shm_region) fails on such a server with this reason, and the C(shm_cleanup) role fails the host."
       type: str
       version_added: 0.2.0
 shm_fs:
