@@ -98,11 +98,14 @@ options:
 options:
   backend_patterns:
     description:
-      - Shell-style patterns (case-sensitive) of the files Triton's python backend keeps in the shm directory. Such files are
-        category V(backend), never an orphan, never foreign, never removed, and never accepted as the key of a client region.
-      - The default matches the backend's own prefix, followed by a counter before Triton 24.04 and by a UUID since.
+      - Shell-style patterns (case-sensitive) of the files Triton's Python-based backends keep in the shm directory. Such files
+        are category V(backend), never an orphan (whatever O(orphan_patterns) says, V(*) included), never foreign, never
+        removed, and never accepted as the key of a client region.
+      - "Every Python-based backend (python, vllm, ...) names its files C(triton_<backend>_backend_shm_region_<uuid>) (a counter
+        instead of the UUID before Triton 24.04). That form is always a backend file, whatever this list says: the patterns
+        given here add to it and never replace it. The file record's C(backend) says whose file it is."
       - Add a pattern when the server runs with C(--backend-config=python,shm-region-prefix-name=PREFIX), for example V(PREFIX*).
     type: list
     elements: str
-    default: ["triton_python_backend_shm_region_*"]
+    default: ["triton_*_backend_shm_region_*"]
 '''

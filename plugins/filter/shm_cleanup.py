@@ -17,6 +17,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import literal, matches
 
 LOCATE_STEP = 'Locate the Triton server process'
+READ_STEP = "Read the server's shared memory"
 VERIFY_STEP = 'Verify no stale region remains that was not skipped for a stated reason'
 SUMMARY_KEYS = ('system_regions', 'healthy_regions', 'stale_regions', 'stale_bytes', 'reserved_regions', 'dangling_regions',
                 'unknown_regions', 'orphan_files', 'orphan_bytes', 'backend_files', 'foreign_files', 'used_bytes',
@@ -81,6 +82,10 @@ def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclu
         reason = server.get('not_found_reason') or f'the tritonserver process behind {url} was not found'
         plan['error'] = dict(step=LOCATE_STEP, msg=f'nothing on {host} could be checked: {reason}')
         return plan
+    if server.get('shm_unsupported'):
+        # Triton 2.73+ through tritonfrontend: no shared memory at all; not a leak, but nothing was checked either
+        plan['error'] = dict(step=READ_STEP, msg=f"nothing on {host} could be checked: {server['shm_unsupported']}")
+        return plan
     # stale regions, and dangling ones no client maps any more: what stale cleanup removes
     dead = [r['name'] for r in regions if r.get('reclaimable') and r['name'] not in reregister_names]
     plan['dead'] = dead
@@ -139,7 +144,8 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
         absent = present = after = None
     absent = absent if _ran(absent) else {}
     present = [r for r in ((present or {}).get('results') or []) if not r.get('skipped')]
-    done = dict(unregistered=list(absent.get('unregistered') or []), removed_files=list(absent.get('removed_files') or []),
+    done = dict(unregistered=list(absent.get('unregistered') or []), pending=list(absent.get('pending') or []),
+                removed_files=list(absent.get('removed_files') or []),
                 freed_bytes=absent.get('freed_bytes') or 0,
                 registered=[n for r in present for n in r.get('registered') or []],
                 created_files=[p for r in present for p in r.get('created_files') or []])
@@ -175,7 +181,7 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
         mode=mode, threshold_percent=threshold_percent, acted=acted, decision=plan.get('decision') or '',
         before=before_summary, after=after_summary, done=done, skipped=skipped, error=error,
         status='failed' if error else 'ok',
-        changed=bool(done['unregistered'] or done['removed_files'] or done['registered']))
+        changed=bool(done['unregistered'] or done['pending'] or done['removed_files'] or done['registered']))
 
 
 def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, exclude: Any = None, reregister: Any = None,

@@ -85,12 +85,18 @@ ROW_SUMMARY = (('shm_total_bytes', 'total_bytes'), ('shm_used_bytes', 'used_byte
 
 
 def shm_report_row(info: dict, host: str, url: str) -> dict:
-    """One host's row of the report playbook from its triton_shm_info result (status ok, or unlocated without the process)."""
+    """One host's row of the report playbook from its triton_shm_info result.
+
+    Status ok; unlocated without the process; unsupported when the server offers no shared memory (server.shm_unsupported).
+    """
     server = info['server']
     summary = info['summary']
     located = server.get('pid') is not None
-    row = dict(host=host, url=url, status='ok' if located else 'unlocated',
-               error=None if located else server.get('not_found_reason'),
+    status, error = ('ok', None) if located else ('unlocated', server.get('not_found_reason'))
+    if server.get('shm_unsupported'):
+        # Triton 2.73+ through tritonfrontend: no shared memory at all, so nothing was checked (not a leak)
+        status, error = 'unsupported', server['shm_unsupported']
+    row = dict(host=host, url=url, status=status, error=error,
                version=server.get('version'), ready=server.get('ready'), shm_dir=server.get('shm_dir'))
     row.update((key, summary.get(src)) for key, src in ROW_SUMMARY)
     regions = info.get('system_regions') or []

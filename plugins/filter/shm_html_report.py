@@ -20,7 +20,7 @@ from ansible.errors import AnsibleFilterError
 STATES = ('healthy', 'stale', 'reserved', 'dangling', 'unknown')
 CATEGORIES = ('registered', 'in_use', 'orphan', 'backend', 'foreign')
 # hosts that need attention come first, in this order
-SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'not run': 3, 'ok': 4}
+SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'unsupported': 3, 'not run': 4, 'ok': 5}
 # regions that need attention come first in a host's table
 STATE_ORDER = {'stale': 0, 'dangling': 1, 'unknown': 2, 'reserved': 3, 'healthy': 4}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'"
@@ -333,12 +333,15 @@ def _cleanup_host(host: str, result: Optional[Mapping], candidates: Any, check_m
     would = check_mode or result.get('check_mode')
     outcome = {n: 'would be unregistered' if would else 'unregistered' for n in done.get('unregistered') or ()}
     outcome.update((s['name'], f"skipped: {s.get('reason')}") for s in result.get('skipped') or () if s.get('name') is not None)
+    outcome.update((n, 'pending: unregister accepted, still listed (requests in flight), file kept')
+                   for n in done.get('pending') or ())
     freed = f"{'would free' if would else 'freed'} {_size(done.get('freed_bytes'))}"
     lines = []
     if result.get('decision'):
         lines.append(_h('p', _h('b', 'Decision: '), result['decision']))
-    if item.status == 'ok' or any(done.get(k) for k in ('unregistered', 'removed_files', 'registered')):
-        lines.append(_h('p', _h('b', 'Done: '), f"{len(done.get('unregistered') or ())} region(s) unregistered, "
+    if item.status == 'ok' or any(done.get(k) for k in ('unregistered', 'pending', 'removed_files', 'registered')):
+        pending = f"{len(done['pending'])} pending, " if done.get('pending') else ''
+        lines.append(_h('p', _h('b', 'Done: '), f"{len(done.get('unregistered') or ())} region(s) unregistered, {pending}"
                         f"{len(done.get('removed_files') or ())} file(s) removed, {freed}, "
                         f"{len(done.get('registered') or ())} region(s) re-registered",
                         ' (check mode: nothing was changed)' if would else '', class_='done'))
@@ -371,7 +374,7 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
     fleet = [_h('span', _h('b', len(items)), ' host(s)'),
              _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
              _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention')]
-    for status in ('failed', 'down', 'unlocated', 'not run'):
+    for status in ('failed', 'down', 'unlocated', 'unsupported', 'not run'):
         n = sum(1 for it in items if it.status == status)
         if n:
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))

@@ -20,7 +20,9 @@ import abc
 from typing import Any, NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, classify
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ClientShmDisabled, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError, classify,
+)
 
 HTTP = 'http'
 GRPC = 'grpc'
@@ -29,11 +31,20 @@ KINDS = ('system', 'cuda')
 HEALTH_CHECKS = ('live', 'ready')
 DEFAULT_TIMEOUT = 10.0
 
-# Triton 2.68 (NGC 26.04) and later turn client shared memory off unless started with the flag below.
-CLIENT_SHM_DISABLED = 'Client shared memory is disabled'
+# Triton 2.68 and later turn client shared memory off unless started with the flag below.
 CLIENT_SHM_HINT = ("this Triton has client shared memory turned off (2.68 and later, by default): start it with "
                    "--allow-client-shm=true (role tritonops.shm.triton_server: triton_server_allow_client_shm: true, "
                    "or auto, which adds it for 2.68 and later)")
+SHM_UNSUPPORTED_HINT = ("this server offers no shared memory at all (Triton 2.73 and later started through the in-process "
+                        "tritonfrontend bindings): there is nothing to check or clean on it, and this is not a leak; "
+                        "nothing was retried")
+OVERFLOW_HINT = ("Triton 2.58 and later refuse a byte_size + offset that does not fit its size type: "
+                 "use a smaller offset or byte_size")
+RESERVED_KEY_HINT = ("Triton 2.60 and later refuse keys with the python backend's reserved prefix (2.61 and later also "
+                     "keys that are only slashes): choose another key")
+# The way out the message adds for a condition, by its class (any other answer gets the transport's own hint).
+_HINTS = {ClientShmDisabled: CLIENT_SHM_HINT, ShmUnsupported: SHM_UNSUPPORTED_HINT, RegisterOverflow: OVERFLOW_HINT,
+          ReservedKey: RESERVED_KEY_HINT}
 
 
 # -- text -------------------------------------------------------------------------------------------
@@ -112,16 +123,15 @@ def error_from_answer(where: str, code: str, detail: str, server_error: str | No
     """The TritonError for an error answer of the server, decided from the server's own text.
 
     The one place both transports turn an answer into an error: the subclass comes from the text
-    (errors.classify: in use, not found), a refusal because client shared memory is off gets the
-    way out (CLIENT_SHM_HINT), and any other answer the transport's own hint. The message reads
-    ``WHERE: CODE: DETAIL`` (``… at URL: HTTP 400: …``, ``… at URL: gRPC INTERNAL: …``).
+    (errors.classify: in use, not found, overflow, reserved key, client shared memory off, no shared
+    memory at all), a condition with a known way out gets it (_HINTS: e.g. CLIENT_SHM_HINT for HTTP
+    501 and gRPC UNIMPLEMENTED alike), and any other answer the transport's own hint. The message
+    reads ``WHERE: CODE: DETAIL`` (``… at URL: HTTP 400: …``, ``… at URL: gRPC INTERNAL: …``).
     """
-    if CLIENT_SHM_DISABLED in (server_error or ''):
-        detail = f'{detail}; {CLIENT_SHM_HINT}'
-    else:
-        detail = f'{detail}{hint}'
-    return classify(server_error)(f'{where}: {code}: {detail}', url=url, status=status,
-                                  server_error=server_error, transport=transport)
+    cls = classify(server_error)
+    way_out = _HINTS.get(cls)
+    detail = f'{detail}; {way_out}' if way_out else f'{detail}{hint}'
+    return cls(f'{where}: {code}: {detail}', url=url, status=status, server_error=server_error, transport=transport)
 
 
 # -- the interface ----------------------------------------------------------------------------------

@@ -20,7 +20,11 @@ matching subclass; nothing later reads message text::
     └── TritonError             a failed request to Triton (url, status, server_error)
         ├── UnaddressableName   a region name this transport cannot address (nothing was sent)
         ├── RegionInUse         Triton >= 2.50 refuses to unregister: requests in flight
-        └── RegionNotFound      Triton does not have the region
+        ├── RegionNotFound      Triton does not have the region
+        ├── RegisterOverflow    Triton >= 2.58 refuses a register whose byte_size + offset overflows
+        ├── ReservedKey         Triton >= 2.60 refuses a key with its python backend prefix (>= 2.61: or an invalid key)
+        ├── ClientShmDisabled   Triton >= 2.68 started without --allow-client-shm=true (HTTP 501, gRPC UNIMPLEMENTED)
+        └── ShmUnsupported      a server without shared memory at all (2.73 tritonfrontend bindings, HTTP 503)
 """
 from __future__ import annotations
 
@@ -114,16 +118,50 @@ class RegionNotFound(TritonError):
     """Triton does not have the region (an unregister of it is someone else's work done)."""
 
 
-# How each condition reads in the server's own error text; used only where an answer is parsed.
-IN_USE_TEXT = 'currently in use'
+class RegisterOverflow(TritonError):
+    """Triton >= 2.58 refuses a register whose byte_size + offset exceeds the largest size it can hold."""
+
+
+class ReservedKey(TritonError):
+    """Triton >= 2.60 refuses a key with the python backend's reserved prefix; 2.61 and later also an all-slash key."""
+
+
+class ClientShmDisabled(TritonError):
+    """Triton >= 2.68 refuses register and unregister unless started with --allow-client-shm=true; status still works."""
+
+
+class ShmUnsupported(TritonError):
+    """The server offers no shared memory at all (2.73 and later through the in-process tritonfrontend bindings).
+
+    Not a leak and not a transient failure: nothing can be read or cleaned there, and nothing is retried.
+    """
+
+
+# How each condition reads in the server's own error text (src/shared_memory_manager.cc, http_server.cc,
+# grpc/grpc_server.cc of the version named); used only where an answer is parsed, first match wins.
+IN_USE_TEXT = 'currently in use'                                        # 2.50: HTTP 500, gRPC INTERNAL
 NOT_FOUND_TEXT = 'Unable to find'
+OVERFLOW_TEXT = 'Integer overflow detected'                             # 2.58
+RESERVED_PREFIX_TEXT = 'as the key contains the reserved prefix'        # 2.60
+INVALID_KEY_TEXT = 'invalid shm key'                                    # 2.61
+CLIENT_SHM_DISABLED_TEXT = 'Client shared memory is disabled'           # 2.68: HTTP 501, gRPC UNIMPLEMENTED
+UNSUPPORTED_TEXT = 'Shared memory is not supported in this server configuration'   # 2.73 tritonfrontend: HTTP 503
+
+_TEXTS = (
+    (IN_USE_TEXT, RegionInUse),
+    (NOT_FOUND_TEXT, RegionNotFound),
+    (OVERFLOW_TEXT, RegisterOverflow),
+    (RESERVED_PREFIX_TEXT, ReservedKey),
+    (INVALID_KEY_TEXT, ReservedKey),
+    (CLIENT_SHM_DISABLED_TEXT, ClientShmDisabled),
+    (UNSUPPORTED_TEXT, ShmUnsupported),
+)
 
 
 def classify(server_error: str | None) -> type[TritonError]:
     """The TritonError subclass for a server's error text (the one place that reads it)."""
     text = server_error or ''
-    if IN_USE_TEXT in text:
-        return RegionInUse
-    if NOT_FOUND_TEXT in text:
-        return RegionNotFound
+    for needle, cls in _TEXTS:
+        if needle in text:
+            return cls
     return TritonError

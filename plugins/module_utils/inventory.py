@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
@@ -71,6 +71,7 @@ class Snapshot:
     warnings: list = dataclasses.field(default_factory=list)
     dir_error: str | None = None
     scanned_at: float = 0.0
+    shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,13 +118,16 @@ class Snapshot:
 
 def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None = None,
                 require_readable_dir: bool = False, kinds: Sequence[str] = ('system', 'cuda'),
-                proc: str = '/proc', now: float | None = None) -> Snapshot:
+                proc: str = '/proc', now: float | None = None, report_unsupported: bool = False) -> Snapshot:
     """Read the server behind client: metadata, region lists, location, shm directory, holders, marks.
 
     kinds: the region lists to read ('cuda' only when the server offers the extension).
     server_pid / shm_dir: as the modules' options (discovery from the URL when both are None).
     require_readable_dir: an unreadable shm directory raises ShmFsError instead of a warning.
     Raises TritonError when the server cannot be read, or does not offer system shared memory.
+    report_unsupported: a server that answers its status with ShmUnsupported (Triton 2.73+ through the
+    tritonfrontend bindings) gives a snapshot without regions whose shm_unsupported says why, instead
+    of the error (what triton_shm_info reports; what would act raises it).
     """
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
@@ -131,10 +135,18 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
         raise TritonError(f"server at {client.base} (Triton {metadata.get('version')}) does not offer the "
                           f"system_shared_memory extension; extensions: {', '.join(extensions) or 'none'}",
                           url=client.base + '/v2')
-    system = client.status('system') if 'system' in kinds else []
-    cuda = client.status('cuda') if ('cuda' in kinds and 'cuda_shared_memory' in extensions) else []
+    unsupported = None
+    try:
+        system = client.status('system') if 'system' in kinds else []
+        cuda = client.status('cuda') if ('cuda' in kinds and 'cuda_shared_memory' in extensions) else []
+    except ShmUnsupported as exc:
+        if not report_unsupported:
+            raise
+        system, cuda, unsupported = [], [], exc.msg
     location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
     warnings = list(location.warnings)
+    if unsupported is not None:
+        warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')
     fs = None
     entries = []
     dir_error = None
@@ -158,7 +170,7 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time())
+                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported)
 
 
 def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
@@ -214,9 +226,13 @@ class Criteria:
     @classmethod
     def of(cls, orphan_patterns: Iterable[str] | None = None, min_age: float = DEFAULT_MIN_AGE,
            backend_patterns: Iterable[str] | None = None) -> Criteria:
-        """From module options: None patterns are none (orphans) or the default (backend)."""
-        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age,
-                   backend_patterns=shm_fs.BACKEND_PATTERNS if backend_patterns is None else tuple(backend_patterns))
+        """From module options: None patterns are none (orphans) or the default (backend).
+
+        The files of every Python-based backend (shm_fs.BACKEND_FILE_PATTERN) are backend files whatever
+        backend_patterns says: the configured patterns add to them, never replace them.
+        """
+        backend = tuple(dict.fromkeys(shm_fs.BACKEND_PATTERNS + tuple(backend_patterns or ())))
+        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend)
 
 
 class Records(NamedTuple):
@@ -334,7 +350,20 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
                                                             criteria)
+    rec['backend'] = file_backend(e['name'], rec['category'])
     return rec
+
+
+def file_backend(name: str, category: str) -> str | None:
+    """The backend a backend file belongs to: its name's triton_<backend>_backend_ part, else python.
+
+    A file that only a configured backend pattern matches comes from a prefix set with
+    --backend-config=python,shm-region-prefix-name=…, an option of the python backend (which runs
+    every Python-based backend). None for every other category.
+    """
+    if category != 'backend':
+        return None
+    return shm_fs.backend_of(name) or 'python'
 
 
 def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], holders_complete: bool,
@@ -345,7 +374,11 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     if regions:
         return 'registered', f"backs region(s) {', '.join(regions)}"
     if matches(e['name'], criteria.backend_patterns):
-        return 'backend', "Triton's python backend shared memory (matches the backend patterns)"
+        owner = shm_fs.backend_of(e['name'])
+        if owner is not None:
+            return 'backend', (f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a "
+                               "Python-based backend's file): never an orphan")
+        return 'backend', "Triton's python backend shared memory (matches the backend patterns): never an orphan"
     if all_holders:
         return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
     if not matches(e['name'], criteria.orphan_patterns):
@@ -358,7 +391,12 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
 
 
 def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
-    """Every region and file of the snapshot, classified."""
+    """Every region and file of the snapshot, classified.
+
+    Without the server's status (snap.shm_unsupported) no file can be told unregistered: none is an orphan.
+    """
+    if snap.shm_unsupported is not None:
+        criteria = dataclasses.replace(criteria, orphan_patterns=())
     regions = [region_record(snap, r) for r in snap.system]
     cuda = [cuda_record(r) for r in snap.cuda]
     by_path = _regions_by_path(regions)
@@ -373,7 +411,8 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
     server = {'url': snap.url, 'live': live, 'ready': ready, 'version': snap.metadata.get('version'),
               'name': snap.metadata.get('name'), 'extensions': snap.metadata.get('extensions') or [],
               'pid': snap.pid, 'shm_dir': snap.shm_dir, 'located_by': snap.located_by,
-              'not_found_reason': snap.server_reason if snap.pid is None else None}
+              'not_found_reason': snap.server_reason if snap.pid is None else None,
+              'shm_unsupported': snap.shm_unsupported}
     return {'server': server, 'shm_fs': fs, 'system_regions': regions, 'cuda_regions': cuda, 'files': files,
             'summary': summarize(regions, cuda, files, fs),
             'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,

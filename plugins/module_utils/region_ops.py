@@ -98,6 +98,7 @@ class RegionOps:
         self.changed = False
         self.registered = []
         self.unregistered = []
+        self.pending = []           # unregistered, but still listed past in_use_timeout (Triton 24.12+ defers)
         self.removed_files = []
         self.created_files = []
         self.marked_files = []
@@ -126,17 +127,19 @@ class RegionOps:
     # -- the result ------------------------------------------------------------------------
 
     def done_something(self) -> bool:
-        return bool(self.registered or self.unregistered or self.removed_files or self.created_files or self.marked_files)
+        return bool(self.registered or self.unregistered or self.pending or self.removed_files or self.created_files
+                    or self.marked_files)
 
     def result(self, finished: bool = True, diff: bool = False) -> dict:
         """The module's result: what was done (also after a failure part-way), then, when finished, the state after.
 
-        changed is what really changed (in check mode: what would change), also after a failure.
+        changed is what really changed (in check mode: what would change), also after a failure; an
+        unregister the server accepted but deferred (pending) is a change: the server will drop the region.
         finished=False (a failure) leaves out what is read after the change: regions, after and the diff.
         diff: add the diff (before and after) when the run got as far as planning it.
         """
         out = {'changed': self.changed if self.check_mode else self.done_something(),
-               'registered': self.registered, 'unregistered': self.unregistered,
+               'registered': self.registered, 'unregistered': self.unregistered, 'pending': self.pending,
                'removed_files': self.removed_files, 'created_files': self.created_files,
                'marked_files': self.marked_files, 'skipped_items': self.skipped, 'freed_bytes': self.freed_bytes}
         if self.before_result is not None:
@@ -280,12 +283,31 @@ class RegionOps:
 
     # -- present ----------------------------------------------------------------------------
 
-    def _check_key_allowed(self, key_name: str) -> None:
-        """Refuse keys of Triton's python backend files before asking the server."""
-        if key_name.startswith(shm_fs.BACKEND_PREFIX):
-            raise ParameterError(f"key '/{key_name}' starts with '{shm_fs.BACKEND_PREFIX}', the prefix Triton reserves "
-                                 "for its python backend (Triton 2.60 and later refuse it as a reserved prefix): "
-                                 "choose another key")
+    def _check_key_allowed(self, key: object) -> None:
+        """Refuse, before asking the server, the keys newer servers refuse and those of Python-based backends' files.
+
+        As Triton 2.61 does, leading slashes are stripped before the prefix check: ``//triton_python_…``
+        is the reserved prefix too, and a key of slashes only is invalid.
+        """
+        if not isinstance(key, str):
+            return      # shm_fs.key_to_name says why
+        stripped = key.lstrip('/')
+        if key and not stripped:
+            raise ParameterError(f"key '{key}' is only slashes, and a key is '/' followed by exactly one path component "
+                                 f"(Triton 2.61 and later refuse it: '... - invalid shm key '{key}''): choose a key like "
+                                 "'/my_region'")
+        if stripped.startswith(shm_fs.BACKEND_PREFIX):
+            raise ParameterError(f"key '{key}' starts with '{shm_fs.BACKEND_PREFIX}', the prefix Triton reserves "
+                                 "for its python backend (Triton 2.60 and later refuse it as a reserved prefix, 2.61 "
+                                 "and later also after leading slashes): choose another key")
+        owner = shm_fs.backend_of(stripped)
+        if owner is not None:
+            raise ParameterError(f"key '{key}' has the form {shm_fs.BACKEND_FILE_PATTERN} of a Python-based backend's "
+                                 f"files (here the {owner} backend's): registering it as a client region would hand "
+                                 "Triton's own memory to clients; choose another key")
+
+    def _check_not_backend_pattern(self, key_name: str) -> None:
+        """Refuse keys of the configured backend patterns before asking the server."""
         patterns = self.params.get('backend_patterns')
         if matches(key_name, patterns):
             raise ParameterError(f"key '/{key_name}' names a python backend file (it matches backend_patterns "
@@ -311,6 +333,7 @@ class RegionOps:
         if self.params['kind'] == 'cuda':
             return self._present_cuda()
         p = self.params
+        self._check_key_allowed(p['key'])
         try:
             key_name = shm_fs.key_to_name(p['key'])
         except ShmFsError as exc:
@@ -319,7 +342,7 @@ class RegionOps:
         if p['offset'] < 0:
             raise ParameterError(f"offset must be 0 or more, got {p['offset']}")
         need = p['offset'] + p['byte_size']
-        self._check_key_allowed(key_name)
+        self._check_not_backend_pattern(key_name)
         snap = self._read_for_plan(kinds=('system',))
         current = {r['name']: r for r in snap.system}
         wanted = {'key': p['key'], 'offset': p['offset'], 'byte_size': p['byte_size']}
@@ -403,7 +426,7 @@ class RegionOps:
                 if self._unregister(kind, name) is Unregister.KEPT:
                     raise TritonError(f"re-register {kind} region '{name}': it stays in use (requests in flight), not changed")
                 if self._wait_gone(kind, {name: cur}):
-                    self.unregistered.append(name)
+                    self.pending.append(name)
                     raise TritonError(f"re-register {kind} region '{name}': it was unregistered but is still listed after "
                                       f"{self.in_use_timeout}s (requests in flight: Triton 24.12 and later remove it when "
                                       "they finish); not registered again, run again later")
@@ -636,15 +659,25 @@ class RegionOps:
             pass
 
     def _deferred(self, selected: list, still_registered: set) -> None:
-        """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files."""
+        """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files.
+
+        Waits up to in_use_timeout for them to leave the status; those still listed then move from
+        unregistered to pending (the server accepted the unregister and drops the region when its
+        requests finish), with the reason in skipped and a warning.
+        """
         specs = {r['name']: r for r in selected if r['name'] in self.unregistered and r['name'] not in still_registered}
-        for name in sorted(self._wait_gone('system', specs)):
+        listed = self._wait_gone('system', specs)
+        for name in sorted(listed):
             still_registered.add(name)
-            self.skipped.append({'name': name, 'reason': f'unregistered, but still listed by the server after '
+            self.pending.append(name)
+            self.skipped.append({'name': name, 'reason': f'pending: unregistered, but still listed by the server after '
                                                          f'{self.in_use_timeout}s (requests in flight: it goes when '
                                                          'they finish); its file is kept'})
-            self.warn(f"region '{name}' is still listed after its unregister (requests in flight): its file is kept, "
-                      "a later run removes it")
+            self.warn(f"region '{name}' is pending: still listed {self.in_use_timeout}s after its unregister (Triton "
+                      "24.12 and later drop it when its requests in flight finish); its file is kept: a run while it is "
+                      "still listed unregisters it again and removes the file once it is gone")
+        if listed:
+            self.unregistered[:] = [n for n in self.unregistered if n not in listed]
 
     def _warn_unsafe_unregister(self, snap: Snapshot, selected: list) -> None:
         """Before Triton 2.50, unregistering a region a live client uses could crash the server (#3207)."""

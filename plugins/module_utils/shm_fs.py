@@ -13,15 +13,26 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import time
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 
 BACKEND_PREFIX = 'triton_python_backend_shm_region_'
-# Shell-style patterns of Triton's python backend files: the default prefix, with a counter
-# suffix before Triton 24.04 and a UUID since (--backend-config=python,shm-region-prefix-name=... changes it).
-BACKEND_PATTERNS = (BACKEND_PREFIX + '*',)
+# Every Python-based backend (python, vllm, …: the python backend's stub serves them all) names its
+# files triton_<backend>_backend_shm_region_<suffix> (a counter before Triton 24.04, a UUID since);
+# --backend-config=python,shm-region-prefix-name=X replaces the whole prefix. Files of this form are
+# always backend files, whatever backend_patterns adds (inventory.Criteria).
+BACKEND_FILE_PATTERN = 'triton_*_backend_shm_region_*'
+BACKEND_PATTERNS = (BACKEND_FILE_PATTERN,)
+_BACKEND_FILE = re.compile(r'triton_(.+?)_backend_shm_region_')
+
+
+def backend_of(name: str) -> str | None:
+    """The backend a file of the form triton_<backend>_backend_shm_region_* belongs to ('vllm'), else None."""
+    found = _BACKEND_FILE.match(name)
+    return found.group(1) if found else None
 
 # The mark of a region this collection registered (the 建 step): an extended attribute of the
 # backing file, whose value is the region's name. trusted.* needs CAP_SYS_ADMIN to set and to read,

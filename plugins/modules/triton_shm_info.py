@@ -133,6 +133,16 @@ server:
       type: str
       sample: "the tritonserver process behind 10.0.0.7:8000 was not found: no process on this host owns the other end of the
         connection ...; set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)"
+    shm_unsupported:
+      description:
+        - Why this server offers no shared memory at all, or null. Triton 2.73 and later started through the in-process
+          C(tritonfrontend) Python bindings answer every shared-memory call with HTTP 503 C(Shared memory is not supported in
+          this server configuration...).
+        - "The module then reports the server, its files and a warning instead of failing: RV(system_regions) and
+          RV(cuda_regions) are empty, and no file is called V(orphan) (nothing says which are registered). This is not a leak.
+          M(tritonops.shm.triton_shm_region) fails on such a server with this reason, and the C(shm_cleanup) role fails the host."
+      type: str
+      version_added: 0.2.0
 shm_fs:
   description: Usage of the server's shm filesystem (statvfs), or null when the directory is not known.
   returned: always
@@ -233,10 +243,20 @@ files:
     regions: {description: Names of regions it backs., type: list, elements: str}
     category:
       description:
-        - C(registered) backs a region; C(backend) Triton's python backend file; C(in_use) held, not registered;
-          C(orphan) unregistered, unheld, matches O(orphan_patterns), older than O(min_age); C(foreign) anything else.
+        - C(registered) backs a region; C(backend) a file of one of Triton's Python-based backends (see O(backend_patterns));
+          C(in_use) held, not registered; C(orphan) unregistered, unheld, matches O(orphan_patterns), older than O(min_age);
+          C(foreign) anything else.
       type: str
     category_reason: {description: Why the category was chosen., type: str}
+    backend:
+      description:
+        - For a C(backend) file, the backend whose file it is, from its name C(triton_<backend>_backend_shm_region_*)
+          (for example V(python) or V(vllm)); V(python) for a file only O(backend_patterns) matches (a prefix set with
+          C(--backend-config=python,shm-region-prefix-name=...), an option of the python backend, which runs every
+          Python-based backend). Null for every other category.
+      type: str
+      sample: vllm
+      version_added: 0.2.0
 summary:
   description: Counts and bytes.
   returned: always
@@ -312,7 +332,7 @@ def run(module: AnsibleModule, client) -> None:
     live = client.health('live')
     ready = client.health('ready')
     snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
-                                 require_readable_dir=params['shm_dir'] is not None)
+                                 require_readable_dir=params['shm_dir'] is not None, report_unsupported=True)
     for warning in snap.warnings:
         module.warn(warning)
     criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'])

@@ -152,7 +152,8 @@ options:
       - Seconds to keep retrying, with backoff, an unregister that Triton refuses because requests are in flight
         ("currently in use", Triton 2.50 and later). After that the region is skipped, not failed.
       - Also the longest wait for an unregistered region to leave the status (Triton 24.12 and later defer it while requests are
-        in flight); its file is kept until then, and a region still listed is reported in RV(skipped_items).
+        in flight); its file is kept until then, and a region still listed then is reported in RV(pending) (not in
+        RV(unregistered)), with the reason in RV(skipped_items) and a warning.
     type: float
     default: 10
   inventory:
@@ -223,10 +224,23 @@ registered:
   type: list
   elements: str
 unregistered:
-  description: Names unregistered (or that would be).
+  description: Names unregistered and gone from the server's status (or that would be, in check mode).
   returned: always
   type: list
   elements: str
+pending:
+  description:
+    - Names whose unregister Triton accepted but deferred (Triton 24.12 / 2.53 and later, while requests are in flight), still
+      listed in the status after O(in_use_timeout) seconds of waiting. The server drops them when those requests finish.
+    - Their files are never removed while they are listed; a later run removes them (and reports the region then as
+      RV(unregistered) or, when it is already gone, not at all).
+    - An accepted unregister is a change of the server, so a pending region makes RV(changed) true; a run that finds it still
+      listed unregisters it again (Triton accepts that) and reports it pending again until it is gone.
+    - Always empty in check mode (whether a server defers cannot be known without unregistering).
+  returned: always
+  type: list
+  elements: str
+  version_added: 0.2.0
 removed_files:
   description: Backing or orphan files removed (or that would be).
   returned: always

@@ -7,7 +7,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_cleanup import (
-    LOCATE_STEP, VERIFY_STEP, FilterModule, is_direct, shm_cleanup, shm_cleanup_plan, shm_cleanup_result, shm_list)
+    LOCATE_STEP, READ_STEP, VERIFY_STEP, FilterModule, is_direct, shm_cleanup, shm_cleanup_plan, shm_cleanup_result, shm_list)
 
 
 def region(name, state, reclaimable=None, holders=(), **extra):
@@ -130,7 +130,8 @@ def test_result(before, plan_kwargs, kwargs, status, changed, skipped):
 def test_result_verify_failure_names_the_region():
     r = result(info([DEAD]), absent=ABSENT, after=info([DEAD]))
     assert r['error'] == dict(step=VERIFY_STEP, msg='stale region(s) remain after cleanup, with no reason recorded: dead')
-    assert r['done'] == dict(unregistered=['dead'], removed_files=['/dev/shm/dead'], freed_bytes=4096, registered=[], created_files=[])
+    assert r['done'] == dict(unregistered=['dead'], pending=[], removed_files=['/dev/shm/dead'], freed_bytes=4096, registered=[],
+                             created_files=[])
 
 
 @pytest.mark.parametrize('check_mode, threshold, after, expected', [
@@ -152,7 +153,7 @@ def test_results_of_steps_that_did_not_run_are_ignored():
     """Nothing to do: registered results of an earlier run of the role in the same play are not this run's work."""
     r = result(info([LIVE]), dict(threshold_percent=50), absent=ABSENT, present=PRESENT, after=info([DEAD]))
     assert (r['status'], r['changed'], r['skipped']) == ('ok', False, [])
-    assert r['done'] == dict(unregistered=[], removed_files=[], freed_bytes=0, registered=[], created_files=[])
+    assert r['done'] == dict(unregistered=[], pending=[], removed_files=[], freed_bytes=0, registered=[], created_files=[])
     assert r['after'] == r['before']
 
 
@@ -312,3 +313,26 @@ def test_nothing_read_yet_records_the_failure_only():
 def test_unknown_results_are_refused():
     with pytest.raises(AnsibleFilterError, match='^shm_cleanup: unknown results befor '):
         shm_cleanup({'befor': {}})
+
+
+def test_a_pending_region_is_recorded_as_pending_with_its_reason_and_is_a_change():
+    """Triton 24.12+: the unregister was accepted but the region is still listed (requests in flight)."""
+    reason = 'pending: unregistered, but still listed by the server after 10s (requests in flight: it goes when they finish)'
+    absent = dict(ABSENT, unregistered=[], pending=['dead'], removed_files=[], freed_bytes=0,
+                  skipped_items=[dict(name='dead', reason=reason), dict(path='/dev/shm/dead', reason="region 'dead' is still registered")])
+    r = result(info([DEAD]), absent=absent, after=info([DEAD]))
+    assert r['done']['pending'] == ['dead'] and r['done']['unregistered'] == []
+    assert (r['status'], r['changed'], r['error']) == ('ok', True, None), 'a stated reason: not a verify failure'
+    assert {s.get('name') or s.get('path'): s['reason'] for s in r['skipped']}['dead'] == reason
+
+
+def test_a_server_without_shared_memory_fails_the_host_with_the_plain_reason():
+    """Triton 2.73+ through tritonfrontend: triton_shm_info reports it, the role never calls that host ok."""
+    before = info([])
+    before['server'] = dict(before['server'], shm_unsupported='read system shared memory status at U: HTTP 503: '
+                            'Shared memory is not supported in this server configuration.; not a leak')
+    plan = shm_cleanup_plan(before, host='h1', url='U')
+    assert plan['act'] is False
+    assert plan['error'] == dict(step=READ_STEP, msg=f"nothing on h1 could be checked: {before['server']['shm_unsupported']}")
+    r = shm_cleanup_result(before, plan)
+    assert r['status'] == 'failed' and 'not supported in this server configuration' in r['error']['msg']

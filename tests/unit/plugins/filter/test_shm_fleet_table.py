@@ -81,6 +81,9 @@ def info_result(pid=42, reason=None):
 @pytest.mark.parametrize('info, status, error', [
     (info_result(), 'ok', None),
     (info_result(pid=None, reason='not found: set server_pid'), 'unlocated', 'not found: set server_pid'),
+    # Triton 2.73+ through tritonfrontend: answering, but with no shared memory at all (nothing checked, not a leak)
+    (dict(info_result(), server=dict(info_result()['server'], shm_unsupported='HTTP 503: Shared memory is not supported')),
+     'unsupported', 'HTTP 503: Shared memory is not supported'),
 ])
 def test_report_row(info, status, error):
     row = shm_report_row(info, 't1', 'http://t1:8000')

@@ -243,6 +243,18 @@ def test_cleanup_shows_the_inventory_its_record_was_made_from(candidates, shown)
         assert re.search(r'data-file="client_x">.*?<td class="outcome">removed</td>', page)
 
 
+def test_cleanup_shows_pending_regions_as_pending():
+    """Triton 24.12+: an unregister accepted but still listed (requests in flight) is pending, not unregistered."""
+    rec = cleanup_record(done=dict(unregistered=['gone'], pending=['dead'], removed_files=[], freed_bytes=0, registered=[],
+                                   created_files=[]),
+                         skipped=[dict(name='dead', reason='pending: unregistered, but still listed by the server after 10s')])
+    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[DIRECT]])
+    assert '<b>Done: </b>1 region(s) unregistered, 1 pending, 0 file(s) removed' in page
+    outcome = dict(re.findall(r'data-region="(\w+)".*?<td class="outcome">([^<]*)</td>', page))
+    assert outcome['dead'] == 'pending: unregister accepted, still listed (requests in flight), file kept'
+    assert outcome['gone'] == 'unregistered'
+
+
 def test_cleanup_check_mode_says_would():
     rec = cleanup_record(check_mode=True, after=None)
     page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[DIRECT]], check_mode=True)

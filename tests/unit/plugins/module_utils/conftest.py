@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -64,3 +65,43 @@ def as_nobody():
     def run(func, *args, **kwargs):
         return _run_as(NOBODY, func, args, setns_pid=kwargs.get('setns_pid'))
     return run
+
+
+# -- RegionOps on real files: a stand-in server process, a shm directory, a complete /proc scan ----------------
+
+@pytest.fixture
+def server_proc():
+    """A real process standing in for tritonserver (so that the test process itself is a client)."""
+    proc = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def shm(tmp_path):
+    d = tmp_path / 'shm'
+    d.mkdir()
+    return str(d)
+
+
+@pytest.fixture
+def complete_scan(monkeypatch):
+    """The real /proc scan, with processes we cannot read set aside.
+
+    The temp dir lives on a filesystem every mount namespace of this host sees, and this
+    sandbox's init cannot be read even by root, which would make every scan incomplete.
+    Processes we cannot read are not ours and cannot hold our fresh temp files; the
+    unreadable-process rule itself belongs to holders.py and its tests.
+    """
+    from ansible_collections.tritonops.shm.plugins.module_utils import holders  # after sys.path is set above
+    real = holders.scan
+
+    def scan(targets, **kwargs):
+        result = real(targets, **kwargs)
+        result.unreadable_ignored.extend(result.unreadable)
+        result.unreadable = []
+        return result
+    monkeypatch.setattr(holders, 'scan', scan)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    DiscoveryError, LockError, ParameterError, RegionInUse, RegionNotFound, ServerNotFound, ShmFsError, TritonError,
-    TritonOpsError, UnaddressableName, classify,
+    ClientShmDisabled, DiscoveryError, LockError, ParameterError, RegionInUse, RegionNotFound, RegisterOverflow, ReservedKey,
+    ServerNotFound, ShmFsError, ShmUnsupported, TritonError, TritonOpsError, UnaddressableName, classify,
 )
 
 
@@ -13,6 +13,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     (ParameterError, TritonOpsError), (ShmFsError, TritonOpsError), (LockError, ShmFsError),
     (DiscoveryError, TritonOpsError), (ServerNotFound, DiscoveryError), (TritonError, TritonOpsError),
     (UnaddressableName, TritonError), (RegionInUse, TritonError), (RegionNotFound, TritonError),
+    (RegisterOverflow, TritonError), (ReservedKey, TritonError), (ClientShmDisabled, TritonError), (ShmUnsupported, TritonError),
 ])
 def test_one_family(cls, parent):
     assert cls.__bases__ == (parent,)
@@ -27,6 +28,13 @@ def test_one_family(cls, parent):
     ("Unable to find cuda shared memory region: 'g'", RegionNotFound),
     ("shared memory region 'r' already in manager", TritonError),
     ('failed to register shared memory region: invalid args', TritonError),
+    ("Integer overflow detected: byte_size (18446744073709551615) + offset (1) exceeds maximum value "         # >= 2.58
+     "(18446744073709551615) for region 'r'", RegisterOverflow),
+    ("cannot register shared memory region 'r' with key 'triton_python_backend_shm_region_x' as the key contains the "
+     "reserved prefix 'triton_python_backend_shm_region_'", ReservedKey),                                      # >= 2.60
+    ("cannot register shared memory region 'r' - invalid shm key '///'", ReservedKey),                         # >= 2.61
+    ("Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.", ClientShmDisabled),
+    ('Shared memory is not supported in this server configuration.', ShmUnsupported),                        # 2.73 frontend
     ('', TritonError),
     (None, TritonError),
 ])

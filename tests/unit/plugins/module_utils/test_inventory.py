@@ -518,11 +518,11 @@ def test_backend_patterns_name_the_backend_files(ns, patterns, category):
     finally:
         os.unlink(ns.path('myprefix_1'))
     assert files['myprefix_1']['category'] == ('orphan' if patterns is None else category)
-    if patterns == ['myprefix_*']:
-        # the list replaces the default: the default prefix is then just another file
-        assert files['triton_python_backend_shm_region_1234']['category'] == 'foreign'
-    else:
-        assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
+    assert files['myprefix_1']['backend'] == (None if patterns is None else 'python')
+    # the list adds to triton_*_backend_shm_region_* (every Python-based backend's files), never replaces it:
+    # the backend's own prefix stays a backend file, even under orphan_patterns ['*']
+    assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
+    assert files['triton_python_backend_shm_region_1234']['backend'] == 'python'
 
 
 # -- classification is pure: literal snapshots, no /proc, no server ------------------------------------

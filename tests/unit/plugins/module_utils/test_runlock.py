@@ -18,7 +18,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockEr
 
 # the whole-run helpers and fixtures (complete_scan is autouse there and here)
 from test_region_ops import FakeClock, FakeTriton, make_file, region, run
-from test_region_ops import complete_scan, server_proc, shm  # noqa: F401 pylint: disable=unused-import
+# server_proc, shm and complete_scan: conftest.py
+pytestmark = pytest.mark.usefixtures('complete_scan')
 
 # holds an exclusive flock on a directory until stdin closes (another run, in another process)
 HOLDER = textwrap.dedent('''
