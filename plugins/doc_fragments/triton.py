@@ -125,8 +125,8 @@ options:
     version_added: 0.2.0
   metrics_host:
     description:
-      - The inventory host the metrics belong to, normally the play's C(inventory_hostname): the C(host) label of every series and part
-        of the file name. Required with O(metrics_dir).
+      - The inventory host the metrics belong to, normally the play's C(inventory_hostname). It is the C(host) label of every series
+        and part of the file name. Required with O(metrics_dir).
     type: str
     version_added: 0.2.0
 '''
