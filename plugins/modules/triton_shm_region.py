@@ -29,9 +29,8 @@ description:
     Triton's python backend files and files matching no O(orphan_patterns) are never removed; when holders cannot all be seen
     (not root), nothing is stale and no file is removed."
   - "With O(metrics_dir), O(state=absent) writes the node_exporter cleanup textfile in the same call: when it ended, whether it
-    failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file; with
-    O(inventory=true) also the report textfile from the state after. A failed call writes its outcome too. O(state=present) writes
-    nothing."
+    failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
+    writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
   - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails the task with what was already
     done in the result; a rerun converges.
 author:
@@ -310,8 +309,8 @@ failure:
       type: str
 metrics_files:
   description:
-    - The node_exporter textfiles this call wrote (C(tritonops_shm_cleanup.HOST.DIGEST.prom), and C(tritonops_shm.HOST.DIGEST.prom)
-      with O(inventory=true)); empty in check mode and when the directory could not take them (a warning says why).
+    - The node_exporter textfile this call wrote (C(tritonops_shm_cleanup.HOST.DIGEST.prom)); empty in check mode and when the
+      directory could not take it (a warning says why).
     - Also returned when the task fails.
   returned: with O(state=absent) when O(metrics_dir) is set
   type: list
@@ -403,9 +402,8 @@ def main() -> None:
     def body() -> None:
         ops.run()
         result = ops.result(diff=module._diff)
-        if cleaning:   # the outcome, and with inventory the state after
-            result.update(write_metrics(module, report=result, with_report='after' in result,
-                                        outcome=metrics.call_outcome(result, failed=False)))
+        if cleaning:   # the call's outcome
+            result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
         module.exit_json(**result)
 
     def failed(result: dict) -> dict:

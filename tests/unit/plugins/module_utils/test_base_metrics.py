@@ -87,7 +87,7 @@ def test_the_cleanup_counter_goes_on_from_the_previous_file(tmp_path):
     assert got[('tritonops_shm_cleanup_last_unregistered_regions', None)] == 1
 
 
-def test_a_region_call_with_inventory_writes_both_files(tmp_path):
+def test_both_files_in_one_call(tmp_path):
     module = FakeModule(str(tmp_path))
     out = base.write_metrics(module, report={'after': info_result(), 'unregistered': []}, with_report=True,
                              outcome=cleanup_outcome(0))
