@@ -109,3 +109,27 @@ options:
     elements: str
     default: ["triton_*_backend_shm_region_*"]
 '''
+
+    # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)
+    METRICS = r'''
+options:
+  metrics_dir:
+    description:
+      - Directory of a node_exporter textfile collector on this host, for example V(/var/lib/node_exporter/textfile_collector).
+        The call that reads the server also writes its metrics there (docs/metrics.md), so no task is needed for them.
+      - One file per O(metrics_host) and O(url), so several servers on one machine (several inventory hosts or several URLs)
+        keep their own files and series; every series has the labels C(host) (O(metrics_host)) and C(triton_url) (O(url)).
+      - Written atomically (a temporary file in the same directory, then a rename), mode C(0644). Never a change, never in
+        check mode.
+      - A directory that is missing, a symlink, reached through a symlink, or not writable gets one warning and nothing written;
+        the task does not fail for it.
+      - Not set (the default), nothing is written.
+    type: path
+    version_added: 0.2.0
+  metrics_host:
+    description:
+      - The inventory host the metrics belong to, normally the play's C(inventory_hostname). It is the C(host) label of every series
+        and part of the file name. Required with O(metrics_dir).
+    type: str
+    version_added: 0.2.0
+'''

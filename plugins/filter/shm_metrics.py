@@ -1,7 +1,7 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The node_exporter textfile metrics the report playbook and the shm_cleanup role write, from module_utils/metrics.py.
+"""The node_exporter textfile metrics the modules' metrics_dir option writes, as filters, from module_utils/metrics.py.
 
 Documentation: plugins/filter/shm_metrics.yml and shm_metrics_file.yml (``ansible-doc -t filter tritonops.shm.NAME``).
 """

@@ -15,6 +15,8 @@ Private to the tritonops.shm collection: no stability promise to other code.
   library is checked once, and the options neither transport checks (timeout, TLS files) here.
 - run_module_main(): the one place where a TritonOpsError becomes fail_json: ``msg`` always, the
   ``failure`` of a TritonError (url, status, server_error, transport), and the work already done.
+- metrics_argument_spec() and write_metrics(): the node_exporter textfile options (doc fragment
+  tritonops.shm.triton.metrics), written by the module call that read the server (metrics.py).
 
 Modules pass only their own options; they never talk HTTP or gRPC themselves.
 """
@@ -22,10 +24,11 @@ from __future__ import annotations
 
 import os
 
-from typing import Callable
+from typing import Callable, Mapping
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.client import Client, is_grpc_url
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
@@ -61,6 +64,32 @@ def backend_argument_spec() -> dict:
     return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)))
 
 
+def metrics_argument_spec() -> dict:
+    """The node_exporter textfile options (doc fragment tritonops.shm.triton.metrics)."""
+    return dict(metrics_dir=dict(type='path'), metrics_host=dict(type='str'))
+
+
+METRICS_REQUIRED_BY = {'metrics_dir': 'metrics_host'}
+
+
+def write_metrics(module: AnsibleModule, report: Mapping | None = None, with_report: bool = False,
+                  outcome: Mapping | None = None) -> dict:
+    """Write this call's textfiles when metrics_dir is set, outside check mode; the result key ``metrics_files``.
+
+    Never fails the module: a directory that cannot take them is one warning. Not a change.
+    """
+    p = module.params
+    if not p.get('metrics_dir'):
+        return {}
+    if module.check_mode:
+        return {'metrics_files': []}
+    done = metrics.write_server_metrics(p['metrics_dir'], p['metrics_host'], p['url'], report=report,
+                                        with_report=with_report, outcome=outcome)
+    for warning in done.warnings:
+        module.warn(warning)
+    return {'metrics_files': done.paths}
+
+
 def check_connection_params(params: dict) -> None:
     """ParameterError for a timeout or TLS file no transport could use (before anything is sent)."""
     timeout = params['timeout']
@@ -93,13 +122,18 @@ def make_client(module: AnsibleModule) -> Client:
     return client
 
 
-def run_module_main(module: AnsibleModule, body: Callable[[], None], partial: Callable[[], dict] | None = None) -> None:
+def run_module_main(module: AnsibleModule, body: Callable[[], None], partial: Callable[[], dict] | None = None,
+                    on_failure: Callable[[dict], dict] | None = None) -> None:
     """Run body(); turn every TritonOpsError into fail_json with its msg (a TritonError adds ``failure``).
 
     partial: a callable returning the result keys of work already done, reported on failure.
+    on_failure: called with the failure's result keys before fail_json (the metrics); returns keys to add.
     """
     try:
         body()
     except TritonOpsError as exc:
-        failure = {'failure': exc.failure()} if isinstance(exc, TritonError) else {}
-        module.fail_json(msg=exc.msg, **failure, **(partial() if partial else {}))
+        result = {'msg': exc.msg, **({'failure': exc.failure()} if isinstance(exc, TritonError) else {}),
+                  **(partial() if partial else {})}
+        if on_failure is not None:
+            result.update(on_failure(result))
+        module.fail_json(**result)

@@ -16,6 +16,11 @@ several servers on one machine never overwrite each other's series:
 a directory reached through a symlink, or one that cannot be written gives a warning and writes
 nothing. Check mode is the caller's job: do not call it in check mode.
 
+``write_server_metrics()`` is what the modules' ``metrics_dir`` option does (module_utils/base.py):
+the report file from the module's own result and, for triton_shm_region, the cleanup file from the
+call's outcome (``call_outcome()``), its counter continued from the previous file; one warning at
+most when the directory cannot take them.
+
 Standard library only: the filters import it in every Ansible worker process.
 """
 from __future__ import annotations
@@ -73,11 +78,19 @@ METRICS = {m.name: m for m in (
 )}
 
 
+class Written(NamedTuple):
+    """What write_server_metrics() did: the paths written, and the warnings (at most one per cause)."""
+    paths: list
+    warnings: list
+
+
 class WriteResult(NamedTuple):
-    """What write_textfile() did: the path, whether the file was written, and the warning when it was not."""
+    """What write_textfile() did: the path, whether the file was written, the warning when it was not, and whether
+    the directory itself was the cause (missing, a symlink, not writable) rather than this one file."""
     path: str
     written: bool
     warning: Optional[str]
+    directory_refused: bool = False
 
 
 def file_name(kind: str, host: str, url: Optional[str]) -> str:
@@ -274,7 +287,7 @@ def write_textfile(directory: str, name: str, text: str) -> WriteResult:
     path = os.path.join(directory, name)
     fd, why = _open_dir(directory)
     if fd is None:
-        return WriteResult(path, False, f'{why}: no metrics written ({name})')
+        return WriteResult(path, False, f'{why}: no metrics written ({name})', True)
     # node_exporter reads *.prom only: the temporary name never matches
     tmp = f'.{name}.{secrets.token_hex(6)}.tmp'
     try:
@@ -282,7 +295,7 @@ def write_textfile(directory: str, name: str, text: str) -> WriteResult:
             tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
         except OSError as exc:
             reason = 'is not writable' if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else 'cannot be written'
-            return WriteResult(path, False, f'{directory} {reason} ({exc.strerror}): no metrics written ({name})')
+            return WriteResult(path, False, f'{directory} {reason} ({exc.strerror}): no metrics written ({name})', True)
         try:
             with os.fdopen(tfd, 'wb') as f:
                 os.fchmod(f.fileno(), 0o644)   # whatever the umask
@@ -299,3 +312,39 @@ def write_textfile(directory: str, name: str, text: str) -> WriteResult:
         return WriteResult(path, True, None)
     finally:
         os.close(fd)
+
+
+def call_outcome(result: Mapping, failed: bool, now: Optional[float] = None) -> dict:
+    """The record cleanup_text() reads, from a triton_shm_region result (a failed call's partial result too).
+
+    What the call did (also part-way), whether it failed, and when it ended.
+    """
+    return {'status': 'failed' if failed else 'ok', 'finished_epoch': time.time() if now is None else now,
+            'done': {'unregistered': list(result.get('unregistered') or ()),
+                     'removed_files': list(result.get('removed_files') or ()),
+                     'freed_bytes': int(result.get('freed_bytes') or 0)}}
+
+
+def write_server_metrics(directory: str, host: str, url: Optional[str], report: Optional[Mapping] = None,
+                         with_report: bool = False, outcome: Optional[Mapping] = None) -> Written:
+    """Write the textfiles of one (host, URL) into directory: the report (with_report; report None: the server is down)
+    and the cleanup outcome (outcome not None), the cleanup counter continued from the file already there.
+
+    Never raises for the directory's condition; a directory that cannot take the files gives one warning, not one per file.
+    """
+    texts = []
+    if with_report:
+        texts.append((file_name(REPORT, host, url), lambda: report_text(report, host, url)))
+    if outcome is not None:
+        name = file_name(CLEANUP, host, url)
+        texts.append((name, lambda: cleanup_text(outcome, host, url, previous=read_textfile(directory, name))))
+    paths, warnings = [], []
+    for name, text in texts:
+        done = write_textfile(directory, name, text())
+        if done.written:
+            paths.append(done.path)
+            continue
+        warnings.append(done.warning)
+        if done.directory_refused:
+            break   # the other file would only repeat the warning
+    return Written(paths, warnings)

@@ -22,12 +22,15 @@ description:
     mount namespaces (containers) are seen.
   - "Run as root (C(become: true)) so every process can be inspected; when some cannot, no region is reported C(stale)
     (fail-safe) and a warning says why."
+  - With O(metrics_dir), the same call writes the server's report textfile for node_exporter, also when the server cannot be
+    queried (C(tritonops_shm_up 0)).
 author:
   - tritonops.shm developers (@tritonops)
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
   - tritonops.shm.triton.backend
+  - tritonops.shm.triton.metrics
 attributes:
   check_mode:
     support: full
@@ -86,6 +89,13 @@ EXAMPLES = r'''
     min_age: 600
     query: "files[?category=='orphan'].name"
   register: orphans
+
+- name: Query and write the node_exporter textfile in the same call
+  tritonops.shm.triton_shm_info:
+    url: "{{ triton_url }}"
+    metrics_dir: /var/lib/node_exporter/textfile_collector
+    metrics_host: "{{ inventory_hostname }}"
+  become: true
 
 - name: Set the connection once for a play
   module_defaults:
@@ -298,6 +308,15 @@ query_result:
   description: Value of O(query) applied to the result.
   returned: when O(query) is set
   type: raw
+metrics_files:
+  description:
+    - The node_exporter textfiles this call wrote (the report file C(tritonops_shm.HOST.DIGEST.prom)); empty in check mode and
+      when the directory could not take them (a warning says why).
+  returned: when O(metrics_dir) is set
+  type: list
+  elements: str
+  sample: [/var/lib/node_exporter/textfile_collector/tritonops_shm.gpu1.3f2a9c0d1e4b.prom]
+  version_added: 0.2.0
 '''
 
 import traceback
@@ -305,7 +324,8 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
-    backend_argument_spec, make_client, run_module_main, shm_dir_argument_spec,
+    METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
+    write_metrics,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils import inventory
 
@@ -342,19 +362,23 @@ def run(module: AnsibleModule, client) -> None:
             result['query_result'] = compiled.search(result)
         except jmespath.exceptions.JMESPathError as exc:
             module.fail_json(msg=f"query {params['query']!r} failed: {exc}")
+    result.update(write_metrics(module, report=result, with_report=True))
     module.exit_json(changed=False, **result)
 
 
 def main() -> None:
     argument_spec = shm_dir_argument_spec()
     argument_spec.update(backend_argument_spec())
+    argument_spec.update(metrics_argument_spec())
     argument_spec.update(
         orphan_patterns=dict(type='list', elements='str', default=[]),
         min_age=dict(type='float', default=inventory.DEFAULT_MIN_AGE),
         query=dict(type='str'),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    run_module_main(module, lambda: run(module, make_client(module)))
+    module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)
+    # a server that cannot be queried is written too: tritonops_shm_up 0
+    run_module_main(module, lambda: run(module, make_client(module)),
+                    on_failure=lambda _failure: write_metrics(module, report=None, with_report=True))
 
 
 if __name__ == '__main__':

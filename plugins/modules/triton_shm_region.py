@@ -28,6 +28,9 @@ description:
     holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
     Triton's python backend files and files matching no O(orphan_patterns) are never removed; when holders cannot all be seen
     (not root), nothing is stale and no file is removed."
+  - "With O(metrics_dir), O(state=absent) writes the node_exporter cleanup textfile in the same call: when it ended, whether it
+    failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
+    writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
   - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails the task with what was already
     done in the result; a rerun converges.
 author:
@@ -36,6 +39,7 @@ extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
   - tritonops.shm.triton.backend
+  - tritonops.shm.triton.metrics
 attributes:
   check_mode:
     support: full
@@ -317,12 +321,24 @@ failure:
     server_error:
       description: Triton's own error message, when it gave one.
       type: str
+metrics_files:
+  description:
+    - The node_exporter textfile this call wrote (C(tritonops_shm_cleanup.HOST.DIGEST.prom)); empty in check mode and when the
+      directory could not take it (a warning says why).
+    - Also returned when the task fails.
+  returned: with O(state=absent) when O(metrics_dir) is set
+  type: list
+  elements: str
+  sample: [/var/lib/node_exporter/textfile_collector/tritonops_shm_cleanup.gpu1.3f2a9c0d1e4b.prom]
+  version_added: 0.2.0
 '''
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
-    backend_argument_spec, make_client, run_module_main, shm_dir_argument_spec,
+    METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
+    write_metrics,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import IN_USE_TIMEOUT, RegionOps
@@ -367,6 +383,7 @@ def validate(module: AnsibleModule, client) -> None:
 def main() -> None:
     argument_spec = shm_dir_argument_spec()
     argument_spec.update(backend_argument_spec())
+    argument_spec.update(metrics_argument_spec())
     argument_spec.update(
         state=dict(type='str', choices=['present', 'absent'], default='present'),
         kind=dict(type='str', choices=['system', 'cuda'], default='system'),
@@ -388,17 +405,25 @@ def main() -> None:
         in_use_timeout=dict(type='float', default=IN_USE_TIMEOUT),
         inventory=dict(type='bool', default=False),
     )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)
     client = make_client(module)
     validate(module, client)
     client.use_keep_alive()   # one connection for any number of regions
     ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
 
+    cleaning = module.params['state'] == 'absent'
+
     def body() -> None:
         ops.run()
-        module.exit_json(**ops.result(diff=module._diff))
+        result = ops.result(diff=module._diff)
+        if cleaning:   # the call's outcome
+            result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
+        module.exit_json(**result)
 
-    run_module_main(module, body, partial=lambda: ops.result(finished=False))
+    def failed(result: dict) -> dict:
+        return write_metrics(module, outcome=metrics.call_outcome(result, failed=True)) if cleaning else {}
+
+    run_module_main(module, body, partial=lambda: ops.result(finished=False), on_failure=failed)
 
 
 if __name__ == '__main__':
