@@ -36,14 +36,16 @@ from collections.abc import Container, Iterable, Iterator
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (Backoff, child_pids, list_pids, netns_inode, read_comm,
-                                                                         socket_inodes)
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (Backoff, child_pids, fd_count, list_pids, netns_inode,
+                                                                         read_comm, socket_inodes)
 
 SERVER_COMMS = ('tritonserver',)
 _LISTEN = '0A'
 _ESTABLISHED = '01'
 MAX_HOPS = 4
 PROBE_SECONDS = 0.005   # the listener's holder is first looked for in pid order for this long, then among tritonservers
+PROBE_MAX_FDS = 1024    # processes with more descriptors are left to the full walk
+QUICK_LOOKS = (0.001, 0.002, 0.004)   # pauses before looking again when a look was quick and found the trace not settled yet
 FIX_HINT = 'set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)'
 
 Address = tuple[str, int]
@@ -444,17 +446,16 @@ class _Tracer:
         """
         wanted = set(inodes)
         deadline = time.monotonic() + PROBE_SECONDS
-        walk = self._walk()
-        for pid in walk:
-            if self.inodes(pid) & wanted:
-                return pid
+        for pid in self.pids:
             if time.monotonic() > deadline:
                 break
+            if fd_count(pid, self.proc) <= PROBE_MAX_FDS and self.inodes(pid) & wanted:
+                return pid
         self.hints = [pid for pid in self.pids if self.comm(pid) in SERVER_COMMS]
         for pid in self.hints:
             if self.inodes(pid) & wanted:
                 return pid
-        for pid in walk:
+        for pid in self._walk():
             if self.inodes(pid) & wanted:
                 return pid
         return None
@@ -528,26 +529,40 @@ class _Tracer:
 
         The order only changes how soon an owner is found, never which: the hints first, then every
         process in pid order; a process holding the listener of the socket's port (a forking forwarder's
-        parent) sends its children to the front.
+        parent) sends its children to the front. Descriptors read earlier in the look may predate the
+        socket (a forwarder connects onward after it accepted): when no owner is found, those
+        processes are read again.
         """
         listeners = self._listener_inodes(sock.local[1]) if ns == self.own_ns else set()
+        before = set(self._read)
         # another namespace's processes are known by then (its table was read): only those
         pool = iter(self.ns_pids.get(ns, [])) if ns != self.own_ns else self._walk()
-        pending = list(reversed(self.hints))
-        seen: set[int] = set()
-        while True:
-            pid = pending.pop() if pending else next(pool, None)
-            if pid is None:
+        stale: list[int] = []
+        found = False
+        for again in (False, True):
+            pending = list(reversed(self.hints))
+            seen: set[int] = set()
+            while True:
+                pid = pending.pop() if pending else next(pool, None)
+                if pid is None:
+                    break
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                if again:
+                    self._inodes[pid] = socket_inodes(pid, self.proc)
+                elif pid in before:
+                    stale.append(pid)
+                mine = self.inodes(pid)
+                if sock.inode in mine:
+                    if netns_inode(pid, self.proc) == ns:
+                        found = True
+                        yield pid
+                elif listeners & mine:
+                    pending.extend(reversed(child_pids(pid, self.proc)))
+            if found or not stale:
                 return
-            if pid in seen:
-                continue
-            seen.add(pid)
-            mine = self.inodes(pid)
-            if sock.inode in mine:
-                if netns_inode(pid, self.proc) == ns:
-                    yield pid
-            elif listeners & mine:
-                pending.extend(reversed(child_pids(pid, self.proc)))
+            pool = iter(stale)
 
     def outgoing(self, ns: int | None, pid: int, skip_inode: int) -> list[TcpSocket]:
         """The established connections a forwarder opened itself: not the accepted ones (on its listening ports)."""
@@ -686,17 +701,25 @@ def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, atte
         local, remote = (_plain_ip(local[0]), local[1]), (_plain_ip(remote[0]), remote[1])
         # a just-accepted socket has no inode yet, a forking forwarder's child may not be listed yet: look again
         backoff = Backoff(attempts=attempts, first=0.02, cap=0.3)
+        quick = list(QUICK_LOOKS)
         while True:
+            started = time.monotonic()
             tracer = _Tracer(proc)
             if listening:
                 holder = _holder(tracer, listening, host, port)
                 if holder.location.pid is not None:
                     return _Followed(holder.location, None, True)
                 held = holder.location.reason or held
-                tracer.hints = [] if holder.pid is None else [holder.pid]
+                # the port's holder first, then the tritonservers when they had to be found by name
+                tracer.hints = ([] if holder.pid is None else [holder.pid]) + tracer.hints
             trace = _Trace(tracer, max_hops)
             trace.follow(local, remote, tracer.own_ns, [], 0)
-            if trace.servers or not trace.transient or not backoff.wait():
+            if trace.servers or not trace.transient:
+                break
+            if quick and time.monotonic() - started < 0.02:   # a forwarder connects onward within milliseconds
+                time.sleep(quick.pop(0))
+                continue
+            if not backoff.wait():
                 break
     finally:
         sock.close()

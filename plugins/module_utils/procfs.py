@@ -81,6 +81,14 @@ def socket_inodes(pid: int | str, proc: str = '/proc') -> set[int]:
     return out
 
 
+def fd_count(pid: int, proc: str = '/proc') -> int:
+    """How many descriptors a process has open, from the size of /proc/PID/fd (Linux >= 6.2; 0 when unknown)."""
+    try:
+        return os.stat(f'{proc}/{pid}/fd').st_size
+    except OSError:
+        return 0
+
+
 def child_pids(pid: int, proc: str = '/proc') -> list[int]:
     """The children of a process's main thread (/proc/PID/task/PID/children), empty when gone or unreadable."""
     try:
