@@ -530,8 +530,8 @@ class _Tracer:
         The order only changes how soon an owner is found, never which: the hints first, then every
         process in pid order; a process holding the listener of the socket's port (a forking forwarder's
         parent) sends its children to the front. Descriptors read earlier in the look may predate the
-        socket (a forwarder connects onward after it accepted): when no owner is found, those
-        processes are read again.
+        socket (a forwarder connects onward after it accepted): the hints are read again at once, the
+        other processes only when no owner is found.
         """
         listeners = self._listener_inodes(sock.local[1]) if ns == self.own_ns else set()
         before = set(self._read)
@@ -549,7 +549,7 @@ class _Tracer:
                 if pid in seen:
                     continue
                 seen.add(pid)
-                if again:
+                if again or (pid in before and pid in self.hints):   # the likely owners are read again at once
                     self._inodes[pid] = socket_inodes(pid, self.proc)
                 elif pid in before:
                     stale.append(pid)
