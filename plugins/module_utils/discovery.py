@@ -26,20 +26,26 @@ see other users' processes and namespaces.
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
+import time
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff, list_pids, netns_inode, read_comm, socket_inodes
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (Backoff, child_pids, fd_count, list_pids, netns_inode,
+                                                                         read_comm, socket_inodes)
 
 SERVER_COMMS = ('tritonserver',)
 _LISTEN = '0A'
 _ESTABLISHED = '01'
 MAX_HOPS = 4
+PROBE_SECONDS = 0.005   # the listener's holder is first looked for in pid order for this long, then among tritonservers
+PROBE_MAX_FDS = 1024    # processes with more descriptors are left to the full walk
+QUICK_LOOKS = (0.001, 0.002, 0.004)   # pauses before looking again when a look was quick and found the trace not settled yet
 FIX_HINT = 'set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)'
 
 Address = tuple[str, int]
@@ -126,13 +132,32 @@ _OWN_NET_DIRS = ('/proc/net', '/proc/self/net')
 _FAMILIES = {'tcp': socket.AF_INET, 'tcp6': socket.AF_INET6}
 
 
-def parse_diag_listeners(data: bytes, family: int) -> tuple[list[tuple[str, int, int]], bool]:
-    """[(ip, port, inode)] of the LISTEN sockets in a sock_diag dump answer, and whether it is complete.
+_NLM_F_REQUEST = 0x1
+_TCP_ESTABLISHED_STATE = 1
+_NOCOOKIE = 0xFFFFFFFF
+_INODE_AT = _NL_HEADER.size + _DIAG_MSG.size - 4    # offset of idiag_inode in one answer message
+_U32 = struct.Struct('=I')
 
-    Raises OSError for a netlink error message (no inet_diag in this kernel, a filter refusing it).
+
+def _diag_addr(family: int, raw: bytes, port_be: int) -> Address:
+    if family == socket.AF_INET:
+        return socket.inet_ntop(family, raw[:4]), socket.ntohs(port_be)
+    return _plain_ip(socket.inet_ntop(family, raw)), socket.ntohs(port_be)
+
+
+def parse_diag(data: bytes, inodes: Container[int] | None = None, family: int | None = None) -> tuple[list[TcpSocket], bool]:
+    """The sockets of a sock_diag answer, and whether it ends the dump.
+
+    inodes: keep only the sockets with one of these inodes (checked before anything else is decoded:
+    a dump of a busy namespace has thousands); family: keep only that address family.
+    Raises OSError for a netlink error message (no inet_diag in this kernel, a filter refusing it, no such socket).
     """
     out = []
     off = 0
+    if inodes is not None:   # the fast way through a dump: pick the wanted messages at C speed, decode only those
+        off, picked = _pick_by_inode(data, inodes)
+        for at in picked:
+            out.extend(_diag_message(data, at, family))
     while off + _NL_HEADER.size <= len(data):
         length, kind = _NL_HEADER.unpack_from(data, off)[:2]
         if length < _NL_HEADER.size:
@@ -142,39 +167,121 @@ def parse_diag_listeners(data: bytes, family: int) -> tuple[list[tuple[str, int,
         if kind == _NLMSG_ERROR:
             err = struct.unpack_from('=i', data, off + _NL_HEADER.size)[0]
             raise OSError(-err, os.strerror(-err) if err else 'sock_diag error')
-        if length >= _NL_HEADER.size + _DIAG_MSG.size:
-            msg = _DIAG_MSG.unpack_from(data, off + _NL_HEADER.size)
-            if msg[0] == family and msg[1] == _TCP_LISTEN_STATE:
-                raw = msg[6][:4] if family == socket.AF_INET else msg[6]
-                ip = socket.inet_ntop(family, raw)
-                out.append((_plain_ip(ip) if family == socket.AF_INET6 else ip, socket.ntohs(msg[4]), msg[12]))
+        if length >= _NL_HEADER.size + _DIAG_MSG.size and (inodes is None or _U32.unpack_from(data, off + _INODE_AT)[0] in inodes):
+            out.extend(_diag_message(data, off, family))
         off += (length + 3) & ~3
     return out, False
 
 
-def _diag_listeners(family: int) -> list[tuple[str, int, int]] | None:
-    """LISTEN TCP sockets of this process's network namespace through sock_diag, or None when it cannot be asked."""
+def _diag_message(data: bytes, off: int, family: int | None) -> list[TcpSocket]:
+    """The socket of the answer message at off: [] or [one TcpSocket]."""
+    msg = _DIAG_MSG.unpack_from(data, off + _NL_HEADER.size)
+    if msg[0] not in (socket.AF_INET, socket.AF_INET6) or (family is not None and msg[0] != family):
+        return []
+    return [TcpSocket(_diag_addr(msg[0], msg[6], msg[4]), _diag_addr(msg[0], msg[7], msg[5]), f'{msg[1]:02X}', msg[12])]
+
+
+def _pick_by_inode(data: bytes, inodes: Container[int]) -> tuple[int, list[int]]:
+    """(where the rest starts, [offsets of the messages with a wanted inode]) for the leading run of messages of one length.
+
+    A dump's socket messages all have one length (same attributes); the run ends before the first
+    message of another length (NLMSG_DONE, an error), which the caller reads the slow way.
+    """
+    if len(data) < _INODE_AT + 4:
+        return 0, []
+    length, kind = _NL_HEADER.unpack_from(data)[:2]
+    step = (length + 3) & ~3
+    if kind != _SOCK_DIAG_BY_FAMILY or length < _NL_HEADER.size + _DIAG_MSG.size:
+        return 0, []
+    record = struct.Struct(f'=IH{_INODE_AT - 6}xI{step - _INODE_AT - 4}x')
+    picked = []
+    records = len(data) // step
+    for index, (size, what, inode) in enumerate(record.iter_unpack(memoryview(data)[:records * step])):
+        if size != length or what != kind:
+            return index * step, picked
+        if inode in inodes:
+            picked.append(index * step)
+    return records * step, picked
+
+
+def parse_diag_listeners(data: bytes, family: int) -> tuple[list[tuple[str, int, int]], bool]:
+    """[(ip, port, inode)] of the LISTEN sockets in a sock_diag dump answer, and whether it is complete.
+
+    Raises OSError for a netlink error message (no inet_diag in this kernel, a filter refusing it).
+    """
+    socks, done = parse_diag(data, family=family)
+    return [(s.local[0], s.local[1], s.inode) for s in socks if s.state == _LISTEN], done
+
+
+def _diag_ask(family: int, states: int, sockid: bytes | None = None, inodes: Container[int] | None = None) -> list[TcpSocket] | None:
+    """Ask sock_diag in this process's network namespace; None when it cannot be asked.
+
+    Without sockid: a dump of the sockets in states (a bit mask of TCP states), the kernel walking only
+    the tables of those states. With sockid (an inet_diag_sockid): the one socket the kernel's own
+    lookup finds for it, as for an arriving packet (no table walk); [] when there is none.
+    """
     try:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | getattr(socket, 'SOCK_CLOEXEC', 0), _NETLINK_SOCK_DIAG)
     except (OSError, AttributeError):
         return None
     try:
-        request = _DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN_STATE)
+        request = _DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, states)
+        if sockid is not None:
+            request = request[:8] + sockid
+        flags = _NLM_F_REQUEST if sockid is not None else _NLM_F_REQUEST_DUMP
         sock.settimeout(2.0)
-        sock.sendall(_NL_HEADER.pack(_NL_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, 1, 0) + request)
+        sock.sendall(_NL_HEADER.pack(_NL_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, flags, 1, 0) + request)
         out = []
         while True:
-            data = sock.recv(1 << 16)
+            data = sock.recv(1 << 17)
             if not data:
                 return None
-            part, done = parse_diag_listeners(data, family)
+            try:
+                part, done = parse_diag(data, inodes)
+            except OSError as exc:
+                if sockid is not None and exc.errno == errno.ENOENT:
+                    return []
+                raise
             out.extend(part)
-            if done:
+            if done or sockid is not None:   # a lookup answers with one message, a dump ends with NLMSG_DONE
                 return out
     except OSError:
         return None
     finally:
         sock.close()
+
+
+def _diag_listeners(family: int) -> list[tuple[str, int, int]] | None:
+    """LISTEN TCP sockets of this process's network namespace through sock_diag, or None when it cannot be asked."""
+    found = _diag_ask(family, 1 << _TCP_LISTEN_STATE)
+    return None if found is None else [(s.local[0], s.local[1], s.inode) for s in found if s.state == _LISTEN]
+
+
+def diag_lookup(local: Address, remote: Address) -> list[TcpSocket] | None:
+    """The TCP socket local -> remote in this process's network namespace, by the kernel's hash lookup.
+
+    [] when there is none (the lookup may also answer with the listener of local: it is dropped here),
+    None when sock_diag cannot be asked (then the tables must be read).
+    """
+    family = socket.AF_INET6 if ':' in local[0] or ':' in remote[0] else socket.AF_INET
+    try:
+        src, dst = (socket.inet_pton(family, ip).ljust(16, b'\0') for ip in (local[0], remote[0]))
+    except (OSError, ValueError):
+        return None
+    sockid = struct.pack('!HH', local[1], remote[1]) + src + dst + struct.pack('=III', 0, _NOCOOKIE, _NOCOOKIE)
+    found = _diag_ask(family, 1 << _TCP_ESTABLISHED_STATE, sockid)
+    return None if found is None else [s for s in found if s.local == local and s.remote == remote]
+
+
+def diag_sockets_of(inodes: Container[int]) -> list[TcpSocket] | None:
+    """The LISTEN and ESTABLISHED TCP sockets of this namespace whose inode is in inodes (one process's), or None."""
+    out = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        found = _diag_ask(family, (1 << _TCP_LISTEN_STATE) | (1 << _TCP_ESTABLISHED_STATE), inodes=inodes)
+        if found is None:
+            return None
+        out.extend(found)
+    return out
 
 
 def listening_sockets(net_dir: str, families: Iterable[str] = ('tcp', 'tcp6')) -> list[tuple[str, int, int]]:
@@ -260,38 +367,98 @@ def _resolve(host: str) -> set[str]:
     return {_plain_ip(i[4][0]) for i in infos}
 
 
-def _socket_owner(inodes: Iterable[int], pids: Iterable[int], proc: str) -> int | None:
-    wanted = set(inodes)
-    for pid in pids:
-        if socket_inodes(pid, proc) & wanted:
-            return pid
-    return None
-
-
 def _who(pid: int, proc: str) -> str:
     return f"{read_comm(pid, proc) or '?'} (pid {pid})"
 
 
 class _Tracer:
-    """One look at every network namespace on the host, to follow TCP connections to their other end."""
+    """One look at the host, to follow TCP connections to their other end.
+
+    Read lazily, and each thing once per look: this namespace's sockets come from sock_diag (a hash
+    lookup of the exact 4-tuple, a dump filtered to one process's inodes), other namespaces' from
+    their tables, and only when the connection left this one; a socket's owner is searched with the
+    likely processes first (the port's holder, a listener's owner's children) and the search
+    stops at the first one that has it, unless that one leads nowhere.
+    """
 
     def __init__(self, proc: str) -> None:
         self.proc = proc
         self.own_ns = netns_inode('self', proc)
-        self.ns_pids: dict[int, list[int]] = {}
-        for pid in list_pids(proc):
-            ns = netns_inode(pid, proc)
-            if ns is not None:
-                self.ns_pids.setdefault(ns, []).append(pid)
+        self.pids = sorted(list_pids(proc))
+        self.hints: list[int] = []   # processes likely to own the sockets (the port's holder): read first
+        self.comms: dict[int, str | None] = {}
+        self._read: list[int] = []   # the pids whose descriptors were read, in that order
+        self._cursor = 0             # how far the walk in pid order got
+        self.diag = proc == '/proc'                   # sock_diag answers for this process's own namespace only
+        self._ns_pids: dict[int, list[int]] | None = None
         self._tables: dict[int | None, list[TcpSocket]] = {}
         self._inodes: dict[int, set[int]] = {}
+        self._listeners: dict[int, set[int]] | None = None
         self.unreadable_ns = 0
+
+    @property
+    def ns_pids(self) -> dict[int, list[int]]:
+        """The pids of every network namespace (one stat per process: only when the connection left this one)."""
+        if self._ns_pids is None:
+            self._ns_pids = {}
+            for pid in self.pids:
+                ns = netns_inode(pid, self.proc)
+                if ns is not None:
+                    self._ns_pids.setdefault(ns, []).append(pid)
+        return self._ns_pids
+
+    def comm(self, pid: int) -> str | None:
+        if pid not in self.comms:
+            self.comms[pid] = read_comm(pid, self.proc)
+        return self.comms[pid]
 
     def inodes(self, pid: int) -> set[int]:
         """A process's socket inodes, read once per look."""
         if pid not in self._inodes:
             self._inodes[pid] = socket_inodes(pid, self.proc)
+            self._read.append(pid)
         return self._inodes[pid]
+
+    def _walk(self) -> Iterator[int]:
+        """Every process once: those already read first, then the others in pid order.
+
+        One walk serves every search of a look: a search stops at its first owner, and the next one
+        reads only the processes no search has read yet.
+        """
+        done = 0
+        while True:
+            if done < len(self._read):
+                done += 1
+                yield self._read[done - 1]
+            elif self._cursor < len(self.pids):
+                self._cursor += 1
+                self.inodes(self.pids[self._cursor - 1])
+            else:
+                return
+
+    def first_holder(self, inodes: Iterable[int]) -> int | None:
+        """The first process found with one of these sockets open (the listener's holder), or None.
+
+        Three steps, each only when the one before found nothing: a few milliseconds of the walk in pid
+        order (long-lived servers and forwarders are usually older than the load around them); the
+        tritonservers, by name (one small read per process, what the listener path always did); the rest
+        of the walk.
+        """
+        wanted = set(inodes)
+        deadline = time.monotonic() + PROBE_SECONDS
+        for pid in self.pids:
+            if time.monotonic() > deadline:
+                break
+            if fd_count(pid, self.proc) <= PROBE_MAX_FDS and self.inodes(pid) & wanted:
+                return pid
+        self.hints = [pid for pid in self.pids if self.comm(pid) in SERVER_COMMS]
+        for pid in self.hints:
+            if self.inodes(pid) & wanted:
+                return pid
+        for pid in self._walk():
+            if self.inodes(pid) & wanted:
+                return pid
+        return None
 
     def _net_dir(self, ns: int | None) -> str | None:
         if ns == self.own_ns:
@@ -316,32 +483,93 @@ class _Tracer:
 
     def peers(self, local: Address, remote: Address, ns: int | None) -> tuple[list[tuple[int | None, TcpSocket]], str | None]:
         """[(ns, socket)] of the other end of the connection local→remote made from namespace ns, and how."""
-        found = self._exact(remote, local)
+        found = self._exact(remote, local, ns)
         if found:
             return found, None
         net_dir = self._net_dir(ns)
         for peer_local, peer_remote in (conntrack_replies(net_dir, local, remote) if net_dir else []):
-            found = self._exact(peer_local, peer_remote)
+            found = self._exact(peer_local, peer_remote, ns)
             if found:
                 return found, f'NAT {remote[0]}:{remote[1]} -> {peer_local[0]}:{peer_local[1]}'
         return [], None
 
-    def _exact(self, want_local: Address, want_remote: Address) -> list[tuple[int | None, TcpSocket]]:
+    def _in_ns(self, ns: int | None, want_local: Address, want_remote: Address) -> list[tuple[int | None, TcpSocket]]:
+        socks = diag_lookup(want_local, want_remote) if self.diag and ns == self.own_ns else None
+        if socks is None:
+            socks = self.table(ns)
+        return [(ns, s) for s in socks if s.local == want_local and s.remote == want_remote and s.state == _ESTABLISHED]
+
+    def _exact(self, want_local: Address, want_remote: Address, origin: int | None) -> list[tuple[int | None, TcpSocket]]:
+        """The sockets want_local→want_remote, first in the namespace the connection was made from.
+
+        Found there, it is the other end: its address is local to that namespace, so the connection
+        never left it, and no other namespace is read.
+        """
+        found = self._in_ns(origin, want_local, want_remote)
+        if found:
+            return found
         out = []
         for ns in self.namespaces():
-            for sock in self.table(ns):
-                if sock.local == want_local and sock.remote == want_remote and sock.state == _ESTABLISHED:
-                    out.append((ns, sock))
+            if ns != origin:
+                out.extend(self._in_ns(ns, want_local, want_remote))
         return out
 
-    def owners(self, ns: int | None, inode: int) -> list[int]:
-        """Pids in namespace ns that have the socket open (a forked forwarder may share it for a moment)."""
-        return [pid for pid in self.ns_pids.get(ns, ()) if inode in self.inodes(pid)]
+    def _listener_inodes(self, port: int) -> set[int]:
+        """Inodes of this namespace's listening sockets on port (sock_diag: the listening table only)."""
+        if self._listeners is None:
+            self._listeners = {}
+            if self.diag:
+                for family in (socket.AF_INET, socket.AF_INET6):
+                    for _ip, p, ino in _diag_listeners(family) or ():
+                        self._listeners.setdefault(p, set()).add(ino)
+        return self._listeners.get(port, set())
+
+    def owners(self, ns: int | None, sock: TcpSocket) -> Iterator[int]:
+        """Pids in namespace ns that have the socket open, likely ones first (a forked forwarder may share it for a moment).
+
+        The order only changes how soon an owner is found, never which: the hints first, then every
+        process in pid order; a process holding the listener of the socket's port (a forking forwarder's
+        parent) sends its children to the front. Descriptors read earlier in the look may predate the
+        socket (a forwarder connects onward after it accepted): the hints are read again at once, the
+        other processes only when no owner is found.
+        """
+        listeners = self._listener_inodes(sock.local[1]) if ns == self.own_ns else set()
+        before = set(self._read)
+        # another namespace's processes are known by then (its table was read): only those
+        pool = iter(self.ns_pids.get(ns, [])) if ns != self.own_ns else self._walk()
+        stale: list[int] = []
+        found = False
+        for again in (False, True):
+            pending = list(reversed(self.hints))
+            seen: set[int] = set()
+            while True:
+                pid = pending.pop() if pending else next(pool, None)
+                if pid is None:
+                    break
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                if again or (pid in before and pid in self.hints):   # the likely owners are read again at once
+                    self._inodes[pid] = socket_inodes(pid, self.proc)
+                elif pid in before:
+                    stale.append(pid)
+                mine = self.inodes(pid)
+                if sock.inode in mine:
+                    if netns_inode(pid, self.proc) == ns:
+                        found = True
+                        yield pid
+                elif listeners & mine:
+                    pending.extend(reversed(child_pids(pid, self.proc)))
+            if found or not stale:
+                return
+            pool = iter(stale)
 
     def outgoing(self, ns: int | None, pid: int, skip_inode: int) -> list[TcpSocket]:
         """The established connections a forwarder opened itself: not the accepted ones (on its listening ports)."""
         mine = self.inodes(pid)
-        table = self.table(ns)
+        table = diag_sockets_of(mine) if self.diag and ns == self.own_ns else None
+        if table is None:
+            table = self.table(ns)
         listening_ports = {s.local[1] for s in table if s.state == _LISTEN and s.inode in mine}
         return [s for s in table if s.inode in mine and s.inode != skip_inode and s.state == _ESTABLISHED
                 and s.local[1] not in listening_ports]
@@ -369,32 +597,35 @@ class _Trace:
             if sock.inode == 0:
                 self.transient = True   # accepted by the kernel, not yet by the process: no inode yet
                 continue
-            owners = self.tracer.owners(peer_ns, sock.inode)
-            if not owners:
+            owned = False
+            for pid in self.tracer.owners(peer_ns, sock):
+                owned = True
+                if self._owner(pid, peer_ns, sock, step, hop):
+                    break   # the socket's other holders (a forking forwarder's parent) forward nothing further
+            if not owned:
                 self.dead_ends.append(f'the process owning {sock.local[0]}:{sock.local[1]} in network namespace {peer_ns} '
                                       'could not be read')
                 self.transient = True   # or it was forked (a forwarder's child) after the processes were listed
-                continue
-            for pid in owners:
-                self._owner(pid, peer_ns, sock, step, hop)
 
-    def _owner(self, pid: int, ns: int | None, sock: TcpSocket, via: list[str], hop: int) -> None:
-        comm = read_comm(pid, self.tracer.proc)
+    def _owner(self, pid: int, ns: int | None, sock: TcpSocket, via: list[str], hop: int) -> bool:
+        """Follow one owner of the socket; True when it is a server or forwards the connection onward."""
+        comm = self.tracer.comm(pid)
         who = f"{comm or '?'} (pid {pid})"
         if comm in SERVER_COMMS:
             where = '' if ns == self.tracer.own_ns else f' at {sock.local[0]}:{sock.local[1]} in another network namespace'
             self.servers.setdefault(pid, f"connection {_via(via, 'via {} ')}to tritonserver (pid {pid}){where}")
-            return
+            return True
         if hop >= self.max_hops:
             self.dead_ends.append(f'gave up after {hop} forwarding hops at {who}')
-            return
+            return False
         onward = self.tracer.outgoing(ns, pid, sock.inode)
         if not onward:
             self.dead_ends.append(f'{who} accepts the connection but is not tritonserver and forwards it nowhere visible')
             self.transient = True   # a forwarder may not have connected onward yet
-            return
+            return False
         for out in onward:
             self.follow(out.local, out.remote, ns, list(via) + [who], hop + 1)
+        return True
 
 
 def _via(via: list[str], template: str) -> str:
@@ -402,66 +633,108 @@ def _via(via: list[str], template: str) -> str:
     return template.format(', '.join(via)) if via else ''
 
 
-def _by_listener(host: str, port: int, proc: str) -> Location:
-    """The fast path: a tritonserver in this network namespace owns the listening socket.
-
-    Not found: the reason names the program holding the port when another one does, else it is None.
-    """
+def _listening_inodes(host: str, port: int, proc: str) -> list[int]:
+    """Inodes of the sockets listening on port for host in this namespace (none: the port is not held here)."""
     addrs = _resolve(host) | {_plain_ip(host)}
     wildcard = {'0.0.0.0', '::'}
     inodes: list[int] = []
-    # /proc/net/tcp{,6} cost milliseconds each to generate: read the URL's family first, the other only if needed
+    # read the URL's family first, the other only if needed
     for family in (('tcp6', 'tcp') if any(':' in a for a in addrs) else ('tcp', 'tcp6')):
         inodes = [ino for ip, p, ino in listening_sockets(f'{proc}/net', (family,))
                   if p == port and (ip in addrs or ip in wildcard)]
         if inodes:
             break
-    if not inodes:
-        return Location.not_found(None)
-    others = []
-    for pid in list_pids(proc):
-        if read_comm(pid, proc) in SERVER_COMMS:
-            if _socket_owner(inodes, [pid], proc) == pid:   # the usual case: no need to read every other process's name
-                return Location.found(pid, f'listener: tritonserver (pid {pid}) owns the listening socket {host}:{port}')
-        else:
-            others.append(pid)
-    holder = _socket_owner(inodes, others, proc)
-    if holder is None:
-        return Location.not_found(None)
-    return Location.not_found(f'port {port} on {host} is held by {_who(holder, proc)}, not by a tritonserver process')
+    return inodes
+
+
+class _Holder(NamedTuple):
+    """The listening socket's answer: the server when a tritonserver holds it, else why not (None: nobody here)."""
+    location: Location
+    pid: int | None   # the process holding the port when it is not tritonserver (a forwarder, most likely)
+
+
+def _holder(tracer: _Tracer, inodes: list[int], host: str, port: int) -> _Holder:
+    pid = tracer.first_holder(inodes) if inodes else None
+    if pid is None:
+        return _Holder(Location.not_found(None), None)
+    if tracer.comm(pid) in SERVER_COMMS:
+        return _Holder(Location.found(pid, f'listener: tritonserver (pid {pid}) owns the listening socket {host}:{port}'), None)
+    return _Holder(Location.not_found(f'port {port} on {host} is held by {_who(pid, tracer.proc)}, not by a tritonserver process'),
+                   pid)
+
+
+def _by_listener(host: str, port: int, proc: str) -> Location:
+    """The fast path: a tritonserver in this network namespace owns the listening socket.
+
+    Not found: the reason names the program holding the port when another one does, else it is None.
+    """
+    return _holder(_Tracer(proc), _listening_inodes(host, port, proc), host, port).location
+
+
+class _Followed(NamedTuple):
+    """What following a connection gave: the Location, the listener's answer, and whether it connected at all."""
+    location: Location
+    held: str | None
+    connected: bool
 
 
 def _by_connection(host: str, port: int, proc: str, timeout: float, max_hops: int, attempts: int) -> Location:
     """Open a TCP connection to host:port and follow it to the tritonserver at its other end."""
+    return _follow(host, port, proc, timeout, max_hops, attempts, []).location
+
+
+def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, attempts: int, listening: list[int]) -> _Followed:
+    """Connect, then in each look: the listening socket's holder first, then the connection to its other end.
+
+    Connecting first makes one walk over the processes' descriptors answer both: the listener's holder
+    (a forwarder) is where the connection most likely went, so its descriptors are read first.
+    """
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
-        return Location.not_found(f'cannot open a TCP connection to {host}:{port} to follow it to the server: {exc}')
+        return _Followed(Location.not_found(f'cannot open a TCP connection to {host}:{port} to follow it to the server: {exc}'),
+                         None, False)
+    held = None
     try:
         local = sock.getsockname()[:2]
         remote = sock.getpeername()[:2]
         local, remote = (_plain_ip(local[0]), local[1]), (_plain_ip(remote[0]), remote[1])
         # a just-accepted socket has no inode yet, a forking forwarder's child may not be listed yet: look again
         backoff = Backoff(attempts=attempts, first=0.02, cap=0.3)
+        quick = list(QUICK_LOOKS)
         while True:
+            started = time.monotonic()
             tracer = _Tracer(proc)
+            if listening:
+                holder = _holder(tracer, listening, host, port)
+                if holder.location.pid is not None:
+                    return _Followed(holder.location, None, True)
+                held = holder.location.reason or held
+                # the port's holder first, then the tritonservers when they had to be found by name
+                tracer.hints = ([] if holder.pid is None else [holder.pid]) + tracer.hints
             trace = _Trace(tracer, max_hops)
             trace.follow(local, remote, tracer.own_ns, [], 0)
-            if trace.servers or not trace.transient or not backoff.wait():
+            if trace.servers or not trace.transient:
+                break
+            if quick and time.monotonic() - started < 0.02:   # a forwarder connects onward within milliseconds
+                time.sleep(quick.pop(0))
+                continue
+            if not backoff.wait():
                 break
     finally:
         sock.close()
     if len(trace.servers) == 1:
         pid, path = next(iter(trace.servers.items()))
-        return Location.found(pid, path)
+        return _Followed(Location.found(pid, path), held, True)
     if trace.servers:
         paths = '; '.join(trace.servers[p] for p in sorted(trace.servers))
-        return Location.not_found(f'connections to {host}:{port} lead to several tritonserver processes ({paths}), '
-                                  f'as through a load balancer: the one serving this URL cannot be told; {FIX_HINT}')
+        return _Followed(Location.not_found(f'connections to {host}:{port} lead to several tritonserver processes ({paths}), '
+                                            f'as through a load balancer: the one serving this URL cannot be told; {FIX_HINT}'),
+                         held, True)
     reasons = list(dict.fromkeys(trace.dead_ends))
     if tracer.unreadable_ns:
         reasons.append(f'{tracer.unreadable_ns} network namespace(s) could not be read (not root?)')
-    return Location.not_found('; '.join(reasons) or f'the connection to {host}:{port} could not be followed')
+    return _Followed(Location.not_found('; '.join(reasons) or f'the connection to {host}:{port} could not be followed'), held, True)
 
 
 def find_server(host: str, port: int, proc: str = '/proc', timeout: float = 2.0, max_hops: int = MAX_HOPS,
@@ -470,13 +743,18 @@ def find_server(host: str, port: int, proc: str = '/proc', timeout: float = 2.0,
 
     The Location has no shm_dir and no warnings: locate_server adds them.
     """
-    listener = _by_listener(host, port, proc)
-    if listener.pid is not None:
-        return listener
-    found = _by_connection(host, port, proc, timeout, max_hops, attempts)
-    if found.pid is not None:
-        return found
-    held = f'{listener.reason}, and ' if listener.reason else ''
+    listening = _listening_inodes(host, port, proc)
+    followed = _follow(host, port, proc, timeout, max_hops, attempts, listening)
+    if followed.location.pid is not None:
+        return followed.location
+    reason = followed.held
+    if listening and not followed.connected:   # no connection: the listening socket alone
+        listener = _by_listener(host, port, proc)
+        if listener.pid is not None:
+            return listener
+        reason = listener.reason
+    found = followed.location
+    held = f'{reason}, and ' if reason else ''
     return Location.not_found(f'{held}the tritonserver process behind {host}:{port} was not found: {found.reason}; {FIX_HINT}')
 
 

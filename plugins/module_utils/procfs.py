@@ -6,7 +6,7 @@
 
 Private to the tritonops.shm collection: no stability promise to other code.
 Standard library only. holders.py and discovery.py read /proc through these: the pids, a
-process's name, a whole file as bytes, its socket inodes and its network namespace.
+process's name, a whole file as bytes, its socket inodes, its children and its network namespace.
 """
 from __future__ import annotations
 
@@ -79,6 +79,22 @@ def socket_inodes(pid: int | str, proc: str = '/proc') -> set[int]:
         if link.startswith('socket:['):
             out.add(int(link[8:-1]))
     return out
+
+
+def fd_count(pid: int, proc: str = '/proc') -> int:
+    """How many descriptors a process has open, from the size of /proc/PID/fd (Linux >= 6.2; 0 when unknown)."""
+    try:
+        return os.stat(f'{proc}/{pid}/fd').st_size
+    except OSError:
+        return 0
+
+
+def child_pids(pid: int, proc: str = '/proc') -> list[int]:
+    """The children of a process's main thread (/proc/PID/task/PID/children), empty when gone or unreadable."""
+    try:
+        return [int(c) for c in read_bytes(f'{proc}/{pid}/task/{pid}/children').split()]
+    except (OSError, ValueError):
+        return []
 
 
 def netns_inode(pid: int | str, proc: str = '/proc') -> int | None:

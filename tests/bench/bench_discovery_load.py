@@ -16,7 +16,13 @@ Measured: ``discovery.locate_server`` for each forwarder's port (the connection 
 it) and, for reference, for Triton's own port (the listening socket), first on the quiet scene,
 then under the load; median and best of --repeat calls each. Goal (issue 22): behind a forwarder,
 under load, <= 50 ms (median); judged for each forwarder.
-Usage: python tests/bench/bench_discovery_load.py [--connections 5000] [--processes 2000] [--repeat 15] [--quick]
+
+--load-first starts the load before the server and the forwarders: they then come after every
+other process in pid order, which a walk over the processes in pid order reaches last (the worst
+case for discovery; no quiet scene then). Figures go to bench_discovery_load[_load_first].json.
+To compare with another checkout, run this file from that checkout's collection copy (it imports
+the discovery.py next to it).
+Usage: python tests/bench/bench_discovery_load.py [--connections 5000] [--processes 2000] [--repeat 15] [--quick] [--load-first]
 """
 from __future__ import annotations
 
@@ -120,7 +126,18 @@ def scene(args: argparse.Namespace) -> dict:
     server = tritonrig.TritonServer(workdir=workdir, shm_size='16m', models=())
     started = []
     figures: dict = {}
+
+    def start_load() -> None:
+        holder = subprocess.Popen([sys.executable, os.path.abspath(__file__), '--hold', str(args.connections)],
+                                  stdout=subprocess.PIPE, text=True)
+        started.append(holder)
+        if holder.stdout.readline().strip() != 'READY':
+            raise RuntimeError('the connection holder did not start')
+        for _process in range(args.processes):
+            started.append(subprocess.Popen(['sleep', '3600'], stdin=subprocess.DEVNULL))
     try:
+        if args.load_first:
+            start_load()
         server.start()
         port = tritonrig.free_port()
         started.append(subprocess.Popen(['socat', f'TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr',
@@ -130,15 +147,9 @@ def scene(args: argparse.Namespace) -> dict:
                                          str(server.http_port)], stdin=subprocess.DEVNULL))
         wait_port(port)
         wait_port(proxy_port)
-        for label in ('quiet', 'loaded'):
-            if label == 'loaded':
-                holder = subprocess.Popen([sys.executable, os.path.abspath(__file__), '--hold', str(args.connections)],
-                                          stdout=subprocess.PIPE, text=True)
-                started.append(holder)
-                if holder.stdout.readline().strip() != 'READY':
-                    raise RuntimeError('the connection holder did not start')
-                for _process in range(args.processes):
-                    started.append(subprocess.Popen(['sleep', '3600'], stdin=subprocess.DEVNULL))
+        for label in (('loaded',) if args.load_first else ('quiet', 'loaded')):
+            if label == 'loaded' and not args.load_first:
+                start_load()
             scene_info = {'processes': len([p for p in os.listdir('/proc') if p.isdigit()]),
                           'established_sockets': established()}
             figures[label] = dict(scene_info, proxy=measure(discovery, proxy_port, server.pid, args.repeat),
@@ -159,6 +170,12 @@ def scene(args: argparse.Namespace) -> dict:
     return figures
 
 
+def discovery_file() -> str:
+    import benchenv  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
+    from ansible_collections.tritonops.shm.plugins.module_utils import discovery  # pylint: disable=import-outside-toplevel
+    return discovery.__file__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ['--hold']:
@@ -172,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--processes', type=int, default=2000, help='extra processes (sleep)')
     parser.add_argument('--repeat', type=int, default=15)
     parser.add_argument('--quick', action='store_true', help='a quick check: 500 connections, 200 processes, 5 calls')
+    parser.add_argument('--load-first', action='store_true', help='start the load before the server and forwarders (the worst case)')
     args = parser.parse_args(argv)
     if args.quick:
         args.connections, args.processes, args.repeat = 500, 200, 5
@@ -187,20 +205,23 @@ def main(argv: list[str] | None = None) -> int:
     from run import write_results  # pylint: disable=import-outside-toplevel
     loadavg = os.getloadavg()
     print(f'discovery under load: {args.connections} connections, {args.processes} processes, {args.repeat} calls each; '
-          f'load average {loadavg[0]:.1f}', flush=True)
+          f"load average {loadavg[0]:.1f}{'; load started first' if args.load_first else ''}; {discovery_file()}", flush=True)
     figures = scene(args)
     rows = []
     for key, what in WAYS[:2]:
         median = figures['loaded'][key]['median_ms']
-        rows.append({'goal': f'discovery, {args.connections} connections + {args.processes} processes, behind {what} '
+        order = ', load started first' if args.load_first else ''
+        rows.append({'goal': f'discovery, {args.connections} connections + {args.processes} processes{order}, behind {what} '
                              f'<= {GOAL_MS:.0f} ms', 'value': f'{median:.1f} ms', 'met': median <= GOAL_MS})
     out = dict(benchmark='discovery_load', connections=args.connections, processes=args.processes, repeat=args.repeat,
+               load_first=args.load_first, discovery=discovery_file(),
                figures=figures, goals={row['goal']: row['met'] for row in rows}, issue22=rows,
                host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version(),
                          loadavg_start=loadavg, loadavg_end=os.getloadavg()))
     for row in rows:
         print(f"  goal: {row['goal']:100} {row['value']:>9}  {'PASS' if row['met'] else 'MISS'}")
-    print(f"  figures written to {write_results('bench_discovery_load.json', out)}")
+    name = 'bench_discovery_load_load_first.json' if args.load_first else 'bench_discovery_load.json'
+    print(f"  figures written to {write_results(name, out)}")
     return 0
 
 

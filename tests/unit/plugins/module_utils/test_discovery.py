@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery
+from ansible_collections.tritonops.shm.plugins.module_utils import discovery, procfs
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason='network namespaces, veth and iptables need root')
 
@@ -438,3 +438,111 @@ def test_locate_server_not_found_says_why():
 def test_locate_server_refuses_a_server_pid_that_does_not_exist():
     with pytest.raises(discovery.DiscoveryError, match='server_pid 99999999 .given for http://x. does not exist on this host'):
         discovery.locate_server('127.0.0.1', 1, 'http://x', server_pid=99999999)
+
+
+# -- sock_diag: this namespace's sockets without reading its tables -------------------------------------
+
+def _inode(sock):
+    return os.fstat(sock.fileno()).st_ino
+
+
+@pytest.fixture
+def connection():
+    """A real loopback connection: (listener, client end, accepted end), closed afterwards."""
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(256)
+    client = socket.create_connection(listener.getsockname())
+    accepted, _peer = listener.accept()
+    yield listener, client, accepted
+    for sock in (client, accepted, listener):
+        sock.close()
+
+
+def test_diag_lookup_finds_each_end_of_a_real_connection_by_its_4_tuple(connection):
+    listener, client, accepted = connection
+    here, there = client.getsockname()[:2], client.getpeername()[:2]
+    assert discovery.diag_lookup(there, here) == [discovery.TcpSocket(there, here, '01', _inode(accepted))]
+    assert discovery.diag_lookup(here, there) == [discovery.TcpSocket(here, there, '01', _inode(client))]
+    # no such connection: the kernel's lookup answers with the listener of that address, which is not it
+    assert discovery.diag_lookup(there, ('127.0.0.1', free_port())) == []
+    assert discovery.diag_lookup(('127.0.0.1', free_port()), here) == []
+    assert _inode(listener) not in {s.inode for s in discovery.diag_lookup(there, here)}
+
+
+def test_diag_lookup_finds_an_ipv4_connection_accepted_by_a_dual_stack_listener():
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.bind(('::', 0))
+        listener.listen(1)
+        with socket.create_connection(('127.0.0.1', listener.getsockname()[1])) as client:
+            accepted, _peer = listener.accept()
+            with accepted:
+                here, there = client.getsockname()[:2], client.getpeername()[:2]
+                assert accepted.family == socket.AF_INET6
+                assert discovery.diag_lookup(there, here) == [discovery.TcpSocket(there, here, '01', _inode(accepted))]
+
+
+def test_diag_sockets_of_one_process_equal_its_lines_of_the_tables(connection):
+    """Among many other connections, the filtered dump gives exactly the chosen sockets, as the tables show them."""
+    listener, client, accepted = connection
+    others = [socket.create_connection(listener.getsockname()) for _i in range(200)]
+    try:
+        more = [listener.accept()[0] for _sock in others]
+        mine = {_inode(s) for s in (listener, client, accepted)}
+        got = discovery.diag_sockets_of(mine)
+        table = [s for s in discovery.tcp_sockets('/proc/self/net') if s.inode in mine]
+        assert sorted(got) == sorted(table) and len(got) == 3
+        for sock in more:
+            sock.close()
+    finally:
+        for sock in others:
+            sock.close()
+
+
+def test_parse_diag_picks_by_inode_the_same_sockets_as_reading_every_message():
+    run = [_diag_msg(socket.AF_INET, 1, '127.0.0.1', 9000 + i, 100 + i) for i in range(50)]
+    done = struct.pack('=IHHII', 20, 3, 2, 1, 0) + b'\0' * 4
+    longer = _diag_msg(socket.AF_INET6, 1, '::1', 8999, 120)   # with one attribute more: a message of another length
+    odd = struct.pack('=I', len(longer) + 8) + longer[4:] + struct.pack('=HH', 5, 8) + b'\0' * 4
+    wanted = {101, 120, 149, 555}
+    for answer in (b''.join(run) + done, b''.join(run[:10]) + odd + b''.join(run[10:]) + done, b''.join(run)):
+        fast = discovery.parse_diag(answer, wanted)
+        slow = discovery.parse_diag(answer)
+        assert fast == ([s for s in slow[0] if s.inode in wanted], slow[1])
+    assert [s.local[1] for s in discovery.parse_diag(b''.join(run) + done, wanted)[0]] == [9001, 9020, 9049]
+
+
+def _refuse_netlink(monkeypatch):
+    """sock_diag cannot be asked (no netlink, a seccomp filter): every other socket still opens."""
+    refused = []
+    real = socket.socket
+
+    def no_netlink(family=-1, *args, **kwargs):
+        if family == socket.AF_NETLINK:
+            refused.append(family)
+            raise OSError(errno.EPROTONOSUPPORT, 'no netlink here')
+        return real(family, *args, **kwargs)
+    monkeypatch.setattr(discovery.socket, 'socket', no_netlink)
+    return refused
+
+
+def test_a_forwarder_is_followed_the_same_way_when_sock_diag_cannot_be_asked(host, monkeypatch):
+    server, server_port = host.peer('serve', 'tritonserver', '127.0.0.1:0')
+    proxy, port = host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=[f'127.0.0.1:{server_port}'])
+    want = discovery.Location(server.pid, None, f'connection via docker-proxy (pid {proxy.pid}) to tritonserver (pid {server.pid})',
+                              [], None)
+    assert discovery.find_server('127.0.0.1', port) == want
+    refused = _refuse_netlink(monkeypatch)
+    assert discovery.find_server('127.0.0.1', port) == want
+    assert refused, 'the tables were read because sock_diag was refused'
+
+
+def test_a_port_held_by_a_process_found_late_in_the_walk_is_still_named(host, monkeypatch):
+    """The walk stops at a socket's first owner; nothing is missed when the owner comes last."""
+    other, port = host.peer('serve', 'nginx', '127.0.0.1:0')
+    monkeypatch.setattr(discovery, 'list_pids', lambda proc='/proc': sorted(procfs.list_pids(proc), key=lambda p: p == other.pid))
+    monkeypatch.setattr(discovery, 'PROBE_SECONDS', 0.0)
+    found = discovery.find_server('127.0.0.1', port)
+    assert found.pid is None
+    assert f'port {port} on 127.0.0.1 is held by nginx (pid {other.pid}), not by a tritonserver process' in found.reason
+    assert f'nginx (pid {other.pid}) accepts the connection but is not tritonserver and forwards it nowhere visible' in found.reason

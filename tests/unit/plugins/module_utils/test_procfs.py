@@ -116,6 +116,22 @@ def test_socket_inodes_are_the_inodes_of_the_sockets_a_process_has_open(tmp_path
     assert procfs.socket_inodes(_gone_pid()) == set()
 
 
+def test_fd_count_is_the_number_of_open_descriptors():
+    before = procfs.fd_count(os.getpid())
+    if before == 0:
+        pytest.skip('this kernel gives no descriptor count (Linux < 6.2)')
+    with open(os.devnull) as _f:
+        assert procfs.fd_count(os.getpid()) == before + 1
+    assert procfs.fd_count(_gone_pid()) == 0
+
+
+def test_child_pids_are_the_children_of_a_process(named):
+    child = named('tops-child')
+    assert child.pid in procfs.child_pids(os.getpid())
+    assert procfs.child_pids(child.pid) == []
+    assert procfs.child_pids(_gone_pid()) == []
+
+
 def test_netns_inode_is_the_network_namespace_of_a_process(named):
     child = named('procfs-child')
     mine = os.stat('/proc/self/ns/net').st_ino
