@@ -321,6 +321,10 @@ failure:
     server_error:
       description: Triton's own error message, when it gave one.
       type: str
+    transport:
+      description: Which transport raised the failure, V(http) or V(grpc); absent when no request was made.
+      type: str
+      version_added: 0.2.0
 metrics_files:
   description:
     - The node_exporter textfile this call wrote (C(tritonops_shm_cleanup.HOST.DIGEST.prom)); empty in check mode and when the
