@@ -13,15 +13,18 @@ use_keep_alive() switches plain http to one kept-alive ``http.client`` connectio
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import string
+import threading
 import traceback
 
+from collections.abc import Iterable, Iterator
 from http import client as http_client
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    HTTP, Client, Library, check_kind, error_from_answer, short, snippet, split_url,
+    HTTP, Answer, Client, Library, UnregisterBatch, check_kind, error_from_answer, short, snippet, split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
 
@@ -37,6 +40,12 @@ except ImportError:
 # Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
 _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
 _KIND_ROOT = {'system': 'systemsharedmemory', 'cuda': 'cudasharedmemory'}
+
+# Bulk unregisters go over this many kept-alive connections at once (Triton's HTTP server answers on
+# several worker threads; 2.51 does not answer pipelined requests): docs/performance.md has the figures.
+BULK_CONNECTIONS = 4
+# fewer regions than this are unregistered one after the other on the one kept-alive connection
+BULK_MIN = 8
 
 
 def region_segment(name: str) -> str:
@@ -130,16 +139,21 @@ class TritonClient(Client):
     def request(self, method: str, path: str, body: dict | None = None, what: str | None = None,
                 expect_json: bool = True) -> tuple[int, Any]:
         """Send one request; return (status, decoded JSON or None). Raise TritonError on any failure."""
+        self.requests_made += 1
+        return self._send(method, path, body, what, expect_json, self._keep_alive)
+
+    def _send(self, method: str, path: str, body: dict | None, what: str | None, expect_json: bool,
+              keep_alive: _KeepAlive | None) -> tuple[int, Any]:
+        """request() over keep_alive (None: the requests session), without counting it."""
         url = self.base + path
         what = what or f'{method} {path}'
         data = headers = None
         if body is not None:
             data = json.dumps(body)
             headers = {'Content-Type': 'application/json'}
-        self.requests_made += 1
         try:
-            if self._keep_alive is not None:
-                resp = self._keep_alive.send(method, path, data, headers)
+            if keep_alive is not None:
+                resp = keep_alive.send(method, path, data, headers)
             else:
                 prepared = self.session.prepare_request(requests.Request(method, url, data=data, headers=headers))
                 prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
@@ -230,6 +244,71 @@ class TritonClient(Client):
     def unregister(self, kind: str, name: str) -> None:
         self.request('POST', f'{region_path(kind, name)}/unregister',
                      what=f"unregister {kind} region '{name}'", expect_json=False)
+
+    def unregister_many(self, kind: str, names: Iterable[str]) -> UnregisterBatch:
+        """Over the kept-alive connection: BULK_CONNECTIONS connections at once (order does not matter to Triton)."""
+        names = list(names)
+        if self._keep_alive is None or len(names) < BULK_MIN:
+            return UnregisterBatch(self, kind, names)
+        return _ConcurrentUnregister(self, kind, names)
+
+
+class _ConcurrentUnregister(UnregisterBatch):
+    """Unregisters sent by BULK_CONNECTIONS threads, each over its own kept-alive connection.
+
+    Each thread takes the next name, sends its unregister and hands the answer to the iterating thread,
+    which alone counts requests and hands the answers on: what is done with an answer (the in-use retry,
+    the files) stays in one thread. stop() lets each thread finish the request it is sending.
+    """
+
+    def __init__(self, client: TritonClient, kind: str, names: list[str]) -> None:
+        super().__init__(client, kind, names)
+        self._next = iter(self.names)
+        self._take = threading.Lock()
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+
+    def _name(self) -> str | None:
+        with self._take:
+            return None if self.stopped else next(self._next, None)
+
+    def _work(self, conn: _KeepAlive) -> None:
+        client, kind = self.client, self.kind
+        try:
+            while True:
+                name = self._name()
+                if name is None:
+                    return
+                try:
+                    client._send('POST', f'{region_path(kind, name)}/unregister', None,
+                                 f"unregister {kind} region '{name}'", False, conn)  # pylint: disable=protected-access
+                except TritonError as exc:
+                    self._answers.put(Answer(name, exc))
+                else:
+                    self._answers.put(Answer(name, None))
+        finally:
+            conn.close()
+            self._answers.put(None)
+
+    def __iter__(self) -> Iterator[Answer]:
+        template = self.client._keep_alive  # pylint: disable=protected-access
+        threads = [threading.Thread(target=self._work, daemon=True,
+                                    args=(_KeepAlive(template.host, template.port, template.timeout, template.headers),))
+                   for _i in range(min(BULK_CONNECTIONS, len(self.names)))]
+        for thread in threads:
+            thread.start()
+        running = len(threads)
+        try:
+            while running:
+                answer = self._answers.get()
+                if answer is None:
+                    running -= 1
+                    continue
+                self.client.requests_made += 1
+                yield answer
+        finally:
+            self.stop()
+            for thread in threads:
+                thread.join()
 
 
 class _Response:
