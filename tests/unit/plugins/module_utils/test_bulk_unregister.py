@@ -240,3 +240,21 @@ def test_a_failure_part_way_through_a_batch_keeps_the_work_done_in_the_result(ht
     assert len(done['unregistered']) == 30 and len(done['removed_files']) == 30
     assert set(done['unregistered']) == set(names) - {r['name'] for r in shared.status()}
     assert done['unregistered'] == sorted(done['unregistered'])
+
+
+@pytest.mark.parametrize('data,expected', [
+    (b'HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n', (200, 'OK', b'', False)),
+    (b'HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}', (400, 'Bad Request', b'{}', True)),
+    (b'HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n', (400, 'Bad Request', b'{}', False)),
+    (b'HTTP/1.0 200 OK\r\n\r\n', (200, 'OK', b'', True)),      # no length: the connection is closed after it
+    (b'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab', None),       # incomplete: wait for more
+    (b'HTTP/1.1 200 OK\r\nContent-', None),
+])
+def test_answers_are_parsed_as_http_says(data, expected):
+    # a complete answer uses the whole buffer
+    assert triton_api._parse_answer(data) == (expected and expected + (len(data),))  # pylint: disable=protected-access
+
+
+def test_what_is_not_an_http_answer_is_refused():
+    with pytest.raises(ValueError):
+        triton_api._parse_answer(b'SSH-2.0-OpenSSH\r\n\r\n')  # pylint: disable=protected-access
