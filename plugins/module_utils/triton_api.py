@@ -41,8 +41,12 @@ _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;
 _KIND_ROOT = {'system': 'systemsharedmemory', 'cuda': 'cudasharedmemory'}
 
 # Bulk unregisters go over this many kept-alive connections at once, one request in flight on each
-# (Triton's HTTP server answers on several worker threads; 2.51 does not answer pipelined requests).
-BULK_CONNECTIONS = 4
+# (Triton 2.51 does not answer pipelined requests). One by default: when the server stalls part-way,
+# every request in flight may have been done with its answer lost, and a lost answer leaves an
+# unregistered file that a rerun with stale=true no longer claims (measured: 4 of 4 with 4 connections;
+# tests/integration/test_triton_shm_region.py allows one). The saving over http.client comes from the
+# one-thread parse (docs/performance.md).
+BULK_CONNECTIONS = 1
 # fewer regions than this are unregistered one after the other on the one kept-alive connection
 BULK_MIN = 8
 

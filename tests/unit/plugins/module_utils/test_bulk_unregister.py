@@ -173,7 +173,8 @@ def _scene(shm_dir: str, **kw) -> tuple[Shared, list[str]]:
 
 
 @pytest.fixture(params=['http', 'grpc'])
-def transport(request, http_triton, grpc_triton):
+def transport(request, http_triton, grpc_triton, monkeypatch):
+    monkeypatch.setattr(triton_api, 'BULK_CONNECTIONS', 4)   # the concurrent path (the default is 1, see triton_api)
     start = http_triton if request.param == 'http' else grpc_triton
     return request.param, start
 
@@ -228,7 +229,7 @@ def test_a_connection_dropped_mid_batch_reports_what_was_done_and_a_rerun_conver
     assert os.listdir(shm) == [] and shared.status() == []
 
 
-def test_a_failure_part_way_through_a_batch_keeps_the_work_done_in_the_result(http_triton, shm, server_proc):
+def test_a_failure_part_way_through_a_batch_keeps_the_work_done_in_the_result(http_triton, shm, server_proc):  # noqa: F811
     """What RegionOps returns after a failure: the result of the work done (the module's failure carries it)."""
     from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # pylint: disable=import-outside-toplevel
     from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import params  # pylint: disable=import-outside-toplevel
