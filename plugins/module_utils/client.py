@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
@@ -134,6 +135,50 @@ def error_from_answer(where: str, code: str, detail: str, server_error: str | No
     return cls(f'{where}: {code}: {detail}', url=url, status=status, server_error=server_error, transport=transport)
 
 
+# -- bulk unregister --------------------------------------------------------------------------------
+
+class Answer(NamedTuple):
+    """The server's answer to one unregister of a batch: error None when it succeeded."""
+    name: str
+    error: TritonError | None
+
+
+class UnregisterBatch:
+    """Unregister many regions; iterating yields one Answer per name sent, in the order the answers come.
+
+    This base sends them one after the other with ``client.unregister``; a transport may send several at
+    once (Client.unregister_many). stop() sends no further name: the iteration still yields the answers
+    of the names already sent, then ends. A name never sent yields nothing.
+    """
+
+    def __init__(self, client: Any, kind: str, names: Iterable[str]) -> None:
+        self.client = client
+        self.kind = kind
+        self.names = list(names)
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def __iter__(self) -> Iterator[Answer]:
+        for name in self.names:
+            if self.stopped:
+                return
+            try:
+                self.client.unregister(self.kind, name)
+            except TritonError as exc:
+                yield Answer(name, exc)
+            else:
+                yield Answer(name, None)
+
+
+def unregister_batch(client: Any, kind: str, names: Iterable[str]) -> UnregisterBatch:
+    """The client's own batch (Client.unregister_many), or the one-after-the-other one for a client of unregister() alone."""
+    if isinstance(client, Client):
+        return client.unregister_many(kind, names)
+    return UnregisterBatch(client, kind, names)
+
+
 # -- the interface ----------------------------------------------------------------------------------
 
 class Library(NamedTuple):
@@ -230,6 +275,10 @@ class Client(abc.ABC):
     @abc.abstractmethod
     def unregister(self, kind: str, name: str) -> None:
         """Unregister one region (RegionInUse, RegionNotFound: errors.py)."""
+
+    def unregister_many(self, kind: str, names: Iterable[str]) -> UnregisterBatch:
+        """Unregister many regions (see UnregisterBatch); this base sends them one after the other."""
+        return UnregisterBatch(self, kind, names)
 
     @staticmethod
     @abc.abstractmethod

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ParameterError, ServerNotFound, ShmFsError, TritonError,
 )
@@ -245,25 +246,32 @@ class RegionOps:
 
     # -- unregister with the in-use retry ---------------------------------------------------
 
-    def _unregister(self, kind: str, name: str) -> Unregister:
-        """Unregister one region; KEPT means it stays registered, with the reason recorded in skipped."""
+    def _unregister(self, kind: str, name: str, refused: TritonError | None = None) -> Unregister:
+        """Unregister one region; KEPT means it stays registered, with the reason recorded in skipped.
+
+        refused: the server's refusal of an unregister already sent (by a batch), handled as the first answer.
+        """
         backoff = Backoff(timeout=self.in_use_timeout, sleep=self.sleep, clock=self.clock)
         while True:
-            try:
-                self.client.unregister(kind, name)
-                return Unregister.UNREGISTERED
-            except TritonError as exc:
-                if exc.unaddressable:
-                    self.skipped.append({'name': name, 'reason': exc.msg})
-                    return Unregister.KEPT
-                if exc.not_found:
-                    return Unregister.GONE
-                if not exc.in_use:
-                    raise
-                if not backoff.wait():
-                    reason = f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
-                    self.skipped.append({'name': name, 'reason': reason})
-                    return Unregister.KEPT
+            exc = refused
+            refused = None
+            if exc is None:
+                try:
+                    self.client.unregister(kind, name)
+                    return Unregister.UNREGISTERED
+                except TritonError as answer:
+                    exc = answer
+            if exc.unaddressable:
+                self.skipped.append({'name': name, 'reason': exc.msg})
+                return Unregister.KEPT
+            if exc.not_found:
+                return Unregister.GONE
+            if not exc.in_use:
+                raise exc
+            if not backoff.wait():
+                reason = f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
+                self.skipped.append({'name': name, 'reason': reason})
+                return Unregister.KEPT
 
     def _wait_gone(self, kind: str, specs: dict) -> set:
         """Poll the status until no region of specs {name: spec} is listed, within in_use_timeout; return those still listed.
@@ -619,13 +627,37 @@ class RegionOps:
         return None
 
     def _unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
-        """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered."""
-        for rec in selected:
-            outcome = self._unregister(kind, rec['name'])
-            if outcome is Unregister.UNREGISTERED:
-                self.unregistered.append(rec['name'])
-            elif outcome is Unregister.KEPT:
-                still_registered.add(rec['name'])
+        """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered.
+
+        The unregisters go out as one batch (the transport may send several at once: client.UnregisterBatch);
+        a region refused as in use is retried with backoff as its answer comes, while the batch goes on. On a
+        failure no further unregister is sent, the answers of those already sent are recorded, then it is raised.
+        """
+        batch = unregister_batch(self.client, kind, [rec['name'] for rec in selected])
+        first = len(self.unregistered)
+        failure = None
+        try:
+            for name, refused in batch:
+                if failure is not None:
+                    if refused is None:   # sent before the failure: done, and reported as done
+                        self.unregistered.append(name)
+                    continue
+                try:
+                    outcome = self._unregister(kind, name, refused) if refused is not None else Unregister.UNREGISTERED
+                except TritonError as exc:
+                    failure = exc
+                    batch.stop()
+                    continue
+                if outcome is Unregister.UNREGISTERED:
+                    self.unregistered.append(name)
+                elif outcome is Unregister.KEPT:
+                    still_registered.add(name)
+        finally:
+            # in the order selected, whatever order the answers came in
+            order = {rec['name']: i for i, rec in enumerate(selected)}
+            self.unregistered[first:] = sorted(self.unregistered[first:], key=order.__getitem__)
+        if failure is not None:
+            raise failure
 
     def _salvage_files(self, snap: Snapshot, selected: list, file_plan: list, still_registered: set) -> None:
         """After a failure part-way: remove the files of the regions confirmed unregistered and gone from the status,

@@ -13,15 +13,17 @@ use_keep_alive() switches plain http to one kept-alive ``http.client`` connectio
 from __future__ import annotations
 
 import json
+import selectors
 import socket
 import string
 import traceback
 
+from collections.abc import Iterable, Iterator
 from http import client as http_client
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    HTTP, Client, Library, check_kind, error_from_answer, short, snippet, split_url,
+    HTTP, Answer, Client, Library, UnregisterBatch, check_kind, error_from_answer, host_port, short, snippet, split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
 
@@ -37,6 +39,16 @@ except ImportError:
 # Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
 _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
 _KIND_ROOT = {'system': 'systemsharedmemory', 'cuda': 'cudasharedmemory'}
+
+# Bulk unregisters go over this many kept-alive connections at once, one request in flight on each
+# (Triton 2.51 does not answer pipelined requests). One by default: when the server stalls part-way,
+# every request in flight may have been done with its answer lost, and a lost answer leaves an
+# unregistered file that a rerun with stale=true no longer claims (measured: 4 of 4 with 4 connections;
+# tests/integration/test_triton_shm_region.py allows one). The saving over http.client comes from the
+# one-thread parse (docs/performance.md).
+BULK_CONNECTIONS = 1
+# fewer regions than this are unregistered one after the other on the one kept-alive connection
+BULK_MIN = 8
 
 
 def region_segment(name: str) -> str:
@@ -130,16 +142,21 @@ class TritonClient(Client):
     def request(self, method: str, path: str, body: dict | None = None, what: str | None = None,
                 expect_json: bool = True) -> tuple[int, Any]:
         """Send one request; return (status, decoded JSON or None). Raise TritonError on any failure."""
+        self.requests_made += 1
+        return self._send(method, path, body, what, expect_json, self._keep_alive)
+
+    def _send(self, method: str, path: str, body: dict | None, what: str | None, expect_json: bool,
+              keep_alive: _KeepAlive | None) -> tuple[int, Any]:
+        """request() over keep_alive (None: the requests session), without counting it."""
         url = self.base + path
         what = what or f'{method} {path}'
         data = headers = None
         if body is not None:
             data = json.dumps(body)
             headers = {'Content-Type': 'application/json'}
-        self.requests_made += 1
         try:
-            if self._keep_alive is not None:
-                resp = self._keep_alive.send(method, path, data, headers)
+            if keep_alive is not None:
+                resp = keep_alive.send(method, path, data, headers)
             else:
                 prepared = self.session.prepare_request(requests.Request(method, url, data=data, headers=headers))
                 prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
@@ -230,6 +247,202 @@ class TritonClient(Client):
     def unregister(self, kind: str, name: str) -> None:
         self.request('POST', f'{region_path(kind, name)}/unregister',
                      what=f"unregister {kind} region '{name}'", expect_json=False)
+
+    def unregister_many(self, kind: str, names: Iterable[str]) -> UnregisterBatch:
+        """Over the kept-alive connection: BULK_CONNECTIONS connections at once (order does not matter to Triton)."""
+        names = list(names)
+        if self._keep_alive is None or len(names) < BULK_MIN:
+            return UnregisterBatch(self, kind, names)
+        return _SelectorUnregister(self, kind, names)
+
+
+class _Conn:
+    """One connection of a _SelectorUnregister: its socket, what came so far, the region it waits for."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.buf = b''
+        self.name: str | None = None
+        self.request = b''
+        self.reused = False      # an answer came over this socket already (the server may close it when idle)
+        self.retried = False
+
+
+def _parse_answer(buf: bytes) -> tuple[int, str, bytes, bool, int] | None:
+    """(status, reason, body, close, length used) of the first complete HTTP/1.x answer in buf; None while incomplete.
+
+    ValueError when buf is not an HTTP answer.
+    """
+    end = buf.find(b'\r\n\r\n')
+    if end < 0:
+        return None
+    lines = buf[:end].decode('latin-1').split('\r\n')
+    version, status, reason = (lines[0].split(' ', 2) + [''])[:3]
+    if not version.startswith('HTTP/1.'):
+        raise ValueError(f'not an HTTP answer: {lines[0][:80]!r}')
+    headers = {}
+    for line in lines[1:]:
+        key, _sep, value = line.partition(':')
+        headers[key.strip().lower()] = value.strip().lower()
+    close = version == 'HTTP/1.0' or headers.get('connection') == 'close'
+    pos = end + 4
+    if 'chunked' in headers.get('transfer-encoding', ''):
+        body = b''
+        while True:
+            line_end = buf.find(b'\r\n', pos)
+            if line_end < 0:
+                return None
+            size = int(buf[pos:line_end].split(b';')[0], 16)
+            if size == 0:
+                if len(buf) < line_end + 4:
+                    return None
+                return int(status), reason, body, close, line_end + 4
+            if len(buf) < line_end + 4 + size:
+                return None
+            body += buf[line_end + 2:line_end + 2 + size]
+            pos = line_end + 4 + size
+    if 'content-length' not in headers:
+        return int(status), reason, b'', True, pos      # a body until the close: not read, the connection is closed after
+    length = int(headers['content-length'])
+    if len(buf) < pos + length:
+        return None
+    return int(status), reason, buf[pos:pos + length], close, pos + length
+
+
+class _SelectorUnregister(UnregisterBatch):
+    """Unregisters over BULK_CONNECTIONS kept-alive connections at once, one request in flight on each, in one thread.
+
+    Triton 2.51 does not answer pipelined requests, and threads cost more Python than they save on a loaded host
+    (docs/performance.md): one thread waits on all the connections (selectors) and sends the next request on
+    whichever answered. Answers are parsed here (status line, headers, Content-Length or chunked body); an error
+    answer becomes the TritonError request() would raise. An idle connection the server closed is opened again
+    and its request sent once more (unregister is idempotent), as _KeepAlive does.
+    """
+
+    def __init__(self, client: TritonClient, kind: str, names: list[str]) -> None:
+        super().__init__(client, kind, names)
+        keep_alive = client._keep_alive  # pylint: disable=protected-access
+        self._address = (keep_alive.host, keep_alive.port)
+        self._timeout = keep_alive.timeout
+        lines = ''.join(f'{k}: {v}\r\n' for k, v in keep_alive.headers.items())
+        self._tail = (f' HTTP/1.1\r\nHost: {host_port(keep_alive.host, keep_alive.port)}\r\n{lines}'
+                      'Content-Length: 0\r\n\r\n').encode('ascii')
+        self._names = iter(self.names)
+        self._sel = selectors.DefaultSelector()
+
+    def _what(self, name: str) -> str:
+        return f"unregister {self.kind} region '{name}'"
+
+    def _failure(self, name: str, text: str) -> Answer:
+        url = f'{self.client.base}{region_path(self.kind, name)}/unregister'
+        return Answer(name, self.client.error(f'{self._what(name)} at {url}: {text}', url))
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.sock is not None:
+            self._sel.unregister(conn.sock)
+            conn.sock.close()
+            conn.sock = None
+        conn.buf = b''
+        conn.reused = False
+
+    def _send(self, conn: _Conn) -> Answer | None:
+        """Send conn.request (connecting first when needed); an Answer when it could not be sent."""
+        try:
+            if conn.sock is None:
+                conn.sock = socket.create_connection(self._address, timeout=self._timeout)
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+            conn.sock.sendall(conn.request)
+        except OSError as exc:
+            fresh = not conn.reused
+            self._close(conn)
+            if fresh or conn.retried:
+                return self._failure(conn.name, f'cannot connect to Triton (refused or unreachable): {short(exc)}')
+            conn.retried = True
+            return self._send(conn)
+        return None
+
+    def _next(self, conn: _Conn) -> Iterator[Answer]:
+        """Send the next name's unregister on conn (none after stop()); names a path cannot carry are answered at once."""
+        while not self.stopped:
+            name = next(self._names, None)
+            if name is None:
+                break
+            try:
+                path = f'{region_path(self.kind, name)}/unregister'
+            except UnaddressableName as exc:
+                yield Answer(name, exc)
+                continue
+            conn.name, conn.request, conn.retried = name, f'POST {path}'.encode('ascii') + self._tail, False
+            failed = self._send(conn)
+            if failed is None:
+                return
+            yield failed
+            return
+        self._close(conn)
+
+    def _read(self, conn: _Conn) -> Iterator[Answer]:
+        try:
+            data = conn.sock.recv(65536)
+        except OSError as exc:
+            data, error = b'', short(exc)
+        else:
+            error = 'the server closed the connection'
+        if not data:
+            if conn.reused and not conn.buf and not conn.retried:
+                self._close(conn)
+                conn.retried = True
+                failed = self._send(conn)
+                if failed is not None:
+                    yield failed
+                return
+            self._close(conn)
+            yield self._failure(conn.name, f'cannot connect to Triton (refused or unreachable): {error}')
+            return
+        conn.buf += data
+        try:
+            parsed = _parse_answer(conn.buf)
+        except ValueError as exc:
+            self._close(conn)
+            yield self._failure(conn.name, f'the response is not HTTP: {short(exc)}')
+            return
+        if parsed is None:
+            return
+        status, reason, body, close, used = parsed
+        conn.buf = conn.buf[used:]
+        conn.reused = True
+        if close:
+            self._close(conn)
+        answer = Answer(conn.name, None)
+        if status >= 300:
+            url = f'{self.client.base}{region_path(self.kind, conn.name)}/unregister'
+            try:
+                self.client._decode(_Response(status, reason, body), self._what(conn.name), url, False)  # pylint: disable=protected-access
+            except TritonError as exc:
+                answer = Answer(conn.name, exc)
+        self.client.requests_made += 1
+        yield answer
+        yield from self._next(conn)
+
+    def __iter__(self) -> Iterator[Answer]:
+        conns = [_Conn() for _i in range(min(BULK_CONNECTIONS, len(self.names)))]
+        try:
+            for conn in conns:
+                yield from self._next(conn)
+            while self._sel.get_map():
+                events = self._sel.select(self._timeout)
+                if not events:
+                    for key in list(self._sel.get_map().values()):
+                        self._close(key.data)
+                        yield self._failure(key.data.name, f'no answer within {self._timeout}s (timeout)')
+                    return
+                for key, _mask in events:
+                    if key.data.sock is not None:
+                        yield from self._read(key.data)
+        finally:
+            for conn in conns:
+                self._close(conn)
+            self._sel.close()
 
 
 class _Response:

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import os
 import re
 import traceback
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    GRPC, GRPC_SCHEMES, Client, Library, check_kind, error_from_answer, host_port, short, split_url,
+    GRPC, GRPC_SCHEMES, Answer, Client, Library, UnregisterBatch, check_kind, error_from_answer, host_port, short, split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
 
@@ -36,6 +38,8 @@ _TLS_WORDS = ('ssl', 'tls', 'handshake', 'certificate')
 _METADATA_KEY = re.compile(r'^[0-9a-z_.-]+$')
 _RESERVED_KEYS = ('content-type', 'te', 'user-agent', 'host', 'connection')
 _MAX_MESSAGE = 64 << 20   # a status of 100,000 regions is a few MiB
+# Bulk unregisters: at most this many calls in flight on the one channel (docs/performance.md)
+BULK_WINDOW = 64
 _EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every region)'
 
 
@@ -260,3 +264,40 @@ class TritonGrpcClient(Client):
             self.call('SystemSharedMemoryUnregister', _Lib.pb.SystemSharedMemoryUnregisterRequest(name=self._name(name, what)), what)
         else:
             self.call('CudaSharedMemoryUnregister', _Lib.pb.CudaSharedMemoryUnregisterRequest(name=self._name(name, what)), what)
+
+    def unregister_many(self, kind: str, names: Iterable[str]) -> UnregisterBatch:
+        """Up to BULK_WINDOW unregisters in flight at once on the one channel (futures)."""
+        return _FutureUnregister(self, kind, names)
+
+
+class _FutureUnregister(UnregisterBatch):
+    """Unregisters as gRPC futures on the client's one channel, at most BULK_WINDOW in flight; answers in the order sent."""
+
+    def __iter__(self) -> Iterator[Answer]:
+        client, kind = self.client, self.kind
+        system = kind == 'system'
+        method = getattr(client._service(), 'SystemSharedMemoryUnregister' if system  # pylint: disable=protected-access
+                         else 'CudaSharedMemoryUnregister').future
+        make = _Lib.pb.SystemSharedMemoryUnregisterRequest if system else _Lib.pb.CudaSharedMemoryUnregisterRequest
+        pending: collections.deque = collections.deque()
+        names = iter(self.names)
+        while True:
+            while not self.stopped and len(pending) < BULK_WINDOW:
+                name = next(names, None)
+                if name is None:
+                    break
+                what = f"unregister {check_kind(kind)} region '{name}'"
+                if not name:
+                    yield Answer(name, UnaddressableName(f'{what}: {_EMPTY_NAME}'))
+                    continue
+                pending.append((name, what, method(make(name=name), timeout=client.timeout, metadata=client.metadata)))
+            if not pending:
+                return
+            name, what, future = pending.popleft()
+            client.requests_made += 1
+            try:
+                future.result()
+            except _Lib.grpc.RpcError as exc:
+                yield Answer(name, client._rpc_error(exc, what))  # pylint: disable=protected-access
+            else:
+                yield Answer(name, None)
