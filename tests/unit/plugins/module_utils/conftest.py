@@ -20,6 +20,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_COLLECTION)))
 if _COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm'] and _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+# grpcio's fork support restarts its threads in a forked child: _run_as's child must stay single-threaded
+# to setns() into a mount namespace (EINVAL otherwise). Read when grpc is first imported.
+os.environ.setdefault('GRPC_ENABLE_FORK_SUPPORT', 'false')
+
 NOBODY = 65534
 
 

@@ -23,12 +23,13 @@ from ansible_collections.tritonops.shm.plugins.module_utils import triton_api
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
-from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # noqa: F401 (fixtures)
-    FakeClock, complete_scan, make_file, region, run, server_proc, shm,
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # fixtures server_proc, shm, complete_scan: conftest
+    FakeClock, make_file, region, run,
 )
 
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
 COUNT = 60
+pytestmark = pytest.mark.usefixtures('complete_scan')
 
 
 class Shared:
