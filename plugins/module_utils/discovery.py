@@ -36,8 +36,9 @@ from collections.abc import Container, Iterable, Iterator
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (Backoff, child_pids, fd_count, list_pids, netns_inode,
-                                                                         read_comm, socket_inodes)
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
+    Backoff, child_pids, fd_count, list_pids, netns_inode, read_comm, socket_inodes,
+)
 
 SERVER_COMMS = ('tritonserver',)
 _LISTEN = '0A'

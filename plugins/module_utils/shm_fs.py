@@ -34,6 +34,7 @@ def backend_of(name: str) -> str | None:
     found = _BACKEND_FILE.match(name)
     return found.group(1) if found else None
 
+
 # The mark of a region this collection registered (the 建 step): an extended attribute of the
 # backing file, whose value is the region's name. trusted.* needs CAP_SYS_ADMIN to set and to read,
 # tmpfs supports it, and it goes with the file: a file removed and created again has no mark.

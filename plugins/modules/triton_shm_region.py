@@ -238,7 +238,7 @@ pending:
       listed in the status after O(in_use_timeout) seconds of waiting. The server drops them when those requests finish.
     - Their files are never removed while they are listed; a later run removes them (and reports the region then as
       RV(unregistered) or, when it is already gone, not at all).
-    - An accepted unregister is a change of the server, so a pending region makes RV(changed) true; a run that finds it still
+    - An accepted unregister is a change of the server, so a pending region makes C(changed) true; a run that finds it still
       listed unregisters it again (Triton accepts that) and reports it pending again until it is gone.
     - Always empty in check mode (whether a server defers cannot be known without unregistering).
   returned: always

@@ -505,4 +505,4 @@ def test_older_servers_answer_none_of_these(serve, shm, server_proc):
     assert sorted(model.regions) == ['a', 'b']
     with pytest.raises(TritonError) as err:
         client.register_system('a', '/a', 0, KIB)
-    assert type(err.value) is TritonError and 'already in manager' in err.value.msg
+    assert err.type is TritonError and 'already in manager' in err.value.msg   # no subclass: a plain refusal
