@@ -105,3 +105,26 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
     assert start - 2 <= m['tritonops_shm_cleanup_last_run_timestamp_seconds'][0] <= time.time() + 2
     m = metrics(prom['triton2'], 'tritonops_shm_cleanup', 'triton2')
     assert m['tritonops_shm_cleanup_last_success'][0] == 0
+
+
+def test_an_unreachable_host_is_shown_not_run_and_the_others_reported(fleet, tmp_path):
+    """A host Ansible cannot reach sets no fact: the fleet table, JSON and HTML still come, with it marked 'not run'."""
+    up = fleet.servers[0]
+    up.leak('dead', byte_size=MiB)
+    hosts = {up.name: dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=up.url,
+                           prometheus_textfile_dir=''),
+             # nothing listens on port 1 of this machine's loopback: the connection is refused, the host unreachable
+             'ghost': dict(ansible_connection='ssh', ansible_host='127.0.0.1', ansible_port=1, ansible_user='nobody',
+                           ansible_ssh_common_args='-o BatchMode=yes -o ConnectTimeout=5', triton_url='http://127.0.0.1:1')}
+    inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
+    report_dir = tmp_path / 'report'
+
+    res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'report_dir': str(report_dir)})
+
+    assert res.stats['ghost']['unreachable'] == 1, res
+    lines = res.task("Show the fleet's shared memory")['msg']
+    assert [line for line in lines if line.startswith(f'{up.name} ')][0].split()[1] == 'ok', lines
+    assert 'NOT RUN' in [line for line in lines if line.startswith('ghost ')][0], lines
+    rows = {r['host']: r for r in json.loads((report_dir / 'report.json').read_text())['hosts']}
+    assert rows['ghost']['status'] == 'not run' and rows[up.name]['stale'] == ['dead']
+    assert 'ghost' in (report_dir / 'report.html').read_text()
