@@ -301,9 +301,14 @@ def _undocumented(value, spec, where, allowed_extra=()):
     return out
 
 
-def test_return_docs_match_the_result(scene):
+def test_return_docs_match_the_result(scene, tmp_path):
     docs = _return_docs()
-    results = [scene['info'], scene['plain']]
+    # the same query writing its node_exporter textfile (metrics_files is returned only then)
+    fed = ansible_helpers.run_module(INFO, dict(url=scene['server'].url, orphan_patterns=PATTERNS, query=QUERY,
+                                                metrics_dir=str(tmp_path), metrics_host='triton1'))
+    assert not fed.get('failed'), fed
+    assert fed['metrics_files'] and all(os.path.dirname(p) == str(tmp_path) for p in fed['metrics_files'])
+    results = [scene['info'], scene['plain'], fed]
     # every top-level key the module returns is documented, and every key documented as always returned is there
     for res in results:
         assert set(res) - ANSIBLE_KEYS - set(docs) == set()
@@ -325,6 +330,7 @@ def test_return_docs_match_the_result(scene):
                     seen.add('%s.%s' % (where, key))
                     collect(sub, '%s.%s' % (where, key))
     collect(dict(scene['info']), 'result')
+    collect(dict(fed), 'result')
 
     def documented(spec, where):
         for key, sub in spec.items():
