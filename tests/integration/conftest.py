@@ -22,6 +22,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def fleet(tmp_path):
+    """Two real servers with a 32 MiB /dev/shm each and no models; a test file that needs another fleet defines its own."""
+    f = tritonrig.Fleet(2, workdir=str(tmp_path), shm_size='32m', models=())
+    try:
+        f.start()
+        yield f
+    finally:
+        f.stop()
+
+
+@pytest.fixture
 def triton(tmp_path):
     """A started server (64 MiB private /dev/shm, echo python model); stopped after the test."""
     server = tritonrig.TritonServer(workdir=str(tmp_path), shm_size='64m')

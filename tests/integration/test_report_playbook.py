@@ -5,23 +5,11 @@ import json
 import os
 import time
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    f = tritonrig.Fleet(2, workdir=str(tmp_path), shm_size='32m', models=())
-    try:
-        f.start()
-        yield f
-    finally:
-        f.stop()
 
 
 def metrics(directory, kind, host):

@@ -23,6 +23,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import triton_api
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.grpc_answers import grpc_status_response
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # fixtures server_proc, shm, complete_scan: conftest
     FakeClock, make_file, region, run,
 )
@@ -125,13 +126,7 @@ class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerMetadataResponse(name='triton', version='2.51.0', extensions=['system_shared_memory'])
 
     def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
-        resp = service_pb2.SystemSharedMemoryStatusResponse()
-        for r in self.shared.status():
-            resp.regions[r['name']].name = r['name']
-            resp.regions[r['name']].key = r['key']
-            resp.regions[r['name']].offset = r['offset']
-            resp.regions[r['name']].byte_size = r['byte_size']
-        return resp
+        return grpc_status_response(self.shared.status())
 
     def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
         outcome = self.shared.unregister(request.name)

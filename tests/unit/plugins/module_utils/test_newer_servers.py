@@ -27,6 +27,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import inventory  # 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (  # noqa: E402
     CLIENT_SHM_HINT, OVERFLOW_HINT, RESERVED_KEY_HINT, SHM_UNSUPPORTED_HINT,
 )
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.grpc_answers import grpc_status_response  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (  # noqa: E402
     ClientShmDisabled, ParameterError, RegionInUse, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError,
 )
@@ -205,13 +206,7 @@ class _GrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
         regions = self._do(context, self.model.status)
-        resp = service_pb2.SystemSharedMemoryStatusResponse()
-        for r in regions:
-            resp.regions[r['name']].name = r['name']
-            resp.regions[r['name']].key = r['key']
-            resp.regions[r['name']].offset = r['offset']
-            resp.regions[r['name']].byte_size = r['byte_size']
-        return resp
+        return grpc_status_response(regions)
 
     def CudaSharedMemoryStatus(self, request, context):  # noqa: N802
         return service_pb2.CudaSharedMemoryStatusResponse()
