@@ -42,6 +42,16 @@ output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
 
+# Python models the rig can serve: the same echo code under each name, so that a server runs several python
+# models, each with its own stub and backend pool (issue 27: pools are named for their model).
+PYTHON_MODELS = ('echo', 'mirror')
+
+
+def model_config(name):
+    """The config.pbtxt of the rig's python model NAME (ECHO_CONFIG under that name)."""
+    return ECHO_CONFIG.replace('name: "echo"', 'name: "%s"' % name, 1)
+
+
 # The python backend stub embeds the base interpreter, whose sys.path does not
 # include this venv: put the venv's site-packages first so numpy imports.
 ECHO_MODEL = '''import sys
@@ -347,11 +357,13 @@ class TritonServer:
 
     def _model_repository(self):
         repo = os.path.join(self.workdir, 'models-%s' % self.name)
-        if 'echo' in self.models:
-            os.makedirs(os.path.join(repo, 'echo', '1'), exist_ok=True)
-            with open(os.path.join(repo, 'echo', 'config.pbtxt'), 'w') as f:
-                f.write(ECHO_CONFIG)
-            with open(os.path.join(repo, 'echo', '1', 'model.py'), 'w') as f:
+        for model in PYTHON_MODELS:
+            if model not in self.models:
+                continue
+            os.makedirs(os.path.join(repo, model, '1'), exist_ok=True)
+            with open(os.path.join(repo, model, 'config.pbtxt'), 'w') as f:
+                f.write(model_config(model))
+            with open(os.path.join(repo, model, '1', 'model.py'), 'w') as f:
                 f.write(ECHO_MODEL.format(sites=self.paths['model_path']))
         os.makedirs(repo, exist_ok=True)
         return repo
