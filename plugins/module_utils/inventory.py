@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
@@ -72,6 +73,7 @@ class Snapshot:
     dir_error: str | None = None
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    authority: authority_mod.Authority | None = None   # what the server's own user may remove there (None: not read, nothing may)
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -168,9 +170,10 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
         if warning:
             warnings.append(warning)
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    authority = authority_mod.read_authority(location.pid, readable_dir, proc) if readable_dir is not None else None
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported)
+                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, authority=authority)
 
 
 def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
@@ -217,22 +220,48 @@ def _file_name(key: Any) -> str | ShmFsError:
 
 @dataclasses.dataclass(frozen=True)
 class Criteria:
-    """The caller's side of file classification: orphan patterns and grace age, backend patterns."""
+    """The caller's side of file classification: orphan patterns and grace age, backend patterns, client users."""
 
     orphan_patterns: tuple = ()
     min_age: float = DEFAULT_MIN_AGE
     backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
+    client_uids: frozenset = frozenset()   # uids whose files a cleanup may remove besides the server's user's
 
     @classmethod
     def of(cls, orphan_patterns: Iterable[str] | None = None, min_age: float = DEFAULT_MIN_AGE,
-           backend_patterns: Iterable[str] | None = None) -> Criteria:
+           backend_patterns: Iterable[str] | None = None, client_users: Iterable[object] | None = None) -> Criteria:
         """From module options: None patterns are none (orphans) or the default (backend).
 
         The files of every Python-based backend (shm_fs.BACKEND_FILE_PATTERN) are backend files whatever
         backend_patterns says: the configured patterns add to them, never replace them.
+        client_users: names or numeric uids (authority.client_uids; ParameterError for an unknown name).
         """
         backend = tuple(dict.fromkeys(shm_fs.BACKEND_PATTERNS + tuple(backend_patterns or ())))
-        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend)
+        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend,
+                   client_uids=authority_mod.client_uids(client_users))
+
+
+# names no two families share: a pattern matching all of them matches (nearly) every name
+_PROBE_NAMES = ('a', 'Z9', '.x', 'sem.x', 'client_in_0', '-', '~')
+
+
+def broad_pattern_warnings(patterns: Iterable[str] | None) -> list[str]:
+    """The warnings for orphan patterns that match every name (a bare V(*)): one per such pattern."""
+    return [f"orphan_patterns {p!r} matches every file name: only the families of other software that are never orphans "
+            "(docs/concepts.md), the owner rule (client_users) and min_age stand between it and other programs' files; "
+            "give your clients' prefix instead, for example 'client_*'"
+            for p in patterns or () if all(matches(n, (p,)) for n in _PROBE_NAMES)]
+
+
+def removal_refusal(snap: Snapshot, criteria: Criteria, entry: dict) -> str | None:
+    """Why this run may not remove the regular file of entry whatever its state, or None (no borrowed authority).
+
+    The server's own user must be able to remove it (authority.Authority.unlink_refusal), and its owner must be
+    the server's user or one of the client users (owner_refusal). Not known: refused.
+    """
+    if snap.authority is None:
+        return 'not removed: what the server process may remove in its shm directory is not known'
+    return snap.authority.refusal(entry['uid'], criteria.client_uids)
 
 
 class Records(NamedTuple):
@@ -350,6 +379,10 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
                                                             criteria)
+    if rec['category'] == 'orphan':
+        refused = removal_refusal(snap, criteria, e)
+        if refused is not None:
+            rec['category'], rec['category_reason'] = 'foreign', refused
     rec['backend'] = file_backend(e['name'], rec['category'])
     return rec
 
@@ -381,6 +414,9 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
         return 'backend', "Triton's python backend shared memory (matches the backend patterns): never an orphan"
     if all_holders:
         return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
+    software = shm_fs.other_software(e['name'])
+    if software is not None:
+        return 'foreign', f'{software}: never an orphan, whatever orphan_patterns says'
     if not matches(e['name'], criteria.orphan_patterns):
         return 'foreign', 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:

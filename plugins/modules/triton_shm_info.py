@@ -355,7 +355,10 @@ def run(module: AnsibleModule, client) -> None:
                                  require_readable_dir=params['shm_dir'] is not None, report_unsupported=True)
     for warning in snap.warnings:
         module.warn(warning)
-    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'])
+    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'],
+                                     params['client_users'])
+    for warning in inventory.broad_pattern_warnings(params['orphan_patterns']):
+        module.warn(warning)
     result = inventory.info_result(snap, inventory.classify(snap, criteria), live=live, ready=ready)
     if compiled is not None:
         try:

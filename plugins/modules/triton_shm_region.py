@@ -344,7 +344,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE, broad_pattern_warnings
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import IN_USE_TIMEOUT, RegionOps
 
 
@@ -374,6 +374,9 @@ def validate(module: AnsibleModule, client) -> None:
             module.fail_json(msg='state=absent needs a selector: name, stale=true, reserved=true, all=true or orphan_files=true')
         if p['orphan_files'] and not p['orphan_patterns']:
             module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
+        if p['orphan_files']:
+            for warning in broad_pattern_warnings(p['orphan_patterns']):
+                module.warn(warning)
         if p['min_age'] < 0:
             module.fail_json(msg='min_age must be 0 or more seconds')
     if p['inventory'] and (p['state'] != 'absent' or p['kind'] != 'system'):
