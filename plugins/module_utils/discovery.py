@@ -738,13 +738,43 @@ def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, atte
     return _Followed(Location.not_found('; '.join(reasons) or f'the connection to {host}:{port} could not be followed'), held, True)
 
 
+def shared_port(host: str, port: int, proc: str, listening: list[int]) -> str | None:
+    """Why the port cannot name one server when distinct processes listen on it (SO_REUSEPORT), else None.
+
+    Triton's --reuse-http-port (and --reuse-grpc-port) let several servers listen on one port: the kernel spreads
+    the connections, so the server that answers a call and the one discovery would find can differ. A forked
+    child or a thread shares its server's socket (same inode): distinct processes each with their own listening
+    socket are distinct servers.
+    """
+    if len(listening) < 2:
+        return None
+    tracer = _Tracer(proc)
+    wanted = set(listening)
+    owners = {}
+    for inode in listening:
+        pid = tracer.first_holder([inode])
+        if pid is not None:
+            owners[pid] = tracer.inodes(pid) & wanted
+    apart = sorted(p for p in owners if not any(q != p and owners[q] & owners[p] for q in owners))
+    if len(owners) < 2 or not apart:
+        return None
+    who = ', '.join(_who(p, proc) for p in sorted(owners))
+    return (f'{len(owners)} processes listen on {host}:{port} each with a socket of its own ({who}), as with '
+            f"Triton's --reuse-http-port: a call may reach any of them, so one server cannot be judged by another's "
+            'files; set server_pid to the one meant')
+
+
 def find_server(host: str, port: int, proc: str = '/proc', timeout: float = 2.0, max_hops: int = MAX_HOPS,
                 attempts: int = 6) -> Location:
     """Find the tritonserver process serving host:port: its pid and located_by, or the reason it was not found.
 
-    The Location has no shm_dir and no warnings: locate_server adds them.
+    The Location has no shm_dir and no warnings: locate_server adds them. Several processes listening on the port
+    (shared_port) are refused: server_pid must say which.
     """
     listening = _listening_inodes(host, port, proc)
+    shared = shared_port(host, port, proc, listening)
+    if shared is not None:
+        return Location.not_found(shared)
     followed = _follow(host, port, proc, timeout, max_hops, attempts, listening)
     if followed.location.pid is not None:
         return followed.location

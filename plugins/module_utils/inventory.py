@@ -75,9 +75,11 @@ class Snapshot:
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
     authority: authority_mod.Authority | None = None   # what the server's own user may remove there (None: not read, nothing may)
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
+    _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, '_by_name', {e['name']: e for e in self.entries})
+        object.__setattr__(self, '_listed', {(e['dev'], e['inode']) for e in self.entries if e['type'] == 'file'})
 
     @property
     def pid(self) -> int | None:
@@ -99,6 +101,19 @@ class Snapshot:
     @property
     def holders_complete(self) -> bool:
         return bool(self.scan is not None and self.scan.complete)
+
+    def unlinked(self, name: str) -> list:
+        """[(dev, ino)] of the unlinked files named name that the server still maps, matched by (dev, ino).
+
+        Its maps print an unlinked file as "NAME (deleted)", and a file literally named "NAME (deleted)" the same way:
+        a file still listed in the directory (same device and inode) is not unlinked, whatever its maps line says.
+        """
+        if self.scan is None or self.pid is None:
+            return []
+        found = self.scan.deleted_all.get(name)
+        if found is None:
+            found = [self.scan.deleted[name]] if name in self.scan.deleted else []
+        return [k for k in found if k not in self._listed]
 
     def entry(self, name: str) -> dict | None:
         return self._by_name.get(name)
@@ -283,6 +298,7 @@ class RegionFacts(NamedTuple):
     holders_complete: bool = False
     server_known: bool = False
     reserved: bool = False            # its mark names this region
+    ambiguous: str | None = None      # why the file that backs it cannot be told (several files of its name)
 
 
 def region_state(f: RegionFacts) -> tuple[str, str]:
@@ -294,6 +310,8 @@ def region_state(f: RegionFacts) -> tuple[str, str]:
         return UNKNOWN, 'the shm directory of the server is not known'
     if f.key_error is not None:
         return UNKNOWN, f'backing file cannot be located safely: {f.key_error}'
+    if f.ambiguous is not None:
+        return UNKNOWN, f.ambiguous
     if f.file_type is None:
         return DANGLING, f'backing file {f.path} is missing' + (' (still mapped by a client)' if f.holders else '')
     if f.file_type != 'file':
@@ -316,35 +334,48 @@ def _file_summary(e: dict) -> dict:
             'mtime': e['mtime'], 'age_s': e['age_s']}
 
 
+def _idents(keys: Iterable[tuple]) -> str:
+    """(dev, ino) pairs as people read them: 'inode 12 on 0:45, inode 13 on 0:45'."""
+    return ', '.join(f'inode {ino} on {os.major(dev)}:{os.minor(dev)}' for dev, ino in keys)
+
+
 def region_record(snap: Snapshot, region: dict) -> dict:
     """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable."""
     rec = dict(region)
     file = key_error = path = file_type = None
     holders: list = []
     reserved = False
+    ambiguous = None
     if snap.shm_dir is not None:
         name = _file_name(region.get('key'))
         if isinstance(name, ShmFsError):
             key_error = str(name)
         else:
             e = snap.entry(name)
+            unlinked = snap.unlinked(name)   # matched by (dev, ino), never by name alone
             if e is None:
                 path = os.path.join(snap.shm_dir, name)
                 file = {'path': path, 'exists': False}
-                ident = snap.deleted.get(name)
-                if ident:
-                    holders = snap.client_holders(*ident)
+                if len(unlinked) == 1:
+                    holders = snap.client_holders(*unlinked[0])
+                elif unlinked:
+                    ambiguous = (f'the server maps {len(unlinked)} unlinked files that were named {name} '
+                                 f'({_idents(unlinked)}): which one backs this region cannot be told')
             else:
                 file = _file_summary(e)
                 path, file_type = e['path'], e['type']
                 if file_type == 'file':
                     holders = snap.client_holders(e['dev'], e['inode'])
                     reserved = snap.marks.get(name) == region.get('name')
+                if unlinked:
+                    ambiguous = (f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
+                                 f'same name ({_idents(unlinked)}): which one backs this region cannot be told')
     rec['file'] = file
     rec['holders'] = holders
     rec['reserved'] = reserved
     rec['state'], rec['state_reason'] = region_state(RegionFacts(
-        snap.shm_dir is not None, key_error, path, file_type, holders, snap.holders_complete, snap.pid is not None, reserved))
+        snap.shm_dir is not None, key_error, path, file_type, holders, snap.holders_complete, snap.pid is not None, reserved,
+        ambiguous))
     rec['reclaimable'] = reclaimable(snap, rec)
     return rec
 
