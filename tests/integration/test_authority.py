@@ -212,10 +212,11 @@ def test_a_live_clients_unlinked_file_is_not_judged_by_a_new_file_of_its_name(tr
 
 
 def test_a_file_literally_named_deleted_is_not_the_live_clients(triton):
-    live = triton.client('live', key='/k', byte_size=4096)
-    os.unlink(triton.shm_path('k'))
-    triton.write_file('k (deleted)', 4096, age=DAY)   # prints in Triton's maps as the unlinked /dev/shm/k
+    # a dead client's file literally named "k (deleted)": Triton's maps print it as an unlinked /dev/shm/k
+    triton.write_file('k (deleted)', 4096, age=DAY)
     register(triton, 'dead', '/k (deleted)')
+    live = triton.client('live', key='/k', byte_size=4096)
+    os.unlink(triton.shm_path('k'))             # the live client unlinks its file right after registering it
     res = run(REGION, url=triton.url, state='absent', stale=True)
     assert not res.get('failed'), res
     regions = triton.system_regions()
