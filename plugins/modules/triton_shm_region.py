@@ -27,7 +27,9 @@ description:
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
     holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
     Triton's python backend files and files matching no O(orphan_patterns) are never removed; when holders cannot all be seen
-    (not root), nothing is stale and no file is removed."
+    (not root), nothing is stale and no file is removed; a file the server process's own user could not remove, or whose owner
+    is neither the server's user nor one of O(client_users), is never removed (the region is still unregistered); files of
+    well-known other software (docs/concepts.md) are never orphans; several servers on the URL's port need O(server_pid)."
   - "With O(metrics_dir), O(state=absent) writes the node_exporter cleanup textfile in the same call: when it ended, whether it
     failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
     writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
