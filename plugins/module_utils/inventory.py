@@ -334,6 +334,15 @@ def _file_summary(e: dict) -> dict:
             'mtime': e['mtime'], 'age_s': e['age_s']}
 
 
+def _server_maps(snap: Snapshot, e: dict | None, unlinked: Sequence) -> bool:
+    """Whether the server process maps (or holds) the region's file: the listed one, or its one unlinked file."""
+    if snap.scan is None or snap.pid is None:
+        return False
+    if e is not None and e['type'] == 'file':
+        return snap.pid in snap.scan.holders.get((e['dev'], e['inode']), ())
+    return len(unlinked) == 1 and snap.pid in snap.scan.holders.get(unlinked[0], ())
+
+
 def _idents(keys: Iterable[tuple]) -> str:
     """(dev, ino) pairs as people read them: 'inode 12 on 0:45, inode 13 on 0:45'."""
     return ', '.join(f'inode {ino} on {os.major(dev)}:{os.minor(dev)}' for dev, ino in keys)
@@ -370,6 +379,9 @@ def region_record(snap: Snapshot, region: dict) -> dict:
                 if unlinked:
                     ambiguous = (f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
                                  f'same name ({_idents(unlinked)}): which one backs this region cannot be told')
+            if ambiguous is None and snap.location.shared is not None and not _server_maps(snap, e, unlinked):
+                ambiguous = (f'the port is shared by several servers and server process {snap.pid} does not map the backing '
+                             f'file {path}: the region may be another server\'s')
     rec['file'] = file
     rec['holders'] = holders
     rec['reserved'] = reserved

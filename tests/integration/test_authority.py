@@ -276,3 +276,27 @@ def test_other_softwares_files_are_never_orphans_even_under_a_bare_star(triton):
     files = {f['name']: f for f in info['files']}
     assert all(files[n]['category'] == 'foreign' and 'never an orphan' in files[n]['category_reason'] for n in OTHERS)
     assert 'owned by uid 1000' in files['someone_elses']['category_reason']
+
+
+def _mapped_shm_names(pid):
+    with open(f'/proc/{pid}/maps') as f:
+        return {line.split('/dev/shm/', 1)[1].strip() for line in f if '/dev/shm/' in line}
+
+
+def test_with_server_pid_on_a_shared_port_the_other_servers_regions_are_never_touched(make_triton):
+    port = tritonrig.free_port()
+    x = make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
+    y = make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
+    names = [f'shared_{i}' for i in range(8)]
+    for name in names:      # the same file name in both servers' /dev/shm; each register lands on either server
+        x.write_file(name, 4096)
+        y.write_file(name, 4096)
+        register(x, 'r_' + name, '/' + name)
+    on_y = _mapped_shm_names(y.pid) & set(names)
+    assert on_y and on_y != set(names), 'the kernel spread the registers over both servers'
+    for _attempt in range(4):   # each run's calls reach one server or the other
+        res = run(REGION, url=x.url, server_pid=x.pid, state='absent', stale=True)
+        assert not res.get('failed'), res
+        assert any('judged only by the regions whose files it maps' in w for w in res.get('warnings', [])), res
+        assert _mapped_shm_names(y.pid) & set(names) == on_y, f'a region of server Y was unregistered: {res["unregistered"]}'
+    assert set(os.listdir(y.shm_dir)) >= on_y

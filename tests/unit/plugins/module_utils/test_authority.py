@@ -125,13 +125,13 @@ def entry(name, ino, uid=0, age=3600.0):
             'mode': '0600', 'mtime': 1000.0, 'age_s': age, 'inode': ino, 'dev': DEV, 'ctime_ns': 1}
 
 
-def snapshot(system, entries, held, deleted_all, who=server(0, privileged=True)):
+def snapshot(system, entries, held, deleted_all, who=server(0, privileged=True), shared=None):
     scan = holders.HolderScan()
     scan.holders = {(DEV, ino): set(pids) for ino, pids in held.items()}
     scan.comms = {SERVER: 'tritonserver', CLIENT: 'python'}
     scan.deleted_all = {n: [(DEV, i) for i in inos] for n, inos in deleted_all.items()}
     scan.deleted = {n: ks[-1] for n, ks in scan.deleted_all.items()}
-    location = discovery.Location(SERVER, SHM, 'server_pid', [], None)
+    location = discovery.Location(SERVER, SHM, 'server_pid', [], None, shared)
     return Snapshot(url='http://127.0.0.1:8000', metadata={'version': '2.51.0'}, system=system, cuda=[], location=location,
                     shm_dir=SHM, entries=entries, scan=scan, authority=who)
 
@@ -230,5 +230,31 @@ def test_a_forked_child_sharing_the_socket_is_the_same_server():
     try:
         assert discovery.shared_port('127.0.0.1', port, '/proc', discovery._listening_inodes('127.0.0.1', port, '/proc')) is None
         assert discovery.find_server('127.0.0.1', port).pid == procs[0].pid
+    finally:
+        _stop(procs)
+
+
+def test_on_a_shared_port_only_regions_whose_files_the_named_server_maps_are_judged():
+    system = [region('mine', '/a'), region('theirs', '/b'), region('gone', '/c'), region('elsewhere', '/d')]
+    entries = [entry('a', 1), entry('b', 2)]
+    held = {1: [SERVER], 2: [], 3: [SERVER]}
+    shared = '2 processes listen on 127.0.0.1:8000 each with a socket of its own'
+    snap = snapshot(system, entries, held, {'c': [3]}, shared=shared)
+    assert states(snap) == {'mine': ('stale', True), 'theirs': ('unknown', False), 'gone': ('dangling', True),
+                            'elsewhere': ('unknown', False)}
+    # the same regions on a port of its own: judged as before
+    assert states(snapshot(system, entries, held, {'c': [3]}))['theirs'] == ('stale', True)
+
+
+def test_server_pid_on_a_shared_port_is_located_with_a_warning():
+    port = _port()
+    procs = [_listen(port), _listen(port)]
+    try:
+        found = discovery.locate_server('127.0.0.1', port, f'http://127.0.0.1:{port}', server_pid=procs[0].pid)
+        assert found.pid == procs[0].pid and found.shared is not None
+        assert any('judged only by the regions whose files it maps' in w for w in found.warnings)
+        single = _port()
+        procs.append(_listen(single))
+        assert discovery.locate_server('127.0.0.1', single, 'x', server_pid=procs[-1].pid).shared is None
     finally:
         _stop(procs)
