@@ -177,10 +177,23 @@ def test_a_rootless_server_still_gets_its_own_leaks_cleaned(open_dir):
 
 # -- finding 2: two servers on one port ---------------------------------------------------------------------
 
-def test_two_servers_sharing_a_port_are_refused_unless_server_pid_says_which(make_triton):
+def two_on_one_port(make_triton):
+    """Two real servers with --reuse-http-port on one port, each listening (the second one's readiness is answered
+    by the first: wait until it holds its own listening socket)."""
     port = tritonrig.free_port()
-    x = make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
-    y = make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
+    servers = [make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
+               for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listing = subprocess.run(['ss', '-ltnpH', f'sport = :{port}'], capture_output=True, text=True).stdout
+        if all(f'pid={s.pid},' in listing for s in servers):
+            return servers
+        time.sleep(0.2)
+    raise AssertionError(f'both servers did not listen on {port}: {listing}')
+
+
+def test_two_servers_sharing_a_port_are_refused_unless_server_pid_says_which(make_triton):
+    x, y = two_on_one_port(make_triton)
     # a live client on each: whichever server a call reaches, the other's region must never be judged by its files
     for server in (x, y):
         server.write_file('live_' + server.name, 4096)
@@ -284,9 +297,7 @@ def _mapped_shm_names(pid):
 
 
 def test_with_server_pid_on_a_shared_port_the_other_servers_regions_are_never_touched(make_triton):
-    port = tritonrig.free_port()
-    x = make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
-    y = make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
+    x, y = two_on_one_port(make_triton)
     names = [f'shared_{i}' for i in range(8)]
     for name in names:      # the same file name in both servers' /dev/shm; each register lands on either server
         x.write_file(name, 4096)
