@@ -36,7 +36,6 @@ def backend_of(name: str) -> str | None:
     return found.group(1) if found else None
 
 
-
 # Files of other software that live in /dev/shm: never an orphan, whatever orphan_patterns says (V(*) included).
 # (pattern, whose). Documented in docs/concepts.md ("Files of other software"); case-sensitive, as names are.
 OTHER_SOFTWARE = (
