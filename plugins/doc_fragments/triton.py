@@ -128,6 +128,21 @@ options:
     type: list
     elements: str
     default: ["triton_*_backend_shm_region_*"]
+  client_users:
+    description:
+      - "User names or numeric uids (as seen from this host) whose files a cleanup may remove, besides the server process's
+        own user (its filesystem uid as the host sees it: V(0) for Triton run by root or in a rootful container, the user
+        who runs a rootless container)."
+      - "The owner rule: a file owned by anyone else is never removed, neither as the backing file of a region a client
+        registered (the region is still unregistered; its file is kept, with the reason in C(skipped_items) of
+        M(tritonops.shm.triton_shm_region)) nor as an orphan (it is V(foreign), with the reason)."
+      - "Whatever this list says, a file the server's own user could not remove itself (the kernel's permission rules of
+        its shm directory, for a server that is not root on this host) is never removed: running as root, the modules
+        never lend the server more authority than it has (docs/concepts.md)."
+      - Add the users your clients run as when they are not the server's user, for example V(1000).
+    type: list
+    elements: str
+    default: []
 '''
 
     # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)

@@ -90,6 +90,7 @@ class HolderScan:
         self.unreadable_ignored: list[int] = []  # unreadable pids whose mount namespace cannot see the shm fs
         self.processes = 0
         self.deleted: dict[str, FileKey] = {}    # files the server maps although they were unlinked (scan(deleted_of=))
+        self.deleted_all: dict[str, list[FileKey]] = {}   # the same, every file of each name (names can repeat)
         self.hidden = False                      # /proc mounted with hidepid and we are not root
         self.hidden_reason: str | None = None
         self.visibility = visibility             # the visibility rule for the proc that was read
@@ -188,8 +189,21 @@ def _open_fds(fd_dir: str, counted: bool = False) -> dict[str, os.stat_result]:
 
 
 def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:
-    """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked."""
-    out: dict[str, FileKey] = {}
+    """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked.
+
+    One file per name (the last mapped): parse_deleted_all gives every one.
+    """
+    return {name: keys[-1] for name, keys in parse_deleted_all(data, path_prefix).items()}
+
+
+def parse_deleted_all(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, list[FileKey]]:
+    """{name: [(dev, ino), ...]} of the files under path_prefix a maps text (bytes) shows as " (deleted)", in map order.
+
+    A name can stand for several files (a file unlinked, another made under its name and mapped too), and a
+    file literally named "k (deleted)" prints as the unlinked "k": the caller tells them apart by (dev, ino)
+    (inventory.Snapshot.unlinked).
+    """
+    out: dict[str, list[FileKey]] = {}
     prefix = os.fsencode(path_prefix)
     suffix = b' (deleted)'
     if suffix not in data:
@@ -201,7 +215,10 @@ def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, File
         if len(fields) == 6 and fields[5].startswith(prefix):
             name = os.fsdecode(fields[5][len(prefix):-len(suffix)])
             major, minor = fields[3].split(b':')
-            out[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            keys = out.setdefault(name, [])
+            if key not in keys:
+                keys.append(key)
     return out
 
 
@@ -319,8 +336,10 @@ def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None
             first[deleted_of] = read_bytes(f'{proc}/{deleted_of}/maps')
         except OSError:
             pass   # read again, and judged, in the pass itself
-        result.deleted = parse_deleted(first.get(deleted_of, b''), deleted_prefix)
-        keys.update(result.deleted.values())
+        result.deleted_all = parse_deleted_all(first.get(deleted_of, b''), deleted_prefix)
+        result.deleted = {name: found[-1] for name, found in result.deleted_all.items()}
+        for found in result.deleted_all.values():
+            keys.update(found)
     if not keys:
         return result
     wanted = Targets(keys)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
@@ -94,12 +95,15 @@ class Snapshot:
     dir_error: str | None = None
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    authority: authority_mod.Authority | None = None   # what the server's own user may remove there (None: not read, nothing may)
     cmdlines: dict = dataclasses.field(default_factory=dict)   # {pid: argv} of the holders of backend files
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
+    _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, '_by_name', {e['name']: e for e in self.entries})
+        object.__setattr__(self, '_listed', {(e['dev'], e['inode']) for e in self.entries if e['type'] == 'file'})
 
     @property
     def pid(self) -> int | None:
@@ -121,6 +125,19 @@ class Snapshot:
     @property
     def holders_complete(self) -> bool:
         return bool(self.scan is not None and self.scan.complete)
+
+    def unlinked(self, name: str) -> list:
+        """[(dev, ino)] of the unlinked files named name that the server still maps, matched by (dev, ino).
+
+        Its maps print an unlinked file as "NAME (deleted)", and a file literally named "NAME (deleted)" the same way:
+        a file still listed in the directory (same device and inode) is not unlinked, whatever its maps line says.
+        """
+        if self.scan is None or self.pid is None:
+            return []
+        found = self.scan.deleted_all.get(name)
+        if found is None:
+            found = [self.scan.deleted[name]] if name in self.scan.deleted else []
+        return [k for k in found if k not in self._listed]
 
     @property
     def pid_namespace(self) -> str:
@@ -225,10 +242,11 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     elif not visible.complete:
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    authority = authority_mod.read_authority(location.pid, readable_dir, proc) if readable_dir is not None else None
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
                     dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines,
-                    visibility=visible)
+                    visibility=visible, authority=authority)
 
 
 def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],
@@ -294,22 +312,48 @@ def _file_name(key: Any) -> str | ShmFsError:
 
 @dataclasses.dataclass(frozen=True)
 class Criteria:
-    """The caller's side of file classification: orphan patterns and grace age, backend patterns."""
+    """The caller's side of file classification: orphan patterns and grace age, backend patterns, client users."""
 
     orphan_patterns: tuple = ()
     min_age: float = DEFAULT_MIN_AGE
     backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
+    client_uids: frozenset = frozenset()   # uids whose files a cleanup may remove besides the server's user's
 
     @classmethod
     def of(cls, orphan_patterns: Iterable[str] | None = None, min_age: float = DEFAULT_MIN_AGE,
-           backend_patterns: Iterable[str] | None = None) -> Criteria:
+           backend_patterns: Iterable[str] | None = None, client_users: Iterable[object] | None = None) -> Criteria:
         """From module options: None patterns are none (orphans) or the default (backend).
 
         The files of every Python-based backend (shm_fs.BACKEND_FILE_PATTERN) are backend files whatever
         backend_patterns says: the configured patterns add to them, never replace them.
+        client_users: names or numeric uids (authority.client_uids; ParameterError for an unknown name).
         """
         backend = tuple(dict.fromkeys(shm_fs.BACKEND_PATTERNS + tuple(backend_patterns or ())))
-        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend)
+        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend,
+                   client_uids=authority_mod.client_uids(client_users))
+
+
+# names no two families share: a pattern matching all of them matches (nearly) every name
+_PROBE_NAMES = ('a', 'Z9', '.x', 'sem.x', 'client_in_0', '-', '~')
+
+
+def broad_pattern_warnings(patterns: Iterable[str] | None) -> list[str]:
+    """The warnings for orphan patterns that match every name (a bare V(*)): one per such pattern."""
+    return [f"orphan_patterns {p!r} matches every file name: only the families of other software that are never orphans "
+            "(docs/concepts.md), the owner rule (client_users) and min_age stand between it and other programs' files; "
+            "give your clients' prefix instead, for example 'client_*'"
+            for p in patterns or () if all(matches(n, (p,)) for n in _PROBE_NAMES)]
+
+
+def removal_refusal(snap: Snapshot, criteria: Criteria, entry: dict) -> str | None:
+    """Why this run may not remove the regular file of entry whatever its state, or None (no borrowed authority).
+
+    The server's own user must be able to remove it (authority.Authority.unlink_refusal), and its owner must be
+    the server's user or one of the client users (owner_refusal). Not known: refused.
+    """
+    if snap.authority is None:
+        return 'not removed: what the server process may remove in its shm directory is not known'
+    return snap.authority.refusal(entry['uid'], criteria.client_uids)
 
 
 class Records(NamedTuple):
@@ -331,6 +375,7 @@ class RegionFacts(NamedTuple):
     holders_complete: bool = False
     server_known: bool = False
     reserved: bool = False            # its mark names this region
+    ambiguous: str | None = None      # why the file that backs it cannot be told (several files of its name)
 
 
 def region_state(f: RegionFacts) -> tuple[str, str]:
@@ -342,6 +387,8 @@ def region_state(f: RegionFacts) -> tuple[str, str]:
         return UNKNOWN, 'the shm directory of the server is not known'
     if f.key_error is not None:
         return UNKNOWN, f'backing file cannot be located safely: {f.key_error}'
+    if f.ambiguous is not None:
+        return UNKNOWN, f.ambiguous
     if f.file_type is None:
         return DANGLING, f'backing file {f.path} is missing' + (' (still mapped by a client)' if f.holders else '')
     if f.file_type != 'file':
@@ -364,35 +411,60 @@ def _file_summary(e: dict) -> dict:
             'mtime': e['mtime'], 'age_s': e['age_s']}
 
 
+def _server_maps(snap: Snapshot, e: dict | None, unlinked: Sequence) -> bool:
+    """Whether the server process maps (or holds) the region's file: the listed one, or its one unlinked file."""
+    if snap.scan is None or snap.pid is None:
+        return False
+    if e is not None and e['type'] == 'file':
+        return snap.pid in snap.scan.holders.get((e['dev'], e['inode']), ())
+    return len(unlinked) == 1 and snap.pid in snap.scan.holders.get(unlinked[0], ())
+
+
+def _idents(keys: Iterable[tuple]) -> str:
+    """(dev, ino) pairs as people read them: 'inode 12 on 0:45, inode 13 on 0:45'."""
+    return ', '.join(f'inode {ino} on {os.major(dev)}:{os.minor(dev)}' for dev, ino in keys)
+
+
 def region_record(snap: Snapshot, region: dict) -> dict:
     """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable."""
     rec = dict(region)
     file = key_error = path = file_type = None
     holders: list = []
     reserved = False
+    ambiguous = None
     if snap.shm_dir is not None:
         name = _file_name(region.get('key'))
         if isinstance(name, ShmFsError):
             key_error = str(name)
         else:
             e = snap.entry(name)
+            unlinked = snap.unlinked(name)   # matched by (dev, ino), never by name alone
             if e is None:
                 path = os.path.join(snap.shm_dir, name)
                 file = {'path': path, 'exists': False}
-                ident = snap.deleted.get(name)
-                if ident:
-                    holders = snap.client_holders(*ident)
+                if len(unlinked) == 1:
+                    holders = snap.client_holders(*unlinked[0])
+                elif unlinked:
+                    ambiguous = (f'the server maps {len(unlinked)} unlinked files that were named {name} '
+                                 f'({_idents(unlinked)}): which one backs this region cannot be told')
             else:
                 file = _file_summary(e)
                 path, file_type = e['path'], e['type']
                 if file_type == 'file':
                     holders = snap.client_holders(e['dev'], e['inode'])
                     reserved = snap.marks.get(name) == region.get('name')
+                if unlinked:
+                    ambiguous = (f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
+                                 f'same name ({_idents(unlinked)}): which one backs this region cannot be told')
+            if ambiguous is None and snap.location.shared is not None and not _server_maps(snap, e, unlinked):
+                ambiguous = (f'the port is shared by several servers and server process {snap.pid} does not map the backing '
+                             f'file {path}: the region may be another server\'s')
     rec['file'] = file
     rec['holders'] = holders
     rec['reserved'] = reserved
     rec['state'], rec['state_reason'] = region_state(RegionFacts(
-        snap.shm_dir is not None, key_error, path, file_type, holders, snap.holders_complete, snap.pid is not None, reserved))
+        snap.shm_dir is not None, key_error, path, file_type, holders, snap.holders_complete, snap.pid is not None, reserved,
+        ambiguous))
     rec['reclaimable'] = reclaimable(snap, rec)
     return rec
 
@@ -427,6 +499,11 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
                                                             criteria)
+    if rec['category'] in ('orphan', LEFTOVER):
+        refused = removal_refusal(snap, criteria, e)
+        if refused is not None:
+            rec['category'] = 'foreign' if rec['category'] == 'orphan' else 'backend'
+            rec['category_reason'] = refused
     rec['backend'] = file_backend(e['name'], rec['category'])
     return rec
 
@@ -454,6 +531,9 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
         return backend_category(e, all_holders, holders_complete, criteria.min_age)
     if all_holders:
         return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
+    software = shm_fs.other_software(e['name'])
+    if software is not None:
+        return 'foreign', f'{software}: never an orphan, whatever orphan_patterns says'
     if not matches(e['name'], criteria.orphan_patterns):
         return 'foreign', 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:

@@ -112,6 +112,7 @@ class RegionOps:
         self.snap = None            # the read this run planned from
         self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
         self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
+        self._owners: inventory.Criteria | None = None   # the client users, resolved once per run
         self.status_after = None
 
     @property
@@ -165,7 +166,7 @@ class RegionOps:
         p = self.params
         return inventory.Criteria.of(orphan_patterns=p.get('orphan_patterns') if orphans else None,
                                      min_age=p.get('min_age', inventory.DEFAULT_MIN_AGE),
-                                     backend_patterns=p.get('backend_patterns'))
+                                     backend_patterns=p.get('backend_patterns'), client_users=p.get('client_users'))
 
     def _read_for_plan(self, kinds: Iterable[str]) -> Snapshot:
         """Read the server to plan from, under the per-server lock (taken here, unless check mode)."""
@@ -636,7 +637,12 @@ class RegionOps:
             return 'held by ' + holders_text(rec['holders'])
         if not snap.holders_complete:
             return 'holders could not be fully determined'
-        return None
+        entry = snap.entry(os.path.basename(path))
+        if entry is None:
+            return 'not listed in the shm directory'
+        if self._owners is None:
+            self._owners = self._criteria(orphans=False)
+        return inventory.removal_refusal(snap, self._owners, entry)
 
     def _unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
         """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered.

@@ -416,12 +416,15 @@ def run(module: AnsibleModule, client) -> None:
     client.use_keep_alive()   # one connection for the five calls (plain http without a proxy; else as configured)
     live = client.health('live')
     ready = client.health('ready')
-    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'])
+    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'],
+                                     params['client_users'])
     snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
                                  require_readable_dir=params['shm_dir'] is not None, report_unsupported=True,
                                  backend_patterns=criteria.backend_patterns,
                                  clients_share_pid_namespace=params['clients_share_pid_namespace'])
     for warning in snap.warnings:
+        module.warn(warning)
+    for warning in inventory.broad_pattern_warnings(params['orphan_patterns']):
         module.warn(warning)
     result = inventory.info_result(snap, inventory.classify(snap, criteria), live=live, ready=ready)
     if compiled is not None:

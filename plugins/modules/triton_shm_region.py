@@ -28,7 +28,10 @@ description:
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
     holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
     Triton's python backend files that any process holds, and files matching no O(orphan_patterns), are never removed; when
-    holders cannot all be seen (not root), nothing is stale, no backend file is a leftover and no file is removed."
+    holders cannot all be seen (not root), nothing is stale, no backend file is a leftover and no file is removed; a file the
+    server process's own user could not remove, or whose owner is neither the server's user nor one of O(client_users), is never
+    removed (the region is still unregistered); files of well-known other software (docs/concepts.md) are never orphans; several
+    servers on the URL's port need O(server_pid)."
   - "With O(metrics_dir), O(state=absent) writes the node_exporter cleanup textfile in the same call: when it ended, whether it
     failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
     writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
@@ -384,7 +387,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE, broad_pattern_warnings
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import IN_USE_TIMEOUT, RegionOps
 
 
@@ -415,6 +418,9 @@ def validate(module: AnsibleModule, client) -> None:
                                  'backend_leftovers=true')
         if p['orphan_files'] and not p['orphan_patterns']:
             module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
+        if p['orphan_files']:
+            for warning in broad_pattern_warnings(p['orphan_patterns']):
+                module.warn(warning)
         if p['min_age'] < 0:
             module.fail_json(msg='min_age must be 0 or more seconds')
     if p['inventory'] and (p['state'] != 'absent' or p['kind'] != 'system'):

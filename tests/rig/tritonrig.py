@@ -326,13 +326,17 @@ class TritonServer:
     require client certificates from that CA, the rig presenting client_cert/client_key).
     namespace=ShmNamespace runs the server in that namespace's /dev/shm instead of a new one
     of its own. backend_config: extra ``--backend-config`` values, e.g.
-    ``('python,shm-region-prefix-name=my_prefix_',)``.
+    ``('python,shm-region-prefix-name=my_prefix_',)``. extra_args: more tritonserver options, e.g.
+    ``('--reuse-http-port', 'true')``. run_as=USER: the server runs as that user in a user namespace of its own
+    (``unshare -Urm`` as USER, with its own tmpfs /dev/shm: what rootless podman does), models=() only.
     """
 
     def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
                  models=('echo',), name='triton', grpc=False, namespace=None, http=True, grpc_tls=None,
-                 backend_config=()):
+                 backend_config=(), extra_args=(), run_as=None):
         self.name = name
+        self.extra_args = list(extra_args)
+        self.run_as = run_as
         self.backend_config = list(backend_config)
         self.host = host
         self.shm_size = shm_size
@@ -410,6 +414,11 @@ class TritonServer:
             args += ['--load-model', model]
         for value in self.backend_config:
             args += ['--backend-config', value]
+        args += self.extra_args
+        if self.run_as is not None:
+            shell = 'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && exec "$0" "$@"' % self.shm_size
+            return ['setpriv', '--reuid', self.run_as, '--regid', self.run_as, '--clear-groups',
+                    'unshare', '--user', '--map-root-user', '--mount', '--propagation', 'private', 'sh', '-c', shell] + args
         if self.namespace is not None:
             # nsenter execs the server: its pid is the server's
             return ['nsenter', '--mount', '--target', str(self.namespace.pid)] + args

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
     Criteria, RegionFacts, Snapshot, classify, info_result, read_server, region_state, summarize,
 )
@@ -297,7 +297,8 @@ def test_file_categories(result, ns):
     assert files['live']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
     assert files['stale']['holders'] == []
     assert 'younger than min_age' in files['client_young']['category_reason']
-    assert files['PostgreSQL.7']['category_reason'] == 'matches no orphan pattern'
+    assert files['PostgreSQL.7']['category_reason'] == ("PostgreSQL's dynamic shared memory (PostgreSQL.*): never an orphan, "
+                                                        'whatever orphan_patterns says')
     for name, kind in (('client_fifo', 'fifo'), ('client_dir', 'directory'), ('client_link', 'symlink')):
         assert files[name]['type'] == kind
         assert files[name]['category_reason'] == f'not a regular file ({kind})'
@@ -346,7 +347,8 @@ def test_backend_files_are_backend_even_when_a_pattern_matches(ns):
     inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'], min_age=0)
     files = by_name(inv.result()['files'])
     assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
-    assert files['PostgreSQL.7']['category'] == 'orphan', 'a pattern that matches everything is the caller\'s choice'
+    # issue 26: a pattern that matches everything no longer reaches a well-known family of other software
+    assert files['PostgreSQL.7']['category'] == 'foreign'
 
 
 def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
@@ -535,6 +537,11 @@ SHM = '/proc/100/root/dev/shm'
 BACKEND_FILE = 'triton_python_backend_shm_region_0'
 
 
+# the server of the literal snapshots: root in the module's user namespace, in a 1777 root-owned /dev/shm
+ROOT_SERVER = authority.Authority(uid=0, gids=frozenset([0]), privileged=True, dir_uid=0, dir_gid=0, dir_mode=0o41777,
+                                  owner_uid=0, described='pid 100, uid 0 in this user namespace, privileged')
+
+
 def entry(name, ino, kind='file', size=4096, age=0.0):
     return {'name': name, 'path': f'{SHM}/{name}', 'type': kind, 'size': size, 'allocated_bytes': size, 'uid': 0,
             'mode': '0600', 'mtime': 1000.0, 'age_s': age, 'inode': ino, 'dev': 7, 'ctime_ns': 1}
@@ -565,7 +572,8 @@ def literal_snapshot(pid=SERVER, shm_dir=SHM, complete=True, marks=None):
                     fs={'path': shm_dir, 'total_bytes': 1 << 26, 'used_bytes': 1 << 20, 'free_bytes': 63 << 20,
                         'used_percent': 1.56},
                     entries=entries if shm_dir else [], scan=scan if shm_dir else None,
-                    marks={'mine': 'mine', 'stale': None, 'live': None} if marks is None else marks, scanned_at=5.0)
+                    marks={'mine': 'mine', 'stale': None, 'live': None} if marks is None else marks, scanned_at=5.0,
+                    authority=ROOT_SERVER if shm_dir else None)
 
 
 def states(records):
