@@ -28,8 +28,6 @@ CAPABILITIES = {
                   "server's /dev/shm): the kernel's ptrace read check, as root, on processes with capabilities the agent "
                   'does not have',
     'DAC_READ_SEARCH': "list the fds of processes of other users (/proc/PID/fd is 0500, owned by the process's user)",
-    'FOWNER': "unlink a stale region's file that another user's client created: /dev/shm is sticky (1777), only the "
-              "file's owner or CAP_FOWNER may unlink",
 }
 TEXTFILE_DIR = '/var/lib/node_exporter/textfile_collector'
 _DNS_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')

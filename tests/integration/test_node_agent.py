@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
 import engines
 import tritonrig
 from ansible_helpers import COLLECTIONS_PATH, PYTHON, run_module
+
+if COLLECTIONS_PATH not in sys.path:
+    sys.path.insert(0, COLLECTIONS_PATH)
+
+from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import CAPABILITIES  # noqa: E402  pylint: disable=wrong-import-position
 
 PODMAN = pytest.mark.parametrize('container_engine', ['podman'], indirect=True)
 MIB = 1 << 20
@@ -26,7 +32,6 @@ NOBODY = '65534:65534'
 
 def _agent_cmd(engine, args, pid_host=True, pod=None, caps=None, env=None, name='agent'):
     """`podman run --rm --rootfs /:O` of ansible-playbook ARGS with the host's venv and this collection's build."""
-    from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import CAPABILITIES
     caps = sorted(CAPABILITIES) if caps is None else caps
     opts = ['run', '--rm', '--name', engine.unique_name(name), '--label', f'{engines.LABEL}={os.getpid()}',
             '--cap-drop', 'ALL', '--security-opt', 'no-new-privileges']
@@ -136,11 +141,11 @@ def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod)
     assert _untouched(triton)
 
     # each capability of the manifest is needed: without any one of them, nothing is removed
-    from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import CAPABILITIES
     for missing in sorted(CAPABILITIES):
         caps = sorted(set(CAPABILITIES) - {missing})
         rc, data, text = run_agent(container_engine, select, caps=caps)
         assert _untouched(triton), (missing, text[-3000:])
+        assert 'could not be inspected' in text, (missing, text[-3000:])   # the reason: processes it could not read
 
     # check mode with hostPID: finds the pod's server by itself, says what it would do, changes nothing
     rc, data, text = run_agent(container_engine, select, check=True)
