@@ -164,3 +164,29 @@ def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod)
     # a second round has nothing to do
     rc, data, text = run_agent(container_engine, select)
     assert rc == 0 and data['stats']['node1']['changed'] == 0, text[-4000:]
+
+
+def test_the_manifest_playbook_writes_manifests_that_validate(tmp_path):
+    """tritonops.shm.node_agent_manifest: check mode writes nothing, the file validates, a second run is changed=0."""
+    import kubernetes_validate
+    import yaml
+
+    from ansible_helpers import ansible_playbook
+    path = tmp_path / 'agent.yml'
+    extra = {'node_agent_image': 'registry.example.com/tritonops/shm-agent:0.3.0', 'node_agent_manifest': str(path),
+             'node_agent_kinds': ['DaemonSet', 'CronJob'], 'node_agent_nodes': ['gpu-1'],
+             'node_agent_options': {'interval': 120, 'extra_vars': {'shm_cleanup_exclude': ['keep_*']}}}
+    play = os.path.join(COLLECTIONS_PATH, 'ansible_collections', 'tritonops', 'shm', 'playbooks', 'node_agent_manifest.yml')
+    res = ansible_playbook(play, extra_vars=extra, check=True, inventory='localhost,')
+    assert res.rc == 0 and res.stats['localhost']['changed'] == 1 and not path.exists(), res
+    res = ansible_playbook(play, extra_vars=extra, inventory='localhost,')
+    assert res.rc == 0 and res.stats['localhost']['changed'] == 1, res
+    documents = list(yaml.safe_load_all(path.read_text()))
+    assert [d['kind'] for d in documents] == ['Namespace', 'DaemonSet', 'CronJob']
+    for version in [f'1.{minor}' for minor in range(30, 38)]:
+        for resource in documents:
+            assert kubernetes_validate.validate(resource, version, strict=True) == version
+    assert documents[1]['spec']['template']['spec']['hostPID'] is True
+    assert oct(os.stat(path).st_mode & 0o777) == '0o644'
+    res = ansible_playbook(play, extra_vars=extra, inventory='localhost,')
+    assert res.rc == 0 and res.stats['localhost']['changed'] == 0, res
