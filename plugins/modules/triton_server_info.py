@@ -15,12 +15,12 @@ description:
     C(--http-port), C(--grpc-port), C(--metrics-port) or Triton's defaults 8000, 8001, 8002), a URL that reaches it from where
     the module runs, its shm directory (C(/proc/PID/root/dev/shm)) and the container or Kubernetes pod it runs in (from
     C(/proc/PID/cgroup)).
-  - The entries are what M(tritonops.shm.triton_shm_info) and M(tritonops.shm.triton_shm_region) take (RV(servers[].url) as
-    O(tritonops.shm.triton_shm_region#module:url), RV(servers[].pid) as O(tritonops.shm.triton_shm_region#module:server_pid)):
-    the node agent (playbook C(tritonops.shm.node_agent)) cleans every server of its node this way.
-  - Only processes the module can see are listed. Run it on the host as root (C(become: true)), or in a container or pod
+  - The entries are what M(tritonops.shm.triton_shm_info) and M(tritonops.shm.triton_shm_region) take, RV(servers[].url) as
+    O(tritonops.shm.triton_shm_region#module:url) and RV(servers[].pid) as O(tritonops.shm.triton_shm_region#module:server_pid).
+    The node agent (playbook C(tritonops.shm.node_agent)) cleans every server of its node this way.
+  - "Only processes the module can see are listed. Run it on the host as root (C(become: true)), or in a container or pod
     with the host's PID namespace (C(hostPID: true), C(--pid host)). Elsewhere RV(complete) is false and a warning says
-    why: the servers of other containers are invisible there.
+    why: the servers of other containers are invisible there."
 author:
   - tritonops.shm developers (@tritonops)
 attributes:
