@@ -31,12 +31,15 @@ NOBODY = '65534:65534'
 
 
 def _agent_cmd(engine, args, pid_host=True, pod=None, caps=None, env=None, name='agent'):
-    """`podman run --rm --rootfs /:O` of ansible-playbook ARGS with the host's venv and this collection's build."""
+    """`podman run --rm --rootfs /:O` of ansible-playbook ARGS with the host's venv and this collection's build.
+
+    caps: the capabilities (every other one dropped; None: the node agent manifest's), or 'default' (the engine's).
+    """
     caps = sorted(CAPABILITIES) if caps is None else caps
     opts = ['run', '--rm', '--name', engine.unique_name(name), '--label', f'{engines.LABEL}={os.getpid()}',
-            '--cap-drop', 'ALL', '--security-opt', 'no-new-privileges']
-    for cap in caps:
-        opts += ['--cap-add', cap]
+            '--security-opt', 'no-new-privileges']
+    if caps != 'default':   # 'default': the engine's default capabilities (a sidecar as users run one)
+        opts += ['--cap-drop', 'ALL'] + [f'--cap-add={cap}' for cap in caps]
     if pid_host:
         opts += ['--pid', 'host']
     if pod is not None:
