@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery
+from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
@@ -74,6 +74,7 @@ class Snapshot:
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
+    container: dict | None = None   # the server's container or pod (containers.Identity.as_dict), None on the host
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -195,9 +196,11 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     elif not visible.complete:
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, visibility=visible)
+                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, visibility=visible,
+                    container=ident.as_dict() if ident.found else None)
 
 
 def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc',
@@ -441,7 +444,7 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
               'name': snap.metadata.get('name'), 'extensions': snap.metadata.get('extensions') or [],
               'pid': snap.pid, 'shm_dir': snap.shm_dir, 'located_by': snap.located_by,
               'not_found_reason': snap.server_reason if snap.pid is None else None,
-              'shm_unsupported': snap.shm_unsupported}
+              'shm_unsupported': snap.shm_unsupported, 'container': snap.container}
     return {'server': server, 'shm_fs': fs, 'system_regions': regions, 'cuda_regions': cuda, 'files': files,
             'summary': summarize(regions, cuda, files, fs),
             'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 module: triton_server_info
 short_description: List every Triton server of a host, with its ports, shm directory and container or pod
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Finds every C(tritonserver) process of the host by itself, with no inventory and no URL, and never changes anything.
   - Per server, its listening HTTP, gRPC and metrics ports (read from its own sockets, and told apart by its command line's

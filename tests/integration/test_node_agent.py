@@ -30,7 +30,7 @@ MIB = 1 << 20
 NOBODY = '65534:65534'
 
 
-def _agent_cmd(engine, args, pid_host=True, pod=None, caps=None, env=None, name='agent'):
+def _agent_cmd(engine, args, pid_host=True, pod=None, caps=None, env=None, name='agent', volumes=()):
     """`podman run --rm --rootfs /:O` of ansible-playbook ARGS with the host's venv and this collection's build.
 
     caps: the capabilities (every other one dropped; None: the node agent manifest's), or 'default' (the engine's).
@@ -51,6 +51,8 @@ def _agent_cmd(engine, args, pid_host=True, pod=None, caps=None, env=None, name=
     full_env.update(env or {})
     for key, value in full_env.items():
         opts += ['-e', f'{key}={value}']
+    for volume in volumes:
+        opts += ['-v', volume]
     opts += ['--rootfs', '/:O', os.path.join(os.path.dirname(PYTHON), 'ansible-playbook')] + list(args)
     return engine.run(*opts, check=False, timeout=600)
 
@@ -64,10 +66,16 @@ def parse(proc):
         return None, text + proc.stderr
 
 
-def run_agent(engine, select, pid_host=True, caps=None, check=False):
-    args = ['-i', 'node1,', '-e', 'target=node1', '-e', json.dumps({'node_agent_select': select}),
+def run_agent(engine, select, pid_host=True, caps=None, check=False, metrics_dir=None):
+    extra = {'node_agent_select': select}
+    volumes = []
+    if metrics_dir is not None:
+        extra['prometheus_textfile_dir'] = '/metrics'
+        volumes.append(f'{metrics_dir}:/metrics')
+    args = ['-i', 'node1,', '-e', 'target=node1', '-e', json.dumps(extra),
             'tritonops.shm.node_agent'] + (['--check'] if check else [])
-    proc = _agent_cmd(engine, args, pid_host=pid_host, caps=caps)
+    proc = _agent_cmd(engine, args, pid_host=pid_host, caps=caps, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+                      volumes=volumes)
     data, text = parse(proc)
     return proc.returncode, data, text
 
@@ -131,8 +139,9 @@ def _untouched(triton):
 
 
 @PODMAN
-def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod):
+def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod, tmp_path):
     pod, triton, live = leaky_pod
+    pod_name = f'podman pod {pod.id[:12]} container {triton.id[:12]}'
     select = f'podman pod {pod.id[:12]} '
 
     # without the host's PID namespace: it cannot see the pod's processes, says why, removes nothing
@@ -158,12 +167,24 @@ def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod)
     assert server['url'] == f'http://{pod.ip}:8000' and server['container']['podman_pod'] == pod.id, server
     assert _untouched(triton)
 
+    assert server['name'] == pod_name
+    # who holds what: the live sidecar by its container in the pod
+    (record,) = data['global_custom_stats']['tritonops_shm_cleanup'].values()
+    assert record['server']['container'] == pod_name and record['done']['unregistered'] == ['dead_client'], record
+
     # with hostPID and the manifest's capabilities: the dead sidecar's region and file are gone, the live one kept
-    rc, data, text = run_agent(container_engine, select)
+    metrics_dir = tmp_path / 'metrics'
+    metrics_dir.mkdir()
+    rc, data, text = run_agent(container_engine, select, metrics_dir=str(metrics_dir))
     assert rc == 0, text[-4000:]
     regions, files = set(triton.system_regions()), set(triton.shm_files())
     assert 'dead_client' not in regions and 'dead_client' not in files
     assert 'live_client' in regions and 'live_client' in files and live.alive
+    # the node's metrics name the pod's server and the live sidecar's container, not only pids
+    report = ''.join(p.read_text() for p in metrics_dir.glob('tritonops_shm.node1.*.prom'))
+    assert f'tritonops_shm_server_container_info{{host="node1",triton_url="http://{pod.ip}:8000",container="{pod_name}"' \
+        in report, report
+    assert f'holder="podman pod {pod.id[:12]} container {live.id[:12]}"}} {4 * MIB}' in report, report
     # a second round has nothing to do
     rc, data, text = run_agent(container_engine, select)
     assert rc == 0 and data['stats']['node1']['changed'] == 0, text[-4000:]
@@ -176,7 +197,7 @@ def test_the_manifest_playbook_writes_manifests_that_validate(tmp_path):
 
     from ansible_helpers import ansible_playbook
     path = tmp_path / 'agent.yml'
-    extra = {'node_agent_image': 'registry.example.com/tritonops/shm-agent:0.3.0', 'node_agent_manifest': str(path),
+    extra = {'node_agent_image': 'registry.example.com/tritonops/shm-agent:0.2.0', 'node_agent_manifest': str(path),
              'node_agent_kinds': ['DaemonSet', 'CronJob'], 'node_agent_nodes': ['gpu-1'],
              'node_agent_options': {'interval': 120, 'extra_vars': {'shm_cleanup_exclude': ['keep_*']}}}
     play = os.path.join(COLLECTIONS_PATH, 'ansible_collections', 'tritonops', 'shm', 'playbooks', 'node_agent_manifest.yml')

@@ -99,6 +99,9 @@ def test_a_sidecar_sharing_the_pods_pids_cleans_with_the_option(container_engine
         assert info['holders_complete'] is True, info
         states = {r['name']: r['state'] for r in info['system_regions']}
         assert states['dead_client'] in ('stale', 'dangling') and states['live_client'] == 'healthy', states
+        # the live client is named by its container in the pod (its cgroup, read through the pod's shared PIDs)
+        (holder,) = next(r for r in info['system_regions'] if r['name'] == 'live_client')['holders']
+        assert holder['container']['podman_pod'] == pod.id and holder['container']['container_id'] == live.id, holder
         assert clean.get('changed') is True and clean['unregistered'] == ['dead_client'], clean
         regions, files = set(triton.system_regions()), set(triton.shm_files())
         assert 'dead_client' not in regions and 'dead_client' not in files

@@ -13,7 +13,7 @@ from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import (
     CAPABILITIES, FilterModule, triton_node_agent,
 )
 
-IMAGE = 'registry.example.com/tritonops/shm-agent:0.3.0'
+IMAGE = 'registry.example.com/tritonops/shm-agent:0.2.0'
 CASES = {
     'daemonset': dict(),
     'cronjobs': dict(kinds=['CronJob'], nodes=['gpu-1', 'gpu-2.example.com'], schedule='*/5 * * * *'),
