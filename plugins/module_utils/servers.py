@@ -103,10 +103,15 @@ def server(pid: int, proc: str = '/proc') -> dict[str, object] | None:
     netns = netns_inode(pid, proc)
     own = netns is not None and netns == netns_inode('self', proc)
     net_dir = f'{proc}/self/net' if own and proc == '/proc' else f'{proc}/{pid}/net'
-    inodes = socket_inodes(pid, proc)
     warnings = []
-    if not inodes and os.geteuid() != 0:
-        warnings.append(f'the sockets of tritonserver (pid {pid}) cannot be read: run as root (become: true)')
+    try:
+        os.listdir(f'{proc}/{pid}/fd')
+    except PermissionError as exc:
+        warnings.append(f'the sockets of tritonserver (pid {pid}) cannot be read ({exc.strerror}): run as root (become: true); '
+                        'in a container, with the capabilities SYS_PTRACE and DAC_READ_SEARCH (the node agent has them)')
+    except OSError:
+        pass   # gone: its listeners are empty
+    inodes = socket_inodes(pid, proc)
     listeners = []
     by_port = {port: protocol for protocol, port in ports.items() if port is not None}
     for address, port, inode in sorted(listening_sockets(net_dir), key=lambda s: (s[1], s[0])):

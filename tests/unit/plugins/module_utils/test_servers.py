@@ -147,3 +147,16 @@ def test_gone_and_other_names(tree):
     assert servers.list_servers(tree.root) == []
     assert [s['pid'] for s in servers.list_servers(tree.root, ('tritonserver_x',))] == [400]
     assert servers.server(999, tree.root) is None
+
+
+def test_a_server_whose_sockets_cannot_be_read_says_why(tree, monkeypatch):
+    tree.process(500, 'tritonserver', ['tritonserver'], tcp=[('0.0.0.0', 8000, '0A', 21)], sockets=(21,))
+    real = os.listdir
+
+    def listdir(path):
+        if str(path).endswith('/500/fd'):
+            raise PermissionError(13, 'Permission denied')
+        return real(path)
+    monkeypatch.setattr(servers.os, 'listdir', listdir)
+    (entry,) = servers.list_servers(tree.root)
+    assert any('cannot be read (Permission denied)' in w and 'SYS_PTRACE' in w for w in entry['warnings'])
