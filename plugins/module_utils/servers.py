@@ -92,6 +92,20 @@ def _url(scheme: str, host: str | None, port: int) -> str | None:
     return f'{scheme}://[{host}]:{port}' if ':' in host else f'{scheme}://{host}:{port}'
 
 
+def _fds_denied(pid: int, proc: str) -> str | None:
+    """Why a process's descriptors cannot be read (the listing: DAC; each link: the ptrace read check), else None."""
+    base = f'{proc}/{pid}/fd'
+    try:
+        names = os.listdir(base)
+        if names:
+            os.readlink(f'{base}/{names[0]}')
+    except PermissionError as exc:
+        return exc.strerror or 'permission denied'
+    except OSError:
+        return None   # gone, or that descriptor closed meanwhile
+    return None
+
+
 def server(pid: int, proc: str = '/proc') -> dict[str, object] | None:
     """One tritonserver's entry (see the module's RETURN), or None when it is gone."""
     try:
@@ -104,13 +118,10 @@ def server(pid: int, proc: str = '/proc') -> dict[str, object] | None:
     own = netns is not None and netns == netns_inode('self', proc)
     net_dir = f'{proc}/self/net' if own and proc == '/proc' else f'{proc}/{pid}/net'
     warnings = []
-    try:
-        os.listdir(f'{proc}/{pid}/fd')
-    except PermissionError as exc:
-        warnings.append(f'the sockets of tritonserver (pid {pid}) cannot be read ({exc.strerror}): run as root (become: true); '
+    denied = _fds_denied(pid, proc)
+    if denied:
+        warnings.append(f'the sockets of tritonserver (pid {pid}) cannot be read ({denied}): run as root (become: true); '
                         'in a container, with the capabilities SYS_PTRACE and DAC_READ_SEARCH (the node agent has them)')
-    except OSError:
-        pass   # gone: its listeners are empty
     inodes = socket_inodes(pid, proc)
     listeners = []
     by_port = {port: protocol for protocol, port in ports.items() if port is not None}
