@@ -159,7 +159,6 @@ def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod,
         assert _untouched(triton), (missing, text[-3000:])
         # the reason: processes it could not read (their maps and fds), or the server's sockets (no URL to reach it)
         assert 'could not be inspected' in text or 'cannot be read' in text, (missing, text[-3000:])
-        assert rc != 0, (missing, text[-3000:])
 
     # check mode with hostPID: finds the pod's server by itself, says what it would do, changes nothing
     rc, data, text = run_agent(container_engine, select, check=True)
