@@ -115,7 +115,7 @@ class Snapshot:
             return self.scan.incomplete_reason() or 'holders could not be fully determined'
         why = self.dir_error or ('the shm directory of the server is not known'
                                  + (f': {self.server_reason}' if self.pid is None and self.server_reason else ''))
-        if not self.visibility.complete:
+        if not self.visibility.complete and self.visibility.reason not in why:
             return f'{why}; {self.visibility.reason}'
         return why
 
@@ -170,6 +170,9 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
         system, cuda, unsupported = [], [], exc.msg
     location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
     visible = holders_mod.visibility(proc, clients_share_pid_namespace)
+    if location.pid is None and location.reason and not visible.complete:
+        # a pod's sidecar, a container: the server may simply be invisible from here
+        location = location._replace(reason=f'{location.reason}; {visible.reason}')
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Snapshot, classify, info_result
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Snapshot, classify, info_result, read_server
 
 INITIAL_HERE = os.stat('/proc/self/ns/pid').st_ino == procfs.INITIAL_PID_NS_INODE
 needs_initial = pytest.mark.skipif(not INITIAL_HERE, reason="the tests run outside the host's initial PID namespace")
@@ -144,3 +144,25 @@ def test_without_a_scan_the_reason_names_the_directory_and_the_namespace():
     snap = _snapshot(other, scan=False)
     assert snap.holders_incomplete_reason.startswith('the shm directory of the server is not known')
     assert snap.holders_incomplete_reason.endswith('; outside the initial namespace')
+
+
+def test_a_server_not_found_from_another_namespace_says_it_may_be_invisible_from_here(monkeypatch):
+    """A pod's sidecar without the pod's PID namespace: the server's process is not in its /proc at all."""
+    other = holders.Visibility(holders.OTHER, False, 'outside the initial namespace')
+    monkeypatch.setattr(holders, 'visibility', lambda proc='/proc', share=False: other)
+    loc = discovery.Location(pid=None, shm_dir=None, located_by=None, warnings=[], reason='no process owns 127.0.0.1:8000')
+    monkeypatch.setattr(discovery, 'locate_server', lambda *args: loc)
+
+    class Client:
+        base, host, port = 'http://127.0.0.1:8000', '127.0.0.1', 8000
+
+        def server_metadata(self):
+            return {'version': '2.51.0', 'extensions': ['system_shared_memory']}
+
+        def status(self, kind):
+            return []
+    snap = read_server(Client())
+    assert snap.server_reason == 'no process owns 127.0.0.1:8000; outside the initial namespace'
+    assert snap.holders_incomplete_reason == ('the shm directory of the server is not known: no process owns 127.0.0.1:8000; '
+                                              'outside the initial namespace')
+    assert info_result(snap, classify(snap))['server']['not_found_reason'] == snap.server_reason
