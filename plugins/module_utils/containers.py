@@ -77,7 +77,9 @@ class Identity(NamedTuple):
 
     def as_dict(self) -> dict[str, object]:
         """The result form: the fields that are known, plus the label."""
-        out: dict[str, object] = {k: v for k, v in self._asdict().items() if v is not None}
+        fields = {'runtime': self.runtime, 'container_id': self.container_id, 'pod_uid': self.pod_uid, 'qos': self.qos,
+                  'podman_pod': self.podman_pod, 'pod_name': self.pod_name, 'pod_namespace': self.pod_namespace}
+        out: dict[str, object] = {k: v for k, v in fields.items() if v is not None}
         out['name'] = self.label
         return out
 

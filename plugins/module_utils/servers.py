@@ -137,7 +137,7 @@ def server(pid: int, proc: str = '/proc') -> dict[str, object] | None:
         'pid': pid,
         'comm': read_comm(pid, proc),
         'uid': uid,
-        'listeners': [lsn._asdict() for lsn in listeners],
+        'listeners': [{'address': lsn.address, 'port': lsn.port, 'protocol': lsn.protocol} for lsn in listeners],
         'http_port': next((lsn.port for lsn in listeners if lsn.protocol == 'http'), None),
         'grpc_port': next((lsn.port for lsn in listeners if lsn.protocol == 'grpc'), None),
         'metrics_port': next((lsn.port for lsn in listeners if lsn.protocol == 'metrics'), None),

@@ -70,8 +70,8 @@ def test_the_daemonset_sees_the_whole_node_with_the_least_privileges():
 def test_a_cronjob_per_node_pinned_by_node_affinity():
     out = triton_node_agent(IMAGE, kinds='CronJob', nodes=['gpu-1', 'gpu-2.example.com'],
                             extra_vars={'shm_cleanup_exclude': ['keep_*']})
-    assert [c['metadata']['name'] for c in out['cronjobs']] == ['tritonops-shm-agent-gpu-1',
-                                                                 'tritonops-shm-agent-gpu-2-example-com']
+    names = ['tritonops-shm-agent-gpu-1', 'tritonops-shm-agent-gpu-2-example-com']
+    assert [c['metadata']['name'] for c in out['cronjobs']] == names
     for node, job in zip(['gpu-1', 'gpu-2.example.com'], out['cronjobs']):
         spec = job['spec']['jobTemplate']['spec']['template']['spec']
         terms = spec['affinity']['nodeAffinity']['requiredDuringSchedulingIgnoredDuringExecution']['nodeSelectorTerms']

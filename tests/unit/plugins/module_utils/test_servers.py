@@ -103,8 +103,8 @@ def test_local_addresses(tmp_path):
 def test_two_servers_one_on_the_host_one_in_a_pod(tree):
     host_tcp = [('127.0.0.1', 18000, '0A', 501), ('127.0.0.1', 18001, '0A', 502), ('127.0.0.1', 18000, '01', 503),
                 ('0.0.0.0', 22, '0A', 900)]
-    tree.process(100, 'tritonserver', ['/opt/tritonserver/bin/tritonserver', '--http-port=18000', '--grpc-port', '18001',
-                                        '--allow-metrics=false'], sockets=(501, 502, 503), tcp=host_tcp)
+    argv = ['/opt/tritonserver/bin/tritonserver', '--http-port=18000', '--grpc-port', '18001', '--allow-metrics=false']
+    tree.process(100, 'tritonserver', argv, sockets=(501, 502, 503), tcp=host_tcp)
     tree.process(150, 'sshd', ['sshd'], sockets=(900,), tcp=host_tcp)   # listens, not Triton
     pod_tcp = [('0.0.0.0', 8000, '0A', 701), ('0.0.0.0', 8002, '0A', 702), ('0.0.0.0', 9999, '0A', 703)]
     cgroup = f'0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n'
