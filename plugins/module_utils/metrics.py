@@ -181,9 +181,8 @@ def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: O
     if up and server.get('version'):
         samples.append(('tritonops_shm_server_info', (('version', server['version']),), 1))
     if located:
-        samples.append(('tritonops_shm_holders_complete', (('pid_namespace', inv.get('pid_namespace') or ''),
-                                                          ('reason', holders_incomplete_cause(inv))),
-                        inv.get('holders_complete') is True))
+        holders_labels = (('pid_namespace', inv.get('pid_namespace') or ''), ('reason', holders_incomplete_cause(inv)))
+        samples.append(('tritonops_shm_holders_complete', holders_labels, inv.get('holders_complete') is True))
         regions = inv.get('system_regions') or []
         container = server.get('container')
         if isinstance(container, Mapping) and container.get('name'):

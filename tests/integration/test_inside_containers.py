@@ -191,4 +191,3 @@ def test_all_in_one_container_with_the_option_the_dead_client_is_reclaimed(conta
     record = _cleanup_record(res)
     assert record['status'] == 'ok' and record['done']['unregistered'] == ['dead_client'], record
     assert record['server']['holders_complete'] is True and record['server']['pid_namespace'] == 'other', record
-

@@ -495,8 +495,8 @@ def other_pid_namespace(monkeypatch):
 
 
 @pytest.mark.parametrize('inventory', [False, True])
-def test_outside_the_initial_pid_namespace_nothing_is_stale_and_nothing_removed(shm, server_proc, other_pid_namespace,
-                                                                                  inventory):
+def test_outside_the_initial_pid_namespace_nothing_is_stale_and_nothing_removed(
+        shm, server_proc, other_pid_namespace, inventory):
     """Issue 25: a client in another container is invisible here: its live region must not look stale."""
     path = make_file(shm, 'a', age=3600)
     orphan = make_file(shm, 'client_input_0', age=3600)
