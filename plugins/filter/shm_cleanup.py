@@ -186,7 +186,8 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
         server=dict(version=server.get('version'), pid=server.get('pid'), shm_dir=server.get('shm_dir'),
                     holders_complete=before.get('holders_complete'), unreadable_processes=before.get('unreadable_processes'),
                     holders_incomplete_reason=before.get('holders_incomplete_reason'),
-                    pid_namespace=before.get('pid_namespace')),
+                    pid_namespace=before.get('pid_namespace'),
+                    container=(server.get('container') or {}).get('name')),
         mode=mode, threshold_percent=threshold_percent, acted=acted, decision=plan.get('decision') or '',
         before=before_summary, after=after_summary, done=done, skipped=skipped, error=error,
         # incomplete: the holders could not all be seen, so nothing was stale (never 'ok': issue 25, issue 26 finding 7)

@@ -154,7 +154,13 @@ def _int(value: Any) -> int:
 
 
 def _holders(holders: Any) -> str:
-    return ', '.join(f"{h.get('comm') or '?'} (pid {h.get('pid')})" for h in holders or ()) or '-'
+    return ', '.join(f"{h.get('comm') or '?'} (pid {h.get('pid')}{_in_container(h)})" for h in holders or ()) or '-'
+
+
+def _in_container(item: Mapping) -> str:
+    """', pod ml/client-0' for a holder or server the host shows in a container or pod, else ''."""
+    container = item.get('container')
+    return f", {container['name']}" if isinstance(container, Mapping) and container.get('name') else ''
 
 
 def _bar(label: str, used: int, total: int, stale: int = 0, orphan: int = 0, registered: Optional[int] = None) -> _Html:
@@ -275,7 +281,7 @@ def _pools_table(pools: Sequence[Mapping], removed: Optional[set] = None, check_
 
 def _located(server: Mapping) -> _Html:
     """How the server process was found (located_by, pid, shm directory, version), or why not."""
-    facts = [f"pid {server.get('pid')}", f"shm directory {server.get('shm_dir')}"]
+    facts = [f"pid {server.get('pid')}{_in_container(server)}", f"shm directory {server.get('shm_dir')}"]
     if server.get('version'):
         facts.append(f"Triton {server['version']}{' (ready)' if server.get('ready') else ''}")
     if server.get('pid') is not None:

@@ -28,6 +28,7 @@ import os
 from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, pid_namespace, read_bytes, read_comm
 
 FileKey = tuple[int, int]   # (st_dev, st_ino)
@@ -44,8 +45,13 @@ def dev_mountinfo_str(dev: int) -> str:
 
 
 def holders_text(holders: Iterable[Mapping[str, object]]) -> str:
-    """Holders as people read them: '4711 (python), 4712 (tritonserver)'."""
-    return ', '.join(f"{h['pid']} ({h['comm']})" for h in holders)
+    """Holders as people read them: '4711 (python), 4712 (tritonserver in pod ml/triton-0)'."""
+    return ', '.join(f"{h['pid']} ({h['comm']}{_in(h)})" for h in holders)
+
+
+def _in(holder: Mapping[str, object]) -> str:
+    container = holder.get('container')
+    return f" in {container['name']}" if isinstance(container, Mapping) else ''
 
 
 INITIAL = 'initial'
@@ -86,6 +92,7 @@ class HolderScan:
     def __init__(self, visibility: Visibility = NOT_JUDGED) -> None:
         self.holders: dict[FileKey, set[int]] = {}
         self.comms: dict[int, str | None] = {}
+        self.identities: dict[int, Identity] = {}   # read for the holders found only (one cgroup read each)
         self.unreadable: list[int] = []          # pids that could hold a target and could not be read
         self.unreadable_ignored: list[int] = []  # unreadable pids whose mount namespace cannot see the shm fs
         self.processes = 0
@@ -117,7 +124,15 @@ class HolderScan:
         pids = self.holders.get((dev, ino))
         if not pids:
             return []
-        return [{'pid': p, 'comm': self.comms.get(p)} for p in sorted(pids) if p not in exclude]
+        return [self._holder(p) for p in sorted(pids) if p not in exclude]
+
+    def _holder(self, pid: int) -> dict[str, object]:
+        """{'pid', 'comm'}, and 'container' (containers.Identity.as_dict) when the host shows the process in one."""
+        out: dict[str, object] = {'pid': pid, 'comm': self.comms.get(pid)}
+        found = self.identities.get(pid)
+        if found is not None and found.found:
+            out['container'] = found.as_dict()
+        return out
 
 
 def proc_hidepid(proc: str = '/proc') -> str | None:
@@ -310,6 +325,7 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
             result.unreadable_ignored.append(pid)
     if found:
         result.comms[pid] = read_comm(pid, proc)
+        result.identities[pid] = identity(pid, proc)
         for key in found:
             result.holders.setdefault(key, set()).add(pid)
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery
+from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
@@ -98,6 +98,7 @@ class Snapshot:
     authority: authority_mod.Authority | None = None   # what the server's own user may remove there (None: not read, nothing may)
     cmdlines: dict = dataclasses.field(default_factory=dict)   # {pid: argv} of the holders of backend files
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
+    container: dict | None = None   # the server's container or pod (containers.Identity.as_dict), None on the host
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
     _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -243,10 +244,12 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
     authority = authority_mod.read_authority(location.pid, readable_dir, proc) if readable_dir is not None else None
+    ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
                     dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines,
-                    visibility=visible, authority=authority)
+                    visibility=visible, authority=authority,
+                    container=ident.as_dict() if ident.found else None)
 
 
 def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],
@@ -626,7 +629,7 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
               'name': snap.metadata.get('name'), 'extensions': snap.metadata.get('extensions') or [],
               'pid': snap.pid, 'shm_dir': snap.shm_dir, 'located_by': snap.located_by,
               'not_found_reason': snap.server_reason if snap.pid is None else None,
-              'shm_unsupported': snap.shm_unsupported}
+              'shm_unsupported': snap.shm_unsupported, 'container': snap.container}
     return {'server': server, 'shm_fs': fs, 'system_regions': regions, 'cuda_regions': cuda, 'files': files,
             'backend_pools': pool_records(snap, files),
             'summary': summarize(regions, cuda, files, fs),

@@ -157,6 +157,15 @@ server:
           M(tritonops.shm.triton_shm_region) fails on such a server with this reason, and the C(shm_cleanup) role fails the host."
       type: str
       version_added: 0.2.0
+    container:
+      description:
+        - The container or Kubernetes pod the server runs in, from C(/proc/PID/cgroup), or null on the host (or when the
+          process was not found). The same form as M(tritonops.shm.triton_server_info)'s RV(servers[].container).
+        - Keys when known, C(runtime) (docker, podman, containerd, cri-o, kubernetes), C(container_id), C(pod_uid), C(qos),
+          C(podman_pod), C(pod_name), C(pod_namespace); always C(name), for example C(pod inference/triton-0).
+      type: dict
+      sample: {runtime: containerd, container_id: 3f2a..., pod_uid: 5c1e2d4a-..., qos: burstable, name: pod inference/triton-0}
+      version_added: 0.2.0
 shm_fs:
   description: Usage of the server's shm filesystem (statvfs), or null when the directory is not known.
   returned: always
@@ -202,6 +211,14 @@ system_regions:
       contains:
         pid: {description: Process id., type: int}
         comm: {description: Process name., type: str}
+        container:
+          description:
+            - The container or Kubernetes pod the process runs in, from its C(/proc/PID/cgroup), in the form of
+              RV(server.container); absent when it runs on the host.
+          type: dict
+          returned: when the process runs in a container
+          sample: {runtime: containerd, container_id: 3f2a..., pod_uid: 5c1e2d4a-..., qos: burstable, name: pod ml/client-0}
+          version_added: 0.2.0
     state:
       description:
         - C(healthy) some process besides the server holds the file.
@@ -254,6 +271,14 @@ files:
       contains:
         pid: {description: Process id., type: int}
         comm: {description: Process name., type: str}
+        container:
+          description:
+            - The container or Kubernetes pod the process runs in, from its C(/proc/PID/cgroup), in the form of
+              RV(server.container); absent when it runs on the host.
+          type: dict
+          returned: when the process runs in a container
+          sample: {runtime: containerd, container_id: 3f2a..., pod_uid: 5c1e2d4a-..., qos: burstable, name: pod ml/client-0}
+          version_added: 0.2.0
     regions: {description: Names of regions it backs., type: list, elements: str}
     category:
       description:

@@ -345,3 +345,13 @@ def test_an_incomplete_host_is_not_ok_and_says_why():
     assert 'data-status="incomplete"' in page and 'class="host warn"' in page and 'data-fleet="incomplete"' in page
     assert 'data-incomplete="true"' in page and 'initial PID namespace (...)' in page
     assert '<b>0</b> ok' in page
+
+
+def test_the_server_and_the_holders_are_named_by_pod_or_container():
+    detail = info()
+    detail['server']['container'] = dict(name='pod ml/triton-0')
+    detail['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0'))]
+    page = shm_html_report([row()], 'report', details=[detail])
+    assert 'pid 42, pod ml/triton-0' in page and 'python (pid 7, pod ml/client-0)' in page
+    # a host process: its pid alone, as before
+    assert 'python (pid 7)' in shm_html_report([row()], 'report', details=[info()])

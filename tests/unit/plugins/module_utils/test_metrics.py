@@ -91,8 +91,18 @@ def test_report_of_a_located_server(promtool):
     assert s[('tritonops_shm_server_info', frozenset({('version', '2.51.0')}))] == 1
 
 
+def in_pods():
+    """info() of a server in a pod whose healthy regions are held from a pod and from the host."""
+    result = info()
+    result['server']['container'] = dict(runtime='containerd', pod_uid='5c1e', name='pod ml/triton-0')
+    result['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0'))]
+    result['system_regions'][1]['holders'] = [dict(pid=8, comm='python'), dict(pid=9, comm='python',
+                                                                                container=dict(name='pod ml/client-0'))]
+    return result
+
+
 def test_every_metric_has_one_help_and_type_line_and_the_prefix():
-    text = metrics.report_text(info(), 'h', URL) + metrics.cleanup_text(dict(status='ok', finished_epoch=5, done={}), 'h', URL)
+    text = metrics.report_text(in_pods(), 'h', URL) + metrics.cleanup_text(dict(status='ok', finished_epoch=5, done={}), 'h', URL)
     for name, metric in metrics.METRICS.items():
         assert name.startswith('tritonops_shm_') and not name.startswith('tritonops_shm_tritonops')
         assert text.count(f'# HELP {name} ') == 1 and text.count(f'# TYPE {name} {metric.type}\n') == 1, name
@@ -299,3 +309,24 @@ def test_holders_complete_is_a_gauge_with_a_coarse_reason(promtool, over, value,
     got = {dict(k[1])['reason']: (v, dict(k[1])) for k, v in samples(text).items() if k != '_hosts'
            and k[0] == 'tritonops_shm_holders_complete'}
     assert got == {labels['reason']: (value, labels)}
+
+
+def test_the_server_and_the_holders_are_named_by_pod_or_container(promtool):
+    text = metrics.report_text(in_pods(), 'gpu1', URL)
+    check_metrics(promtool, text)
+    s = samples(text)
+    assert s[('tritonops_shm_server_container_info', frozenset({('container', 'pod ml/triton-0'),
+                                                                 ('runtime', 'containerd')}))] == 1
+    # region a (1 MiB) and b (2 MiB) from the client pod, b also from a host process
+    assert s[('tritonops_shm_held_bytes', frozenset({('holder', 'pod ml/client-0')}))] == 3 * MIB
+    assert s[('tritonops_shm_held_bytes', frozenset({('holder', 'host')}))] == 2 * MIB
+    # a server on the host: no container series, and no holder series without holders
+    names = {k[0] for k in samples(metrics.report_text(info(), 'gpu1', URL)) if k != '_hosts'}
+    assert 'tritonops_shm_server_container_info' not in names and 'tritonops_shm_held_bytes' not in names
+
+
+def test_held_by_is_bounded():
+    regions = [dict(byte_size=i + 1, holders=[dict(pid=i, container=dict(name=f'pod ns/c-{i:02d}'))]) for i in range(30)]
+    held = metrics.held_by(regions)
+    assert len(held) == metrics.HELD_BY_MAX
+    assert held[0] == ('pod ns/c-29', 30) and held[-1] == ('other', sum(range(1, 22)))
