@@ -212,7 +212,7 @@ class ResponseReader:
             if lengths:
                 raise HttpError('the answer has both Transfer-Encoding and Content-Length')
             if codings != ['chunked']:
-                raise HttpError(f"the answer has a transfer encoding this reader does not read: {escape(', '.join(codings), 80)}")
+                raise HttpError(f"the answer has a transfer encoding this source does not read: {escape(', '.join(codings), 80)}")
             self._state = _SIZE
             return
         if lengths:
