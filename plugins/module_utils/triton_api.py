@@ -203,6 +203,9 @@ class TritonClient(Client):
             try:
                 resp = self.session.send(prepared, timeout=self.timeout, **settings)
                 try:
+                    length = resp.headers.get('Content-Length') or ''
+                    if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+                        raise HttpError(f'the answer is larger than {MAX_ANSWER_BYTES} bytes (Content-Length {length})')
                     body = bytearray()
                     for part in resp.iter_content(65536):
                         body += part
