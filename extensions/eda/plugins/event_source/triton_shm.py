@@ -15,8 +15,11 @@ description:
   - "Each event is C({triton_shm: {host, url, status, regions, registered_bytes,
     registered_percent, shm_bytes, threshold_percent, error}, meta: {hosts: host}}).
     C(status) is C(up) when the server answered with its region list, C(down) otherwise
-    (refused, timed out, an HTTP error, or an answer that is not Triton's); a C(down)
-    event carries C(error) and no region figures. C(registered_percent) and C(shm_bytes)
+    (refused, timed out, an HTTP error, or an answer that is not Triton's), and
+    C(implausible) when the list's figures cannot be true (a region or the total larger
+    than C(shm_bytes), or than 2**63 bytes); a C(down) or C(implausible) event carries
+    C(error) (server text with every control character escaped) and no region figures,
+    so it never meets a rule on C(registered_percent). C(registered_percent) and C(shm_bytes)
     are present only when the server's O(servers[].shm_bytes) is known;
     C(threshold_percent) only when O(threshold_percent) is set."
   - C(meta.hosts) is the server's inventory host, so that a C(run_playbook) action is
@@ -29,6 +32,10 @@ description:
     every O(interval) whatever the others answer. A slow or dead server delays only its own event;
     it is never polled twice at once (with a O(timeout) longer than the O(interval), its next poll
     starts when the current one ends)."
+  - Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
+    loaded by its path): lines end in CRLF; the status line and headers (and a chunked body's
+    trailers) are at most 64 KiB, a chunk-size line 1 KiB, the body 32 MiB, chunked or not.
+    Each poll ends within O(timeout); every answer gives an event.
   - With more servers than the soft limit on open files allows, the source raises that limit
     towards the hard limit; servers beyond what the hard limit allows get a new connection
     for every poll.
@@ -58,7 +65,7 @@ options:
         the two (a rulebook condition cannot give a missing variable a default).
     type: float
   timeout:
-    description: Seconds to wait for each server's answer.
+    description: Seconds each poll of a server may take as a whole, from connecting to the answer's last byte.
     type: float
     default: 10
   validate_certs:
