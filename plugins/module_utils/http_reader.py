@@ -33,6 +33,9 @@ from typing import NamedTuple
 
 MAX_HEAD_BYTES = 64 << 10    # status line and headers; the trailers of a chunked body have the same bound
 MAX_CHUNK_LINE = 1024        # a chunk-size line with its extensions, without its CRLF
+# A whole head at once (the common case, one regex in C); any head it refuses is read again line by line for the reason.
+_WHOLE_HEAD = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?\r\n"
+                         rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n")
 _STATUS_LINE = re.compile(rb'HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?\Z')
 _HEADER = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\Z")
 _CHUNK_SIZE = re.compile(rb'([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\Z')
@@ -178,31 +181,46 @@ class ResponseReader:
         self._scan = 0
         if end + 4 > self.max_head:
             raise HttpError(f'the head of the answer (status line and headers) is longer than {self.max_head} bytes')
-        lines = bytes(buf[:end]).split(b'\r\n')
+        match = _WHOLE_HEAD.match(buf, 0, end + 4)
+        if match is None:
+            self._refuse_head(bytes(buf[:end]))
+        version, code, reason, block = match.groups()    # copies, before the buffer moves on
         del buf[:end + 4]
-        match = _STATUS_LINE.match(lines[0])
-        if not match:
-            raise HttpError(f'the answer is not HTTP: {escape(lines[0], 80)}')
-        status = int(match.group(2))
+        status = int(code)
         headers = []
-        for line in lines[1:]:
-            header = _HEADER.match(line)
-            if not header:
-                raise HttpError(f'the answer is not HTTP (a bad header line): {escape(line, 80)}')
-            headers.append((header.group(1).decode('ascii').lower(), header.group(2).decode('latin-1')))
+        if block:
+            for line in block[:-2].split(b'\r\n'):
+                name, _sep, value = line.partition(b':')
+                headers.append((name.decode('ascii').lower(), value.strip(b' \t').decode('latin-1')))
         if 100 <= status < 200:
             if status == 101:
                 raise HttpError('the server switched protocols (101), which was not asked for')
             return True            # an interim answer: the real one follows
-        self._status, self._reason, self._headers = status, (match.group(3) or b'').decode('latin-1'), headers
-        self._frame(match.group(1) == b'1', headers)
+        self._status, self._reason, self._headers = status, (reason or b'').decode('latin-1'), headers
+        self._frame(version == b'1', headers)
         return True
+
+    @staticmethod
+    def _refuse_head(head: bytes) -> None:
+        """The HttpError for a head _WHOLE_HEAD refused, naming its first bad line."""
+        lines = head.split(b'\r\n')
+        if not _STATUS_LINE.match(lines[0]):
+            raise HttpError(f'the answer is not HTTP: {escape(lines[0], 80)}')
+        for line in lines[1:]:
+            if not _HEADER.match(line):
+                raise HttpError(f'the answer is not HTTP (a bad header line): {escape(line, 80)}')
+        raise HttpError(f'the answer is not HTTP: {escape(head, 80)}')
 
     def _frame(self, http11: bool, headers: list) -> None:
         """How the body ends, from the headers (RFC 9112 6.3), and whether the connection stays open."""
-        lengths = [v for k, v in headers if k == 'content-length']
-        codings = [c.strip().lower() for k, v in headers if k == 'transfer-encoding' for c in v.split(',')]
-        tokens = {c.strip().lower() for k, v in headers if k == 'connection' for c in v.split(',')}
+        lengths, codings, tokens = [], [], ()
+        for name, value in headers:
+            if name == 'content-length':
+                lengths.append(value)
+            elif name == 'transfer-encoding':
+                codings += [c.strip().lower() for c in value.split(',')]
+            elif name == 'connection':
+                tokens += tuple(c.strip().lower() for c in value.split(','))
         self._keep_alive = 'close' not in tokens if http11 else 'keep-alive' in tokens
         if self._status in (204, 304):
             self._state = _LENGTH
