@@ -79,17 +79,34 @@ def check_regions(kind: str, regions: list, where: str, url: str, transport: str
     uint64), never booleans. Other keys are kept as they are.
     """
     fields = _REGION_FIELDS[check_kind(kind)]
+    (f1, _t1), (f2, t2), (f3, _t3) = fields[:3]
+    f4 = fields[3][0] if len(fields) > 3 else f3
+    top, typ, text, number = _UINT64, type, str, int      # locals: this runs once per region of every status read
     for index, region in enumerate(regions):
-        for field, text in fields:
-            value = region.get(field) if isinstance(region, dict) else None
-            good = isinstance(value, str) if text else (type(value) is int and 0 <= value < _UINT64)  # pylint: disable=unidiomatic-typecheck
-            if not good:
-                want = 'a string' if text else 'an integer from 0 to 2**64 - 1'
-                got = 'missing' if not isinstance(region, dict) or field not in region else escape(repr(value), 80)
-                raise MalformedAnswer(f'{where}: the answer is not a Triton {kind} shared memory status: region {index} '
-                                      f'has {field} {got}, expected {want}; nothing was done with it', url=url,
-                                      transport=transport)
+        try:   # the common case: every field there with its exact type and range
+            a, b, c, d = region[f1], region[f2], region[f3], region[f4]
+            if typ(a) is text and (typ(b) is text if t2 else typ(b) is number and 0 <= b < top) and \
+                    typ(c) is number and 0 <= c < top and typ(d) is number and 0 <= d < top:
+                continue
+        except (KeyError, TypeError):
+            pass
+        _refuse_region(kind, fields, index, region, where, url, transport)
     return regions
+
+
+def _refuse_region(kind: str, fields: tuple, index: int, region: Any, where: str, url: str, transport: str) -> None:
+    """The MalformedAnswer for the region check_regions refused, naming its first bad field."""
+    for field, text in fields:
+        value = region.get(field) if isinstance(region, dict) else None
+        good = isinstance(value, str) if text else (type(value) is int and 0 <= value < _UINT64)  # pylint: disable=unidiomatic-typecheck
+        if not good:
+            want = 'a string' if text else 'an integer from 0 to 2**64 - 1'
+            got = 'missing' if not isinstance(region, dict) or field not in region else escape(repr(value), 80)
+            raise MalformedAnswer(f'{where}: the answer is not a Triton {kind} shared memory status: region {index} '
+                                  f'has {field} {got}, expected {want}; nothing was done with it', url=url,
+                                  transport=transport)
+    raise MalformedAnswer(f'{where}: the answer is not a Triton {kind} shared memory status: region {index} is '
+                          f'{escape(repr(region), 200)}', url=url, transport=transport)
 
 
 def check_metadata(data: dict, where: str, url: str, transport: str) -> dict:

@@ -36,6 +36,8 @@ MAX_CHUNK_LINE = 1024        # a chunk-size line with its extensions, without it
 # A whole head at once (the common case, one regex in C); any head it refuses is read again line by line for the reason.
 _WHOLE_HEAD = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?\r\n"
                          rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n")
+# The headers that frame the body, in a head _WHOLE_HEAD accepted (names in any case, values without their spaces).
+_FRAMING = re.compile(rb"^(content-length|transfer-encoding|connection):[ \t]*(.*?)[ \t]*\r$", re.I | re.M)
 _STATUS_LINE = re.compile(rb'HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?\Z')
 _HEADER = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\Z")
 _CHUNK_SIZE = re.compile(rb'([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\Z')
@@ -52,10 +54,10 @@ class TooLarge(HttpError):
 
 
 class Response(NamedTuple):
-    """One complete answer: status, reason, headers (lower-case names, in order), body, whether the connection stays open."""
+    """One complete answer: status, reason, headers (the raw header lines, checked), body, whether the connection stays open."""
     status: int
     reason: str
-    headers: tuple
+    headers: bytes
     body: bytes
     keep_alive: bool
 
@@ -102,7 +104,7 @@ class ResponseReader:
         self._scan = 0
         self._status = 0
         self._reason = ''
-        self._headers: list = []
+        self._headers = b''
         self._keep_alive = True
         self._left = 0
         self._chunks: list = []
@@ -187,17 +189,12 @@ class ResponseReader:
         version, code, reason, block = match.groups()    # copies, before the buffer moves on
         del buf[:end + 4]
         status = int(code)
-        headers = []
-        if block:
-            for line in block[:-2].split(b'\r\n'):
-                name, _sep, value = line.partition(b':')
-                headers.append((name.decode('ascii').lower(), value.strip(b' \t').decode('latin-1')))
         if 100 <= status < 200:
             if status == 101:
                 raise HttpError('the server switched protocols (101), which was not asked for')
             return True            # an interim answer: the real one follows
-        self._status, self._reason, self._headers = status, (reason or b'').decode('latin-1'), headers
-        self._frame(version == b'1', headers)
+        self._status, self._reason, self._headers = status, reason.decode('latin-1') if reason else '', block
+        self._frame(version == b'1', _FRAMING.findall(block) if block else ())
         return True
 
     @staticmethod
@@ -211,32 +208,38 @@ class ResponseReader:
                 raise HttpError(f'the answer is not HTTP (a bad header line): {escape(line, 80)}')
         raise HttpError(f'the answer is not HTTP: {escape(head, 80)}')
 
-    def _frame(self, http11: bool, headers: list) -> None:
-        """How the body ends, from the headers (RFC 9112 6.3), and whether the connection stays open."""
-        lengths, codings, tokens = [], [], ()
-        for name, value in headers:
-            if name == 'content-length':
-                lengths.append(value)
-            elif name == 'transfer-encoding':
-                codings += [c.strip().lower() for c in value.split(',')]
-            elif name == 'connection':
-                tokens += tuple(c.strip().lower() for c in value.split(','))
-        self._keep_alive = 'close' not in tokens if http11 else 'keep-alive' in tokens
+    def _frame(self, http11: bool, framing: list) -> None:
+        """How the body ends, from the framing headers (RFC 9112 6.3), and whether the connection stays open."""
+        length = None
+        codings: list = []
+        keep_alive = http11
+        for name, value in framing:
+            name = name.lower()
+            if name == b'content-length':
+                if length is not None and length != value:
+                    raise HttpError(f'the answer is not HTTP (bad Content-Length {escape(length + b", " + value, 80)})')
+                length = value
+            elif name == b'transfer-encoding':
+                codings += [c.strip().lower().decode('latin-1') for c in value.split(b',')]
+            else:
+                tokens = [t.strip().lower() for t in value.split(b',')]
+                keep_alive = b'close' not in tokens if http11 else b'keep-alive' in tokens
+        self._keep_alive = keep_alive
         if self._status in (204, 304):
             self._state = _LENGTH
             self._left = 0
             return
         if codings:
-            if lengths:
+            if length is not None:
                 raise HttpError('the answer has both Transfer-Encoding and Content-Length')
             if codings != ['chunked']:
                 raise HttpError(f"the answer has a transfer encoding this source does not read: {escape(', '.join(codings), 80)}")
             self._state = _SIZE
             return
-        if lengths:
-            if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 19 or not lengths[0].isascii():
-                raise HttpError(f"the answer is not HTTP (bad Content-Length {escape(', '.join(lengths), 80)})")
-            self._left = int(lengths[0])
+        if length is not None:
+            if not length.isdigit() or len(length) > 19:
+                raise HttpError(f'the answer is not HTTP (bad Content-Length {escape(length, 80)})')
+            self._left = int(length)
             if self._left > self.max_body:
                 raise TooLarge(f'the answer is larger than {self.max_body} bytes (Content-Length {self._left})')
             self._state = _LENGTH
@@ -325,7 +328,7 @@ class ResponseReader:
     def _finish(self) -> Response:
         body = self._chunks[0] if len(self._chunks) == 1 else b''.join(self._chunks)
         self._chunks = []
-        self.response = Response(self._status, self._reason, tuple(self._headers), body, self._keep_alive)
+        self.response = Response(self._status, self._reason, self._headers, body, self._keep_alive)
         self._state = _DONE
         return self.response
 
