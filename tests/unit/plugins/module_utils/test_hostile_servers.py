@@ -237,9 +237,9 @@ def grpc_server():
     def start(mode: str) -> str:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         if mode == 'garbage':
-            handler = grpc.method_handlers_generic_handler('inference.GRPCInferenceService', {
-                'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(_garbage, request_deserializer=None,
-                                                                                 response_serializer=None)})
+            method = grpc.unary_unary_rpc_method_handler(_garbage, request_deserializer=None, response_serializer=None)
+            handler = grpc.method_handlers_generic_handler('inference.GRPCInferenceService',
+                                                           {'SystemSharedMemoryStatus': method})
             server.add_generic_rpc_handlers((handler,))
         else:
             service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(mode), server)
