@@ -17,7 +17,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2_grpc
 
 from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_api, triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer, TritonError
