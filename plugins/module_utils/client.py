@@ -81,6 +81,7 @@ def check_regions(kind: str, regions: list, where: str, url: str, transport: str
     fields = _REGION_FIELDS[check_kind(kind)]
     (f1, _t1), (f2, t2), (f3, _t3) = fields[:3]
     f4 = fields[3][0] if len(fields) > 3 else f3
+    # pylint: disable=unidiomatic-typecheck  # exact types: a bool is an int, and not a size
     top, typ, text, number = _UINT64, type, str, int      # locals: this runs once per region of every status read
     for index, region in enumerate(regions):
         try:   # the common case: every field there with its exact type and range
