@@ -26,7 +26,9 @@ options:
     required: true
   timeout:
     description:
-      - Seconds to wait for each HTTP request (connect and read), or for each gRPC call.
+      - Seconds each HTTP request or gRPC call may take as a whole, from connecting to the last byte of the answer
+        (a gRPC deadline). A server that trickles its answer is cut at this deadline, even when every byte comes in time.
+      - Answers larger than 64 MiB (a status of 100,000 regions is about 15 MiB) fail with a message naming the URL.
     type: float
     default: 10.0
   validate_certs:

@@ -24,7 +24,8 @@ matching subclass; nothing later reads message text::
         ├── RegisterOverflow    Triton >= 2.58 refuses a register whose byte_size + offset overflows
         ├── ReservedKey         Triton >= 2.60 refuses a key with its python backend prefix (>= 2.61: or an invalid key)
         ├── ClientShmDisabled   Triton >= 2.68 started without --allow-client-shm=true (HTTP 501, gRPC UNIMPLEMENTED)
-        └── ShmUnsupported      a server without shared memory at all (2.73 tritonfrontend bindings, HTTP 503)
+        ├── ShmUnsupported      a server without shared memory at all (2.73 tritonfrontend bindings, HTTP 503)
+        └── MalformedAnswer     an answer that is not what Triton sends (a region without a string name, …)
 """
 from __future__ import annotations
 
@@ -134,6 +135,13 @@ class ShmUnsupported(TritonError):
     """The server offers no shared memory at all (2.73 and later through the in-process tritonfrontend bindings).
 
     Not a leak and not a transient failure: nothing can be read or cleaned there, and nothing is retried.
+    """
+
+
+class MalformedAnswer(TritonError):
+    """The server answered, but not as Triton does (wrong types or missing fields in a status or metadata).
+
+    Raised where the answer is read, naming the URL; nothing is done with such an answer.
     """
 
 

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    GRPC, GRPC_SCHEMES, Answer, Client, Library, UnregisterBatch, check_kind, error_from_answer, host_port, short, split_url,
+    GRPC, GRPC_SCHEMES, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
+    error_from_answer, host_port, short, split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
 
@@ -37,7 +38,7 @@ DEFAULT_GRPC_PORT = 8001
 _TLS_WORDS = ('ssl', 'tls', 'handshake', 'certificate')
 _METADATA_KEY = re.compile(r'^[0-9a-z_.-]+$')
 _RESERVED_KEYS = ('content-type', 'te', 'user-agent', 'host', 'connection')
-_MAX_MESSAGE = 64 << 20   # a status of 100,000 regions is a few MiB
+_MAX_MESSAGE = MAX_ANSWER_BYTES   # a status of 100,000 regions is a few MiB; a larger answer: RESOURCE_EXHAUSTED
 # Bulk unregisters: at most this many calls in flight on the one channel (docs/performance.md)
 BULK_WINDOW = 64
 _EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every region)'
@@ -185,8 +186,10 @@ class TritonGrpcClient(Client):
         name = getattr(code, 'name', None) or 'UNKNOWN'
         details = (exc.details() if hasattr(exc, 'details') else None) or str(exc)
         where = f'{what} at {self.base}'
-        if name == 'DEADLINE_EXCEEDED':
+        if name == 'DEADLINE_EXCEEDED':      # the deadline bounds the whole call, as timeout does over HTTP
             return self.error(f'{where}: no answer within {self.timeout}s (timeout)')
+        if name == 'RESOURCE_EXHAUSTED' and 'larger than max' in details:
+            return self.error(f'{where}: the answer is larger than {_MAX_MESSAGE} bytes: {short(details)}')
         if name == 'UNAVAILABLE':      # no answer came from the server: the transport failed, as a connection error over HTTP
             low = details.lower()
             if 'http1' in low or 'http/1' in low:
@@ -210,7 +213,8 @@ class TritonGrpcClient(Client):
         resp = self.call('ServerMetadata', _Lib.pb.ServerMetadataRequest(), 'read server metadata')
         if not resp.version:
             raise self.error(f'read server metadata at {self.base}: the answer is not Triton server metadata (no version)')
-        return {'name': resp.name, 'version': resp.version, 'extensions': list(resp.extensions)}
+        return check_metadata({'name': resp.name, 'version': resp.version, 'extensions': list(resp.extensions)},
+                              f'read server metadata at {self.base}', self.base, self.transport)
 
     def _health(self, which: str) -> bool:
         if which == 'live':
@@ -229,7 +233,7 @@ class TritonGrpcClient(Client):
         else:
             resp = self.call('CudaSharedMemoryStatus', _Lib.pb.CudaSharedMemoryStatusRequest(), what)
             out = [{'name': r.name, 'device_id': int(r.device_id), 'byte_size': int(r.byte_size)} for r in resp.regions.values()]
-        return sorted(out, key=lambda r: r['name'])
+        return check_regions(kind, sorted(out, key=lambda r: r['name']), f'{what} at {self.base}', self.base, self.transport)
 
     @staticmethod
     def unaddressable(name: str) -> str | None:
