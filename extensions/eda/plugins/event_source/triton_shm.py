@@ -32,10 +32,18 @@ description:
     every O(interval) whatever the others answer. A slow or dead server delays only its own event;
     it is never polled twice at once (with a O(timeout) longer than the O(interval), its next poll
     starts when the current one ends)."
-  - Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
+  - "Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
     loaded by its path): lines end in CRLF; the status line and headers (and a chunked body's
     trailers) are at most 64 KiB, a chunk-size line 1 KiB, the body 32 MiB, chunked or not.
-    Each poll ends within O(timeout); every answer gives an event.
+    Each poll ends within O(timeout); every answer gives an event."
+  - "Every event carries C(holders_complete): whether the cleanup on the server's host can see every process
+    that may hold its shared memory, as that host's last report or cleanup wrote it in the metric
+    C(tritonops_shm_holders_complete) (docs/metrics.md). C(true) or C(false) when O(servers[].metrics_url) is set
+    and serves that server's series; C(null) (unknown, as without O(servers[].metrics_url)) otherwise, with
+    C(metrics_error) saying why when O(servers[].metrics_url) is set. With C(false) the event also carries
+    C(holders_incomplete_reason), the metric's C(reason) label (C(pid_namespace), C(shm_dir),
+    C(unreadable_processes), C(hidepid), C(unknown)): a cleanup there would remove nothing, so the
+    self-heal rulebook shows the event instead of starting one."
   - With more servers than the soft limit on open files allows, the source raises that limit
     towards the hard limit; servers beyond what the hard limit allows get a new connection
     for every poll.
@@ -48,7 +56,7 @@ options:
         the server; required), C(url) (Triton's HTTP endpoint; required) and optionally
         C(shm_bytes) (the size of the server's C(/dev/shm), the container's C(--shm-size))
         and C(threshold_percent), C(timeout), C(validate_certs), C(ca_path), C(headers),
-        C(client_cert), C(client_key), which override the options of the same name for
+        C(client_cert), C(client_key), C(metrics_url), which override the options of the same name for
         that server.
       - C(host) is a single host name (letters, digits, C(_), C(.), C(-)); C(all) and
         host patterns are refused.
@@ -86,6 +94,22 @@ options:
   client_key:
     description: PEM private key of O(client_cert) when it is not in the same file.
     type: path
+  metrics_url:
+    description:
+      - The Prometheus-format page (the node_exporter C(/metrics) of the host that runs the cleanup, with its textfile
+        collector reading the cleanup's C(metrics_dir), or a Prometheus federation endpoint) where the server's
+        C(tritonops_shm_holders_complete) series is; C(/metrics) when the URL has no path.
+        Usually set per server (O(servers[].metrics_url)); set here, it is every server's default.
+      - Read on every poll of the server, beside its status request and within the same O(timeout), by the same strict
+        reader with the same caps, on a new connection each time. Sent with the server's O(validate_certs) and
+        O(ca_path); never with its O(headers) nor its client certificate (a user:password in this URL is sent as
+        Basic authentication, and redacted in events and logs).
+      - "The series used are those whose C(host) label is the server's C(host) and whose C(triton_url) label is the
+        server's C(url), spelled either way (a user:password part, a final C(/) and a missing C(http://) do not
+        count), so the C(url) must be the host's C(triton_url). Any of them at 0 makes C(holders_complete) C(false)."
+      - Unset, unreachable, or without a matching series, C(holders_complete) is C(null) and self-healing behaves
+        as without it.
+    type: str
 """
 
 EXAMPLES = r"""
@@ -122,7 +146,7 @@ import math
 import os
 import re
 import ssl
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 try:
@@ -160,7 +184,10 @@ MAX_ERROR_CHARS = 1000       # an event's error, escaped
 ABSURD_BYTES = 1 << 63
 HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 PER_SERVER = ("threshold_percent", "timeout", "validate_certs", "ca_path", "headers",
-              "client_cert", "client_key")
+              "client_cert", "client_key", "metrics_url")
+HOLDERS_METRIC = "tritonops_shm_holders_complete"   # written by plugins/module_utils/metrics.py
+SAMPLE_RE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
+LABEL_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 MAX_SPACING = 0.01   # seconds between two poll starts, at most (fewer servers than interval / 0.01)
 BATCH = 0.1          # polls due within this many seconds (at most interval / 20) start together: fewer wake-ups
 FD_RESERVE = 256     # open files left for everything else in the process
@@ -245,10 +272,10 @@ def _ssl_context(server: dict, what: str) -> ssl.SSLContext | None:
     return context
 
 
-def _request(server: dict) -> bytes:
-    """The one request this source sends to server: GET of the status, with its headers and credentials."""
+def _request(server: dict, path: str = STATUS_PATH, accept: str = "application/json") -> bytes:
+    """The one request this source sends to server: GET of path under its URL, with its headers and credentials."""
     parts = urlsplit(server["url"])
-    headers = {"Host": parts.netloc.rpartition("@")[2], "Accept": "application/json",
+    headers = {"Host": parts.netloc.rpartition("@")[2], "Accept": accept,
                "Accept-Encoding": "identity", "User-Agent": "tritonops.shm-triton_shm"}
     if parts.username is not None or parts.password is not None:
         credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
@@ -257,7 +284,8 @@ def _request(server: dict) -> bytes:
         for same in [h for h in headers if h.lower() == name.lower()]:
             del headers[same]
         headers[name] = value
-    lines = [f"GET {parts.path}{STATUS_PATH} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers.items()]
+    target = f"{parts.path}{path}" + (f"?{parts.query}" if parts.query else "")
+    lines = [f"GET {target} HTTP/1.1"] + [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
 
 
@@ -275,6 +303,7 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
         "headers": args.get("headers"),
         "client_cert": args.get("client_cert"),
         "client_key": args.get("client_key"),
+        "metrics_url": args.get("metrics_url"),
     }
     out = []
     seen = set()
@@ -295,16 +324,7 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
         url = item.get("url")
         if not isinstance(url, str) or not url.strip():
             raise ConfigError(f"{what}: url is required")
-        url = url.strip().rstrip("/")
-        if "://" not in url:
-            url = "http://" + url
-        parts = urlsplit(url)
-        try:
-            parts.port  # pylint: disable=pointless-statement
-        except ValueError:
-            raise ConfigError(f"{what}: url {redact_url(url)} has an invalid port") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname or any(c in url for c in " \r\n\t"):
-            raise ConfigError(f"{what}: url {redact_url(url)} is not an http(s) URL of a Triton server")
+        url = _http_url(url, f"{what}: url", "a Triton server")
         server = dict(defaults)
         server.update((k, item[k]) for k in PER_SERVER if k in item)
         server.update(host=host, url=url, shown_url=redact_url(url))
@@ -319,8 +339,100 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
         server["ssl"] = _ssl_context(server, what)
         server["request"] = _request(server)
         server["secrets"] = _secrets(server)
+        server["metrics"] = _metrics_server(server, what)
         out.append(server)
     return out, interval
+
+
+def _http_url(url: str, what: str, of: str) -> str:
+    """url without spaces around and a trailing /, http:// when it names no scheme; ConfigError when it is not http(s)."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    try:
+        parts.port  # pylint: disable=pointless-statement
+    except ValueError:
+        raise ConfigError(f"{what} {redact_url(url)} has an invalid port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c in url for c in " \r\n\t"):
+        raise ConfigError(f"{what} {redact_url(url)} is not an http(s) URL of {of}")
+    return url
+
+
+def url_key(url: str) -> tuple:
+    """What identifies a server's URL whatever its spelling: scheme, host, port, path; no user:password, no final /."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname or "", port or (443 if scheme == "https" else 80), parts.path.rstrip("/")
+
+
+def _metrics_server(server: dict, what: str) -> dict | None:
+    """The metrics endpoint of server as a server of its own: its URL, TLS settings of the server, no headers."""
+    value = server.get("metrics_url")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what}: metrics_url must be the http(s) URL of a node_exporter or Prometheus-format endpoint")
+    url = _http_url(value, f"{what}: metrics_url", "a node_exporter or Prometheus-format endpoint")
+    if not urlsplit(url).path:
+        url += "/metrics"
+    # the server's headers (a Bearer token for Triton) and client certificate are never sent to another endpoint
+    metrics = {"url": url, "shown_url": redact_url(url), "timeout": server["timeout"], "headers": {},
+               "validate_certs": server["validate_certs"], "ca_path": server.get("ca_path")}
+    metrics["ssl"] = _ssl_context(metrics, f"{what}: metrics_url")
+    metrics["request"] = _request(metrics, "", "text/plain;version=0.0.4")
+    metrics["secrets"] = _secrets(metrics)
+    return metrics
+
+
+class Holders(NamedTuple):
+    """What a metrics page says of one server's holder scan: complete True, False or None (unknown), and why."""
+
+    complete: bool | None
+    reason: str | None = None   # the reason label when not complete
+    error: str | None = None    # why it is unknown
+
+
+def _unescape_label(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def holders_from_metrics(text: str, host: str, url: str) -> Holders:
+    """The tritonops_shm_holders_complete series of (host, url) in a Prometheus text page.
+
+    A series matches when its host label is host and its triton_url label is the same URL as url (url_key: a
+    user:password part, a final / or a missing http:// do not count). Any matching series at 0: not complete,
+    with its reason label; every matching series at 1: complete; none: unknown.
+    """
+    key = url_key(url)
+    found = False
+    for line in text.splitlines():
+        if not line.startswith(HOLDERS_METRIC):
+            continue
+        match = SAMPLE_RE.match(line)
+        if match is None or match.group(1) != HOLDERS_METRIC:
+            continue
+        labels = {m.group(1): _unescape_label(m.group(2)) for m in LABEL_RE.finditer(match.group(2) or "")}
+        if labels.get("host") != host or url_key(labels.get("triton_url", "")) != key:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if value != 1:
+            return Holders(False, reason=labels.get("reason") or "unknown")
+        found = True
+    if found:
+        return Holders(True)
+    return Holders(None, error=f"no {HOLDERS_METRIC} series for host {host} and this triton_url (has a report or "
+                               "cleanup with metrics_dir run on that host?)")
 
 
 class Implausible(ValueError):
@@ -472,10 +584,11 @@ def _expire(waiter: asyncio.Future) -> None:
 class _Target:
     """One server as the poller keeps it: its options, its request, its connection, its poll in flight."""
 
-    __slots__ = ("server", "address", "keep_alive", "request", "conn", "busy", "again")
+    __slots__ = ("server", "address", "keep_alive", "request", "conn", "busy", "again", "name", "metrics")
 
-    def __init__(self, server: dict, keep_alive: bool) -> None:
+    def __init__(self, server: dict, keep_alive: bool, name: str = "Triton") -> None:
         self.server = server
+        self.name = name
         parts = urlsplit(server["url"])
         self.address = (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
         self.keep_alive = keep_alive
@@ -484,6 +597,8 @@ class _Target:
         self.conn: _Connection | None = None
         self.busy = False    # a poll of this server is running
         self.again = False   # its next poll was due while it ran: start it as soon as it ends
+        # the server's metrics endpoint, polled with it: a new connection each time (no open file kept for it)
+        self.metrics = _Target(server["metrics"], False, "the metrics endpoint") if server.get("metrics") else None
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
         host, port = self.address
@@ -496,7 +611,7 @@ class _Target:
         except ssl.SSLError as exc:
             raise PollError(f"TLS failed: {exc}") from None
         except OSError as exc:
-            raise PollError(f"cannot connect to Triton (refused or unreachable): {exc}") from None
+            raise PollError(f"cannot connect to {self.name} (refused or unreachable): {exc}") from None
         return conn
 
     async def fetch(self, loop: asyncio.AbstractEventLoop) -> Any:
@@ -549,6 +664,15 @@ class _Target:
         """
         server = self.server
         data = {"host": server["host"], "url": server["shown_url"]}
+        holders = loop.create_task(self._holders(loop)) if self.metrics is not None else None
+        try:
+            return await self._poll(loop, data, holders)
+        finally:
+            if holders is not None and not holders.done():
+                holders.cancel()   # a cancelled poll leaves no metrics request behind
+
+    async def _poll(self, loop: asyncio.AbstractEventLoop, data: dict, holders: asyncio.Task | None) -> dict:
+        server = self.server
         try:
             answer = await self.fetch(loop)
             if answer.status != 200:
@@ -572,7 +696,32 @@ class _Target:
                             registered_percent=round(100.0 * registered / server["shm_bytes"], 2))
                 if server["threshold_percent"] is not None:
                     data["threshold_percent"] = server["threshold_percent"]
+        data["holders_complete"] = None
+        if holders is not None:
+            seen = await holders
+            data["holders_complete"] = seen.complete
+            if seen.reason is not None:
+                data["holders_incomplete_reason"] = seen.reason
+            if seen.error is not None:
+                data["metrics_error"] = seen.error
         return {"triton_shm": data, "meta": {"hosts": server["host"]}}
+
+    async def _holders(self, loop: asyncio.AbstractEventLoop) -> Holders:
+        """Whether the cleanup on the server's host can see every holder, from its metrics endpoint; never raises."""
+        metrics = self.metrics.server
+        try:
+            answer = await self.metrics.fetch(loop)
+            if answer.status != 200:
+                raise PollError(f"HTTP {answer.status}: {_snippet(answer.body) or http_reader.escape(answer.reason, 120)}")
+            text = answer.body.decode("utf-8", "replace")
+            seen = holders_from_metrics(text, self.server["host"], self.server["url"])
+        except Exception as exc:  # pylint: disable=broad-except  # unknown, as without metrics_url: never the source
+            detail = str(exc) if isinstance(exc, PollError) else f"{type(exc).__name__}: {exc}"
+            seen = Holders(None, error=detail)
+        if seen.error is not None:
+            text = http_reader.escape(_redact(f"{metrics['url']}: {seen.error}", metrics), MAX_ERROR_CHARS)
+            seen = seen._replace(error=text)
+        return seen
 
     def _error(self, text: str) -> str:
         """The error of an event: URL and reason, secrets redacted, every control character escaped."""
@@ -583,6 +732,8 @@ class _Target:
         if self.conn is not None:
             self.conn.abort()
             self.conn = None
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 def _keep_alive_budget(servers: int, in_flight: int) -> int:
@@ -618,9 +769,12 @@ class _Poller:
         # polls running at once, at most: those started within the longest timeout (each server one at a time)
         longest = max(s["timeout"] for s in servers)
         in_flight = min(len(servers), math.ceil(min(longest, interval) / self.spacing) + 1)
+        in_flight *= 2 if any(s.get("metrics") for s in servers) else 1   # a metrics request beside each poll
         budget = _keep_alive_budget(len(servers), in_flight)
         self.targets = [_Target(s, index < budget) for index, s in enumerate(servers)]
         self.last_status: dict[str, str] = {}
+        self.last_holders: dict[str, Any] = {}
+        self.with_metrics = {s["host"] for s in servers if s.get("metrics")}
         self.tasks: set[asyncio.Task] = set()
         # events not yet taken by the queue, oldest first, at most one per server: ansible-rulebook's queue holds one
         # event, and when the rules fall behind, a server's newer event replaces its older one (never a growing backlog)
@@ -650,6 +804,13 @@ class _Poller:
             else:
                 LOGGER.info("%s: Triton at %s is up", data["host"], data["url"])
             self.last_status[data["host"]] = data["status"]
+        holders = (data["holders_complete"], data.get("holders_incomplete_reason"))
+        if data["status"] == "up" and data["host"] in self.with_metrics and self.last_holders.get(data["host"]) != holders:
+            if holders[0] is False:
+                LOGGER.warning("%s: the cleanup there cannot see every holder (%s), no self-heal", data["host"], holders[1])
+            elif holders[0] is None:
+                LOGGER.warning("%s: holder completeness unknown: %s", data["host"], data.get("metrics_error"))
+            self.last_holders[data["host"]] = holders
         self.pending[data["host"]] = event
         if self.wake is not None and not self.wake.done():
             self.wake.set_result(None)

@@ -141,7 +141,8 @@ def test_up_server_event_with_percent_polled_every_interval():
     fake, events = run(scenario())
     assert events[0] == {'triton_shm': {'host': 't1', 'url': fake.url, 'status': 'up', 'regions': 2,
                                         'registered_bytes': 6 * MiB, 'registered_percent': 37.5,
-                                        'shm_bytes': 16 * MiB, 'threshold_percent': 80.0},
+                                        'shm_bytes': 16 * MiB, 'threshold_percent': 80.0,
+                                        'holders_complete': None},
                          'meta': {'hosts': 't1'}}
     assert events[1] == events[2] == events[0]
     # read-only: only GETs of the status, with the configured header
@@ -183,7 +184,7 @@ def test_percent_only_with_shm_bytes_and_threshold_only_with_percent():
     assert by_host['nosize']['registered_bytes'] == 6 * MiB
     assert by_host['empty'] == {'host': 'empty', 'url': by_host['empty']['url'], 'status': 'up', 'regions': 0,
                                 'registered_bytes': 0, 'registered_percent': 0.0, 'shm_bytes': MiB,
-                                'threshold_percent': 10.0}
+                                'threshold_percent': 10.0, 'holders_complete': None}
 
 
 def test_down_server_gives_a_down_event_every_poll_and_one_warning(caplog):
@@ -193,7 +194,8 @@ def test_down_server_gives_a_down_event_every_poll_and_one_warning(caplog):
     for event in events:
         data = event['triton_shm']
         assert data['status'] == 'down' and 'cannot connect to Triton' in data['error'] and url in data['error']
-        assert set(data) == {'host', 'url', 'status', 'error'} and event['meta'] == {'hosts': 'gone'}
+        assert set(data) == {'host', 'url', 'status', 'error', 'holders_complete'} and event['meta'] == {'hosts': 'gone'}
+        assert data['holders_complete'] is None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and 'gone: Triton is down' in warnings[0].getMessage()
 
