@@ -7,6 +7,7 @@ Cleanup runs are counted from the PLAY RECAP lines of the cleanup playbook the r
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -22,6 +23,8 @@ import yaml
 
 import tritonrig
 from ansible_helpers import BIN, PYTHON, ansible_env
+from observability import NodeExporter
+from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
 
 MiB = 1 << 20
 SHM = 32 * MiB
@@ -237,3 +240,55 @@ def test_alertmanager_webhook_cleans_only_the_alerting_host(servers, rulebooks, 
     # rules run in event order: every earlier alert was decided before h1's cleanup ran
     assert rb.cleanups('h2') == 0 and rb.output().count('PLAY [Clean up Triton shared memory]') == 1
     assert 'dead' in h2.system_regions() and 'dead' in h2.shm_files()
+
+
+def load_metrics():
+    """The collection's module_utils/metrics.py (standard library only), loaded by its path."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'plugins', 'module_utils',
+                        'metrics.py')
+    spec = importlib.util.spec_from_file_location('tritonops_shm_metrics', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_host_whose_cleanup_cannot_see_every_holder_is_never_healed(servers, rulebooks, services, tmp_path):
+    """Issue 25: the poller does not trigger a heal that cannot act.
+
+    Both hosts are over the threshold with stale regions. node_exporter serves the textfiles of both hosts (one
+    directory): t1's, as a report run inside a container writes it (holders_complete 0, pid_namespace other); t2's
+    complete. With metrics_url, the rulebook cleans t2 and shows t1 with the reason, and never starts a cleanup on t1.
+    """
+    metrics = load_metrics()
+    t1, t2 = servers
+    prom = tmp_path / 'prom'
+    prom.mkdir()
+    for server, host, complete in ((t1, 't1', False), (t2, 't2', True)):
+        inv = {'reachable': True, 'holders_complete': complete, 'pid_namespace': 'initial' if complete else 'other',
+               'holders_incomplete_reason': None if complete else "outside the host's initial PID namespace",
+               'server': {'pid': 1, 'shm_dir': '/dev/shm'}}
+        metrics.write_textfile(str(prom), metrics.file_name(metrics.REPORT, host, server.url),
+                               metrics.report_text(inv, host, server.url))
+    node = services(NodeExporter(tmp_path, prom)).wait_ready()
+    assert 'tritonops_shm_holders_complete{host="t1"' in node.metrics()
+    for server in servers:
+        server.client('live', byte_size=4 * MiB)
+        for name in ('dead1', 'dead2', 'dead3'):
+            server.leak(name, byte_size=4 * MiB)          # 16 MiB of 32: 50%
+    hosts = {'t1': host_vars(t1, prom), 't2': host_vars(t2, prom)}
+    rb = rulebooks(tmp_path, 'tritonops.shm.self_heal', hosts, {
+        'triton_shm_servers': [{'host': 't1', 'url': t1.url, 'shm_bytes': SHM, 'metrics_url': node.url},
+                               {'host': 't2', 'url': t2.url, 'shm_bytes': SHM, 'metrics_url': node.url + '/metrics'}],
+        'self_heal_percent': 50, 'self_heal_interval': 1})
+    rb.wait('t2 healed', lambda: not {'dead1', 'dead2', 'dead3'} & (set(t2.system_regions()) | set(t2.shm_files())),
+            120)
+    rb.wait('the cleanup run of t2 finished', lambda: rb.cleanups('t2') == 1, 60)
+    seen = rb.events('t1')
+    rb.wait('5 more polls of t1 over the threshold', lambda: rb.events('t1') >= seen + 5, 60)
+    out = rb.output()
+    assert rb.cleanups('t1') == 0 and out.count('PLAY [Clean up Triton shared memory]') == 1, out[-4000:]
+    assert {'dead1', 'dead2', 'dead3', 'live'} <= set(t1.system_regions()) & set(t1.shm_files())
+    assert 'live' in t2.system_regions() and 'live' in t2.shm_files()
+    assert "'holders_complete': False" in out and "'holders_incomplete_reason': 'pid_namespace'" in out
+    assert re.search(r't1: the cleanup there cannot see every process .*\(pid_namespace\), no cleanup', out)
+    assert len(re.findall(r't1: the cleanup there cannot see every process', out)) == 1   # throttled
