@@ -14,6 +14,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import literal, matches
 
 LOCATE_STEP = 'Locate the Triton server process'
@@ -79,7 +80,7 @@ def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclu
         return plan
     server = before.get('server') or {}
     if server.get('pid') is None:
-        reason = server.get('not_found_reason') or f'the tritonserver process behind {url} was not found'
+        reason = server.get('not_found_reason') or f'the tritonserver process behind {redact_url(url)} was not found'
         plan['error'] = dict(step=LOCATE_STEP, msg=f'nothing on {host} could be checked: {reason}')
         return plan
     if server.get('shm_unsupported'):
@@ -175,7 +176,7 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
         if leftover:
             error = dict(step=VERIFY_STEP, msg=f"stale region(s) remain after cleanup, with no reason recorded: {', '.join(leftover)}")
     return dict(
-        host=host, url=url, check_mode=bool(check_mode), finished_at=finished_at, finished_epoch=int(finished_epoch),
+        host=host, url=redact_url(url), check_mode=bool(check_mode), finished_at=finished_at, finished_epoch=int(finished_epoch),
         server=dict(version=server.get('version'), pid=server.get('pid'), shm_dir=server.get('shm_dir'),
                     holders_complete=before.get('holders_complete'), unreadable_processes=before.get('unreadable_processes')),
         mode=mode, threshold_percent=threshold_percent, acted=acted, decision=plan.get('decision') or '',
