@@ -165,7 +165,12 @@ def _str_dict(value: Any, what: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise AnsibleFilterError(f'triton_container: {what} must be a dict, got {type(value).__name__} {value!r}')
+        raise AnsibleFilterError(f'triton_container: {what} must be a dict, got {type(value).__name__}')
+    for k, v in value.items():
+        if isinstance(v, (dict, list)):
+            # never echo the value: env values are often secrets
+            raise AnsibleFilterError(f'triton_container: {what} {k}: a dict or list value (a Kubernetes valueFrom such as '
+                                     f'secretKeyRef) works only with triton_server_engine: kubernetes; give a string')
     return {str(k): str(v) for k, v in value.items()}
 
 

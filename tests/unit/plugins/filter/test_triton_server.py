@@ -227,6 +227,10 @@ def test_container(kwargs, expected):
 
 @pytest.mark.parametrize('kwargs, match', [
     (dict(env=['A=1']), 'env must be a dict, got list'),
+    # a Kubernetes valueFrom works only with the kubernetes engine; the value is never shown
+    (dict(env={'TOKEN': {'secretKeyRef': {'name': 's3cret', 'key': 'k'}}}),
+     r'env TOKEN: a dict or list value \(a Kubernetes valueFrom such as secretKeyRef\) works only with '
+     r'triton_server_engine: kubernetes; give a string$'),
     (dict(labels='a=b'), 'labels must be a dict, got str'),
     (dict(ulimits='memlock=-1'), 'ulimits must be a list, got str'),
 ])
