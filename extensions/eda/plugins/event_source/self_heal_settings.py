@@ -13,8 +13,8 @@ description:
     rulebook starts and fails with a clear message when one is missing or wrong, so that the rulebook
     ends (exit status 1, C(Source error ... ConfigError ...)) instead of running and matching nothing.
   - ansible-rulebook renders an undefined variable in a source argument as an undefined value without a
-    word, and a string where a list is expected makes every C(in) test false: without this check, a
-    missing webhook token or C(self_heal_hosts: h1) start a rulebook that silently refuses or ignores
+    word, and a string where a list is expected makes every C(in) test false; without this check, a
+    missing webhook token or C(self_heal_hosts=h1) start a rulebook that silently refuses or ignores
     every alert.
   - Once the variables are good it waits, doing nothing, until the rulebook stops.
   - Secret values are never shown; the messages name the variable.
