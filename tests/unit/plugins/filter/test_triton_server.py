@@ -235,6 +235,7 @@ def test_container(kwargs, expected):
     (dict(ulimits='memlock=-1'), 'ulimits must be a list, got str'),
 ])
 def test_container_refuses(kwargs, match):
+    """Docker's and Podman's env is strings only (the kubernetes engine takes a valueFrom dict: test_triton_kubernetes)."""
     with pytest.raises(AnsibleFilterError, match='^triton_container: ' + match):
         triton_container('triton', **kwargs)
 
@@ -330,3 +331,8 @@ def test_log_report(logs, lines, expected):
 ])
 def test_deployed(result, line):
     assert triton_deployed(result) == line
+
+
+def test_container_env_keeps_a_value_from_dict_for_kubernetes():
+    secret = {'secretKeyRef': {'name': 's', 'key': 'k'}}
+    assert triton_container('triton', engine='kubernetes', env={'T': secret, 'A': 1})['env'] == {'T': secret, 'A': '1'}
