@@ -18,8 +18,10 @@ from typing import Any
 from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
 
 # CommonMark lets a backslash escape any ASCII punctuation; these are the ones that start inline markup (emphasis,
-# code, links, images, autolinks, raw HTML, entities, strikethrough), break a GFM table cell, or the escape itself.
-_MD_SPECIAL = frozenset('\\`*_{}[]()<>#!|~&:')
+# code, links and images, autolinks and raw HTML, entities, strikethrough, a heading's marks), break a GFM table
+# cell, or the escape itself. ``_`` only where it can open or close emphasis (not between two letters or digits),
+# so that names such as dead_a stay as they are; ``(``, ``)``, ``!`` and ``:`` need no escape once ``[`` and ``<`` have one.
+_MD_SPECIAL = frozenset('\\`*[]<>#|~&')
 # bidirectional overrides and isolates reorder what a reader sees (as control characters do in a terminal)
 _BIDI = frozenset('\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069')
 
@@ -32,8 +34,8 @@ def _shown(c: str) -> str:
     return f'\\\\x{code:02x}' if code < 0x100 else f'\\\\u{code:04x}' if code < 0x10000 else f'\\\\U{code:08x}'
 
 
-def _md_char(c: str) -> str:
-    if c in _MD_SPECIAL:
+def _md_char(c: str, before: str, after: str) -> str:
+    if c in _MD_SPECIAL or c == '_' and not (before.isalnum() and after.isalnum()):
         return '\\' + c
     if c in _BIDI or unicodedata.category(c) in ('Cc', 'Cf', 'Zl', 'Zp', 'Cs'):
         return _shown(c)
@@ -50,7 +52,7 @@ def shm_md(value: Any) -> str:
     if value is None:
         return '-'
     text = value if isinstance(value, str) else str(value)
-    out = ''.join(_md_char(c) for c in text)
+    out = ''.join(_md_char(c, text[i - 1] if i else '', text[i + 1:i + 2]) for i, c in enumerate(text))
     # a leading or trailing space would be trimmed from a table cell: keep what the name really is visible
     return re.sub(r'^ +| +$', lambda m: '\\x20' * len(m.group(0)), out)
 
