@@ -50,7 +50,6 @@ EXAMPLES = r"""
 
 import asyncio
 import re
-from typing import Any
 
 HOST_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.\-]*$')
 MIN_TOKEN = 16

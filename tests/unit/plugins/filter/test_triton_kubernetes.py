@@ -168,8 +168,8 @@ class KubectlLoader(yaml.SafeLoader):
     """YAML as kubectl (sigs.k8s.io/yaml, go-yaml) reads it: y/n/yes/no/on/off are booleans, 1e3 is a number."""
 
 
-KubectlLoader.add_implicit_resolver('tag:yaml.org,2002:bool', re.compile(r'^(?:y|Y|n|N|yes|Yes|YES|no|No|NO|true|True|TRUE|'
-                                                                     r'false|False|FALSE|on|On|ON|off|Off|OFF)$'), list('yYnNtTfFoO'))
+YAML11_BOOL = re.compile(r'^(?:y|Y|n|N|yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$')
+KubectlLoader.add_implicit_resolver('tag:yaml.org,2002:bool', YAML11_BOOL, list('yYnNtTfFoO'))
 KubectlLoader.add_implicit_resolver('tag:yaml.org,2002:float', re.compile(r'^[-+]?[0-9]+[eE][-+]?[0-9]+$'), list('-+0123456789'))
 
 
