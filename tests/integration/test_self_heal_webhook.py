@@ -10,7 +10,8 @@ import datetime
 import socket
 import time
 
-from test_self_healing import Rulebook, alert, host_vars, post, rulebooks, servers  # noqa: F401  pylint: disable=unused-import  (fixtures)
+# rulebooks and servers are fixtures
+from test_self_healing import Rulebook, alert, host_vars, post, rulebooks, servers  # noqa: F401  pylint: disable=unused-import
 import tritonrig
 
 MiB = 1 << 20
