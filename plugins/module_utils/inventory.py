@@ -34,6 +34,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import holders as ho
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import start_time
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
 DEFAULT_MIN_AGE = 300
@@ -55,7 +56,9 @@ class Snapshot:
     shm_dir is the directory that was read (None when unknown or unreadable: dir_error says why);
     entries are shm_fs.list_entries() records; scan is the holders.HolderScan of their regular
     files (None without a directory); marks maps the names of regular files that back a system
-    region to their reserved mark (None when they have none).
+    region to their reserved mark (None when they have none); cleanup_marks maps the names of regular files that
+    back no region to the cleanup mark (shm_fs.CLEANUP_XATTR) a stale cleanup set before it unregistered their
+    region; server_id is the server process as those marks name it (pid:start time).
     """
 
     url: str
@@ -72,6 +75,8 @@ class Snapshot:
     dir_error: str | None = None
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    cleanup_marks: dict = dataclasses.field(default_factory=dict)
+    server_id: str | None = None
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +105,11 @@ class Snapshot:
 
     def entry(self, name: str) -> dict | None:
         return self._by_name.get(name)
+
+    def leftover(self, name: str) -> shm_fs.CleanupMark | None:
+        """The cleanup mark of an unregistered file that a stale cleanup of this very server process left, or None."""
+        mark = self.cleanup_marks.get(name)
+        return mark if (mark is not None and self.server_id is not None and mark.server == self.server_id) else None
 
     def client_holders(self, dev: int, ino: int) -> list[dict]:
         """Holders of (dev, ino) other than the server process."""
@@ -168,9 +178,31 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
         if warning:
             warnings.append(warning)
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    cleanup_marks = read_cleanup_marks(system, entries) if readable_dir is not None else {}
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported)
+                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported,
+                    cleanup_marks=cleanup_marks, server_id=server_identity(location.pid, proc))
+
+
+def server_identity(pid: int | None, proc: str = '/proc') -> str | None:
+    """The server process as a cleanup mark names it: 'pid:start time' (a restarted server is another one)."""
+    if pid is None:
+        return None
+    started = start_time(pid, proc)
+    return None if started is None else f'{pid}:{started}'
+
+
+def read_cleanup_marks(system: Iterable[dict], entries: Iterable[dict]) -> dict:
+    """{file name: shm_fs.CleanupMark} of the regular files that back no system region and carry a cleanup mark."""
+    backing = {_file_name(r.get('key')) for r in system}
+    out = {}
+    for e in entries:
+        if e['type'] == 'file' and e['name'] not in backing:
+            mark = shm_fs.read_cleanup_mark(e['path'])
+            if mark is not None:
+                out[e['name']] = mark
+    return out
 
 
 def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
@@ -349,7 +381,7 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan and e['type'] == 'file') else []
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
-                                                            criteria)
+                                                            criteria, leftover=snap.leftover(e['name']))
     rec['backend'] = file_backend(e['name'], rec['category'])
     return rec
 
@@ -367,8 +399,12 @@ def file_backend(name: str, category: str) -> str | None:
 
 
 def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], holders_complete: bool,
-                  criteria: Criteria) -> tuple[str, str]:
-    """(category, category_reason) of a directory entry; all_holders include the server process."""
+                  criteria: Criteria, leftover: shm_fs.CleanupMark | None = None) -> tuple[str, str]:
+    """(category, category_reason) of a directory entry; all_holders include the server process.
+
+    leftover: the cleanup mark (Snapshot.leftover) of a file that a stale cleanup of this server process marked,
+    then unregistered its region, and was stopped before removing it: an orphan whatever the patterns say.
+    """
     if e['type'] != 'file':
         return 'foreign', f"not a regular file ({e['type']})"
     if regions:
@@ -381,6 +417,12 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
         return 'backend', "Triton's python backend shared memory (matches the backend patterns): never an orphan"
     if all_holders:
         return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
+    if leftover is not None:
+        if not holders_complete:
+            return 'foreign', 'holders could not be fully determined'
+        return 'orphan', (f"left by a stale cleanup of this server that unregistered region '{leftover.region}' and was "
+                          f"stopped before removing the file (mark {shm_fs.CLEANUP_XATTR}): the next stale cleanup "
+                          "removes it")
     if not matches(e['name'], criteria.orphan_patterns):
         return 'foreign', 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:

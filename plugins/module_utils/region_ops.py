@@ -113,6 +113,7 @@ class RegionOps:
         self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
         self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
         self.status_after = None
+        self._marked = set()        # names of the files this run marked for removal (shm_fs.CLEANUP_XATTR)
 
     @property
     def in_use_timeout(self) -> float:
@@ -190,6 +191,10 @@ class RegionOps:
         except OSError as exc:
             self.warn(f'cannot lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same time '
                       'may count the same regions')
+            return Lock.UNAVAILABLE
+        if lock.squatter is not None:
+            self.warn(f'the lock on {lock.path} is {lock.squatter}: acting without it, not waiting (any user can take '
+                      'a flock on a shm directory)')
             return Lock.UNAVAILABLE
         self.lock = lock
         return Lock.WAITED if waited else Lock.TAKEN
@@ -581,6 +586,7 @@ class RegionOps:
     def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
         """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
         still_registered = set()
+        file_plan[:] = self._mark_files(snap, file_plan)
         try:
             self._unregister_selected('system', selected, still_registered)
             self._deferred(selected, still_registered)
@@ -609,7 +615,41 @@ class RegionOps:
                 file_plan.append((entries[path], rec['name']))
         if p['orphan_files']:
             file_plan.extend((entries[f['path']], None) for f in files if f['category'] == 'orphan')
+        elif p['stale'] or p['all']:
+            # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it
+            file_plan.extend((entries[f['path']], None) for f in files
+                             if f['category'] == 'orphan' and snap.leftover(f['name']) is not None)
         return file_plan
+
+    def _mark_files(self, snap: Snapshot, file_plan: list) -> list:
+        """Invariant 8: mark each planned backing file (shm_fs.CLEANUP_XATTR) before its region is unregistered.
+
+        A run killed after the unregister leaves marked files that the next stale cleanup of the same server
+        finishes. Returns the plan with each marked entry's new inode change time (marking changes it, and
+        the unlink compares it). A file that cannot be marked is still removed by this run; the first
+        refusal of the filesystem (no trusted.* attributes) is warned about once and ends the marking.
+        """
+        if not any(region is not None for _e, region in file_plan):
+            return file_plan
+        out = []
+        refused = None
+        with shm_fs.ShmDir(snap.shm_dir) as d:
+            for entry, region in file_plan:
+                if region is not None and refused is None:
+                    mark = shm_fs.CleanupMark(region, entry['name'], snap.server_id or '')
+                    try:
+                        ctime = d.set_cleanup_mark(entry['name'], mark, entry['dev'], entry['inode'])
+                    except ShmFsError as exc:
+                        if shm_fs.CLEANUP_XATTR in exc.msg:   # the filesystem or our privileges refuse the mark
+                            refused = exc
+                    else:
+                        self._marked.add(entry['name'])
+                        entry = dict(entry, ctime_ns=ctime)
+                out.append((entry, region))
+        if refused is not None:
+            self.warn(f'files are not marked before their regions are unregistered ({refused}): a run stopped part-way '
+                      'leaves their files to orphan patterns')
+        return out
 
     def _keep_file_reason(self, snap: Snapshot, rec: dict, f: dict, kept_paths: set) -> str | None:
         """Why the backing file of a selected region must stay, or None."""
@@ -723,52 +763,117 @@ class RegionOps:
                       f"region(s) {', '.join(held)} are held by live clients")
 
     def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
-        """Unlink the planned files that are still safe to unlink; return the state after, when inventory asks for it.
+        """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
 
-        Invariant 3: holders are re-checked immediately before unlinking. When the state after the change
-        is asked for, that re-check is a full read of the server (status, files, holders), returned (a new
-        snapshot) without the files unlinked here: one holder scan instead of two.
+        Invariants 3 and 13: each file is first renamed to a quarantine name inside the shm directory (no client
+        can open it by name any more), then the holders are scanned again, then each quarantined file is unlinked,
+        or renamed back when someone holds it. A client that attached before the rename is seen by that scan; one
+        that opens the name after it finds no file. When the state after the change is asked for, that scan is a
+        full read of the server (status, files, holders), returned without the files unlinked here.
         """
         if not file_plan:
             return None
         want_after = bool(self.params.get('inventory'))
-        check = self._read_again() if want_after else inventory.rescan(snap)
+        moved = []
         with shm_fs.ShmDir(snap.shm_dir) as d:
             for entry, region in file_plan:
-                reason = self._unlink(d, check, entry, region, still_registered)
-                if reason is not None:
+                q = self._quarantine(d, snap, entry, region, still_registered)
+                if q is not None:
+                    moved.append((entry, region, q))
+            check = self._read_again() if want_after else inventory.rescan(snap)
+            gone = []
+            restored = False
+            for entry, region, q in moved:
+                reason = self._unlink(d, check, entry, q)
+                if reason is None:
+                    gone.append(os.path.join(snap.shm_dir, q.name))
+                else:
                     self.skipped.append({'path': entry['path'], 'reason': reason})
+                    restored = restored or q.name != q.original
         if not want_after:
             return None
+        if restored:
+            check = self._read_again()   # the listing of the scan saw quarantine names since renamed back
         fs = None
         if check.shm_dir is not None:
             try:
                 fs = shm_fs.usage(check.shm_dir)
             except OSError:
                 pass
-        return check.without(self.removed_files, fs=fs)
+        return check.without(gone, fs=fs)
 
-    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, region: str | None,
-                still_registered: set) -> str | None:
-        """Unlink one planned file (recorded in removed_files and freed_bytes), or return why it stays."""
+    def _quarantine(self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None,
+                    still_registered: set) -> shm_fs.Quarantined | None:
+        """Rename one planned file to its quarantine name; None (the reason recorded) when it stays as it is."""
+        name = entry['name']
+        reason = None
         if region in still_registered:
-            return f"region '{region}' is still registered"
+            reason = f"region '{region}' is still registered"
+            if name in self._marked and region not in self.pending:
+                d.clear_cleanup_mark(name, entry['dev'], entry['inode'])
+        elif shm_fs.is_quarantine_name(name):
+            # left quarantined by a run stopped before its unlink: no client can open it by name
+            mark = snap.cleanup_marks.get(name)
+            original = mark.name if mark is not None else name
+            return shm_fs.Quarantined(name, original, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
+        else:
+            try:
+                q = d.quarantine(name, entry['dev'], entry['inode'], entry.get('ctime_ns'))
+            except ShmFsError as exc:
+                self.warn(str(exc))
+                reason = str(exc)
+            except OSError:
+                # no RENAME_NOREPLACE here (kernel or filesystem): re-check, then unlink in place
+                return shm_fs.Quarantined(name, name, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
+            else:
+                if q is not None:
+                    return q
+                reason = 'already removed (by another process) before this run unlinked it'
+        self.skipped.append({'path': entry['path'], 'reason': reason})
+        return None
+
+    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, q: shm_fs.Quarantined) -> str | None:
+        """Unlink one quarantined file (recorded in removed_files and freed_bytes), or give it back and return why it stays."""
+        reason = None
         if not check.holders_complete:
-            return 'holders could not be fully determined'
-        holders = check.scan.holders_of(entry['dev'], entry['inode'])
-        if holders:
-            return f'held by {holders_text(holders)} (re-checked before removal)'
+            reason = 'holders could not be fully determined'
+        else:
+            holders = check.scan.holders_of(q.dev, q.ino)
+            if holders:
+                reason = f'held by {holders_text(holders)} (re-checked before removal)'
+        if reason is not None:
+            return reason + self._give_back(d, q)
         try:
-            freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'), missing=None)
+            freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
         except ShmFsError as exc:
             self.warn(str(exc))
-            return str(exc)
+            return str(exc) + self._give_back(d, q)
         if freed is None:
             # removed by someone else since it was listed: not this run's work
             return 'already removed (by another process) before this run unlinked it'
+        if entry['name'] in self._marked:
+            # on filesystems that store extended attributes in blocks of their own (ext4, not tmpfs) the mark
+            # itself took a block: count the file's own blocks, as listed
+            freed = min(freed, entry['allocated_bytes'])
         self.removed_files.append(entry['path'])
         self.freed_bytes += freed
         return None
+
+    def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined) -> str:
+        """Rename a quarantined file that stays back to its name and unmark it; the text to add to its reason."""
+        if q.name == q.original:
+            return ''
+        try:
+            back = d.restore(q.name, q.original)
+        except ShmFsError as exc:
+            self.warn(str(exc))
+            return f'; it stays under {q.name}: {exc}'
+        if not back:
+            self.warn(f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
+                      f'kept under {q.name} (a stale cleanup removes it once nobody holds it)')
+            return f'; its name was taken meanwhile, so it stays under {q.name}'
+        d.clear_cleanup_mark(q.original, q.dev, q.ino)
+        return ''
 
     def _absent_cuda(self) -> None:
         p = self.params

@@ -11,11 +11,15 @@ shm directory can ever be touched.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
+import json
 import os
 import re
 import stat
 import time
+
+from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 
@@ -39,6 +43,80 @@ def backend_of(name: str) -> str | None:
 # backing file, whose value is the region's name. trusted.* needs CAP_SYS_ADMIN to set and to read,
 # tmpfs supports it, and it goes with the file: a file removed and created again has no mark.
 RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
+
+# The mark of a file a stale cleanup is about to remove (invariant 8): set on the backing file before its
+# region is unregistered, so that a run killed part-way leaves files a rerun can tell apart from
+# everyone else's. Its value (JSON) names the region, the file's own name and the server process (pid
+# and start time) that listed the region: only that same server's later runs finish the job.
+CLEANUP_XATTR = 'trusted.tritonops_shm.cleanup'
+
+# A file to remove is first renamed to a quarantine name inside the shm directory (one component,
+# never an existing name: RENAME_NOREPLACE), its holders are scanned again, then it is unlinked, or
+# renamed back when someone attached meanwhile (invariant 13). A client that opens it by name in
+# between finds nothing (ENOENT) rather than a file about to go.
+QUARANTINE_PREFIX = '.tritonops_shm.quarantine.'
+_RENAME_NOREPLACE = 1
+
+
+class CleanupMark(NamedTuple):
+    """The value of a CLEANUP_XATTR mark: the region unregistered, the file's own name, the server (pid:start time)."""
+
+    region: str
+    name: str
+    server: str
+
+    def encode(self) -> bytes:
+        return json.dumps({'region': self.region, 'name': self.name, 'server': self.server}, sort_keys=True).encode('utf-8')
+
+    @classmethod
+    def decode(cls, value: bytes) -> CleanupMark | None:
+        try:
+            data = json.loads(value.decode('utf-8'))
+            return cls(str(data['region']), str(data['name']), str(data['server']))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def is_quarantine_name(name: str) -> bool:
+    return name.startswith(QUARANTINE_PREFIX)
+
+
+def read_cleanup_mark(path: str) -> CleanupMark | None:
+    """The cleanup mark of the file at path, never followed; None when absent, unreadable or not ours."""
+    try:
+        value = os.getxattr(path, CLEANUP_XATTR, follow_symlinks=False)
+    except OSError:
+        return None
+    return CleanupMark.decode(value)
+
+
+_LIBC: list = []
+
+
+def _renameat2(dir_fd: int, old: str, new: str, flags: int) -> None:
+    """renameat2(2) inside one directory (the standard library has no flags); raises OSError."""
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True).renameat2)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    func = _LIBC[0]
+    if func is None:
+        raise OSError(errno.ENOSYS, 'renameat2 is not available')
+    if func(dir_fd, os.fsencode(old), dir_fd, os.fsencode(new), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+class Quarantined(NamedTuple):
+    """A file renamed to its quarantine name: its (dev, ino) and its inode change time after the rename."""
+
+    name: str          # the quarantine name
+    original: str      # the name it had
+    dev: int
+    ino: int
+    ctime_ns: int
+    blocks: int
 
 
 def usage(path: str) -> dict:
@@ -222,6 +300,107 @@ class ShmDir:
         finally:
             os.close(fd)
 
+    def _open_same(self, name: str, expect_dev: int, expect_ino: int, what: str) -> int:
+        """An O_RDONLY descriptor of regular file name, still (expect_dev, expect_ino); raises ShmFsError."""
+        check_name(name)
+        flags = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0)
+        try:
+            fd = os.open(name, flags, dir_fd=self.fd)
+        except OSError as exc:
+            raise ShmFsError(f'cannot open {name} in {self.path} to {what}: {exc.strerror}') from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
+            os.close(fd)
+            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not marked')
+        return fd
+
+    def set_cleanup_mark(self, name: str, mark: CleanupMark, expect_dev: int, expect_ino: int) -> int:
+        """Mark regular file name, still (dev, inode), as being removed (CLEANUP_XATTR); return its new ctime_ns.
+
+        Setting an extended attribute changes the inode change time: the caller compares the new one
+        at the unlink. Raises ShmFsError when the file was replaced or the mark cannot be set.
+        """
+        fd = self._open_same(name, expect_dev, expect_ino, 'mark it')
+        try:
+            os.setxattr(fd, CLEANUP_XATTR, mark.encode())
+            return os.fstat(fd).st_ctime_ns
+        except OSError as exc:
+            raise ShmFsError(f'cannot mark {name} in {self.path} for removal (extended attribute {CLEANUP_XATTR}): '
+                             f'{exc.strerror}') from exc
+        finally:
+            os.close(fd)
+
+    def clear_cleanup_mark(self, name: str, expect_dev: int, expect_ino: int) -> bool:
+        """Remove the cleanup mark of regular file name, still (dev, inode); False when it could not be removed."""
+        try:
+            fd = self._open_same(name, expect_dev, expect_ino, 'unmark it')
+        except (ShmFsError, OSError):
+            return False
+        try:
+            os.removexattr(fd, CLEANUP_XATTR)
+        except OSError as exc:
+            return exc.errno == errno.ENODATA
+        finally:
+            os.close(fd)
+        return True
+
+    def _check_same(self, name: str, st: os.stat_result, expect_dev: int, expect_ino: int,
+                    expect_ctime_ns: int | None) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise ShmFsError(f'{name} in {self.path} is a {_kind(st.st_mode)}, not a regular file: not removed')
+        if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
+            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
+                             f'expected {expect_ino}): not removed')
+        if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
+            raise ShmFsError(f'{name} in {self.path} changed since it was checked (its inode change time differs): '
+                             'not removed')
+
+    def quarantine(self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None) -> Quarantined | None:
+        """Rename regular file name, still the (dev, inode, ctime) classified, to a fresh quarantine name.
+
+        Returns None when name is already gone. Raises ShmFsError as unlink() does, and when the rename
+        is refused (OSError ENOSYS/EINVAL when the kernel or filesystem has no RENAME_NOREPLACE: the
+        caller may fall back to a plain unlink). A file swapped in between the check and the rename is
+        renamed back at once and refused.
+        """
+        check_name(name)
+        st = self.lstat(name)
+        if st is None:
+            return None
+        self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)
+        for _try in range(3):
+            qname = f'{QUARANTINE_PREFIX}{st.st_ino}.{os.urandom(4).hex()}'
+            try:
+                _renameat2(self.fd, name, qname, _RENAME_NOREPLACE)
+                break
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    return None
+                if exc.errno in (errno.ENOSYS, errno.EINVAL):
+                    raise
+                if exc.errno != errno.EEXIST:
+                    raise ShmFsError(f'cannot rename {name} in {self.path} before removing it: {exc.strerror}') from exc
+        else:
+            raise ShmFsError(f'cannot rename {name} in {self.path} before removing it: every quarantine name tried exists')
+        moved = self.lstat(qname)
+        if moved is None or not stat.S_ISREG(moved.st_mode) or (moved.st_dev, moved.st_ino) != (expect_dev, expect_ino):
+            # replaced between the check and the rename: give the newcomer its name back
+            self.restore(qname, name)
+            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not removed')
+        return Quarantined(qname, name, moved.st_dev, moved.st_ino, moved.st_ctime_ns, moved.st_blocks)
+
+    def restore(self, qname: str, name: str) -> bool:
+        """Rename quarantined qname back to name; False (it stays quarantined) when name exists again meanwhile."""
+        check_name(qname)
+        check_name(name)
+        try:
+            _renameat2(self.fd, qname, name, _RENAME_NOREPLACE)
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                return False
+            raise ShmFsError(f'cannot rename {qname} back to {name} in {self.path}: {exc.strerror}') from exc
+        return True
+
     def unlink(self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None,
                missing: int | None = 0) -> int | None:
         """Unlink name only if it is still the same regular file (device and inode) we classified.
@@ -237,14 +416,7 @@ class ShmDir:
         st = self.lstat(name)
         if st is None:
             return missing
-        if not stat.S_ISREG(st.st_mode):
-            raise ShmFsError(f'{name} in {self.path} is a {_kind(st.st_mode)}, not a regular file: not removed')
-        if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
-            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
-                             f'expected {expect_ino}): not removed')
-        if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
-            raise ShmFsError(f'{name} in {self.path} changed since it was checked (its inode change time differs): '
-                             'not removed')
+        self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)
         try:
             os.unlink(name, dir_fd=self.fd)
         except OSError as exc:
