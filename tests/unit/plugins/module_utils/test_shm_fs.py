@@ -206,3 +206,57 @@ def test_shm_dir_unlink_refuses_a_file_changed_since_it_was_checked(tmp_path):
         now = d.lstat('region')
         assert d.unlink('region', now.st_dev, now.st_ino, now.st_ctime_ns) == now.st_blocks * 512
         assert not path.exists()
+
+
+# -- the quarantine rename and the cleanup mark (issue 26: 3, 6) ------------------------------------
+
+def test_quarantine_renames_inside_the_dir_and_restore_gives_the_name_back(tmp_path):
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('f', 4096)
+        q = sd.quarantine('f', st.st_dev, st.st_ino, st.st_ctime_ns)
+        assert not (tmp_path / 'f').exists() and shm_fs.is_quarantine_name(q.name)
+        assert os.listdir(str(tmp_path)) == [q.name] and (q.dev, q.ino, q.original) == (st.st_dev, st.st_ino, 'f')
+        assert q.ctime_ns == os.lstat(str(tmp_path / q.name)).st_ctime_ns
+        assert sd.restore(q.name, 'f') is True
+        assert os.lstat(str(tmp_path / 'f')).st_ino == st.st_ino and os.listdir(str(tmp_path)) == ['f']
+
+
+def test_restore_never_replaces_a_file_created_again_meanwhile(tmp_path):
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('f', 4096)
+        q = sd.quarantine('f', st.st_dev, st.st_ino)
+        new = sd.create('f', 10)   # a client created its file again while the old one was quarantined
+        assert sd.restore(q.name, 'f') is False
+        assert os.lstat(str(tmp_path / 'f')).st_ino == new.st_ino and (tmp_path / q.name).exists()
+
+
+def test_quarantine_checks_like_unlink_and_leaves_what_it_refuses(tmp_path):
+    target = tmp_path / 'target'
+    target.write_bytes(b'keep')
+    os.symlink(str(target), str(tmp_path / 'link'))
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('r', 10)
+        with pytest.raises(ShmFsError, match='not a regular file'):
+            sd.quarantine('link', st.st_dev, st.st_ino)
+        with pytest.raises(ShmFsError, match='was replaced since it was checked'):
+            sd.quarantine('r', st.st_dev, st.st_ino + 1)
+        with pytest.raises(ShmFsError, match='changed since it was checked'):
+            sd.quarantine('r', st.st_dev, st.st_ino, st.st_ctime_ns - 1)
+        assert sd.quarantine('gone', st.st_dev, st.st_ino) is None
+    assert sorted(os.listdir(str(tmp_path))) == ['link', 'r', 'target']
+
+
+def test_cleanup_mark_round_trips_and_changes_ctime(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip('trusted.* attributes need root')
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('f', 4096)
+        mark = shm_fs.CleanupMark('region one', 'f', '42:1234')
+        ctime = sd.set_cleanup_mark('f', mark, st.st_dev, st.st_ino)
+        assert ctime == os.lstat(str(tmp_path / 'f')).st_ctime_ns
+        assert shm_fs.read_cleanup_mark(str(tmp_path / 'f')) == mark
+        with pytest.raises(ShmFsError, match='replaced'):
+            sd.set_cleanup_mark('f', mark, st.st_dev, st.st_ino + 1)
+        assert sd.clear_cleanup_mark('f', st.st_dev, st.st_ino) is True
+        assert shm_fs.read_cleanup_mark(str(tmp_path / 'f')) is None
+    assert shm_fs.CleanupMark.decode(b'not json') is None and shm_fs.CleanupMark.decode(b'{"region": 1}') is None
