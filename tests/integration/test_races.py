@@ -267,7 +267,7 @@ KILL_POINTS = {
     'marking': (('fsetxattr',), '200', 30, None),           # half the files marked, nothing unregistered yet
     'unregistering': (('sendto',), '1+', 0.02, 245),        # the case: "SIGKILLed at about 245 left"
     'before_unlink': (('renameat2', 'unlinkat'), '1', 30, None),   # every region unregistered, no file removed yet
-    'mid_unlink': (('unlinkat',), '150', 30, None),         # part-way through the unlinks
+    'mid_unlink': (('unlinkat',), '300', 30, None),         # part-way through the unlinks (after ~150 other unlinkat calls)
 }
 SYSCALL_NUMBERS['sendto'] = 44
 
