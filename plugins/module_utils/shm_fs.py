@@ -283,16 +283,8 @@ class ShmDir:
         Raises ShmFsError when the file is gone, replaced, not regular, or the filesystem or the
         caller's privileges do not allow trusted.* attributes.
         """
-        check_name(name)
-        flags = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0)
+        fd = self._open_same(name, expect_dev, expect_ino, 'mark it')
         try:
-            fd = os.open(name, flags, dir_fd=self.fd)
-        except OSError as exc:
-            raise ShmFsError(f'cannot open {name} in {self.path} to mark it: {exc.strerror}') from exc
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
-                raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not marked')
             os.setxattr(fd, RESERVED_XATTR, region.encode('utf-8'))
         except OSError as exc:
             raise ShmFsError(f'cannot mark {name} in {self.path} as reserved (extended attribute {RESERVED_XATTR}): '
@@ -308,7 +300,11 @@ class ShmDir:
             fd = os.open(name, flags, dir_fd=self.fd)
         except OSError as exc:
             raise ShmFsError(f'cannot open {name} in {self.path} to {what}: {exc.strerror}') from exc
-        st = os.fstat(fd)
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
             os.close(fd)
             raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not marked')

@@ -313,7 +313,13 @@ def test_a_module_sigkilled_part_way_then_one_rerun_converges(make_triton, tmp_p
 
 # -- finding 9: another user holding the lock ---------------------------------------------------------
 
-HOLD_FLOCK = 'import fcntl, os, sys\nfd = os.open("/dev/shm", os.O_RDONLY | os.O_DIRECTORY)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint("LOCKED", flush=True)\nsys.stdin.read()\n'
+HOLD_FLOCK = textwrap.dedent('''
+    import fcntl, os, sys
+    fd = os.open("/dev/shm", os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("LOCKED", flush=True)
+    sys.stdin.read()
+''')
 
 
 def test_nobody_holding_the_lock_does_not_stall_the_cleanup(make_triton, tmp_path):
