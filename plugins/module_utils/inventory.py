@@ -57,8 +57,8 @@ class Snapshot:
     entries are shm_fs.list_entries() records; scan is the holders.HolderScan of their regular
     files (None without a directory); marks maps the names of regular files that back a system
     region to their reserved mark (None when they have none); cleanup_marks maps the names of regular files that
-    back no region to the cleanup mark (shm_fs.CLEANUP_XATTR) a stale cleanup set before it unregistered their
-    region; server_id is the server process as those marks name it (pid:start time).
+    back no region to their entry in the cleanup record (shm_fs.CLEANUP_XATTR) a stale cleanup wrote before it
+    unregistered their regions; server_id is the server process as that record names it (pid:start time).
     """
 
     url: str
@@ -178,7 +178,7 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
         if warning:
             warnings.append(warning)
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
-    cleanup_marks = read_cleanup_marks(system, entries) if readable_dir is not None else {}
+    cleanup_marks = read_cleanup_marks(readable_dir, system, entries) if readable_dir is not None else {}
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
                     dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported,
@@ -193,17 +193,23 @@ def server_identity(pid: int | None, proc: str = '/proc') -> str | None:
     return None if started is None else f'{pid}:{started}'
 
 
-def read_cleanup_marks(system: Iterable[dict], entries: Iterable[dict]) -> dict:
-    """{file name: shm_fs.CleanupMark} of the regular files that back no system region and carry a cleanup mark."""
+def read_cleanup_marks(shm_dir: str, system: Iterable[dict], entries: Iterable[dict]) -> dict:
+    """{file name: shm_fs.CleanupMark} of the regular files that back no system region and are in the cleanup record.
+
+    A file is the record's when its inode is, under the name recorded or a quarantine name of that inode.
+    """
+    record = shm_fs.read_cleanup_record(shm_dir)
+    if not record:
+        return {}
     backing = {_file_name(r.get('key')) for r in system}
     out = {}
     for e in entries:
-        if e['type'] == 'file' and e['name'] not in backing:
-            mark = shm_fs.read_cleanup_mark(e['path'])
-            if mark is not None:
-                out[e['name']] = mark
+        mark = record.get(e['inode'])
+        if mark is None or e['type'] != 'file' or e['name'] in backing:
+            continue
+        if e['name'] == mark.name or e['name'].startswith(f"{shm_fs.QUARANTINE_PREFIX}{e['inode']}."):
+            out[e['name']] = mark
     return out
-
 
 def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
     """(holders.HolderScan of the regular files among entries, the warning when it is incomplete or None).
@@ -421,8 +427,8 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
         if not holders_complete:
             return 'foreign', 'holders could not be fully determined'
         return 'orphan', (f"left by a stale cleanup of this server that unregistered region '{leftover.region}' and was "
-                          f"stopped before removing the file (mark {shm_fs.CLEANUP_XATTR}): the next stale cleanup "
-                          "removes it")
+                          f"stopped before removing the file (recorded in {shm_fs.CLEANUP_XATTR} on the shm directory): "
+                          "the next stale cleanup removes it")
     if not matches(e['name'], criteria.orphan_patterns):
         return 'foreign', 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:

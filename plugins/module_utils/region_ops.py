@@ -113,7 +113,9 @@ class RegionOps:
         self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
         self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
         self.status_after = None
-        self._marked = set()        # names of the files this run marked for removal (shm_fs.CLEANUP_XATTR)
+        self._record = None         # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
+        self._ours = set()          # the inodes this run added to it
+        self._finished = []         # the inodes of files this run removed or gave back to a holder
 
     @property
     def in_use_timeout(self) -> float:
@@ -586,14 +588,17 @@ class RegionOps:
     def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
         """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
         still_registered = set()
-        file_plan[:] = self._mark_files(snap, file_plan)
+        self._mark_files(snap, file_plan)
         try:
-            self._unregister_selected('system', selected, still_registered)
-            self._deferred(selected, still_registered)
-        except TritonError:
-            self._salvage_files(snap, selected, file_plan, still_registered)
-            raise
-        self.snap_after = self._remove_files(snap, file_plan, still_registered)
+            try:
+                self._unregister_selected('system', selected, still_registered)
+                self._deferred(selected, still_registered)
+            except TritonError:
+                self._salvage_files(snap, selected, file_plan, still_registered)
+                raise
+            self.snap_after = self._remove_files(snap, file_plan, still_registered)
+        finally:
+            self._update_record(snap, still_registered)
 
     def _plan_files(self, snap: Snapshot, selected: list, remaining: list, files: list) -> list:
         """[(snapshot entry, region name or None)]: the files to remove, each skip recorded with its reason."""
@@ -621,35 +626,52 @@ class RegionOps:
                              if f['category'] == 'orphan' and snap.leftover(f['name']) is not None)
         return file_plan
 
-    def _mark_files(self, snap: Snapshot, file_plan: list) -> list:
-        """Invariant 8: mark each planned backing file (shm_fs.CLEANUP_XATTR) before its region is unregistered.
+    def _mark_files(self, snap: Snapshot, file_plan: list) -> None:
+        """Invariant 8: record the planned backing files (shm_fs.CLEANUP_XATTR) before their regions are unregistered.
 
-        A run killed after the unregister leaves marked files that the next stale cleanup of the same server
-        finishes. Returns the plan with each marked entry's new inode change time (marking changes it, and
-        the unlink compares it). A file that cannot be marked is still removed by this run; the first
-        refusal of the filesystem (no trusted.* attributes) is warned about once and ends the marking.
+        One record on the shm directory (the files themselves, their ctimes included, are untouched). It keeps
+        what an earlier record still names (another server's, or a killed run's), and adds this run's files;
+        _update_record() takes out, at the end, what this run finished. A run killed in between leaves the
+        record, and the next stale cleanup of the same server process finishes the files it names. When the
+        filesystem or the run's privileges refuse the record, a warning says so and the cleanup goes on.
         """
-        if not any(region is not None for _e, region in file_plan):
-            return file_plan
-        out = []
-        refused = None
-        with shm_fs.ShmDir(snap.shm_dir) as d:
-            for entry, region in file_plan:
-                if region is not None and refused is None:
-                    mark = shm_fs.CleanupMark(region, entry['name'], snap.server_id or '')
-                    try:
-                        ctime = d.set_cleanup_mark(entry['name'], mark, entry['dev'], entry['inode'])
-                    except ShmFsError as exc:
-                        if shm_fs.CLEANUP_XATTR in exc.msg:   # the filesystem or our privileges refuse the mark
-                            refused = exc
-                    else:
-                        self._marked.add(entry['name'])
-                        entry = dict(entry, ctime_ns=ctime)
-                out.append((entry, region))
-        if refused is not None:
-            self.warn(f'files are not marked before their regions are unregistered ({refused}): a run stopped part-way '
-                      'leaves their files to orphan patterns')
-        return out
+        ours = {e['inode']: shm_fs.CleanupMark(region, e['name'], snap.server_id or '')
+                for e, region in file_plan if region is not None}
+        if not ours:
+            return
+        present = {e['inode'] for e in snap.entries}
+        record = {ino: m for ino, m in shm_fs.read_cleanup_record(snap.shm_dir).items() if ino in present}
+        record.update(ours)
+        try:
+            with shm_fs.ShmDir(snap.shm_dir) as d:
+                d.write_cleanup_record(record)
+        except ShmFsError as exc:
+            self.warn(f'the files are not recorded before their regions are unregistered ({exc}): a run stopped part-way '
+                      'leaves them to orphan patterns')
+            return
+        self._record = record
+        self._ours = set(ours)
+
+    def _update_record(self, snap: Snapshot, still_registered: set) -> None:
+        """At the end of a run (also a failed one): take out of the record what this run finished or gave back.
+
+        Kept: the files of pending regions (a later stale cleanup removes them once the server drops the region)
+        and of regions whose unregister was not answered, files left under a quarantine name, and other entries.
+        """
+        done = set(self._finished)
+        done.update(ino for ino in self._ours
+                    if self._record[ino].region in still_registered and self._record[ino].region not in self.pending)
+        if not done or snap.shm_dir is None:
+            return
+        current = self._record if self._record is not None else shm_fs.read_cleanup_record(snap.shm_dir)
+        if not done & set(current):
+            return
+        record = {ino: m for ino, m in current.items() if ino not in done}
+        try:
+            with shm_fs.ShmDir(snap.shm_dir) as d:
+                d.write_cleanup_record(record)
+        except ShmFsError as exc:
+            self.warn(str(exc))
 
     def _keep_file_reason(self, snap: Snapshot, rec: dict, f: dict, kept_paths: set) -> str | None:
         """Why the backing file of a selected region must stay, or None."""
@@ -809,8 +831,6 @@ class RegionOps:
         reason = None
         if region in still_registered:
             reason = f"region '{region}' is still registered"
-            if name in self._marked and region not in self.pending:
-                d.clear_cleanup_mark(name, entry['dev'], entry['inode'])
         elif shm_fs.is_quarantine_name(name):
             # left quarantined by a run stopped before its unlink: no client can open it by name
             mark = snap.cleanup_marks.get(name)
@@ -851,10 +871,7 @@ class RegionOps:
         if freed is None:
             # removed by someone else since it was listed: not this run's work
             return 'already removed (by another process) before this run unlinked it'
-        if entry['name'] in self._marked:
-            # on filesystems that store extended attributes in blocks of their own (ext4, not tmpfs) the mark
-            # itself took a block: count the file's own blocks, as listed
-            freed = min(freed, entry['allocated_bytes'])
+        self._finished.append(q.ino)
         self.removed_files.append(entry['path'])
         self.freed_bytes += freed
         return None
@@ -872,7 +889,7 @@ class RegionOps:
             self.warn(f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
                       f'kept under {q.name} (a stale cleanup removes it once nobody holds it)')
             return f'; its name was taken meanwhile, so it stays under {q.name}'
-        d.clear_cleanup_mark(q.original, q.dev, q.ino)
+        self._finished.append(q.ino)
         return ''
 
     def _absent_cuda(self) -> None:

@@ -44,11 +44,14 @@ def backend_of(name: str) -> str | None:
 # tmpfs supports it, and it goes with the file: a file removed and created again has no mark.
 RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
 
-# The mark of a file a stale cleanup is about to remove (invariant 8): set on the backing file before its
-# region is unregistered, so that a run killed part-way leaves files a rerun can tell apart from
-# everyone else's. Its value (JSON) names the region, the file's own name and the server process (pid
-# and start time) that listed the region: only that same server's later runs finish the job.
+# The marks of the files a stale cleanup is about to remove (invariant 8): written before their regions are
+# unregistered, so that a run killed part-way leaves files a rerun can tell apart from everyone else's. One
+# record on the shm directory itself (not an attribute per file: one write for 3,000 files, and no file's
+# ctime changes), in chunks CLEANUP_XATTR.0, .1, … of JSON: {"files": [[inode, name, region, server], …]},
+# server being the server process (pid:start time) that listed the region: only that same server's later
+# runs finish the job. trusted.* needs root to set and to read, and the kernel enforces it.
 CLEANUP_XATTR = 'trusted.tritonops_shm.cleanup'
+_CHUNK = 60000   # below the 64 KiB limit of one attribute value
 
 # A file to remove is first renamed to a quarantine name inside the shm directory (one component,
 # never an existing name: RENAME_NOREPLACE), its holders are scanned again, then it is unlinked, or
@@ -59,35 +62,33 @@ _RENAME_NOREPLACE = 1
 
 
 class CleanupMark(NamedTuple):
-    """The value of a CLEANUP_XATTR mark: the region unregistered, the file's own name, the server (pid:start time)."""
+    """One file of the cleanup record: the region unregistered, the file's own name, the server (pid:start time)."""
 
     region: str
     name: str
     server: str
 
-    def encode(self) -> bytes:
-        return json.dumps({'region': self.region, 'name': self.name, 'server': self.server}, sort_keys=True).encode('utf-8')
 
-    @classmethod
-    def decode(cls, value: bytes) -> CleanupMark | None:
-        try:
-            data = json.loads(value.decode('utf-8'))
-            return cls(str(data['region']), str(data['name']), str(data['server']))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
+def _record_names(names: list) -> list:
+    prefix = CLEANUP_XATTR + '.'
+    return sorted((n for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()),
+                  key=lambda n: int(n[len(prefix):]))
+
+
+def read_cleanup_record(path: str | int) -> dict:
+    """{inode: CleanupMark} of the cleanup record of the shm directory at path (or open descriptor); {} when none."""
+    try:
+        names = _record_names(os.listxattr(path))
+        if not names:
+            return {}
+        data = json.loads(b''.join(os.getxattr(path, n) for n in names).decode('utf-8'))
+        return {int(ino): CleanupMark(str(region), str(name), str(server)) for ino, name, region, server in data['files']}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def is_quarantine_name(name: str) -> bool:
     return name.startswith(QUARANTINE_PREFIX)
-
-
-def read_cleanup_mark(path: str) -> CleanupMark | None:
-    """The cleanup mark of the file at path, never followed; None when absent, unreadable or not ours."""
-    try:
-        value = os.getxattr(path, CLEANUP_XATTR, follow_symlinks=False)
-    except OSError:
-        return None
-    return CleanupMark.decode(value)
 
 
 _LIBC: list = []
@@ -115,7 +116,7 @@ class Quarantined(NamedTuple):
     original: str      # the name it had
     dev: int
     ino: int
-    ctime_ns: int
+    ctime_ns: int | None   # None: the unlink checks device and inode only (the rename changed the ctime)
     blocks: int
 
 
@@ -232,6 +233,7 @@ class ShmDir:
         except OSError as exc:
             raise ShmFsError(f'cannot open shm directory {path}: {exc.strerror}') from exc
         self.st = os.fstat(self.fd)
+        self._token = os.urandom(6).hex()   # this run's part of its quarantine names: nobody can take them first
 
     def close(self) -> None:
         if self.fd is not None:
@@ -310,35 +312,23 @@ class ShmDir:
             raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not marked')
         return fd
 
-    def set_cleanup_mark(self, name: str, mark: CleanupMark, expect_dev: int, expect_ino: int) -> int:
-        """Mark regular file name, still (dev, inode), as being removed (CLEANUP_XATTR); return its new ctime_ns.
+    def write_cleanup_record(self, record: dict) -> None:
+        """Replace the directory's cleanup record by record ({inode: CleanupMark}; empty: remove it).
 
-        Setting an extended attribute changes the inode change time: the caller compares the new one
-        at the unlink. Raises ShmFsError when the file was replaced or the mark cannot be set.
+        Raises ShmFsError when the filesystem or the caller's privileges refuse trusted.* attributes.
         """
-        fd = self._open_same(name, expect_dev, expect_ino, 'mark it')
+        data = json.dumps({'files': [[ino, m.name, m.region, m.server] for ino, m in sorted(record.items())]},
+                          separators=(',', ':')).encode('utf-8') if record else b''
+        chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)]
         try:
-            os.setxattr(fd, CLEANUP_XATTR, mark.encode())
-            return os.fstat(fd).st_ctime_ns
+            old = _record_names(os.listxattr(self.fd))
+            for i, chunk in enumerate(chunks):
+                os.setxattr(self.fd, f'{CLEANUP_XATTR}.{i}', chunk)
+            for name in old[len(chunks):]:
+                os.removexattr(self.fd, name)
         except OSError as exc:
-            raise ShmFsError(f'cannot mark {name} in {self.path} for removal (extended attribute {CLEANUP_XATTR}): '
+            raise ShmFsError(f'cannot record the files to remove on {self.path} (extended attribute {CLEANUP_XATTR}): '
                              f'{exc.strerror}') from exc
-        finally:
-            os.close(fd)
-
-    def clear_cleanup_mark(self, name: str, expect_dev: int, expect_ino: int) -> bool:
-        """Remove the cleanup mark of regular file name, still (dev, inode); False when it could not be removed."""
-        try:
-            fd = self._open_same(name, expect_dev, expect_ino, 'unmark it')
-        except (ShmFsError, OSError):
-            return False
-        try:
-            os.removexattr(fd, CLEANUP_XATTR)
-        except OSError as exc:
-            return exc.errno == errno.ENODATA
-        finally:
-            os.close(fd)
-        return True
 
     def _check_same(self, name: str, st: os.stat_result, expect_dev: int, expect_ino: int,
                     expect_ctime_ns: int | None) -> None:
@@ -356,34 +346,24 @@ class ShmDir:
 
         Returns None when name is already gone. Raises ShmFsError as unlink() does, and when the rename
         is refused (OSError ENOSYS/EINVAL when the kernel or filesystem has no RENAME_NOREPLACE: the
-        caller may fall back to a plain unlink). A file swapped in between the check and the rename is
-        renamed back at once and refused.
+        caller may fall back to a plain unlink). The quarantined file is checked again (device and inode)
+        when it is unlinked: one swapped in between this check and the rename is given its name back then.
         """
         check_name(name)
         st = self.lstat(name)
         if st is None:
             return None
         self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)
-        for _try in range(3):
-            qname = f'{QUARANTINE_PREFIX}{st.st_ino}.{os.urandom(4).hex()}'
-            try:
-                _renameat2(self.fd, name, qname, _RENAME_NOREPLACE)
-                break
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    return None
-                if exc.errno in (errno.ENOSYS, errno.EINVAL):
-                    raise
-                if exc.errno != errno.EEXIST:
-                    raise ShmFsError(f'cannot rename {name} in {self.path} before removing it: {exc.strerror}') from exc
-        else:
-            raise ShmFsError(f'cannot rename {name} in {self.path} before removing it: every quarantine name tried exists')
-        moved = self.lstat(qname)
-        if moved is None or not stat.S_ISREG(moved.st_mode) or (moved.st_dev, moved.st_ino) != (expect_dev, expect_ino):
-            # replaced between the check and the rename: give the newcomer its name back
-            self.restore(qname, name)
-            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not removed')
-        return Quarantined(qname, name, moved.st_dev, moved.st_ino, moved.st_ctime_ns, moved.st_blocks)
+        qname = f'{QUARANTINE_PREFIX}{st.st_ino}.{self._token}'
+        try:
+            _renameat2(self.fd, name, qname, _RENAME_NOREPLACE)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            if exc.errno in (errno.ENOSYS, errno.EINVAL):
+                raise
+            raise ShmFsError(f'cannot rename {name} in {self.path} to {qname} before removing it: {exc.strerror}') from exc
+        return Quarantined(qname, name, st.st_dev, st.st_ino, None, st.st_blocks)
 
     def restore(self, qname: str, name: str) -> bool:
         """Rename quarantined qname back to name; False (it stays quarantined) when name exists again meanwhile."""

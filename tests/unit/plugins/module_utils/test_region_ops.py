@@ -883,10 +883,10 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
 # -- issue 26: files marked before the unregister, quarantined before the unlink -----------------------
 
 def _cleanup_mark(path):
-    return shm_fs.read_cleanup_mark(path)
+    return shm_fs.read_cleanup_record(os.path.dirname(path)).get(os.lstat(path).st_ino)
 
 
-def test_files_are_marked_before_their_regions_are_unregistered(shm, server_proc):
+def test_files_are_marked_before_their_regions_are_unregistered_and_unmarked_once_removed(shm, server_proc):
     path = make_file(shm, 'a')
     seen = []
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=lambda name: seen.append(_cleanup_mark(path)))
@@ -894,6 +894,7 @@ def test_files_are_marked_before_their_regions_are_unregistered(shm, server_proc
     assert res['removed_files'] == [path]
     assert seen[0] is not None and seen[0].region == 'a' and seen[0].name == 'a'
     assert seen[0].server == inventory.server_identity(server_proc.pid)
+    assert shm_fs.read_cleanup_record(shm) == {}
 
 
 def test_a_region_kept_registered_loses_its_mark(shm, server_proc):
@@ -904,11 +905,11 @@ def test_a_region_kept_registered_loses_its_mark(shm, server_proc):
 
 
 def _killed_run_left(shm, name, server, quarantined=False):
-    """A file as a run killed after its unregister leaves it: marked, no longer registered."""
+    """A file as a run killed after its unregister leaves it: recorded, no longer registered."""
     path = make_file(shm, name)
     st = os.lstat(path)
     with shm_fs.ShmDir(shm) as d:
-        d.set_cleanup_mark(name, shm_fs.CleanupMark(name, name, server), st.st_dev, st.st_ino)
+        d.write_cleanup_record({st.st_ino: shm_fs.CleanupMark(name, name, server)})
         if quarantined:
             q = d.quarantine(name, st.st_dev, st.st_ino)
             return os.path.join(shm, q.name)
@@ -925,7 +926,7 @@ def test_a_rerun_finishes_what_a_killed_run_left_and_info_says_why(shm, server_p
     assert run(fake, shm, server_proc.pid, stale=True, check_mode=True)['removed_files'] == [left]
     assert os.path.exists(left)
     res = run(fake, shm, server_proc.pid, stale=True)
-    assert res['removed_files'] == [left] and os.listdir(shm) == []
+    assert res['removed_files'] == [left] and os.listdir(shm) == [] and shm_fs.read_cleanup_record(shm) == {}
     assert run(fake, shm, server_proc.pid, stale=True)['changed'] is False
 
 
@@ -965,3 +966,7 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
     assert 'stays under' in why[paths[1]] and os.path.getsize(paths[1]) == KIB
     kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
     assert len(kept) == 1 and any('created again' in w for w in res['warnings'])
+    # the one left in quarantine stays recorded: a later stale cleanup removes it once nobody holds it
+    assert _cleanup_mark(os.path.join(shm, kept[0])).name == 'b'
+    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    assert snap.leftover(kept[0]) is not None
