@@ -96,15 +96,17 @@ _LIBC: list = []
 
 def _renameat2(dir_fd: int, old: str, new: str, flags: int) -> None:
     """renameat2(2) inside one directory (the standard library has no flags); raises OSError."""
-    if not _LIBC:
+    if _LIBC:
+        func = _LIBC[0]
+    else:
         try:
-            _LIBC.append(ctypes.CDLL(None, use_errno=True).renameat2)
+            func = ctypes.CDLL(None, use_errno=True).renameat2
         except (OSError, AttributeError):
-            _LIBC.append(None)
-    func = _LIBC[0]
+            func = None
+        _LIBC.append(func)
     if func is None:
         raise OSError(errno.ENOSYS, 'renameat2 is not available')
-    if func(dir_fd, os.fsencode(old), dir_fd, os.fsencode(new), flags) != 0:
+    if func(dir_fd, os.fsencode(old), dir_fd, os.fsencode(new), flags):
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
@@ -350,10 +352,13 @@ class ShmDir:
         when it is unlinked: one swapped in between this check and the rename is given its name back then.
         """
         check_name(name)
-        st = self.lstat(name)
-        if st is None:
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
             return None
-        self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)
+        if (st.st_ino != expect_ino or st.st_dev != expect_dev or not stat.S_ISREG(st.st_mode)
+                or (expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns)):
+            self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)   # raises, saying why
         qname = f'{QUARANTINE_PREFIX}{st.st_ino}.{self._token}'
         try:
             _renameat2(self.fd, name, qname, _RENAME_NOREPLACE)
