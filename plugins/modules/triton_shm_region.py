@@ -35,9 +35,9 @@ description:
     failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
     writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
   - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails the task with what was already
-    done in the result; a rerun converges. Before unregistering, a stale cleanup marks each backing file (extended attribute
-    C(trusted.tritonops_shm.cleanup)); after a run killed part-way, the next O(stale=true) run against the same server process
-    removes the marked files whose regions are gone and that nobody holds.
+    done in the result; a rerun converges. Before unregistering, a cleanup records the backing files it is about to remove in
+    extended attributes of the shm directory (C(trusted.tritonops_shm.cleanup.N)); after a run killed part-way, the next
+    O(stale=true) run against the same server process removes the recorded files whose regions are gone and that nobody holds.
 author:
   - tritonops.shm developers (@tritonops)
 extends_documentation_fragment:
@@ -111,7 +111,7 @@ options:
   stale:
     description:
       - With O(state=absent), select every stale region (no process but the server holds its file), and every dangling one
-        (file gone) that no client still maps. Also removes the unheld files a stale cleanup of the same server process marked and
+        (file gone) that no client still maps. Also removes the unheld files a cleanup of the same server process recorded and
         unregistered but was stopped before removing (M(tritonops.shm.triton_shm_info) shows them as C(orphan) with that reason).
     type: bool
     default: false

@@ -264,7 +264,7 @@ def test_re_attach_rate_under_load(make_triton, load, tmp_path):
 #  the delay in seconds, and when to kill: None = once stopped in the Nth call, else once at most that many of
 #  the 400 stale regions are still registered)
 KILL_POINTS = {
-    'marking': (('fsetxattr',), '200', 30, None),           # half the files marked, nothing unregistered yet
+    'recording': (('fsetxattr',), '1', 30, None),           # writing the record of the files: nothing unregistered yet
     'unregistering': (('sendto',), '1+', 0.02, 245),        # the case: "SIGKILLed at about 245 left"
     'before_unlink': (('renameat2', 'unlinkat'), '1', 30, None),   # every region unregistered, no file removed yet
     'mid_unlink': (('unlinkat',), '300', 30, None),         # part-way through the unlinks (after ~150 other unlinkat calls)
