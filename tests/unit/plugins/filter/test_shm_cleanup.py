@@ -336,3 +336,15 @@ def test_a_server_without_shared_memory_fails_the_host_with_the_plain_reason():
     assert plan['error'] == dict(step=READ_STEP, msg=f"nothing on h1 could be checked: {before['server']['shm_unsupported']}")
     r = shm_cleanup_result(before, plan)
     assert r['status'] == 'failed' and 'not supported in this server configuration' in r['error']['msg']
+
+
+# -- issue 25 / issue 26 finding 7: a cleanup whose holders could not all be seen is never ok -------------------------
+
+def test_a_cleanup_whose_holders_are_incomplete_is_incomplete_with_the_reason():
+    before = dict(info([region('a', 'unknown', state_reason='holders could not be fully determined')]),
+                  holders_complete=False, pid_namespace='other', holders_incomplete_reason='outside the initial namespace')
+    r = result(before)
+    assert (r['status'], r['changed'], r['error']) == ('incomplete', False, None)
+    assert r['server']['holders_complete'] is False and r['server']['pid_namespace'] == 'other'
+    assert r['server']['holders_incomplete_reason'] == 'outside the initial namespace'
+    assert result(dict(before, holders_complete=True, holders_incomplete_reason=None))['status'] == 'ok'

@@ -132,7 +132,7 @@ def test_label_values_are_escaped(promtool, host, url):
     check_metrics(promtool, text)
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
-    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 20
+    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 21   # tritonops_shm_holders_complete included
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
@@ -245,3 +245,25 @@ def test_the_docs_list_the_metric_set(page):
     assert tables == set(metrics.METRICS)
     for label in metrics.REGION_STATES + metrics.FILE_CATEGORIES:
         assert f'`{label}`' in text
+
+
+@pytest.mark.parametrize('over,value,labels', [
+    (dict(holders_complete=True, pid_namespace='initial', holders_incomplete_reason=None), 1,
+     {'pid_namespace': 'initial', 'reason': ''}),
+    (dict(holders_complete=False, pid_namespace='other',
+          holders_incomplete_reason="the module runs outside the host's initial PID namespace (...)"), 0,
+     {'pid_namespace': 'other', 'reason': 'pid_namespace'}),
+    (dict(holders_complete=False, pid_namespace='initial', unreadable_processes=3, holders_incomplete_reason='3 process(es)'), 0,
+     {'pid_namespace': 'initial', 'reason': 'unreadable_processes'}),
+    (dict(holders_complete=False, pid_namespace='initial', holders_incomplete_reason='shm_dir x is not readable',
+          server=dict(url=URL, version='2.51.0', pid=4242, shm_dir=None)), 0,
+     {'pid_namespace': 'initial', 'reason': 'shm_dir'}),
+    (dict(), 0, {'pid_namespace': '', 'reason': 'unknown'}),
+])
+def test_holders_complete_is_a_gauge_with_a_coarse_reason(promtool, over, value, labels):
+    """Issue 25 / issue 26 finding 7: an incomplete scan is visible in the metrics, with why (few series: no pids)."""
+    text = metrics.report_text(info(**over), 'gpu1', URL)
+    check_metrics(promtool, text)
+    got = {dict(k[1])['reason']: (v, dict(k[1])) for k, v in samples(text).items() if k != '_hosts'
+           and k[0] == 'tritonops_shm_holders_complete'}
+    assert got == {labels['reason']: (value, labels)}
