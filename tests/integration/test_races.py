@@ -24,7 +24,6 @@ import time
 import pytest
 
 import ansible_helpers
-import tritonrig
 
 INFO = 'tritonops.shm.triton_shm_info'
 REGION = 'tritonops.shm.triton_shm_region'
@@ -44,7 +43,7 @@ def _strace():
 @pytest.fixture
 def load():
     """600 extra processes (sleep), stopped by pid at the end."""
-    procs = [subprocess.Popen(['sleep', '900']) for _ in range(600)]
+    procs = [subprocess.Popen(['sleep', '900']) for _i in range(600)]
     yield procs
     for p in procs:
         p.kill()
