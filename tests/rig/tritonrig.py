@@ -59,6 +59,36 @@ class TritonPythonModel:
 '''
 
 
+# A model whose python backend pool grows: it answers each request with SIZE zero bytes. One large
+# request grows the instance's pool (triton_python_backend_shm_region_*) to hold the output; the pool
+# never shrinks afterwards, whatever the later, small requests ask (docs/backend-pools.md).
+GROW_CONFIG = '''name: "grow"
+backend: "python"
+max_batch_size: 0
+input [ { name: "SIZE" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+'''
+
+GROW_MODEL = '''import sys
+sys.path[:0] = {sites!r}
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.zeros(size, dtype=np.uint8))]))
+        return responses
+'''
+
+# model name -> (config.pbtxt, model.py template with {sites})
+MODELS = {'echo': (ECHO_CONFIG, ECHO_MODEL), 'grow': (GROW_CONFIG, GROW_MODEL)}
+
+
 class RigError(RuntimeError):
     """The rig could not do what was asked; the message says why."""
 
@@ -297,13 +327,17 @@ class TritonServer:
     require client certificates from that CA, the rig presenting client_cert/client_key).
     namespace=ShmNamespace runs the server in that namespace's /dev/shm instead of a new one
     of its own. backend_config: extra ``--backend-config`` values, e.g.
-    ``('python,shm-region-prefix-name=my_prefix_',)``.
+    ``('python,shm-region-prefix-name=my_prefix_',)``. models: 'echo' (echoes INPUT0) and 'grow'
+    (answers SIZE zero bytes: one large request grows its python backend pool). model_control:
+    ``--model-control-mode`` (explicit by default: the rig loads ``models`` itself; 'none' loads the
+    whole repository and refuses the repository API's load and unload).
     """
 
     def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
                  models=('echo',), name='triton', grpc=False, namespace=None, http=True, grpc_tls=None,
-                 backend_config=()):
+                 backend_config=(), model_control='explicit'):
         self.name = name
+        self.model_control = model_control
         self.backend_config = list(backend_config)
         self.host = host
         self.shm_size = shm_size
@@ -347,12 +381,15 @@ class TritonServer:
 
     def _model_repository(self):
         repo = os.path.join(self.workdir, 'models-%s' % self.name)
-        if 'echo' in self.models:
-            os.makedirs(os.path.join(repo, 'echo', '1'), exist_ok=True)
-            with open(os.path.join(repo, 'echo', 'config.pbtxt'), 'w') as f:
-                f.write(ECHO_CONFIG)
-            with open(os.path.join(repo, 'echo', '1', 'model.py'), 'w') as f:
-                f.write(ECHO_MODEL.format(sites=self.paths['model_path']))
+        for model in self.models:
+            if model not in MODELS:
+                continue
+            config, source = MODELS[model]
+            os.makedirs(os.path.join(repo, model, '1'), exist_ok=True)
+            with open(os.path.join(repo, model, 'config.pbtxt'), 'w') as f:
+                f.write(config)
+            with open(os.path.join(repo, model, '1', 'model.py'), 'w') as f:
+                f.write(source.format(sites=self.paths['model_path']))
         os.makedirs(repo, exist_ok=True)
         return repo
 
@@ -361,7 +398,7 @@ class TritonServer:
                 '--model-repository', self._model_repository(),
                 '--backend-directory', self.paths['backends'],
                 '--allow-metrics', 'false',
-                '--model-control-mode', 'explicit', '--log-verbose', '0']
+                '--model-control-mode', self.model_control, '--log-verbose', '0']
         if self.http:
             args += ['--http-address', self.host, '--http-port', str(self.http_port)]
         else:
@@ -375,8 +412,9 @@ class TritonServer:
                     args += ['--grpc-root-cert', self.grpc_tls['root'], '--grpc-use-ssl-mutual', 'true']
         else:
             args += ['--allow-grpc', 'false']
-        for model in self.models:
-            args += ['--load-model', model]
+        if self.model_control == 'explicit':   # other modes load every model of the repository themselves
+            for model in self.models:
+                args += ['--load-model', model]
         for value in self.backend_config:
             args += ['--backend-config', value]
         if self.namespace is not None:
