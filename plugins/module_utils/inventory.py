@@ -14,7 +14,8 @@ Two halves, kept apart:
 - ``classify()`` and the functions under it are pure: given a snapshot (a literal one in the unit
   tests) and the caller's ``Criteria``, they decide. This is the one place where a region is
   called healthy, stale, reserved, dangling or unknown (``region_state``), and a file registered,
-  backend, in_use, orphan or foreign (``file_category``); see docs/concepts.md.
+  backend, leftover, in_use, orphan or foreign (``file_category``); see docs/concepts.md.
+  ``pool_records()`` turns the backend files into the per-model pools (``backend_pools``).
 
 A region is the operator's (``reserved`` while no client maps it) when its backing file carries
 the mark triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR) and the mark
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 
 from collections.abc import Iterable, Sequence
@@ -31,9 +33,11 @@ from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_cmdline
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
 DEFAULT_MIN_AGE = 300
@@ -44,6 +48,23 @@ STALE = 'stale'
 RESERVED = 'reserved'
 DANGLING = 'dangling'
 UNKNOWN = 'unknown'
+
+# file categories, in the one order every output uses (inventory summary, metrics, HTML report): metrics.py holds it,
+# standard library only, so that the filters can import it too
+FILE_CATEGORIES = metrics.FILE_CATEGORIES
+LEFTOVER = 'leftover'
+
+# backend pool states (backend_pools): held by a process, a leftover (category leftover), or not decidable
+POOL_LIVE = 'live'
+POOL_LEFTOVER = 'leftover'
+POOL_UNKNOWN = 'unknown'
+
+# The python backend stub's command line (Triton 2.4x-2.6x, python_backend's stub_launcher.cc):
+#   triton_python_backend_stub MODEL_PATH SHM_REGION_NAME SHM_DEFAULT_SIZE SHM_GROWTH_SIZE PARENT_PID
+#                              PYTHON_LIB_PATH IPC_CONTROL_HANDLE INSTANCE_NAME RUNTIME_MODELDIR
+STUB_NAME = 'triton_python_backend_stub'
+_STUB_ARGS = 9
+_INSTANCE_SUFFIX = re.compile(r'_\d+_\d+$')
 
 
 # -- the snapshot: what one read of the server saw ---------------------------------------------------
@@ -72,6 +93,7 @@ class Snapshot:
     dir_error: str | None = None
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    cmdlines: dict = dataclasses.field(default_factory=dict)   # {pid: argv} of the holders of backend files
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -118,7 +140,8 @@ class Snapshot:
 
 def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None = None,
                 require_readable_dir: bool = False, kinds: Sequence[str] = ('system', 'cuda'),
-                proc: str = '/proc', now: float | None = None, report_unsupported: bool = False) -> Snapshot:
+                proc: str = '/proc', now: float | None = None, report_unsupported: bool = False,
+                backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS) -> Snapshot:
     """Read the server behind client: metadata, region lists, location, shm directory, holders, marks.
 
     kinds: the region lists to read ('cuda' only when the server offers the extension).
@@ -128,6 +151,8 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     report_unsupported: a server that answers its status with ShmUnsupported (Triton 2.73+ through the
     tritonfrontend bindings) gives a snapshot without regions whose shm_unsupported says why, instead
     of the error (what triton_shm_info reports; what would act raises it).
+    backend_patterns: the backend files (Criteria.backend_patterns) whose holders' command lines are read, to
+    name the model and instance each pool belongs to.
     """
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
@@ -163,14 +188,33 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
             # fs stays as read when only the listing failed (the statvfs answer is still true)
             readable_dir, entries = None, []
     scan = None
+    cmdlines: dict = {}
     if readable_dir is not None:
         scan, warning = read_holders(entries, location.pid, proc)
         if warning:
             warnings.append(warning)
+        cmdlines = read_pool_cmdlines(scan, entries, backend_patterns, location.pid, proc)
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported)
+                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines)
+
+
+def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],
+                       server_pid: int | None, proc: str = '/proc') -> dict:
+    """{pid: argv} of the processes (the server aside) that hold a backend file: the python stubs, whose command
+    line names their model and instance. Only those few processes are read, nothing when no backend file is held."""
+    pids: set = set()
+    for e in entries:
+        if e['type'] == 'file' and matches(e['name'], backend_patterns):
+            pids.update(scan.holders.get((e['dev'], e['inode'])) or ())
+    pids.discard(server_pid)
+    out = {}
+    for pid in sorted(pids):
+        argv = read_cmdline(pid, proc)
+        if argv is not None:
+            out[pid] = argv
+    return out
 
 
 def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
@@ -361,7 +405,7 @@ def file_backend(name: str, category: str) -> str | None:
     --backend-config=python,shm-region-prefix-name=…, an option of the python backend (which runs
     every Python-based backend). None for every other category.
     """
-    if category != 'backend':
+    if category not in ('backend', LEFTOVER):
         return None
     return shm_fs.backend_of(name) or 'python'
 
@@ -374,11 +418,7 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     if regions:
         return 'registered', f"backs region(s) {', '.join(regions)}"
     if matches(e['name'], criteria.backend_patterns):
-        owner = shm_fs.backend_of(e['name'])
-        if owner is not None:
-            return 'backend', (f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a "
-                               "Python-based backend's file): never an orphan")
-        return 'backend', "Triton's python backend shared memory (matches the backend patterns): never an orphan"
+        return backend_category(e, all_holders, holders_complete, criteria.min_age)
     if all_holders:
         return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
     if not matches(e['name'], criteria.orphan_patterns):
@@ -388,6 +428,67 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     if not holders_complete:
         return 'foreign', 'holders could not be fully determined'
     return 'orphan', 'unregistered, unheld, matches an orphan pattern, older than min_age'
+
+
+def backend_category(e: dict, all_holders: Sequence[dict], holders_complete: bool, min_age: float) -> tuple[str, str]:
+    """(category, category_reason) of a backend file: backend while any process holds it (or may: an incomplete
+    scan, or younger than min_age), else leftover: the pool of a dead server and its stubs."""
+    owner = shm_fs.backend_of(e['name'])
+    what = (f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's "
+            "file)" if owner is not None else "Triton's python backend shared memory (matches the backend patterns)")
+    if all_holders:
+        return 'backend', f'{what}, held by {holders_mod.holders_text(all_holders)}: never an orphan, never a leftover'
+    if not holders_complete:
+        return 'backend', f'{what}: never an orphan; not held as far as seen, but holders could not be fully determined'
+    if e['age_s'] < min_age:
+        return 'backend', (f"{what}: never an orphan; no process holds it, but it is younger than min_age "
+                           f"({e['age_s']}s < {min_age}s)")
+    return LEFTOVER, (f'{what}, held by no process and older than min_age: the pool of a dead server and its stubs '
+                      '(they died together), which no server reuses')
+
+
+def stub_args(argv: Sequence[str] | None) -> dict | None:
+    """{model_path, region, instance} from a python backend stub's command line, or None when argv is not one."""
+    if not argv or len(argv) < _STUB_ARGS or os.path.basename(argv[0]) != STUB_NAME:
+        return None
+    return {'model_path': argv[1], 'region': argv[2], 'instance': argv[8]}
+
+
+def model_of(model_path: str, instance: str) -> str:
+    """The model a stub serves: the directory of MODEL/VERSION/model.py in the repository, else (a backend's own
+    model.py, as vllm's) the instance name without its _GROUP_INDEX suffix (``echo_0_0`` → ``echo``)."""
+    version_dir = os.path.dirname(model_path)
+    if os.path.basename(version_dir).isdigit():
+        return os.path.basename(os.path.dirname(version_dir))
+    return _INSTANCE_SUFFIX.sub('', instance) or instance
+
+
+def pool_record(snap: Snapshot, rec: dict) -> dict:
+    """The backend_pools record of one backend or leftover file record: its model and instance (from the stub that
+    maps it), bytes, holders (the server included) and state."""
+    e = snap.entry(rec['name'])
+    all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan is not None and e is not None) else []
+    model = instance = None
+    for h in all_holders:
+        args = stub_args(snap.cmdlines.get(h['pid']))
+        if args is not None and os.path.basename(args['region']) == rec['name']:
+            model, instance = model_of(args['model_path'], args['instance']), args['instance']
+            break
+    if rec['category'] == LEFTOVER:
+        state = POOL_LEFTOVER
+    elif all_holders:
+        state = POOL_LIVE
+    else:
+        state = POOL_UNKNOWN
+    return {'path': rec['path'], 'name': rec['name'], 'backend': rec['backend'], 'model': model, 'instance': instance,
+            'bytes': rec['allocated_bytes'], 'size': rec['size'], 'holders': all_holders, 'state': state,
+            'reason': rec['category_reason']}
+
+
+def pool_records(snap: Snapshot, files: Iterable[dict]) -> list:
+    """The pools of Python-based backends (backend and leftover files), by model then name."""
+    pools = [pool_record(snap, f) for f in files if f['category'] in ('backend', LEFTOVER)]
+    return sorted(pools, key=lambda p: (p['model'] is None, p['model'] or '', p['instance'] or '', p['name']))
 
 
 def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
@@ -414,6 +515,7 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
               'not_found_reason': snap.server_reason if snap.pid is None else None,
               'shm_unsupported': snap.shm_unsupported}
     return {'server': server, 'shm_fs': fs, 'system_regions': regions, 'cuda_regions': cuda, 'files': files,
+            'backend_pools': pool_records(snap, files),
             'summary': summarize(regions, cuda, files, fs),
             'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
             'holders_complete': snap.holders_complete,
@@ -448,6 +550,9 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
         'unknown_regions': count(regions, 'state', UNKNOWN),
         'registered_files': count(files, 'category', 'registered'),
         'backend_files': count(files, 'category', 'backend'),
+        'backend_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == 'backend'),
+        'leftover_files': count(files, 'category', LEFTOVER),
+        'leftover_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == LEFTOVER),
         'in_use_files': count(files, 'category', 'in_use'),
         'orphan_files': count(files, 'category', 'orphan'),
         'orphan_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == 'orphan'),

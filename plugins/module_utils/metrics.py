@@ -39,7 +39,15 @@ REPORT = 'report'
 CLEANUP = 'cleanup'
 FILE_BASES = {REPORT: 'tritonops_shm', CLEANUP: 'tritonops_shm_cleanup'}
 REGION_STATES = ('healthy', 'stale', 'reserved', 'dangling', 'unknown')
-FILE_CATEGORIES = ('registered', 'backend', 'in_use', 'orphan', 'foreign')
+# the file categories in the one order of every output (inventory.py classifies, the HTML report and metrics show)
+FILE_CATEGORIES = ('registered', 'backend', 'leftover', 'in_use', 'orphan', 'foreign')
+
+# At most this many values of the ``model`` label of tritonops_shm_backend_pool_bytes per textfile (per server): the
+# models with the most pool bytes keep their name, the others are summed under OTHER_MODELS. Pools no python stub maps
+# (their model cannot be read) are under UNATTRIBUTED.
+MODEL_LABEL_CAP = 20
+OTHER_MODELS = '_other'
+UNATTRIBUTED = '_unattributed'
 
 
 class Metric(NamedTuple):
@@ -65,6 +73,13 @@ METRICS = {m.name: m for m in (
     Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
     Metric('tritonops_shm_files', 'gauge', "Files in the server's /dev/shm by category.", REPORT),
     Metric('tritonops_shm_orphan_bytes', 'gauge', 'Bytes of /dev/shm held by orphan files.', REPORT),
+    Metric('tritonops_shm_leftover_bytes', 'gauge',
+           "Bytes of /dev/shm held by leftover backend pools (no process holds them: a dead server's and its stubs').",
+           REPORT),
+    Metric('tritonops_shm_backend_pool_bytes', 'gauge',
+           "Bytes of /dev/shm held by the held pools of Triton's Python-based backends, by model (at most "
+           f'{MODEL_LABEL_CAP} model values, the rest under model="{OTHER_MODELS}"; pools no stub maps under '
+           f'model="{UNATTRIBUTED}").', REPORT),
     Metric('tritonops_shm_cleanup_last_run_timestamp_seconds', 'gauge',
            'When the last cleanup of this server ended (Unix time).', CLEANUP),
     Metric('tritonops_shm_cleanup_last_success', 'gauge', '1 when the last cleanup succeeded, 0 when it failed.', CLEANUP),
@@ -180,7 +195,30 @@ def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: O
         samples += [('tritonops_shm_files', (('category', c),), sum(1 for f in files if f.get('category') == c))
                     for c in FILE_CATEGORIES]
         samples.append(('tritonops_shm_orphan_bytes', (), summary.get('orphan_bytes') or 0))
+        samples.append(('tritonops_shm_leftover_bytes', (), summary.get('leftover_bytes') or 0))
+        samples += [('tritonops_shm_backend_pool_bytes', (('model', model),), value)
+                    for model, value in pool_bytes_by_model(inv.get('backend_pools') or ())]
     return _render(samples, host, url)
+
+
+def pool_bytes_by_model(pools: Iterable[Mapping], cap: int = MODEL_LABEL_CAP) -> list:
+    """[(model label, bytes)] of the pools that are not leftovers: the cap models with the most bytes by name (ties by
+    name), the rest summed under OTHER_MODELS; a pool without a model under UNATTRIBUTED (never counted in the cap)."""
+    by_model: dict = {}
+    for pool in pools:
+        if pool.get('state') == 'leftover':
+            continue
+        model = pool.get('model') or UNATTRIBUTED
+        by_model[model] = by_model.get(model, 0) + int(pool.get('bytes') or 0)
+    unattributed = by_model.pop(UNATTRIBUTED, None)
+    ranked = sorted(by_model.items(), key=lambda mv: (-mv[1], mv[0]))
+    kept, rest = ranked[:cap], ranked[cap:]
+    out = sorted(kept)
+    if rest:
+        out.append((OTHER_MODELS, sum(v for _m, v in rest)))
+    if unattributed is not None:
+        out.append((UNATTRIBUTED, unattributed))
+    return out
 
 
 def _previous_values(text: Optional[str]) -> dict:

@@ -63,6 +63,17 @@ def read_comm(pid: int, proc: str = '/proc') -> str | None:
         os.close(fd)
 
 
+def read_cmdline(pid: int, proc: str = '/proc') -> list[str] | None:
+    """The command line of a process (its arguments), or None when it is gone or unreadable."""
+    try:
+        data = read_bytes(f'{proc}/{pid}/cmdline')
+    except OSError:
+        return None
+    if not data:
+        return None   # a kernel thread, or a process already exiting
+    return [a.decode('utf-8', 'replace') for a in data.rstrip(b'\0').split(b'\0')]
+
+
 def socket_inodes(pid: int | str, proc: str = '/proc') -> set[int]:
     """The inodes of the sockets a process has open (empty when it is gone or unreadable)."""
     base = f'{proc}/{pid}/fd/'

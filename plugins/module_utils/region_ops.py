@@ -169,7 +169,8 @@ class RegionOps:
 
         def read() -> Snapshot:
             return inventory.read_server(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
-                                         require_readable_dir=p.get('shm_dir') is not None, kinds=tuple(kinds))
+                                         require_readable_dir=p.get('shm_dir') is not None, kinds=tuple(kinds),
+                                         backend_patterns=self._criteria().backend_patterns)
         self.snap = read()
         if not self.check_mode and self._lock(self.snap) is Lock.WAITED:
             # another run acted on this server while we waited: plan from what is there now
@@ -215,7 +216,8 @@ class RegionOps:
 
         The server found before is kept; server.live and server.ready are not measured.
         """
-        return inventory.read_server(self.client, server_pid=self.snap.pid, shm_dir=self.snap.shm_dir, kinds=('system',))
+        return inventory.read_server(self.client, server_pid=self.snap.pid, shm_dir=self.snap.shm_dir, kinds=('system',),
+                                     backend_patterns=self._criteria().backend_patterns)
 
     def _measure_after(self) -> None:
         if self.snap and self.snap.shm_dir and not self.check_mode:
@@ -539,7 +541,8 @@ class RegionOps:
     def _require_server(self, snap: Snapshot) -> None:
         """Stale and orphan cleanup on a host whose server was not found would be a silent no-op: refuse it."""
         p = self.params
-        wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None)) if p.get(w) and needs]
+        wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None),
+                                    ('backend_leftovers', snap.shm_dir is None)) if p.get(w) and needs]
         if wants:
             missing = 'the process was not found' if snap.pid is None else 'the directory is not known'
             raise ServerNotFound(
@@ -547,7 +550,8 @@ class RegionOps:
                 f"directory, and {missing}: {snap.server_reason or snap.dir_error or 'see the warnings'}")
 
     def absent(self) -> None:
-        """Unregister the selected regions, then remove their unheld files and (with orphan_files) orphan files."""
+        """Unregister the selected regions, then remove their unheld files and (with orphan_files, backend_leftovers) orphan and
+        leftover files."""
         p = self.params
         if p['kind'] == 'cuda':
             return self._absent_cuda()
@@ -609,6 +613,8 @@ class RegionOps:
                 file_plan.append((entries[path], rec['name']))
         if p['orphan_files']:
             file_plan.extend((entries[f['path']], None) for f in files if f['category'] == 'orphan')
+        if p.get('backend_leftovers'):
+            file_plan.extend((entries[f['path']], None) for f in files if f['category'] == inventory.LEFTOVER)
         return file_plan
 
     def _keep_file_reason(self, snap: Snapshot, rec: dict, f: dict, kept_paths: set) -> str | None:
@@ -772,8 +778,9 @@ class RegionOps:
 
     def _absent_cuda(self) -> None:
         p = self.params
-        if p['orphan_files']:
-            raise ParameterError('orphan_files applies to kind=system only (CUDA regions have no files)')
+        for opt in ('orphan_files', 'backend_leftovers'):
+            if p.get(opt):
+                raise ParameterError(f'{opt} applies to kind=system only (CUDA regions have no files)')
         current = self.client.status('cuda')
         names = set(p['name'] or ())
         selected = self._select(rec for rec in current if p['all'] or rec['name'] in names)

@@ -42,6 +42,11 @@ output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
 
+def model_config(name):
+    """The config.pbtxt of the rig's python model NAME (ECHO_CONFIG under that name)."""
+    return ECHO_CONFIG.replace('name: "echo"', 'name: "%s"' % name, 1)
+
+
 # The python backend stub embeds the base interpreter, whose sys.path does not
 # include this venv: put the venv's site-packages first so numpy imports.
 ECHO_MODEL = '''import sys
@@ -85,8 +90,11 @@ class TritonPythonModel:
         return responses
 '''
 
-# model name -> (config.pbtxt, model.py template with {sites})
-MODELS = {'echo': (ECHO_CONFIG, ECHO_MODEL), 'grow': (GROW_CONFIG, GROW_MODEL)}
+# Python models the rig can serve, name -> (config.pbtxt, model.py template with {sites}): 'echo' and 'mirror'
+# are the same echo code under each name, so that a server runs several python models, each with its own stub
+# and backend pool (issue 27: pools are named for their model); 'grow' grows its pool on demand.
+MODELS = {'echo': (ECHO_CONFIG, ECHO_MODEL), 'mirror': (model_config('mirror'), ECHO_MODEL), 'grow': (GROW_CONFIG, GROW_MODEL)}
+PYTHON_MODELS = tuple(MODELS)
 
 
 class RigError(RuntimeError):

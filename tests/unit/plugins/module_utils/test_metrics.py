@@ -25,6 +25,10 @@ def shm_file(name, category, allocated=MIB):
     return dict(name=name, path='/dev/shm/' + name, allocated_bytes=allocated, category=category)
 
 
+def pool(model, allocated, state='live'):
+    return dict(name=f'triton_python_backend_shm_region_{model}', backend='python', model=model, bytes=allocated, state=state)
+
+
 def info(pid=4242, **over):
     """A triton_shm_info result: 2 healthy, 1 stale, 1 dangling, 1 reserved region; files of every category but foreign."""
     result = dict(
@@ -39,6 +43,7 @@ def info(pid=4242, **over):
                shm_file('kept', 'registered'), shm_file('triton_python_backend_shm_region_1', 'backend'),
                shm_file('client_x', 'orphan'), shm_file('busy', 'in_use')],
         summary=dict(stale_bytes=4 * MIB, orphan_bytes=MIB),
+        backend_pools=[pool('echo', MIB)],
         scanned_at=1764760000.25,
     )
     result.update(over)
@@ -78,11 +83,11 @@ def test_report_of_a_located_server(promtool):
     assert g == {'tritonops_shm_up': 1, 'tritonops_shm_server_located': 1, 'tritonops_shm_report_timestamp_seconds': 1764760000.25,
                  'tritonops_shm_fs_size_bytes': 64 * MIB, 'tritonops_shm_fs_used_bytes': 9 * MIB,
                  'tritonops_shm_registered_bytes': 9 * MIB, 'tritonops_shm_cuda_regions': 1,
-                 'tritonops_shm_stale_bytes': 4 * MIB, 'tritonops_shm_orphan_bytes': MIB}
+                 'tritonops_shm_stale_bytes': 4 * MIB, 'tritonops_shm_orphan_bytes': MIB, 'tritonops_shm_leftover_bytes': 0}
     by_state = {dict(k[1])['state']: v for k, v in s.items() if k[0] == 'tritonops_shm_regions'}
     assert by_state == {'healthy': 2, 'stale': 1, 'reserved': 1, 'dangling': 1, 'unknown': 0}
     by_category = {dict(k[1])['category']: v for k, v in s.items() if k[0] == 'tritonops_shm_files'}
-    assert by_category == {'registered': 4, 'backend': 1, 'in_use': 1, 'orphan': 1, 'foreign': 0}
+    assert by_category == {'registered': 4, 'backend': 1, 'leftover': 0, 'in_use': 1, 'orphan': 1, 'foreign': 0}
     assert s[('tritonops_shm_server_info', frozenset({('version', '2.51.0')}))] == 1
 
 
@@ -132,7 +137,7 @@ def test_label_values_are_escaped(promtool, host, url):
     check_metrics(promtool, text)
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
-    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 20
+    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 23
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
@@ -245,3 +250,30 @@ def test_the_docs_list_the_metric_set(page):
     assert tables == set(metrics.METRICS)
     for label in metrics.REGION_STATES + metrics.FILE_CATEGORIES:
         assert f'`{label}`' in text
+
+
+def test_pool_bytes_per_model_and_leftover_bytes(promtool):
+    pools = [pool('echo', MIB), pool('echo', 2 * MIB), pool('mirror', 3 * MIB), pool(None, 4 * MIB),
+             pool(None, 5 * MIB, state='leftover'), pool('dead', 6 * MIB, state='leftover')]
+    files = [shm_file('l1', 'leftover', 5 * MIB), shm_file('l2', 'leftover', 6 * MIB), shm_file('b', 'backend')]
+    text = metrics.report_text(info(backend_pools=pools, files=files, summary=dict(leftover_bytes=11 * MIB)), 'gpu1', URL)
+    check_metrics(promtool, text)
+    s = samples(text)
+    by_model = {dict(k[1])['model']: v for k, v in s.items() if k[0] == 'tritonops_shm_backend_pool_bytes'}
+    # leftovers are not any model's pool: they are in tritonops_shm_leftover_bytes
+    assert by_model == {'echo': 3 * MIB, 'mirror': 3 * MIB, '_unattributed': 4 * MIB}
+    assert s[('tritonops_shm_leftover_bytes', frozenset())] == 11 * MIB
+    assert s[('tritonops_shm_files', frozenset({('category', 'leftover')}))] == 2
+
+
+def test_the_model_label_is_bounded():
+    pools = [pool(f'm{i:03d}', (i + 1) * MIB) for i in range(100)] + [pool(None, MIB)]
+    labels = metrics.pool_bytes_by_model(pools)
+    assert len(labels) == metrics.MODEL_LABEL_CAP + 2
+    kept = dict(labels)
+    # the cap models with the most bytes keep their names; the rest are summed
+    assert set(kept) - {'_other', '_unattributed'} == {f'm{i:03d}' for i in range(80, 100)}
+    assert kept['_other'] == sum((i + 1) * MIB for i in range(80))
+    assert kept['_unattributed'] == MIB
+    assert sum(kept.values()) == sum(p['bytes'] for p in pools)
+    assert metrics.pool_bytes_by_model(pools[:3]) == [('m000', MIB), ('m001', 2 * MIB), ('m002', 3 * MIB)]
