@@ -20,8 +20,8 @@ LOCATE_STEP = 'Locate the Triton server process'
 READ_STEP = "Read the server's shared memory"
 VERIFY_STEP = 'Verify no stale region remains that was not skipped for a stated reason'
 SUMMARY_KEYS = ('system_regions', 'healthy_regions', 'stale_regions', 'stale_bytes', 'reserved_regions', 'dangling_regions',
-                'unknown_regions', 'orphan_files', 'orphan_bytes', 'backend_files', 'foreign_files', 'used_bytes',
-                'total_bytes', 'used_percent')
+                'unknown_regions', 'orphan_files', 'orphan_bytes', 'backend_files', 'leftover_files', 'leftover_bytes',
+                'foreign_files', 'used_bytes', 'total_bytes', 'used_percent')
 REREGISTER_REASON = 'kept: desired state (shm_cleanup_reregister)'
 # the task files main.yml includes after its first step
 QUERY_FIRST_TASKS = 'query_first.yml'
@@ -63,10 +63,13 @@ def is_direct(mode: str = 'stale', threshold_percent: Any = 0, orphan_patterns: 
 
 
 def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclude: Any = None, reregister: Any = None,
-                     orphan_patterns: Any = None, threshold_percent: Any = 0, host: str = '', url: str = '') -> dict:
+                     orphan_patterns: Any = None, threshold_percent: Any = 0, host: str = '', url: str = '',
+                     backend_leftovers: bool = False) -> dict:
     """Decide from a triton_shm_info result whether the role acts, and what it hands the region module.
 
     ``before`` is {} when the server has not been read yet: the plan then holds only what the settings decide.
+    Leftover backend pools (with backend_leftovers) are dead like stale regions: they make the role act whatever the
+    threshold.
     """
     names, exclude, orphan_patterns = shm_list(names), shm_list(exclude), shm_list(orphan_patterns)
     reregister_names = [r['name'] for r in reregister or ()]
@@ -74,7 +77,7 @@ def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclu
     summary = before.get('summary') or {}
     plan = dict(names=names, orphan_patterns=orphan_patterns, reregister_names=reregister_names,
                 unregister_exclude=exclude + [literal(n) for n in reregister_names],
-                act=False, candidates=False, decision='', error=None)
+                backend_leftovers=bool(backend_leftovers), act=False, candidates=False, decision='', error=None)
     if not before:
         return plan
     server = before.get('server') or {}
@@ -94,13 +97,16 @@ def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclu
     used = float(summary.get('used_percent') or 0)
     threshold = float(threshold_percent)
     over = used >= threshold
-    plan['act'] = over or bool(selectable)
+    leftovers = int(summary.get('leftover_files') or 0) if backend_leftovers else 0
+    plan['act'] = over or bool(selectable) or leftovers > 0
     if threshold <= 0:
         plan['decision'] = f'threshold 0%: always act (/dev/shm use {used:.1f}%)'
     elif over:
         plan['decision'] = f'/dev/shm use {used:.1f}% is at or above the threshold {threshold_percent}%'
     elif selectable:
         plan['decision'] = f"{len(selectable)} stale or dangling region(s): {', '.join(selectable)}"
+    elif leftovers:
+        plan['decision'] = f'{leftovers} leftover backend pool(s) that no process holds'
     else:
         plan['decision'] = (f'/dev/shm use {used:.1f}% is below the threshold {threshold_percent}% '
                             'and no region is stale or dangling: nothing to do')
@@ -108,7 +114,8 @@ def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclu
         (mode == 'stale' and dead)   # excluded ones too: the module names them in skipped_items
         or (mode == 'all' and [n for n in region_names if n not in reregister_names])
         or (mode == 'names' and [n for n in names if n in region_names])
-        or (orphan_patterns and (summary.get('orphan_files') or 0) > 0))
+        or (orphan_patterns and (summary.get('orphan_files') or 0) > 0)
+        or leftovers > 0)
     return plan
 
 
@@ -187,7 +194,7 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
 def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, exclude: Any = None, reregister: Any = None,
                 orphan_patterns: Any = None, threshold_percent: Any = 0, verify: bool = True, check_mode: bool = False,
                 host: str = '', url: str = '', finished_at: str = '', finished_epoch: Any = 0,
-                failure: dict | None = None) -> dict:
+                failure: dict | None = None, backend_leftovers: bool = False) -> dict:
     """One step of the role: this run's module results so far -> {plan, record}.
 
     ``results`` holds the registered results ``direct`` (the one-call path's region module), ``query``
@@ -208,7 +215,8 @@ def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, ex
         absent = results.get('absent')
         before = _read(results.get('query'))
     plan = shm_cleanup_plan(before, mode=mode, names=names, exclude=exclude, reregister=reregister,
-                            orphan_patterns=orphan_patterns, threshold_percent=threshold_percent, host=host, url=url)
+                            orphan_patterns=orphan_patterns, threshold_percent=threshold_percent, host=host, url=url,
+                            backend_leftovers=backend_leftovers)
     rereg = bool(plan['act'] and reregister)
     if direct:
         include = REREGISTER_TASKS if rereg else ''

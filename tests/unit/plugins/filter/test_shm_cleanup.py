@@ -336,3 +336,18 @@ def test_a_server_without_shared_memory_fails_the_host_with_the_plain_reason():
     assert plan['error'] == dict(step=READ_STEP, msg=f"nothing on h1 could be checked: {before['server']['shm_unsupported']}")
     r = shm_cleanup_result(before, plan)
     assert r['status'] == 'failed' and 'not supported in this server configuration' in r['error']['msg']
+
+
+def test_leftover_backend_pools_make_the_role_act_whatever_the_threshold():
+    query = info([region('live', 'healthy', holders=[7])])
+    query['summary'].update(leftover_files=2, leftover_bytes=2 << 20)
+    settings = dict(threshold_percent=50, orphan_patterns='tmp_*')
+    plan = shm_cleanup(dict(query=query), backend_leftovers=True, **settings)['plan']
+    assert (plan['act'], plan['candidates'], plan['unregister'], plan['backend_leftovers']) == (True, True, True, True)
+    assert plan['decision'] == '2 leftover backend pool(s) that no process holds'
+    # off: reported (the summary counts them), never a reason to act
+    off = shm_cleanup(dict(query=query), backend_leftovers=False, **settings)
+    assert (off['plan']['act'], off['plan']['backend_leftovers']) == (False, False)
+    assert (off['record']['before']['leftover_files'], off['record']['before']['leftover_bytes']) == (2, 2 << 20)
+    # the one-call path hands the setting to the module
+    assert shm_cleanup({'direct': None}, backend_leftovers=True)['plan']['backend_leftovers'] is True
