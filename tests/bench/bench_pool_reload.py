@@ -5,7 +5,9 @@ One real tritonserver (explicit model control) serves the rig's ``grow`` model. 
 1. one request of --large bytes grows the model's python backend pool (it never shrinks);
 2. --threads client threads (tritonclient.http, one connection each) send small requests in a loop
    (--small bytes each, flat out) and count answers and failures with their text;
-3. after --lead seconds, ``POST /v2/repository/models/grow/load`` reloads the model while the loop runs;
+3. after --lead seconds, the model is reloaded as triton_backend_pool does it (backend_pool.reload_model: ``POST
+   /v2/repository/models/grow/load`` with the model's own configuration and a new ``tritonops_shm_reload`` parameter;
+   a load without a change is a no-op on 2.51) while the loop runs;
 4. the loop goes on for --tail seconds after the old pool file is gone.
 
 Per round: failed and answered requests (during the whole loop and inside the reload window, from the
@@ -13,6 +15,7 @@ load call to the old file's removal), the load call's time, how long after its a
 was still there, the pool's bytes before and after, and the shm filesystem's peak use during the reload
 (old and new pools exist together). Figures are the medians of --rounds rounds (docs/performance.md).
 
+Run from the collection copy (make collection; build/ansible_collections/tritonops/shm), as root.
 Usage: python tests/bench/bench_pool_reload.py [--rounds 5] [--threads 2] [--large 32m] [--quick]
 """
 from __future__ import annotations
@@ -33,6 +36,8 @@ import numpy as np  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient  # noqa: E402
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 MODEL = 'grow'
@@ -106,7 +111,8 @@ def one_round(server: tritonrig.TritonServer, args: argparse.Namespace) -> dict:
     with Loop(host, args.threads, args.small) as loop:
         time.sleep(args.lead)
         t0 = time.monotonic()
-        status = tritonrig.http_json(f'{server.url}/v2/repository/models/{MODEL}/load', method='POST', body={}, timeout=120)[0]
+        with TritonClient(server.url) as api:
+            backend_pool.reload_model(api, MODEL, timeout=120)
         t1 = time.monotonic()
         while old_name in pools(server) and time.monotonic() - t1 < 30:
             peak_used = max(peak_used, server.shm_usage()['used_bytes'])
@@ -118,7 +124,6 @@ def one_round(server: tritonrig.TritonServer, args: argparse.Namespace) -> dict:
     window = [e for e in events if t0 <= e[0] <= t2]
     failures = collections.Counter(e[2] for e in events if not e[1])
     return {
-        'load_status': status,
         'load_s': round(t1 - t0, 3),
         'old_file_left_s': round(t2 - t1, 3),
         'old_file_gone': old_name not in after,
