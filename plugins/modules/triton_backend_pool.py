@@ -76,8 +76,8 @@ requirements:
   - requests (for http:// and https:// URLs)
   - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
 notes:
-  - Run as root (C(become)), as for M(tritonops.shm.triton_shm_info): the pools are attributed to their models from the python
-    stubs' command lines, which must be readable, and the server's command line tells its model control mode.
+  - "Run as root (C(become)), as for M(tritonops.shm.triton_shm_info): the pools are attributed to their models from the python
+    stubs' command lines, which must be readable, and the server's command line tells its model control mode."
   - A pool of unknown model (no stub maps it) and a C(leftover) pool (a dead server's) are never reloaded; the cleanup
     (M(tritonops.shm.triton_shm_region) O(tritonops.shm.triton_shm_region#module:backend_leftovers)) removes leftovers.
 seealso:
