@@ -157,3 +157,43 @@ def test_rig_grow_model_pool_grows_and_never_shrinks(make_triton):
     for _ in range(3):
         infer(client, 100)
     assert os.stat(os.path.join(server.shm_dir, name)).st_size == grown_size
+
+
+def test_cleanup_playbook_reloads_a_grown_pool_only_when_asked(make_triton):
+    """The role's opt-in (shm_cleanup_reload_pools_over_*): off by default; check mode reloads nothing; a rerun is no change."""
+    from test_shm_cleanup import cleanup, host_result   # pylint: disable=import-outside-toplevel
+
+    server = make_triton(models=('grow', 'echo'), shm_size='128m', name='pools')
+    grow(server)
+    before = pools(server)
+
+    default = cleanup([server])
+    assert default.rc == 0, default
+    assert host_result(default, 'pools')['done']['reloaded'] == [] and pools(server) == before
+
+    checked = cleanup([server], check=True, shm_cleanup_reload_pools_over_percent=10)
+    assert checked.rc == 0, checked
+    record = host_result(checked, 'pools')
+    assert [r['model'] for r in record['done']['reloaded']] == ['grow'] and record['changed'] is True
+    assert pools(server) == before
+
+    done = cleanup([server], shm_cleanup_reload_pools_over_percent=10, shm_cleanup_reload_pools_models='grow')
+    assert done.rc == 0, done
+    reloaded, = host_result(done, 'pools')['done']['reloaded']
+    assert reloaded['model'] == 'grow' and reloaded['old_gone'] is True and reloaded['after_bytes'] <= 2 * MIB
+    assert not set(reloaded['old_pools']) & set(pools(server))
+
+    again = cleanup([server], shm_cleanup_reload_pools_over_percent=10)
+    record = host_result(again, 'pools')
+    assert again.rc == 0 and record['done']['reloaded'] == [] and record['changed'] is False, record
+
+
+def test_cleanup_playbook_fails_the_host_with_the_reason_without_explicit_model_control(make_triton):
+    from test_shm_cleanup import cleanup, host_result   # pylint: disable=import-outside-toplevel
+
+    server = make_triton(models=('grow',), shm_size='128m', name='polling', model_control='none')
+    grow(server)
+    res = cleanup([server], shm_cleanup_reload_pools_over_bytes=8 * MIB)
+    record = host_result(res, 'polling')
+    assert res.rc != 0 and record['status'] == 'failed', record
+    assert '--model-control-mode=none' in record['error']['msg'], record['error']
