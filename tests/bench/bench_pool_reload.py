@@ -10,6 +10,9 @@ One real tritonserver (explicit model control) serves the rig's ``grow`` model. 
    a load without a change is a no-op on 2.51) while the loop runs;
 4. the loop goes on for --tail seconds after the old pool file is gone.
 
+--method unload-load instead unloads the model and loads it again (what a reload without a configuration change
+takes on 2.51), for comparison: the model is gone between the two calls.
+
 Per round: failed and answered requests (during the whole loop and inside the reload window, from the
 load call to the old file's removal), the load call's time, how long after its answer the old pool file
 was still there, the pool's bytes before and after, and the shm filesystem's peak use during the reload
@@ -111,8 +114,15 @@ def one_round(server: tritonrig.TritonServer, args: argparse.Namespace) -> dict:
     with Loop(host, args.threads, args.small) as loop:
         time.sleep(args.lead)
         t0 = time.monotonic()
-        with TritonClient(server.url) as api:
-            backend_pool.reload_model(api, MODEL, timeout=120)
+        if args.method == 'unload-load':
+            tritonrig.http_json(f'{server.url}/v2/repository/models/{MODEL}/unload', method='POST', body={}, timeout=120)
+            while any(m['state'] == 'READY' for m in tritonrig.http_json(f'{server.url}/v2/repository/index', method='POST',
+                                                                         body={})[1] if m['name'] == MODEL):
+                time.sleep(0.01)
+            tritonrig.http_json(f'{server.url}/v2/repository/models/{MODEL}/load', method='POST', body={}, timeout=120)
+        else:
+            with TritonClient(server.url) as api:
+                backend_pool.reload_model(api, MODEL, timeout=120)
         t1 = time.monotonic()
         while old_name in pools(server) and time.monotonic() - t1 < 30:
             peak_used = max(peak_used, server.shm_usage()['used_bytes'])
@@ -146,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--small', type=size_arg, default=1024)
     parser.add_argument('--lead', type=float, default=1.0)
     parser.add_argument('--tail', type=float, default=1.0)
+    parser.add_argument('--method', choices=('reload', 'unload-load'), default='reload')
     parser.add_argument('--quick', action='store_true', help='2 rounds')
     args = parser.parse_args(argv)
     if args.quick:
@@ -163,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(r[k] for r in rounds) for k in
            ('load_s', 'old_file_left_s', 'before_bytes', 'after_bytes', 'peak_used_bytes', 'requests', 'failed',
             'window_requests', 'window_failed')}
-    figures = {'version': version, 'threads': args.threads, 'large': args.large, 'small': args.small,
+    figures = {'version': version, 'method': args.method, 'threads': args.threads, 'large': args.large, 'small': args.small,
                'rounds': rounds, 'median': med, 'failed_total': sum(r['failed'] for r in rounds),
                'old_file_gone_all': all(r['old_file_gone'] for r in rounds)}
     print(json.dumps({'median': med, 'failed_total': figures['failed_total'],
                       'old_file_gone_all': figures['old_file_gone_all']}, indent=1))
-    path = write_results('pool_reload.json', figures)
+    path = write_results('pool_reload.json' if args.method == 'reload' else 'pool_reload_unload.json', figures)
     print(f'figures: {path}')
     return 0
 
