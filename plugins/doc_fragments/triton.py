@@ -101,9 +101,9 @@ options:
       - Shell-style patterns (case-sensitive) of the files Triton's Python-based backends keep in the shm directory. Such files
         are category V(backend), never an orphan (whatever O(orphan_patterns) says, V(*) included), never foreign, never
         removed while any process holds them, and never accepted as the key of a client region.
-      - "Such a file that no process maps or holds (a complete holder scan), older than O(min_age), is V(leftover): the pool of a
+      - Such a file that no process maps or holds (a complete holder scan), older than O(min_age), is V(leftover), the pool of a
         server and its python stubs that died together. Only M(tritonops.shm.triton_shm_region) with
-        O(tritonops.shm.triton_shm_region#module:backend_leftovers=true) removes it."
+        O(tritonops.shm.triton_shm_region#module:backend_leftovers=true) removes it.
       - "Every Python-based backend (python, vllm, ...) names its files C(triton_<backend>_backend_shm_region_<uuid>) (a counter
         instead of the UUID before Triton 24.04). That form is always a backend file, whatever this list says: the patterns
         given here add to it and never replace it. The file record's C(backend) says whose file it is."

@@ -131,7 +131,7 @@ options:
     default: false
   backend_leftovers:
     description:
-      - With O(state=absent), also remove the C(leftover) files of Triton's Python-based backends (see O(backend_patterns)):
+      - With O(state=absent), also remove the C(leftover) files of Triton's Python-based backends (see O(backend_patterns)),
         pool files that no process maps or holds, older than O(min_age), found by a complete holder scan. They are the pools of a
         server and its python stubs that died together (a container killed, an OOM kill of its cgroup, a pod's container
         restarted on a kept C(/dev/shm)); no server reuses them.
