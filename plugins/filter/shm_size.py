@@ -169,23 +169,30 @@ def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None, python_po
     }
 
 
-def _regions(value: Any) -> int:
+def _items(value: Any, name: str, keys: tuple, required: str) -> list:
+    """[(its name in messages, item)] of a list of dicts with only keys and always required; AnsibleFilterError else."""
     if value is None:
-        return 0
+        return []
+    shape = '{' + ', '.join(keys) + '}'
     if not isinstance(value, list):
-        _fail(f'client_regions must be a list of {{byte_size, count}}, got {value!r}')
-    total = 0
-    for index, region in enumerate(value):
-        what = f'client_regions[{index}]'
-        if not isinstance(region, dict):
-            _fail(f'{what} must be a dict with byte_size (and count), got {region!r}')
-        unknown = sorted(set(region) - set(REGION_KEYS))
+        _fail(f'{name} must be a list of {shape}, got {value!r}')
+    out = []
+    for index, item in enumerate(value):
+        what = f'{name}[{index}]'
+        if not isinstance(item, dict):
+            _fail(f'{what} must be a dict with {required} (and {", ".join(k for k in keys if k != required)}), got {item!r}')
+        unknown = sorted(set(item) - set(keys))
         if unknown:
-            _fail(f'{what}: unknown key(s) {", ".join(unknown)} (expected byte_size, count)')
-        if 'byte_size' not in region:
-            _fail(f'{what}: byte_size is required')
-        total += _size(region['byte_size'], f'{what}.byte_size') * _count(region.get('count', 1), f'{what}.count')
-    return total
+            _fail(f'{what}: unknown key(s) {", ".join(unknown)} (expected {", ".join(keys)})')
+        if required not in item:
+            _fail(f'{what}: {required} is required')
+        out.append((what, item))
+    return out
+
+
+def _regions(value: Any) -> int:
+    return sum(_size(region['byte_size'], f'{what}.byte_size') * _count(region.get('count', 1), f'{what}.count')
+               for what, region in _items(value, 'client_regions', REGION_KEYS, 'byte_size'))
 
 
 def pool_bytes(largest: int, default: int, growth: int) -> int:
@@ -202,20 +209,8 @@ def pool_bytes(largest: int, default: int, growth: int) -> int:
 
 def _models(value: Any, default: int, growth: int) -> list:
     """The per-model pool plan of python_models: [{name, instances, largest_tensor_bytes, pool_bytes, bytes, growth_bytes, explanation}]."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        _fail(f'python_models must be a list of {{name, instances, largest_tensor_bytes}}, got {value!r}')
     out = []
-    for index, model in enumerate(value):
-        what = f'python_models[{index}]'
-        if not isinstance(model, dict):
-            _fail(f'{what} must be a dict with largest_tensor_bytes (and instances, name), got {model!r}')
-        unknown = sorted(set(model) - set(MODEL_KEYS))
-        if unknown:
-            _fail(f'{what}: unknown key(s) {", ".join(unknown)} (expected {", ".join(MODEL_KEYS)})')
-        if 'largest_tensor_bytes' not in model:
-            _fail(f'{what}: largest_tensor_bytes is required')
+    for index, (what, model) in enumerate(_items(value, 'python_models', MODEL_KEYS, 'largest_tensor_bytes')):
         name = str(model.get('name') or f'model{index}')
         instances = _count(model.get('instances', 1), f'{what}.instances')
         largest = _size(model['largest_tensor_bytes'], f'{what}.largest_tensor_bytes')

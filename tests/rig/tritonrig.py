@@ -49,19 +49,17 @@ def model_config(name):
 
 # The python backend stub embeds the base interpreter, whose sys.path does not
 # include this venv: put the venv's site-packages first so numpy imports.
-ECHO_MODEL = '''import sys
-sys.path[:0] = {sites!r}
-import triton_python_backend_utils as pb_utils  # noqa: E402
+def python_model(answer, imports=''):
+    """model.py of a rig python model (a template with {sites}): answer appends one response per request."""
+    return ('import sys\nsys.path[:0] = {sites!r}\n' + imports
+            + 'import triton_python_backend_utils as pb_utils  # noqa: E402\n\n\n'
+            'class TritonPythonModel:\n    def execute(self, requests):\n        responses = []\n'
+            '        for request in requests:\n' + answer + '        return responses\n')
 
 
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))
-        return responses
-'''
+ECHO_MODEL = python_model(
+    '            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")\n'
+    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))\n')
 
 
 # A model whose python backend pool grows: it answers each request with SIZE zero bytes. One large
@@ -75,20 +73,10 @@ output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
 
-GROW_MODEL = '''import sys
-sys.path[:0] = {sites!r}
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.zeros(size, dtype=np.uint8))]))
-        return responses
-'''
+GROW_MODEL = python_model(
+    '            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])\n'
+    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.zeros(size, dtype=np.uint8))]))\n',
+    imports='import numpy as np  # noqa: E402\n')
 
 # Python models the rig can serve, name -> (config.pbtxt, model.py template with {sites}): 'echo' and 'mirror'
 # are the same echo code under each name, so that a server runs several python models, each with its own stub

@@ -88,6 +88,23 @@ class Scripted(service_pb2_grpc.GRPCInferenceServiceServicer):
         self._record('CudaSharedMemoryRegister', request, context)
         return service_pb2.CudaSharedMemoryRegisterResponse()
 
+    def RepositoryIndex(self, request, context):  # noqa: N802
+        self._record('RepositoryIndex', request, context)
+        resp = service_pb2.RepositoryIndexResponse()
+        resp.models.add(name='grow', version='1', state='READY')
+        return resp
+
+    def ModelConfig(self, request, context):  # noqa: N802
+        self._record('ModelConfig', request, context)
+        resp = service_pb2.ModelConfigResponse()
+        resp.config.name = request.name
+        resp.config.backend = 'python'
+        return resp
+
+    def RepositoryModelLoad(self, request, context):  # noqa: N802
+        self._record('RepositoryModelLoad', request, context)
+        return service_pb2.RepositoryModelLoadResponse()
+
 
 @pytest.fixture
 def served():
@@ -321,43 +338,8 @@ def test_the_grpc_transport_imports_neither_the_http_one_nor_requests():
 
 # -- model repository (triton_backend_pool) -----------------------------------------------------
 
-class Repository(Scripted):
-    """Scripted plus the repository calls triton_backend_pool makes."""
-
-    def RepositoryIndex(self, request, context):  # noqa: N802
-        self._record('RepositoryIndex', request, context)
-        resp = service_pb2.RepositoryIndexResponse()
-        resp.models.add(name='grow', version='1', state='READY')
-        return resp
-
-    def ModelConfig(self, request, context):  # noqa: N802
-        self._record('ModelConfig', request, context)
-        resp = service_pb2.ModelConfigResponse()
-        resp.config.name = request.name
-        resp.config.backend = 'python'
-        resp.config.max_batch_size = 0
-        return resp
-
-    def RepositoryModelLoad(self, request, context):  # noqa: N802
-        self._record('RepositoryModelLoad', request, context)
-        return service_pb2.RepositoryModelLoadResponse()
-
-
-@pytest.fixture
-def repository():
-    script = Repository()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(script, server)
-    port = server.add_insecure_port('127.0.0.1:0')
-    server.start()
-    try:
-        yield script, f'grpc://127.0.0.1:{port}'
-    finally:
-        server.stop(0)
-
-
-def test_repository_index_config_and_load_with_a_config(repository):
-    script, url = repository
+def test_repository_index_config_and_load_with_a_config(served):
+    script, url = served
     client = TritonGrpcClient(url)
     assert client.repository_index() == [{'name': 'grow', 'version': '1', 'state': 'READY', 'reason': ''}]
     config = client.model_config('grow')
@@ -368,9 +350,9 @@ def test_repository_index_config_and_load_with_a_config(repository):
     assert json.loads(request.parameters['config'].string_param)['parameters'] == {'p': {'string_value': '1'}}
 
 
-def test_a_load_refused_for_model_control_is_an_answer_not_a_connection_error(repository):
+def test_a_load_refused_for_model_control_is_an_answer_not_a_connection_error(served):
     """Triton 2.51 refuses a load without explicit model control with UNAVAILABLE (measured), which otherwise means no answer."""
-    script, url = repository
+    script, url = served
     text = 'explicit model load / unload is not allowed if polling is enabled'
     script.fail['RepositoryModelLoad'] = (grpc.StatusCode.UNAVAILABLE, text)
     with pytest.raises(ModelControlRefused) as err:
