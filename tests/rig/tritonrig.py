@@ -42,6 +42,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
 
+
 def model_config(name):
     """The config.pbtxt of the rig's python model NAME (ECHO_CONFIG under that name)."""
     return ECHO_CONFIG.replace('name: "echo"', 'name: "%s"' % name, 1)
