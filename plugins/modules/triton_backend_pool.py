@@ -34,7 +34,6 @@ author:
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
-  - tritonops.shm.triton.backend
 attributes:
   check_mode:
     support: full
@@ -46,6 +45,14 @@ attributes:
     support: full
     description: After a reload the pools are small again, so a second run with the same limits reloads nothing (C(changed=false)).
 options:
+  backend_patterns:
+    description:
+      - Shell-style patterns (case-sensitive) of the files Triton's Python-based backends keep in the shm directory, as for
+        M(tritonops.shm.triton_shm_info). C(triton_<backend>_backend_shm_region_<uuid>) is always one, whatever this list says.
+      - Add a pattern when the server runs with C(--backend-config=python,shm-region-prefix-name=PREFIX), for example V(PREFIX*).
+    type: list
+    elements: str
+    default: ["triton_*_backend_shm_region_*"]
   max_bytes:
     description:
       - Reload a model when its pools (all its instances together) occupy more than this many bytes of the shm filesystem.
