@@ -197,3 +197,45 @@ def test_cleanup_playbook_fails_the_host_with_the_reason_without_explicit_model_
     record = host_result(res, 'polling')
     assert res.rc != 0 and record['status'] == 'failed', record
     assert '--model-control-mode=none' in record['error']['msg'], record['error']
+
+
+def test_the_pools_rulebook_reloads_the_alerting_model_only(make_triton, tmp_path):
+    """A real ansible-rulebook (tritonops.shm.self_heal_pools) gets Alertmanager's POST: only a firing
+    TritonShmBackendPoolLarge for an allowed host reloads, and only the model of the alert."""
+    import socket   # pylint: disable=import-outside-toplevel
+    import time     # pylint: disable=import-outside-toplevel
+    from test_self_healing import Rulebook, alert, host_vars, post   # pylint: disable=import-outside-toplevel
+
+    server = make_triton(models=('grow', 'echo'), shm_size='128m', name='h1')
+    grow(server)
+    big = [n for n, b in pools(server).items() if b > 16 * MIB]
+    echo = [n for n in pools(server) if n not in big]
+    port = tritonrig.free_port()
+    token = 'tok-%d' % time.monotonic_ns()
+    rb = Rulebook(tmp_path, 'tritonops.shm.self_heal_pools', {'h1': host_vars(server, tmp_path / 'prom')}, {
+        'self_heal_hosts': ['h1'], 'self_heal_webhook_port': port, 'self_heal_webhook_token': token,
+        'self_heal_reload_pools_percent': 10})
+    try:
+        def listening():
+            with socket.socket() as sock:
+                return sock.connect_ex(('127.0.0.1', port)) == 0
+        rb.wait('the webhook listens', listening, 90)
+
+        def pool_alert(model, name='TritonShmBackendPoolLarge', host='h1', status='firing'):
+            a = alert(name, host, status=status)
+            a['labels']['model'] = model
+            return a
+        group = {'version': '4', 'groupKey': '{}:{}', 'status': 'firing', 'receiver': 'pools', 'groupLabels': {},
+                 'commonLabels': {}, 'commonAnnotations': {}, 'externalURL': 'http://alertmanager:9093', 'truncatedAlerts': 0}
+        alerts = [pool_alert('grow', status='resolved'),              # resolved
+                  pool_alert('grow', name='TritonShmNearlyFull'),     # another alert
+                  pool_alert('grow', host='h2'),                      # not an allowed host
+                  pool_alert('grow')]
+        assert post(f'http://127.0.0.1:{port}/alerts', dict(group, alerts=alerts), token) == 200
+        rb.wait('the grown pool is gone', lambda: not set(big) & set(pools(server)), 180)
+        rb.wait('the cleanup run finished', lambda: rb.cleanups('h1') == 1, 60)
+        assert max(pools(server).values()) <= 2 * MIB
+        assert set(echo) <= set(pools(server))                        # the other model was not reloaded
+        assert rb.output().count('PLAY [Clean up Triton shared memory]') == 1
+    finally:
+        rb.stop()
