@@ -31,7 +31,6 @@ import statistics
 import sys
 import threading
 import time
-import urllib.error
 
 import benchenv  # noqa: F401  pylint: disable=unused-import
 
@@ -77,7 +76,7 @@ class Loop:
         self.stop = threading.Event()
         self.events: list[tuple[float, bool, str]] = []
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(threads)]
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _thread in range(threads)]
 
     def run(self) -> None:
         client = httpclient.InferenceServerClient(self.url, network_timeout=30.0, connection_timeout=30.0)

@@ -47,7 +47,7 @@ class Traffic:
         self.ok = 0
         self.failed = []
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(2)]
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _thread in range(2)]
 
     def run(self):
         client = httpclient.InferenceServerClient(self.host, network_timeout=60.0)
@@ -154,8 +154,8 @@ def test_rig_grow_model_pool_grows_and_never_shrinks(make_triton):
     infer(client, 10 * MIB)
     grown_size = os.stat(os.path.join(server.shm_dir, name)).st_size
     assert grown_size > 10 * MIB and (grown_size - 2 * MIB) % (4 * MIB) == 0, grown_size
-    for _ in range(3):
-        infer(client, 100)
+    for size in (100, 1000, 100):
+        infer(client, size)
     assert os.stat(os.path.join(server.shm_dir, name)).st_size == grown_size
 
 

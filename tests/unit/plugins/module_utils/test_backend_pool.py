@@ -105,8 +105,9 @@ def test_a_reload_sends_the_model_s_own_config_with_a_new_parameter_each_time():
     client = FakeClient()
     backend_pool.reload_model(client, 'grow', timeout=60, stamp='1')
     backend_pool.reload_model(client, 'grow', timeout=60)
-    (_, _, first, timeout), (_, _, second, _) = [c for c in client.calls if c[0] == 'load_model']
-    assert timeout == 60
+    first_call, second_call = [c for c in client.calls if c[0] == 'load_model']
+    first, second = first_call[2], second_call[2]
+    assert first_call[3] == 60
     assert first['parameters'] == {'own': {'string_value': 'kept'}, backend_pool.RELOAD_PARAMETER: {'string_value': '1'}}
     assert second['parameters'][backend_pool.RELOAD_PARAMETER] != first['parameters'][backend_pool.RELOAD_PARAMETER]
     assert first['name'] == 'grow' and first['backend'] == 'python'
