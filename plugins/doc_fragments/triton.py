@@ -91,6 +91,23 @@ options:
       - By default C(/proc/PID/root/dev/shm) of the server process, which is the container's private C(/dev/shm)
         when Triton runs in a container (its size is the container's C(--shm-size)), or the host's C(/dev/shm) with C(--ipc=host).
     type: path
+  clients_share_pid_namespace:
+    description:
+      - "Where the module can see every client. A holder scan sees every process of the machine only from the host's initial
+        PID namespace: the host, a container run with C(--pid host), a pod with C(hostPID), the node agent of
+        docs/kubernetes.md. Run anywhere else (inside the Triton container with C(docker exec), C(podman exec) or a container
+        connection plugin, a sidecar of a pod without C(hostPID)), the clients in other containers are invisible, so the
+        holders are incomplete (RV(holders_complete=false), the reason in RV(holders_incomplete_reason) and a warning): no
+        region is stale, no file an orphan, no dangling region reclaimable, and nothing is removed."
+      - V(true) states that every client of the server runs in the module's own PID namespace, so the scan is complete there,
+        for example an all-in-one container that runs the clients too, a pod with C(shareProcessNamespace), or a system
+        container (LXD, a kind node). The module cannot check this statement.
+      - A wrong V(true) loses live data. A client in another PID namespace then looks gone, its region stale, and a cleanup
+        unregisters the region and unlinks the file it still uses; its next inference fails.
+      - In the host's initial PID namespace it changes nothing (RV(pid_namespace=initial)).
+    type: bool
+    default: false
+    version_added: 0.2.0
 '''
 
     # Which files of the shm directory belong to Triton's python backend

@@ -188,10 +188,13 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
     return dict(
         host=host, url=url, check_mode=bool(check_mode), finished_at=finished_at, finished_epoch=int(finished_epoch),
         server=dict(version=server.get('version'), pid=server.get('pid'), shm_dir=server.get('shm_dir'),
-                    holders_complete=before.get('holders_complete'), unreadable_processes=before.get('unreadable_processes')),
+                    holders_complete=before.get('holders_complete'), unreadable_processes=before.get('unreadable_processes'),
+                    holders_incomplete_reason=before.get('holders_incomplete_reason'),
+                    pid_namespace=before.get('pid_namespace')),
         mode=mode, threshold_percent=threshold_percent, acted=acted, decision=plan.get('decision') or '',
         before=before_summary, after=after_summary, done=done, skipped=skipped, error=error,
-        status='failed' if error else 'ok',
+        # incomplete: the holders could not all be seen, so nothing was stale (never 'ok': issue 25, issue 26 finding 7)
+        status='failed' if error else ('incomplete' if before.get('holders_complete') is False else 'ok'),
         changed=bool(done['unregistered'] or done['pending'] or done['removed_files'] or done['registered'] or done['reloaded']))
 
 

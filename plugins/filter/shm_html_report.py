@@ -25,7 +25,7 @@ CATEGORIES = FILE_CATEGORIES
 # backend pools that need attention come first
 POOL_ORDER = {'leftover': 0, 'unknown': 1, 'live': 2}
 # hosts that need attention come first, in this order
-SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'unsupported': 3, 'not run': 4, 'ok': 5}
+SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'incomplete': 3, 'unsupported': 4, 'not run': 5, 'ok': 6}
 # regions that need attention come first in a host's table
 STATE_ORDER = {'stale': 0, 'dangling': 1, 'unknown': 2, 'reserved': 3, 'healthy': 4}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'"
@@ -289,7 +289,7 @@ def _located(server: Mapping) -> _Html:
 
 
 def _tone(status: str) -> Optional[str]:
-    return None if status == 'ok' else ('warn' if status == 'not run' else 'bad')
+    return None if status == 'ok' else ('warn' if status in ('not run', 'incomplete') else 'bad')
 
 
 class _Host:
@@ -314,8 +314,13 @@ def _inventory_body(inventory: Mapping, summary: Mapping, outcome: Optional[dict
     server = inventory.get('server') or {}
     out = [_located(server)]
     if inventory.get('holders_complete') is False and server.get('pid') is not None:
-        out.append(_h('p', f"Holders could not be fully determined ({_int(inventory.get('unreadable_processes'))} "
-                      'unreadable process(es)): no region is called stale here.', class_='note'))
+        why = inventory.get('holders_incomplete_reason')
+        if why:
+            out.append(_h('p', _h('b', 'Holders could not be fully determined: '), why,
+                          '. No region is called stale here, and nothing is removed.', class_='note', data_incomplete='true'))
+        else:
+            out.append(_h('p', f"Holders could not be fully determined ({_int(inventory.get('unreadable_processes'))} "
+                          'unreadable process(es)): no region is called stale here.', class_='note'))
     out.append(_bar(label, _int(summary.get('used_bytes')), _int(summary.get('total_bytes')),
                     _int(summary.get('stale_bytes')), _int(summary.get('orphan_bytes')), _registered_bytes(inventory)))
     out.append(_counts(summary, summary.get('cuda_regions')))
@@ -332,9 +337,10 @@ def _inventory_body(inventory: Mapping, summary: Mapping, outcome: Optional[dict
 def _report_host(row: Mapping, info: Optional[Mapping]) -> _Host:
     status = str(row.get('status') or 'not run')
     item = _Host(row.get('host', '?'), status, row.get('url'), row.get('error'))
-    if info and info.get('summary') is not None and status in ('ok', 'unlocated'):
+    if info and info.get('summary') is not None and status in ('ok', 'unlocated', 'incomplete'):
         item.body = _inventory_body(info, info['summary'])
-        item.error_shown_below = status == 'unlocated' and row.get('error') == (info.get('server') or {}).get('not_found_reason')
+        item.error_shown_below = (status == 'unlocated' and row.get('error') == (info.get('server') or {}).get('not_found_reason')
+                                  or status == 'incomplete' and row.get('error') == info.get('holders_incomplete_reason'))
     elif status == 'ok':   # a row without the module result: the row's own numbers
         item.body = [_bar('/dev/shm', _int(row.get('shm_used_bytes')), _int(row.get('shm_total_bytes')),
                           _int(row.get('stale_bytes')), _int(row.get('orphan_bytes'))),
@@ -413,7 +419,7 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
     fleet = [_h('span', _h('b', len(items)), ' host(s)'),
              _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
              _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention')]
-    for status in ('failed', 'down', 'unlocated', 'unsupported', 'not run'):
+    for status in ('failed', 'down', 'unlocated', 'incomplete', 'unsupported', 'not run'):
         n = sum(1 for it in items if it.status == status)
         if n:
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))

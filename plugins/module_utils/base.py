@@ -50,11 +50,13 @@ def connection_argument_spec() -> dict:
 
 
 def shm_dir_argument_spec() -> dict:
-    """Connection options plus the options that locate the server's shm directory on this host."""
+    """Connection options plus the options that locate the server's shm directory on this host, and the operator's
+    statement that every client runs in the module's PID namespace (holders.visibility())."""
     spec = connection_argument_spec()
     spec.update(
         server_pid=dict(type='int'),
         shm_dir=dict(type='path'),
+        clients_share_pid_namespace=dict(type='bool', default=False),
     )
     return spec
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_bytes, read_comm
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, pid_namespace, read_bytes, read_comm
 
 FileKey = tuple[int, int]   # (st_dev, st_ino)
 
@@ -47,10 +48,42 @@ def holders_text(holders: Iterable[Mapping[str, object]]) -> str:
     return ', '.join(f"{h['pid']} ({h['comm']})" for h in holders)
 
 
+INITIAL = 'initial'
+OTHER = 'other'
+
+
+class Visibility(NamedTuple):
+    """Whether a pass over a proc filesystem can see every process that may hold the server's files."""
+
+    pid_namespace: str                         # INITIAL (the host's) or OTHER
+    complete: bool                             # every possible holder is visible (or the operator says so)
+    reason: str | None = None                  # why not, and what to do; None when complete
+    clients_share_pid_namespace: bool = False  # the operator's statement, as given
+
+
+def visibility(proc: str = '/proc', clients_share_pid_namespace: bool = False) -> Visibility:
+    """The visibility rule: complete in the host's initial PID namespace, or when the operator states that every
+    client runs in the module's own PID namespace (clients_share_pid_namespace); incomplete anywhere else."""
+    ns = pid_namespace(proc)
+    if ns.initial:
+        return Visibility(INITIAL, True, None, clients_share_pid_namespace)
+    if clients_share_pid_namespace:
+        return Visibility(OTHER, True, None, True)
+    return Visibility(OTHER, False, (
+        f"the module runs outside the host's initial PID namespace ({ns.detail}): in a container or a pod without "
+        "hostPID, clients in other containers' PID namespaces are invisible and a live client's region would look "
+        'stale. Run it on the host, or through the node agent (docs/kubernetes.md), or set clients_share_pid_namespace: '
+        'true if every client of the server runs in this same PID namespace'), False)
+
+
+# what a HolderScan built by hand (unit tests' literal snapshots) assumes: nothing judged, nothing hidden
+NOT_JUDGED = Visibility(INITIAL, True)
+
+
 class HolderScan:
     """Result of one /proc pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, visibility: Visibility = NOT_JUDGED) -> None:
         self.holders: dict[FileKey, set[int]] = {}
         self.comms: dict[int, str | None] = {}
         self.unreadable: list[int] = []          # pids that could hold a target and could not be read
@@ -59,20 +92,25 @@ class HolderScan:
         self.deleted: dict[str, FileKey] = {}    # files the server maps although they were unlinked (scan(deleted_of=))
         self.hidden = False                      # /proc mounted with hidepid and we are not root
         self.hidden_reason: str | None = None
+        self.visibility = visibility             # the visibility rule for the proc that was read
 
     @property
     def complete(self) -> bool:
-        return not self.unreadable and not self.hidden
+        return not self.unreadable and not self.hidden and self.visibility.complete
 
     def incomplete_reason(self) -> str | None:
+        """Every reason the scan is incomplete, joined with '; ' (None when it is complete)."""
+        reasons = []
         if self.hidden:
-            return self.hidden_reason
+            reasons.append(self.hidden_reason)
         if self.unreadable:
             sample = ', '.join(str(p) for p in sorted(self.unreadable)[:5])
             more = ', ...' if len(self.unreadable) > 5 else ''
-            return (f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
-                    'run the module as root (become: true) so every holder can be seen')
-        return None
+            reasons.append(f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
+                           'run the module as root (become: true) so every holder can be seen')
+        if not self.visibility.complete:
+            reasons.append(self.visibility.reason)
+        return '; '.join(r for r in reasons if r) or None
 
     def holders_of(self, dev: int, ino: int, exclude: Iterable[int] = ()) -> list[dict[str, object]]:
         pids = self.holders.get((dev, ino))
@@ -260,14 +298,15 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
 
 
 def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None = None,
-         deleted_prefix: str = '/dev/shm/') -> HolderScan:
+         deleted_prefix: str = '/dev/shm/', visible: Visibility | None = None) -> HolderScan:
     """One pass over every process: who maps or has open each (dev, ino) in targets.
 
+    visible: the visibility rule's answer for proc (visibility()); judged here, with the option off, when not given.
     With deleted_of (the server's pid), the files under deleted_prefix that process maps although
     they were unlinked (see deleted_mappings) are read from the same read of its maps first, kept
     in the result's ``deleted`` and scanned for too.
     """
-    result = HolderScan()
+    result = HolderScan(visible if visible is not None else visibility(proc))
     hide = proc_hidepid(proc)
     if hide:
         result.hidden = True

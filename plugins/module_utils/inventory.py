@@ -76,7 +76,8 @@ class Snapshot:
     shm_dir is the directory that was read (None when unknown or unreadable: dir_error says why);
     entries are shm_fs.list_entries() records; scan is the holders.HolderScan of their regular
     files (None without a directory); marks maps the names of regular files that back a system
-    region to their reserved mark (None when they have none).
+    region to their reserved mark (None when they have none). visibility is the visibility rule's answer
+    (holders.visibility()) for the proc that was read: an incomplete one makes the scan incomplete too.
     """
 
     url: str
@@ -94,6 +95,7 @@ class Snapshot:
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
     cmdlines: dict = dataclasses.field(default_factory=dict)   # {pid: argv} of the holders of backend files
+    visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +122,24 @@ class Snapshot:
     def holders_complete(self) -> bool:
         return bool(self.scan is not None and self.scan.complete)
 
+    @property
+    def pid_namespace(self) -> str:
+        """holders.INITIAL or holders.OTHER: the PID namespace the module read /proc from."""
+        return self.visibility.pid_namespace
+
+    @property
+    def holders_incomplete_reason(self) -> str | None:
+        """Why the holders are not fully known (None when they are): the scan's reasons, or why there was no scan."""
+        if self.holders_complete:
+            return None
+        if self.scan is not None:
+            return self.scan.incomplete_reason() or 'holders could not be fully determined'
+        why = self.dir_error or ('the shm directory of the server is not known'
+                                 + (f': {self.server_reason}' if self.pid is None and self.server_reason else ''))
+        if not self.visibility.complete and self.visibility.reason not in why:
+            return f'{why}; {self.visibility.reason}'
+        return why
+
     def entry(self, name: str) -> dict | None:
         return self._by_name.get(name)
 
@@ -141,7 +161,8 @@ class Snapshot:
 def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None = None,
                 require_readable_dir: bool = False, kinds: Sequence[str] = ('system', 'cuda'),
                 proc: str = '/proc', now: float | None = None, report_unsupported: bool = False,
-                backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS) -> Snapshot:
+                backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
+                clients_share_pid_namespace: bool = False) -> Snapshot:
     """Read the server behind client: metadata, region lists, location, shm directory, holders, marks.
 
     kinds: the region lists to read ('cuda' only when the server offers the extension).
@@ -153,6 +174,9 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     of the error (what triton_shm_info reports; what would act raises it).
     backend_patterns: the backend files (Criteria.backend_patterns) whose holders' command lines are read, to
     name the model and instance each pool belongs to.
+    clients_share_pid_namespace: the operator states that every client runs in the module's PID namespace (the
+    visibility rule, holders.visibility(): without it, a module outside the host's initial PID namespace calls
+    nothing stale).
     """
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
@@ -169,6 +193,10 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
             raise
         system, cuda, unsupported = [], [], exc.msg
     location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
+    visible = holders_mod.visibility(proc, clients_share_pid_namespace)
+    if location.pid is None and location.reason and not visible.complete:
+        # a pod's sidecar, a container: the server may simply be invisible from here
+        location = location._replace(reason=f'{location.reason}; {visible.reason}')
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')
@@ -190,14 +218,17 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     scan = None
     cmdlines: dict = {}
     if readable_dir is not None:
-        scan, warning = read_holders(entries, location.pid, proc)
+        scan, warning = read_holders(entries, location.pid, proc, visible)
         if warning:
             warnings.append(warning)
         cmdlines = read_pool_cmdlines(scan, entries, backend_patterns, location.pid, proc)
+    elif not visible.complete:
+        warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines)
+                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines,
+                    visibility=visible)
 
 
 def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],
@@ -217,13 +248,15 @@ def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], ba
     return out
 
 
-def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
+def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc',
+                 visible: holders_mod.Visibility | None = None) -> tuple[holders_mod.HolderScan, str | None]:
     """(holders.HolderScan of the regular files among entries, the warning when it is incomplete or None).
 
     The server's unlinked-but-mapped files come from the same read of its maps as its holdings.
+    visible: the visibility rule's answer (holders.visibility()); judged for proc with the option off when None.
     """
     targets = {(e['dev'], e['inode']) for e in entries if e['type'] == 'file'}
-    scan = holders_mod.scan(targets, proc=proc, deleted_of=server_pid)
+    scan = holders_mod.scan(targets, proc=proc, deleted_of=server_pid, visible=visible)
     reason = scan.incomplete_reason()
     warning = f'holders are incomplete, no region is reported stale and no file orphan: {reason}' if reason else None
     return scan, warning
@@ -233,7 +266,7 @@ def rescan(snap: Snapshot, proc: str = '/proc') -> Snapshot:
     """The same snapshot with its holders read again (the re-check right before an unlink)."""
     if snap.shm_dir is None:
         return snap
-    scan, warning = read_holders(snap.entries, snap.pid, proc)
+    scan, warning = read_holders(snap.entries, snap.pid, proc, snap.visibility)
     return dataclasses.replace(snap, scan=scan, warnings=snap.warnings + ([warning] if warning else []))
 
 
@@ -519,6 +552,8 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
             'summary': summarize(regions, cuda, files, fs),
             'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
             'holders_complete': snap.holders_complete,
+            'holders_incomplete_reason': snap.holders_incomplete_reason,
+            'pid_namespace': snap.pid_namespace,
             'scanned_at': snap.scanned_at}
 
 

@@ -49,6 +49,11 @@ MODEL_LABEL_CAP = 20
 OTHER_MODELS = '_other'
 UNATTRIBUTED = '_unattributed'
 
+# the reason label of tritonops_shm_holders_complete 0, coarse so that the series stay few (the text, with pids and
+# paths, is the module's holders_incomplete_reason): outside the host's initial PID namespace, the shm directory not
+# read, processes that could not be inspected (not root), /proc mounted with hidepid; unknown: a result without it
+HOLDERS_INCOMPLETE_REASONS = ('pid_namespace', 'shm_dir', 'unreadable_processes', 'hidepid', 'unknown')
+
 
 class Metric(NamedTuple):
     name: str
@@ -63,6 +68,9 @@ METRICS = {m.name: m for m in (
     Metric('tritonops_shm_server_located', 'gauge',
            '1 when the tritonserver process behind the URL was found on this host, so its /dev/shm could be checked.',
            REPORT),
+    Metric('tritonops_shm_holders_complete', 'gauge',
+           '1 when every process that may hold the server\'s files could be seen, 0 when not (nothing is then stale); '
+           'pid_namespace is initial or other, reason one of HOLDERS_INCOMPLETE_REASONS (empty when complete).', REPORT),
     Metric('tritonops_shm_report_timestamp_seconds', 'gauge', 'When the server was last queried (Unix time).', REPORT),
     Metric('tritonops_shm_server_info', 'gauge', 'The Triton version the server reports (value always 1).', REPORT),
     Metric('tritonops_shm_fs_size_bytes', 'gauge', "Size of the server's /dev/shm (the container's --shm-size).", REPORT),
@@ -180,6 +188,8 @@ def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: O
     if up and server.get('version'):
         samples.append(('tritonops_shm_server_info', (('version', server['version']),), 1))
     if located:
+        holders_labels = (('pid_namespace', inv.get('pid_namespace') or ''), ('reason', holders_incomplete_cause(inv)))
+        samples.append(('tritonops_shm_holders_complete', holders_labels, inv.get('holders_complete') is True))
         regions = inv.get('system_regions') or []
         summary = inv.get('summary') or {}
         fs = inv.get('shm_fs') or {}
@@ -219,6 +229,21 @@ def pool_bytes_by_model(pools: Iterable[Mapping], cap: int = MODEL_LABEL_CAP) ->
     if unattributed is not None:
         out.append((UNATTRIBUTED, unattributed))
     return out
+
+
+def holders_incomplete_cause(inv: Mapping) -> str:
+    """The coarse reason (HOLDERS_INCOMPLETE_REASONS) why an inventory's holders are incomplete, '' when complete."""
+    if inv.get('holders_complete') is True:
+        return ''
+    if inv.get('holders_complete') is None:
+        return 'unknown'
+    if inv.get('pid_namespace') == 'other' and "initial PID namespace" in str(inv.get('holders_incomplete_reason') or ''):
+        return 'pid_namespace'
+    if (inv.get('server') or {}).get('shm_dir') is None:
+        return 'shm_dir'
+    if inv.get('unreadable_processes'):
+        return 'unreadable_processes'
+    return 'hidepid'
 
 
 def _previous_values(text: Optional[str]) -> dict:

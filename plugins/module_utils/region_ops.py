@@ -145,6 +145,10 @@ class RegionOps:
                'marked_files': self.marked_files, 'skipped_items': self.skipped, 'freed_bytes': self.freed_bytes}
         if self.before_result is not None:
             out['before'] = self.before_result
+        if self.snap is not None:   # the holder scan this run planned from (the visibility rule)
+            out.update(holders_complete=self.snap.holders_complete,
+                       holders_incomplete_reason=self.snap.holders_incomplete_reason,
+                       pid_namespace=self.snap.pid_namespace)
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
             out['shm_used_bytes_after'] = self.used_after
@@ -170,7 +174,8 @@ class RegionOps:
         def read() -> Snapshot:
             return inventory.read_server(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
                                          require_readable_dir=p.get('shm_dir') is not None, kinds=tuple(kinds),
-                                         backend_patterns=self._criteria().backend_patterns)
+                                         backend_patterns=self._criteria().backend_patterns,
+                                         clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')))
         self.snap = read()
         if not self.check_mode and self._lock(self.snap) is Lock.WAITED:
             # another run acted on this server while we waited: plan from what is there now
@@ -217,7 +222,8 @@ class RegionOps:
         The server found before is kept; server.live and server.ready are not measured.
         """
         return inventory.read_server(self.client, server_pid=self.snap.pid, shm_dir=self.snap.shm_dir, kinds=('system',),
-                                     backend_patterns=self._criteria().backend_patterns)
+                                     backend_patterns=self._criteria().backend_patterns,
+                                     clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace)
 
     def _measure_after(self) -> None:
         if self.snap and self.snap.shm_dir and not self.check_mode:

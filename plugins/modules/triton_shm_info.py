@@ -341,9 +341,30 @@ unreadable_processes:
   type: int
   sample: 0
 holders_complete:
-  description: Whether every holder could be determined.
+  description:
+    - Whether every holder could be determined. When false, no region is C(stale), no file C(orphan), no dangling region
+      C(reclaimable); RV(holders_incomplete_reason) and a warning say why.
+    - False outside the host's initial PID namespace (inside a container or a pod without C(hostPID)), unless
+      O(clients_share_pid_namespace) states that every client runs in the module's PID namespace.
   returned: always
   type: bool
+holders_incomplete_reason:
+  description:
+    - Why RV(holders_complete) is false, and what to do (for example run on the host, through the node agent of
+      docs/kubernetes.md, or set O(clients_share_pid_namespace)); V(null) when it is true.
+  returned: always
+  type: str
+  sample: "the module runs outside the host's initial PID namespace (...): ... Run it on the host, ..."
+  version_added: 0.2.0
+pid_namespace:
+  description:
+    - V(initial) when the module runs in the host's initial PID namespace and reads its C(/proc) (every process is visible),
+      V(other) otherwise (a container, a pod without C(hostPID), anything nested).
+  returned: always
+  type: str
+  choices: [initial, other]
+  sample: initial
+  version_added: 0.2.0
 scanned_at:
   description: Epoch time of the scan.
   returned: always
@@ -398,7 +419,8 @@ def run(module: AnsibleModule, client) -> None:
     criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'])
     snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
                                  require_readable_dir=params['shm_dir'] is not None, report_unsupported=True,
-                                 backend_patterns=criteria.backend_patterns)
+                                 backend_patterns=criteria.backend_patterns,
+                                 clients_share_pid_namespace=params['clients_share_pid_namespace'])
     for warning in snap.warnings:
         module.warn(warning)
     result = inventory.info_result(snap, inventory.classify(snap, criteria), live=live, ready=ready)

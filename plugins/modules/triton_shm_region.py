@@ -346,6 +346,25 @@ failure:
       description: Which transport raised the failure, V(http) or V(grpc); absent when no request was made.
       type: str
       version_added: 0.2.0
+holders_complete:
+  description:
+    - Whether the holder scan this run planned from saw every holder. When false, O(stale) selects nothing, no file is an
+      orphan and no file is removed; RV(holders_incomplete_reason) and a warning say why.
+    - False outside the host's initial PID namespace unless O(clients_share_pid_namespace) is set.
+  returned: when the server's regions and files were read (O(kind=system))
+  type: bool
+  version_added: 0.2.0
+holders_incomplete_reason:
+  description: Why RV(holders_complete) is false and what to do; V(null) when it is true.
+  returned: when the server's regions and files were read (O(kind=system))
+  type: str
+  version_added: 0.2.0
+pid_namespace:
+  description: V(initial) (the host's initial PID namespace, every process visible) or V(other).
+  returned: when the server's regions and files were read (O(kind=system))
+  type: str
+  choices: [initial, other]
+  version_added: 0.2.0
 metrics_files:
   description:
     - The node_exporter textfile this call wrote (C(tritonops_shm_cleanup.HOST.DIGEST.prom)); empty in check mode and when the

@@ -1,7 +1,7 @@
 """One source for the connection options: every copy agrees with base.connection_argument_spec().
 
 ``plugins/module_utils/base.py`` is the source: ``connection_argument_spec()`` (url, timeout, validate_certs, ca_path,
-headers, client_cert, client_key), with ``shm_dir_argument_spec()`` (server_pid, shm_dir) and ``backend_argument_spec()``
+headers, client_cert, client_key), with ``shm_dir_argument_spec()`` (server_pid, shm_dir, clients_share_pid_namespace) and ``backend_argument_spec()``
 (backend_patterns) for the modules of the action group. The copies, checked for names, types and defaults where
 they have them:
 - the doc fragment tritonops.shm.triton (DOCUMENTATION, SHM_DIR, BACKEND);
@@ -75,7 +75,7 @@ def _eda_options() -> dict:
 def test_the_source_is_what_this_test_expects():
     """The names this test maps to role variables and host variables; a new option must be added to every copy."""
     assert list(CONNECTION) == ['url', 'timeout', 'validate_certs', 'ca_path', 'headers', 'client_cert', 'client_key']
-    assert list(GROUP) == list(CONNECTION) + ['server_pid', 'shm_dir', 'backend_patterns']
+    assert list(GROUP) == list(CONNECTION) + ['server_pid', 'shm_dir', 'clients_share_pid_namespace', 'backend_patterns']
 
 
 @pytest.mark.parametrize('name', list(GROUP))

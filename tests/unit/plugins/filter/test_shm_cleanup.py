@@ -354,6 +354,18 @@ def test_leftover_backend_pools_make_the_role_act_whatever_the_threshold():
     assert shm_cleanup({'direct': None}, backend_leftovers=True)['plan']['backend_leftovers'] is True
 
 
+# -- issue 25 / issue 26 finding 7: a cleanup whose holders could not all be seen is never ok -------------------------
+
+def test_a_cleanup_whose_holders_are_incomplete_is_incomplete_with_the_reason():
+    before = dict(info([region('a', 'unknown', state_reason='holders could not be fully determined')]),
+                  holders_complete=False, pid_namespace='other', holders_incomplete_reason='outside the initial namespace')
+    r = result(before)
+    assert (r['status'], r['changed'], r['error']) == ('incomplete', False, None)
+    assert r['server']['holders_complete'] is False and r['server']['pid_namespace'] == 'other'
+    assert r['server']['holders_incomplete_reason'] == 'outside the initial namespace'
+    assert result(dict(before, holders_complete=True, holders_incomplete_reason=None))['status'] == 'ok'
+
+
 # --- reclaiming grown python backend pools (opt-in, issue 27) ------------------------------------------------
 
 RELOADED = [dict(model='grow', before_bytes=35651584, after_bytes=1048576, old_pools=['a'], new_pools=['b'], old_gone=True,

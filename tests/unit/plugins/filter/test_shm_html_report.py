@@ -335,3 +335,13 @@ def test_a_cleanup_says_which_leftover_pools_it_removed():
     page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[direct]])
     outcome = dict(re.findall(r'data-pool="(\w+)".*?<td class="outcome">([^<]*)</td>', page))
     assert outcome == {'p_dead': 'removed', 'p_echo': 'kept', 'p_mirror': 'kept'}
+
+
+def test_an_incomplete_host_is_not_ok_and_says_why():
+    """Issue 25 / issue 26 finding 7: the reason, a warning tone, counted apart from ok."""
+    reason = "the module runs outside the host's initial PID namespace (...)"
+    page = shm_html_report([row(status='incomplete', error=reason)], 'report',
+                           details=[info(holders_complete=False, holders_incomplete_reason=reason, pid_namespace='other')])
+    assert 'data-status="incomplete"' in page and 'class="host warn"' in page and 'data-fleet="incomplete"' in page
+    assert 'data-incomplete="true"' in page and 'initial PID namespace (...)' in page
+    assert '<b>0</b> ok' in page

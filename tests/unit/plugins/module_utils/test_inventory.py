@@ -697,3 +697,15 @@ def test_the_stub_command_line_names_the_model_and_instance(argv, expected):
     snap = dataclasses.replace(pool_snapshot(), cmdlines={STUB: argv})
     pools = by_name(info_result(snap, classify(snap))['backend_pools'])
     assert (pools[BACKEND_FILE]['model'], pools[BACKEND_FILE]['instance']) == expected
+
+
+def test_outside_the_initial_pid_namespace_no_backend_file_is_leftover():
+    """The visibility rule (issue 25): a scan that cannot see other PID namespaces' processes calls nothing leftover."""
+    snap = pool_snapshot()
+    snap.scan.visibility = holders.Visibility(holders.OTHER, False, "the module runs outside the host's initial PID namespace")
+    records = classify(snap, Criteria.of(min_age=0))
+    assert by_name(records.files)[LEFTOVER_FILE]['category'] == 'backend'
+    assert info_result(snap, records)['summary']['leftover_files'] == 0
+    # the operator's statement that every client shares this PID namespace makes it complete again
+    snap.scan.visibility = holders.Visibility(holders.OTHER, True, None, True)
+    assert by_name(classify(snap, Criteria.of(min_age=0)).files)[LEFTOVER_FILE]['category'] == 'leftover'

@@ -137,7 +137,7 @@ def test_label_values_are_escaped(promtool, host, url):
     check_metrics(promtool, text)
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
-    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 23
+    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 24   # tritonops_shm_holders_complete included
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
@@ -277,3 +277,25 @@ def test_the_model_label_is_bounded():
     assert kept['_unattributed'] == MIB
     assert sum(kept.values()) == sum(p['bytes'] for p in pools)
     assert metrics.pool_bytes_by_model(pools[:3]) == [('m000', MIB), ('m001', 2 * MIB), ('m002', 3 * MIB)]
+
+
+@pytest.mark.parametrize('over,value,labels', [
+    (dict(holders_complete=True, pid_namespace='initial', holders_incomplete_reason=None), 1,
+     {'pid_namespace': 'initial', 'reason': ''}),
+    (dict(holders_complete=False, pid_namespace='other',
+          holders_incomplete_reason="the module runs outside the host's initial PID namespace (...)"), 0,
+     {'pid_namespace': 'other', 'reason': 'pid_namespace'}),
+    (dict(holders_complete=False, pid_namespace='initial', unreadable_processes=3, holders_incomplete_reason='3 process(es)'), 0,
+     {'pid_namespace': 'initial', 'reason': 'unreadable_processes'}),
+    (dict(holders_complete=False, pid_namespace='initial', holders_incomplete_reason='shm_dir x is not readable',
+          server=dict(url=URL, version='2.51.0', pid=4242, shm_dir=None)), 0,
+     {'pid_namespace': 'initial', 'reason': 'shm_dir'}),
+    (dict(), 0, {'pid_namespace': '', 'reason': 'unknown'}),
+])
+def test_holders_complete_is_a_gauge_with_a_coarse_reason(promtool, over, value, labels):
+    """Issue 25 / issue 26 finding 7: an incomplete scan is visible in the metrics, with why (few series: no pids)."""
+    text = metrics.report_text(info(**over), 'gpu1', URL)
+    check_metrics(promtool, text)
+    got = {dict(k[1])['reason']: (v, dict(k[1])) for k, v in samples(text).items() if k != '_hosts'
+           and k[0] == 'tritonops_shm_holders_complete'}
+    assert got == {labels['reason']: (value, labels)}

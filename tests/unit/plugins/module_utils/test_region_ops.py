@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders
+from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
@@ -484,6 +484,47 @@ def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_pr
     assert res['unregistered'] == ['a']       # named: the operator asked
     assert reasons(res, 'path') == {path: 'holders could not be fully determined'}
     assert os.path.exists(path) and os.path.exists(orphan)
+
+
+# -- invariant 6: the visibility rule (issue 25) ---------------------------------------------------
+
+@pytest.fixture
+def other_pid_namespace(monkeypatch):
+    """The module as in a container: its PID namespace is not the host's initial one (procfs.pid_namespace)."""
+    monkeypatch.setattr(holders, 'pid_namespace', lambda proc='/proc': procfs.PidNamespace(False, 'a test namespace'))
+
+
+@pytest.mark.parametrize('inventory', [False, True])
+def test_outside_the_initial_pid_namespace_nothing_is_stale_and_nothing_removed(
+        shm, server_proc, other_pid_namespace, inventory):
+    """Issue 25: a client in another container is invisible here: its live region must not look stale."""
+    path = make_file(shm, 'a', age=3600)
+    orphan = make_file(shm, 'client_input_0', age=3600)
+    fake = FakeTriton(shm, regions=[region('a'), region('gone', key='/gone')])
+    before = snapshot(shm)
+    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory)
+    assert res['changed'] is False and fake.actions() == [] and snapshot(shm) == before
+    assert res['holders_complete'] is False and res['pid_namespace'] == 'other'
+    assert 'a test namespace' in res['holders_incomplete_reason']
+    assert 'clients_share_pid_namespace: true' in res['holders_incomplete_reason']
+    assert any('holders are incomplete' in w and 'a test namespace' in w for w in res['warnings'])
+    assert os.path.exists(path) and os.path.exists(orphan)
+
+
+def test_outside_the_initial_pid_namespace_the_option_makes_the_scan_complete(shm, server_proc, other_pid_namespace):
+    """clients_share_pid_namespace: the operator states every client is visible here: stale regions go, as on the host."""
+    path = make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    res = run(fake, shm, server_proc.pid, stale=True, clients_share_pid_namespace=True)
+    assert res['unregistered'] == ['a'] and res['removed_files'] == [path]
+    assert res['holders_complete'] is True and res['holders_incomplete_reason'] is None and res['pid_namespace'] == 'other'
+
+
+def test_in_the_initial_pid_namespace_the_result_says_so(shm, server_proc):
+    make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    res = run(fake, shm, server_proc.pid, stale=True, check_mode=True)
+    assert res['pid_namespace'] == 'initial' and res['holders_complete'] is True and res['holders_incomplete_reason'] is None
 
 
 # -- invariant 6: a server that cannot be found ---------------------------------------------------

@@ -540,7 +540,7 @@ def test_connection_argument_spec_matches_the_doc_fragment():
     assert sorted(spec) == ['ca_path', 'client_cert', 'client_key', 'headers', 'timeout', 'url', 'validate_certs']
     assert spec['url']['required'] is True and spec['url']['fallback'][1] == ['TRITON_URL']
     assert spec['headers']['no_log'] is True
-    assert sorted(base.shm_dir_argument_spec()) == sorted(list(spec) + ['server_pid', 'shm_dir'])
+    assert sorted(base.shm_dir_argument_spec()) == sorted(list(spec) + ['server_pid', 'shm_dir', 'clients_share_pid_namespace'])
 
 
 @pytest.mark.parametrize('params,msg', [
