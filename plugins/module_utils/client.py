@@ -168,6 +168,11 @@ def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
     return Url(scheme, parts.hostname, port, parts)
 
 
+def index_entry(name: Any, version: Any = '', state: Any = '', reason: Any = '') -> dict:
+    """One model of repository_index(), the same keys and types over both transports."""
+    return {'name': str(name), 'version': str(version or ''), 'state': str(state or ''), 'reason': str(reason or '')}
+
+
 def host_port(host: str, port: int) -> str:
     """host:port, with an IPv6 host in brackets."""
     return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
@@ -340,6 +345,24 @@ class Client(abc.ABC):
     @abc.abstractmethod
     def unaddressable(name: str) -> str | None:
         """None when this transport can address a region of this name; else why not (nothing is sent)."""
+
+    # -- model repository (triton_backend_pool) ----------------------------------------------------
+
+    @abc.abstractmethod
+    def repository_index(self) -> list[dict]:
+        """The models of the repository: {name, version, state, reason} each (version, state, reason '' when not given)."""
+
+    @abc.abstractmethod
+    def model_config(self, name: str) -> dict:
+        """The model's configuration as the server completed it (the JSON form of Triton's ModelConfig)."""
+
+    @abc.abstractmethod
+    def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
+        """Load (or reload) the model name; returns when the server answers (timeout: seconds, None: the client's).
+
+        config: a whole model configuration to load it with instead of the repository's (the load API's
+        ``config`` parameter). A server without --model-control-mode=explicit refuses: errors.ModelControlRefused.
+        """
 
     # -- connection ---------------------------------------------------------------------------------
 
