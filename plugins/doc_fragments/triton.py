@@ -26,7 +26,9 @@ options:
     required: true
   timeout:
     description:
-      - Seconds to wait for each HTTP request (connect and read), or for each gRPC call.
+      - Seconds each HTTP request or gRPC call may take as a whole, from connecting to the last byte of the answer
+        (a gRPC deadline). A server that trickles its answer is cut at this deadline, even when every byte comes in time.
+      - Answers larger than 64 MiB (a status of 100,000 regions is about 15 MiB) fail with a message naming the URL.
     type: float
     default: 10.0
   validate_certs:
@@ -117,7 +119,10 @@ options:
     description:
       - Shell-style patterns (case-sensitive) of the files Triton's Python-based backends keep in the shm directory. Such files
         are category V(backend), never an orphan (whatever O(orphan_patterns) says, V(*) included), never foreign, never
-        removed, and never accepted as the key of a client region.
+        removed while any process holds them, and never accepted as the key of a client region.
+      - Such a file that no process maps or holds (a complete holder scan), older than O(min_age), is V(leftover), the pool of a
+        server and its python stubs that died together. Only M(tritonops.shm.triton_shm_region) with
+        O(tritonops.shm.triton_shm_region#module:backend_leftovers=true) removes it.
       - "Every Python-based backend (python, vllm, ...) names its files C(triton_<backend>_backend_shm_region_<uuid>) (a counter
         instead of the UUID before Triton 24.04). That form is always a backend file, whatever this list says: the patterns
         given here add to it and never replace it. The file record's C(backend) says whose file it is."
@@ -125,6 +130,21 @@ options:
     type: list
     elements: str
     default: ["triton_*_backend_shm_region_*"]
+  client_users:
+    description:
+      - "User names or numeric uids (as seen from this host) whose files a cleanup may remove, besides the server process's
+        own user (its filesystem uid as the host sees it: V(0) for Triton run by root or in a rootful container, the user
+        who runs a rootless container)."
+      - "The owner rule: a file owned by anyone else is never removed, neither as the backing file of a region a client
+        registered (the region is still unregistered; its file is kept, with the reason in C(skipped_items) of
+        M(tritonops.shm.triton_shm_region)) nor as an orphan (it is V(foreign), with the reason)."
+      - "Whatever this list says, a file the server's own user could not remove itself (the kernel's permission rules of
+        its shm directory, for a server that is not root on this host) is never removed: running as root, the modules
+        never lend the server more authority than it has (docs/concepts.md)."
+      - Add the users your clients run as when they are not the server's user, for example V(1000).
+    type: list
+    elements: str
+    default: []
 '''
 
     # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)

@@ -7,6 +7,7 @@ Documentation: plugins/filter/shm_fleet_table.yml and shm_report_row.yml (``ansi
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -47,6 +48,10 @@ def _report(rows: list, width: int) -> list[str]:
             out.append(_report_line(width, r['host'], r['status'], r['version'], used, r['regions'],
                                     f"{int(r['stale_regions'] or 0)} ({_size(r['stale_bytes'])})", r['dangling_regions'],
                                     f"{int(r['orphan_files'] or 0)} ({_size(r['orphan_bytes'])})"))
+            if r.get('server_container') or r.get('clients'):   # who: the server's pod or container, its clients'
+                who = f"server in {r['server_container']}" if r.get('server_container') else 'server on the host'
+                clients = ', '.join(r.get('clients') or ()) or 'none'
+                out.append(f"{'':<{width}}  {'':<9}  {_truncate(f'{who}; clients: {clients}', 200)}")
             if r['status'] == INCOMPLETE:   # what was not checked, under the numbers it qualifies
                 out.append(f"{'':<{width}}  {'':<9}  {_truncate(r.get('error'), 200)}")
         else:
@@ -111,10 +116,23 @@ def shm_report_row(info: dict, host: str, url: str) -> dict:
     regions = info.get('system_regions') or []
     row.update(holders_complete=info.get('holders_complete'),
                holders_incomplete_reason=info.get('holders_incomplete_reason'), pid_namespace=info.get('pid_namespace'),
+               server_container=container_name(server.get('container')), clients=client_names(regions),
                stale=[r['name'] for r in regions if r.get('state') == 'stale'],
                dangling=[r['name'] for r in regions if r.get('state') == 'dangling'],
                scanned_at=info.get('scanned_at'))
     return row
+
+
+def container_name(container: Any) -> str | None:
+    """The name of a module result's container or pod (server.container, a holder's container), None when none."""
+    return str(container.get('name')) if isinstance(container, Mapping) and container.get('name') else None
+
+
+def client_names(regions: list) -> list[str]:
+    """Who holds the registered regions, by container or pod ('pod ml/client-0'), else by process ('python (pid 7)')."""
+    names = {container_name(h.get('container')) or f"{h.get('comm') or '?'} (pid {h.get('pid')})"
+             for r in regions or () for h in r.get('holders') or ()}
+    return sorted(names)
 
 
 def shm_report_rows(reports: list, hosts: list) -> list[dict]:

@@ -17,8 +17,13 @@ from typing import Any, Optional
 
 from ansible.errors import AnsibleFilterError
 
-STATES = ('healthy', 'stale', 'reserved', 'dangling', 'unknown')
-CATEGORIES = ('registered', 'in_use', 'orphan', 'backend', 'foreign')
+from ansible_collections.tritonops.shm.plugins.module_utils.metrics import FILE_CATEGORIES, REGION_STATES
+
+# the one vocabulary, in the one order of the inventory and the metrics
+STATES = REGION_STATES
+CATEGORIES = FILE_CATEGORIES
+# backend pools that need attention come first
+POOL_ORDER = {'leftover': 0, 'unknown': 1, 'live': 2}
 # hosts that need attention come first, in this order
 SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'incomplete': 3, 'unsupported': 4, 'not run': 5, 'ok': 6}
 # regions that need attention come first in a host's table
@@ -83,6 +88,8 @@ td.num{text-align:right;white-space:nowrap}
 .state-unknown{color:var(--warn)}
 .state-healthy{color:var(--ok)}
 .state-reserved{color:var(--live)}
+.state-leftover{color:var(--orphan)}
+.state-live{color:var(--ok)}
 h3{font-size:14px;margin:10px 0 2px}
 footer{max-width:1200px;margin:0 auto;padding:8px 20px 20px;color:var(--muted);font-size:12px}
 """
@@ -147,7 +154,13 @@ def _int(value: Any) -> int:
 
 
 def _holders(holders: Any) -> str:
-    return ', '.join(f"{h.get('comm') or '?'} (pid {h.get('pid')})" for h in holders or ()) or '-'
+    return ', '.join(f"{h.get('comm') or '?'} (pid {h.get('pid')}{_in_container(h)})" for h in holders or ()) or '-'
+
+
+def _in_container(item: Mapping) -> str:
+    """', pod ml/client-0' for a holder or server the host shows in a container or pod, else ''."""
+    container = item.get('container')
+    return f", {container['name']}" if isinstance(container, Mapping) and container.get('name') else ''
 
 
 def _bar(label: str, used: int, total: int, stale: int = 0, orphan: int = 0, registered: Optional[int] = None) -> _Html:
@@ -237,9 +250,38 @@ def _orphans_table(files: Sequence[Mapping], removed: Optional[set] = None, chec
     return _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='orphans')
 
 
+def _pools_table(pools: Sequence[Mapping], removed: Optional[set] = None, check_mode: bool = False) -> _Html:
+    """The pools of Triton's Python-based backends, one row per pool (a model instance), by model; leftovers first."""
+    if not pools:
+        return _h('p', 'No python backend pool.', class_='muted')
+    head = ['model', 'instance', 'backend', 'pool size', 'bytes', 'state', 'holders', 'file', 'why']
+    if removed is not None:
+        head.append('this run')
+    rows = []
+    for p in sorted(pools, key=lambda p: (POOL_ORDER.get(p.get('state'), 9), str(p.get('model') or '~'),
+                                          str(p.get('instance') or ''), str(p.get('name')))):
+        state = str(p.get('state') or 'unknown')
+        cells = [_h('td', p.get('model') or '-', class_='name'), _h('td', p.get('instance') or '-', class_='key'),
+                 _h('td', p.get('backend') or '-'), _h('td', _size(p.get('size')), class_='num'),
+                 _h('td', _size(p.get('bytes')), class_='num'), _h('td', state, class_=f'state state-{state}'),
+                 _h('td', _holders(p.get('holders')), class_='holders'), _h('td', p.get('name'), class_='path'),
+                 _h('td', p.get('reason') or '')]
+        if removed is not None:
+            gone = p.get('path') in removed
+            cells.append(_h('td', ('would be removed' if check_mode else 'removed') if gone else 'kept', class_='outcome'))
+        rows.append(_h('tr', cells, data_pool=p.get('name'), data_model=p.get('model') or '', data_state=state))
+    by_model: dict = {}
+    for p in pools:
+        if p.get('state') != 'leftover':
+            by_model[p.get('model') or '-'] = by_model.get(p.get('model') or '-', 0) + _int(p.get('bytes'))
+    totals = '; '.join(f'{m} {_size(b)}' for m, b in sorted(by_model.items()))
+    return _Html(_h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pools')
+                 + (_h('p', 'Held pool bytes per model: ', totals, class_='muted', data_pool_totals='') if totals else ''))
+
+
 def _located(server: Mapping) -> _Html:
     """How the server process was found (located_by, pid, shm directory, version), or why not."""
-    facts = [f"pid {server.get('pid')}", f"shm directory {server.get('shm_dir')}"]
+    facts = [f"pid {server.get('pid')}{_in_container(server)}", f"shm directory {server.get('shm_dir')}"]
     if server.get('version'):
         facts.append(f"Triton {server['version']}{' (ready)' if server.get('ready') else ''}")
     if server.get('pid') is not None:
@@ -292,6 +334,9 @@ def _inventory_body(inventory: Mapping, summary: Mapping, outcome: Optional[dict
     out.append(_regions_table(inventory.get('system_regions') or [], outcome))
     out.append(_h('h3', 'Orphan files'))
     out.append(_orphans_table(inventory.get('files') or [], removed, check_mode))
+    if inventory.get('backend_pools') is not None:
+        out.append(_h('h3', 'Python backend pools by model'))
+        out.append(_pools_table(inventory['backend_pools'], removed, check_mode))
     return out
 
 
@@ -399,7 +444,9 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
                 'Holders are the processes besides the server that map or hold a file. '
                 'Region states: healthy (a client holds it), stale (only the server holds it: its client is gone), '
                 'reserved (registered by this collection, no client yet), dangling (its file is missing), '
-                'unknown (holders or server not fully determined).')
+                'unknown (holders or server not fully determined). '
+                'Python backend pools: live (a process holds it), leftover (no process holds it: a server and its '
+                'stubs died together), unknown (holders not fully determined, or younger than min_age).')
     head = (f'<head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<meta name="generator" content="tritonops.shm"><title>{html.escape(title)}</title><style>{CSS}</style></head>')

@@ -62,8 +62,13 @@ def shm_dir_argument_spec() -> dict:
 
 
 def backend_argument_spec() -> dict:
-    """The option that tells Triton's python backend files (doc fragment tritonops.shm.triton.backend)."""
-    return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)))
+    """The options that tell whose files the shm directory holds (doc fragment tritonops.shm.triton.backend).
+
+    backend_patterns: Triton's python backend files; client_users: the owners, besides the server's user, whose
+    files a cleanup may remove (authority.py, the owner rule).
+    """
+    return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)),
+                client_users=dict(type='list', elements='str', default=[]))
 
 
 def metrics_argument_spec() -> dict:

@@ -38,6 +38,7 @@ import platform
 from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, pid_namespace, read_bytes, read_comm
 
 FileKey = tuple[int, int]   # (st_dev, st_ino)
@@ -54,8 +55,13 @@ def dev_mountinfo_str(dev: int) -> str:
 
 
 def holders_text(holders: Iterable[Mapping[str, object]]) -> str:
-    """Holders as people read them: '4711 (python), 4712 (tritonserver)'."""
-    return ', '.join(f"{h['pid']} ({h['comm']})" for h in holders)
+    """Holders as people read them: '4711 (python), 4712 (tritonserver in pod ml/triton-0)'."""
+    return ', '.join(f"{h['pid']} ({h['comm']}{_in(h)})" for h in holders)
+
+
+def _in(holder: Mapping[str, object]) -> str:
+    container = holder.get('container')
+    return f" in {container['name']}" if isinstance(container, Mapping) else ''
 
 
 INITIAL = 'initial'
@@ -96,10 +102,12 @@ class HolderScan:
     def __init__(self, visibility: Visibility = NOT_JUDGED) -> None:
         self.holders: dict[FileKey, set[int]] = {}
         self.comms: dict[int, str | None] = {}
+        self.identities: dict[int, Identity] = {}   # read for the holders found only (one cgroup read each)
         self.unreadable: list[int] = []          # pids that could hold a target and could not be read
         self.unreadable_ignored: list[int] = []  # unreadable pids whose mount namespace cannot see the shm fs
         self.processes = 0
         self.deleted: dict[str, FileKey] = {}    # files the server maps although they were unlinked (scan(deleted_of=))
+        self.deleted_all: dict[str, list[FileKey]] = {}   # the same, every file of each name (names can repeat)
         self.hidden = False                      # /proc mounted with hidepid and we are not root
         self.hidden_reason: str | None = None
         self.visibility = visibility             # the visibility rule for the proc that was read
@@ -126,7 +134,15 @@ class HolderScan:
         pids = self.holders.get((dev, ino))
         if not pids:
             return []
-        return [{'pid': p, 'comm': self.comms.get(p)} for p in sorted(pids) if p not in exclude]
+        return [self._holder(p) for p in sorted(pids) if p not in exclude]
+
+    def _holder(self, pid: int) -> dict[str, object]:
+        """{'pid', 'comm'}, and 'container' (containers.Identity.as_dict) when the host shows the process in one."""
+        out: dict[str, object] = {'pid': pid, 'comm': self.comms.get(pid)}
+        found = self.identities.get(pid)
+        if found is not None and found.found:
+            out['container'] = found.as_dict()
+        return out
 
 
 def proc_hidepid(proc: str = '/proc') -> str | None:
@@ -242,8 +258,21 @@ def other_fd_tables(base: str, pid: int) -> list[str]:
 
 
 def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:
-    """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked."""
-    out: dict[str, FileKey] = {}
+    """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked.
+
+    One file per name (the last mapped): parse_deleted_all gives every one.
+    """
+    return {name: keys[-1] for name, keys in parse_deleted_all(data, path_prefix).items()}
+
+
+def parse_deleted_all(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, list[FileKey]]:
+    """{name: [(dev, ino), ...]} of the files under path_prefix a maps text (bytes) shows as " (deleted)", in map order.
+
+    A name can stand for several files (a file unlinked, another made under its name and mapped too), and a
+    file literally named "k (deleted)" prints as the unlinked "k": the caller tells them apart by (dev, ino)
+    (inventory.Snapshot.unlinked).
+    """
+    out: dict[str, list[FileKey]] = {}
     prefix = os.fsencode(path_prefix)
     suffix = b' (deleted)'
     if suffix not in data:
@@ -255,7 +284,10 @@ def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, File
         if len(fields) == 6 and fields[5].startswith(prefix):
             name = os.fsdecode(fields[5][len(prefix):-len(suffix)])
             major, minor = fields[3].split(b':')
-            out[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            keys = out.setdefault(name, [])
+            if key not in keys:
+                keys.append(key)
     return out
 
 
@@ -352,6 +384,7 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
             result.unreadable_ignored.append(pid)
     if found:
         result.comms[pid] = read_comm(pid, proc)
+        result.identities[pid] = identity(pid, proc)
         for key in found:
             result.holders.setdefault(key, set()).add(pid)
 
@@ -378,8 +411,10 @@ def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None
             first[deleted_of] = read_bytes(f'{proc}/{deleted_of}/maps')
         except OSError:
             pass   # read again, and judged, in the pass itself
-        result.deleted = parse_deleted(first.get(deleted_of, b''), deleted_prefix)
-        keys.update(result.deleted.values())
+        result.deleted_all = parse_deleted_all(first.get(deleted_of, b''), deleted_prefix)
+        result.deleted = {name: found[-1] for name, found in result.deleted_all.items()}
+        for found in result.deleted_all.values():
+            keys.update(found)
     if not keys:
         return result
     wanted = Targets(keys)

@@ -92,6 +92,17 @@ def effective_uid(pid: int, proc: str = '/proc') -> int | None:
     return None
 
 
+def read_cmdline(pid: int, proc: str = '/proc') -> list[str] | None:
+    """The command line of a process (its arguments), or None when it is gone or unreadable."""
+    try:
+        data = read_bytes(f'{proc}/{pid}/cmdline')
+    except OSError:
+        return None
+    if not data:
+        return None   # a kernel thread, or a process already exiting
+    return [a.decode('utf-8', 'replace') for a in data.rstrip(b'\0').split(b'\0')]
+
+
 def socket_inodes(pid: int | str, proc: str = '/proc') -> set[int]:
     """The inodes of the sockets a process has open (empty when it is gone or unreadable)."""
     base = f'{proc}/{pid}/fd/'

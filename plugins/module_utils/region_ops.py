@@ -112,6 +112,7 @@ class RegionOps:
         self.snap = None            # the read this run planned from
         self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
         self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
+        self._owners: inventory.Criteria | None = None   # the client users, resolved once per run
         self.status_after = None
         self._record = None         # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
         self._ours = set()          # the inodes this run added to it
@@ -168,7 +169,7 @@ class RegionOps:
         p = self.params
         return inventory.Criteria.of(orphan_patterns=p.get('orphan_patterns') if orphans else None,
                                      min_age=p.get('min_age', inventory.DEFAULT_MIN_AGE),
-                                     backend_patterns=p.get('backend_patterns'))
+                                     backend_patterns=p.get('backend_patterns'), client_users=p.get('client_users'))
 
     def _read_for_plan(self, kinds: Iterable[str]) -> Snapshot:
         """Read the server to plan from, under the per-server lock (taken here, unless check mode)."""
@@ -177,6 +178,7 @@ class RegionOps:
         def read() -> Snapshot:
             return inventory.read_server(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
                                          require_readable_dir=p.get('shm_dir') is not None, kinds=tuple(kinds),
+                                         backend_patterns=self._criteria().backend_patterns,
                                          clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')))
         self.snap = read()
         if not self.check_mode and self._lock(self.snap) is Lock.WAITED:
@@ -228,6 +230,7 @@ class RegionOps:
         The server found before is kept; server.live and server.ready are not measured.
         """
         return inventory.read_server(self.client, server_pid=self.snap.pid, shm_dir=self.snap.shm_dir, kinds=('system',),
+                                     backend_patterns=self._criteria().backend_patterns,
                                      clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace)
 
     def _measure_after(self) -> None:
@@ -552,7 +555,8 @@ class RegionOps:
     def _require_server(self, snap: Snapshot) -> None:
         """Stale and orphan cleanup on a host whose server was not found would be a silent no-op: refuse it."""
         p = self.params
-        wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None)) if p.get(w) and needs]
+        wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None),
+                                    ('backend_leftovers', snap.shm_dir is None)) if p.get(w) and needs]
         if wants:
             missing = 'the process was not found' if snap.pid is None else 'the directory is not known'
             raise ServerNotFound(
@@ -560,7 +564,8 @@ class RegionOps:
                 f"directory, and {missing}: {snap.server_reason or snap.dir_error or 'see the warnings'}")
 
     def absent(self) -> None:
-        """Unregister the selected regions, then remove their unheld files and (with orphan_files) orphan files."""
+        """Unregister the selected regions, then remove their unheld files and (with orphan_files, backend_leftovers) orphan and
+        leftover files."""
         p = self.params
         if p['kind'] == 'cuda':
             return self._absent_cuda()
@@ -630,6 +635,8 @@ class RegionOps:
             # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it
             file_plan.extend((entries[f['path']], None) for f in files
                              if f['category'] == 'orphan' and snap.leftover(f['name']) is not None)
+        if p.get('backend_leftovers'):
+            file_plan.extend((entries[f['path']], None) for f in files if f['category'] == inventory.LEFTOVER)
         return file_plan
 
     def _mark_files(self, snap: Snapshot, file_plan: list) -> None:
@@ -692,7 +699,12 @@ class RegionOps:
             return 'held by ' + holders_text(rec['holders'])
         if not snap.holders_complete:
             return 'holders could not be fully determined'
-        return None
+        entry = snap.entry(os.path.basename(path))
+        if entry is None:
+            return 'not listed in the shm directory'
+        if self._owners is None:
+            self._owners = self._criteria(orphans=False)
+        return inventory.removal_refusal(snap, self._owners, entry)
 
     def _unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
         """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered.
@@ -900,8 +912,9 @@ class RegionOps:
 
     def _absent_cuda(self) -> None:
         p = self.params
-        if p['orphan_files']:
-            raise ParameterError('orphan_files applies to kind=system only (CUDA regions have no files)')
+        for opt in ('orphan_files', 'backend_leftovers'):
+            if p.get(opt):
+                raise ParameterError(f'{opt} applies to kind=system only (CUDA regions have no files)')
         current = self.client.status('cuda')
         names = set(p['name'] or ())
         selected = self._select(rec for rec in current if p['all'] or rec['name'] in names)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fnmatch
 import json
 import os
 import re
@@ -37,6 +38,40 @@ def backend_of(name: str) -> str | None:
     """The backend a file of the form triton_<backend>_backend_shm_region_* belongs to ('vllm'), else None."""
     found = _BACKEND_FILE.match(name)
     return found.group(1) if found else None
+
+
+# Files of other software that live in /dev/shm: never an orphan, whatever orphan_patterns says (V(*) included).
+# (pattern, whose). Documented in docs/concepts.md ("Files of other software"); case-sensitive, as names are.
+OTHER_SOFTWARE = (
+    ('.org.chromium.*', 'Chromium, Chrome or Electron shared memory'),
+    ('.com.google.Chrome.*', 'Chrome shared memory'),
+    ('org.chromium.*', 'Chromium shared memory'),
+    ('org.mozilla.ipc.*', 'Firefox shared memory'),
+    ('wayland.mozilla.ipc.*', 'Firefox shared memory'),
+    ('sem.*', 'a POSIX named semaphore (sem_open)'),
+    ('pulse-shm-*', 'PulseAudio shared memory'),
+    ('jack-*', 'JACK audio shared memory'),
+    ('vader_segment.*', "Open MPI's shared memory (vader)"),
+    ('sm_segment.*', "Open MPI's shared memory (sm)"),
+    ('ucx_shm_posix_*', "UCX's shared memory"),
+    ('psm2_shm.*', "Intel PSM2's shared memory"),
+    ('nccl-*', "NCCL's shared memory"),
+    ('cuda.shm.*', "the CUDA driver's IPC shared memory"),
+    ('torch_*', "PyTorch's shared tensors"),
+    ('PostgreSQL.*', "PostgreSQL's dynamic shared memory"),
+    ('mono.*', "the Mono runtime's shared memory"),
+    ('qipc_sharedmemory_*', "Qt's shared memory"),
+    ('qipc_systemsem_*', "Qt's system semaphore"),
+    ('lttng-ust-*', "LTTng's shared memory"),
+)
+
+
+def other_software(name: str) -> str | None:
+    """Whose file a name of a well-known family of other software is ('PostgreSQL's dynamic shared memory'), else None."""
+    for pattern, whose in OTHER_SOFTWARE:
+        if fnmatch.fnmatchcase(name, pattern):
+            return f'{whose} ({pattern})'
+    return None
 
 
 # The mark of a region this collection registered (the 建 step): an extended attribute of the

@@ -144,3 +144,20 @@ def test_a_complete_row_in_another_pid_namespace_is_ok():
 def test_an_incomplete_cleanup_row():
     lines = shm_fleet_table([cleanup_result(status='incomplete', changed=False)], 'cleanup', hosts=['t1'])
     assert lines[1].split()[:2] == ['t1', 'incomplete']
+
+
+def test_the_row_names_the_servers_pod_and_its_clients_containers():
+    info = info_result()
+    info['server']['container'] = dict(runtime='containerd', pod_uid='5c1e', name='pod ml/triton-0')
+    info['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0')),
+                                            dict(pid=8, comm='python')]
+    row = shm_report_row(info, 't1', 'http://t1:8000')
+    assert row['server_container'] == 'pod ml/triton-0'
+    assert row['clients'] == ['pod ml/client-0', 'python (pid 8)']
+    lines = shm_fleet_table([row], 'report')
+    assert lines[2].split() == ['server', 'in', 'pod', 'ml/triton-0;', 'clients:', 'pod', 'ml/client-0,', 'python', '(pid',
+                                '8)']
+    # on the host, nobody holding: no such line; the fields are there, empty
+    row = shm_report_row(info_result(), 't1', 'http://t1:8000')
+    assert (row['server_container'], row['clients']) == (None, [])
+    assert len(shm_fleet_table([row], 'report')) == 2

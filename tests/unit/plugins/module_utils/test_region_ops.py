@@ -921,6 +921,60 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
     assert os.path.exists(os.path.join(shm, 'b'))
 
 
+def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_removal_path(shm, server_proc):
+    """Issue 27: a backend file no process holds is a dead server's pool; one any process maps stays, as does a young one."""
+    dead = make_file(shm, 'triton_python_backend_shm_region_dead', age=3600)
+    vllm = make_file(shm, 'triton_vllm_backend_shm_region_dead', age=3600)
+    young = make_file(shm, 'triton_python_backend_shm_region_young')
+    held = make_file(shm, 'triton_python_backend_shm_region_live', age=3600)
+    with open(held, 'r+b') as f:
+        mapping = mmap.mmap(f.fileno(), 0)   # this test process maps it, as a stub maps its pool
+    try:
+        fake = FakeTriton(shm)
+        off = run(fake, shm, server_proc.pid, stale=True)
+        assert off['removed_files'] == [] and off['changed'] is False
+        dry = run(fake, shm, server_proc.pid, check_mode=True, backend_leftovers=True)
+        assert sorted(dry['removed_files']) == [dead, vllm] and dry['changed'] is True
+        assert all(os.path.exists(p) for p in (dead, vllm, young, held))
+        res = run(fake, shm, server_proc.pid, backend_leftovers=True, inventory=True)
+        assert sorted(res['removed_files']) == [dead, vllm] and res['freed_bytes'] == 2 * 64 * KIB
+        assert not os.path.exists(dead) and not os.path.exists(vllm) and os.path.exists(young) and os.path.exists(held)
+        cats = {f['name']: f['category'] for f in res['before']['files']}
+        assert cats == {'triton_python_backend_shm_region_dead': 'leftover', 'triton_vllm_backend_shm_region_dead': 'leftover',
+                        'triton_python_backend_shm_region_young': 'backend', 'triton_python_backend_shm_region_live': 'backend'}
+        assert res['after']['summary']['leftover_files'] == 0
+        again = run(fake, shm, server_proc.pid, backend_leftovers=True)
+        assert again['removed_files'] == [] and again['changed'] is False
+        assert fake.actions() == []   # no region was touched
+    finally:
+        mapping.close()
+
+
+def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, monkeypatch):
+    """The re-check right before the unlink: a process that maps the pool after the plan keeps it."""
+    pool = make_file(shm, 'triton_python_backend_shm_region_x', age=3600)
+    kept = []
+    real = holders.scan
+
+    def scan(targets, **kwargs):
+        result = real(targets, **kwargs)
+        if kept:   # the second scan, the re-check: a stub has mapped it since
+            st = os.stat(pool)
+            result.holders.setdefault((st.st_dev, st.st_ino), set()).add(server_proc.pid + 1)
+        kept.append(1)
+        return result
+    monkeypatch.setattr(holders, 'scan', scan)
+    res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
+    assert res['removed_files'] == [] and os.path.exists(pool)
+    assert [s['path'] for s in res['skipped_items']] == [pool]
+    assert 're-checked before removal' in res['skipped_items'][0]['reason']
+
+
+def test_backend_leftovers_is_for_system_files_only(shm, server_proc):
+    with pytest.raises(ParameterError, match='backend_leftovers applies to kind=system only'):
+        run(FakeTriton(shm), shm, server_proc.pid, kind='cuda', backend_leftovers=True)
+
+
 # -- issue 26: files marked before the unregister, quarantined before the unlink -----------------------
 
 def _cleanup_mark(path):
