@@ -953,13 +953,13 @@ def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_rem
 def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, monkeypatch):
     """The re-check right before the unlink: a process that maps the pool after the plan keeps it."""
     pool = make_file(shm, 'triton_python_backend_shm_region_x', age=3600)
+    st = os.stat(pool)   # by (dev, inode): at the re-check the file is under its quarantine name
     kept = []
     real = holders.scan
 
     def scan(targets, **kwargs):
         result = real(targets, **kwargs)
         if kept:   # the second scan, the re-check: a stub has mapped it since
-            st = os.stat(pool)
             result.holders.setdefault((st.st_dev, st.st_ino), set()).add(server_proc.pid + 1)
         kept.append(1)
         return result
