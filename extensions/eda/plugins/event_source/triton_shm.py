@@ -32,10 +32,10 @@ description:
     every O(interval) whatever the others answer. A slow or dead server delays only its own event;
     it is never polled twice at once (with a O(timeout) longer than the O(interval), its next poll
     starts when the current one ends)."
-  - Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
+  - "Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
     loaded by its path): lines end in CRLF; the status line and headers (and a chunked body's
     trailers) are at most 64 KiB, a chunk-size line 1 KiB, the body 32 MiB, chunked or not.
-    Each poll ends within O(timeout); every answer gives an event.
+    Each poll ends within O(timeout); every answer gives an event."
   - With more servers than the soft limit on open files allows, the source raises that limit
     towards the hard limit; servers beyond what the hard limit allows get a new connection
     for every poll.
