@@ -29,7 +29,9 @@ options:
     required: true
   timeout:
     description:
-      - Seconds to wait for each HTTP request (connect and read), or for each gRPC call.
+      - Seconds each HTTP request or gRPC call may take as a whole, from connecting to the last byte of the answer
+        (a gRPC deadline). A server that trickles its answer is cut at this deadline, even when every byte comes in time.
+      - Answers larger than 64 MiB (a status of 100,000 regions is about 15 MiB) fail with a message naming the URL.
     type: float
     default: 10.0
   validate_certs:
@@ -96,6 +98,23 @@ options:
       - By default C(/proc/PID/root/dev/shm) of the server process, which is the container's private C(/dev/shm)
         when Triton runs in a container (its size is the container's C(--shm-size)), or the host's C(/dev/shm) with C(--ipc=host).
     type: path
+  clients_share_pid_namespace:
+    description:
+      - "Where the module can see every client. A holder scan sees every process of the machine only from the host's initial
+        PID namespace: the host, a container run with C(--pid host), a pod with C(hostPID), the node agent of
+        docs/kubernetes.md. Run anywhere else (inside the Triton container with C(docker exec), C(podman exec) or a container
+        connection plugin, a sidecar of a pod without C(hostPID)), the clients in other containers are invisible, so the
+        holders are incomplete (RV(holders_complete=false), the reason in RV(holders_incomplete_reason) and a warning): no
+        region is stale, no file an orphan, no dangling region reclaimable, and nothing is removed."
+      - V(true) states that every client of the server runs in the module's own PID namespace, so the scan is complete there,
+        for example an all-in-one container that runs the clients too, a pod with C(shareProcessNamespace), or a system
+        container (LXD, a kind node). The module cannot check this statement.
+      - A wrong V(true) loses live data. A client in another PID namespace then looks gone, its region stale, and a cleanup
+        unregisters the region and unlinks the file it still uses; its next inference fails.
+      - In the host's initial PID namespace it changes nothing (RV(pid_namespace=initial)).
+    type: bool
+    default: false
+    version_added: 0.2.0
 '''
 
     # Which files of the shm directory belong to Triton's python backend
@@ -105,7 +124,10 @@ options:
     description:
       - Shell-style patterns (case-sensitive) of the files Triton's Python-based backends keep in the shm directory. Such files
         are category V(backend), never an orphan (whatever O(orphan_patterns) says, V(*) included), never foreign, never
-        removed, and never accepted as the key of a client region.
+        removed while any process holds them, and never accepted as the key of a client region.
+      - Such a file that no process maps or holds (a complete holder scan), older than O(min_age), is V(leftover), the pool of a
+        server and its python stubs that died together. Only M(tritonops.shm.triton_shm_region) with
+        O(tritonops.shm.triton_shm_region#module:backend_leftovers=true) removes it.
       - "Every Python-based backend (python, vllm, ...) names its files C(triton_<backend>_backend_shm_region_<uuid>) (a counter
         instead of the UUID before Triton 24.04). That form is always a backend file, whatever this list says: the patterns
         given here add to it and never replace it. The file record's C(backend) says whose file it is."
@@ -113,6 +135,21 @@ options:
     type: list
     elements: str
     default: ["triton_*_backend_shm_region_*"]
+  client_users:
+    description:
+      - "User names or numeric uids (as seen from this host) whose files a cleanup may remove, besides the server process's
+        own user (its filesystem uid as the host sees it: V(0) for Triton run by root or in a rootful container, the user
+        who runs a rootless container)."
+      - "The owner rule: a file owned by anyone else is never removed, neither as the backing file of a region a client
+        registered (the region is still unregistered; its file is kept, with the reason in C(skipped_items) of
+        M(tritonops.shm.triton_shm_region)) nor as an orphan (it is V(foreign), with the reason)."
+      - "Whatever this list says, a file the server's own user could not remove itself (the kernel's permission rules of
+        its shm directory, for a server that is not root on this host) is never removed: running as root, the modules
+        never lend the server more authority than it has (docs/concepts.md)."
+      - Add the users your clients run as when they are not the server's user, for example V(1000).
+    type: list
+    elements: str
+    default: []
 '''
 
     # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)

@@ -7,6 +7,7 @@ Documentation: plugins/filter/shm_fleet_table.yml and shm_report_row.yml (``ansi
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -17,6 +18,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import redact
 
 _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'
+# a host whose holders could not all be seen (issue 25: outside the host's initial PID namespace; an unreadable
+# shm directory; processes the module could not read): nothing there is stale, and its row is never ok
+INCOMPLETE = 'incomplete'
 
 
 def _size(value: Any) -> str:
@@ -39,13 +43,19 @@ def _report_line(width: int, *cells: Any) -> str:
 def _report(rows: list, width: int) -> list[str]:
     out = [_report_line(width, 'HOST', 'STATUS', 'TRITON', '/DEV/SHM USED', 'REGIONS', 'STALE', 'DANGLING', 'ORPHAN')]
     for r in rows:
-        if r.get('status') == 'ok':
+        if r.get('status') in ('ok', INCOMPLETE):
             used = 'unknown'
             if r['shm_total_bytes']:
                 used = _used(dict(used_bytes=r['shm_used_bytes'], total_bytes=r['shm_total_bytes'], used_percent=r['shm_used_percent']))
-            out.append(_report_line(width, r['host'], 'ok', r['version'], used, r['regions'],
-                                    f"{int(r['stale_regions'])} ({_size(r['stale_bytes'])})", r['dangling_regions'],
-                                    f"{int(r['orphan_files'])} ({_size(r['orphan_bytes'])})"))
+            out.append(_report_line(width, r['host'], r['status'], r['version'], used, r['regions'],
+                                    f"{int(r['stale_regions'] or 0)} ({_size(r['stale_bytes'])})", r['dangling_regions'],
+                                    f"{int(r['orphan_files'] or 0)} ({_size(r['orphan_bytes'])})"))
+            if r.get('server_container') or r.get('clients'):   # who: the server's pod or container, its clients'
+                who = f"server in {r['server_container']}" if r.get('server_container') else 'server on the host'
+                clients = ', '.join(r.get('clients') or ()) or 'none'
+                out.append(f"{'':<{width}}  {'':<9}  {_truncate(f'{who}; clients: {clients}', 200)}")
+            if r['status'] == INCOMPLETE:   # what was not checked, under the numbers it qualifies
+                out.append(f"{'':<{width}}  {'':<9}  {_truncate(r.get('error'), 200)}")
         else:
             out.append(f"{str(r['host']):<{width}}  {str(r.get('status')).upper():<9}  {_truncate(r.get('error'), 200)}")
     return out
@@ -89,12 +99,16 @@ ROW_SUMMARY = (('shm_total_bytes', 'total_bytes'), ('shm_used_bytes', 'used_byte
 def shm_report_row(info: dict, host: str, url: str) -> dict:
     """One host's row of the report playbook from its triton_shm_info result.
 
-    Status ok; unlocated without the process; unsupported when the server offers no shared memory (server.shm_unsupported).
+    Status ok; incomplete when the holders could not all be seen (holders_complete false: error is
+    holders_incomplete_reason); unlocated without the process; unsupported when the server offers no shared memory
+    (server.shm_unsupported).
     """
     server = info['server']
     summary = info['summary']
     located = server.get('pid') is not None
     status, error = ('ok', None) if located else ('unlocated', server.get('not_found_reason'))
+    if located and info.get('holders_complete') is False:
+        status, error = INCOMPLETE, info.get('holders_incomplete_reason') or 'holders could not be fully determined'
     if server.get('shm_unsupported'):
         # Triton 2.73+ through tritonfrontend: no shared memory at all, so nothing was checked (not a leak)
         status, error = 'unsupported', server['shm_unsupported']
@@ -103,10 +117,24 @@ def shm_report_row(info: dict, host: str, url: str) -> dict:
     row.update((key, summary.get(src)) for key, src in ROW_SUMMARY)
     regions = info.get('system_regions') or []
     row.update(holders_complete=info.get('holders_complete'),
+               holders_incomplete_reason=info.get('holders_incomplete_reason'), pid_namespace=info.get('pid_namespace'),
+               server_container=container_name(server.get('container')), clients=client_names(regions),
                stale=[r['name'] for r in regions if r.get('state') == 'stale'],
                dangling=[r['name'] for r in regions if r.get('state') == 'dangling'],
                scanned_at=info.get('scanned_at'))
     return row
+
+
+def container_name(container: Any) -> str | None:
+    """The name of a module result's container or pod (server.container, a holder's container), None when none."""
+    return str(container.get('name')) if isinstance(container, Mapping) and container.get('name') else None
+
+
+def client_names(regions: list) -> list[str]:
+    """Who holds the registered regions, by container or pod ('pod ml/client-0'), else by process ('python (pid 7)')."""
+    names = {container_name(h.get('container')) or f"{h.get('comm') or '?'} (pid {h.get('pid')})"
+             for r in regions or () for h in r.get('holders') or ()}
+    return sorted(names)
 
 
 def shm_report_rows(reports: list, hosts: list) -> list[dict]:

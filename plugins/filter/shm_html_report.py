@@ -17,10 +17,15 @@ from typing import Any, Optional
 
 from ansible.errors import AnsibleFilterError
 
-STATES = ('healthy', 'stale', 'reserved', 'dangling', 'unknown')
-CATEGORIES = ('registered', 'in_use', 'orphan', 'backend', 'foreign')
+from ansible_collections.tritonops.shm.plugins.module_utils.metrics import FILE_CATEGORIES, REGION_STATES
+
+# the one vocabulary, in the one order of the inventory and the metrics
+STATES = REGION_STATES
+CATEGORIES = FILE_CATEGORIES
+# backend pools that need attention come first
+POOL_ORDER = {'leftover': 0, 'unknown': 1, 'live': 2}
 # hosts that need attention come first, in this order
-SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'unsupported': 3, 'not run': 4, 'ok': 5}
+SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'incomplete': 3, 'unsupported': 4, 'not run': 5, 'ok': 6}
 # regions that need attention come first in a host's table
 STATE_ORDER = {'stale': 0, 'dangling': 1, 'unknown': 2, 'reserved': 3, 'healthy': 4}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'"
@@ -83,6 +88,8 @@ td.num{text-align:right;white-space:nowrap}
 .state-unknown{color:var(--warn)}
 .state-healthy{color:var(--ok)}
 .state-reserved{color:var(--live)}
+.state-leftover{color:var(--orphan)}
+.state-live{color:var(--ok)}
 h3{font-size:14px;margin:10px 0 2px}
 footer{max-width:1200px;margin:0 auto;padding:8px 20px 20px;color:var(--muted);font-size:12px}
 """
@@ -147,7 +154,13 @@ def _int(value: Any) -> int:
 
 
 def _holders(holders: Any) -> str:
-    return ', '.join(f"{h.get('comm') or '?'} (pid {h.get('pid')})" for h in holders or ()) or '-'
+    return ', '.join(f"{h.get('comm') or '?'} (pid {h.get('pid')}{_in_container(h)})" for h in holders or ()) or '-'
+
+
+def _in_container(item: Mapping) -> str:
+    """', pod ml/client-0' for a holder or server the host shows in a container or pod, else ''."""
+    container = item.get('container')
+    return f", {container['name']}" if isinstance(container, Mapping) and container.get('name') else ''
 
 
 def _bar(label: str, used: int, total: int, stale: int = 0, orphan: int = 0, registered: Optional[int] = None) -> _Html:
@@ -237,9 +250,38 @@ def _orphans_table(files: Sequence[Mapping], removed: Optional[set] = None, chec
     return _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='orphans')
 
 
+def _pools_table(pools: Sequence[Mapping], removed: Optional[set] = None, check_mode: bool = False) -> _Html:
+    """The pools of Triton's Python-based backends, one row per pool (a model instance), by model; leftovers first."""
+    if not pools:
+        return _h('p', 'No python backend pool.', class_='muted')
+    head = ['model', 'instance', 'backend', 'pool size', 'bytes', 'state', 'holders', 'file', 'why']
+    if removed is not None:
+        head.append('this run')
+    rows = []
+    for p in sorted(pools, key=lambda p: (POOL_ORDER.get(p.get('state'), 9), str(p.get('model') or '~'),
+                                          str(p.get('instance') or ''), str(p.get('name')))):
+        state = str(p.get('state') or 'unknown')
+        cells = [_h('td', p.get('model') or '-', class_='name'), _h('td', p.get('instance') or '-', class_='key'),
+                 _h('td', p.get('backend') or '-'), _h('td', _size(p.get('size')), class_='num'),
+                 _h('td', _size(p.get('bytes')), class_='num'), _h('td', state, class_=f'state state-{state}'),
+                 _h('td', _holders(p.get('holders')), class_='holders'), _h('td', p.get('name'), class_='path'),
+                 _h('td', p.get('reason') or '')]
+        if removed is not None:
+            gone = p.get('path') in removed
+            cells.append(_h('td', ('would be removed' if check_mode else 'removed') if gone else 'kept', class_='outcome'))
+        rows.append(_h('tr', cells, data_pool=p.get('name'), data_model=p.get('model') or '', data_state=state))
+    by_model: dict = {}
+    for p in pools:
+        if p.get('state') != 'leftover':
+            by_model[p.get('model') or '-'] = by_model.get(p.get('model') or '-', 0) + _int(p.get('bytes'))
+    totals = '; '.join(f'{m} {_size(b)}' for m, b in sorted(by_model.items()))
+    return _Html(_h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pools')
+                 + (_h('p', 'Held pool bytes per model: ', totals, class_='muted', data_pool_totals='') if totals else ''))
+
+
 def _located(server: Mapping) -> _Html:
     """How the server process was found (located_by, pid, shm directory, version), or why not."""
-    facts = [f"pid {server.get('pid')}", f"shm directory {server.get('shm_dir')}"]
+    facts = [f"pid {server.get('pid')}{_in_container(server)}", f"shm directory {server.get('shm_dir')}"]
     if server.get('version'):
         facts.append(f"Triton {server['version']}{' (ready)' if server.get('ready') else ''}")
     if server.get('pid') is not None:
@@ -253,7 +295,7 @@ def _located(server: Mapping) -> _Html:
 
 
 def _tone(status: str) -> Optional[str]:
-    return None if status == 'ok' else ('warn' if status == 'not run' else 'bad')
+    return None if status == 'ok' else ('warn' if status in ('not run', 'incomplete') else 'bad')
 
 
 class _Host:
@@ -278,8 +320,13 @@ def _inventory_body(inventory: Mapping, summary: Mapping, outcome: Optional[dict
     server = inventory.get('server') or {}
     out = [_located(server)]
     if inventory.get('holders_complete') is False and server.get('pid') is not None:
-        out.append(_h('p', f"Holders could not be fully determined ({_int(inventory.get('unreadable_processes'))} "
-                      'unreadable process(es)): no region is called stale here.', class_='note'))
+        why = inventory.get('holders_incomplete_reason')
+        if why:
+            out.append(_h('p', _h('b', 'Holders could not be fully determined: '), why,
+                          '. No region is called stale here, and nothing is removed.', class_='note', data_incomplete='true'))
+        else:
+            out.append(_h('p', f"Holders could not be fully determined ({_int(inventory.get('unreadable_processes'))} "
+                          'unreadable process(es)): no region is called stale here.', class_='note'))
     out.append(_bar(label, _int(summary.get('used_bytes')), _int(summary.get('total_bytes')),
                     _int(summary.get('stale_bytes')), _int(summary.get('orphan_bytes')), _registered_bytes(inventory)))
     out.append(_counts(summary, summary.get('cuda_regions')))
@@ -287,15 +334,19 @@ def _inventory_body(inventory: Mapping, summary: Mapping, outcome: Optional[dict
     out.append(_regions_table(inventory.get('system_regions') or [], outcome))
     out.append(_h('h3', 'Orphan files'))
     out.append(_orphans_table(inventory.get('files') or [], removed, check_mode))
+    if inventory.get('backend_pools') is not None:
+        out.append(_h('h3', 'Python backend pools by model'))
+        out.append(_pools_table(inventory['backend_pools'], removed, check_mode))
     return out
 
 
 def _report_host(row: Mapping, info: Optional[Mapping]) -> _Host:
     status = str(row.get('status') or 'not run')
     item = _Host(row.get('host', '?'), status, row.get('url'), row.get('error'))
-    if info and info.get('summary') is not None and status in ('ok', 'unlocated'):
+    if info and info.get('summary') is not None and status in ('ok', 'unlocated', 'incomplete'):
         item.body = _inventory_body(info, info['summary'])
-        item.error_shown_below = status == 'unlocated' and row.get('error') == (info.get('server') or {}).get('not_found_reason')
+        item.error_shown_below = (status == 'unlocated' and row.get('error') == (info.get('server') or {}).get('not_found_reason')
+                                  or status == 'incomplete' and row.get('error') == info.get('holders_incomplete_reason'))
     elif status == 'ok':   # a row without the module result: the row's own numbers
         item.body = [_bar('/dev/shm', _int(row.get('shm_used_bytes')), _int(row.get('shm_total_bytes')),
                           _int(row.get('stale_bytes')), _int(row.get('orphan_bytes'))),
@@ -374,7 +425,7 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
     fleet = [_h('span', _h('b', len(items)), ' host(s)'),
              _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
              _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention')]
-    for status in ('failed', 'down', 'unlocated', 'unsupported', 'not run'):
+    for status in ('failed', 'down', 'unlocated', 'incomplete', 'unsupported', 'not run'):
         n = sum(1 for it in items if it.status == status)
         if n:
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))
@@ -393,7 +444,9 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
                 'Holders are the processes besides the server that map or hold a file. '
                 'Region states: healthy (a client holds it), stale (only the server holds it: its client is gone), '
                 'reserved (registered by this collection, no client yet), dangling (its file is missing), '
-                'unknown (holders or server not fully determined).')
+                'unknown (holders or server not fully determined). '
+                'Python backend pools: live (a process holds it), leftover (no process holds it: a server and its '
+                'stubs died together), unknown (holders not fully determined, or younger than min_age).')
     head = (f'<head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<meta name="generator" content="tritonops.shm"><title>{html.escape(title)}</title><style>{CSS}</style></head>')

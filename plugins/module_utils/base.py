@@ -50,18 +50,25 @@ def connection_argument_spec() -> dict:
 
 
 def shm_dir_argument_spec() -> dict:
-    """Connection options plus the options that locate the server's shm directory on this host."""
+    """Connection options plus the options that locate the server's shm directory on this host, and the operator's
+    statement that every client runs in the module's PID namespace (holders.visibility())."""
     spec = connection_argument_spec()
     spec.update(
         server_pid=dict(type='int'),
         shm_dir=dict(type='path'),
+        clients_share_pid_namespace=dict(type='bool', default=False),
     )
     return spec
 
 
 def backend_argument_spec() -> dict:
-    """The option that tells Triton's python backend files (doc fragment tritonops.shm.triton.backend)."""
-    return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)))
+    """The options that tell whose files the shm directory holds (doc fragment tritonops.shm.triton.backend).
+
+    backend_patterns: Triton's python backend files; client_users: the owners, besides the server's user, whose
+    files a cleanup may remove (authority.py, the owner rule).
+    """
+    return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)),
+                client_users=dict(type='list', elements='str', default=[]))
 
 
 def metrics_argument_spec() -> dict:

@@ -22,8 +22,10 @@ from typing import Any, NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    ClientShmDisabled, ParameterError, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError, classify,
+    ClientShmDisabled, MalformedAnswer, ParameterError, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError,
+    classify,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import escape
 
 HTTP = 'http'
 GRPC = 'grpc'
@@ -31,6 +33,13 @@ GRPC_SCHEMES = ('grpc', 'grpcs')
 KINDS = ('system', 'cuda')
 HEALTH_CHECKS = ('live', 'ready')
 DEFAULT_TIMEOUT = 10.0
+# The largest answer the modules read, over HTTP (body) and gRPC (message): a status of 100,000 regions is
+# about 15 MiB of JSON. A larger answer fails with a message naming the URL (docs/reliability.md).
+MAX_ANSWER_BYTES = 64 << 20
+_UINT64 = 1 << 64
+# The fields of a region in a status answer, and whether each is a string (else an unsigned 64-bit integer).
+_REGION_FIELDS = {'system': (('name', True), ('key', True), ('offset', False), ('byte_size', False)),
+                  'cuda': (('name', True), ('device_id', False), ('byte_size', False))}
 
 # Triton 2.68 and later turn client shared memory off unless started with the flag below.
 CLIENT_SHM_HINT = ("this Triton has client shared memory turned off (2.68 and later, by default): start it with "
@@ -57,12 +66,60 @@ def short(text: Any, limit: int = 300) -> str:
 
 
 def snippet(text: str | None, limit: int = 200) -> str:
-    """The start of a response body on one line, for a message (empty for no body)."""
-    text = (text or '').strip().replace('\n', ' ')
-    return text if len(text) <= limit else f'{text[:limit]}...'
+    """The start of a response body on one line, for a message (empty for no body); control characters escaped."""
+    return escape((text or '').strip().replace('\n', ' '), limit)
 
 
 # -- what every call checks -------------------------------------------------------------------------
+
+def check_regions(kind: str, regions: list, where: str, url: str, transport: str) -> list:
+    """regions when each is a region of kind as Triton lists it; MalformedAnswer naming where otherwise.
+
+    A system region has the strings name and key and the integers offset and byte_size, a CUDA region
+    the string name and the integers device_id and byte_size; integers are unsigned 64-bit (Triton's
+    uint64), never booleans. Other keys are kept as they are.
+    """
+    fields = _REGION_FIELDS[check_kind(kind)]
+    (f1, _t1), (f2, t2), (f3, _t3) = fields[:3]
+    f4 = fields[3][0] if len(fields) > 3 else f3
+    # pylint: disable=unidiomatic-typecheck  # exact types: a bool is an int, and not a size
+    top, typ, text, number = _UINT64, type, str, int      # locals: this runs once per region of every status read
+    for index, region in enumerate(regions):
+        try:   # the common case: every field there with its exact type and range
+            a, b, c, d = region[f1], region[f2], region[f3], region[f4]
+            if typ(a) is text and (typ(b) is text if t2 else typ(b) is number and 0 <= b < top) and \
+                    typ(c) is number and 0 <= c < top and typ(d) is number and 0 <= d < top:
+                continue
+        except (KeyError, TypeError):
+            pass
+        _refuse_region(kind, fields, index, region, where, url, transport)
+    return regions
+
+
+def _refuse_region(kind: str, fields: tuple, index: int, region: Any, where: str, url: str, transport: str) -> None:
+    """The MalformedAnswer for the region check_regions refused, naming its first bad field."""
+    for field, text in fields:
+        value = region.get(field) if isinstance(region, dict) else None
+        good = isinstance(value, str) if text else (type(value) is int and 0 <= value < _UINT64)  # pylint: disable=unidiomatic-typecheck
+        if not good:
+            want = 'a string' if text else 'an integer from 0 to 2**64 - 1'
+            got = 'missing' if not isinstance(region, dict) or field not in region else escape(repr(value), 80)
+            raise MalformedAnswer(f'{where}: the answer is not a Triton {kind} shared memory status: region {index} '
+                                  f'has {field} {got}, expected {want}; nothing was done with it', url=url,
+                                  transport=transport)
+    raise MalformedAnswer(f'{where}: the answer is not a Triton {kind} shared memory status: region {index} is '
+                          f'{escape(repr(region), 200)}', url=url, transport=transport)
+
+
+def check_metadata(data: dict, where: str, url: str, transport: str) -> dict:
+    """data when its name and version are strings and its extensions a list of strings; MalformedAnswer otherwise."""
+    extensions = data.get('extensions', [])
+    if not isinstance(data.get('version'), str) or not isinstance(data.get('name', ''), str) or \
+            not isinstance(extensions, list) or not all(isinstance(e, str) for e in extensions):
+        raise MalformedAnswer(f'{where}: the answer is not Triton server metadata (name and version strings, extensions a '
+                              f'list of strings): {escape(repr(data), 200)}', url=url, transport=transport)
+    return data
+
 
 def check_kind(kind: str) -> str:
     """kind when it is a shared-memory kind (system, cuda); ValueError otherwise (a caller's bug)."""
@@ -179,6 +236,11 @@ def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
     except ValueError as exc:
         raise TritonError(f'url {url!r} has an invalid port: {exc}', url=url) from exc
     return Url(scheme, parts.hostname, port, parts)
+
+
+def index_entry(name: Any, version: Any = '', state: Any = '', reason: Any = '') -> dict:
+    """One model of repository_index(), the same keys and types over both transports."""
+    return {'name': str(name), 'version': str(version or ''), 'state': str(state or ''), 'reason': str(reason or '')}
 
 
 def host_port(host: str, port: int) -> str:
@@ -353,6 +415,24 @@ class Client(abc.ABC):
     @abc.abstractmethod
     def unaddressable(name: str) -> str | None:
         """None when this transport can address a region of this name; else why not (nothing is sent)."""
+
+    # -- model repository (triton_backend_pool) ----------------------------------------------------
+
+    @abc.abstractmethod
+    def repository_index(self) -> list[dict]:
+        """The models of the repository: {name, version, state, reason} each (version, state, reason '' when not given)."""
+
+    @abc.abstractmethod
+    def model_config(self, name: str) -> dict:
+        """The model's configuration as the server completed it (the JSON form of Triton's ModelConfig)."""
+
+    @abc.abstractmethod
+    def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
+        """Load (or reload) the model name; returns when the server answers (timeout: seconds, None: the client's).
+
+        config: a whole model configuration to load it with instead of the repository's (the load API's
+        ``config`` parameter). A server without --model-control-mode=explicit refuses: errors.ModelControlRefused.
+        """
 
     # -- connection ---------------------------------------------------------------------------------
 

@@ -60,12 +60,15 @@ class Location(NamedTuple):
     reason: why the server process was not found (None when it was, or when server_pid was given).
     The steps (the listening socket, a followed connection, find_server) fill pid and located_by,
     or reason; locate_server adds the shm directory and the warnings.
+    shared: with server_pid given, why the URL's port is shared by several servers (a call may reach another
+    one: only the regions whose files that process maps can be judged), else None.
     """
     pid: int | None
     shm_dir: str | None
     located_by: str | None
     warnings: list[str]
     reason: str | None
+    shared: str | None = None
 
     @classmethod
     def found(cls, pid: int, located_by: str) -> Location:
@@ -738,13 +741,42 @@ def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, atte
     return _Followed(Location.not_found('; '.join(reasons) or f'the connection to {host}:{port} could not be followed'), held, True)
 
 
+def shared_port(host: str, port: int, proc: str, listening: list[int]) -> str | None:
+    """Why the port cannot name one server when distinct processes listen on it (SO_REUSEPORT), else None.
+
+    Triton's --reuse-http-port (and --reuse-grpc-port) let several servers listen on one port: the kernel spreads
+    the connections, so the server that answers a call and the one discovery would find can differ. A forked
+    child or a thread shares its server's socket (same inode): distinct processes each with their own listening
+    socket are distinct servers.
+    """
+    if len(listening) < 2:
+        return None
+    tracer = _Tracer(proc)
+    wanted = set(listening)
+    owners = {}
+    for inode in listening:
+        pid = tracer.first_holder([inode])
+        if pid is not None:
+            owners[pid] = tracer.inodes(pid) & wanted
+    apart = sorted(p for p in owners if not any(q != p and owners[q] & owners[p] for q in owners))
+    if len(owners) < 2 or not apart:
+        return None
+    who = ', '.join(_who(p, proc) for p in sorted(owners))
+    return (f'{len(owners)} processes listen on {host}:{port} each with a socket of its own ({who}), as with '
+            f"Triton's --reuse-http-port: a call may reach any of them, so one server cannot be judged by another's files")
+
+
 def find_server(host: str, port: int, proc: str = '/proc', timeout: float = 2.0, max_hops: int = MAX_HOPS,
                 attempts: int = 6) -> Location:
     """Find the tritonserver process serving host:port: its pid and located_by, or the reason it was not found.
 
-    The Location has no shm_dir and no warnings: locate_server adds them.
+    The Location has no shm_dir and no warnings: locate_server adds them. Several processes listening on the port
+    (shared_port) are refused: server_pid must say which.
     """
     listening = _listening_inodes(host, port, proc)
+    shared = shared_port(host, port, proc, listening)
+    if shared is not None:
+        return Location.not_found(f'{shared}; set server_pid to the one meant')
     followed = _follow(host, port, proc, timeout, max_hops, attempts, listening)
     if followed.location.pid is not None:
         return followed.location
@@ -779,9 +811,15 @@ def locate_server(host: str, port: int, base: str, server_pid: int | None = None
                             'so every file it maps counts as held')
     elif not os.path.isdir(f'{proc}/{pid}'):
         raise DiscoveryError(f'server_pid {pid} (given for {base}) does not exist on this host')
+    shared = None
+    if server_pid:
+        shared = shared_port(host, port, proc, _listening_inodes(host, port, proc))
+        if shared is not None:
+            warnings.append(f'{shared}: server_pid {pid} is judged only by the regions whose files it maps itself; '
+                            'the others are unknown (give each server its own port to judge them all)')
     if shm_dir is None and pid is not None:
         shm_dir = f'{proc}/{pid}/root/dev/shm'
         how = f'{how}; shm_dir from /proc/{pid}/root'
     elif shm_dir is not None:
         how = (how + '; ' if how else '') + 'shm_dir given'
-    return Location(pid, shm_dir, how, warnings, reason)
+    return Location(pid, shm_dir, how, warnings, reason, shared)

@@ -20,14 +20,26 @@ user may read, lists no mount of that device. That rule keeps the fail-safe for
 the cases it exists for (module not run as root, another user's client in the
 server's namespace) without letting an unrelated, more privileged process such
 as a sandbox's init make every region unknown.
+
+/proc/PID/fd is the fd table of the process's main thread. A thread that made its own
+(unshare(CLONE_FILES)) holds files that table does not show: a process with more than one
+thread (the link count of /proc/PID/task, one stat) has its threads' tables compared with the
+main thread's (kcmp(KCMP_FILES)), and each table that differs is read as well (other_fd_tables).
+
+Not seen, by any /proc reader: a descriptor in flight in a unix socket (SCM_RIGHTS sent, not yet
+received) belongs to no process until it is received.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_bytes, read_comm
+from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, pid_namespace, read_bytes, read_comm
 
 FileKey = tuple[int, int]   # (st_dev, st_ino)
 
@@ -43,42 +55,94 @@ def dev_mountinfo_str(dev: int) -> str:
 
 
 def holders_text(holders: Iterable[Mapping[str, object]]) -> str:
-    """Holders as people read them: '4711 (python), 4712 (tritonserver)'."""
-    return ', '.join(f"{h['pid']} ({h['comm']})" for h in holders)
+    """Holders as people read them: '4711 (python), 4712 (tritonserver in pod ml/triton-0)'."""
+    return ', '.join(f"{h['pid']} ({h['comm']}{_in(h)})" for h in holders)
+
+
+def _in(holder: Mapping[str, object]) -> str:
+    container = holder.get('container')
+    return f" in {container['name']}" if isinstance(container, Mapping) else ''
+
+
+INITIAL = 'initial'
+OTHER = 'other'
+
+
+class Visibility(NamedTuple):
+    """Whether a pass over a proc filesystem can see every process that may hold the server's files."""
+
+    pid_namespace: str                         # INITIAL (the host's) or OTHER
+    complete: bool                             # every possible holder is visible (or the operator says so)
+    reason: str | None = None                  # why not, and what to do; None when complete
+    clients_share_pid_namespace: bool = False  # the operator's statement, as given
+
+
+def visibility(proc: str = '/proc', clients_share_pid_namespace: bool = False) -> Visibility:
+    """The visibility rule: complete in the host's initial PID namespace, or when the operator states that every
+    client runs in the module's own PID namespace (clients_share_pid_namespace); incomplete anywhere else."""
+    ns = pid_namespace(proc)
+    if ns.initial:
+        return Visibility(INITIAL, True, None, clients_share_pid_namespace)
+    if clients_share_pid_namespace:
+        return Visibility(OTHER, True, None, True)
+    return Visibility(OTHER, False, (
+        f"the module runs outside the host's initial PID namespace ({ns.detail}): in a container or a pod without "
+        "hostPID, clients in other containers' PID namespaces are invisible and a live client's region would look "
+        'stale. Run it on the host, or through the node agent (docs/kubernetes.md), or set clients_share_pid_namespace: '
+        'true if every client of the server runs in this same PID namespace'), False)
+
+
+# what a HolderScan built by hand (unit tests' literal snapshots) assumes: nothing judged, nothing hidden
+NOT_JUDGED = Visibility(INITIAL, True)
 
 
 class HolderScan:
     """Result of one /proc pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, visibility: Visibility = NOT_JUDGED) -> None:
         self.holders: dict[FileKey, set[int]] = {}
         self.comms: dict[int, str | None] = {}
+        self.identities: dict[int, Identity] = {}   # read for the holders found only (one cgroup read each)
         self.unreadable: list[int] = []          # pids that could hold a target and could not be read
         self.unreadable_ignored: list[int] = []  # unreadable pids whose mount namespace cannot see the shm fs
         self.processes = 0
         self.deleted: dict[str, FileKey] = {}    # files the server maps although they were unlinked (scan(deleted_of=))
+        self.deleted_all: dict[str, list[FileKey]] = {}   # the same, every file of each name (names can repeat)
         self.hidden = False                      # /proc mounted with hidepid and we are not root
         self.hidden_reason: str | None = None
+        self.visibility = visibility             # the visibility rule for the proc that was read
 
     @property
     def complete(self) -> bool:
-        return not self.unreadable and not self.hidden
+        return not self.unreadable and not self.hidden and self.visibility.complete
 
     def incomplete_reason(self) -> str | None:
+        """Every reason the scan is incomplete, joined with '; ' (None when it is complete)."""
+        reasons = []
         if self.hidden:
-            return self.hidden_reason
+            reasons.append(self.hidden_reason)
         if self.unreadable:
             sample = ', '.join(str(p) for p in sorted(self.unreadable)[:5])
             more = ', ...' if len(self.unreadable) > 5 else ''
-            return (f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
-                    'run the module as root (become: true) so every holder can be seen')
-        return None
+            reasons.append(f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
+                           'run the module as root (become: true) so every holder can be seen')
+        if not self.visibility.complete:
+            reasons.append(self.visibility.reason)
+        return '; '.join(r for r in reasons if r) or None
 
     def holders_of(self, dev: int, ino: int, exclude: Iterable[int] = ()) -> list[dict[str, object]]:
         pids = self.holders.get((dev, ino))
         if not pids:
             return []
-        return [{'pid': p, 'comm': self.comms.get(p)} for p in sorted(pids) if p not in exclude]
+        return [self._holder(p) for p in sorted(pids) if p not in exclude]
+
+    def _holder(self, pid: int) -> dict[str, object]:
+        """{'pid', 'comm'}, and 'container' (containers.Identity.as_dict) when the host shows the process in one."""
+        out: dict[str, object] = {'pid': pid, 'comm': self.comms.get(pid)}
+        found = self.identities.get(pid)
+        if found is not None and found.found:
+            out['container'] = found.as_dict()
+        return out
 
 
 def proc_hidepid(proc: str = '/proc') -> str | None:
@@ -149,9 +213,66 @@ def _open_fds(fd_dir: str, counted: bool = False) -> dict[str, os.stat_result]:
     return out
 
 
+_KCMP_FILES = 2
+_SYS_KCMP = {'x86_64': 312, 'aarch64': 272, 'ppc64le': 354, 's390x': 343, 'i686': 349, 'armv7l': 378}
+_KCMP: list = []
+
+
+def _kcmp_files(pid: int, tid: int) -> int | None:
+    """0 when task tid shares process pid's fd table, another number when not, None when kcmp cannot tell."""
+    if not _KCMP:
+        number = _SYS_KCMP.get(platform.machine())
+        try:
+            _KCMP.append((ctypes.CDLL(None, use_errno=True).syscall, number) if number else None)
+        except (OSError, AttributeError):
+            _KCMP.append(None)
+    if _KCMP[0] is None:
+        return None
+    syscall, number = _KCMP[0]
+    result = syscall(number, pid, tid, _KCMP_FILES, 0, 0)
+    return None if result < 0 else result
+
+
+def other_fd_tables(base: str, pid: int) -> list[str]:
+    """The fd directories (``BASE/task/TID/fd/``) of a process's threads whose fd table is not the main thread's.
+
+    One stat for a process with one thread (the link count of its task directory is 2 + threads); the
+    threads of others are compared with kcmp(KCMP_FILES), and every thread's table is read when kcmp
+    cannot tell (not built into the kernel).
+    """
+    try:
+        if os.stat(base + '/task').st_nlink <= 3:
+            return []
+        tids = os.listdir(base + '/task')
+    except OSError:
+        return []
+    out = []
+    for name in tids:
+        tid = int(name)
+        if tid == pid:
+            continue
+        same = _kcmp_files(pid, tid)
+        if same != 0:
+            out.append(f'{base}/task/{name}/fd/')
+    return out
+
+
 def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:
-    """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked."""
-    out: dict[str, FileKey] = {}
+    """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked.
+
+    One file per name (the last mapped): parse_deleted_all gives every one.
+    """
+    return {name: keys[-1] for name, keys in parse_deleted_all(data, path_prefix).items()}
+
+
+def parse_deleted_all(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, list[FileKey]]:
+    """{name: [(dev, ino), ...]} of the files under path_prefix a maps text (bytes) shows as " (deleted)", in map order.
+
+    A name can stand for several files (a file unlinked, another made under its name and mapped too), and a
+    file literally named "k (deleted)" prints as the unlinked "k": the caller tells them apart by (dev, ino)
+    (inventory.Snapshot.unlinked).
+    """
+    out: dict[str, list[FileKey]] = {}
     prefix = os.fsencode(path_prefix)
     suffix = b' (deleted)'
     if suffix not in data:
@@ -163,7 +284,10 @@ def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, File
         if len(fields) == 6 and fields[5].startswith(prefix):
             name = os.fsdecode(fields[5][len(prefix):-len(suffix)])
             major, minor = fields[3].split(b':')
-            out[name] = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+            keys = out.setdefault(name, [])
+            if key not in keys:
+                keys.append(key)
     return out
 
 
@@ -244,6 +368,11 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
     found = maps_holding(maps, targets)
     try:
         found = found | fds_holding(_open_fds(base + '/fd/', counted).values(), targets)
+        for fd_dir in other_fd_tables(base, pid):
+            try:
+                found = found | fds_holding(_open_fds(fd_dir).values(), targets)
+            except (FileNotFoundError, ProcessLookupError):
+                continue   # the thread ended
     except (FileNotFoundError, ProcessLookupError):
         pass
     except OSError:
@@ -255,19 +384,21 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
             result.unreadable_ignored.append(pid)
     if found:
         result.comms[pid] = read_comm(pid, proc)
+        result.identities[pid] = identity(pid, proc)
         for key in found:
             result.holders.setdefault(key, set()).add(pid)
 
 
 def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None = None,
-         deleted_prefix: str = '/dev/shm/') -> HolderScan:
+         deleted_prefix: str = '/dev/shm/', visible: Visibility | None = None) -> HolderScan:
     """One pass over every process: who maps or has open each (dev, ino) in targets.
 
+    visible: the visibility rule's answer for proc (visibility()); judged here, with the option off, when not given.
     With deleted_of (the server's pid), the files under deleted_prefix that process maps although
     they were unlinked (see deleted_mappings) are read from the same read of its maps first, kept
     in the result's ``deleted`` and scanned for too.
     """
-    result = HolderScan()
+    result = HolderScan(visible if visible is not None else visibility(proc))
     hide = proc_hidepid(proc)
     if hide:
         result.hidden = True
@@ -280,8 +411,10 @@ def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None
             first[deleted_of] = read_bytes(f'{proc}/{deleted_of}/maps')
         except OSError:
             pass   # read again, and judged, in the pass itself
-        result.deleted = parse_deleted(first.get(deleted_of, b''), deleted_prefix)
-        keys.update(result.deleted.values())
+        result.deleted_all = parse_deleted_all(first.get(deleted_of, b''), deleted_prefix)
+        result.deleted = {name: found[-1] for name, found in result.deleted_all.items()}
+        for found in result.deleted_all.values():
+            keys.update(found)
     if not keys:
         return result
     wanted = Targets(keys)

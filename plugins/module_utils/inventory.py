@@ -14,7 +14,8 @@ Two halves, kept apart:
 - ``classify()`` and the functions under it are pure: given a snapshot (a literal one in the unit
   tests) and the caller's ``Criteria``, they decide. This is the one place where a region is
   called healthy, stale, reserved, dangling or unknown (``region_state``), and a file registered,
-  backend, in_use, orphan or foreign (``file_category``); see docs/concepts.md.
+  backend, leftover, in_use, orphan or foreign (``file_category``); see docs/concepts.md.
+  ``pool_records()`` turns the backend files into the per-model pools (``backend_pools``).
 
 A region is the operator's (``reserved`` while no client maps it) when its backing file carries
 the mark triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR) and the mark
@@ -24,16 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery
+from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
+from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_cmdline, start_time
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
 DEFAULT_MIN_AGE = 300
@@ -45,6 +50,23 @@ RESERVED = 'reserved'
 DANGLING = 'dangling'
 UNKNOWN = 'unknown'
 
+# file categories, in the one order every output uses (inventory summary, metrics, HTML report): metrics.py holds it,
+# standard library only, so that the filters can import it too
+FILE_CATEGORIES = metrics.FILE_CATEGORIES
+LEFTOVER = 'leftover'
+
+# backend pool states (backend_pools): held by a process, a leftover (category leftover), or not decidable
+POOL_LIVE = 'live'
+POOL_LEFTOVER = 'leftover'
+POOL_UNKNOWN = 'unknown'
+
+# The python backend stub's command line (Triton 2.4x-2.6x, python_backend's stub_launcher.cc):
+#   triton_python_backend_stub MODEL_PATH SHM_REGION_NAME SHM_DEFAULT_SIZE SHM_GROWTH_SIZE PARENT_PID
+#                              PYTHON_LIB_PATH IPC_CONTROL_HANDLE INSTANCE_NAME RUNTIME_MODELDIR
+STUB_NAME = 'triton_python_backend_stub'
+_STUB_ARGS = 9
+_INSTANCE_SUFFIX = re.compile(r'_\d+_\d+$')
+
 
 # -- the snapshot: what one read of the server saw ---------------------------------------------------
 
@@ -55,7 +77,11 @@ class Snapshot:
     shm_dir is the directory that was read (None when unknown or unreadable: dir_error says why);
     entries are shm_fs.list_entries() records; scan is the holders.HolderScan of their regular
     files (None without a directory); marks maps the names of regular files that back a system
-    region to their reserved mark (None when they have none).
+    region to their reserved mark (None when they have none); cleanup_marks maps the names of regular files that
+    back no region to their entry in the cleanup record (shm_fs.CLEANUP_XATTR) a stale cleanup wrote before it
+    unregistered their regions; server_id is the server process as that record names it (pid:start time).
+    visibility is the visibility rule's answer (holders.visibility()) for the proc that was read: an incomplete
+    one makes the scan incomplete too.
     """
 
     url: str
@@ -72,10 +98,18 @@ class Snapshot:
     dir_error: str | None = None
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    cleanup_marks: dict = dataclasses.field(default_factory=dict)
+    server_id: str | None = None
+    authority: authority_mod.Authority | None = None   # what the server's own user may remove there (None: not read, nothing may)
+    cmdlines: dict = dataclasses.field(default_factory=dict)   # {pid: argv} of the holders of backend files
+    visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
+    container: dict | None = None   # the server's container or pod (containers.Identity.as_dict), None on the host
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
+    _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, '_by_name', {e['name']: e for e in self.entries})
+        object.__setattr__(self, '_listed', {(e['dev'], e['inode']) for e in self.entries if e['type'] == 'file'})
 
     @property
     def pid(self) -> int | None:
@@ -98,8 +132,44 @@ class Snapshot:
     def holders_complete(self) -> bool:
         return bool(self.scan is not None and self.scan.complete)
 
+    def unlinked(self, name: str) -> list:
+        """[(dev, ino)] of the unlinked files named name that the server still maps, matched by (dev, ino).
+
+        Its maps print an unlinked file as "NAME (deleted)", and a file literally named "NAME (deleted)" the same way:
+        a file still listed in the directory (same device and inode) is not unlinked, whatever its maps line says.
+        """
+        if self.scan is None or self.pid is None:
+            return []
+        found = self.scan.deleted_all.get(name)
+        if found is None:
+            found = [self.scan.deleted[name]] if name in self.scan.deleted else []
+        return [k for k in found if k not in self._listed]
+
+    @property
+    def pid_namespace(self) -> str:
+        """holders.INITIAL or holders.OTHER: the PID namespace the module read /proc from."""
+        return self.visibility.pid_namespace
+
+    @property
+    def holders_incomplete_reason(self) -> str | None:
+        """Why the holders are not fully known (None when they are): the scan's reasons, or why there was no scan."""
+        if self.holders_complete:
+            return None
+        if self.scan is not None:
+            return self.scan.incomplete_reason() or 'holders could not be fully determined'
+        why = self.dir_error or ('the shm directory of the server is not known'
+                                 + (f': {self.server_reason}' if self.pid is None and self.server_reason else ''))
+        if not self.visibility.complete and self.visibility.reason not in why:
+            return f'{why}; {self.visibility.reason}'
+        return why
+
     def entry(self, name: str) -> dict | None:
         return self._by_name.get(name)
+
+    def leftover(self, name: str) -> shm_fs.CleanupMark | None:
+        """The cleanup mark of an unregistered file that a stale cleanup of this very server process left, or None."""
+        mark = self.cleanup_marks.get(name)
+        return mark if (mark is not None and self.server_id is not None and mark.server == self.server_id) else None
 
     def client_holders(self, dev: int, ino: int) -> list[dict]:
         """Holders of (dev, ino) other than the server process."""
@@ -118,7 +188,9 @@ class Snapshot:
 
 def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None = None,
                 require_readable_dir: bool = False, kinds: Sequence[str] = ('system', 'cuda'),
-                proc: str = '/proc', now: float | None = None, report_unsupported: bool = False) -> Snapshot:
+                proc: str = '/proc', now: float | None = None, report_unsupported: bool = False,
+                backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
+                clients_share_pid_namespace: bool = False) -> Snapshot:
     """Read the server behind client: metadata, region lists, location, shm directory, holders, marks.
 
     kinds: the region lists to read ('cuda' only when the server offers the extension).
@@ -128,6 +200,11 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     report_unsupported: a server that answers its status with ShmUnsupported (Triton 2.73+ through the
     tritonfrontend bindings) gives a snapshot without regions whose shm_unsupported says why, instead
     of the error (what triton_shm_info reports; what would act raises it).
+    backend_patterns: the backend files (Criteria.backend_patterns) whose holders' command lines are read, to
+    name the model and instance each pool belongs to.
+    clients_share_pid_namespace: the operator states that every client runs in the module's PID namespace (the
+    visibility rule, holders.visibility(): without it, a module outside the host's initial PID namespace calls
+    nothing stale).
     """
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
@@ -144,6 +221,10 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
             raise
         system, cuda, unsupported = [], [], exc.msg
     location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
+    visible = holders_mod.visibility(proc, clients_share_pid_namespace)
+    if location.pid is None and location.reason and not visible.complete:
+        # a pod's sidecar, a container: the server may simply be invisible from here
+        location = location._replace(reason=f'{location.reason}; {visible.reason}')
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')
@@ -163,23 +244,79 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
             # fs stays as read when only the listing failed (the statvfs answer is still true)
             readable_dir, entries = None, []
     scan = None
+    cmdlines: dict = {}
     if readable_dir is not None:
-        scan, warning = read_holders(entries, location.pid, proc)
+        scan, warning = read_holders(entries, location.pid, proc, visible)
         if warning:
             warnings.append(warning)
+        cmdlines = read_pool_cmdlines(scan, entries, backend_patterns, location.pid, proc)
+    elif not visible.complete:
+        warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    cleanup_marks = read_cleanup_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    authority = authority_mod.read_authority(location.pid, readable_dir, proc) if readable_dir is not None else None
+    ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported)
+                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines,
+                    visibility=visible, authority=authority,
+                    container=ident.as_dict() if ident.found else None, cleanup_marks=cleanup_marks,
+                    server_id=server_identity(location.pid, proc))
 
 
-def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc') -> tuple[holders_mod.HolderScan, str | None]:
+def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],
+                       server_pid: int | None, proc: str = '/proc') -> dict:
+    """{pid: argv} of the processes (the server aside) that hold a backend file: the python stubs, whose command
+    line names their model and instance. Only those few processes are read, nothing when no backend file is held."""
+    pids: set = set()
+    for e in entries:
+        if e['type'] == 'file' and matches(e['name'], backend_patterns):
+            pids.update(scan.holders.get((e['dev'], e['inode'])) or ())
+    pids.discard(server_pid)
+    out = {}
+    for pid in sorted(pids):
+        argv = read_cmdline(pid, proc)
+        if argv is not None:
+            out[pid] = argv
+    return out
+
+
+def server_identity(pid: int | None, proc: str = '/proc') -> str | None:
+    """The server process as a cleanup mark names it: 'pid:start time' (a restarted server is another one)."""
+    if pid is None:
+        return None
+    started = start_time(pid, proc)
+    return None if started is None else f'{pid}:{started}'
+
+
+def read_cleanup_marks(shm_dir: str, system: Iterable[dict], entries: Iterable[dict]) -> dict:
+    """{file name: shm_fs.CleanupMark} of the regular files that back no system region and are in the cleanup record.
+
+    A file is the record's when its inode is, under the name recorded or a quarantine name of that inode.
+    """
+    record = shm_fs.read_cleanup_record(shm_dir)
+    if not record:
+        return {}
+    backing = {_file_name(r.get('key')) for r in system}
+    out = {}
+    for e in entries:
+        mark = record.get(e['inode'])
+        if mark is None or e['type'] != 'file' or e['name'] in backing:
+            continue
+        if e['name'] == mark.name or e['name'].startswith(f"{shm_fs.QUARANTINE_PREFIX}{e['inode']}."):
+            out[e['name']] = mark
+    return out
+
+
+def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc',
+                 visible: holders_mod.Visibility | None = None) -> tuple[holders_mod.HolderScan, str | None]:
     """(holders.HolderScan of the regular files among entries, the warning when it is incomplete or None).
 
     The server's unlinked-but-mapped files come from the same read of its maps as its holdings.
+    visible: the visibility rule's answer (holders.visibility()); judged for proc with the option off when None.
     """
     targets = {(e['dev'], e['inode']) for e in entries if e['type'] == 'file'}
-    scan = holders_mod.scan(targets, proc=proc, deleted_of=server_pid)
+    scan = holders_mod.scan(targets, proc=proc, deleted_of=server_pid, visible=visible)
     reason = scan.incomplete_reason()
     warning = f'holders are incomplete, no region is reported stale and no file orphan: {reason}' if reason else None
     return scan, warning
@@ -189,7 +326,7 @@ def rescan(snap: Snapshot, proc: str = '/proc') -> Snapshot:
     """The same snapshot with its holders read again (the re-check right before an unlink)."""
     if snap.shm_dir is None:
         return snap
-    scan, warning = read_holders(snap.entries, snap.pid, proc)
+    scan, warning = read_holders(snap.entries, snap.pid, proc, snap.visibility)
     return dataclasses.replace(snap, scan=scan, warnings=snap.warnings + ([warning] if warning else []))
 
 
@@ -217,22 +354,48 @@ def _file_name(key: Any) -> str | ShmFsError:
 
 @dataclasses.dataclass(frozen=True)
 class Criteria:
-    """The caller's side of file classification: orphan patterns and grace age, backend patterns."""
+    """The caller's side of file classification: orphan patterns and grace age, backend patterns, client users."""
 
     orphan_patterns: tuple = ()
     min_age: float = DEFAULT_MIN_AGE
     backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
+    client_uids: frozenset = frozenset()   # uids whose files a cleanup may remove besides the server's user's
 
     @classmethod
     def of(cls, orphan_patterns: Iterable[str] | None = None, min_age: float = DEFAULT_MIN_AGE,
-           backend_patterns: Iterable[str] | None = None) -> Criteria:
+           backend_patterns: Iterable[str] | None = None, client_users: Iterable[object] | None = None) -> Criteria:
         """From module options: None patterns are none (orphans) or the default (backend).
 
         The files of every Python-based backend (shm_fs.BACKEND_FILE_PATTERN) are backend files whatever
         backend_patterns says: the configured patterns add to them, never replace them.
+        client_users: names or numeric uids (authority.client_uids; ParameterError for an unknown name).
         """
         backend = tuple(dict.fromkeys(shm_fs.BACKEND_PATTERNS + tuple(backend_patterns or ())))
-        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend)
+        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend,
+                   client_uids=authority_mod.client_uids(client_users))
+
+
+# names no two families share: a pattern matching all of them matches (nearly) every name
+_PROBE_NAMES = ('a', 'Z9', '.x', 'sem.x', 'client_in_0', '-', '~')
+
+
+def broad_pattern_warnings(patterns: Iterable[str] | None) -> list[str]:
+    """The warnings for orphan patterns that match every name (a bare V(*)): one per such pattern."""
+    return [f"orphan_patterns {p!r} matches every file name: only the families of other software that are never orphans "
+            "(docs/concepts.md), the owner rule (client_users) and min_age stand between it and other programs' files; "
+            "give your clients' prefix instead, for example 'client_*'"
+            for p in patterns or () if all(matches(n, (p,)) for n in _PROBE_NAMES)]
+
+
+def removal_refusal(snap: Snapshot, criteria: Criteria, entry: dict) -> str | None:
+    """Why this run may not remove the regular file of entry whatever its state, or None (no borrowed authority).
+
+    The server's own user must be able to remove it (authority.Authority.unlink_refusal), and its owner must be
+    the server's user or one of the client users (owner_refusal). Not known: refused.
+    """
+    if snap.authority is None:
+        return 'not removed: what the server process may remove in its shm directory is not known'
+    return snap.authority.refusal(entry['uid'], criteria.client_uids)
 
 
 class Records(NamedTuple):
@@ -254,6 +417,7 @@ class RegionFacts(NamedTuple):
     holders_complete: bool = False
     server_known: bool = False
     reserved: bool = False            # its mark names this region
+    ambiguous: str | None = None      # why the file that backs it cannot be told (several files of its name)
 
 
 def region_state(f: RegionFacts) -> tuple[str, str]:
@@ -265,6 +429,8 @@ def region_state(f: RegionFacts) -> tuple[str, str]:
         return UNKNOWN, 'the shm directory of the server is not known'
     if f.key_error is not None:
         return UNKNOWN, f'backing file cannot be located safely: {f.key_error}'
+    if f.ambiguous is not None:
+        return UNKNOWN, f.ambiguous
     if f.file_type is None:
         return DANGLING, f'backing file {f.path} is missing' + (' (still mapped by a client)' if f.holders else '')
     if f.file_type != 'file':
@@ -287,35 +453,60 @@ def _file_summary(e: dict) -> dict:
             'mtime': e['mtime'], 'age_s': e['age_s']}
 
 
+def _server_maps(snap: Snapshot, e: dict | None, unlinked: Sequence) -> bool:
+    """Whether the server process maps (or holds) the region's file: the listed one, or its one unlinked file."""
+    if snap.scan is None or snap.pid is None:
+        return False
+    if e is not None and e['type'] == 'file':
+        return snap.pid in snap.scan.holders.get((e['dev'], e['inode']), ())
+    return len(unlinked) == 1 and snap.pid in snap.scan.holders.get(unlinked[0], ())
+
+
+def _idents(keys: Iterable[tuple]) -> str:
+    """(dev, ino) pairs as people read them: 'inode 12 on 0:45, inode 13 on 0:45'."""
+    return ', '.join(f'inode {ino} on {os.major(dev)}:{os.minor(dev)}' for dev, ino in keys)
+
+
 def region_record(snap: Snapshot, region: dict) -> dict:
     """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable."""
     rec = dict(region)
     file = key_error = path = file_type = None
     holders: list = []
     reserved = False
+    ambiguous = None
     if snap.shm_dir is not None:
         name = _file_name(region.get('key'))
         if isinstance(name, ShmFsError):
             key_error = str(name)
         else:
             e = snap.entry(name)
+            unlinked = snap.unlinked(name)   # matched by (dev, ino), never by name alone
             if e is None:
                 path = os.path.join(snap.shm_dir, name)
                 file = {'path': path, 'exists': False}
-                ident = snap.deleted.get(name)
-                if ident:
-                    holders = snap.client_holders(*ident)
+                if len(unlinked) == 1:
+                    holders = snap.client_holders(*unlinked[0])
+                elif unlinked:
+                    ambiguous = (f'the server maps {len(unlinked)} unlinked files that were named {name} '
+                                 f'({_idents(unlinked)}): which one backs this region cannot be told')
             else:
                 file = _file_summary(e)
                 path, file_type = e['path'], e['type']
                 if file_type == 'file':
                     holders = snap.client_holders(e['dev'], e['inode'])
                     reserved = snap.marks.get(name) == region.get('name')
+                if unlinked:
+                    ambiguous = (f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
+                                 f'same name ({_idents(unlinked)}): which one backs this region cannot be told')
+            if ambiguous is None and snap.location.shared is not None and not _server_maps(snap, e, unlinked):
+                ambiguous = (f'the port is shared by several servers and server process {snap.pid} does not map the backing '
+                             f'file {path}: the region may be another server\'s')
     rec['file'] = file
     rec['holders'] = holders
     rec['reserved'] = reserved
     rec['state'], rec['state_reason'] = region_state(RegionFacts(
-        snap.shm_dir is not None, key_error, path, file_type, holders, snap.holders_complete, snap.pid is not None, reserved))
+        snap.shm_dir is not None, key_error, path, file_type, holders, snap.holders_complete, snap.pid is not None, reserved,
+        ambiguous))
     rec['reclaimable'] = reclaimable(snap, rec)
     return rec
 
@@ -349,7 +540,12 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan and e['type'] == 'file') else []
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
-                                                            criteria)
+                                                            criteria, leftover=snap.leftover(e['name']))
+    if rec['category'] in ('orphan', LEFTOVER):
+        refused = removal_refusal(snap, criteria, e)
+        if refused is not None:
+            rec['category'] = 'foreign' if rec['category'] == 'orphan' else 'backend'
+            rec['category_reason'] = refused
     rec['backend'] = file_backend(e['name'], rec['category'])
     return rec
 
@@ -361,26 +557,35 @@ def file_backend(name: str, category: str) -> str | None:
     --backend-config=python,shm-region-prefix-name=…, an option of the python backend (which runs
     every Python-based backend). None for every other category.
     """
-    if category != 'backend':
+    if category not in ('backend', LEFTOVER):
         return None
     return shm_fs.backend_of(name) or 'python'
 
 
 def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], holders_complete: bool,
-                  criteria: Criteria) -> tuple[str, str]:
-    """(category, category_reason) of a directory entry; all_holders include the server process."""
+                  criteria: Criteria, leftover: shm_fs.CleanupMark | None = None) -> tuple[str, str]:
+    """(category, category_reason) of a directory entry; all_holders include the server process.
+
+    leftover: the cleanup mark (Snapshot.leftover) of a file that a stale cleanup of this server process marked,
+    then unregistered its region, and was stopped before removing it: an orphan whatever the patterns say.
+    """
     if e['type'] != 'file':
         return 'foreign', f"not a regular file ({e['type']})"
     if regions:
         return 'registered', f"backs region(s) {', '.join(regions)}"
     if matches(e['name'], criteria.backend_patterns):
-        owner = shm_fs.backend_of(e['name'])
-        if owner is not None:
-            return 'backend', (f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a "
-                               "Python-based backend's file): never an orphan")
-        return 'backend', "Triton's python backend shared memory (matches the backend patterns): never an orphan"
+        return backend_category(e, all_holders, holders_complete, criteria.min_age)
     if all_holders:
         return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
+    software = shm_fs.other_software(e['name'])
+    if software is not None:
+        return 'foreign', f'{software}: never an orphan, whatever orphan_patterns says'
+    if leftover is not None:
+        if not holders_complete:
+            return 'foreign', 'holders could not be fully determined'
+        return 'orphan', (f"left by a stale cleanup of this server that unregistered region '{leftover.region}' and was "
+                          f"stopped before removing the file (recorded in {shm_fs.CLEANUP_XATTR} on the shm directory): "
+                          "the next stale cleanup removes it")
     if not matches(e['name'], criteria.orphan_patterns):
         return 'foreign', 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:
@@ -388,6 +593,67 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     if not holders_complete:
         return 'foreign', 'holders could not be fully determined'
     return 'orphan', 'unregistered, unheld, matches an orphan pattern, older than min_age'
+
+
+def backend_category(e: dict, all_holders: Sequence[dict], holders_complete: bool, min_age: float) -> tuple[str, str]:
+    """(category, category_reason) of a backend file: backend while any process holds it (or may: an incomplete
+    scan, or younger than min_age), else leftover: the pool of a dead server and its stubs."""
+    owner = shm_fs.backend_of(e['name'])
+    what = (f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's "
+            "file)" if owner is not None else "Triton's python backend shared memory (matches the backend patterns)")
+    if all_holders:
+        return 'backend', f'{what}, held by {holders_mod.holders_text(all_holders)}: never an orphan, never a leftover'
+    if not holders_complete:
+        return 'backend', f'{what}: never an orphan; not held as far as seen, but holders could not be fully determined'
+    if e['age_s'] < min_age:
+        return 'backend', (f"{what}: never an orphan; no process holds it, but it is younger than min_age "
+                           f"({e['age_s']}s < {min_age}s)")
+    return LEFTOVER, (f'{what}, held by no process and older than min_age: the pool of a dead server and its stubs '
+                      '(they died together), which no server reuses')
+
+
+def stub_args(argv: Sequence[str] | None) -> dict | None:
+    """{model_path, region, instance} from a python backend stub's command line, or None when argv is not one."""
+    if not argv or len(argv) < _STUB_ARGS or os.path.basename(argv[0]) != STUB_NAME:
+        return None
+    return {'model_path': argv[1], 'region': argv[2], 'instance': argv[8]}
+
+
+def model_of(model_path: str, instance: str) -> str:
+    """The model a stub serves: the directory of MODEL/VERSION/model.py in the repository, else (a backend's own
+    model.py, as vllm's) the instance name without its _GROUP_INDEX suffix (``echo_0_0`` → ``echo``)."""
+    version_dir = os.path.dirname(model_path)
+    if os.path.basename(version_dir).isdigit():
+        return os.path.basename(os.path.dirname(version_dir))
+    return _INSTANCE_SUFFIX.sub('', instance) or instance
+
+
+def pool_record(snap: Snapshot, rec: dict) -> dict:
+    """The backend_pools record of one backend or leftover file record: its model and instance (from the stub that
+    maps it), bytes, holders (the server included) and state."""
+    e = snap.entry(rec['name'])
+    all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan is not None and e is not None) else []
+    model = instance = None
+    for h in all_holders:
+        args = stub_args(snap.cmdlines.get(h['pid']))
+        if args is not None and os.path.basename(args['region']) == rec['name']:
+            model, instance = model_of(args['model_path'], args['instance']), args['instance']
+            break
+    if rec['category'] == LEFTOVER:
+        state = POOL_LEFTOVER
+    elif all_holders:
+        state = POOL_LIVE
+    else:
+        state = POOL_UNKNOWN
+    return {'path': rec['path'], 'name': rec['name'], 'backend': rec['backend'], 'model': model, 'instance': instance,
+            'bytes': rec['allocated_bytes'], 'size': rec['size'], 'holders': all_holders, 'state': state,
+            'reason': rec['category_reason']}
+
+
+def pool_records(snap: Snapshot, files: Iterable[dict]) -> list:
+    """The pools of Python-based backends (backend and leftover files), by model then name."""
+    pools = [pool_record(snap, f) for f in files if f['category'] in ('backend', LEFTOVER)]
+    return sorted(pools, key=lambda p: (p['model'] is None, p['model'] or '', p['instance'] or '', p['name']))
 
 
 def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
@@ -412,11 +678,14 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
               'name': snap.metadata.get('name'), 'extensions': snap.metadata.get('extensions') or [],
               'pid': snap.pid, 'shm_dir': snap.shm_dir, 'located_by': snap.located_by,
               'not_found_reason': snap.server_reason if snap.pid is None else None,
-              'shm_unsupported': snap.shm_unsupported}
+              'shm_unsupported': snap.shm_unsupported, 'container': snap.container}
     return {'server': server, 'shm_fs': fs, 'system_regions': regions, 'cuda_regions': cuda, 'files': files,
+            'backend_pools': pool_records(snap, files),
             'summary': summarize(regions, cuda, files, fs),
             'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
             'holders_complete': snap.holders_complete,
+            'holders_incomplete_reason': snap.holders_incomplete_reason,
+            'pid_namespace': snap.pid_namespace,
             'scanned_at': snap.scanned_at}
 
 
@@ -448,6 +717,9 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
         'unknown_regions': count(regions, 'state', UNKNOWN),
         'registered_files': count(files, 'category', 'registered'),
         'backend_files': count(files, 'category', 'backend'),
+        'backend_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == 'backend'),
+        'leftover_files': count(files, 'category', LEFTOVER),
+        'leftover_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == LEFTOVER),
         'in_use_files': count(files, 'category', 'in_use'),
         'orphan_files': count(files, 'category', 'orphan'),
         'orphan_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == 'orphan'),

@@ -42,7 +42,23 @@ REPORT = 'report'
 CLEANUP = 'cleanup'
 FILE_BASES = {REPORT: 'tritonops_shm', CLEANUP: 'tritonops_shm_cleanup'}
 REGION_STATES = ('healthy', 'stale', 'reserved', 'dangling', 'unknown')
-FILE_CATEGORIES = ('registered', 'backend', 'in_use', 'orphan', 'foreign')
+# the file categories in the one order of every output (inventory.py classifies, the HTML report and metrics show)
+FILE_CATEGORIES = ('registered', 'backend', 'leftover', 'in_use', 'orphan', 'foreign')
+
+# At most this many values of the ``model`` label of tritonops_shm_backend_pool_bytes per textfile (per server): the
+# models with the most pool bytes keep their name, the others are summed under OTHER_MODELS. Pools no python stub maps
+# (their model cannot be read) are under UNATTRIBUTED.
+MODEL_LABEL_CAP = 20
+OTHER_MODELS = '_other'
+UNATTRIBUTED = '_unattributed'
+
+# the reason label of tritonops_shm_holders_complete 0, coarse so that the series stay few (the text, with pids and
+# paths, is the module's holders_incomplete_reason): outside the host's initial PID namespace, the shm directory not
+# read, processes that could not be inspected (not root), /proc mounted with hidepid; unknown: a result without it
+HOLDERS_INCOMPLETE_REASONS = ('pid_namespace', 'shm_dir', 'unreadable_processes', 'hidepid', 'unknown')
+# the holder label of tritonops_shm_held_bytes: a container's or pod's name, 'host' for processes outside containers; at
+# most this many series per server (the largest), the rest summed under 'other', so a busy server stays a few series
+HELD_BY_MAX = 10
 
 
 class Metric(NamedTuple):
@@ -58,7 +74,16 @@ METRICS = {m.name: m for m in (
     Metric('tritonops_shm_server_located', 'gauge',
            '1 when the tritonserver process behind the URL was found on this host, so its /dev/shm could be checked.',
            REPORT),
+    Metric('tritonops_shm_holders_complete', 'gauge',
+           '1 when every process that may hold the server\'s files could be seen, 0 when not (nothing is then stale); '
+           'pid_namespace is initial or other, reason one of HOLDERS_INCOMPLETE_REASONS (empty when complete).', REPORT),
     Metric('tritonops_shm_report_timestamp_seconds', 'gauge', 'When the server was last queried (Unix time).', REPORT),
+    Metric('tritonops_shm_server_container_info', 'gauge',
+           'The container or pod the server runs in (value always 1): container is its name (pod NAMESPACE/NAME, '
+           'pod UID, or ENGINE ID), runtime its engine; only for a server in a container.', REPORT),
+    Metric('tritonops_shm_held_bytes', 'gauge',
+           "Bytes of registered regions' files held, by holder: a container or pod name, host for processes outside "
+           f'containers; at most {HELD_BY_MAX} series, the rest summed as other.', REPORT),
     Metric('tritonops_shm_server_info', 'gauge', 'The Triton version the server reports (value always 1).', REPORT),
     Metric('tritonops_shm_fs_size_bytes', 'gauge', "Size of the server's /dev/shm (the container's --shm-size).", REPORT),
     Metric('tritonops_shm_fs_used_bytes', 'gauge', "Used bytes of the server's /dev/shm.", REPORT),
@@ -68,6 +93,13 @@ METRICS = {m.name: m for m in (
     Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
     Metric('tritonops_shm_files', 'gauge', "Files in the server's /dev/shm by category.", REPORT),
     Metric('tritonops_shm_orphan_bytes', 'gauge', 'Bytes of /dev/shm held by orphan files.', REPORT),
+    Metric('tritonops_shm_leftover_bytes', 'gauge',
+           "Bytes of /dev/shm held by leftover backend pools (no process holds them: a dead server's and its stubs').",
+           REPORT),
+    Metric('tritonops_shm_backend_pool_bytes', 'gauge',
+           "Bytes of /dev/shm held by the held pools of Triton's Python-based backends, by model (at most "
+           f'{MODEL_LABEL_CAP} model values, the rest under model="{OTHER_MODELS}"; pools no stub maps under '
+           f'model="{UNATTRIBUTED}").', REPORT),
     Metric('tritonops_shm_cleanup_last_run_timestamp_seconds', 'gauge',
            'When the last cleanup of this server ended (Unix time).', CLEANUP),
     Metric('tritonops_shm_cleanup_last_success', 'gauge', '1 when the last cleanup succeeded, 0 when it failed.', CLEANUP),
@@ -169,7 +201,14 @@ def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: O
     if up and server.get('version'):
         samples.append(('tritonops_shm_server_info', (('version', server['version']),), 1))
     if located:
+        holders_labels = (('pid_namespace', inv.get('pid_namespace') or ''), ('reason', holders_incomplete_cause(inv)))
+        samples.append(('tritonops_shm_holders_complete', holders_labels, inv.get('holders_complete') is True))
         regions = inv.get('system_regions') or []
+        container = server.get('container')
+        if isinstance(container, Mapping) and container.get('name'):
+            samples.append(('tritonops_shm_server_container_info', (('container', container['name']),
+                                                                    ('runtime', container.get('runtime') or '')), 1))
+        samples += [('tritonops_shm_held_bytes', (('holder', holder),), held) for holder, held in held_by(regions)]
         summary = inv.get('summary') or {}
         fs = inv.get('shm_fs') or {}
         if fs.get('total_bytes') is not None:
@@ -184,7 +223,62 @@ def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: O
         samples += [('tritonops_shm_files', (('category', c),), sum(1 for f in files if f.get('category') == c))
                     for c in FILE_CATEGORIES]
         samples.append(('tritonops_shm_orphan_bytes', (), summary.get('orphan_bytes') or 0))
+        samples.append(('tritonops_shm_leftover_bytes', (), summary.get('leftover_bytes') or 0))
+        samples += [('tritonops_shm_backend_pool_bytes', (('model', model),), value)
+                    for model, value in pool_bytes_by_model(inv.get('backend_pools') or ())]
     return _render(samples, host, url)
+
+
+def pool_bytes_by_model(pools: Iterable[Mapping], cap: int = MODEL_LABEL_CAP) -> list:
+    """[(model label, bytes)] of the pools that are not leftovers: the cap models with the most bytes by name (ties by
+    name), the rest summed under OTHER_MODELS; a pool without a model under UNATTRIBUTED (never counted in the cap)."""
+    by_model: dict = {}
+    for pool in pools:
+        if pool.get('state') == 'leftover':
+            continue
+        model = pool.get('model') or UNATTRIBUTED
+        by_model[model] = by_model.get(model, 0) + int(pool.get('bytes') or 0)
+    unattributed = by_model.pop(UNATTRIBUTED, None)
+    ranked = sorted(by_model.items(), key=lambda mv: (-mv[1], mv[0]))
+    kept, rest = ranked[:cap], ranked[cap:]
+    out = sorted(kept)
+    if rest:
+        out.append((OTHER_MODELS, sum(v for _m, v in rest)))
+    if unattributed is not None:
+        out.append((UNATTRIBUTED, unattributed))
+    return out
+
+
+def held_by(regions: Iterable[Mapping]) -> list[tuple[str, int]]:
+    """[(holder, bytes)] of the registered regions' holders by container or pod ('host' outside containers), largest
+    first, at most HELD_BY_MAX entries (the rest summed as 'other'); a region held from several places counts in each."""
+    held: dict[str, int] = {}
+    for region in regions:
+        names = set()
+        for holder in region.get('holders') or ():
+            container = holder.get('container')
+            names.add(str(container['name']) if isinstance(container, Mapping) and container.get('name') else 'host')
+        for name in names:
+            held[name] = held.get(name, 0) + int(region.get('byte_size') or 0)
+    ordered = sorted(held.items(), key=lambda item: (-item[1], item[0]))
+    if len(ordered) > HELD_BY_MAX:
+        ordered = ordered[:HELD_BY_MAX - 1] + [('other', sum(v for _k, v in ordered[HELD_BY_MAX - 1:]))]
+    return ordered
+
+
+def holders_incomplete_cause(inv: Mapping) -> str:
+    """The coarse reason (HOLDERS_INCOMPLETE_REASONS) why an inventory's holders are incomplete, '' when complete."""
+    if inv.get('holders_complete') is True:
+        return ''
+    if inv.get('holders_complete') is None:
+        return 'unknown'
+    if inv.get('pid_namespace') == 'other' and "initial PID namespace" in str(inv.get('holders_incomplete_reason') or ''):
+        return 'pid_namespace'
+    if (inv.get('server') or {}).get('shm_dir') is None:
+        return 'shm_dir'
+    if inv.get('unreadable_processes'):
+        return 'unreadable_processes'
+    return 'hidepid'
 
 
 def _previous_values(text: Optional[str]) -> dict:

@@ -6,7 +6,8 @@
 
 Private to the tritonops.shm collection: no stability promise to other code.
 Standard library only. holders.py and discovery.py read /proc through these: the pids, a
-process's name, a whole file as bytes, its socket inodes, its children and its network namespace.
+process's name, a whole file as bytes, its socket inodes, its children and its network namespace, and
+which PID namespace a proc filesystem and the module belong to (pid_namespace).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import time
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 _READ_FLAGS = os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0)
 
@@ -63,6 +65,44 @@ def read_comm(pid: int, proc: str = '/proc') -> str | None:
         os.close(fd)
 
 
+def start_time(pid: int, proc: str = '/proc') -> int | None:
+    """A process's start time (clock ticks after boot, field 22 of /proc/PID/stat), or None when gone or unreadable.
+
+    With the pid it names one process for good: a pid reused later has another start time.
+    """
+    try:
+        data = read_bytes(f'{proc}/{pid}/stat')
+        return int(data[data.rindex(b')') + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def effective_uid(pid: int, proc: str = '/proc') -> int | None:
+    """A process's effective uid as this process sees it (the Uid: line of /proc/PID/status), or None when gone."""
+    try:
+        data = read_bytes(f'{proc}/{pid}/status')
+    except OSError:
+        return None
+    for line in data.split(b'\n'):
+        if line.startswith(b'Uid:'):
+            try:
+                return int(line.split()[2])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def read_cmdline(pid: int, proc: str = '/proc') -> list[str] | None:
+    """The command line of a process (its arguments), or None when it is gone or unreadable."""
+    try:
+        data = read_bytes(f'{proc}/{pid}/cmdline')
+    except OSError:
+        return None
+    if not data:
+        return None   # a kernel thread, or a process already exiting
+    return [a.decode('utf-8', 'replace') for a in data.rstrip(b'\0').split(b'\0')]
+
+
 def socket_inodes(pid: int | str, proc: str = '/proc') -> set[int]:
     """The inodes of the sockets a process has open (empty when it is gone or unreadable)."""
     base = f'{proc}/{pid}/fd/'
@@ -103,6 +143,47 @@ def netns_inode(pid: int | str, proc: str = '/proc') -> int | None:
         return os.stat(f'{proc}/{pid}/ns/net').st_ino
     except OSError:
         return None
+
+
+# The inode the kernel gives the host's initial PID namespace (PROC_PID_INIT_INO, include/linux/proc_ns.h):
+# fixed, whatever the machine; every other PID namespace gets a dynamic one.
+INITIAL_PID_NS_INODE = 0xEFFFFFFC
+
+
+class PidNamespace(NamedTuple):
+    """Which PID namespace the module and the proc filesystem it reads belong to (see pid_namespace)."""
+
+    initial: bool   # both are the host's initial PID namespace
+    detail: str     # what was seen, for a reason
+
+
+def pid_namespace(proc: str = '/proc') -> PidNamespace:
+    """Whether the module runs in the host's initial PID namespace and proc is that namespace's proc filesystem.
+
+    Both must hold for a pass over proc to see every process of the machine:
+    - ``PROC/self`` resolves to the module's own pid: a proc filesystem shows the pid of its reader as seen from
+      the namespace it was mounted for, so it is the module's own (an ancestor's proc shows another number, a
+      descendant's none);
+    - ``PROC/self/ns/pid`` (stat follows the nsfs link) has the initial namespace's fixed inode 0xEFFFFFFC.
+    Anything that cannot be read counts as another namespace.
+    """
+    try:
+        link = os.readlink(f'{proc}/self')
+    except OSError as exc:
+        return PidNamespace(False, f'{proc}/self does not resolve ({exc.strerror or exc}): {proc} is not the proc '
+                                   "filesystem of the module's PID namespace")
+    own = str(os.getpid())
+    if link != own:
+        return PidNamespace(False, f"{proc}/self is {link}, not the module's pid {own}: {proc} belongs to another PID "
+                                   'namespace than the module')
+    try:
+        inode = os.stat(f'{proc}/self/ns/pid').st_ino
+    except OSError as exc:
+        return PidNamespace(False, f'{proc}/self/ns/pid cannot be read ({exc.strerror or exc})')
+    if inode != INITIAL_PID_NS_INODE:
+        return PidNamespace(False, f"the module's PID namespace is pid:[{inode}], not the host's initial one "
+                                   f'pid:[{INITIAL_PID_NS_INODE}]')
+    return PidNamespace(True, f"the host's initial PID namespace pid:[{INITIAL_PID_NS_INODE}]")
 
 
 class Backoff:

@@ -8,7 +8,12 @@ Private to the tritonops.shm collection: no stability promise to other code.
 TritonClient implements client.Client for ``http://`` and ``https://`` URLs (and URLs without a
 scheme). It owns the requests session, timeouts, TLS, headers and the region names in URL paths,
 and turns every failure into a TritonError whose message names the URL. For bulk work
-use_keep_alive() switches plain http to one kept-alive ``http.client`` connection.
+use_keep_alive() switches plain http to one kept-alive connection read by http_reader.
+
+Every request is bounded as a whole: ``timeout`` seconds from connecting to the last byte of the answer
+(a server trickling its answer is cut at that deadline), and at most client.MAX_ANSWER_BYTES of body
+(a larger answer fails naming the URL), on each path: requests, the kept-alive connection and the bulk
+selector path.
 """
 from __future__ import annotations
 
@@ -16,16 +21,19 @@ import json
 import selectors
 import socket
 import string
+import threading
+import time
 import traceback
 
 from collections.abc import Iterable, Iterator
-from http import client as http_client
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    HTTP, Answer, Client, Library, UnregisterBatch, check_kind, error_from_answer, host_port, short, snippet, split_url,
+    HTTP, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
+    error_from_answer, host_port, index_entry, short, snippet, split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
+from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import HttpError, ResponseReader
 
 REQUESTS_IMPORT_ERROR = None
 try:
@@ -68,6 +76,16 @@ def region_segment(name: str) -> str:
                                 "Triton does not decode percent-encoding in region names (use names of letters, digits and "
                                 "-._~ only). Such a region comes from a gRPC client: a grpc:// URL of the same server (its "
                                 "gRPC port, 8001 by default) can unregister and clean it")
+    return name
+
+
+def model_segment(name: str) -> str:
+    """A model name as a URL path segment: sent as it is, like region names (see region_segment)."""
+    bad = sorted({c for c in name if c not in _SEGMENT_SAFE})
+    if not name or bad:
+        chars = ', '.join(repr(c) for c in bad) or 'nothing'
+        raise UnaddressableName(f"model name {name!r} cannot be addressed over Triton's HTTP API: it contains {chars}; "
+                                "a grpc:// URL of the same server can")
     return name
 
 
@@ -158,11 +176,9 @@ class TritonClient(Client):
             if keep_alive is not None:
                 resp = keep_alive.send(method, path, data, headers)
             else:
-                prepared = self.session.prepare_request(requests.Request(method, url, data=data, headers=headers))
-                prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
-                # verify/cert passed explicitly: otherwise REQUESTS_CA_BUNDLE would override ca_path and validate_certs=false
-                settings = self.session.merge_environment_settings(url, {}, None, self.session.verify, self.session.cert)
-                resp = self.session.send(prepared, timeout=self.timeout, **settings)
+                resp = self._via_requests(method, url, data, headers)
+        except HttpError as exc:
+            raise self.error(f'{what} at {url}: {exc}', url) from exc
         except requests.exceptions.SSLError as exc:
             raise self.error(f'{what} at {url}: TLS verification failed: {exc}', url) from exc
         except requests.exceptions.ConnectTimeout as exc:
@@ -177,6 +193,50 @@ class TritonClient(Client):
             # requests raises a bare OSError for a ca_path / client_cert it cannot read
             raise self.error(f'{what} at {url}: {short(exc)}', url) from exc
         return self._decode(resp, what, url, expect_json)
+
+    def _via_requests(self, method: str, url: str, data: str | None, headers: dict | None) -> _Response:
+        """One request through the requests session, within self.timeout as a whole and MAX_ANSWER_BYTES of body.
+
+        requests bounds each wait for bytes, not the whole answer: a worker thread sends and reads, and the
+        caller waits for it until the deadline (a worker still reading a trickle then is left to its own
+        per-read timeout; it holds no more than the cap).
+        """
+        prepared = self.session.prepare_request(requests.Request(method, url, data=data, headers=headers))
+        prepared.url = url  # byte for byte: requests would re-quote the path (e.g. turn %41 into A)
+        # verify/cert passed explicitly: otherwise REQUESTS_CA_BUNDLE would override ca_path and validate_certs=false
+        settings = self.session.merge_environment_settings(url, {}, None, self.session.verify, self.session.cert)
+        settings['stream'] = True     # the body is read here, up to the cap
+        deadline = time.monotonic() + self.timeout
+        out: list = []
+
+        def work() -> None:
+            try:
+                resp = self.session.send(prepared, timeout=self.timeout, **settings)
+                try:
+                    length = resp.headers.get('Content-Length') or ''
+                    if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+                        raise HttpError(f'the answer is larger than {MAX_ANSWER_BYTES} bytes (Content-Length {length})')
+                    body = bytearray()
+                    for part in resp.iter_content(65536):
+                        body += part
+                        if len(body) > MAX_ANSWER_BYTES:
+                            raise HttpError(f'the answer is larger than {MAX_ANSWER_BYTES} bytes')
+                        if time.monotonic() > deadline:
+                            raise requests.exceptions.ReadTimeout('the whole answer took longer than the timeout')
+                finally:
+                    resp.close()
+                out.append(_Response(resp.status_code, resp.reason, bytes(body)))
+            except BaseException as exc:  # pylint: disable=broad-except  # re-raised by the caller
+                out.append(exc)
+
+        worker = threading.Thread(target=work, name='tritonops-shm-http', daemon=True)
+        worker.start()
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if not out:
+            raise requests.exceptions.ReadTimeout('the whole answer took longer than the timeout')
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
 
     def _decode(self, resp: Any, what: str, url: str, expect_json: bool) -> tuple[int, Any]:
         data = None
@@ -198,12 +258,12 @@ class TritonClient(Client):
                               f'{snippet(resp.text)}', url=url, status=resp.status_code, transport=self.transport)
         return resp.status_code, data
 
-    def _json_list(self, path: str, what: str) -> list[dict]:
+    def _json_list(self, kind: str, path: str, what: str) -> list[dict]:
         _status, data = self.request('GET', path, what=what)
+        url = self.base + path
         if not isinstance(data, list) or not all(isinstance(i, dict) for i in data):
-            url = self.base + path
             raise self.error(f'{what} at {url}: expected a JSON list of regions, got {snippet(json.dumps(data))}', url)
-        return data
+        return check_regions(kind, data, f'{what} at {url}', url, self.transport)
 
     @staticmethod
     def unaddressable(name: str) -> str | None:
@@ -222,17 +282,47 @@ class TritonClient(Client):
             url = f'{self.base}/v2'
             raise self.error(f'read server metadata at {url}: the response is not Triton server metadata: '
                              f'{snippet(json.dumps(data))}', url)
-        return data
+        return check_metadata(data, f'read server metadata at {self.base}/v2', f'{self.base}/v2', self.transport)
 
     def _health(self, which: str) -> bool:
         """GET /v2/health/live or /ready: 200 is live/ready (a 4xx/5xx answer raises, so: not)."""
         status, _data = self.request('GET', f'/v2/health/{which}', what=f'health {which}', expect_json=False)
         return status == 200
 
+    # -- model repository -------------------------------------------------------------
+
+    def repository_index(self) -> list[dict]:
+        """POST /v2/repository/index."""
+        _status, data = self.request('POST', '/v2/repository/index', body={}, what='read the model repository index')
+        if not isinstance(data, list) or not all(isinstance(m, dict) and 'name' in m for m in data):
+            url = f'{self.base}/v2/repository/index'
+            raise self.error(f'read the model repository index at {url}: expected a JSON list of models, got '
+                             f'{snippet(json.dumps(data))}', url)
+        return [index_entry(m['name'], m.get('version'), m.get('state'), m.get('reason')) for m in data]
+
+    def model_config(self, name: str) -> dict:
+        """GET /v2/models/NAME/config."""
+        _status, data = self.request('GET', f'/v2/models/{model_segment(name)}/config', what=f"read the config of model '{name}'")
+        if not isinstance(data, dict) or 'name' not in data:
+            url = f'{self.base}/v2/models/{name}/config'
+            raise self.error(f"read the config of model '{name}' at {url}: not a model configuration: "
+                             f'{snippet(json.dumps(data))}', url)
+        return data
+
+    def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
+        """POST /v2/repository/models/NAME/load, answered when the model (every version) is loaded."""
+        body = {} if config is None else {'parameters': {'config': json.dumps(config)}}
+        saved, self.timeout = self.timeout, timeout or self.timeout
+        try:
+            self.request('POST', f'/v2/repository/models/{model_segment(name)}/load', body=body,
+                         what=f"load model '{name}'", expect_json=False)
+        finally:
+            self.timeout = saved
+
     # -- shared memory --------------------------------------------------------------
 
     def status(self, kind: str) -> list[dict]:
-        return self._json_list(f'/v2/{_kind_root(kind)}/status', f'read {kind} shared memory status')
+        return self._json_list(kind, f'/v2/{_kind_root(kind)}/status', f'read {kind} shared memory status')
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         body = {'key': key, 'offset': offset, 'byte_size': byte_size}
@@ -257,13 +347,14 @@ class TritonClient(Client):
 
 
 class _Conn:
-    """One connection of a _SelectorUnregister: its socket, what came so far, the region it waits for."""
+    """One connection of a _SelectorUnregister: its socket, its reader, the region it waits for and until when."""
 
     def __init__(self) -> None:
         self.sock: socket.socket | None = None
-        self.buf = b''
+        self.reader = ResponseReader(MAX_ANSWER_BYTES)
         self.name: str | None = None
         self.request = b''
+        self.deadline = 0.0       # the answer must be whole by then (time.monotonic)
         self.reused = False      # an answer came over this socket already (the server may close it when idle)
         self.retried = False
 
@@ -271,42 +362,17 @@ class _Conn:
 def _parse_answer(buf: bytes) -> tuple[int, str, bytes, bool, int] | None:
     """(status, reason, body, close, length used) of the first complete HTTP/1.x answer in buf; None while incomplete.
 
-    ValueError when buf is not an HTTP answer.
+    Read by http_reader (strict: CRLF, bounds, MAX_ANSWER_BYTES). An answer whose body runs to the end of the
+    connection is given with the body not read (b'') and close set. ValueError (http_reader.HttpError) when buf
+    is not an HTTP answer.
     """
-    end = buf.find(b'\r\n\r\n')
-    if end < 0:
-        return None
-    lines = buf[:end].decode('latin-1').split('\r\n')
-    version, status, reason = (lines[0].split(' ', 2) + [''])[:3]
-    if not version.startswith('HTTP/1.'):
-        raise ValueError(f'not an HTTP answer: {lines[0][:80]!r}')
-    headers = {}
-    for line in lines[1:]:
-        key, _sep, value = line.partition(':')
-        headers[key.strip().lower()] = value.strip().lower()
-    close = version == 'HTTP/1.0' or headers.get('connection') == 'close'
-    pos = end + 4
-    if 'chunked' in headers.get('transfer-encoding', ''):
-        body = b''
-        while True:
-            line_end = buf.find(b'\r\n', pos)
-            if line_end < 0:
-                return None
-            size = int(buf[pos:line_end].split(b';')[0], 16)
-            if size == 0:
-                if len(buf) < line_end + 4:
-                    return None
-                return int(status), reason, body, close, line_end + 4
-            if len(buf) < line_end + 4 + size:
-                return None
-            body += buf[line_end + 2:line_end + 2 + size]
-            pos = line_end + 4 + size
-    if 'content-length' not in headers:
-        return int(status), reason, b'', True, pos      # a body until the close: not read, the connection is closed after
-    length = int(headers['content-length'])
-    if len(buf) < pos + length:
-        return None
-    return int(status), reason, buf[pos:pos + length], close, pos + length
+    reader = ResponseReader(MAX_ANSWER_BYTES)
+    resp = reader.feed(buf)
+    if resp is not None:
+        return resp.status, resp.reason, resp.body, not resp.keep_alive, len(buf) - len(reader.leftover)
+    if reader.until_close:
+        return reader.status, reader.reason, b'', True, len(buf)
+    return None
 
 
 class _SelectorUnregister(UnregisterBatch):
@@ -342,14 +408,15 @@ class _SelectorUnregister(UnregisterBatch):
             self._sel.unregister(conn.sock)
             conn.sock.close()
             conn.sock = None
-        conn.buf = b''
+        conn.reader.start()
         conn.reused = False
 
     def _send(self, conn: _Conn) -> Answer | None:
         """Send conn.request (connecting first when needed); an Answer when it could not be sent."""
         try:
+            conn.reader.start()
             if conn.sock is None:
-                conn.sock = socket.create_connection(self._address, timeout=self._timeout)
+                conn.sock = socket.create_connection(self._address, timeout=max(0.001, conn.deadline - time.monotonic()))
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._sel.register(conn.sock, selectors.EVENT_READ, conn)
             conn.sock.sendall(conn.request)
@@ -374,6 +441,7 @@ class _SelectorUnregister(UnregisterBatch):
                 yield Answer(name, exc)
                 continue
             conn.name, conn.request, conn.retried = name, f'POST {path}'.encode('ascii') + self._tail, False
+            conn.deadline = time.monotonic() + self._timeout
             failed = self._send(conn)
             if failed is None:
                 return
@@ -388,8 +456,19 @@ class _SelectorUnregister(UnregisterBatch):
             data, error = b'', short(exc)
         else:
             error = 'the server closed the connection'
-        if not data:
-            if conn.reused and not conn.buf and not conn.retried:
+        try:
+            if data:
+                resp = conn.reader.feed(data)
+            elif conn.reader.seen:
+                resp = conn.reader.eof()     # the end of an answer that runs to the close, or HttpError: cut short
+            else:
+                resp = None
+        except HttpError as exc:
+            self._close(conn)
+            yield self._failure(conn.name, str(exc))
+            return
+        if not data and resp is None:
+            if conn.reused and not conn.retried:
                 self._close(conn)
                 conn.retried = True
                 failed = self._send(conn)
@@ -399,25 +478,16 @@ class _SelectorUnregister(UnregisterBatch):
             self._close(conn)
             yield self._failure(conn.name, f'cannot connect to Triton (refused or unreachable): {error}')
             return
-        conn.buf += data
-        try:
-            parsed = _parse_answer(conn.buf)
-        except ValueError as exc:
-            self._close(conn)
-            yield self._failure(conn.name, f'the response is not HTTP: {short(exc)}')
+        if resp is None:
             return
-        if parsed is None:
-            return
-        status, reason, body, close, used = parsed
-        conn.buf = conn.buf[used:]
         conn.reused = True
-        if close:
-            self._close(conn)
+        if not resp.keep_alive or conn.reader.leftover or not data:
+            self._close(conn)     # closed by the server, or bytes nobody asked for: this connection is done
         answer = Answer(conn.name, None)
-        if status >= 300:
+        if resp.status >= 300:
             url = f'{self.client.base}{region_path(self.kind, conn.name)}/unregister'
             try:
-                self.client._decode(_Response(status, reason, body), self._what(conn.name), url, False)  # pylint: disable=protected-access
+                self.client._decode(_Response(resp.status, resp.reason, resp.body), self._what(conn.name), url, False)  # pylint: disable=protected-access
             except TritonError as exc:
                 answer = Answer(conn.name, exc)
         self.client.requests_made += 1
@@ -430,11 +500,13 @@ class _SelectorUnregister(UnregisterBatch):
             for conn in conns:
                 yield from self._next(conn)
             while self._sel.get_map():
-                events = self._sel.select(self._timeout)
-                if not events:
-                    for key in list(self._sel.get_map().values()):
-                        self._close(key.data)
-                        yield self._failure(key.data.name, f'no answer within {self._timeout}s (timeout)')
+                waiting = [key.data for key in self._sel.get_map().values()]
+                wait = min(conn.deadline for conn in waiting) - time.monotonic()
+                events = self._sel.select(max(0.0, wait)) if wait > 0 else []
+                if not events:     # each request is bounded as a whole: a trickling answer is cut at its deadline
+                    for conn in waiting:
+                        self._close(conn)
+                        yield self._failure(conn.name, f'no answer within {self._timeout}s (timeout)')
                     return
                 for key, _mask in events:
                     if key.data.sock is not None:
@@ -462,12 +534,13 @@ class _Response:
 
 
 class _KeepAlive:
-    """One persistent plain HTTP/1.1 connection (the standard library's http.client), for bulk calls.
+    """One persistent plain HTTP/1.1 connection for bulk calls: a socket, and answers read by http_reader.
 
-    requests costs about 0.4 ms of Python per call, several times a loopback request to Triton;
-    http.client over one kept-alive connection costs what tritonclient does. Failures are raised
-    as the requests exceptions they correspond to, so TritonClient.request reports them exactly
-    as for requests.
+    requests costs about 0.4 ms of Python per call, several times a loopback request to Triton. Each
+    request is bounded as a whole (timeout seconds from connecting to the answer's last byte) and its
+    body by MAX_ANSWER_BYTES. Failures are raised as the requests exceptions they correspond to (and
+    http_reader.HttpError for an answer that is not HTTP or too large), so TritonClient.request reports
+    them exactly as for requests.
     """
 
     def __init__(self, host: str, port: int, timeout: float, headers: dict) -> None:
@@ -476,11 +549,13 @@ class _KeepAlive:
         self.timeout = timeout
         self.headers = {k: v for k, v in headers.items()
                         if k.lower() not in ('host', 'content-length', 'connection', 'transfer-encoding')}
-        self.conn: http_client.HTTPConnection | None = None
+        self._head = ''.join(f'{k}: {v}\r\n' for k, v in self.headers.items())
+        self.sock: socket.socket | None = None
+        self.reader = ResponseReader(MAX_ANSWER_BYTES)
 
     @staticmethod
     def usable_headers(headers: dict) -> bool:
-        """Header names and values http.client can send as they are (no line breaks, ASCII)."""
+        """Header names and values that can be sent as they are (no line breaks, ASCII)."""
         for k, v in headers.items():
             text = f'{k}{v}'
             if '\r' in text or '\n' in text or any(ord(c) > 126 for c in text):
@@ -488,38 +563,74 @@ class _KeepAlive:
         return True
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
-    def send(self, method: str, path: str, data: str | bytes | None = None, headers: dict | None = None,
-             _retried: bool = False) -> _Response:
+    def send(self, method: str, path: str, data: str | bytes | None = None, headers: dict | None = None) -> _Response:
         if any(c in path for c in ' \r\n\t') or not path.startswith('/'):
             raise requests.exceptions.InvalidURL(f'invalid request path {path!r}')
-        fresh = self.conn is None
-        if fresh:
-            self.conn = http_client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         body = data.encode('utf-8') if isinstance(data, str) else (data or b'')
-        hdrs = dict(self.headers)
-        hdrs.update(headers or {})
-        hdrs['Content-Length'] = str(len(body))
-        try:
-            self.conn.request(method, path, body=body, headers=hdrs)
-            resp = self.conn.getresponse()
-            content = resp.read()
-        except socket.timeout as exc:
-            self.close()
-            raise requests.exceptions.ReadTimeout('read timed out') from exc
-        except (http_client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-            # an idle kept-alive connection the server closed: reconnect once (Triton's
-            # shared-memory calls are idempotent: register of an existing spec, unregister)
-            self.close()
-            if fresh or _retried:
+        extra = ''.join(f'{k}: {v}\r\n' for k, v in (headers or {}).items())
+        request = (f'{method} {path} HTTP/1.1\r\nHost: {host_port(self.host, self.port)}\r\n{self._head}{extra}'
+                   f'Content-Length: {len(body)}\r\n\r\n').encode('latin-1') + body
+        deadline = time.monotonic() + self.timeout
+        for attempt in (1, 2):
+            fresh = self.sock is None
+            try:
+                return self._exchange(request, deadline)
+            except _Stale as exc:
+                # an idle kept-alive connection the server closed: reconnect once (Triton's
+                # shared-memory calls are idempotent: register of an existing spec, unregister)
+                self.close()
+                if fresh or attempt == 2:
+                    raise requests.exceptions.ConnectionError(exc.__cause__ or exc) from exc
+            except socket.timeout as exc:
+                self.close()
+                raise requests.exceptions.ReadTimeout('read timed out') from exc
+            except HttpError:
+                self.close()
+                raise
+            except OSError as exc:
+                self.close()
                 raise requests.exceptions.ConnectionError(exc) from exc
-            return self.send(method, path, data, headers, _retried=True)
-        except (OSError, http_client.HTTPException) as exc:
-            self.close()
-            raise requests.exceptions.ConnectionError(exc) from exc
-        if resp.will_close:
-            self.close()
-        return _Response(resp.status, resp.reason, content)
+        raise AssertionError('unreachable')
+
+    def _exchange(self, request: bytes, deadline: float) -> _Response:
+        """Send request and read its answer by deadline (socket.timeout after it); _Stale when the server closed first."""
+        def left() -> float:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout('the whole answer took longer than the timeout')
+            return remaining
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=left())
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = self.reader
+        reader.start()
+        try:
+            self.sock.settimeout(left())
+            self.sock.sendall(request)
+            while True:
+                self.sock.settimeout(left())
+                data = self.sock.recv(65536)
+                if not data:
+                    if not reader.seen:
+                        raise _Stale('the server closed the connection')
+                    resp = reader.eof()
+                    self.close()
+                    break
+                resp = reader.feed(data)
+                if resp is not None:
+                    if not resp.keep_alive or reader.leftover:
+                        self.close()
+                    break
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            if reader.seen:
+                raise
+            raise _Stale(str(exc)) from exc
+        return _Response(resp.status, resp.reason, resp.body)
+
+
+class _Stale(OSError):
+    """The server closed the kept-alive connection before any byte of the answer."""

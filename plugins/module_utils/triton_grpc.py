@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
+import json
 import os
 import re
 import traceback
@@ -27,9 +28,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    GRPC, GRPC_SCHEMES, Answer, Client, Library, UnregisterBatch, check_kind, error_from_answer, host_port, short, split_url,
+    GRPC, GRPC_SCHEMES, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
+    error_from_answer, host_port, index_entry, short, split_url,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import MODEL_CONTROL_TEXT, TritonError, UnaddressableName
 
 GRPC_REQUIREMENT = 'tritonclient[grpc]'
 DEFAULT_GRPC_PORT = 8001
@@ -37,7 +39,7 @@ DEFAULT_GRPC_PORT = 8001
 _TLS_WORDS = ('ssl', 'tls', 'handshake', 'certificate')
 _METADATA_KEY = re.compile(r'^[0-9a-z_.-]+$')
 _RESERVED_KEYS = ('content-type', 'te', 'user-agent', 'host', 'connection')
-_MAX_MESSAGE = 64 << 20   # a status of 100,000 regions is a few MiB
+_MAX_MESSAGE = MAX_ANSWER_BYTES   # a status of 100,000 regions is a few MiB; a larger answer: RESOURCE_EXHAUSTED
 # Bulk unregisters: at most this many calls in flight on the one channel (docs/performance.md)
 BULK_WINDOW = 64
 _EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every region)'
@@ -172,11 +174,11 @@ class TritonGrpcClient(Client):
             self._stub = _Lib.pb_grpc.GRPCInferenceServiceStub(self._channel)
         return self._stub
 
-    def call(self, method: str, request: Any, what: str) -> Any:
+    def call(self, method: str, request: Any, what: str, timeout: float | None = None) -> Any:
         """One RPC of Triton's GRPCInferenceService; every failure becomes a TritonError naming the URL."""
         self.requests_made += 1
         try:
-            return getattr(self._service(), method)(request, timeout=self.timeout, metadata=self.metadata)
+            return getattr(self._service(), method)(request, timeout=timeout or self.timeout, metadata=self.metadata)
         except _Lib.grpc.RpcError as exc:
             raise self._rpc_error(exc, what) from exc
 
@@ -185,8 +187,13 @@ class TritonGrpcClient(Client):
         name = getattr(code, 'name', None) or 'UNKNOWN'
         details = (exc.details() if hasattr(exc, 'details') else None) or str(exc)
         where = f'{what} at {self.base}'
-        if name == 'DEADLINE_EXCEEDED':
+        if name == 'DEADLINE_EXCEEDED':      # the deadline bounds the whole call, as timeout does over HTTP
             return self.error(f'{where}: no answer within {self.timeout}s (timeout)')
+        if name == 'RESOURCE_EXHAUSTED' and 'larger than max' in details:
+            return self.error(f'{where}: the answer is larger than {_MAX_MESSAGE} bytes: {short(details)}')
+        if name == 'UNAVAILABLE' and MODEL_CONTROL_TEXT in details:   # an answer: 2.51 refuses a load this way
+            return error_from_answer(where, f'gRPC {name}', short(details), details, url=self.base, status=name,
+                                     transport=self.transport)
         if name == 'UNAVAILABLE':      # no answer came from the server: the transport failed, as a connection error over HTTP
             low = details.lower()
             if 'http1' in low or 'http/1' in low:
@@ -210,12 +217,39 @@ class TritonGrpcClient(Client):
         resp = self.call('ServerMetadata', _Lib.pb.ServerMetadataRequest(), 'read server metadata')
         if not resp.version:
             raise self.error(f'read server metadata at {self.base}: the answer is not Triton server metadata (no version)')
-        return {'name': resp.name, 'version': resp.version, 'extensions': list(resp.extensions)}
+        return check_metadata({'name': resp.name, 'version': resp.version, 'extensions': list(resp.extensions)},
+                              f'read server metadata at {self.base}', self.base, self.transport)
 
     def _health(self, which: str) -> bool:
         if which == 'live':
             return bool(self.call('ServerLive', _Lib.pb.ServerLiveRequest(), 'health live').live)
         return bool(self.call('ServerReady', _Lib.pb.ServerReadyRequest(), 'health ready').ready)
+
+    # -- model repository -------------------------------------------------------------
+
+    def repository_index(self) -> list[dict]:
+        resp = self.call('RepositoryIndex', _Lib.pb.RepositoryIndexRequest(), 'read the model repository index')
+        return [index_entry(m.name, m.version, m.state, m.reason) for m in resp.models]
+
+    def model_config(self, name: str) -> dict:
+        """ModelConfig, as the HTTP API's JSON (field names as in the protobuf; int64 values may come as strings)."""
+        from google.protobuf import json_format  # pylint: disable=import-outside-toplevel
+        what = f"read the config of model '{name}'"
+        resp = self.call('ModelConfig', _Lib.pb.ModelConfigRequest(name=self._model(name, what)), what)
+        return json_format.MessageToDict(resp.config, preserving_proto_field_name=True)
+
+    def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
+        what = f"load model '{name}'"
+        req = _Lib.pb.RepositoryModelLoadRequest(model_name=self._model(name, what))
+        if config is not None:
+            req.parameters['config'].string_param = json.dumps(config)
+        self.call('RepositoryModelLoad', req, what, timeout=timeout)
+
+    @staticmethod
+    def _model(name: str, what: str) -> str:
+        if not name:
+            raise UnaddressableName(f'{what}: an empty model name is refused')
+        return name
 
     # -- shared memory --------------------------------------------------------------
 
@@ -229,7 +263,7 @@ class TritonGrpcClient(Client):
         else:
             resp = self.call('CudaSharedMemoryStatus', _Lib.pb.CudaSharedMemoryStatusRequest(), what)
             out = [{'name': r.name, 'device_id': int(r.device_id), 'byte_size': int(r.byte_size)} for r in resp.regions.values()]
-        return sorted(out, key=lambda r: r['name'])
+        return check_regions(kind, sorted(out, key=lambda r: r['name']), f'{what} at {self.base}', self.base, self.transport)
 
     @staticmethod
     def unaddressable(name: str) -> str | None:

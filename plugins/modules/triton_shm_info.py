@@ -16,7 +16,10 @@ description:
     C(/dev/shm) and the processes that map or hold that file, classified C(healthy), C(stale), C(reserved), C(dangling) or
     C(unknown).
   - Every registered CUDA region (C(GET /v2/cudasharedmemory/status)).
-  - Every entry of the server's shm directory, classified C(registered), C(backend), C(in_use), C(orphan) or C(foreign).
+  - Every entry of the server's shm directory, classified C(registered), C(backend), C(leftover), C(in_use), C(orphan) or
+    C(foreign).
+  - The pools of Triton's Python-based backends (RV(backend_pools)), each named for the model and instance whose python stub
+    maps it (read from the stub's command line), and the C(leftover) pools of dead servers that no process holds.
   - Usage of the server's shm filesystem (its size is the container's C(--shm-size)).
   - Holders are found in one pass over C(/proc/*/maps) and C(/proc/*/fd), matched on device and inode, so clients in other
     mount namespaces (containers) are seen.
@@ -52,8 +55,9 @@ options:
     default: []
   min_age:
     description:
-      - Minimum age in seconds (since last modification) for a pattern-matching file to be orphan.
-      - A younger file may belong to a client that is about to register it.
+      - Minimum age in seconds (since last modification) for a pattern-matching file to be orphan, and for an unheld backend
+        file to be C(leftover).
+      - A younger file may belong to a client that is about to register it, or to a server that is starting its model.
     type: float
     default: 300
   query:
@@ -153,6 +157,15 @@ server:
           M(tritonops.shm.triton_shm_region) fails on such a server with this reason, and the C(shm_cleanup) role fails the host."
       type: str
       version_added: 0.2.0
+    container:
+      description:
+        - The container or Kubernetes pod the server runs in, from C(/proc/PID/cgroup), or null on the host (or when the
+          process was not found). The same form as M(tritonops.shm.triton_server_info)'s RV(servers[].container).
+        - Keys when known, C(runtime) (docker, podman, containerd, cri-o, kubernetes), C(container_id), C(pod_uid), C(qos),
+          C(podman_pod), C(pod_name), C(pod_namespace); always C(name), for example C(pod inference/triton-0).
+      type: dict
+      sample: {runtime: containerd, container_id: 3f2a..., pod_uid: 5c1e2d4a-..., qos: burstable, name: pod inference/triton-0}
+      version_added: 0.2.0
 shm_fs:
   description: Usage of the server's shm filesystem (statvfs), or null when the directory is not known.
   returned: always
@@ -198,6 +211,14 @@ system_regions:
       contains:
         pid: {description: Process id., type: int}
         comm: {description: Process name., type: str}
+        container:
+          description:
+            - The container or Kubernetes pod the process runs in, from its C(/proc/PID/cgroup), in the form of
+              RV(server.container); absent when it runs on the host.
+          type: dict
+          returned: when the process runs in a container
+          sample: {runtime: containerd, container_id: 3f2a..., pod_uid: 5c1e2d4a-..., qos: burstable, name: pod ml/client-0}
+          version_added: 0.2.0
     state:
       description:
         - C(healthy) some process besides the server holds the file.
@@ -250,23 +271,68 @@ files:
       contains:
         pid: {description: Process id., type: int}
         comm: {description: Process name., type: str}
+        container:
+          description:
+            - The container or Kubernetes pod the process runs in, from its C(/proc/PID/cgroup), in the form of
+              RV(server.container); absent when it runs on the host.
+          type: dict
+          returned: when the process runs in a container
+          sample: {runtime: containerd, container_id: 3f2a..., pod_uid: 5c1e2d4a-..., qos: burstable, name: pod ml/client-0}
+          version_added: 0.2.0
     regions: {description: Names of regions it backs., type: list, elements: str}
     category:
       description:
-        - C(registered) backs a region; C(backend) a file of one of Triton's Python-based backends (see O(backend_patterns));
-          C(in_use) held, not registered; C(orphan) unregistered, unheld, matches O(orphan_patterns), older than O(min_age);
-          C(foreign) anything else.
+        - C(registered) backs a region; C(backend) a file of one of Triton's Python-based backends (see O(backend_patterns))
+          that a process holds, or may hold; C(leftover) such a file that no process holds, with a complete holder scan, older
+          than O(min_age) (the pool of a server and stubs that died together); C(in_use) held, not registered; C(orphan)
+          unregistered, unheld, matches O(orphan_patterns), older than O(min_age); C(foreign) anything else.
       type: str
     category_reason: {description: Why the category was chosen., type: str}
     backend:
       description:
-        - For a C(backend) file, the backend whose file it is, from its name C(triton_<backend>_backend_shm_region_*)
+        - For a C(backend) or C(leftover) file, the backend whose file it is, from its name C(triton_<backend>_backend_shm_region_*)
           (for example V(python) or V(vllm)); V(python) for a file only O(backend_patterns) matches (a prefix set with
           C(--backend-config=python,shm-region-prefix-name=...), an option of the python backend, which runs every
           Python-based backend). Null for every other category.
       type: str
       sample: vllm
       version_added: 0.2.0
+backend_pools:
+  description:
+    - The shared-memory pools of Triton's Python-based backends (every C(backend) and C(leftover) file), one per model instance,
+      ordered by model, instance and name.
+    - A pool starts at the python backend's C(shm-default-byte-size) and grows by C(shm-growth-byte-size); it never shrinks.
+  returned: always
+  type: list
+  elements: dict
+  version_added: 0.2.0
+  contains:
+    path: {description: Path on this host., type: str}
+    name: {description: File name., type: str, sample: triton_python_backend_shm_region_754e0611-a505-4b06-b80d-1eb279535afa}
+    backend: {description: "The backend whose pool it is (as the file record's C(backend)).", type: str, sample: python}
+    model:
+      description:
+        - The model whose python stub maps the pool, from the stub's command line (the directory above C(VERSION/model.py) in
+          the model repository, else the instance name without its C(_GROUP_INDEX) suffix).
+        - Null when no stub maps it (a C(leftover), or a pool only the server holds).
+      type: str
+      sample: echo
+    instance: {description: "The model instance (for example V(echo_0_0)); null as RV(backend_pools[].model).", type: str}
+    bytes: {description: Bytes of shm the pool occupies (allocated)., type: int}
+    size: {description: Apparent size of the file (the pool's size)., type: int}
+    holders:
+      description: Every process that maps or holds it, the server included.
+      type: list
+      elements: dict
+      contains:
+        pid: {description: Process id., type: int}
+        comm: {description: Process name., type: str}
+    state:
+      description:
+        - V(live) held by a process; V(leftover) the file is C(leftover) (no holder, complete scan, older than O(min_age));
+          V(unknown) not held as far as seen, but the holder scan is incomplete or the file is younger than O(min_age).
+      type: str
+    reason: {description: "Why (the file's C(category_reason)).", type: str}
 summary:
   description: Counts and bytes.
   returned: always
@@ -281,7 +347,10 @@ summary:
     dangling_regions: {description: Dangling regions., type: int}
     unknown_regions: {description: Regions in state unknown., type: int}
     registered_files: {description: Files backing regions., type: int}
-    backend_files: {description: Python backend files., type: int}
+    backend_files: {description: "Python-based backends' files that are held (or may be): category C(backend).", type: int}
+    backend_bytes: {description: Shm bytes occupied by C(backend) files., type: int, version_added: 0.2.0}
+    leftover_files: {description: "Backend files no process holds: category C(leftover).", type: int, version_added: 0.2.0}
+    leftover_bytes: {description: Shm bytes occupied by C(leftover) files., type: int, version_added: 0.2.0}
     in_use_files: {description: Held unregistered files., type: int}
     orphan_files: {description: Orphan files., type: int}
     orphan_bytes: {description: Shm bytes occupied by orphan files., type: int}
@@ -297,9 +366,30 @@ unreadable_processes:
   type: int
   sample: 0
 holders_complete:
-  description: Whether every holder could be determined.
+  description:
+    - Whether every holder could be determined. When false, no region is C(stale), no file C(orphan), no dangling region
+      C(reclaimable); RV(holders_incomplete_reason) and a warning say why.
+    - False outside the host's initial PID namespace (inside a container or a pod without C(hostPID)), unless
+      O(clients_share_pid_namespace) states that every client runs in the module's PID namespace.
   returned: always
   type: bool
+holders_incomplete_reason:
+  description:
+    - Why RV(holders_complete) is false, and what to do (for example run on the host, through the node agent of
+      docs/kubernetes.md, or set O(clients_share_pid_namespace)); V(null) when it is true.
+  returned: always
+  type: str
+  sample: "the module runs outside the host's initial PID namespace (...): ... Run it on the host, ..."
+  version_added: 0.2.0
+pid_namespace:
+  description:
+    - V(initial) when the module runs in the host's initial PID namespace and reads its C(/proc) (every process is visible),
+      V(other) otherwise (a container, a pod without C(hostPID), anything nested).
+  returned: always
+  type: str
+  choices: [initial, other]
+  sample: initial
+  version_added: 0.2.0
 scanned_at:
   description: Epoch time of the scan.
   returned: always
@@ -351,11 +441,16 @@ def run(module: AnsibleModule, client) -> None:
     client.use_keep_alive()   # one connection for the five calls (plain http without a proxy; else as configured)
     live = client.health('live')
     ready = client.health('ready')
+    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'],
+                                     params['client_users'])
     snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
-                                 require_readable_dir=params['shm_dir'] is not None, report_unsupported=True)
+                                 require_readable_dir=params['shm_dir'] is not None, report_unsupported=True,
+                                 backend_patterns=criteria.backend_patterns,
+                                 clients_share_pid_namespace=params['clients_share_pid_namespace'])
     for warning in snap.warnings:
         module.warn(warning)
-    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'])
+    for warning in inventory.broad_pattern_warnings(params['orphan_patterns']):
+        module.warn(warning)
     result = inventory.info_result(snap, inventory.classify(snap, criteria), live=live, ready=ready)
     if compiled is not None:
         try:

@@ -14,25 +14,34 @@ description:
     backing files from the server's C(/dev/shm), without restarting Triton.
   - "O(state=absent) selects regions by O(name), by state (O(stale=true): every region whose client is gone;
     O(reserved=true): every region this collection registered that no client maps yet), or all of them
-    (O(all=true), explicit only), and optionally orphan files by pattern (O(orphan_files=true))."
+    (O(all=true), explicit only), optionally orphan files by pattern (O(orphan_files=true)) and the C(leftover) pools of
+    dead servers' Python-based backends (O(backend_leftovers=true))."
   - "A system region registered by O(state=present) is the operator's: its backing file gets the extended attribute
     C(trusted.tritonops_shm.reserved) (the region's name), which stays with the file across runs. M(tritonops.shm.triton_shm_info)
     then calls it C(reserved) while no client maps it (C(healthy) once one does), and O(stale=true) never selects it. Marking needs
     root (C(become: true)); when it fails, a warning says so."
   - "Runs that change a server are serialised per server: an exclusive C(flock) on the server's shm directory itself (no lock
     file is created, in it or anywhere else), released when the run ends. A run that waited reads the server again, so it reports
-    only what it did itself."
+    only what it did itself. A lock held by another user (or a process the module cannot see) is not waited for: the run goes on
+    without it, with a warning naming the holder."
   - "After an unregister the module waits, up to O(in_use_timeout), until the region is gone from the status before it removes the
     file or registers the name again (Triton 24.12 and later keep a region with requests in flight listed until they finish)."
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
-    holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
-    Triton's python backend files and files matching no O(orphan_patterns) are never removed; when holders cannot all be seen
-    (not root), nothing is stale and no file is removed."
+    holds it, re-checked right before the unlink (the file is first renamed to a quarantine name inside the shm directory, every
+    process is scanned again, then it is unlinked, or renamed back when someone holds it); only a regular file inside the shm
+    directory, never through a symlink;
+    Triton's python backend files that any process holds, and files matching no O(orphan_patterns), are never removed; when
+    holders cannot all be seen (not root), nothing is stale, no backend file is a leftover and no file is removed; a file the
+    server process's own user could not remove, or whose owner is neither the server's user nor one of O(client_users), is never
+    removed (the region is still unregistered); files of well-known other software (docs/concepts.md) are never orphans; several
+    servers on the URL's port need O(server_pid)."
   - "With O(metrics_dir), O(state=absent) writes the node_exporter cleanup textfile in the same call: when it ended, whether it
     failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
     writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
   - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails the task with what was already
-    done in the result; a rerun converges.
+    done in the result; a rerun converges. Before unregistering, a cleanup records the backing files it is about to remove in
+    extended attributes of the shm directory (C(trusted.tritonops_shm.cleanup.N)); after a run killed part-way, the next
+    O(stale=true) run against the same server process removes the recorded files whose regions are gone and that nobody holds.
 author:
   - tritonops.shm developers (@tritonops)
 extends_documentation_fragment:
@@ -106,7 +115,8 @@ options:
   stale:
     description:
       - With O(state=absent), select every stale region (no process but the server holds its file), and every dangling one
-        (file gone) that no client still maps.
+        (file gone) that no client still maps. Also removes the unheld files a cleanup of the same server process recorded and
+        unregistered but was stopped before removing (M(tritonops.shm.triton_shm_info) shows them as C(orphan) with that reason).
     type: bool
     default: false
   reserved:
@@ -128,6 +138,18 @@ options:
       - With O(state=absent), also remove orphan files (unregistered, unheld, matching O(orphan_patterns), older than O(min_age)).
     type: bool
     default: false
+  backend_leftovers:
+    description:
+      - With O(state=absent), also remove the C(leftover) files of Triton's Python-based backends (see O(backend_patterns)),
+        pool files that no process maps or holds, older than O(min_age), found by a complete holder scan. They are the pools of a
+        server and its python stubs that died together (a container killed, an OOM kill of its cgroup, a pod's container
+        restarted on a kept C(/dev/shm)); no server reuses them.
+      - A backend file that any process holds is never removed. When the holder scan is incomplete (not root, or processes that
+        cannot be seen), no file is a leftover.
+      - Removed through the same path as every file, holders re-checked right before the unlink.
+    type: bool
+    default: false
+    version_added: 0.2.0
   orphan_patterns:
     description:
       - Shell-style patterns of file names that may be orphans. Required, non-empty, with O(orphan_files=true).
@@ -136,7 +158,7 @@ options:
     default: []
   min_age:
     description:
-      - Minimum age in seconds of an orphan file.
+      - Minimum age in seconds of an orphan file, and of a C(leftover) backend file.
     type: float
     default: 300
   exclude:
@@ -195,6 +217,14 @@ EXAMPLES = r'''
     min_age: 600
   become: true
 
+- name: Also remove the python backend pools of servers that died with their stubs (no process holds them)
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    state: absent
+    stale: true
+    backend_leftovers: true
+  become: true
+
 - name: Unregister two named regions but keep a protected one
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
@@ -246,7 +276,7 @@ pending:
   elements: str
   version_added: 0.2.0
 removed_files:
-  description: Backing or orphan files removed (or that would be).
+  description: Backing, orphan or leftover files removed (or that would be).
   returned: always
   type: list
   elements: str
@@ -325,6 +355,25 @@ failure:
       description: Which transport raised the failure, V(http) or V(grpc); absent when no request was made.
       type: str
       version_added: 0.2.0
+holders_complete:
+  description:
+    - Whether the holder scan this run planned from saw every holder. When false, O(stale) selects nothing, no file is an
+      orphan and no file is removed; RV(holders_incomplete_reason) and a warning say why.
+    - False outside the host's initial PID namespace unless O(clients_share_pid_namespace) is set.
+  returned: when the server's regions and files were read (O(kind=system))
+  type: bool
+  version_added: 0.2.0
+holders_incomplete_reason:
+  description: Why RV(holders_complete) is false and what to do; V(null) when it is true.
+  returned: when the server's regions and files were read (O(kind=system))
+  type: str
+  version_added: 0.2.0
+pid_namespace:
+  description: V(initial) (the host's initial PID namespace, every process visible) or V(other).
+  returned: when the server's regions and files were read (O(kind=system))
+  type: str
+  choices: [initial, other]
+  version_added: 0.2.0
 metrics_files:
   description:
     - The node_exporter textfile this call wrote (C(tritonops_shm_cleanup.HOST.DIGEST.prom)); empty in check mode and when the
@@ -344,7 +393,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE, broad_pattern_warnings
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import IN_USE_TIMEOUT, RegionOps
 
 
@@ -356,7 +405,7 @@ def validate(module: AnsibleModule, client) -> None:
         if len(p['name']) > 1:
             module.fail_json(msg=f"state=present registers one region per task, got {len(p['name'])} names (Triton refuses a "
                                  "second region on a key that is already registered): loop over the names, each with its own key")
-        for opt in ('stale', 'reserved', 'all', 'orphan_files'):
+        for opt in ('stale', 'reserved', 'all', 'orphan_files', 'backend_leftovers'):
             if p[opt]:
                 module.fail_json(msg=f'{opt} applies to state=absent only')
         if p['kind'] == 'system':
@@ -370,10 +419,14 @@ def validate(module: AnsibleModule, client) -> None:
             if why:
                 module.fail_json(msg=why)
     else:
-        if not (p['name'] or p['stale'] or p['reserved'] or p['all'] or p['orphan_files']):
-            module.fail_json(msg='state=absent needs a selector: name, stale=true, reserved=true, all=true or orphan_files=true')
+        if not (p['name'] or p['stale'] or p['reserved'] or p['all'] or p['orphan_files'] or p['backend_leftovers']):
+            module.fail_json(msg='state=absent needs a selector: name, stale=true, reserved=true, all=true, orphan_files=true or '
+                                 'backend_leftovers=true')
         if p['orphan_files'] and not p['orphan_patterns']:
             module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
+        if p['orphan_files']:
+            for warning in broad_pattern_warnings(p['orphan_patterns']):
+                module.warn(warning)
         if p['min_age'] < 0:
             module.fail_json(msg='min_age must be 0 or more seconds')
     if p['inventory'] and (p['state'] != 'absent' or p['kind'] != 'system'):
@@ -402,6 +455,7 @@ def main() -> None:
         reserved=dict(type='bool', default=False),
         all=dict(type='bool', default=False),
         orphan_files=dict(type='bool', default=False),
+        backend_leftovers=dict(type='bool', default=False),
         orphan_patterns=dict(type='list', elements='str', default=[]),
         min_age=dict(type='float', default=DEFAULT_MIN_AGE),
         exclude=dict(type='list', elements='str', default=[]),

@@ -26,7 +26,8 @@ SUBSTITUTIONS = {'host': '.+', '__rate_interval': '10m', '__range': '10m', '__in
 
 @pytest.fixture
 def fleet(tmp_path):
-    f = tritonrig.Fleet(2, workdir=str(tmp_path), shm_size='32m', models=())
+    # two python models per server: the python backend pool of each model (issue 27)
+    f = tritonrig.Fleet(2, workdir=str(tmp_path), shm_size='32m', models=('echo', 'mirror'))
     try:
         yield f.start()
     finally:
@@ -126,3 +127,8 @@ def test_every_panel_query_returns_series_for_a_fleet_with_leaks(fleet, services
     assert 0 <= by_host(results['Age of the last report'][0])['triton1'] < 300
     assert set(by_host(results['Age of the last cleanup'][0])) == {'triton2', 'tdown'}
     assert set(by_host(results['Age of the last successful cleanup'][0])) == {'triton2'}
+    pools, leftover = results['Python backend pool bytes per model']
+    per_model = {(s['metric']['host'], s['metric']['model']): float(s['value'][1]) for s in pools}
+    assert set(per_model) == {(h, m) for h in ('triton1', 'triton2') for m in ('echo', 'mirror')}, per_model
+    assert all(v >= MiB for v in per_model.values()), per_model   # a pool starts at shm-default-byte-size (1 MiB)
+    assert by_host(leftover) == {'triton1': 0, 'triton2': 0}

@@ -334,6 +334,10 @@ def test_return_docs_match_the_result(scene, tmp_path):
 
     def documented(spec, where):
         for key, sub in spec.items():
+            # a holder's container is returned only for a process in a container: this scene runs on the host
+            # (test_node_agent.py and test_pod_sidecar.py see it returned by real containers and pods)
+            if 'in a container' in str(sub.get('returned', '')):
+                continue
             yield '%s.%s' % (where, key)
             yield from documented(sub.get('contains') or {}, '%s.%s' % (where, key))
     assert sorted(set(documented(top, 'result')) - seen) == []
@@ -550,3 +554,48 @@ def test_not_root_nothing_is_stale_and_a_warning_says_why(tmp_path, unprivileged
     assert any('run the module as root' in w and 'could not be inspected' in w for w in user.get('warnings', [])), user.get('warnings')
     # the server's /dev/shm seen from outside (behind /proc/PID/root) is not readable for that user: a clear failure
     assert_clean_failure(private, server.shm_dir, 'Permission denied')
+
+
+def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp_path, unprivileged_user):
+    """Issue 26 finding 7: the report playbook run as a user who is not root, with triton_server_pid set, cannot read
+    the server's /dev/shm (behind /proc/PID/root). A 4 MiB leak is really there. The row was `status: ok`; now it is
+    `incomplete`, with the reason, in the table, report.json, report.md and report.html."""
+    server = tritonrig.TritonServer(workdir=str(tmp_path), models=())
+    workdir = tempfile.mkdtemp(prefix='report-nonroot-', dir='/tmp')
+    os.chmod(workdir, 0o755)
+    report_dir = os.path.join(workdir, 'report')
+    cleanup = None
+    try:
+        server.start()
+        server.leak('leaked', byte_size=4 << 20)
+        prefix, cleanup = _interpreter_wrapper(workdir)
+        host = dict(ansible_connection='local', ansible_python_interpreter=ansible_helpers.PYTHON, triton_url=server.url,
+                    triton_server_pid=server.pid, ansible_become=True, ansible_become_user=unprivileged_user,
+                    ansible_become_method='ansible.builtin.su')
+        inventory = os.path.join(workdir, 'inventory.yml')
+        with open(inventory, 'w') as f:
+            yaml.safe_dump({'all': {'children': {'triton': {'hosts': {'t1': host}}}}}, f)
+        cmd = prefix + [os.path.join(ansible_helpers.BIN, 'ansible-playbook'), '-i', inventory, 'tritonops.shm.report',
+                        '-e', json.dumps({'report_dir': report_dir, 'prometheus_textfile_dir': ''})]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_helpers.ansible_env(), timeout=300, cwd=workdir,
+                              check=False)
+        with open(os.path.join(report_dir, 'report.json')) as f:
+            rows = json.load(f)['hosts']
+        with open(os.path.join(report_dir, 'report.md')) as f:
+            markdown = f.read()
+        with open(os.path.join(report_dir, 'report.html')) as f:
+            page = f.read()
+        assert 'leaked' in server.system_regions()   # the leak was there all along
+    finally:
+        if cleanup is not None:
+            cleanup()
+        server.cleanup()
+        subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    [row] = rows
+    assert row['status'] == 'incomplete', row
+    assert row['holders_complete'] is False and 'is not readable' in row['error'], row
+    assert '| t1 | **incomplete** |' in markdown and 'is not readable' in markdown
+    assert 'data-status="incomplete"' in page and 'is not readable' in page
+    # the fleet table (in the json callback's output): the row's numbers under status incomplete, never ok
+    assert any(line.strip().strip('",').split()[:2] == ['t1', 'incomplete'] for line in proc.stdout.splitlines()), proc.stdout

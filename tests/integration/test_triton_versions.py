@@ -10,7 +10,6 @@ gRPC (tests/unit/plugins/module_utils/test_newer_servers.py).
 from __future__ import annotations
 
 import os
-import signal
 
 import tritonrig
 from ansible_helpers import run_module
@@ -30,22 +29,7 @@ def categories(info, prefix):
     return dict((f['name'], f['category']) for f in info['files'] if f['name'].startswith(prefix))
 
 
-def crash(server):
-    """SIGKILL the server and its python backend stubs together (frozen first, so none cleans up after the other)."""
-    group = [server.pid] + [int(d) for d in os.listdir('/proc') if d.isdigit() and _ppid(d) == server.pid]
-    for pid in group:
-        os.kill(pid, signal.SIGSTOP)
-    for pid in group:
-        os.kill(pid, signal.SIGKILL)
-    server.proc.wait(timeout=10)
-
-
-def _ppid(pid):
-    try:
-        with open('/proc/%s/stat' % pid) as f:
-            return int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+crash = tritonrig.crash   # the server and its python stubs SIGKILLed together
 
 
 def test_a_custom_python_backend_prefix_is_backend_never_orphan(tmp_path):
@@ -73,8 +57,9 @@ def test_a_custom_python_backend_prefix_is_backend_never_orphan(tmp_path):
             # with the default rule the custom prefix is nobody's: a pattern matching everything would take it
             assert set(categories(default, PREFIX).values()) == {'orphan'}, categories(default, PREFIX)
             told = run_module(INFO, dict(sweep, backend_patterns=patterns))
-            assert set(categories(told, PREFIX).values()) == {'backend'}
-            assert told['summary']['backend_files'] == len(custom)
+            # a backend file no process holds (min_age 0, a complete scan) is a leftover: backend's, never an orphan
+            assert set(categories(told, PREFIX).values()) == {'leftover'}
+            assert told['summary']['leftover_files'] == len(custom)
             clean = run_module(REGION, dict(sweep, state='absent', orphan_files=True, backend_patterns=patterns))
             assert not clean.get('failed') and clean['removed_files'] == [] and clean['changed'] is False, clean
             assert set(custom) <= set(os.listdir(ns.shm_dir))
@@ -137,11 +122,12 @@ def test_every_python_based_backends_files_are_backend_under_its_name_never_orph
             info = run_module(INFO, sweep)
             files = dict((f['name'], f) for f in info['files'])
             backend = made + [os.path.basename(other)]
-            assert [files[n]['category'] for n in backend] == ['backend'] * len(backend), files
+            # held by no process (min_age 0, a complete scan): leftover, the backend's, never an orphan
+            assert [files[n]['category'] for n in backend] == ['leftover'] * len(backend), files
             assert [files[n]['backend'] for n in backend] == ['vllm'] * len(made) + ['trtllm']
             assert "Triton's vllm backend shared memory" in files[made[0]]['category_reason']
             assert files['client_left_behind']['category'] == 'orphan' and files['client_left_behind']['backend'] is None
-            assert info['summary']['backend_files'] == len(backend)
+            assert info['summary']['leftover_files'] == len(backend)
 
             dry = run_module(REGION, dict(sweep, state='absent', orphan_files=True), check=True)
             assert dry['changed'] is True and [os.path.basename(p) for p in dry['removed_files']] == ['client_left_behind'], dry

@@ -15,8 +15,8 @@ hash>``; an image whose tag already exists in an engine is not built again:
 ``rig`` (``localhost/tritonops-test/tritonrig``)
     The same plus the venv's base Python 3.12 at its own prefix (interpreter,
     libpython, the standard library without its tests and GUI parts, and the
-    installed distributions ``tritonclient[http]`` and ``numpy`` need, from their
-    metadata), the python backend stub, the rig's ``echo`` model in
+    installed distributions ``tritonclient[http]``, ``numpy`` and ``requests`` need, from
+    their metadata), the python backend stub, the rig's ``echo`` model in
     ``/models/echo`` and the rig's client at ``/opt/tritonops/client.py``. One
     image for Triton containers that serve the python ``echo`` model and for
     the client containers that share their IPC namespace.
@@ -60,8 +60,10 @@ PREFIX = 'opt/tritonserver'
 # isolated mode (no PYTHONHOME), so its standard library must be where it was built
 PY_PREFIX = sys.base_prefix.strip('/')
 CLIENT_PATH = '/opt/tritonops/client.py'
-# the client's requirements: the distributions (and their dependencies) copied into the rig image
-CLIENT_REQUIREMENTS = ('tritonclient[http]', 'numpy')
+# the distributions (and their dependencies) copied into the rig image: the client's, and requests, the collection's
+# HTTP library (tritonclient[http] does not bring it), so the modules run inside a rig container through a container
+# connection plugin as they would in a Triton image with Python (tests/integration/test_inside_containers.py)
+CLIENT_REQUIREMENTS = ('tritonclient[http]', 'numpy', 'requests')
 # standard library parts a client never imports
 STDLIB_SKIP = {'test', 'idlelib', 'tkinter', 'turtledemo', 'ensurepip', 'lib2to3', 'pydoc_data',
                'site-packages', '__pycache__'}

@@ -496,12 +496,15 @@ class Pod:
         return f'Pod({self.name} ip={self.ip} shm={self.shm_size} shared={",".join(self.shared)})'
 
 
-def create_pod(engine: Podman, shm_size: str = '64m', name: str | None = None) -> Pod:
-    """`podman pod create --share ipc,net --shm-size SIZE`, started; removed by the caller (or at the engine's stop)."""
+def create_pod(engine: Podman, shm_size: str = '64m', name: str | None = None, share: str = 'ipc,net') -> Pod:
+    """`podman pod create --share ipc,net --shm-size SIZE`, started; removed by the caller (or at the engine's stop).
+
+    share='pid,ipc,net' also shares the PID namespace (Kubernetes' shareProcessNamespace: true).
+    """
     if engine.name != 'podman':
         raise EngineUnavailable(f'pods need podman, not {engine.name}')
     name = name or engine.unique_name('pod')
-    proc = engine.run('pod', 'create', '--name', name, '--share', 'ipc,net', '--shm-size', shm_size,
+    proc = engine.run('pod', 'create', '--name', name, '--share', share, '--shm-size', shm_size,
                       '--label', f'{LABEL}={os.getpid()}', timeout=120)
     pod_id = proc.stdout.strip().splitlines()[-1]
     engine.pods.append(pod_id)

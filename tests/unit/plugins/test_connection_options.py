@@ -1,8 +1,9 @@
 """One source for the connection options: every copy agrees with base.connection_argument_spec().
 
 ``plugins/module_utils/base.py`` is the source: ``connection_argument_spec()`` (url, timeout, validate_certs, ca_path,
-headers, client_cert, client_key), with ``shm_dir_argument_spec()`` (server_pid, shm_dir) and ``backend_argument_spec()``
-(backend_patterns) for the modules of the action group. The copies, checked for names, types and defaults where
+headers, client_cert, client_key), with ``shm_dir_argument_spec()`` (server_pid, shm_dir, clients_share_pid_namespace) and
+``backend_argument_spec()`` (backend_patterns, client_users) for the modules of the action group. The copies, checked for names,
+types and defaults where
 they have them:
 - the doc fragment tritonops.shm.triton (DOCUMENTATION, SHM_DIR, BACKEND);
 - the shm_cleanup role: defaults (shm_cleanup_NAME), meta/argument_specs.yml, the module_defaults of tasks/main.yml;
@@ -75,7 +76,8 @@ def _eda_options() -> dict:
 def test_the_source_is_what_this_test_expects():
     """The names this test maps to role variables and host variables; a new option must be added to every copy."""
     assert list(CONNECTION) == ['url', 'timeout', 'validate_certs', 'ca_path', 'headers', 'client_cert', 'client_key']
-    assert list(GROUP) == list(CONNECTION) + ['server_pid', 'shm_dir', 'backend_patterns']
+    assert list(GROUP) == list(CONNECTION) + ['server_pid', 'shm_dir', 'clients_share_pid_namespace', 'backend_patterns',
+                                              'client_users']
 
 
 @pytest.mark.parametrize('name', list(GROUP))
@@ -141,7 +143,9 @@ def _host_var(name: str) -> str:
     return f'triton_{name}'
 
 
-# (copy, the option's value there); backend_patterns is the role's own variable, not a host variable of the playbooks
+# the role's own variables, not host variables of the playbooks: the report playbook takes them from the role's names
+ROLE_ONLY = ('backend_patterns', 'client_users')
+# (copy, the option's value there)
 PLAYBOOK_COPIES = [
     ('playbooks/cleanup.yml', lambda: {k[len('shm_cleanup_'):]: v for k, v in _cleanup_role_vars().items()}),
     ('playbooks/report.yml', _report_module_defaults),
@@ -151,8 +155,8 @@ PLAYBOOK_COPIES = [
 @pytest.mark.parametrize('copy, values', PLAYBOOK_COPIES, ids=[c[0] for c in PLAYBOOK_COPIES])
 def test_playbooks(copy, values):
     values = values()
-    expected = [n for n in GROUP if n != 'backend_patterns']
-    assert [n for n in values if n in GROUP and n != 'backend_patterns'] == expected, f'{copy}: the connection options'
+    expected = [n for n in GROUP if n not in ROLE_ONLY]
+    assert [n for n in values if n in GROUP and n not in ROLE_ONLY] == expected, f'{copy}: the connection options'
     with open(os.path.join(COLLECTION, copy), encoding='utf-8') as f:
         header = f.read().split('\n- ')[0]
     for name in expected:
@@ -167,10 +171,11 @@ def test_playbooks(copy, values):
             assert default == _default(spec), f'{copy}: {var} defaults to {default!r}, base to {_default(spec)!r}'
 
 
-def test_report_playbook_uses_the_roles_backend_patterns():
-    """The report classifies files as the cleanup role does: with the role's backend patterns when they are set."""
-    var, default, has_default = _expression('playbooks/report.yml', 'backend_patterns', _report_module_defaults()['backend_patterns'])
-    assert (var, default, has_default) == ('shm_cleanup_backend_patterns', _default(GROUP['backend_patterns']), True)
+@pytest.mark.parametrize('name', ROLE_ONLY)
+def test_report_playbook_uses_the_roles_backend_patterns(name):
+    """The report classifies files as the cleanup role does: with the role's backend patterns and client users when set."""
+    var, default, has_default = _expression('playbooks/report.yml', name, _report_module_defaults()[name])
+    assert (var, default, has_default) == (f'shm_cleanup_{name}', _default(GROUP[name]), True)
 
 
 @pytest.mark.parametrize('name', [n for n in CONNECTION if n != 'url'])

@@ -15,8 +15,11 @@ description:
   - "Each event is C({triton_shm: {host, url, status, regions, registered_bytes,
     registered_percent, shm_bytes, threshold_percent, error}, meta: {hosts: host}}).
     C(status) is C(up) when the server answered with its region list, C(down) otherwise
-    (refused, timed out, an HTTP error, or an answer that is not Triton's); a C(down)
-    event carries C(error) and no region figures. C(registered_percent) and C(shm_bytes)
+    (refused, timed out, an HTTP error, or an answer that is not Triton's), and
+    C(implausible) when the list's figures cannot be true (a region or the total larger
+    than C(shm_bytes), or than 2**63 bytes); a C(down) or C(implausible) event carries
+    C(error) (server text with every control character escaped) and no region figures,
+    so it never meets a rule on C(registered_percent). C(registered_percent) and C(shm_bytes)
     are present only when the server's O(servers[].shm_bytes) is known;
     C(threshold_percent) only when O(threshold_percent) is set."
   - C(meta.hosts) is the server's inventory host, so that a C(run_playbook) action is
@@ -29,6 +32,10 @@ description:
     every O(interval) whatever the others answer. A slow or dead server delays only its own event;
     it is never polled twice at once (with a O(timeout) longer than the O(interval), its next poll
     starts when the current one ends)."
+  - "Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
+    loaded by its path): lines end in CRLF; the status line and headers (and a chunked body's
+    trailers) are at most 64 KiB, a chunk-size line 1 KiB, the body 32 MiB, chunked or not.
+    Each poll ends within O(timeout); every answer gives an event."
   - With more servers than the soft limit on open files allows, the source raises that limit
     towards the hard limit; servers beyond what the hard limit allows get a new connection
     for every poll.
@@ -58,7 +65,7 @@ options:
         the two (a rulebook condition cannot give a missing variable a default).
     type: float
   timeout:
-    description: Seconds to wait for each server's answer.
+    description: Seconds each poll of a server may take as a whole, from connecting to the answer's last byte.
     type: float
     default: 10
   validate_certs:
@@ -107,6 +114,7 @@ EXAMPLES = r"""
 
 import asyncio
 import base64
+import importlib.util
 import itertools
 import json
 import logging
@@ -124,11 +132,33 @@ except ImportError:  # not a Unix system: the open-file limit is left as it is
 
 LOGGER = logging.getLogger(__name__)
 
+
+def load_by_path(name: str) -> Any:
+    """The collection's module_utils/NAME.py, loaded by its path (standard library only).
+
+    ansible-rulebook runs an event source with runpy.run_path: the collection is not importable as a
+    package there, so the source finds its collection from its own path
+    (extensions/eda/plugins/event_source/ -> plugins/module_utils/).
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    path = os.path.join(root, "plugins", "module_utils", name + ".py")
+    spec = importlib.util.spec_from_file_location("_tritonops_shm_" + name, path)
+    if spec is None or not os.path.isfile(path):
+        raise ImportError(f"tritonops.shm.triton_shm needs {path}: install the whole tritonops.shm collection")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+http_reader = load_by_path("http_reader")
+
 STATUS_PATH = "/v2/systemsharedmemory/status"
-MAX_ANSWER_BYTES = 32 << 20  # a status list of 100,000 regions is about 15 MiB
-MAX_HEAD_BYTES = 64 << 10    # status line and headers
+MAX_ANSWER_BYTES = 32 << 20  # body: a status list of 100,000 regions is about 15 MiB; chunked or not
+MAX_HEAD_BYTES = 64 << 10    # status line and headers (and the trailers of a chunked body)
+MAX_ERROR_CHARS = 1000       # an event's error, escaped
+# Sizes that cannot be true whatever the server: Triton 2.58+ refuses byte_size + offset past 2**63 - 1
+ABSURD_BYTES = 1 << 63
 HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-STATUS_LINE_RE = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: (.*))?\Z")
 PER_SERVER = ("threshold_percent", "timeout", "validate_certs", "ca_path", "headers",
               "client_cert", "client_key")
 MAX_SPACING = 0.01   # seconds between two poll starts, at most (fewer servers than interval / 0.01)
@@ -293,8 +323,17 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
     return out, interval
 
 
-def summarize(regions: Any) -> tuple[int, int]:
-    """(count, registered bytes) of Triton's system shared-memory status; ValueError when it is not one."""
+class Implausible(ValueError):
+    """A well-formed status whose figures cannot be true: the event says so and never meets the self-heal condition."""
+
+
+def summarize(regions: Any, shm_bytes: int | None = None) -> tuple[int, int]:
+    """(count, registered bytes) of Triton's system shared-memory status.
+
+    ValueError when it is not one (not a list, a region without a string name, a byte_size that is not an
+    unsigned 64-bit integer or a string of its digits). Implausible when its figures cannot be true: a region
+    or the total larger than shm_bytes (the whole shm filesystem), or than ABSURD_BYTES.
+    """
     if not isinstance(regions, list):
         raise ValueError("expected a JSON list of regions")
     total = 0
@@ -304,12 +343,21 @@ def summarize(regions: Any) -> tuple[int, int]:
         except (TypeError, KeyError):
             raise ValueError("expected regions with a name and a byte_size") from None
         if type(size) is not int:  # pylint: disable=unidiomatic-typecheck  # bool is an int, and not a size
-            if not (isinstance(size, str) and size.isdigit()):
+            if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) <= 20):
                 raise ValueError("expected regions with a name and a byte_size")
             size = int(size)  # Triton's JSON writes uint64 as numbers; accept digit strings too
-        if size < 0 or not isinstance(name, str):
+        if size < 0 or size >= 1 << 64 or not isinstance(name, str):
             raise ValueError("expected regions with a name and a byte_size")
+        limit = min(shm_bytes, ABSURD_BYTES) if shm_bytes else ABSURD_BYTES
+        if size > limit:
+            raise Implausible(f"region {http_reader.escape(name, 80)!r} has a byte_size of {size}, more than "
+                              + (f"the whole shm filesystem ({shm_bytes} bytes)" if shm_bytes else "can be"))
         total += size
+    if shm_bytes and total > shm_bytes:
+        raise Implausible(f"{len(regions)} regions register {total} bytes, more than the whole shm filesystem "
+                          f"({shm_bytes} bytes)")
+    if total > ABSURD_BYTES:
+        raise Implausible(f"{len(regions)} regions register {total} bytes, more than can be")
     return len(regions), total
 
 
@@ -331,119 +379,22 @@ def _redact(text: str, server: dict) -> str:
 
 
 def _snippet(raw: bytes, limit: int = 120) -> str:
-    text = raw.decode("utf-8", "replace").strip().replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-class _Answer:
-    """An HTTP/1.1 response read from a byte stream: the status, whether the connection stays open, the body."""
-
-    __slots__ = ("status", "reason", "keep_alive", "body", "_length", "_chunked", "_chunks", "_pos")
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.reason = ""
-        self.keep_alive = True
-        self.body = b""
-        self._length: int | None = None   # Content-Length; None: chunked or until the connection closes
-        self._chunked = False
-        self._chunks: list[bytes] = []
-        self._pos = 0
-
-    def head(self, buf: bytearray) -> int:
-        """Parse the head at the start of buf; return its length, 0 when it is not complete yet; raise PollError."""
-        if len(buf) >= 5 and not buf.startswith(b"HTTP/"):
-            raise PollError(f"the answer is not HTTP (is another service on this port?): {_snippet(bytes(buf[:60]))}")
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
-                raise PollError("the answer is not HTTP (is another service on this port?): no end of headers")
-            return 0
-        lines = buf[:end].decode("latin-1").split("\r\n")
-        match = STATUS_LINE_RE.match(lines[0])
-        if not match:
-            raise PollError(f"the answer is not HTTP (is another service on this port?): {_snippet(lines[0].encode())}")
-        self.status, self.reason = int(match.group(2)), match.group(3) or ""
-        connection = "keep-alive" if match.group(1) == "1" else "close"
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise PollError(f"the answer is not HTTP (is another service on this port?): {_snippet(line.encode())}")
-            name = name.strip().lower()
-            value = value.strip()
-            if name == "content-length":
-                if not value.isdigit() or (self._length is not None and self._length != int(value)):
-                    raise PollError(f"the answer is not HTTP (bad Content-Length {value!r})")
-                self._length = int(value)
-            elif name == "transfer-encoding":
-                self._chunked = value.lower().rsplit(",", 1)[-1].strip() == "chunked"
-                if not self._chunked:
-                    raise PollError(f"the answer has a transfer encoding this source does not read: {value}")
-            elif name == "connection":
-                connection = value.lower()
-        self.keep_alive = "close" not in connection
-        if self._chunked:
-            self._length = None
-        elif self._length is None and not (100 <= self.status < 200 or self.status in (204, 304)):
-            self.keep_alive = False   # the body ends when the connection does
-        elif self._length is None:
-            self._length = 0
-        if self._length is not None and self._length > MAX_ANSWER_BYTES:
-            raise PollError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
-        return end + 4
-
-    def feed(self, buf: bytearray) -> int:
-        """Body bytes from the start of buf; return how many were used when the body is complete, else -1."""
-        if self._length is not None:
-            if len(buf) < self._length:
-                return -1
-            self.body = bytes(buf[:self._length])
-            return self._length
-        if not self._chunked:
-            if len(buf) > MAX_ANSWER_BYTES:
-                raise PollError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
-            return -1   # until the connection closes
-        while True:   # chunked: size line, data, CRLF; a 0 size line, trailers, CRLF
-            line_end = buf.find(b"\r\n", self._pos)
-            if line_end < 0:
-                return -1
-            size_text = bytes(buf[self._pos:line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise PollError(f"the answer is not HTTP (bad chunk size {_snippet(size_text)!r})") from None
-            if size == 0:
-                trailer_end = buf.find(b"\r\n\r\n", line_end)   # after the trailers, if any
-                if trailer_end < 0:
-                    return -1
-                self.body = b"".join(self._chunks)
-                return trailer_end + 4
-            if len(buf) < line_end + 2 + size + 2:
-                return -1
-            if buf[line_end + 2 + size:line_end + 4 + size] != b"\r\n":
-                raise PollError("the answer is not HTTP (a chunk does not end where its size says)")
-            self._chunks.append(bytes(buf[line_end + 2:line_end + 2 + size]))
-            self._pos = line_end + 2 + size + 2
-            if self._pos > MAX_ANSWER_BYTES + MAX_HEAD_BYTES:
-                raise PollError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
-
-    def closed(self, buf: bytearray) -> None:
-        """The connection ended after the head: the body is what came, when nothing said how long it is."""
-        if self._length is None and not self._chunked:
-            self.body = bytes(buf)
-            return
-        raise PollError("the answer was cut short: the connection closed before the whole body")
+    """The start of what a server sent, on one line, every control character escaped."""
+    return http_reader.escape(raw.strip().replace(b"\n", b" "), limit)
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection to one server: one request at a time, kept open between polls when it can be."""
+    """One HTTP/1.1 connection to one server: one request at a time, kept open between polls when it can be.
+
+    Answers are read by the collection's strict reader (module_utils/http_reader.py): every line and the
+    body are bounded (MAX_HEAD_BYTES, MAX_ANSWER_BYTES, chunked or not) as the bytes come, so a server that
+    declares a huge chunk or never ends a line is refused at once, holding no more than the caps.
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
-        self.buf = bytearray()
-        self.answer: _Answer | None = None
-        self.head_done = False
+        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES)
         self.open = False
         self.used = False   # a request was answered on it: a close before the next answer may be a stale keep-alive
 
@@ -452,66 +403,49 @@ class _Connection(asyncio.Protocol):
         self.open = True
 
     def expect(self, waiter: asyncio.Future) -> None:
-        self.waiter, self.answer, self.head_done = waiter, _Answer(), False
-        self.buf.clear()
+        self.waiter = waiter
+        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES)
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():
             self.close()   # bytes nobody asked for: this connection cannot be trusted any more
             return
-        self.buf += data
         try:
-            if not self.head_done:
-                used = self.answer.head(self.buf)
-                if not used:
-                    return
-                del self.buf[:used]
-                self.head_done = True
-                if 100 <= self.answer.status < 200:   # an interim answer: the real one follows
-                    self.answer = _Answer()
-                    self.head_done = False
-                    return self.data_received(b"")
-            used = self.answer.feed(self.buf)
-        except PollError as exc:
-            self._finish(exc)
+            answer = self.reader.feed(data)
+        except http_reader.HttpError as exc:
+            self._finish(PollError(str(exc)))
             self.close()
             return
-        if used < 0:
+        if answer is None:
             return
-        leftover = len(self.buf) > used
-        keep_alive = self.answer.keep_alive
         self.used = True
-        self._finish(None)
-        self.buf.clear()   # a kept connection holds no answer between polls
-        if leftover or not keep_alive:
+        self._finish(answer)
+        if self.reader.leftover or not answer.keep_alive:
             self.close()
+        self.reader.start()   # a kept connection holds no answer between polls
 
-    def _finish(self, error: Exception | None) -> None:
+    def _finish(self, result: Any) -> None:
         waiter, self.waiter = self.waiter, None
-        answer, self.answer = self.answer, None
         if waiter is not None and not waiter.done():
-            if error is None:
-                waiter.set_result(answer)
+            if isinstance(result, Exception):
+                waiter.set_exception(result)
             else:
-                waiter.set_exception(error)
+                waiter.set_result(result)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
         if self.waiter is None:
             return
-        if self.head_done:
-            try:
-                if exc is not None:
-                    raise PollError(f"the answer was cut short: {type(exc).__name__}: {exc}")
-                self.answer.closed(self.buf)
-            except PollError as error:
-                self._finish(error)
+        if self.reader.seen:
+            if exc is not None:
+                self._finish(PollError(f"the answer was cut short: {type(exc).__name__}: {exc}"))
                 return
-            self._finish(None)
-        elif not self.buf and self.used:
+            try:
+                self._finish(self.reader.eof())
+            except http_reader.HttpError as error:
+                self._finish(PollError(str(error)))
+        elif self.used:
             self._finish(_Reconnect("the kept-alive connection was closed"))
-        elif self.buf:
-            self._finish(PollError(f"the answer was cut short: {_snippet(bytes(self.buf))}"))
         elif isinstance(exc, ssl.SSLError):
             self._finish(PollError(f"TLS failed: {exc}"))
         else:
@@ -565,7 +499,7 @@ class _Target:
             raise PollError(f"cannot connect to Triton (refused or unreachable): {exc}") from None
         return conn
 
-    async def fetch(self, loop: asyncio.AbstractEventLoop) -> _Answer:
+    async def fetch(self, loop: asyncio.AbstractEventLoop) -> Any:
         """The server's answer to the status request, within its timeout; PollError otherwise."""
         timeout = self.server["timeout"]
         deadline = loop.time() + timeout
@@ -608,21 +542,29 @@ class _Target:
         raise AssertionError("unreachable")
 
     async def poll(self, loop: asyncio.AbstractEventLoop) -> dict:
-        """One event for this server: its registered system shared memory, or why it is down."""
+        """One event for this server: its registered system shared memory, why it is down, or why its answer cannot be true.
+
+        Every answer gives an event, whatever the server sent: a failure of this source's own reading is a
+        down event too, never a task exception. Server text in an error is escaped (no control characters).
+        """
         server = self.server
         data = {"host": server["host"], "url": server["shown_url"]}
         try:
             answer = await self.fetch(loop)
             if answer.status != 200:
-                raise PollError(f"HTTP {answer.status}: {_snippet(answer.body) or answer.reason}")
+                raise PollError(f"HTTP {answer.status}: {_snippet(answer.body) or http_reader.escape(answer.reason, 120)}")
             try:
                 regions = json.loads(answer.body)
             except ValueError:
                 raise PollError("the answer is not Triton JSON (is another web server on this port?): "
                                 + _snippet(answer.body)) from None
-            count, registered = summarize(regions)
+            count, registered = summarize(regions, server["shm_bytes"])
+        except Implausible as exc:
+            data.update(status="implausible", error=self._error(f"the answer cannot be true: {exc}"))
         except (PollError, ValueError) as exc:
-            data.update(status="down", error=_redact(f"{server['url']}{STATUS_PATH}: {exc}", server))
+            data.update(status="down", error=self._error(str(exc)))
+        except Exception as exc:  # pylint: disable=broad-except  # every answer yields an event
+            data.update(status="down", error=self._error(f"the answer could not be read: {type(exc).__name__}: {exc}"))
         else:
             data.update(status="up", regions=count, registered_bytes=registered)
             if server["shm_bytes"]:
@@ -631,6 +573,11 @@ class _Target:
                 if server["threshold_percent"] is not None:
                     data["threshold_percent"] = server["threshold_percent"]
         return {"triton_shm": data, "meta": {"hosts": server["host"]}}
+
+    def _error(self, text: str) -> str:
+        """The error of an event: URL and reason, secrets redacted, every control character escaped."""
+        server = self.server
+        return http_reader.escape(_redact(f"{server['url']}{STATUS_PATH}: {text}", server), MAX_ERROR_CHARS)
 
     def close(self) -> None:
         if self.conn is not None:
@@ -698,6 +645,8 @@ class _Poller:
         if self.last_status.get(data["host"]) != data["status"]:
             if data["status"] == "down":
                 LOGGER.warning("%s: Triton is down: %s", data["host"], data["error"])
+            elif data["status"] == "implausible":
+                LOGGER.warning("%s: Triton's answer cannot be true, no cleanup: %s", data["host"], data["error"])
             else:
                 LOGGER.info("%s: Triton at %s is up", data["host"], data["url"])
             self.last_status[data["host"]] = data["status"]

@@ -131,7 +131,7 @@ def test_result_verify_failure_names_the_region():
     r = result(info([DEAD]), absent=ABSENT, after=info([DEAD]))
     assert r['error'] == dict(step=VERIFY_STEP, msg='stale region(s) remain after cleanup, with no reason recorded: dead')
     assert r['done'] == dict(unregistered=['dead'], pending=[], removed_files=['/dev/shm/dead'], freed_bytes=4096, registered=[],
-                             created_files=[])
+                             created_files=[], reloaded=[])
 
 
 @pytest.mark.parametrize('check_mode, threshold, after, expected', [
@@ -153,7 +153,8 @@ def test_results_of_steps_that_did_not_run_are_ignored():
     """Nothing to do: registered results of an earlier run of the role in the same play are not this run's work."""
     r = result(info([LIVE]), dict(threshold_percent=50), absent=ABSENT, present=PRESENT, after=info([DEAD]))
     assert (r['status'], r['changed'], r['skipped']) == ('ok', False, [])
-    assert r['done'] == dict(unregistered=[], pending=[], removed_files=[], freed_bytes=0, registered=[], created_files=[])
+    assert r['done'] == dict(unregistered=[], pending=[], removed_files=[], freed_bytes=0, registered=[], created_files=[],
+                             reloaded=[])
     assert r['after'] == r['before']
 
 
@@ -336,3 +337,65 @@ def test_a_server_without_shared_memory_fails_the_host_with_the_plain_reason():
     assert plan['error'] == dict(step=READ_STEP, msg=f"nothing on h1 could be checked: {before['server']['shm_unsupported']}")
     r = shm_cleanup_result(before, plan)
     assert r['status'] == 'failed' and 'not supported in this server configuration' in r['error']['msg']
+
+
+def test_leftover_backend_pools_make_the_role_act_whatever_the_threshold():
+    query = info([region('live', 'healthy', holders=[7])])
+    query['summary'].update(leftover_files=2, leftover_bytes=2 << 20)
+    settings = dict(threshold_percent=50, orphan_patterns='tmp_*')
+    plan = shm_cleanup(dict(query=query), backend_leftovers=True, **settings)['plan']
+    assert (plan['act'], plan['candidates'], plan['unregister'], plan['backend_leftovers']) == (True, True, True, True)
+    assert plan['decision'] == '2 leftover backend pool(s) that no process holds'
+    # off: reported (the summary counts them), never a reason to act
+    off = shm_cleanup(dict(query=query), backend_leftovers=False, **settings)
+    assert (off['plan']['act'], off['plan']['backend_leftovers']) == (False, False)
+    assert (off['record']['before']['leftover_files'], off['record']['before']['leftover_bytes']) == (2, 2 << 20)
+    # the one-call path hands the setting to the module
+    assert shm_cleanup({'direct': None}, backend_leftovers=True)['plan']['backend_leftovers'] is True
+
+
+# -- issue 25 / issue 26 finding 7: a cleanup whose holders could not all be seen is never ok -------------------------
+
+def test_a_cleanup_whose_holders_are_incomplete_is_incomplete_with_the_reason():
+    before = dict(info([region('a', 'unknown', state_reason='holders could not be fully determined')]),
+                  holders_complete=False, pid_namespace='other', holders_incomplete_reason='outside the initial namespace')
+    r = result(before)
+    assert (r['status'], r['changed'], r['error']) == ('incomplete', False, None)
+    assert r['server']['holders_complete'] is False and r['server']['pid_namespace'] == 'other'
+    assert r['server']['holders_incomplete_reason'] == 'outside the initial namespace'
+    assert result(dict(before, holders_complete=True, holders_incomplete_reason=None))['status'] == 'ok'
+
+
+# --- reclaiming grown python backend pools (opt-in, issue 27) ------------------------------------------------
+
+RELOADED = [dict(model='grow', before_bytes=35651584, after_bytes=1048576, old_pools=['a'], new_pools=['b'], old_gone=True,
+                 seconds=2.5)]
+
+
+@pytest.mark.parametrize('settings, reload_pools, max_bytes, max_percent', [
+    ({}, False, None, None),
+    (dict(reload_pools_over_bytes=0, reload_pools_over_percent='0'), False, None, None),
+    (dict(reload_pools_over_bytes='1073741824'), True, 1073741824, None),
+    (dict(reload_pools_over_percent='25'), True, None, 25.0),
+    (dict(reload_pools_over_bytes=1 << 20, reload_pools_over_percent=10), True, 1 << 20, 10.0),
+], ids=['off-by-default', 'zero-is-off', 'bytes-as-a-survey-string', 'percent', 'both'])
+def test_the_reload_is_opt_in_and_its_limits_come_from_the_settings(settings, reload_pools, max_bytes, max_percent):
+    plan = shm_cleanup({}, **settings)['plan']
+    assert (plan['reload_pools'], plan['reload_max_bytes'], plan['reload_max_percent']) == (reload_pools, max_bytes, max_percent)
+
+
+def test_the_models_reloaded_are_recorded_and_are_a_change():
+    results = dict(direct=direct(info([LIVE])), reload=dict(changed=True, reloaded=RELOADED, models=[]))
+    record = shm_cleanup(results, reload_pools_over_percent=25)['record']
+    assert record['done']['reloaded'] == RELOADED and record['changed'] is True and record['status'] == 'ok'
+    # the same results without the opt-in: an earlier run's reload result is not this run's
+    record = shm_cleanup(results)['record']
+    assert record['done']['reloaded'] == [] and record['changed'] is False
+    skipped = shm_cleanup(dict(direct=direct(info([LIVE])), reload=SKIPPED), reload_pools_over_bytes=1)['record']
+    assert skipped['done']['reloaded'] == [] and skipped['changed'] is False
+
+
+@pytest.mark.parametrize('settings', [dict(reload_pools_over_bytes=-1), dict(reload_pools_over_percent='many')])
+def test_bad_reload_limits_are_refused(settings):
+    with pytest.raises(AnsibleFilterError, match='reload_pools_over'):
+        shm_cleanup({}, **settings)

@@ -109,3 +109,55 @@ def test_report_rows(reports, hosts, rows):
 def test_report_rows_need_one_report_per_host():
     with pytest.raises(AnsibleFilterError, match='^shm_report_rows: needs one report'):
         shm_report_rows([None], ['h1', 'h2'])
+
+
+# -- issue 25 and issue 26 finding 7: a host whose holders could not all be seen is never ok ----------------------------
+
+REASON = "the module runs outside the host's initial PID namespace (...): ... set clients_share_pid_namespace: true ..."
+
+
+@pytest.mark.parametrize('over, error', [
+    # inside the Triton container (issue 25)
+    (dict(holders_complete=False, holders_incomplete_reason=REASON, pid_namespace='other'), REASON),
+    # not root, triton_server_pid given, the shm directory unreadable (issue 26 finding 7): nothing checked
+    (dict(holders_complete=False, pid_namespace='initial',
+          holders_incomplete_reason='shm_dir /proc/42/root/dev/shm is not readable: Permission denied'),
+     'shm_dir /proc/42/root/dev/shm is not readable: Permission denied'),
+    # a result without the reason (an older module): still not ok
+    (dict(holders_complete=False), 'holders could not be fully determined'),
+])
+def test_a_row_whose_holders_are_incomplete_is_incomplete_with_the_reason(over, error):
+    row = shm_report_row(dict(info_result(), **over), 't1', 'http://t1:8000')
+    assert (row['status'], row['error'], row['holders_complete']) == ('incomplete', error, False)
+    assert row['pid_namespace'] == over.get('pid_namespace')
+    lines = shm_fleet_table([row], 'report')
+    assert lines[1].split()[:3] == ['t1', 'incomplete', '2.51.0'], lines   # its numbers, then why they are not the whole truth
+    assert lines[2].strip() == error[:200]
+
+
+def test_a_complete_row_in_another_pid_namespace_is_ok():
+    """clients_share_pid_namespace: true inside a container: complete, and the row says where it ran."""
+    row = shm_report_row(dict(info_result(), pid_namespace='other', holders_incomplete_reason=None), 't1', 'http://t1:8000')
+    assert (row['status'], row['pid_namespace'], row['holders_incomplete_reason']) == ('ok', 'other', None)
+
+
+def test_an_incomplete_cleanup_row():
+    lines = shm_fleet_table([cleanup_result(status='incomplete', changed=False)], 'cleanup', hosts=['t1'])
+    assert lines[1].split()[:2] == ['t1', 'incomplete']
+
+
+def test_the_row_names_the_servers_pod_and_its_clients_containers():
+    info = info_result()
+    info['server']['container'] = dict(runtime='containerd', pod_uid='5c1e', name='pod ml/triton-0')
+    info['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0')),
+                                            dict(pid=8, comm='python')]
+    row = shm_report_row(info, 't1', 'http://t1:8000')
+    assert row['server_container'] == 'pod ml/triton-0'
+    assert row['clients'] == ['pod ml/client-0', 'python (pid 8)']
+    lines = shm_fleet_table([row], 'report')
+    assert lines[2].split() == ['server', 'in', 'pod', 'ml/triton-0;', 'clients:', 'pod', 'ml/client-0,', 'python', '(pid',
+                                '8)']
+    # on the host, nobody holding: no such line; the fields are there, empty
+    row = shm_report_row(info_result(), 't1', 'http://t1:8000')
+    assert (row['server_container'], row['clients']) == (None, [])
+    assert len(shm_fleet_table([row], 'report')) == 2

@@ -305,3 +305,53 @@ def test_sizes(size, text):
 def test_wrong_input_is_a_clear_error(data, kind, kwargs, message):
     with pytest.raises(AnsibleFilterError, match=re.escape(message)):
         shm_html_report(data, kind, **kwargs)
+
+
+POOLS = [
+    dict(path='/s/p_echo', name='p_echo', backend='python', model='echo', instance='echo_0_0', bytes=3 * MIB, size=3 * MIB,
+         holders=[dict(pid=42, comm='tritonserver'), dict(pid=43, comm='triton_python_b')], state='live', reason='held'),
+    dict(path='/s/p_mirror', name='p_mirror', backend='python', model='mirror', instance='mirror_0_0', bytes=MIB, size=MIB,
+         holders=[dict(pid=42, comm='tritonserver'), dict(pid=44, comm='triton_python_b')], state='live', reason='held'),
+    dict(path='/s/p_dead', name='p_dead', backend='vllm', model=None, instance=None, bytes=2 * MIB, size=2 * MIB, holders=[],
+         state='leftover', reason='held by no process ' + HOSTILE),
+]
+
+
+def test_the_pools_are_shown_per_model_with_the_leftovers_first_and_the_categories_in_order():
+    summary = dict(SUMMARY, backend_files=2, leftover_files=1)
+    page = shm_html_report([row()], 'report', details=[info(backend_pools=POOLS, summary=summary)])
+    assert '<h3>Python backend pools by model</h3>' in page and ESCAPED in page and HOSTILE not in page
+    rows = re.findall(r'<tr data-pool="(\w+)" data-model="(\w*)" data-state="(\w+)">', page)
+    assert rows == [('p_dead', '', 'leftover'), ('p_echo', 'echo', 'live'), ('p_mirror', 'mirror', 'live')]
+    assert 'Held pool bytes per model: </b>' not in page and 'echo 3.0 MiB; mirror 1.0 MiB' in page
+    categories = re.findall(r'data-category="(\w+)"', page)
+    assert categories == ['registered', 'backend', 'leftover', 'in_use', 'orphan', 'foreign']
+
+
+def test_a_cleanup_says_which_leftover_pools_it_removed():
+    rec = cleanup_record(done=dict(unregistered=[], removed_files=['/s/p_dead'], freed_bytes=2 * MIB, registered=[],
+                                   created_files=[]))
+    direct = dict(DIRECT, before=info(backend_pools=POOLS))
+    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[direct]])
+    outcome = dict(re.findall(r'data-pool="(\w+)".*?<td class="outcome">([^<]*)</td>', page))
+    assert outcome == {'p_dead': 'removed', 'p_echo': 'kept', 'p_mirror': 'kept'}
+
+
+def test_an_incomplete_host_is_not_ok_and_says_why():
+    """Issue 25 / issue 26 finding 7: the reason, a warning tone, counted apart from ok."""
+    reason = "the module runs outside the host's initial PID namespace (...)"
+    page = shm_html_report([row(status='incomplete', error=reason)], 'report',
+                           details=[info(holders_complete=False, holders_incomplete_reason=reason, pid_namespace='other')])
+    assert 'data-status="incomplete"' in page and 'class="host warn"' in page and 'data-fleet="incomplete"' in page
+    assert 'data-incomplete="true"' in page and 'initial PID namespace (...)' in page
+    assert '<b>0</b> ok' in page
+
+
+def test_the_server_and_the_holders_are_named_by_pod_or_container():
+    detail = info()
+    detail['server']['container'] = dict(name='pod ml/triton-0')
+    detail['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0'))]
+    page = shm_html_report([row()], 'report', details=[detail])
+    assert 'pid 42, pod ml/triton-0' in page and 'python (pid 7, pod ml/client-0)' in page
+    # a host process: its pid alone, as before
+    assert 'python (pid 7)' in shm_html_report([row()], 'report', details=[info()])

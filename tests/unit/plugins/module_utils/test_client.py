@@ -20,7 +20,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import T
 
 # what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)
 INTERFACE = {'library', 'server_metadata', '_health', 'status', 'register_system', 'register_cuda', 'unregister',
-             'unaddressable', 'use_keep_alive', 'close'}
+             'unaddressable', 'use_keep_alive', 'close', 'repository_index', 'model_config', 'load_model'}
 CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
 
 
@@ -92,6 +92,15 @@ class Minimal(Client):
         pass
 
     def unregister(self, kind, name):
+        pass
+
+    def repository_index(self):
+        return []
+
+    def model_config(self, name):
+        return {'name': name}
+
+    def load_model(self, name, config=None, timeout=None):
         pass
 
     @staticmethod

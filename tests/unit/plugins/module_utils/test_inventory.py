@@ -7,6 +7,7 @@ Only the Triton HTTP API is a fake (FakeTriton): the regions it reports are the 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
     Criteria, RegionFacts, Snapshot, classify, info_result, read_server, region_state, summarize,
 )
@@ -195,6 +196,7 @@ def ns():
         space.write('server_only')
         space.server.do('open server_only')
         space.write('triton_python_backend_shm_region_1234', 8192, age=OLD)
+        space.server.do('map triton_python_backend_shm_region_1234')   # Triton maps its python backend's pools
         space.write('client_old', 65536, age=OLD)
         space.write('client_young', 4096)
         space.write('PostgreSQL.7', 4096, age=OLD)
@@ -295,7 +297,8 @@ def test_file_categories(result, ns):
     assert files['live']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
     assert files['stale']['holders'] == []
     assert 'younger than min_age' in files['client_young']['category_reason']
-    assert files['PostgreSQL.7']['category_reason'] == 'matches no orphan pattern'
+    assert files['PostgreSQL.7']['category_reason'] == ("PostgreSQL's dynamic shared memory (PostgreSQL.*): never an orphan, "
+                                                        'whatever orphan_patterns says')
     for name, kind in (('client_fifo', 'fifo'), ('client_dir', 'directory'), ('client_link', 'symlink')):
         assert files[name]['type'] == kind
         assert files[name]['category_reason'] == f'not a regular file ({kind})'
@@ -344,7 +347,8 @@ def test_backend_files_are_backend_even_when_a_pattern_matches(ns):
     inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'], min_age=0)
     files = by_name(inv.result()['files'])
     assert files['triton_python_backend_shm_region_1234']['category'] == 'backend'
-    assert files['PostgreSQL.7']['category'] == 'orphan', 'a pattern that matches everything is the caller\'s choice'
+    # issue 26: a pattern that matches everything no longer reaches a well-known family of other software
+    assert files['PostgreSQL.7']['category'] == 'foreign'
 
 
 def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
@@ -506,8 +510,8 @@ def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
 
 @pytest.mark.parametrize('patterns, category', [
     (None, 'foreign'),                                            # default: only Triton's own prefix
-    (['triton_python_backend_shm_region_*', 'myprefix_*'], 'backend'),
-    (['myprefix_*'], 'backend'),
+    (['triton_python_backend_shm_region_*', 'myprefix_*'], 'leftover'),   # a backend file no process holds
+    (['myprefix_*'], 'leftover'),
 ])
 def test_backend_patterns_name_the_backend_files(ns, patterns, category):
     ns.write('myprefix_1', 4096, age=OLD)
@@ -531,6 +535,11 @@ SERVER = 100
 CLIENT = 200
 SHM = '/proc/100/root/dev/shm'
 BACKEND_FILE = 'triton_python_backend_shm_region_0'
+
+
+# the server of the literal snapshots: root in the module's user namespace, in a 1777 root-owned /dev/shm
+ROOT_SERVER = authority.Authority(uid=0, gids=frozenset([0]), privileged=True, dir_uid=0, dir_gid=0, dir_mode=0o41777,
+                                  owner_uid=0, described='pid 100, uid 0 in this user namespace, privileged')
 
 
 def entry(name, ino, kind='file', size=4096, age=0.0):
@@ -563,7 +572,8 @@ def literal_snapshot(pid=SERVER, shm_dir=SHM, complete=True, marks=None):
                     fs={'path': shm_dir, 'total_bytes': 1 << 26, 'used_bytes': 1 << 20, 'free_bytes': 63 << 20,
                         'used_percent': 1.56},
                     entries=entries if shm_dir else [], scan=scan if shm_dir else None,
-                    marks={'mine': 'mine', 'stale': None, 'live': None} if marks is None else marks, scanned_at=5.0)
+                    marks={'mine': 'mine', 'stale': None, 'live': None} if marks is None else marks, scanned_at=5.0,
+                    authority=ROOT_SERVER if shm_dir else None)
 
 
 def states(records):
@@ -630,3 +640,80 @@ def test_a_literal_snapshot_without_the_server_process_or_directory():
 ])
 def test_region_state_rules_in_order(facts, state, reason):
     assert region_state(facts) == (state, reason)
+
+
+# -- backend pools (issue 27): the model of each pool, and the leftovers of dead servers ----------------
+
+STUB = 300
+STUB_ARGV = ['/opt/tritonserver/backends/python/triton_python_backend_stub', '/models/echo/1/model.py',
+             'triton_python_backend_shm_region_0', '1048576', '1048576', str(SERVER),
+             '/opt/tritonserver/backends/python', '336', 'echo_0_0', 'DEFAULT']
+LEFTOVER_FILE = 'triton_vllm_backend_shm_region_dead'
+YOUNG_FILE = 'triton_python_backend_shm_region_young'
+
+
+def pool_snapshot(complete=True):
+    """The literal snapshot, with the backend file mapped by its python stub, and a dead server's and a young pool."""
+    snap = literal_snapshot(complete=complete)
+    entries = snap.entries + [entry(LEFTOVER_FILE, 12, size=8192, age=OLD), entry(YOUNG_FILE, 13, age=1.0)]
+    scan = snap.scan
+    scan.holders[(7, 6)] = {SERVER, STUB}
+    scan.comms[STUB] = 'triton_python_b'
+    return dataclasses.replace(snap, entries=entries, scan=scan, cmdlines={STUB: STUB_ARGV})
+
+
+def test_backend_pools_are_named_for_their_model_and_a_pool_no_process_holds_is_leftover():
+    snap = pool_snapshot()
+    records = classify(snap, Criteria.of(min_age=300))
+    files = by_name(records.files)
+    assert (files[BACKEND_FILE]['category'], files[LEFTOVER_FILE]['category'], files[YOUNG_FILE]['category']) == (
+        'backend', 'leftover', 'backend')
+    assert files[LEFTOVER_FILE]['backend'] == 'vllm'
+    assert 'held by no process and older than min_age' in files[LEFTOVER_FILE]['category_reason']
+    assert 'younger than min_age (1.0s < 300s)' in files[YOUNG_FILE]['category_reason']
+    result = info_result(snap, records)
+    pools = result['backend_pools']
+    assert [(p['name'], p['model'], p['instance'], p['state']) for p in pools] == [
+        (BACKEND_FILE, 'echo', 'echo_0_0', 'live'), (YOUNG_FILE, None, None, 'unknown'), (LEFTOVER_FILE, None, None, 'leftover')]
+    assert pools[0] == {
+        'path': f'{SHM}/{BACKEND_FILE}', 'name': BACKEND_FILE, 'backend': 'python', 'model': 'echo', 'instance': 'echo_0_0',
+        'bytes': 4096, 'size': 4096, 'holders': [{'pid': SERVER, 'comm': 'tritonserver'}, {'pid': STUB, 'comm': 'triton_python_b'}],
+        'state': 'live', 'reason': files[BACKEND_FILE]['category_reason']}
+    s = result['summary']
+    assert (s['backend_files'], s['backend_bytes'], s['leftover_files'], s['leftover_bytes']) == (2, 8192, 1, 8192)
+
+
+def test_with_an_incomplete_scan_no_backend_file_is_leftover():
+    records = classify(pool_snapshot(complete=False), Criteria.of(min_age=0))
+    files = by_name(records.files)
+    assert files[LEFTOVER_FILE]['category'] == 'backend'
+    assert files[LEFTOVER_FILE]['category_reason'].endswith('holders could not be fully determined')
+    pools = by_name(info_result(pool_snapshot(complete=False), records)['backend_pools'])
+    assert pools[LEFTOVER_FILE]['state'] == 'unknown' and pools[BACKEND_FILE]['state'] == 'live'
+
+
+@pytest.mark.parametrize('argv, expected', [
+    (STUB_ARGV, ('echo', 'echo_0_0')),
+    # a Python-based backend's own model.py (vllm): the model is the instance name without _GROUP_INDEX
+    (STUB_ARGV[:1] + ['/opt/tritonserver/backends/vllm/model.py'] + STUB_ARGV[2:8] + ['llama_3_0_1', 'DEFAULT'],
+     ('llama_3', 'llama_3_0_1')),
+    (['/usr/bin/python3', '/models/echo/1/model.py'] + STUB_ARGV[2:], (None, None)),   # not a stub
+    (STUB_ARGV[:8], (None, None)),                                                       # too few arguments
+    (STUB_ARGV[:2] + ['triton_python_backend_shm_region_other'] + STUB_ARGV[3:], (None, None)),   # another pool's stub
+])
+def test_the_stub_command_line_names_the_model_and_instance(argv, expected):
+    snap = dataclasses.replace(pool_snapshot(), cmdlines={STUB: argv})
+    pools = by_name(info_result(snap, classify(snap))['backend_pools'])
+    assert (pools[BACKEND_FILE]['model'], pools[BACKEND_FILE]['instance']) == expected
+
+
+def test_outside_the_initial_pid_namespace_no_backend_file_is_leftover():
+    """The visibility rule (issue 25): a scan that cannot see other PID namespaces' processes calls nothing leftover."""
+    snap = pool_snapshot()
+    snap.scan.visibility = holders.Visibility(holders.OTHER, False, "the module runs outside the host's initial PID namespace")
+    records = classify(snap, Criteria.of(min_age=0))
+    assert by_name(records.files)[LEFTOVER_FILE]['category'] == 'backend'
+    assert info_result(snap, records)['summary']['leftover_files'] == 0
+    # the operator's statement that every client shares this PID namespace makes it complete again
+    snap.scan.visibility = holders.Visibility(holders.OTHER, True, None, True)
+    assert by_name(classify(snap, Criteria.of(min_age=0)).files)[LEFTOVER_FILE]['category'] == 'leftover'

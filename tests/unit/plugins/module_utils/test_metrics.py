@@ -25,6 +25,10 @@ def shm_file(name, category, allocated=MIB):
     return dict(name=name, path='/dev/shm/' + name, allocated_bytes=allocated, category=category)
 
 
+def pool(model, allocated, state='live'):
+    return dict(name=f'triton_python_backend_shm_region_{model}', backend='python', model=model, bytes=allocated, state=state)
+
+
 def info(pid=4242, **over):
     """A triton_shm_info result: 2 healthy, 1 stale, 1 dangling, 1 reserved region; files of every category but foreign."""
     result = dict(
@@ -39,6 +43,7 @@ def info(pid=4242, **over):
                shm_file('kept', 'registered'), shm_file('triton_python_backend_shm_region_1', 'backend'),
                shm_file('client_x', 'orphan'), shm_file('busy', 'in_use')],
         summary=dict(stale_bytes=4 * MIB, orphan_bytes=MIB),
+        backend_pools=[pool('echo', MIB)],
         scanned_at=1764760000.25,
     )
     result.update(over)
@@ -78,16 +83,26 @@ def test_report_of_a_located_server(promtool):
     assert g == {'tritonops_shm_up': 1, 'tritonops_shm_server_located': 1, 'tritonops_shm_report_timestamp_seconds': 1764760000.25,
                  'tritonops_shm_fs_size_bytes': 64 * MIB, 'tritonops_shm_fs_used_bytes': 9 * MIB,
                  'tritonops_shm_registered_bytes': 9 * MIB, 'tritonops_shm_cuda_regions': 1,
-                 'tritonops_shm_stale_bytes': 4 * MIB, 'tritonops_shm_orphan_bytes': MIB}
+                 'tritonops_shm_stale_bytes': 4 * MIB, 'tritonops_shm_orphan_bytes': MIB, 'tritonops_shm_leftover_bytes': 0}
     by_state = {dict(k[1])['state']: v for k, v in s.items() if k[0] == 'tritonops_shm_regions'}
     assert by_state == {'healthy': 2, 'stale': 1, 'reserved': 1, 'dangling': 1, 'unknown': 0}
     by_category = {dict(k[1])['category']: v for k, v in s.items() if k[0] == 'tritonops_shm_files'}
-    assert by_category == {'registered': 4, 'backend': 1, 'in_use': 1, 'orphan': 1, 'foreign': 0}
+    assert by_category == {'registered': 4, 'backend': 1, 'leftover': 0, 'in_use': 1, 'orphan': 1, 'foreign': 0}
     assert s[('tritonops_shm_server_info', frozenset({('version', '2.51.0')}))] == 1
 
 
+def in_pods():
+    """info() of a server in a pod whose healthy regions are held from a pod and from the host."""
+    result = info()
+    result['server']['container'] = dict(runtime='containerd', pod_uid='5c1e', name='pod ml/triton-0')
+    result['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0'))]
+    result['system_regions'][1]['holders'] = [dict(pid=8, comm='python'), dict(pid=9, comm='python',
+                                                                                container=dict(name='pod ml/client-0'))]
+    return result
+
+
 def test_every_metric_has_one_help_and_type_line_and_the_prefix():
-    text = metrics.report_text(info(), 'h', URL) + metrics.cleanup_text(dict(status='ok', finished_epoch=5, done={}), 'h', URL)
+    text = metrics.report_text(in_pods(), 'h', URL) + metrics.cleanup_text(dict(status='ok', finished_epoch=5, done={}), 'h', URL)
     for name, metric in metrics.METRICS.items():
         assert name.startswith('tritonops_shm_') and not name.startswith('tritonops_shm_tritonops')
         assert text.count(f'# HELP {name} ') == 1 and text.count(f'# TYPE {name} {metric.type}\n') == 1, name
@@ -132,7 +147,7 @@ def test_label_values_are_escaped(promtool, host, url):
     check_metrics(promtool, text)
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
-    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 20
+    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 24   # tritonops_shm_holders_complete included
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
@@ -262,3 +277,73 @@ def test_dir_refusal_is_the_one_check_of_metrics_dir_and_report_dir(tmp_path):
 def test_a_url_with_credentials_never_reaches_the_label(tmp_path):
     text = metrics.report_text(None, 'h1', 'http://user:s3cret@gpu1:8000')
     assert 's3cret' not in text and 'user' not in text and 'triton_url="http://***@gpu1:8000"' in text
+
+
+def test_pool_bytes_per_model_and_leftover_bytes(promtool):
+    pools = [pool('echo', MIB), pool('echo', 2 * MIB), pool('mirror', 3 * MIB), pool(None, 4 * MIB),
+             pool(None, 5 * MIB, state='leftover'), pool('dead', 6 * MIB, state='leftover')]
+    files = [shm_file('l1', 'leftover', 5 * MIB), shm_file('l2', 'leftover', 6 * MIB), shm_file('b', 'backend')]
+    text = metrics.report_text(info(backend_pools=pools, files=files, summary=dict(leftover_bytes=11 * MIB)), 'gpu1', URL)
+    check_metrics(promtool, text)
+    s = samples(text)
+    by_model = {dict(k[1])['model']: v for k, v in s.items() if k[0] == 'tritonops_shm_backend_pool_bytes'}
+    # leftovers are not any model's pool: they are in tritonops_shm_leftover_bytes
+    assert by_model == {'echo': 3 * MIB, 'mirror': 3 * MIB, '_unattributed': 4 * MIB}
+    assert s[('tritonops_shm_leftover_bytes', frozenset())] == 11 * MIB
+    assert s[('tritonops_shm_files', frozenset({('category', 'leftover')}))] == 2
+
+
+def test_the_model_label_is_bounded():
+    pools = [pool(f'm{i:03d}', (i + 1) * MIB) for i in range(100)] + [pool(None, MIB)]
+    labels = metrics.pool_bytes_by_model(pools)
+    assert len(labels) == metrics.MODEL_LABEL_CAP + 2
+    kept = dict(labels)
+    # the cap models with the most bytes keep their names; the rest are summed
+    assert set(kept) - {'_other', '_unattributed'} == {f'm{i:03d}' for i in range(80, 100)}
+    assert kept['_other'] == sum((i + 1) * MIB for i in range(80))
+    assert kept['_unattributed'] == MIB
+    assert sum(kept.values()) == sum(p['bytes'] for p in pools)
+    assert metrics.pool_bytes_by_model(pools[:3]) == [('m000', MIB), ('m001', 2 * MIB), ('m002', 3 * MIB)]
+
+
+@pytest.mark.parametrize('over,value,labels', [
+    (dict(holders_complete=True, pid_namespace='initial', holders_incomplete_reason=None), 1,
+     {'pid_namespace': 'initial', 'reason': ''}),
+    (dict(holders_complete=False, pid_namespace='other',
+          holders_incomplete_reason="the module runs outside the host's initial PID namespace (...)"), 0,
+     {'pid_namespace': 'other', 'reason': 'pid_namespace'}),
+    (dict(holders_complete=False, pid_namespace='initial', unreadable_processes=3, holders_incomplete_reason='3 process(es)'), 0,
+     {'pid_namespace': 'initial', 'reason': 'unreadable_processes'}),
+    (dict(holders_complete=False, pid_namespace='initial', holders_incomplete_reason='shm_dir x is not readable',
+          server=dict(url=URL, version='2.51.0', pid=4242, shm_dir=None)), 0,
+     {'pid_namespace': 'initial', 'reason': 'shm_dir'}),
+    (dict(), 0, {'pid_namespace': '', 'reason': 'unknown'}),
+])
+def test_holders_complete_is_a_gauge_with_a_coarse_reason(promtool, over, value, labels):
+    """Issue 25 / issue 26 finding 7: an incomplete scan is visible in the metrics, with why (few series: no pids)."""
+    text = metrics.report_text(info(**over), 'gpu1', URL)
+    check_metrics(promtool, text)
+    got = {dict(k[1])['reason']: (v, dict(k[1])) for k, v in samples(text).items() if k != '_hosts'
+           and k[0] == 'tritonops_shm_holders_complete'}
+    assert got == {labels['reason']: (value, labels)}
+
+
+def test_the_server_and_the_holders_are_named_by_pod_or_container(promtool):
+    text = metrics.report_text(in_pods(), 'gpu1', URL)
+    check_metrics(promtool, text)
+    s = samples(text)
+    assert s[('tritonops_shm_server_container_info', frozenset({('container', 'pod ml/triton-0'),
+                                                                 ('runtime', 'containerd')}))] == 1
+    # region a (1 MiB) and b (2 MiB) from the client pod, b also from a host process
+    assert s[('tritonops_shm_held_bytes', frozenset({('holder', 'pod ml/client-0')}))] == 3 * MIB
+    assert s[('tritonops_shm_held_bytes', frozenset({('holder', 'host')}))] == 2 * MIB
+    # a server on the host: no container series, and no holder series without holders
+    names = {k[0] for k in samples(metrics.report_text(info(), 'gpu1', URL)) if k != '_hosts'}
+    assert 'tritonops_shm_server_container_info' not in names and 'tritonops_shm_held_bytes' not in names
+
+
+def test_held_by_is_bounded():
+    regions = [dict(byte_size=i + 1, holders=[dict(pid=i, container=dict(name=f'pod ns/c-{i:02d}'))]) for i in range(30)]
+    held = metrics.held_by(regions)
+    assert len(held) == metrics.HELD_BY_MAX
+    assert held[0] == ('pod ns/c-29', 30) and held[-1] == ('other', sum(range(1, 22)))

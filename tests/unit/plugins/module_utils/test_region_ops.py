@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders
-from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
@@ -486,6 +486,47 @@ def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_pr
     assert os.path.exists(path) and os.path.exists(orphan)
 
 
+# -- invariant 6: the visibility rule (issue 25) ---------------------------------------------------
+
+@pytest.fixture
+def other_pid_namespace(monkeypatch):
+    """The module as in a container: its PID namespace is not the host's initial one (procfs.pid_namespace)."""
+    monkeypatch.setattr(holders, 'pid_namespace', lambda proc='/proc': procfs.PidNamespace(False, 'a test namespace'))
+
+
+@pytest.mark.parametrize('inventory', [False, True])
+def test_outside_the_initial_pid_namespace_nothing_is_stale_and_nothing_removed(
+        shm, server_proc, other_pid_namespace, inventory):
+    """Issue 25: a client in another container is invisible here: its live region must not look stale."""
+    path = make_file(shm, 'a', age=3600)
+    orphan = make_file(shm, 'client_input_0', age=3600)
+    fake = FakeTriton(shm, regions=[region('a'), region('gone', key='/gone')])
+    before = snapshot(shm)
+    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory)
+    assert res['changed'] is False and fake.actions() == [] and snapshot(shm) == before
+    assert res['holders_complete'] is False and res['pid_namespace'] == 'other'
+    assert 'a test namespace' in res['holders_incomplete_reason']
+    assert 'clients_share_pid_namespace: true' in res['holders_incomplete_reason']
+    assert any('holders are incomplete' in w and 'a test namespace' in w for w in res['warnings'])
+    assert os.path.exists(path) and os.path.exists(orphan)
+
+
+def test_outside_the_initial_pid_namespace_the_option_makes_the_scan_complete(shm, server_proc, other_pid_namespace):
+    """clients_share_pid_namespace: the operator states every client is visible here: stale regions go, as on the host."""
+    path = make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    res = run(fake, shm, server_proc.pid, stale=True, clients_share_pid_namespace=True)
+    assert res['unregistered'] == ['a'] and res['removed_files'] == [path]
+    assert res['holders_complete'] is True and res['holders_incomplete_reason'] is None and res['pid_namespace'] == 'other'
+
+
+def test_in_the_initial_pid_namespace_the_result_says_so(shm, server_proc):
+    make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    res = run(fake, shm, server_proc.pid, stale=True, check_mode=True)
+    assert res['pid_namespace'] == 'initial' and res['holders_complete'] is True and res['holders_incomplete_reason'] is None
+
+
 # -- invariant 6: a server that cannot be found ---------------------------------------------------
 
 @pytest.mark.parametrize('selector,shm_given,what', [
@@ -878,3 +919,149 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
     assert 'a' not in fake.regions
     assert os.path.exists(os.path.join(shm, 'a')) is not removed
     assert os.path.exists(os.path.join(shm, 'b'))
+
+
+def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_removal_path(shm, server_proc):
+    """Issue 27: a backend file no process holds is a dead server's pool; one any process maps stays, as does a young one."""
+    dead = make_file(shm, 'triton_python_backend_shm_region_dead', age=3600)
+    vllm = make_file(shm, 'triton_vllm_backend_shm_region_dead', age=3600)
+    young = make_file(shm, 'triton_python_backend_shm_region_young')
+    held = make_file(shm, 'triton_python_backend_shm_region_live', age=3600)
+    with open(held, 'r+b') as f:
+        mapping = mmap.mmap(f.fileno(), 0)   # this test process maps it, as a stub maps its pool
+    try:
+        fake = FakeTriton(shm)
+        off = run(fake, shm, server_proc.pid, stale=True)
+        assert off['removed_files'] == [] and off['changed'] is False
+        dry = run(fake, shm, server_proc.pid, check_mode=True, backend_leftovers=True)
+        assert sorted(dry['removed_files']) == [dead, vllm] and dry['changed'] is True
+        assert all(os.path.exists(p) for p in (dead, vllm, young, held))
+        res = run(fake, shm, server_proc.pid, backend_leftovers=True, inventory=True)
+        assert sorted(res['removed_files']) == [dead, vllm] and res['freed_bytes'] == 2 * 64 * KIB
+        assert not os.path.exists(dead) and not os.path.exists(vllm) and os.path.exists(young) and os.path.exists(held)
+        cats = {f['name']: f['category'] for f in res['before']['files']}
+        assert cats == {'triton_python_backend_shm_region_dead': 'leftover', 'triton_vllm_backend_shm_region_dead': 'leftover',
+                        'triton_python_backend_shm_region_young': 'backend', 'triton_python_backend_shm_region_live': 'backend'}
+        assert res['after']['summary']['leftover_files'] == 0
+        again = run(fake, shm, server_proc.pid, backend_leftovers=True)
+        assert again['removed_files'] == [] and again['changed'] is False
+        assert fake.actions() == []   # no region was touched
+    finally:
+        mapping.close()
+
+
+def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, monkeypatch):
+    """The re-check right before the unlink: a process that maps the pool after the plan keeps it."""
+    pool = make_file(shm, 'triton_python_backend_shm_region_x', age=3600)
+    st = os.stat(pool)   # by (dev, inode): at the re-check the file is under its quarantine name
+    kept = []
+    real = holders.scan
+
+    def scan(targets, **kwargs):
+        result = real(targets, **kwargs)
+        if kept:   # the second scan, the re-check: a stub has mapped it since
+            result.holders.setdefault((st.st_dev, st.st_ino), set()).add(server_proc.pid + 1)
+        kept.append(1)
+        return result
+    monkeypatch.setattr(holders, 'scan', scan)
+    res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
+    assert res['removed_files'] == [] and os.path.exists(pool)
+    assert [s['path'] for s in res['skipped_items']] == [pool]
+    assert 're-checked before removal' in res['skipped_items'][0]['reason']
+
+
+def test_backend_leftovers_is_for_system_files_only(shm, server_proc):
+    with pytest.raises(ParameterError, match='backend_leftovers applies to kind=system only'):
+        run(FakeTriton(shm), shm, server_proc.pid, kind='cuda', backend_leftovers=True)
+
+
+# -- issue 26: files marked before the unregister, quarantined before the unlink -----------------------
+
+def _cleanup_mark(path):
+    return shm_fs.read_cleanup_record(os.path.dirname(path)).get(os.lstat(path).st_ino)
+
+
+def test_files_are_marked_before_their_regions_are_unregistered_and_unmarked_once_removed(shm, server_proc):
+    path = make_file(shm, 'a')
+    seen = []
+    fake = FakeTriton(shm, regions=[region('a')], on_unregister=lambda name: seen.append(_cleanup_mark(path)))
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['removed_files'] == [path]
+    assert seen[0] is not None and seen[0].region == 'a' and seen[0].name == 'a'
+    assert seen[0].server == inventory.server_identity(server_proc.pid)
+    assert shm_fs.read_cleanup_record(shm) == {}
+
+
+def test_a_region_kept_registered_loses_its_mark(shm, server_proc):
+    path = make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')], in_use={'a': -1})
+    res = run(fake, shm, server_proc.pid, stale=True, in_use_timeout=0)
+    assert os.path.exists(path) and res['removed_files'] == [] and _cleanup_mark(path) is None
+
+
+def _killed_run_left(shm, name, server, quarantined=False):
+    """A file as a run killed after its unregister leaves it: recorded, no longer registered."""
+    path = make_file(shm, name)
+    st = os.lstat(path)
+    with shm_fs.ShmDir(shm) as d:
+        d.write_cleanup_record({st.st_ino: shm_fs.CleanupMark(name, name, server)})
+        if quarantined:
+            q = d.quarantine(name, st.st_dev, st.st_ino)
+            return os.path.join(shm, q.name)
+    return path
+
+
+@pytest.mark.parametrize('quarantined', [False, True])
+def test_a_rerun_finishes_what_a_killed_run_left_and_info_says_why(shm, server_proc, quarantined):
+    left = _killed_run_left(shm, 'a', inventory.server_identity(server_proc.pid), quarantined)
+    fake = FakeTriton(shm, regions=[])
+    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    files = {f['path']: f for f in inventory.classify(snap).files}
+    assert files[left]['category'] == 'orphan' and 'stopped before removing' in files[left]['category_reason']
+    assert run(fake, shm, server_proc.pid, stale=True, check_mode=True)['removed_files'] == [left]
+    assert os.path.exists(left)
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['removed_files'] == [left] and os.listdir(shm) == [] and shm_fs.read_cleanup_record(shm) == {}
+    assert run(fake, shm, server_proc.pid, stale=True)['changed'] is False
+
+
+def test_a_mark_of_another_server_process_is_left_to_orphan_patterns(shm, server_proc):
+    left = _killed_run_left(shm, 'a', '1:1')   # a server that has since restarted
+    fake = FakeTriton(shm, regions=[])
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['changed'] is False and os.path.exists(left)
+    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    assert inventory.classify(snap).files[0]['category'] == 'foreign'
+
+
+def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is_taken(shm, server_proc, monkeypatch):
+    paths = [make_file(shm, 'a'), make_file(shm, 'b')]
+    maps = []
+    real_rescan = inventory.rescan
+
+    def attach_then_rescan(snap, *a, **kw):   # in the window: a client holds a's file, b's name is taken again
+        for name in ('a', 'b'):
+            q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n) and os.lstat(os.path.join(shm, n)).st_ino
+                 == snap.entry(name)['inode']][0]
+            with open(os.path.join(shm, q), 'r+b') as f:
+                maps.append(mmap.mmap(f.fileno(), 0))
+        make_file(shm, 'b', size=KIB)
+        return real_rescan(snap, *a, **kw)
+    monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
+    fake = FakeTriton(shm, regions=[region('a'), region('b')])
+    try:
+        res = run(fake, shm, server_proc.pid, stale=True)
+    finally:
+        for m in maps:
+            m.close()
+    assert res['removed_files'] == []
+    why = reasons(res, 'path')
+    assert why[paths[0]].startswith(f'held by {os.getpid()}') and 're-checked before removal' in why[paths[0]]
+    assert _cleanup_mark(paths[0]) is None and os.path.getsize(paths[0]) == 64 * KIB
+    assert 'stays under' in why[paths[1]] and os.path.getsize(paths[1]) == KIB
+    kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
+    assert len(kept) == 1 and any('created again' in w for w in res['warnings'])
+    # the one left in quarantine stays recorded: a later stale cleanup removes it once nobody holds it
+    assert _cleanup_mark(os.path.join(shm, kept[0])).name == 'b'
+    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    assert snap.leftover(kept[0]) is not None
