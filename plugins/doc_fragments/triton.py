@@ -20,6 +20,9 @@ options:
         Results, states and errors are the same; C(failure.status) is then the gRPC status code name (see the notes).
       - Region names an HTTP path cannot carry (space, C(#), C(?), C(/), non-ASCII) can only be unregistered over gRPC;
         over HTTP they are skipped with that reason.
+      - A C(user:password@) part is refused (the modules never send it, and it would show in outputs, reports and
+        metrics labels); give credentials in O(headers), for example C(Authorization). The message shows the URL as
+        C(http://***@HOST:PORT).
       - If not set, the environment variable E(TRITON_URL) is used.
       - The port also identifies the server process on the host (see O(server_pid)).
     type: str
@@ -47,7 +50,9 @@ options:
     description:
       - Extra HTTP headers sent with every request, for example an C(Authorization) header for a proxy in front of Triton.
       - Over gRPC they are sent as metadata with lower-case names; names must be letters, digits and C(-_.), values printable ASCII.
-      - Never logged or returned.
+      - Never logged or returned. A name that is not an HTTP token, or a value with a control character (a line break, which
+        a YAML block scalar C(|) ends in; CR, NUL, ESC) or surrounding blanks, is refused before anything is sent,
+        naming the header and never showing the value.
     type: dict
     default: {}
   client_cert:

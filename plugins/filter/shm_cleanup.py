@@ -14,6 +14,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import literal, matches
 
 LOCATE_STEP = 'Locate the Triton server process'
@@ -26,7 +27,7 @@ REREGISTER_REASON = 'kept: desired state (shm_cleanup_reregister)'
 # the task files main.yml includes after its first step
 QUERY_FIRST_TASKS = 'query_first.yml'
 REREGISTER_TASKS = 'reregister.yml'
-RESULT_KEYS = ('direct', 'query', 'absent', 'present', 'after')
+RESULT_KEYS = ('direct', 'query', 'absent', 'present', 'after', 'reload')
 
 
 def shm_list(value: Any) -> list[str]:
@@ -82,7 +83,7 @@ def shm_cleanup_plan(before: dict, mode: str = 'stale', names: Any = None, exclu
         return plan
     server = before.get('server') or {}
     if server.get('pid') is None:
-        reason = server.get('not_found_reason') or f'the tritonserver process behind {url} was not found'
+        reason = server.get('not_found_reason') or f'the tritonserver process behind {redact_url(url)} was not found'
         plan['error'] = dict(step=LOCATE_STEP, msg=f'nothing on {host} could be checked: {reason}')
         return plan
     if server.get('shm_unsupported'):
@@ -142,8 +143,11 @@ def _role_skips(regions: list[dict], plan: dict, mode: str) -> list[dict]:
 def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = None, present: dict | None = None,
                        after: dict | None = None, failure: dict | None = None, mode: str = 'stale', threshold_percent: Any = 0,
                        check_mode: bool = False, verify: bool = True, host: str = '', url: str = '', finished_at: str = '',
-                       finished_epoch: Any = 0) -> dict:
-    """The role's record of one host: what was found, decided, done, left alone and why, and how it ended."""
+                       finished_epoch: Any = 0, reloaded: list | None = None) -> dict:
+    """The role's record of one host: what was found, decided, done, left alone and why, and how it ended.
+
+    reloaded: the models triton_backend_pool reloaded (its ``reloaded``), when the role reloads.
+    """
     before = before or {}
     server = before.get('server') or {}
     if not plan.get('act'):
@@ -155,7 +159,8 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
                 removed_files=list(absent.get('removed_files') or []),
                 freed_bytes=absent.get('freed_bytes') or 0,
                 registered=[n for r in present for n in r.get('registered') or []],
-                created_files=[p for r in present for p in r.get('created_files') or []])
+                created_files=[p for r in present for p in r.get('created_files') or []],
+                reloaded=list(reloaded or []))
     regions = before.get('system_regions') or []
     reregister_names = plan.get('reregister_names') or []
     skipped = [s for s in absent.get('skipped_items') or [] if s.get('name') is None or s['name'] not in reregister_names]
@@ -182,7 +187,7 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
         if leftover:
             error = dict(step=VERIFY_STEP, msg=f"stale region(s) remain after cleanup, with no reason recorded: {', '.join(leftover)}")
     return dict(
-        host=host, url=url, check_mode=bool(check_mode), finished_at=finished_at, finished_epoch=int(finished_epoch),
+        host=host, url=redact_url(url), check_mode=bool(check_mode), finished_at=finished_at, finished_epoch=int(finished_epoch),
         server=dict(version=server.get('version'), pid=server.get('pid'), shm_dir=server.get('shm_dir'),
                     holders_complete=before.get('holders_complete'), unreadable_processes=before.get('unreadable_processes'),
                     holders_incomplete_reason=before.get('holders_incomplete_reason'),
@@ -192,19 +197,21 @@ def shm_cleanup_result(before: dict | None, plan: dict, absent: dict | None = No
         before=before_summary, after=after_summary, done=done, skipped=skipped, error=error,
         # incomplete: the holders could not all be seen, so nothing was stale (never 'ok': issue 25, issue 26 finding 7)
         status='failed' if error else ('incomplete' if before.get('holders_complete') is False else 'ok'),
-        changed=bool(done['unregistered'] or done['pending'] or done['removed_files'] or done['registered']))
+        changed=bool(done['unregistered'] or done['pending'] or done['removed_files'] or done['registered'] or done['reloaded']))
 
 
 def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, exclude: Any = None, reregister: Any = None,
                 orphan_patterns: Any = None, threshold_percent: Any = 0, verify: bool = True, check_mode: bool = False,
                 host: str = '', url: str = '', finished_at: str = '', finished_epoch: Any = 0,
-                failure: dict | None = None, backend_leftovers: bool = False) -> dict:
+                failure: dict | None = None, backend_leftovers: bool = False, reload_pools_over_bytes: Any = 0,
+                reload_pools_over_percent: Any = 0) -> dict:
     """One step of the role: this run's module results so far -> {plan, record}.
 
     ``results`` holds the registered results ``direct`` (the one-call path's region module), ``query``
     (triton_shm_info), ``absent`` (the query path's region module), ``present`` (the re-register loop) and
-    ``after`` (the query after re-registering). Only the results of the steps this run took are read: the path
-    comes from the settings, and the re-register results count only when the plan re-registers.
+    ``after`` (the query after re-registering), and ``reload`` (triton_backend_pool, when reload_pools_over_bytes or
+    reload_pools_over_percent is above 0). Only the results of the steps this run took are read: the path comes from
+    the settings, and the re-register results count only when the plan re-registers.
     """
     results = results or {}
     unknown = sorted(set(results) - set(RESULT_KEYS))
@@ -236,10 +243,27 @@ def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, ex
     if before and plan['error']:
         # a server that was read but whose process was not found: the plan names that cause, not the task that stopped
         failure = None
+    plan.update(_reload_plan(reload_pools_over_bytes, reload_pools_over_percent))
+    reload = results.get('reload') if plan['reload_pools'] else None
     record = shm_cleanup_result(before, plan, absent=absent, present=present, after=after, failure=failure, mode=mode,
                                 threshold_percent=threshold_percent, check_mode=check_mode, verify=verify, host=host, url=url,
-                                finished_at=finished_at, finished_epoch=finished_epoch)
+                                finished_at=finished_at, finished_epoch=finished_epoch,
+                                reloaded=(reload or {}).get('reloaded') if _ran(reload) else None)
     return dict(plan=plan, record=record)
+
+
+def _reload_plan(over_bytes: Any, over_percent: Any) -> dict:
+    """Whether the role reloads models whose python backend pools grew (triton_backend_pool), and with which limits."""
+    try:
+        max_bytes = int(over_bytes or 0)
+        max_percent = float(over_percent or 0)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f'shm_cleanup: reload_pools_over_bytes and reload_pools_over_percent must be numbers, '
+                                 f'got {over_bytes!r} and {over_percent!r}', orig_exc=exc)
+    if max_bytes < 0 or max_percent < 0:
+        raise AnsibleFilterError('shm_cleanup: reload_pools_over_bytes and reload_pools_over_percent must not be negative')
+    return dict(reload_pools=bool(max_bytes or max_percent), reload_max_bytes=max_bytes or None,
+                reload_max_percent=max_percent or None)
 
 
 class FilterModule:

@@ -14,6 +14,8 @@ from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 from jinja2.filters import do_filesizeformat, do_truncate
 
+from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
+
 _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'
 # a host whose holders could not all be seen (issue 25: outside the host's initial PID namespace; an unreadable
@@ -110,7 +112,7 @@ def shm_report_row(info: dict, host: str, url: str) -> dict:
     if server.get('shm_unsupported'):
         # Triton 2.73+ through tritonfrontend: no shared memory at all, so nothing was checked (not a leak)
         status, error = 'unsupported', server['shm_unsupported']
-    row = dict(host=host, url=url, status=status, error=error,
+    row = dict(host=host, url=redact_url(url), status=status, error=error,
                version=server.get('version'), ready=server.get('ready'), shm_dir=server.get('shm_dir'))
     row.update((key, summary.get(src)) for key, src in ROW_SUMMARY)
     regions = info.get('system_regions') or []

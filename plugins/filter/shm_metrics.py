@@ -33,6 +33,13 @@ def shm_metrics_file(kind: str, host: str, url: Any) -> str:
         raise AnsibleFilterError(f'shm_metrics_file: {exc}', orig_exc=exc) from exc
 
 
+def shm_dir_refusal(directory: Any) -> str:
+    """Why the playbooks refuse to write their report files into directory ('' when they may): metrics.dir_refusal."""
+    if not isinstance(directory, str) or not directory:
+        raise AnsibleFilterError(f'shm_dir_refusal: the directory must be a non-empty string, got {directory!r}')
+    return metrics.dir_refusal(directory, missing_ok=True) or ''
+
+
 class FilterModule:
     def filters(self):
-        return {'shm_metrics': shm_metrics, 'shm_metrics_file': shm_metrics_file}
+        return {'shm_metrics': shm_metrics, 'shm_metrics_file': shm_metrics_file, 'shm_dir_refusal': shm_dir_refusal}

@@ -27,7 +27,15 @@ DEFAULTS = {
     'max_host_fraction': 0.5,
     'floor_bytes': 64 * MIB,
     'server_memory_bytes': None,
+    'python_models': [],
+    'python_backend_shm_default_byte_size': MIB,
+    'python_backend_shm_growth_byte_size': MIB,
+    'python_backend_reloads': False,
 }
+MODEL_KEYS = ('name', 'instances', 'largest_tensor_bytes')
+# Triton's python backend defaults (python_backend README, "Managing Shared Memory"); measured the same on 2.51
+TRITON_SHM_DEFAULT = MIB
+TRITON_SHM_GROWTH = MIB
 REGION_KEYS = ('byte_size', 'count')
 # Options that may be None on purpose (None means "not known", not "the default").
 NULLABLE = ('host_memory_bytes', 'server_memory_bytes')
@@ -112,11 +120,14 @@ def kubernetes_quantity(num_bytes: int) -> str:
     return str(num_bytes)
 
 
-def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None) -> dict:
+def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None, python_pools: bool = False,
+            server_args: Optional[list] = None) -> dict:
     """The pod spec fragment for a /dev/shm of shm_bytes: the memory-backed emptyDir, its mount, the memory limit to set.
 
     The suggested memory limit is the /dev/shm plus the server's own memory when that is known, else the /dev/shm
-    alone (a floor, never enough by itself); ``memory_limit_includes_server`` says which.
+    alone (a floor, never enough by itself); ``memory_limit_includes_server`` says which. python_pools: the pod
+    serves python-based models, whose pools a container restart leaves in the emptyDir (one more note).
+    server_args: the tritonserver arguments the plan assumes (the python backend's growth settings).
     """
     size_limit = kubernetes_quantity(shm_bytes)
     known = server_memory_bytes is not None
@@ -137,6 +148,7 @@ def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None) -> dict:
         'memory_limit': limit,
         'memory_limit_bytes': limit_bytes,
         'memory_limit_includes_server': known,
+        'server_args': list(server_args or ()),
         'notes': [
             'A memory-backed emptyDir (medium: Memory) is a tmpfs: the pages written to it count against the memory '
             'limit of the container that writes them, and against the pod\'s memory.',
@@ -147,29 +159,93 @@ def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None) -> dict:
             f'When the volume\'s usage exceeds sizeLimit the kubelet evicts the pod ("Usage of EmptyDir volume '
             f'"{SHM_VOLUME}" exceeds the limit", kubernetes/kubernetes#28272). Regions leaked by killed clients count '
             'until they are cleaned up.',
+            *(['The python backend\'s pools (triton_python_backend_shm_region_*) count too, and a memory-backed emptyDir '
+               'survives a container restart (kubernetes/kubernetes#81001): each crash of the Triton container leaves its '
+               'pools behind as leftovers, until the cleanup removes them (tritonops.shm.shm_cleanup, '
+               'shm_cleanup_backend_leftovers) or the pod is evicted.'] if python_pools else []),
             f'Mount the volume at {SHM_MOUNT_PATH} in every container of the pod that shares regions with Triton '
             '(clients, sidecars); the pod\'s containers already share the IPC namespace.',
         ],
     }
 
 
-def _regions(value: Any) -> int:
+def _items(value: Any, name: str, keys: tuple, required: str) -> list:
+    """[(its name in messages, item)] of a list of dicts with only keys and always required; AnsibleFilterError else."""
     if value is None:
-        return 0
+        return []
+    shape = '{' + ', '.join(keys) + '}'
     if not isinstance(value, list):
-        _fail(f'client_regions must be a list of {{byte_size, count}}, got {value!r}')
-    total = 0
-    for index, region in enumerate(value):
-        what = f'client_regions[{index}]'
-        if not isinstance(region, dict):
-            _fail(f'{what} must be a dict with byte_size (and count), got {region!r}')
-        unknown = sorted(set(region) - set(REGION_KEYS))
+        _fail(f'{name} must be a list of {shape}, got {value!r}')
+    out = []
+    for index, item in enumerate(value):
+        what = f'{name}[{index}]'
+        if not isinstance(item, dict):
+            _fail(f'{what} must be a dict with {required} (and {", ".join(k for k in keys if k != required)}), got {item!r}')
+        unknown = sorted(set(item) - set(keys))
         if unknown:
-            _fail(f'{what}: unknown key(s) {", ".join(unknown)} (expected byte_size, count)')
-        if 'byte_size' not in region:
-            _fail(f'{what}: byte_size is required')
-        total += _size(region['byte_size'], f'{what}.byte_size') * _count(region.get('count', 1), f'{what}.count')
-    return total
+            _fail(f'{what}: unknown key(s) {", ".join(unknown)} (expected {", ".join(keys)})')
+        if required not in item:
+            _fail(f'{what}: {required} is required')
+        out.append((what, item))
+    return out
+
+
+def _regions(value: Any) -> int:
+    return sum(_size(region['byte_size'], f'{what}.byte_size') * _count(region.get('count', 1), f'{what}.count')
+               for what, region in _items(value, 'client_regions', REGION_KEYS, 'byte_size'))
+
+
+def pool_bytes(largest: int, default: int, growth: int) -> int:
+    """The size one python backend instance's pool reaches for a request of largest bytes (inputs plus outputs).
+
+    It starts at default; a request that does not fit grows it by growth * (largest // growth + 1) (the python
+    backend's own step: the tensor, rounded down to growth, plus one growth). It never shrinks. Measured on Triton
+    2.51 (docs/backend-pools.md): 32 MiB from 1 MiB/1 MiB gives 34 MiB; 20 MiB from 4 MiB/8 MiB gives 28 MiB.
+    """
+    if largest < default:
+        return default
+    return default + growth * (largest // growth + 1)
+
+
+def _models(value: Any, default: int, growth: int) -> list:
+    """The per-model pool plan of python_models: [{name, instances, largest_tensor_bytes, pool_bytes, bytes, growth_bytes, explanation}]."""
+    out = []
+    for index, (what, model) in enumerate(_items(value, 'python_models', MODEL_KEYS, 'largest_tensor_bytes')):
+        name = str(model.get('name') or f'model{index}')
+        instances = _count(model.get('instances', 1), f'{what}.instances')
+        largest = _size(model['largest_tensor_bytes'], f'{what}.largest_tensor_bytes')
+        pool = pool_bytes(largest, default, growth)
+        if pool == default:
+            why = (f'{name}: {instances} instance(s) x {pool} bytes: its largest tensor ({largest} bytes) fits the '
+                   f'starting pool (shm-default-byte-size {default})')
+        else:
+            why = (f'{name}: {instances} instance(s) x {pool} bytes: each pool starts at {default} bytes '
+                   f'(shm-default-byte-size) and grows by {growth} x ({largest} // {growth} + 1) = {pool - default} '
+                   f'bytes (shm-growth-byte-size steps) for its largest tensor of {largest} bytes, and never shrinks')
+        out.append({'name': name, 'instances': instances, 'largest_tensor_bytes': largest, 'pool_bytes': pool,
+                    'bytes': instances * pool, 'growth_bytes': instances * (pool - default), 'explanation': why})
+    return out
+
+
+def _python_backend(models: list, default: int, growth: int, reloads: bool) -> dict:
+    """The python backend part of the plan: the pools per model, the reload headroom, the server arguments."""
+    reload_bytes = max((m['instances'] for m in models), default=0) * default if reloads else 0
+    args = []
+    if default != TRITON_SHM_DEFAULT:
+        args.append(f'--backend-config=python,shm-default-byte-size={default}')
+    if growth != TRITON_SHM_GROWTH:
+        args.append(f'--backend-config=python,shm-growth-byte-size={growth}')
+    notes = [m['explanation'] for m in models]
+    if reload_bytes:
+        notes.append(f'{reload_bytes} bytes for a reload (tritonops.shm.triton_backend_pool): a reloaded model\'s new '
+                     f'instances get new pools of {default} bytes while the old ones are still there (about a second '
+                     'on Triton 2.51); one model at a time, the one with the most instances')
+    if models:
+        notes.append('Pools never shrink: a pool grown by one large request keeps its size until its model is '
+                     'reloaded or the server restarts (docs/backend-pools.md).')
+    return {'shm_default_byte_size': default, 'shm_growth_byte_size': growth, 'server_args': args,
+            'models': models, 'pools_bytes': sum(m['bytes'] for m in models),
+            'growth_bytes': sum(m['growth_bytes'] for m in models), 'reload_bytes': reload_bytes, 'notes': notes}
 
 
 def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
@@ -204,8 +280,17 @@ def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
     if server_memory is not None:
         server_memory = _size(server_memory, 'server_memory_bytes')
 
+    shm_default = _size(opts['python_backend_shm_default_byte_size'], 'python_backend_shm_default_byte_size')
+    shm_growth = _size(opts['python_backend_shm_growth_byte_size'], 'python_backend_shm_growth_byte_size')
+    if shm_default == 0 or shm_growth == 0:
+        _fail('python_backend_shm_default_byte_size and python_backend_shm_growth_byte_size must be > 0')
+    reloads = opts['python_backend_reloads']
+    if not isinstance(reloads, bool):
+        _fail(f'python_backend_reloads must be true or false, got {reloads!r}')
+    python = _python_backend(_models(opts['python_models'], shm_default, shm_growth), shm_default, shm_growth, reloads)
+
     python_bytes = instances * peak
-    subtotal = client_bytes + python_bytes + extra
+    subtotal = client_bytes + python_bytes + python['pools_bytes'] + python['reload_bytes'] + extra
     with_headroom = _ceil_mib(subtotal * (1 + headroom))
     planned = max(floor, with_headroom)
     cap = None
@@ -216,6 +301,8 @@ def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
         if planned > cap:
             planned = cap
             capped = True
+    kubernetes = pod_shm(planned, server_memory, python_pools=bool(python['models'] or instances),
+                         server_args=python['server_args'])
     return {
         'bytes': planned,
         'docker': docker_size(planned),
@@ -223,6 +310,9 @@ def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
         'breakdown': {
             'client_regions_bytes': client_bytes,
             'python_backend_bytes': python_bytes,
+            'python_models_bytes': python['pools_bytes'],
+            'python_growth_bytes': python['growth_bytes'],
+            'python_reload_bytes': python['reload_bytes'],
             'extra_bytes': extra,
             'subtotal_bytes': subtotal,
             'headroom': float(headroom),
@@ -231,7 +321,8 @@ def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
             'host_memory_bytes': host,
             'cap_bytes': cap,
         },
-        'kubernetes': pod_shm(planned, server_memory),
+        'python_backend': python,
+        'kubernetes': kubernetes,
     }
 
 

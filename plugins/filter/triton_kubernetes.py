@@ -4,6 +4,8 @@
 """The Kubernetes Deployment and Service of the triton_server role, as a pure function.
 
 Documentation: plugins/filter/triton_kubernetes.yml (``ansible-doc -t filter tritonops.shm.triton_kubernetes``).
+The manifest text quotes every string: kubectl reads YAML 1.1-ish (``y``, ``n``, ``on`` are booleans, ``1e3`` a
+number), so an unquoted env value or label ``y`` would change meaning or be refused. PyYAML ships with Ansible.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import math
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn, Optional
+
+import yaml
 
 from ansible.errors import AnsibleFilterError
 
@@ -63,6 +67,58 @@ def _int(value: Any, what: str, minimum: int = 0, maximum: Optional[int] = None)
         bound = f'between {minimum} and {maximum}' if maximum is not None else f'>= {minimum}'
         _fail(f'{what} must be {bound}, got {value!r}')
     return number
+
+
+# an env value given as a dict is the variable's valueFrom: exactly one of these sources
+ENV_SOURCES = ('secretKeyRef', 'configMapKeyRef', 'fieldRef', 'resourceFieldRef')
+
+
+def _env(value: Any) -> list:
+    """The container's env: a string value is ``value`` (always a string), a dict one source (``valueFrom``)."""
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        _fail(f'env must be a dict, got {type(value).__name__}')
+    out = []
+    for name, source in sorted((str(k), v) for k, v in value.items()):
+        if isinstance(source, dict):
+            if len(source) != 1 or next(iter(source)) not in ENV_SOURCES or not isinstance(next(iter(source.values())), dict):
+                _fail(f'env {name}: a dict value is the variable\'s valueFrom: one of {", ".join(ENV_SOURCES)} with its '
+                      f'fields, e.g. {{secretKeyRef: {{name: triton-secrets, key: token}}}}; got the keys {sorted(map(str, source))}')
+            out.append({'name': name, 'valueFrom': _plain(source)})
+        elif isinstance(source, (list, tuple)):
+            _fail(f'env {name}: a value is a string or a valueFrom dict, got a list')
+        else:
+            out.append({'name': name, 'value': str(source)})
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """value as plain Python types (Ansible hands tagged str, dict and list subclasses to filters)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return str(value)
+
+
+class _QuotedDumper(yaml.SafeDumper):
+    """Every string double-quoted: what kubectl reads back is always the same string."""
+
+
+_QuotedDumper.add_representer(str, lambda dumper, data: dumper.represent_scalar('tag:yaml.org,2002:str', data, style='"'))
+
+
+def manifest_text(documents: list) -> str:
+    """The documents as one YAML stream (``---`` between them), keys in order, every string quoted."""
+    return yaml.dump_all([_plain(d) for d in documents], Dumper=_QuotedDumper, sort_keys=False, default_flow_style=False,
+                         allow_unicode=True, explicit_start=True, indent=2, width=1 << 16)
 
 
 def _strings(value: Any, what: str) -> dict:
@@ -165,7 +221,7 @@ def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_by
         'imagePullPolicy': PULL_POLICY[image_pull],
         'args': [str(a) for a in args],
         'ports': [{'name': port_name, 'containerPort': port, 'protocol': 'TCP'} for port_name, port in ports],
-        'env': [{'name': k, 'value': v} for k, v in sorted(_strings(env, 'env').items())],
+        'env': _env(env),
         'resources': resources,
         'volumeMounts': [{'name': MODELS_VOLUME, 'mountPath': model_path, 'readOnly': True}],
         'startupProbe': {'httpGet': {'path': READY_PATH, 'port': 'http'}, 'periodSeconds': period,
@@ -219,6 +275,7 @@ def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_by
         'deployment': deployment,
         'service': service,
         'documents': documents,
+        'manifest': manifest_text(documents),
         'url': f'http://{name}.{namespace}.svc:{http}' if service else None,
         'shm': shm,
         'memory_limit': resources.get('limits', {}).get('memory'),

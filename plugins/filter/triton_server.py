@@ -161,12 +161,18 @@ def triton_args(command: Any, model_repository: str = '/models', model_control_m
     return args + _strings(extra_args, 'extra_args', name)
 
 
-def _str_dict(value: Any, what: str) -> dict[str, str]:
+def _str_dict(value: Any, what: str, value_from: bool = False) -> dict[str, Any]:
+    """value's items as strings; with value_from (Kubernetes env) a dict value is kept: the variable's valueFrom."""
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise AnsibleFilterError(f'triton_container: {what} must be a dict, got {type(value).__name__} {value!r}')
-    return {str(k): str(v) for k, v in value.items()}
+        raise AnsibleFilterError(f'triton_container: {what} must be a dict, got {type(value).__name__}')
+    for k, v in value.items():
+        if isinstance(v, (dict, list)) and not (value_from and isinstance(v, dict)):
+            # never echo the value: env values are often secrets
+            raise AnsibleFilterError(f'triton_container: {what} {k}: a dict or list value (a Kubernetes valueFrom such as '
+                                     f'secretKeyRef) works only with triton_server_engine: kubernetes; give a string')
+    return {str(k): v if isinstance(v, dict) else str(v) for k, v in value.items()}
 
 
 def triton_container(name: Any, engine: str = 'docker', docker_host: Any = '', env: Any = None, labels: Any = None,
@@ -176,7 +182,7 @@ def triton_container(name: Any, engine: str = 'docker', docker_host: Any = '', e
     ulimits = _strings(ulimits, 'ulimits', 'triton_container')
     host = '' if docker_host is None else str(docker_host)
     argv = [engine] + (['--host', host] if engine == 'docker' and host else []) + ['logs', '--tail', LOGS_TAIL, name]
-    return dict(env=_str_dict(env, 'env'), labels={**MANAGED_BY, **_str_dict(labels, 'labels')},
+    return dict(env=_str_dict(env, 'env', value_from=engine == 'kubernetes'), labels={**MANAGED_BY, **_str_dict(labels, 'labels')},
                 invalid_ulimits=[u for u in ulimits if not _ULIMIT.match(u)],
                 # docker_container spells a ulimit name:soft[:hard]
                 docker_ulimits=[re.sub(r'^([^=]+)=', r'\1:', u) for u in ulimits],

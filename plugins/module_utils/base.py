@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
-from ansible_collections.tritonops.shm.plugins.module_utils.client import Client, is_grpc_url
+from ansible_collections.tritonops.shm.plugins.module_utils.client import Client, check_headers, check_url, is_grpc_url, url_secrets
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
@@ -98,7 +98,12 @@ def write_metrics(module: AnsibleModule, report: Mapping | None = None, with_rep
 
 
 def check_connection_params(params: dict) -> None:
-    """ParameterError for a timeout or TLS file no transport could use (before anything is sent)."""
+    """ParameterError for a URL with credentials, a bad header, a timeout or TLS file no transport could use.
+
+    Checked before anything is sent; the messages never show a header's value or a URL's password.
+    """
+    check_url(params['url'])
+    check_headers(params.get('headers'))
     timeout = params['timeout']
     if timeout is not None and timeout <= 0:
         raise ParameterError(f'timeout must be a positive number of seconds, got {timeout}')
@@ -115,6 +120,8 @@ def make_client(module: AnsibleModule) -> Client:
     else the HTTP one (triton_api). Both implement client.Client: the same calls, results and errors.
     """
     params = module.params
+    # a URL with credentials is refused below; its password is masked in whatever the module returns (invocation too)
+    module.no_log_values.update(url_secrets(params['url']))
     transport = TritonGrpcClient if is_grpc_url(params['url']) else TritonClient
     library = transport.library()
     if not library.ok:

@@ -19,10 +19,11 @@ import abc
 
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    ClientShmDisabled, MalformedAnswer, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError, classify,
+    ClientShmDisabled, MalformedAnswer, ParameterError, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError,
+    classify,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import escape
 
@@ -155,6 +156,75 @@ class Url(NamedTuple):
     parts: SplitResult
 
 
+def has_userinfo(url: str | None) -> bool:
+    """True when the URL carries a ``user[:password]@`` part before its host."""
+    text = str(url or '')
+    if '://' not in text:
+        return False
+    netloc = text.split('://', 1)[1].split('/', 1)[0].split('?', 1)[0].split('#', 1)[0]
+    return '@' in netloc
+
+
+def redact_url(url: Any) -> Any:
+    """The URL with any ``user[:password]@`` part shown as ``***@``; anything else (None, a number) as it is.
+
+    For every place a URL is shown (messages, reports, metrics labels): credentials in a URL are refused
+    (check_url), and an output never carries them even when a URL did not pass through a module.
+    """
+    if not isinstance(url, str) or not has_userinfo(url):
+        return url
+    scheme, rest = url.split('://', 1)
+    end = min((i for i in (rest.find('/'), rest.find('?'), rest.find('#')) if i >= 0), default=len(rest))
+    return f'{scheme}://***@{rest[:end].rpartition("@")[2]}{rest[end:]}'
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The ``user:password`` part of a URL and its password (as written and decoded): strings to mask in outputs."""
+    if not has_userinfo(url):
+        return []
+    userinfo = str(url).split('://', 1)[1].split('/', 1)[0].rpartition('@')[0]
+    password = userinfo.partition(':')[2]
+    return sorted({s for s in (userinfo, password, unquote(password)) if len(s) >= 3})
+
+
+USERINFO_REFUSAL = ('carries a user:password@ part: credentials in a URL are refused (they would be shown in '
+                    'outputs, reports and metrics labels, and they are never sent); give them in headers, '
+                    'e.g. Authorization, which is never logged')
+
+
+def check_url(url: str | None) -> None:
+    """ParameterError for a URL with credentials in it; the message shows the URL without them."""
+    if has_userinfo(url):
+        raise ParameterError(f'url {redact_url(url)} {USERINFO_REFUSAL}')
+
+
+# RFC 9110 token characters: what a header (field) name may contain.
+_TOKEN = frozenset('!#$%&\'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ')
+
+
+def check_headers(headers: Any) -> None:
+    """ParameterError for a header either transport would refuse, naming the header and never showing its value.
+
+    A name is an RFC 9110 token; a value has no control character (CR, LF, NUL, ...: a YAML block scalar
+    ends in a newline) and no leading or trailing whitespace. The HTTP library's own refusal quotes the
+    value, which is often a secret: this check runs before any request, for HTTP and gRPC alike.
+    """
+    for name, value in (headers or {}).items():
+        name = str(name)
+        if not name or not set(name) <= _TOKEN:
+            shown = ''.join(c if c in _TOKEN else '?' for c in name[:64])
+            raise ParameterError(f'headers: the header name {shown!r} is not a valid HTTP header name (letters, digits '
+                                 f'and !#$%&\'*+-.^_`|~ only); nothing was sent')
+        text = str(value)
+        if any(ord(c) < 32 and c != '\t' or ord(c) == 127 for c in text):
+            raise ParameterError(f'headers: the value of header {name!r} contains a control character (a line break, '
+                                 f'NUL, ...; a YAML block scalar "|" ends in a newline: use "|-" or a plain string); '
+                                 f'the value is not shown, nothing was sent')
+        if text != text.strip():
+            raise ParameterError(f'headers: the value of header {name!r} begins or ends with whitespace; the value is '
+                                 f'not shown, nothing was sent')
+
+
 def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
     """url split into a Url; TritonError(refusal) for another scheme or no host, and for an invalid port."""
     parts = urlsplit(url)
@@ -166,6 +236,11 @@ def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
     except ValueError as exc:
         raise TritonError(f'url {url!r} has an invalid port: {exc}', url=url) from exc
     return Url(scheme, parts.hostname, port, parts)
+
+
+def index_entry(name: Any, version: Any = '', state: Any = '', reason: Any = '') -> dict:
+    """One model of repository_index(), the same keys and types over both transports."""
+    return {'name': str(name), 'version': str(version or ''), 'state': str(state or ''), 'reason': str(reason or '')}
 
 
 def host_port(host: str, port: int) -> str:
@@ -340,6 +415,24 @@ class Client(abc.ABC):
     @abc.abstractmethod
     def unaddressable(name: str) -> str | None:
         """None when this transport can address a region of this name; else why not (nothing is sent)."""
+
+    # -- model repository (triton_backend_pool) ----------------------------------------------------
+
+    @abc.abstractmethod
+    def repository_index(self) -> list[dict]:
+        """The models of the repository: {name, version, state, reason} each (version, state, reason '' when not given)."""
+
+    @abc.abstractmethod
+    def model_config(self, name: str) -> dict:
+        """The model's configuration as the server completed it (the JSON form of Triton's ModelConfig)."""
+
+    @abc.abstractmethod
+    def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
+        """Load (or reload) the model name; returns when the server answers (timeout: seconds, None: the client's).
+
+        config: a whole model configuration to load it with instead of the repository's (the load API's
+        ``config`` parameter). A server without --model-control-mode=explicit refuses: errors.ModelControlRefused.
+        """
 
     # -- connection ---------------------------------------------------------------------------------
 

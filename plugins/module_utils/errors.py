@@ -145,6 +145,10 @@ class MalformedAnswer(TritonError):
     """
 
 
+class ModelControlRefused(TritonError):
+    """The server refuses the repository API's load and unload: it does not run with --model-control-mode=explicit."""
+
+
 # How each condition reads in the server's own error text (src/shared_memory_manager.cc, http_server.cc,
 # grpc/grpc_server.cc of the version named); used only where an answer is parsed, first match wins.
 IN_USE_TEXT = 'currently in use'                                        # 2.50: HTTP 500, gRPC INTERNAL
@@ -154,6 +158,9 @@ RESERVED_PREFIX_TEXT = 'as the key contains the reserved prefix'        # 2.60
 INVALID_KEY_TEXT = 'invalid shm key'                                    # 2.61
 CLIENT_SHM_DISABLED_TEXT = 'Client shared memory is disabled'           # 2.68: HTTP 501, gRPC UNIMPLEMENTED
 UNSUPPORTED_TEXT = 'Shared memory is not supported in this server configuration'   # 2.73 tritonfrontend: HTTP 503
+# a load or unload without --model-control-mode=explicit (model_repository_manager.cc; 2.51 with mode none or poll:
+# HTTP 503, gRPC UNAVAILABLE)
+MODEL_CONTROL_TEXT = 'explicit model load / unload is not allowed'
 
 _TEXTS = (
     (IN_USE_TEXT, RegionInUse),
@@ -163,6 +170,7 @@ _TEXTS = (
     (INVALID_KEY_TEXT, ReservedKey),
     (CLIENT_SHM_DISABLED_TEXT, ClientShmDisabled),
     (UNSUPPORTED_TEXT, ShmUnsupported),
+    (MODEL_CONTROL_TEXT, ModelControlRefused),
 )
 
 

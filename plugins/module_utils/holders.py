@@ -20,10 +20,20 @@ user may read, lists no mount of that device. That rule keeps the fail-safe for
 the cases it exists for (module not run as root, another user's client in the
 server's namespace) without letting an unrelated, more privileged process such
 as a sandbox's init make every region unknown.
+
+/proc/PID/fd is the fd table of the process's main thread. A thread that made its own
+(unshare(CLONE_FILES)) holds files that table does not show: a process with more than one
+thread (the link count of /proc/PID/task, one stat) has its threads' tables compared with the
+main thread's (kcmp(KCMP_FILES)), and each table that differs is read as well (other_fd_tables).
+
+Not seen, by any /proc reader: a descriptor in flight in a unix socket (SCM_RIGHTS sent, not yet
+received) belongs to no process until it is received.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 
 from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
@@ -203,6 +213,50 @@ def _open_fds(fd_dir: str, counted: bool = False) -> dict[str, os.stat_result]:
     return out
 
 
+_KCMP_FILES = 2
+_SYS_KCMP = {'x86_64': 312, 'aarch64': 272, 'ppc64le': 354, 's390x': 343, 'i686': 349, 'armv7l': 378}
+_KCMP: list = []
+
+
+def _kcmp_files(pid: int, tid: int) -> int | None:
+    """0 when task tid shares process pid's fd table, another number when not, None when kcmp cannot tell."""
+    if not _KCMP:
+        number = _SYS_KCMP.get(platform.machine())
+        try:
+            _KCMP.append((ctypes.CDLL(None, use_errno=True).syscall, number) if number else None)
+        except (OSError, AttributeError):
+            _KCMP.append(None)
+    if _KCMP[0] is None:
+        return None
+    syscall, number = _KCMP[0]
+    result = syscall(number, pid, tid, _KCMP_FILES, 0, 0)
+    return None if result < 0 else result
+
+
+def other_fd_tables(base: str, pid: int) -> list[str]:
+    """The fd directories (``BASE/task/TID/fd/``) of a process's threads whose fd table is not the main thread's.
+
+    One stat for a process with one thread (the link count of its task directory is 2 + threads); the
+    threads of others are compared with kcmp(KCMP_FILES), and every thread's table is read when kcmp
+    cannot tell (not built into the kernel).
+    """
+    try:
+        if os.stat(base + '/task').st_nlink <= 3:
+            return []
+        tids = os.listdir(base + '/task')
+    except OSError:
+        return []
+    out = []
+    for name in tids:
+        tid = int(name)
+        if tid == pid:
+            continue
+        same = _kcmp_files(pid, tid)
+        if same != 0:
+            out.append(f'{base}/task/{name}/fd/')
+    return out
+
+
 def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:
     """{name: (dev, ino)} of the files under path_prefix that a maps text (bytes) shows mapped although unlinked.
 
@@ -314,6 +368,11 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
     found = maps_holding(maps, targets)
     try:
         found = found | fds_holding(_open_fds(base + '/fd/', counted).values(), targets)
+        for fd_dir in other_fd_tables(base, pid):
+            try:
+                found = found | fds_holding(_open_fds(fd_dir).values(), targets)
+            except (FileNotFoundError, ProcessLookupError):
+                continue   # the thread ended
     except (FileNotFoundError, ProcessLookupError):
         pass
     except OSError:

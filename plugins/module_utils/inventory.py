@@ -38,7 +38,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_cmdline
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_cmdline, start_time
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
 DEFAULT_MIN_AGE = 300
@@ -77,8 +77,11 @@ class Snapshot:
     shm_dir is the directory that was read (None when unknown or unreadable: dir_error says why);
     entries are shm_fs.list_entries() records; scan is the holders.HolderScan of their regular
     files (None without a directory); marks maps the names of regular files that back a system
-    region to their reserved mark (None when they have none). visibility is the visibility rule's answer
-    (holders.visibility()) for the proc that was read: an incomplete one makes the scan incomplete too.
+    region to their reserved mark (None when they have none); cleanup_marks maps the names of regular files that
+    back no region to their entry in the cleanup record (shm_fs.CLEANUP_XATTR) a stale cleanup wrote before it
+    unregistered their regions; server_id is the server process as that record names it (pid:start time).
+    visibility is the visibility rule's answer (holders.visibility()) for the proc that was read: an incomplete
+    one makes the scan incomplete too.
     """
 
     url: str
@@ -95,6 +98,8 @@ class Snapshot:
     dir_error: str | None = None
     scanned_at: float = 0.0
     shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    cleanup_marks: dict = dataclasses.field(default_factory=dict)
+    server_id: str | None = None
     authority: authority_mod.Authority | None = None   # what the server's own user may remove there (None: not read, nothing may)
     cmdlines: dict = dataclasses.field(default_factory=dict)   # {pid: argv} of the holders of backend files
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
@@ -160,6 +165,11 @@ class Snapshot:
 
     def entry(self, name: str) -> dict | None:
         return self._by_name.get(name)
+
+    def leftover(self, name: str) -> shm_fs.CleanupMark | None:
+        """The cleanup mark of an unregistered file that a stale cleanup of this very server process left, or None."""
+        mark = self.cleanup_marks.get(name)
+        return mark if (mark is not None and self.server_id is not None and mark.server == self.server_id) else None
 
     def client_holders(self, dev: int, ino: int) -> list[dict]:
         """Holders of (dev, ino) other than the server process."""
@@ -243,13 +253,15 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     elif not visible.complete:
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
     marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
+    cleanup_marks = read_cleanup_marks(readable_dir, system, entries) if readable_dir is not None else {}
     authority = authority_mod.read_authority(location.pid, readable_dir, proc) if readable_dir is not None else None
     ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
     return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
                     shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
                     dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines,
                     visibility=visible, authority=authority,
-                    container=ident.as_dict() if ident.found else None)
+                    container=ident.as_dict() if ident.found else None, cleanup_marks=cleanup_marks,
+                    server_id=server_identity(location.pid, proc))
 
 
 def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],
@@ -266,6 +278,33 @@ def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], ba
         argv = read_cmdline(pid, proc)
         if argv is not None:
             out[pid] = argv
+    return out
+
+
+def server_identity(pid: int | None, proc: str = '/proc') -> str | None:
+    """The server process as a cleanup mark names it: 'pid:start time' (a restarted server is another one)."""
+    if pid is None:
+        return None
+    started = start_time(pid, proc)
+    return None if started is None else f'{pid}:{started}'
+
+
+def read_cleanup_marks(shm_dir: str, system: Iterable[dict], entries: Iterable[dict]) -> dict:
+    """{file name: shm_fs.CleanupMark} of the regular files that back no system region and are in the cleanup record.
+
+    A file is the record's when its inode is, under the name recorded or a quarantine name of that inode.
+    """
+    record = shm_fs.read_cleanup_record(shm_dir)
+    if not record:
+        return {}
+    backing = {_file_name(r.get('key')) for r in system}
+    out = {}
+    for e in entries:
+        mark = record.get(e['inode'])
+        if mark is None or e['type'] != 'file' or e['name'] in backing:
+            continue
+        if e['name'] == mark.name or e['name'].startswith(f"{shm_fs.QUARANTINE_PREFIX}{e['inode']}."):
+            out[e['name']] = mark
     return out
 
 
@@ -501,7 +540,7 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan and e['type'] == 'file') else []
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
-                                                            criteria)
+                                                            criteria, leftover=snap.leftover(e['name']))
     if rec['category'] in ('orphan', LEFTOVER):
         refused = removal_refusal(snap, criteria, e)
         if refused is not None:
@@ -524,8 +563,12 @@ def file_backend(name: str, category: str) -> str | None:
 
 
 def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], holders_complete: bool,
-                  criteria: Criteria) -> tuple[str, str]:
-    """(category, category_reason) of a directory entry; all_holders include the server process."""
+                  criteria: Criteria, leftover: shm_fs.CleanupMark | None = None) -> tuple[str, str]:
+    """(category, category_reason) of a directory entry; all_holders include the server process.
+
+    leftover: the cleanup mark (Snapshot.leftover) of a file that a stale cleanup of this server process marked,
+    then unregistered its region, and was stopped before removing it: an orphan whatever the patterns say.
+    """
     if e['type'] != 'file':
         return 'foreign', f"not a regular file ({e['type']})"
     if regions:
@@ -537,6 +580,12 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     software = shm_fs.other_software(e['name'])
     if software is not None:
         return 'foreign', f'{software}: never an orphan, whatever orphan_patterns says'
+    if leftover is not None:
+        if not holders_complete:
+            return 'foreign', 'holders could not be fully determined'
+        return 'orphan', (f"left by a stale cleanup of this server that unregistered region '{leftover.region}' and was "
+                          f"stopped before removing the file (recorded in {shm_fs.CLEANUP_XATTR} on the shm directory): "
+                          "the next stale cleanup removes it")
     if not matches(e['name'], criteria.orphan_patterns):
         return 'foreign', 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:

@@ -21,7 +21,8 @@ the report file from the module's own result and, for triton_shm_region, the cle
 call's outcome (``call_outcome()``), its counter continued from the previous file; one warning at
 most when the directory cannot take them.
 
-Standard library only: the filters import it in every Ansible worker process.
+Standard library only (and client.py's text helpers, standard library too): the filters import it in every
+Ansible worker process.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ import secrets
 import stat
 import time
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
+
+from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
 
 REPORT = 'report'
 CLEANUP = 'cleanup'
@@ -155,7 +158,8 @@ def _number(value: Any) -> str:
 
 def _render(samples: Iterable[tuple], host: str, url: Optional[str]) -> str:
     """Exposition text: samples (name, extra labels, value) grouped by metric in METRICS order, HELP and TYPE once each."""
-    base = f'host="{_label_value(host)}",triton_url="{_label_value(url)}"'
+    # a URL's user:password@ part never reaches the world-readable textfile (the modules refuse such URLs anyway)
+    base = f'host="{_label_value(host)}",triton_url="{_label_value(redact_url(url))}"'
     by_name: dict = {}
     for name, labels, value in samples:
         by_name.setdefault(name, []).append((labels, value))
@@ -323,21 +327,37 @@ def _check_name(name: str) -> None:
         raise ValueError(f'metrics file name must be a plain NAME.prom, got {name!r}')
 
 
-def _open_dir(directory: str) -> tuple:
-    """(fd, None) for the directory itself, or (None, why nothing is written)."""
+def dir_refusal(directory: str, missing_ok: bool = False) -> Optional[str]:
+    """Why nothing may be written into directory (a symlink, or a path through one: not followed), or None.
+
+    The one check of an output directory: the modules' metrics_dir and the playbooks' report_dir (filter
+    shm_dir_refusal). Another user may have planted the link to make root write where they choose.
+    missing_ok: a directory that does not exist yet is no refusal when no component of its path is a symlink.
+    """
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
-        return None, f'{directory} does not exist on this host'
+        if not missing_ok:
+            return f'{directory} does not exist on this host'
+        st = None
     except OSError as exc:
-        return None, f'{directory} cannot be read ({exc.strerror})'
-    if stat.S_ISLNK(st.st_mode):
-        return None, f'{directory} is a symlink to {os.path.realpath(directory)} (not followed; give the real directory)'
-    if not stat.S_ISDIR(st.st_mode):
-        return None, f'{directory} is not a directory'
+        return f'{directory} cannot be read ({exc.strerror})'
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        return f'{directory} is a symlink to {os.path.realpath(directory)} (not followed; give the real directory)'
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        return f'{directory} is not a directory'
     real = os.path.realpath(directory)
     if real != os.path.abspath(directory):
-        return None, f'{directory} leads to {real} through a symlink (not followed; give the real directory)'
+        return f'{directory} leads to {real} through a symlink (not followed; give the real directory)'
+    return None
+
+
+def _open_dir(directory: str) -> tuple:
+    """(fd, None) for the directory itself, or (None, why nothing is written)."""
+    why = dir_refusal(directory)
+    if why:
+        return None, why
+    st = os.lstat(directory)
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:

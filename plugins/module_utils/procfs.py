@@ -65,6 +65,33 @@ def read_comm(pid: int, proc: str = '/proc') -> str | None:
         os.close(fd)
 
 
+def start_time(pid: int, proc: str = '/proc') -> int | None:
+    """A process's start time (clock ticks after boot, field 22 of /proc/PID/stat), or None when gone or unreadable.
+
+    With the pid it names one process for good: a pid reused later has another start time.
+    """
+    try:
+        data = read_bytes(f'{proc}/{pid}/stat')
+        return int(data[data.rindex(b')') + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def effective_uid(pid: int, proc: str = '/proc') -> int | None:
+    """A process's effective uid as this process sees it (the Uid: line of /proc/PID/status), or None when gone."""
+    try:
+        data = read_bytes(f'{proc}/{pid}/status')
+    except OSError:
+        return None
+    for line in data.split(b'\n'):
+        if line.startswith(b'Uid:'):
+            try:
+                return int(line.split()[2])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def read_cmdline(pid: int, proc: str = '/proc') -> list[str] | None:
     """The command line of a process (its arguments), or None when it is gone or unreadable."""
     try:

@@ -114,6 +114,9 @@ class RegionOps:
         self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
         self._owners: inventory.Criteria | None = None   # the client users, resolved once per run
         self.status_after = None
+        self._record = None         # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
+        self._ours = set()          # the inodes this run added to it
+        self._finished = []         # the inodes of files this run removed or gave back to a holder
 
     @property
     def in_use_timeout(self) -> float:
@@ -197,6 +200,10 @@ class RegionOps:
         except OSError as exc:
             self.warn(f'cannot lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same time '
                       'may count the same regions')
+            return Lock.UNAVAILABLE
+        if lock.squatter is not None:
+            self.warn(f'the lock on {lock.path} is {lock.squatter}: acting without it, not waiting (any user can take '
+                      'a flock on a shm directory)')
             return Lock.UNAVAILABLE
         self.lock = lock
         return Lock.WAITED if waited else Lock.TAKEN
@@ -592,13 +599,17 @@ class RegionOps:
     def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
         """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
         still_registered = set()
+        self._mark_files(snap, file_plan)
         try:
-            self._unregister_selected('system', selected, still_registered)
-            self._deferred(selected, still_registered)
-        except TritonError:
-            self._salvage_files(snap, selected, file_plan, still_registered)
-            raise
-        self.snap_after = self._remove_files(snap, file_plan, still_registered)
+            try:
+                self._unregister_selected('system', selected, still_registered)
+                self._deferred(selected, still_registered)
+            except TritonError:
+                self._salvage_files(snap, selected, file_plan, still_registered)
+                raise
+            self.snap_after = self._remove_files(snap, file_plan, still_registered)
+        finally:
+            self._update_record(snap, still_registered)
 
     def _plan_files(self, snap: Snapshot, selected: list, remaining: list, files: list) -> list:
         """[(snapshot entry, region name or None)]: the files to remove, each skip recorded with its reason."""
@@ -620,9 +631,60 @@ class RegionOps:
                 file_plan.append((entries[path], rec['name']))
         if p['orphan_files']:
             file_plan.extend((entries[f['path']], None) for f in files if f['category'] == 'orphan')
+        elif p['stale'] or p['all']:
+            # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it
+            file_plan.extend((entries[f['path']], None) for f in files
+                             if f['category'] == 'orphan' and snap.leftover(f['name']) is not None)
         if p.get('backend_leftovers'):
             file_plan.extend((entries[f['path']], None) for f in files if f['category'] == inventory.LEFTOVER)
         return file_plan
+
+    def _mark_files(self, snap: Snapshot, file_plan: list) -> None:
+        """Invariant 8: record the planned backing files (shm_fs.CLEANUP_XATTR) before their regions are unregistered.
+
+        One record on the shm directory (the files themselves, their ctimes included, are untouched). It keeps
+        what an earlier record still names (another server's, or a killed run's), and adds this run's files;
+        _update_record() takes out, at the end, what this run finished. A run killed in between leaves the
+        record, and the next stale cleanup of the same server process finishes the files it names. When the
+        filesystem or the run's privileges refuse the record, a warning says so and the cleanup goes on.
+        """
+        ours = {e['inode']: shm_fs.CleanupMark(region, e['name'], snap.server_id or '')
+                for e, region in file_plan if region is not None}
+        if not ours:
+            return
+        present = {e['inode'] for e in snap.entries}
+        record = {ino: m for ino, m in shm_fs.read_cleanup_record(snap.shm_dir).items() if ino in present}
+        record.update(ours)
+        try:
+            with shm_fs.ShmDir(snap.shm_dir) as d:
+                d.write_cleanup_record(record)
+        except ShmFsError as exc:
+            self.warn(f'the files are not recorded before their regions are unregistered ({exc}): a run stopped part-way '
+                      'leaves them to orphan patterns')
+            return
+        self._record = record
+        self._ours = set(ours)
+
+    def _update_record(self, snap: Snapshot, still_registered: set) -> None:
+        """At the end of a run (also a failed one): take out of the record what this run finished or gave back.
+
+        Kept: the files of pending regions (a later stale cleanup removes them once the server drops the region)
+        and of regions whose unregister was not answered, files left under a quarantine name, and other entries.
+        """
+        done = set(self._finished)
+        done.update(ino for ino in self._ours
+                    if self._record[ino].region in still_registered and self._record[ino].region not in self.pending)
+        if not done or snap.shm_dir is None:
+            return
+        current = self._record if self._record is not None else shm_fs.read_cleanup_record(snap.shm_dir)
+        if not done & set(current):
+            return
+        record = {ino: m for ino, m in current.items() if ino not in done}
+        try:
+            with shm_fs.ShmDir(snap.shm_dir) as d:
+                d.write_cleanup_record(record)
+        except ShmFsError as exc:
+            self.warn(str(exc))
 
     def _keep_file_reason(self, snap: Snapshot, rec: dict, f: dict, kept_paths: set) -> str | None:
         """Why the backing file of a selected region must stay, or None."""
@@ -741,52 +803,112 @@ class RegionOps:
                       f"region(s) {', '.join(held)} are held by live clients")
 
     def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
-        """Unlink the planned files that are still safe to unlink; return the state after, when inventory asks for it.
+        """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
 
-        Invariant 3: holders are re-checked immediately before unlinking. When the state after the change
-        is asked for, that re-check is a full read of the server (status, files, holders), returned (a new
-        snapshot) without the files unlinked here: one holder scan instead of two.
+        Invariants 3 and 13: each file is first renamed to a quarantine name inside the shm directory (no client
+        can open it by name any more), then the holders are scanned again, then each quarantined file is unlinked,
+        or renamed back when someone holds it. A client that attached before the rename is seen by that scan; one
+        that opens the name after it finds no file. When the state after the change is asked for, that scan is a
+        full read of the server (status, files, holders), returned without the files unlinked here.
         """
         if not file_plan:
             return None
         want_after = bool(self.params.get('inventory'))
-        check = self._read_again() if want_after else inventory.rescan(snap)
+        moved = []
         with shm_fs.ShmDir(snap.shm_dir) as d:
             for entry, region in file_plan:
-                reason = self._unlink(d, check, entry, region, still_registered)
-                if reason is not None:
+                q = self._quarantine(d, snap, entry, region, still_registered)
+                if q is not None:
+                    moved.append((entry, region, q))
+            check = self._read_again() if want_after else inventory.rescan(snap)
+            gone = []
+            restored = False
+            for entry, region, q in moved:
+                reason = self._unlink(d, check, entry, q)
+                if reason is None:
+                    gone.append(os.path.join(snap.shm_dir, q.name))
+                else:
                     self.skipped.append({'path': entry['path'], 'reason': reason})
+                    restored = restored or q.name != q.original
         if not want_after:
             return None
+        if restored:
+            check = self._read_again()   # the listing of the scan saw quarantine names since renamed back
         fs = None
         if check.shm_dir is not None:
             try:
                 fs = shm_fs.usage(check.shm_dir)
             except OSError:
                 pass
-        return check.without(self.removed_files, fs=fs)
+        return check.without(gone, fs=fs)
 
-    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, region: str | None,
-                still_registered: set) -> str | None:
-        """Unlink one planned file (recorded in removed_files and freed_bytes), or return why it stays."""
+    def _quarantine(self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None,
+                    still_registered: set) -> shm_fs.Quarantined | None:
+        """Rename one planned file to its quarantine name; None (the reason recorded) when it stays as it is."""
+        name = entry['name']
+        reason = None
         if region in still_registered:
-            return f"region '{region}' is still registered"
+            reason = f"region '{region}' is still registered"
+        elif shm_fs.is_quarantine_name(name):
+            # left quarantined by a run stopped before its unlink: no client can open it by name
+            mark = snap.cleanup_marks.get(name)
+            original = mark.name if mark is not None else name
+            return shm_fs.Quarantined(name, original, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
+        else:
+            try:
+                q = d.quarantine(name, entry['dev'], entry['inode'], entry.get('ctime_ns'))
+            except ShmFsError as exc:
+                self.warn(str(exc))
+                reason = str(exc)
+            except OSError:
+                # no RENAME_NOREPLACE here (kernel or filesystem): re-check, then unlink in place
+                return shm_fs.Quarantined(name, name, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
+            else:
+                if q is not None:
+                    return q
+                reason = 'already removed (by another process) before this run unlinked it'
+        self.skipped.append({'path': entry['path'], 'reason': reason})
+        return None
+
+    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, q: shm_fs.Quarantined) -> str | None:
+        """Unlink one quarantined file (recorded in removed_files and freed_bytes), or give it back and return why it stays."""
+        reason = None
         if not check.holders_complete:
-            return 'holders could not be fully determined'
-        holders = check.scan.holders_of(entry['dev'], entry['inode'])
-        if holders:
-            return f'held by {holders_text(holders)} (re-checked before removal)'
+            reason = 'holders could not be fully determined'
+        else:
+            holders = check.scan.holders_of(q.dev, q.ino)
+            if holders:
+                reason = f'held by {holders_text(holders)} (re-checked before removal)'
+        if reason is not None:
+            return reason + self._give_back(d, q)
         try:
-            freed = d.unlink(entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'), missing=None)
+            freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
         except ShmFsError as exc:
             self.warn(str(exc))
-            return str(exc)
+            return str(exc) + self._give_back(d, q)
         if freed is None:
             # removed by someone else since it was listed: not this run's work
             return 'already removed (by another process) before this run unlinked it'
+        self._finished.append(q.ino)
         self.removed_files.append(entry['path'])
         self.freed_bytes += freed
         return None
+
+    def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined) -> str:
+        """Rename a quarantined file that stays back to its name and unmark it; the text to add to its reason."""
+        if q.name == q.original:
+            return ''
+        try:
+            back = d.restore(q.name, q.original)
+        except ShmFsError as exc:
+            self.warn(str(exc))
+            return f'; it stays under {q.name}: {exc}'
+        if not back:
+            self.warn(f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
+                      f'kept under {q.name} (a stale cleanup removes it once nobody holds it)')
+            return f'; its name was taken meanwhile, so it stays under {q.name}'
+        self._finished.append(q.ino)
+        return ''
 
     def _absent_cuda(self) -> None:
         p = self.params

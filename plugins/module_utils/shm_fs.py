@@ -11,12 +11,16 @@ shm directory can ever be touched.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import fnmatch
+import json
 import os
 import re
 import stat
 import time
+
+from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 
@@ -74,6 +78,83 @@ def other_software(name: str) -> str | None:
 # backing file, whose value is the region's name. trusted.* needs CAP_SYS_ADMIN to set and to read,
 # tmpfs supports it, and it goes with the file: a file removed and created again has no mark.
 RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
+
+# The marks of the files a stale cleanup is about to remove (invariant 8): written before their regions are
+# unregistered, so that a run killed part-way leaves files a rerun can tell apart from everyone else's. One
+# record on the shm directory itself (not an attribute per file: one write for 3,000 files, and no file's
+# ctime changes), in chunks CLEANUP_XATTR.0, .1, … of JSON: {"files": [[inode, name, region, server], …]},
+# server being the server process (pid:start time) that listed the region: only that same server's later
+# runs finish the job. trusted.* needs root to set and to read, and the kernel enforces it.
+CLEANUP_XATTR = 'trusted.tritonops_shm.cleanup'
+_CHUNK = 60000   # below the 64 KiB limit of one attribute value
+
+# A file to remove is first renamed to a quarantine name inside the shm directory (one component,
+# never an existing name: RENAME_NOREPLACE), its holders are scanned again, then it is unlinked, or
+# renamed back when someone attached meanwhile (invariant 13). A client that opens it by name in
+# between finds nothing (ENOENT) rather than a file about to go.
+QUARANTINE_PREFIX = '.tritonops_shm.quarantine.'
+_RENAME_NOREPLACE = 1
+
+
+class CleanupMark(NamedTuple):
+    """One file of the cleanup record: the region unregistered, the file's own name, the server (pid:start time)."""
+
+    region: str
+    name: str
+    server: str
+
+
+def _record_names(names: list) -> list:
+    prefix = CLEANUP_XATTR + '.'
+    return sorted((n for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()),
+                  key=lambda n: int(n[len(prefix):]))
+
+
+def read_cleanup_record(path: str | int) -> dict:
+    """{inode: CleanupMark} of the cleanup record of the shm directory at path (or open descriptor); {} when none."""
+    try:
+        names = _record_names(os.listxattr(path))
+        if not names:
+            return {}
+        data = json.loads(b''.join(os.getxattr(path, n) for n in names).decode('utf-8'))
+        return {int(ino): CleanupMark(str(region), str(name), str(server)) for ino, name, region, server in data['files']}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def is_quarantine_name(name: str) -> bool:
+    return name.startswith(QUARANTINE_PREFIX)
+
+
+_LIBC: list = []
+
+
+def _renameat2(dir_fd: int, old: str, new: str, flags: int) -> None:
+    """renameat2(2) inside one directory (the standard library has no flags); raises OSError."""
+    if _LIBC:
+        func = _LIBC[0]
+    else:
+        try:
+            func = ctypes.CDLL(None, use_errno=True).renameat2
+        except (OSError, AttributeError):
+            func = None
+        _LIBC.append(func)
+    if func is None:
+        raise OSError(errno.ENOSYS, 'renameat2 is not available')
+    if func(dir_fd, os.fsencode(old), dir_fd, os.fsencode(new), flags):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+class Quarantined(NamedTuple):
+    """A file renamed to its quarantine name: its (dev, ino) and its inode change time after the rename."""
+
+    name: str          # the quarantine name
+    original: str      # the name it had
+    dev: int
+    ino: int
+    ctime_ns: int | None   # None: the unlink checks device and inode only (the rename changed the ctime)
+    blocks: int
 
 
 def usage(path: str) -> dict:
@@ -189,6 +270,7 @@ class ShmDir:
         except OSError as exc:
             raise ShmFsError(f'cannot open shm directory {path}: {exc.strerror}') from exc
         self.st = os.fstat(self.fd)
+        self._token = os.urandom(6).hex()   # this run's part of its quarantine names: nobody can take them first
 
     def close(self) -> None:
         if self.fd is not None:
@@ -240,22 +322,100 @@ class ShmDir:
         Raises ShmFsError when the file is gone, replaced, not regular, or the filesystem or the
         caller's privileges do not allow trusted.* attributes.
         """
-        check_name(name)
-        flags = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0)
+        fd = self._open_same(name, expect_dev, expect_ino, 'mark it')
         try:
-            fd = os.open(name, flags, dir_fd=self.fd)
-        except OSError as exc:
-            raise ShmFsError(f'cannot open {name} in {self.path} to mark it: {exc.strerror}') from exc
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
-                raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not marked')
             os.setxattr(fd, RESERVED_XATTR, region.encode('utf-8'))
         except OSError as exc:
             raise ShmFsError(f'cannot mark {name} in {self.path} as reserved (extended attribute {RESERVED_XATTR}): '
                              f'{exc.strerror}') from exc
         finally:
             os.close(fd)
+
+    def _open_same(self, name: str, expect_dev: int, expect_ino: int, what: str) -> int:
+        """An O_RDONLY descriptor of regular file name, still (expect_dev, expect_ino); raises ShmFsError."""
+        check_name(name)
+        flags = os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NONBLOCK', 0)
+        try:
+            fd = os.open(name, flags, dir_fd=self.fd)
+        except OSError as exc:
+            raise ShmFsError(f'cannot open {name} in {self.path} to {what}: {exc.strerror}') from exc
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
+            os.close(fd)
+            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked: not marked')
+        return fd
+
+    def write_cleanup_record(self, record: dict) -> None:
+        """Replace the directory's cleanup record by record ({inode: CleanupMark}; empty: remove it).
+
+        Raises ShmFsError when the filesystem or the caller's privileges refuse trusted.* attributes.
+        """
+        data = json.dumps({'files': [[ino, m.name, m.region, m.server] for ino, m in sorted(record.items())]},
+                          separators=(',', ':')).encode('utf-8') if record else b''
+        chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)]
+        try:
+            old = _record_names(os.listxattr(self.fd))
+            for i, chunk in enumerate(chunks):
+                os.setxattr(self.fd, f'{CLEANUP_XATTR}.{i}', chunk)
+            for name in old[len(chunks):]:
+                os.removexattr(self.fd, name)
+        except OSError as exc:
+            raise ShmFsError(f'cannot record the files to remove on {self.path} (extended attribute {CLEANUP_XATTR}): '
+                             f'{exc.strerror}') from exc
+
+    def _check_same(self, name: str, st: os.stat_result, expect_dev: int, expect_ino: int,
+                    expect_ctime_ns: int | None) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise ShmFsError(f'{name} in {self.path} is a {_kind(st.st_mode)}, not a regular file: not removed')
+        if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
+            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
+                             f'expected {expect_ino}): not removed')
+        if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
+            raise ShmFsError(f'{name} in {self.path} changed since it was checked (its inode change time differs): '
+                             'not removed')
+
+    def quarantine(self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None) -> Quarantined | None:
+        """Rename regular file name, still the (dev, inode, ctime) classified, to a fresh quarantine name.
+
+        Returns None when name is already gone. Raises ShmFsError as unlink() does, and when the rename
+        is refused (OSError ENOSYS/EINVAL when the kernel or filesystem has no RENAME_NOREPLACE: the
+        caller may fall back to a plain unlink). The quarantined file is checked again (device and inode)
+        when it is unlinked: one swapped in between this check and the rename is given its name back then.
+        """
+        check_name(name)
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if (st.st_ino != expect_ino or st.st_dev != expect_dev or not stat.S_ISREG(st.st_mode)
+                or (expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns)):
+            self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)   # raises, saying why
+        qname = f'{QUARANTINE_PREFIX}{st.st_ino}.{self._token}'
+        try:
+            _renameat2(self.fd, name, qname, _RENAME_NOREPLACE)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            if exc.errno in (errno.ENOSYS, errno.EINVAL):
+                raise
+            raise ShmFsError(f'cannot rename {name} in {self.path} to {qname} before removing it: {exc.strerror}') from exc
+        return Quarantined(qname, name, st.st_dev, st.st_ino, None, st.st_blocks)
+
+    def restore(self, qname: str, name: str) -> bool:
+        """Rename quarantined qname back to name; False (it stays quarantined) when name exists again meanwhile."""
+        check_name(qname)
+        check_name(name)
+        try:
+            _renameat2(self.fd, qname, name, _RENAME_NOREPLACE)
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                return False
+            raise ShmFsError(f'cannot rename {qname} back to {name} in {self.path}: {exc.strerror}') from exc
+        return True
 
     def unlink(self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None,
                missing: int | None = 0) -> int | None:
@@ -272,14 +432,7 @@ class ShmDir:
         st = self.lstat(name)
         if st is None:
             return missing
-        if not stat.S_ISREG(st.st_mode):
-            raise ShmFsError(f'{name} in {self.path} is a {_kind(st.st_mode)}, not a regular file: not removed')
-        if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
-            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
-                             f'expected {expect_ino}): not removed')
-        if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
-            raise ShmFsError(f'{name} in {self.path} changed since it was checked (its inode change time differs): '
-                             'not removed')
+        self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)
         try:
             os.unlink(name, dir_fd=self.fd)
         except OSError as exc:

@@ -30,7 +30,7 @@ from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     HTTP, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
-    error_from_answer, host_port, short, snippet, split_url,
+    error_from_answer, host_port, index_entry, short, snippet, split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import HttpError, ResponseReader
@@ -76,6 +76,16 @@ def region_segment(name: str) -> str:
                                 "Triton does not decode percent-encoding in region names (use names of letters, digits and "
                                 "-._~ only). Such a region comes from a gRPC client: a grpc:// URL of the same server (its "
                                 "gRPC port, 8001 by default) can unregister and clean it")
+    return name
+
+
+def model_segment(name: str) -> str:
+    """A model name as a URL path segment: sent as it is, like region names (see region_segment)."""
+    bad = sorted({c for c in name if c not in _SEGMENT_SAFE})
+    if not name or bad:
+        chars = ', '.join(repr(c) for c in bad) or 'nothing'
+        raise UnaddressableName(f"model name {name!r} cannot be addressed over Triton's HTTP API: it contains {chars}; "
+                                "a grpc:// URL of the same server can")
     return name
 
 
@@ -278,6 +288,36 @@ class TritonClient(Client):
         """GET /v2/health/live or /ready: 200 is live/ready (a 4xx/5xx answer raises, so: not)."""
         status, _data = self.request('GET', f'/v2/health/{which}', what=f'health {which}', expect_json=False)
         return status == 200
+
+    # -- model repository -------------------------------------------------------------
+
+    def repository_index(self) -> list[dict]:
+        """POST /v2/repository/index."""
+        _status, data = self.request('POST', '/v2/repository/index', body={}, what='read the model repository index')
+        if not isinstance(data, list) or not all(isinstance(m, dict) and 'name' in m for m in data):
+            url = f'{self.base}/v2/repository/index'
+            raise self.error(f'read the model repository index at {url}: expected a JSON list of models, got '
+                             f'{snippet(json.dumps(data))}', url)
+        return [index_entry(m['name'], m.get('version'), m.get('state'), m.get('reason')) for m in data]
+
+    def model_config(self, name: str) -> dict:
+        """GET /v2/models/NAME/config."""
+        _status, data = self.request('GET', f'/v2/models/{model_segment(name)}/config', what=f"read the config of model '{name}'")
+        if not isinstance(data, dict) or 'name' not in data:
+            url = f'{self.base}/v2/models/{name}/config'
+            raise self.error(f"read the config of model '{name}' at {url}: not a model configuration: "
+                             f'{snippet(json.dumps(data))}', url)
+        return data
+
+    def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
+        """POST /v2/repository/models/NAME/load, answered when the model (every version) is loaded."""
+        body = {} if config is None else {'parameters': {'config': json.dumps(config)}}
+        saved, self.timeout = self.timeout, timeout or self.timeout
+        try:
+            self.request('POST', f'/v2/repository/models/{model_segment(name)}/load', body=body,
+                         what=f"load model '{name}'", expect_json=False)
+        finally:
+            self.timeout = saved
 
     # -- shared memory --------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
+import json
 import os
 import re
 import traceback
@@ -28,9 +29,9 @@ from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     GRPC, GRPC_SCHEMES, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
-    error_from_answer, host_port, short, split_url,
+    error_from_answer, host_port, index_entry, short, split_url,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import MODEL_CONTROL_TEXT, TritonError, UnaddressableName
 
 GRPC_REQUIREMENT = 'tritonclient[grpc]'
 DEFAULT_GRPC_PORT = 8001
@@ -173,11 +174,11 @@ class TritonGrpcClient(Client):
             self._stub = _Lib.pb_grpc.GRPCInferenceServiceStub(self._channel)
         return self._stub
 
-    def call(self, method: str, request: Any, what: str) -> Any:
+    def call(self, method: str, request: Any, what: str, timeout: float | None = None) -> Any:
         """One RPC of Triton's GRPCInferenceService; every failure becomes a TritonError naming the URL."""
         self.requests_made += 1
         try:
-            return getattr(self._service(), method)(request, timeout=self.timeout, metadata=self.metadata)
+            return getattr(self._service(), method)(request, timeout=timeout or self.timeout, metadata=self.metadata)
         except _Lib.grpc.RpcError as exc:
             raise self._rpc_error(exc, what) from exc
 
@@ -190,6 +191,9 @@ class TritonGrpcClient(Client):
             return self.error(f'{where}: no answer within {self.timeout}s (timeout)')
         if name == 'RESOURCE_EXHAUSTED' and 'larger than max' in details:
             return self.error(f'{where}: the answer is larger than {_MAX_MESSAGE} bytes: {short(details)}')
+        if name == 'UNAVAILABLE' and MODEL_CONTROL_TEXT in details:   # an answer: 2.51 refuses a load this way
+            return error_from_answer(where, f'gRPC {name}', short(details), details, url=self.base, status=name,
+                                     transport=self.transport)
         if name == 'UNAVAILABLE':      # no answer came from the server: the transport failed, as a connection error over HTTP
             low = details.lower()
             if 'http1' in low or 'http/1' in low:
@@ -220,6 +224,32 @@ class TritonGrpcClient(Client):
         if which == 'live':
             return bool(self.call('ServerLive', _Lib.pb.ServerLiveRequest(), 'health live').live)
         return bool(self.call('ServerReady', _Lib.pb.ServerReadyRequest(), 'health ready').ready)
+
+    # -- model repository -------------------------------------------------------------
+
+    def repository_index(self) -> list[dict]:
+        resp = self.call('RepositoryIndex', _Lib.pb.RepositoryIndexRequest(), 'read the model repository index')
+        return [index_entry(m.name, m.version, m.state, m.reason) for m in resp.models]
+
+    def model_config(self, name: str) -> dict:
+        """ModelConfig, as the HTTP API's JSON (field names as in the protobuf; int64 values may come as strings)."""
+        from google.protobuf import json_format  # pylint: disable=import-outside-toplevel
+        what = f"read the config of model '{name}'"
+        resp = self.call('ModelConfig', _Lib.pb.ModelConfigRequest(name=self._model(name, what)), what)
+        return json_format.MessageToDict(resp.config, preserving_proto_field_name=True)
+
+    def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
+        what = f"load model '{name}'"
+        req = _Lib.pb.RepositoryModelLoadRequest(model_name=self._model(name, what))
+        if config is not None:
+            req.parameters['config'].string_param = json.dumps(config)
+        self.call('RepositoryModelLoad', req, what, timeout=timeout)
+
+    @staticmethod
+    def _model(name: str, what: str) -> str:
+        if not name:
+            raise UnaddressableName(f'{what}: an empty model name is refused')
+        return name
 
     # -- shared memory --------------------------------------------------------------
 

@@ -22,11 +22,14 @@ description:
     root (C(become: true)); when it fails, a warning says so."
   - "Runs that change a server are serialised per server: an exclusive C(flock) on the server's shm directory itself (no lock
     file is created, in it or anywhere else), released when the run ends. A run that waited reads the server again, so it reports
-    only what it did itself."
+    only what it did itself. A lock held by another user (or a process the module cannot see) is not waited for: the run goes on
+    without it, with a warning naming the holder."
   - "After an unregister the module waits, up to O(in_use_timeout), until the region is gone from the status before it removes the
     file or registers the name again (Triton 24.12 and later keep a region with requests in flight listed until they finish)."
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
-    holds it, re-checked right before the unlink; only a regular file inside the shm directory, never through a symlink;
+    holds it, re-checked right before the unlink (the file is first renamed to a quarantine name inside the shm directory, every
+    process is scanned again, then it is unlinked, or renamed back when someone holds it); only a regular file inside the shm
+    directory, never through a symlink;
     Triton's python backend files that any process holds, and files matching no O(orphan_patterns), are never removed; when
     holders cannot all be seen (not root), nothing is stale, no backend file is a leftover and no file is removed; a file the
     server process's own user could not remove, or whose owner is neither the server's user nor one of O(client_users), is never
@@ -36,7 +39,9 @@ description:
     failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
     writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
   - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails the task with what was already
-    done in the result; a rerun converges.
+    done in the result; a rerun converges. Before unregistering, a cleanup records the backing files it is about to remove in
+    extended attributes of the shm directory (C(trusted.tritonops_shm.cleanup.N)); after a run killed part-way, the next
+    O(stale=true) run against the same server process removes the recorded files whose regions are gone and that nobody holds.
 author:
   - tritonops.shm developers (@tritonops)
 extends_documentation_fragment:
@@ -110,7 +115,8 @@ options:
   stale:
     description:
       - With O(state=absent), select every stale region (no process but the server holds its file), and every dangling one
-        (file gone) that no client still maps.
+        (file gone) that no client still maps. Also removes the unheld files a cleanup of the same server process recorded and
+        unregistered but was stopped before removing (M(tritonops.shm.triton_shm_info) shows them as C(orphan) with that reason).
     type: bool
     default: false
   reserved:

@@ -16,6 +16,7 @@ schemas. Applying it to a cluster (kubernetes.core.k8s) is not tested: there is 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import kubernetes_validate
@@ -88,23 +89,35 @@ def test_cleanup_from_the_node_given_only_the_pod_ip(container_engine, pod):
 
 # -- the triton_server role's kubernetes engine: the manifest file ------------------------------------------
 
-def _render(tmp_path, check=False, **role_vars):
+def _render(tmp_path, check=False, env=None, args=(), **role_vars):
     role_vars.setdefault('triton_server_engine', 'kubernetes')
     role_vars.setdefault('triton_server_kubernetes_manifest', str(tmp_path / 'out' / 'triton.yml'))
     play = [{'name': 'render', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
              'roles': [{'role': 'tritonops.shm.triton_server', 'vars': role_vars}],
              'tasks': [{'name': 'result', 'ansible.builtin.debug': {'var': 'triton_server_result'}}]}]
-    return ansible_playbook(play, check=check)
+    return ansible_playbook(play, check=check, env=env, args=args, diff=bool(args))
+
+
+ENV_SECRET = 'envs3cret-4d1a-never-shown'
+# kubectl reads YAML 1.1 booleans (y, n, on, off) and 1e3 as a number: the role must quote them
+KUBECTL_BOOL = re.compile(r'^(?:y|Y|n|N|yes|Yes|no|No|true|True|false|False|on|On|off|Off)$')
 
 
 def test_the_role_renders_a_deployment_and_service_that_validate(tmp_path):
     path = tmp_path / 'out' / 'triton.yml'
     role_vars = dict(triton_server_image='nvcr.io/nvidia/tritonserver:26.04-py3', triton_server_shm_plan=dict(
-        WORKLOAD, host_memory_bytes='64G', server_memory_bytes='4G'), triton_server_kubernetes_namespace='inference')
+        WORKLOAD, host_memory_bytes='64G', server_memory_bytes='4G'), triton_server_kubernetes_namespace='inference',
+        triton_server_env={'API_TOKEN': ENV_SECRET, 'FLAG': 'y', 'SCALE': '1e3',
+                           'DB_PASSWORD': {'secretKeyRef': {'name': 'triton-secrets', 'key': 'db'}}},
+        triton_server_labels={'canary': 'y'})
 
+    # check mode at -vvv with --diff in the human output: the env values are nowhere
+    res = _render(tmp_path, check=True, env={'ANSIBLE_STDOUT_CALLBACK': 'ansible.builtin.default'}, args=['-vvv'], **role_vars)
+    assert res.rc == 0 and 'changed=' in res.stdout, res.stdout[-3000:]
+    assert ENV_SECRET not in res.stdout + res.stderr
+    assert not path.exists() and not path.parent.exists()
     res = _render(tmp_path, check=True, **role_vars)
     assert res.rc == 0 and res.stats['localhost']['changed'] > 0, res
-    assert not path.exists() and not path.parent.exists()
 
     res = _render(tmp_path, **role_vars)
     assert res.rc == 0 and res.stats['localhost']['changed'] > 0, res
@@ -112,7 +125,16 @@ def test_the_role_renders_a_deployment_and_service_that_validate(tmp_path):
     assert result['engine'] == 'kubernetes' and result['changed'] is True
     assert result['url'] == 'http://triton.inference.svc:8000'
     assert result['kubernetes']['manifest'] == str(path)
-    deployment, service = list(yaml.safe_load_all(path.read_text()))
+    text = path.read_text()
+    deployment, service = list(yaml.safe_load_all(text))
+    # every string quoted: the scalars kubectl would read as booleans or numbers are strings
+    plain = [t.value for t in yaml.scan(text) if isinstance(t, yaml.ScalarToken) and t.plain]
+    assert all(re.fullmatch(r'[0-9]+|true|false', v) for v in plain), plain
+    assert '"y"' in text and '"1e3"' in text and not any(KUBECTL_BOOL.match(v) for v in plain if v not in ('true', 'false'))
+    env = {e['name']: e for e in deployment['spec']['template']['spec']['containers'][0]['env']}
+    assert env['FLAG'] == {'name': 'FLAG', 'value': 'y'} and env['SCALE'] == {'name': 'SCALE', 'value': '1e3'}
+    assert env['DB_PASSWORD'] == {'name': 'DB_PASSWORD', 'valueFrom': {'secretKeyRef': {'name': 'triton-secrets', 'key': 'db'}}}
+    assert deployment['metadata']['labels']['canary'] == 'y'
     for version in K8S_VERSIONS:
         for resource in (deployment, service):
             assert kubernetes_validate.validate(resource, version, strict=True) == version
@@ -124,7 +146,7 @@ def test_the_role_renders_a_deployment_and_service_that_validate(tmp_path):
     assert '--allow-client-shm=true' in server['args']  # 26.04 = Triton 2.68
     assert service['spec']['selector'] == deployment['spec']['selector']['matchLabels']
     mode = os.stat(path).st_mode & 0o777
-    assert mode == 0o644
+    assert mode == 0o600, oct(mode)     # env values may be secrets
 
     res = _render(tmp_path, **role_vars)
     assert res.rc == 0 and res.stats['localhost']['changed'] == 0, res

@@ -297,6 +297,8 @@ def traced_effects(trace):
         elif call in MUTATING:
             if call.endswith('at') or call == 'renameat2':
                 effects.append((call, resolve(args[0], _unquote(args[1]))))
+                if call in ('renameat', 'renameat2'):   # where it went is a change too
+                    effects.append((call + ' to', resolve(args[2], _unquote(args[3]))))
             else:
                 effects.append((call, resolve(None, _unquote(args[0]))))
     return execs, forks, effects
@@ -355,9 +357,15 @@ def test_modules_exec_nothing_and_only_touch_paths_inside_the_shm_dir(traced_sce
         assert execs == [ansible_helpers.PYTHON] and forks == []
     # info writes nothing at all
     assert i_effects == []
-    # cleaning: exactly one unlinkat per removed file, each inside the shm dir; nothing else is changed
+    # cleaning: each removed file is renamed to a quarantine name inside the shm dir, its holders scanned again,
+    # then that name is unlinked (issue 26: no lost race); nothing else is changed, nothing outside the shm dir
     assert all(path.startswith(shm + '/') for _call, path in c_effects), c_effects
-    assert sorted(c_effects) == sorted(('unlinkat', shm + '/' + n) for n in stale + ['old_orphan'])
+    removed = sorted(shm + '/' + n for n in stale + ['old_orphan'])
+    assert sorted(p for c, p in c_effects if c == 'renameat2') == removed
+    quarantined = sorted(p for c, p in c_effects if c == 'renameat2 to')
+    assert sorted(p for c, p in c_effects if c == 'unlinkat') == quarantined and len(quarantined) == len(removed)
+    assert all(os.path.dirname(p) == shm and os.path.basename(p).startswith('.tritonops_shm.quarantine.') for p in quarantined)
+    assert len(c_effects) == 3 * len(removed), c_effects
     assert sorted(os.path.basename(p) for p in clean['removed_files']) == sorted(stale + ['old_orphan'])
     # creating: one exclusive create (and its chmod/size) of the backing file inside the shm dir
     assert create['created_files'] == [os.path.join(server.shm_dir, 'made')]

@@ -334,6 +334,10 @@ def test_return_docs_match_the_result(scene, tmp_path):
 
     def documented(spec, where):
         for key, sub in spec.items():
+            # a holder's container is returned only for a process in a container: this scene runs on the host
+            # (test_node_agent.py and test_pod_sidecar.py see it returned by real containers and pods)
+            if 'in a container' in str(sub.get('returned', '')):
+                continue
             yield '%s.%s' % (where, key)
             yield from documented(sub.get('contains') or {}, '%s.%s' % (where, key))
     assert sorted(set(documented(top, 'result')) - seen) == []

@@ -42,10 +42,6 @@ output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
 
-# Python models the rig can serve: the same echo code under each name, so that a server runs several python
-# models, each with its own stub and backend pool (issue 27: pools are named for their model).
-PYTHON_MODELS = ('echo', 'mirror')
-
 
 def model_config(name):
     """The config.pbtxt of the rig's python model NAME (ECHO_CONFIG under that name)."""
@@ -54,19 +50,40 @@ def model_config(name):
 
 # The python backend stub embeds the base interpreter, whose sys.path does not
 # include this venv: put the venv's site-packages first so numpy imports.
-ECHO_MODEL = '''import sys
-sys.path[:0] = {sites!r}
-import triton_python_backend_utils as pb_utils  # noqa: E402
+def python_model(answer, imports=''):
+    """model.py of a rig python model (a template with {sites}): answer appends one response per request."""
+    return ('import sys\nsys.path[:0] = {sites!r}\n' + imports
+            + 'import triton_python_backend_utils as pb_utils  # noqa: E402\n\n\n'
+            'class TritonPythonModel:\n    def execute(self, requests):\n        responses = []\n'
+            '        for request in requests:\n' + answer + '        return responses\n')
 
 
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))
-        return responses
+ECHO_MODEL = python_model(
+    '            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")\n'
+    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))\n')
+
+
+# A model whose python backend pool grows: it answers each request with SIZE zero bytes. One large
+# request grows the instance's pool (triton_python_backend_shm_region_*) to hold the output; the pool
+# never shrinks afterwards, whatever the later, small requests ask (docs/backend-pools.md).
+GROW_CONFIG = '''name: "grow"
+backend: "python"
+max_batch_size: 0
+input [ { name: "SIZE" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
+
+GROW_MODEL = python_model(
+    '            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])\n'
+    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.zeros(size, dtype=np.uint8))]))\n',
+    imports='import numpy as np  # noqa: E402\n')
+
+# Python models the rig can serve, name -> (config.pbtxt, model.py template with {sites}): 'echo' and 'mirror'
+# are the same echo code under each name, so that a server runs several python models, each with its own stub
+# and backend pool (issue 27: pools are named for their model); 'grow' grows its pool on demand.
+MODELS = {'echo': (ECHO_CONFIG, ECHO_MODEL), 'mirror': (model_config('mirror'), ECHO_MODEL), 'grow': (GROW_CONFIG, GROW_MODEL)}
+PYTHON_MODELS = tuple(MODELS)
 
 
 class RigError(RuntimeError):
@@ -329,14 +346,19 @@ class TritonServer:
     ``('python,shm-region-prefix-name=my_prefix_',)``. extra_args: more tritonserver options, e.g.
     ``('--reuse-http-port', 'true')``. run_as=USER: the server runs as that user in a user namespace of its own
     (``unshare -Urm`` as USER, with its own tmpfs /dev/shm: what rootless podman does), models=() only.
+    models: 'echo' (echoes INPUT0), 'mirror' (the same under another name) and 'grow'
+    (answers SIZE zero bytes: one large request grows its python backend pool). model_control:
+    ``--model-control-mode`` (explicit by default: the rig loads ``models`` itself; 'none' loads the
+    whole repository and refuses the repository API's load and unload).
     """
 
     def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
                  models=('echo',), name='triton', grpc=False, namespace=None, http=True, grpc_tls=None,
-                 backend_config=(), extra_args=(), run_as=None):
+                 backend_config=(), extra_args=(), run_as=None, model_control='explicit'):
         self.name = name
         self.extra_args = list(extra_args)
         self.run_as = run_as
+        self.model_control = model_control
         self.backend_config = list(backend_config)
         self.host = host
         self.shm_size = shm_size
@@ -380,14 +402,15 @@ class TritonServer:
 
     def _model_repository(self):
         repo = os.path.join(self.workdir, 'models-%s' % self.name)
-        for model in PYTHON_MODELS:
-            if model not in self.models:
+        for model in self.models:
+            if model not in MODELS:
                 continue
+            config, source = MODELS[model]
             os.makedirs(os.path.join(repo, model, '1'), exist_ok=True)
             with open(os.path.join(repo, model, 'config.pbtxt'), 'w') as f:
-                f.write(model_config(model))
+                f.write(config)
             with open(os.path.join(repo, model, '1', 'model.py'), 'w') as f:
-                f.write(ECHO_MODEL.format(sites=self.paths['model_path']))
+                f.write(source.format(sites=self.paths['model_path']))
         os.makedirs(repo, exist_ok=True)
         return repo
 
@@ -396,7 +419,7 @@ class TritonServer:
                 '--model-repository', self._model_repository(),
                 '--backend-directory', self.paths['backends'],
                 '--allow-metrics', 'false',
-                '--model-control-mode', 'explicit', '--log-verbose', '0']
+                '--model-control-mode', self.model_control, '--log-verbose', '0']
         if self.http:
             args += ['--http-address', self.host, '--http-port', str(self.http_port)]
         else:
@@ -410,8 +433,9 @@ class TritonServer:
                     args += ['--grpc-root-cert', self.grpc_tls['root'], '--grpc-use-ssl-mutual', 'true']
         else:
             args += ['--allow-grpc', 'false']
-        for model in self.models:
-            args += ['--load-model', model]
+        if self.model_control == 'explicit':   # other modes load every model of the repository themselves
+            for model in self.models:
+                args += ['--load-model', model]
         for value in self.backend_config:
             args += ['--backend-config', value]
         args += self.extra_args

@@ -25,6 +25,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import metrics  # no
 RULES = os.path.join(COLLECTION, 'extensions', 'prometheus', 'tritonops_shm.rules.yml')
 RULES_TEST = os.path.join(HERE, 'tritonops_shm.rules_test.yml')
 ALERTMANAGER_RULEBOOK = os.path.join(COLLECTION, 'extensions', 'eda', 'rulebooks', 'self_heal_alertmanager.yml')
+POOLS_RULEBOOK = os.path.join(COLLECTION, 'extensions', 'eda', 'rulebooks', 'self_heal_pools.yml')
 
 
 @pytest.fixture(scope='module')
@@ -43,7 +44,7 @@ def run(promtool: str, *args: str) -> str:
 
 
 def test_rules_are_valid(promtool):
-    assert 'SUCCESS: 7 rules found' in run(promtool, 'check', 'rules', RULES)
+    assert 'SUCCESS: 8 rules found' in run(promtool, 'check', 'rules', RULES)
 
 
 def test_rules_fire_as_documented(promtool):
@@ -76,3 +77,20 @@ def test_the_alertmanager_rulebook_cleans_for_existing_alerts_only():
         condition = yaml.safe_load(f)[0]['rules'][0]['condition']
     names = set(yaml.safe_load(re.search(r'alertname in (\[[^]]*\])', condition).group(1)))
     assert names == {'TritonShmNearlyFull', 'TritonShmStaleRegions'} and names <= set(alerts())
+
+
+def test_the_pool_alert_leaves_out_the_model_values_that_are_no_one_model():
+    expr = alerts()['TritonShmBackendPoolLarge']['expr']
+    assert f'model!~"{metrics.OTHER_MODELS}|{metrics.UNATTRIBUTED}"' in expr
+    assert 'tritonops_shm_backend_pool_bytes' in metrics.METRICS
+
+
+def test_the_pools_rulebook_reloads_the_alerting_model_only_for_the_pool_alert():
+    with open(POOLS_RULEBOOK) as f:
+        rule, = yaml.safe_load(f)[0]['rules']
+    name = re.search(r'alertname == "([A-Za-z]+)"', rule['condition']).group(1)
+    assert name == 'TritonShmBackendPoolLarge' and name in alerts()
+    extra = rule['action']['run_playbook']['extra_vars']
+    assert extra['shm_cleanup_mode'] == 'stale'
+    assert extra['shm_cleanup_reload_pools_models'] == '{{ event.labels.model }}'
+    assert 'event.labels.model' in rule['throttle']['group_by_attributes']

@@ -131,7 +131,7 @@ def test_result_verify_failure_names_the_region():
     r = result(info([DEAD]), absent=ABSENT, after=info([DEAD]))
     assert r['error'] == dict(step=VERIFY_STEP, msg='stale region(s) remain after cleanup, with no reason recorded: dead')
     assert r['done'] == dict(unregistered=['dead'], pending=[], removed_files=['/dev/shm/dead'], freed_bytes=4096, registered=[],
-                             created_files=[])
+                             created_files=[], reloaded=[])
 
 
 @pytest.mark.parametrize('check_mode, threshold, after, expected', [
@@ -153,7 +153,8 @@ def test_results_of_steps_that_did_not_run_are_ignored():
     """Nothing to do: registered results of an earlier run of the role in the same play are not this run's work."""
     r = result(info([LIVE]), dict(threshold_percent=50), absent=ABSENT, present=PRESENT, after=info([DEAD]))
     assert (r['status'], r['changed'], r['skipped']) == ('ok', False, [])
-    assert r['done'] == dict(unregistered=[], pending=[], removed_files=[], freed_bytes=0, registered=[], created_files=[])
+    assert r['done'] == dict(unregistered=[], pending=[], removed_files=[], freed_bytes=0, registered=[], created_files=[],
+                             reloaded=[])
     assert r['after'] == r['before']
 
 
@@ -363,3 +364,38 @@ def test_a_cleanup_whose_holders_are_incomplete_is_incomplete_with_the_reason():
     assert r['server']['holders_complete'] is False and r['server']['pid_namespace'] == 'other'
     assert r['server']['holders_incomplete_reason'] == 'outside the initial namespace'
     assert result(dict(before, holders_complete=True, holders_incomplete_reason=None))['status'] == 'ok'
+
+
+# --- reclaiming grown python backend pools (opt-in, issue 27) ------------------------------------------------
+
+RELOADED = [dict(model='grow', before_bytes=35651584, after_bytes=1048576, old_pools=['a'], new_pools=['b'], old_gone=True,
+                 seconds=2.5)]
+
+
+@pytest.mark.parametrize('settings, reload_pools, max_bytes, max_percent', [
+    ({}, False, None, None),
+    (dict(reload_pools_over_bytes=0, reload_pools_over_percent='0'), False, None, None),
+    (dict(reload_pools_over_bytes='1073741824'), True, 1073741824, None),
+    (dict(reload_pools_over_percent='25'), True, None, 25.0),
+    (dict(reload_pools_over_bytes=1 << 20, reload_pools_over_percent=10), True, 1 << 20, 10.0),
+], ids=['off-by-default', 'zero-is-off', 'bytes-as-a-survey-string', 'percent', 'both'])
+def test_the_reload_is_opt_in_and_its_limits_come_from_the_settings(settings, reload_pools, max_bytes, max_percent):
+    plan = shm_cleanup({}, **settings)['plan']
+    assert (plan['reload_pools'], plan['reload_max_bytes'], plan['reload_max_percent']) == (reload_pools, max_bytes, max_percent)
+
+
+def test_the_models_reloaded_are_recorded_and_are_a_change():
+    results = dict(direct=direct(info([LIVE])), reload=dict(changed=True, reloaded=RELOADED, models=[]))
+    record = shm_cleanup(results, reload_pools_over_percent=25)['record']
+    assert record['done']['reloaded'] == RELOADED and record['changed'] is True and record['status'] == 'ok'
+    # the same results without the opt-in: an earlier run's reload result is not this run's
+    record = shm_cleanup(results)['record']
+    assert record['done']['reloaded'] == [] and record['changed'] is False
+    skipped = shm_cleanup(dict(direct=direct(info([LIVE])), reload=SKIPPED), reload_pools_over_bytes=1)['record']
+    assert skipped['done']['reloaded'] == [] and skipped['changed'] is False
+
+
+@pytest.mark.parametrize('settings', [dict(reload_pools_over_bytes=-1), dict(reload_pools_over_percent='many')])
+def test_bad_reload_limits_are_refused(settings):
+    with pytest.raises(AnsibleFilterError, match='reload_pools_over'):
+        shm_cleanup({}, **settings)

@@ -5,7 +5,7 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.shm_metrics import FilterModule, shm_metrics, shm_metrics_file
+from ansible_collections.tritonops.shm.plugins.filter.shm_metrics import FilterModule, shm_dir_refusal, shm_metrics, shm_metrics_file
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 
 URL = 'http://127.0.0.1:8000'
@@ -21,7 +21,15 @@ def test_the_filters_are_the_module_utils_functions():
     assert 'tritonops_shm_cleanup_freed_bytes_total{host="t1",triton_url="http://127.0.0.1:8000"} 8\n' in shm_metrics(
         record, 'cleanup', 't1', URL, previous=previous)
     assert shm_metrics_file('cleanup', 't1', URL) == metrics.file_name('cleanup', 't1', URL)
-    assert set(FilterModule().filters()) == {'shm_metrics', 'shm_metrics_file'}
+    assert set(FilterModule().filters()) == {'shm_metrics', 'shm_metrics_file', 'shm_dir_refusal'}
+
+
+def test_shm_dir_refusal_is_metrics_dir_refusal(tmp_path):
+    (tmp_path / 'link').symlink_to(tmp_path)
+    assert shm_dir_refusal(str(tmp_path / 'link')) == metrics.dir_refusal(str(tmp_path / 'link'))
+    assert shm_dir_refusal(str(tmp_path / 'new')) == '' and shm_dir_refusal(str(tmp_path)) == ''
+    with pytest.raises(AnsibleFilterError):
+        shm_dir_refusal('')
 
 
 @pytest.mark.parametrize('call, match', [

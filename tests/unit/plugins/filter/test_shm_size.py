@@ -9,7 +9,7 @@ import kubernetes_validate
 from kubernetes_validate import utils as kubernetes_validate_utils
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_size import (
-    FilterModule, docker_size, kubernetes_quantity, shm_size)
+    FilterModule, docker_size, kubernetes_quantity, pool_bytes, shm_size)
 from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import quantity_bytes
 
 MIB = 1 << 20
@@ -79,7 +79,7 @@ def test_plan(workload, overrides, expected_bytes, expected_docker, expected_cap
     assert plan['bytes'] == expected_bytes
     assert plan['docker'] == expected_docker
     assert plan['capped'] is expected_capped
-    assert set(plan) == {'bytes', 'docker', 'capped', 'breakdown', 'kubernetes'}
+    assert set(plan) == {'bytes', 'docker', 'capped', 'breakdown', 'python_backend', 'kubernetes'}
 
 
 def test_breakdown_of_the_first_vector():
@@ -88,6 +88,9 @@ def test_breakdown_of_the_first_vector():
     assert plan['breakdown'] == {
         'client_regions_bytes': 512 * MIB,
         'python_backend_bytes': 64 * MIB,
+        'python_models_bytes': 0,
+        'python_growth_bytes': 0,
+        'python_reload_bytes': 0,
         'extra_bytes': 0,
         'subtotal_bytes': 576 * MIB,
         'headroom': 0.25,
@@ -256,3 +259,98 @@ def test_the_validation_can_fail(k8s_version):
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate({'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 't'}, 'spec': spec},
                                      k8s_version, strict=True)
+
+
+# -- the python backend's pools (issue 27): growth settings, largest tensor and instances per model -------------
+
+# (id, largest tensor, shm-default-byte-size, shm-growth-byte-size, pool size): the rows measured on Triton 2.51 first
+POOLS = [
+    ('measured-32MiB-from-1MiB-steps', 32 * MIB, MIB, MIB, 34 * MIB),
+    ('measured-20MiB-from-4MiB-8MiB-steps', 20 * MIB, 4 * MIB, 8 * MIB, 28 * MIB),
+    ('measured-3MiB-from-1MiB-steps', 3 * MIB, MIB, MIB, 5 * MIB),
+    ('measured-3MiB-fits-4MiB', 3 * MIB, 4 * MIB, 8 * MIB, 4 * MIB),
+    ('measured-10MiB-from-2MiB-4MiB-steps', 10 * MIB, 2 * MIB, 4 * MIB, 14 * MIB),
+    ('small-tensor-no-growth', 1000, MIB, MIB, MIB),
+    ('tensor-equal-to-the-default-grows', MIB, MIB, MIB, 3 * MIB),
+    ('tensor-not-a-multiple', 5 * MIB + 1, MIB, 2 * MIB, MIB + 6 * MIB),
+]
+
+
+@pytest.mark.parametrize('largest, default, growth, pool', [c[1:] for c in POOLS], ids=[c[0] for c in POOLS])
+def test_pool_bytes(largest, default, growth, pool):
+    assert pool_bytes(largest, default, growth) == pool
+
+
+# (id, workload, expected python_models_bytes, expected growth bytes, expected reload bytes, expected planned bytes)
+PYTHON_PLANS = [
+    ('one-model-two-instances', {'python_models': [{'name': 'llm', 'instances': 2, 'largest_tensor_bytes': '32m'}]},
+     68 * MIB, 66 * MIB, 0, 85 * MIB),
+    ('instances-default-to-1', {'python_models': [{'largest_tensor_bytes': '32m'}]}, 34 * MIB, 33 * MIB, 0, 64 * MIB),
+    ('growth-settings-change-the-pool',
+     {'python_models': [{'name': 'llm', 'instances': 4, 'largest_tensor_bytes': '20m'}],
+      'python_backend_shm_default_byte_size': '4m', 'python_backend_shm_growth_byte_size': '8m'},
+     112 * MIB, 96 * MIB, 0, 140 * MIB),
+    ('a-reload-adds-one-model-s-default-pools',
+     {'python_models': [{'name': 'a', 'instances': 3, 'largest_tensor_bytes': '32m'},
+                        {'name': 'b', 'instances': 1, 'largest_tensor_bytes': 100}],
+      'python_backend_reloads': True, 'python_backend_shm_default_byte_size': '2m'},
+     3 * 35 * MIB + 2 * MIB, 3 * 33 * MIB, 3 * 2 * MIB, 142 * MIB),
+    ('added-to-clients-and-the-old-inputs',
+     {'client_regions': [{'byte_size': '64m', 'count': 2}], 'python_backend_instances': 1,
+      'python_models': [{'name': 'm', 'largest_tensor_bytes': '8m'}]},
+     10 * MIB, 9 * MIB, 0, 174 * MIB),
+]
+
+
+@pytest.mark.parametrize('workload, models_bytes, growth, reload, planned', [c[1:] for c in PYTHON_PLANS],
+                         ids=[c[0] for c in PYTHON_PLANS])
+def test_python_pools_plan(workload, models_bytes, growth, reload, planned):
+    plan = shm_size(workload)
+    assert plan['breakdown']['python_models_bytes'] == models_bytes
+    assert plan['breakdown']['python_growth_bytes'] == growth
+    assert plan['breakdown']['python_reload_bytes'] == reload
+    assert plan['bytes'] == planned
+    assert plan['python_backend']['pools_bytes'] == models_bytes
+
+
+def test_the_plan_explains_the_growth_headroom_per_model():
+    plan = shm_size({'python_models': [{'name': 'llm', 'instances': 2, 'largest_tensor_bytes': '32m'},
+                                       {'name': 'pre', 'largest_tensor_bytes': '1k'}], 'python_backend_reloads': True})
+    llm, pre = plan['python_backend']['models']
+    assert (llm['pool_bytes'], llm['bytes'], llm['growth_bytes']) == (34 * MIB, 68 * MIB, 66 * MIB)
+    assert 'grows by 1048576 x (33554432 // 1048576 + 1) = 34603008 bytes' in llm['explanation']
+    assert 'never shrinks' in llm['explanation']
+    assert 'fits the starting pool' in pre['explanation'] and pre['growth_bytes'] == 0
+    notes = ' '.join(plan['python_backend']['notes'])
+    assert '2097152 bytes for a reload' in notes and 'Pools never shrink' in notes
+
+
+def test_growth_settings_become_the_server_arguments_in_both_fragments():
+    default = shm_size({'python_models': [{'largest_tensor_bytes': '1m'}]})
+    assert default['python_backend']['server_args'] == [] and default['kubernetes']['server_args'] == []
+    plan = shm_size({'python_models': [{'largest_tensor_bytes': '1m'}],
+                     'python_backend_shm_default_byte_size': '4m', 'python_backend_shm_growth_byte_size': '16m'})
+    args = ['--backend-config=python,shm-default-byte-size=4194304', '--backend-config=python,shm-growth-byte-size=16777216']
+    assert plan['python_backend']['server_args'] == args and plan['kubernetes']['server_args'] == args
+
+
+def test_the_kubernetes_fragment_warns_that_pools_outlive_a_container_restart():
+    with_pools = ' '.join(shm_size({'python_models': [{'largest_tensor_bytes': '1m'}]})['kubernetes']['notes'])
+    assert 'kubernetes/kubernetes#81001' in with_pools and 'shm_cleanup_backend_leftovers' in with_pools
+    without = ' '.join(shm_size({})['kubernetes']['notes'])
+    assert '81001' not in without
+
+
+@pytest.mark.parametrize('workload, words', [
+    ({'python_models': {'largest_tensor_bytes': 1}}, 'python_models must be a list'),
+    ({'python_models': [{'instances': 2}]}, 'python_models[0]: largest_tensor_bytes is required'),
+    ({'python_models': [{'largest_tensor_bytes': 1, 'count': 2}]}, "python_models[0]: unknown key(s) count"),
+    ({'python_models': [{'largest_tensor_bytes': '1x'}]}, 'python_models[0].largest_tensor_bytes'),
+    ({'python_models': [{'largest_tensor_bytes': 1, 'instances': -1}]}, 'python_models[0].instances must be a whole number'),
+    ({'python_backend_shm_growth_byte_size': 0}, 'must be > 0'),
+    ({'python_backend_reloads': 'yes'}, 'python_backend_reloads must be true or false'),
+])
+def test_python_pool_errors(workload, words):
+    with pytest.raises(AnsibleFilterError) as err:
+        shm_size(workload)
+    assert words in str(err.value)

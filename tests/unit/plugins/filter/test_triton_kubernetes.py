@@ -6,9 +6,11 @@ to 1.37 that it bundles.
 from __future__ import annotations
 
 import copy
+import re
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from ansible.errors import AnsibleFilterError
 
@@ -145,13 +147,62 @@ CASES = {
     'gpus-pvc-host-ipc': {'gpus': 1, 'ipc_mode': 'host', 'model_volume': {'persistentVolumeClaim': {'claimName': 'm'}}},
     'share-process-namespace-nodeport': {'share_process_namespace': True, 'service_type': 'NodePort', 'grpc_port': 0},
     'odd-size': {'shm_bytes': 1000, 'resources': {'limits': {'memory': '2G'}}, 'env': {'X': 1}},
+    'secret-env-yes-no-labels': {'env': {'TOKEN': {'secretKeyRef': {'name': 'triton-secrets', 'key': 'token'}},
+                                         'NODE': {'fieldRef': {'fieldPath': 'spec.nodeName'}}, 'A': 'y', 'B': 'n', 'C': '1e3'},
+                                 'labels': {'tier': 'y', 'n': 'n', 'ver': '1e3', 'on': 'off'}},
 }
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_every_manifest_validates(case, k8s_version):
-    for resource in manifest(**CASES[case])['documents']:
+    result = manifest(**CASES[case])
+    for resource in result['documents']:
         assert kubernetes_validate.validate(resource, k8s_version, strict=True) == k8s_version
+    # the text the role writes, read back as kubectl reads it, is the same objects and validates too
+    assert list(yaml.load_all(result['manifest'], Loader=KubectlLoader)) == result['documents']
+    for resource in yaml.load_all(result['manifest'], Loader=KubectlLoader):
+        assert kubernetes_validate.validate(resource, k8s_version, strict=True) == k8s_version
+
+
+class KubectlLoader(yaml.SafeLoader):
+    """YAML as kubectl (sigs.k8s.io/yaml, go-yaml) reads it: y/n/yes/no/on/off are booleans, 1e3 is a number."""
+
+
+YAML11_BOOL = re.compile(r'^(?:y|Y|n|N|yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$')
+KubectlLoader.add_implicit_resolver('tag:yaml.org,2002:bool', YAML11_BOOL, list('yYnNtTfFoO'))
+KubectlLoader.add_implicit_resolver('tag:yaml.org,2002:float', re.compile(r'^[-+]?[0-9]+[eE][-+]?[0-9]+$'), list('-+0123456789'))
+
+
+def test_every_string_is_quoted_so_y_n_and_1e3_keep_their_meaning():
+    result = manifest(**CASES['secret-env-yes-no-labels'])
+    env = {e['name']: e for e in container(result)['env']}
+    assert env['A'] == {'name': 'A', 'value': 'y'} and env['C'] == {'name': 'C', 'value': '1e3'}
+    assert env['TOKEN'] == {'name': 'TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'triton-secrets', 'key': 'token'}}}
+    assert result['manifest'].startswith('---\n') and '\n---\n' in result['manifest']
+    for token in yaml.scan(result['manifest']):
+        if isinstance(token, yaml.ScalarToken) and token.plain:
+            # only numbers and booleans are plain; every string is double-quoted
+            assert re.fullmatch(r'[0-9]+|true|false', token.value), token.value
+    loaded = list(yaml.load_all(result['manifest'], Loader=KubectlLoader))
+    labels = loaded[0]['metadata']['labels']
+    assert labels['tier'] == 'y' and labels['n'] == 'n' and labels['on'] == 'off' and labels['ver'] == '1e3'
+
+
+# (id, env, words the error must contain); a value is never shown
+ENV_ERRORS = [
+    ('two-sources', {'T': {'secretKeyRef': {'name': 's', 'key': 'k'}, 'fieldRef': {'fieldPath': 'x'}}}, 'env T: a dict value'),
+    ('unknown-source', {'T': {'secretRef': {'name': 's'}}}, "got the keys ['secretRef']"),
+    ('plain-dict', {'T': {'value': 's3cret'}}, "got the keys ['value']"),
+    ('list', {'T': ['s3cret']}, 'env T: a value is a string or a valueFrom dict'),
+    ('not-a-dict', ['T=s3cret'], 'env must be a dict, got list'),
+]
+
+
+@pytest.mark.parametrize('env, words', [c[1:] for c in ENV_ERRORS], ids=[c[0] for c in ENV_ERRORS])
+def test_env_errors_name_the_variable_never_the_value(env, words):
+    with pytest.raises(AnsibleFilterError) as info:
+        manifest(env=env)
+    assert words in str(info.value) and 's3cret' not in str(info.value)
 
 
 # (id, keyword arguments, words the error must contain)

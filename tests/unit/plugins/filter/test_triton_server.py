@@ -227,10 +227,15 @@ def test_container(kwargs, expected):
 
 @pytest.mark.parametrize('kwargs, match', [
     (dict(env=['A=1']), 'env must be a dict, got list'),
+    # a Kubernetes valueFrom works only with the kubernetes engine; the value is never shown
+    (dict(env={'TOKEN': {'secretKeyRef': {'name': 's3cret', 'key': 'k'}}}),
+     r'env TOKEN: a dict or list value \(a Kubernetes valueFrom such as secretKeyRef\) works only with '
+     r'triton_server_engine: kubernetes; give a string$'),
     (dict(labels='a=b'), 'labels must be a dict, got str'),
     (dict(ulimits='memlock=-1'), 'ulimits must be a list, got str'),
 ])
 def test_container_refuses(kwargs, match):
+    """Docker's and Podman's env is strings only (the kubernetes engine takes a valueFrom dict: test_triton_kubernetes)."""
     with pytest.raises(AnsibleFilterError, match='^triton_container: ' + match):
         triton_container('triton', **kwargs)
 
@@ -326,3 +331,8 @@ def test_log_report(logs, lines, expected):
 ])
 def test_deployed(result, line):
     assert triton_deployed(result) == line
+
+
+def test_container_env_keeps_a_value_from_dict_for_kubernetes():
+    secret = {'secretKeyRef': {'name': 's', 'key': 'k'}}
+    assert triton_container('triton', engine='kubernetes', env={'T': secret, 'A': 1})['env'] == {'T': secret, 'A': '1'}

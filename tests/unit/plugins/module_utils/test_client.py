@@ -11,16 +11,16 @@ import inspect
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    CLIENT_SHM_HINT, Client, Library, check_health, check_kind, error_from_answer, host_port, is_grpc_url, short,
-    snippet, split_url, url_scheme,
+    CLIENT_SHM_HINT, Client, Library, check_headers, check_health, check_kind, check_url, error_from_answer, has_userinfo,
+    host_port, is_grpc_url, redact_url, short, snippet, split_url, url_scheme, url_secrets,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import RegionInUse, RegionNotFound, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, RegionNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 
 # what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)
 INTERFACE = {'library', 'server_metadata', '_health', 'status', 'register_system', 'register_cuda', 'unregister',
-             'unaddressable', 'use_keep_alive', 'close'}
+             'unaddressable', 'use_keep_alive', 'close', 'repository_index', 'model_config', 'load_model'}
 CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
 
 
@@ -92,6 +92,15 @@ class Minimal(Client):
         pass
 
     def unregister(self, kind, name):
+        pass
+
+    def repository_index(self):
+        return []
+
+    def model_config(self, name):
+        return {'name': name}
+
+    def load_model(self, name, config=None, timeout=None):
         pass
 
     @staticmethod
@@ -222,3 +231,55 @@ def test_client_shm_disabled_gets_the_way_out_instead_of_the_transports_hint(cod
                             url='U', status=status, transport='x', hint=" (is this Triton's gRPC port?)")
     assert err.msg == f'read system shared memory status at U: {code}: {CLIENT_SHM_OFF}; {CLIENT_SHM_HINT}'
     assert 'triton_server_allow_client_shm' in err.msg and '--allow-client-shm=true' in CLIENT_SHM_HINT
+
+
+# -- credentials: never in a URL, never echoed from a header (issue 26, finding 10) ----------------
+
+@pytest.mark.parametrize('url, shown', [
+    ('http://user:s3cret@h:8000', 'http://***@h:8000'),
+    ('https://tok3n@h:8443/prefix?x=1#f', 'https://***@h:8443/prefix?x=1#f'),
+    ('grpc://u:p%40ss@[::1]:8001', 'grpc://***@[::1]:8001'),
+    ('http://a@b@h:1/p@q', 'http://***@h:1/p@q'),
+])
+def test_a_url_with_credentials_is_refused_and_shown_without_them(url, shown):
+    assert has_userinfo(url) and redact_url(url) == shown
+    with pytest.raises(ParameterError) as exc:
+        check_url(url)
+    assert shown in exc.value.msg and 'headers' in exc.value.msg
+    for secret in url_secrets(url):
+        assert secret not in exc.value.msg
+
+
+@pytest.mark.parametrize('url', ['http://h:8000', 'h:8000', 'http://h:8000/p@q', 'http://h:8000/?a=b@c', None, ''])
+def test_a_url_without_credentials_passes_as_it_is(url):
+    assert not has_userinfo(url) and redact_url(url) == url
+    check_url(url)
+
+
+def test_url_secrets_are_the_password_as_written_and_decoded():
+    assert url_secrets('http://user:p%40ss-x@h:1') == ['p%40ss-x', 'p@ss-x', 'user:p%40ss-x']
+    assert url_secrets('http://h:1') == []
+
+
+SECRET = 'Bearer s3cr3t-value'
+
+
+@pytest.mark.parametrize('headers, named', [
+    ({'Authorization': SECRET + '\n'}, 'Authorization'),        # a YAML block scalar "|"
+    ({'Authorization': SECRET + '\r\nX-Evil: 1'}, 'Authorization'),
+    ({'X-Token': 's3cr3t\x00-value'}, 'X-Token'),
+    ({'X-Token': ' s3cr3t-value'}, 'X-Token'),
+    ({'X-Token': 's3cr3t-value\x1b[2J'}, 'X-Token'),
+    ({'Bad Name': 's3cr3t-value'}, "'Bad?Name'"),
+    ({'X-Tok:en': 's3cr3t-value'}, "'X-Tok?en'"),
+    ({'': 's3cr3t-value'}, "''"),
+])
+def test_a_bad_header_is_refused_by_name_and_its_value_never_shown(headers, named):
+    with pytest.raises(ParameterError) as exc:
+        check_headers(headers)
+    assert named in exc.value.msg and 's3cr3t' not in exc.value.msg and 'nothing was sent' in exc.value.msg
+
+
+def test_good_headers_pass():
+    check_headers({'Authorization': SECRET, 'X-Api-Key': 'a\tb', "x-!#$%&'*+-.^_`|~": 'v'})
+    check_headers(None)

@@ -30,6 +30,17 @@ CHILD = textwrap.dedent('''
         f.close()
     elif mode == 'open':
         keep.append(open(arg, 'rb'))
+    elif mode == 'thread':   # a thread with its own fd table (unshare(CLONE_FILES)) holds the file open
+        import os, threading
+        held = threading.Event()
+        def own_table():
+            if ctypes.CDLL(None, use_errno=True).unshare(0x400) != 0:
+                raise OSError(ctypes.get_errno(), 'unshare(CLONE_FILES)')
+            keep.append(os.open(arg, os.O_RDONLY))
+            held.set()
+            time.sleep(600)
+        threading.Thread(target=own_table, daemon=True).start()
+        held.wait()
     elif mode == 'listen':
         host, port = arg.rsplit(':', 1)
         s = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
@@ -396,3 +407,22 @@ def test_not_root_hidepid_makes_the_scan_incomplete(as_nobody):
     assert got['opt'] == 'hidepid=invisible'
     assert got['scan']['hidden'] is True and got['scan']['complete'] is False
     assert 'hidepid=invisible' in got['scan']['reason'] and 'not run as root' in got['scan']['reason']
+
+
+# -- threads with their own fd table (issue 26: 9) ----------------------------------------------------
+
+def test_scan_finds_a_thread_holding_the_file_in_its_own_fd_table(tmp_path, child):
+    path, key = make_file(tmp_path, 'threaded')
+    proc = child('thread', path)
+    # the process's fd directory (its main thread's table) does not show it
+    assert path not in [os.path.realpath(f'/proc/{proc.pid}/fd/{n}') for n in os.listdir(f'/proc/{proc.pid}/fd')]
+    assert [d.split('/')[-3] for d in holders.other_fd_tables(f'/proc/{proc.pid}', proc.pid)] != []
+    scan = holders.scan([key])
+    assert proc.pid in scan.holders.get(key, set())
+
+
+def test_other_fd_tables_of_threads_sharing_the_table_is_nothing(tmp_path, child):
+    path, _key = make_file(tmp_path, 'plain')
+    proc = child('open', path)
+    assert holders.other_fd_tables(f'/proc/{proc.pid}', proc.pid) == []
+    assert holders.other_fd_tables(f'/proc/{os.getpid()}', os.getpid()) == []

@@ -262,6 +262,23 @@ def test_the_docs_list_the_metric_set(page):
         assert f'`{label}`' in text
 
 
+def test_dir_refusal_is_the_one_check_of_metrics_dir_and_report_dir(tmp_path):
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    (tmp_path / 'link').symlink_to(elsewhere)
+    assert f'is a symlink to {elsewhere}' in metrics.dir_refusal(str(tmp_path / 'link'), missing_ok=True)
+    # a directory still to be made, under a symlink: refused; under a real path: fine
+    assert 'through a symlink' in metrics.dir_refusal(str(tmp_path / 'link' / 'new'), missing_ok=True)
+    assert metrics.dir_refusal(str(tmp_path / 'new'), missing_ok=True) is None
+    assert 'does not exist' in metrics.dir_refusal(str(tmp_path / 'new'))
+    assert metrics.dir_refusal(str(elsewhere)) is None
+
+
+def test_a_url_with_credentials_never_reaches_the_label(tmp_path):
+    text = metrics.report_text(None, 'h1', 'http://user:s3cret@gpu1:8000')
+    assert 's3cret' not in text and 'user' not in text and 'triton_url="http://***@gpu1:8000"' in text
+
+
 def test_pool_bytes_per_model_and_leftover_bytes(promtool):
     pools = [pool('echo', MIB), pool('echo', 2 * MIB), pool('mirror', 3 * MIB), pool(None, 4 * MIB),
              pool(None, 5 * MIB, state='leftover'), pool('dead', 6 * MIB, state='leftover')]

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
@@ -953,13 +953,13 @@ def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_rem
 def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, monkeypatch):
     """The re-check right before the unlink: a process that maps the pool after the plan keeps it."""
     pool = make_file(shm, 'triton_python_backend_shm_region_x', age=3600)
+    st = os.stat(pool)   # by (dev, inode): at the re-check the file is under its quarantine name
     kept = []
     real = holders.scan
 
     def scan(targets, **kwargs):
         result = real(targets, **kwargs)
         if kept:   # the second scan, the re-check: a stub has mapped it since
-            st = os.stat(pool)
             result.holders.setdefault((st.st_dev, st.st_ino), set()).add(server_proc.pid + 1)
         kept.append(1)
         return result
@@ -973,3 +973,95 @@ def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, mon
 def test_backend_leftovers_is_for_system_files_only(shm, server_proc):
     with pytest.raises(ParameterError, match='backend_leftovers applies to kind=system only'):
         run(FakeTriton(shm), shm, server_proc.pid, kind='cuda', backend_leftovers=True)
+
+
+# -- issue 26: files marked before the unregister, quarantined before the unlink -----------------------
+
+def _cleanup_mark(path):
+    return shm_fs.read_cleanup_record(os.path.dirname(path)).get(os.lstat(path).st_ino)
+
+
+def test_files_are_marked_before_their_regions_are_unregistered_and_unmarked_once_removed(shm, server_proc):
+    path = make_file(shm, 'a')
+    seen = []
+    fake = FakeTriton(shm, regions=[region('a')], on_unregister=lambda name: seen.append(_cleanup_mark(path)))
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['removed_files'] == [path]
+    assert seen[0] is not None and seen[0].region == 'a' and seen[0].name == 'a'
+    assert seen[0].server == inventory.server_identity(server_proc.pid)
+    assert shm_fs.read_cleanup_record(shm) == {}
+
+
+def test_a_region_kept_registered_loses_its_mark(shm, server_proc):
+    path = make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')], in_use={'a': -1})
+    res = run(fake, shm, server_proc.pid, stale=True, in_use_timeout=0)
+    assert os.path.exists(path) and res['removed_files'] == [] and _cleanup_mark(path) is None
+
+
+def _killed_run_left(shm, name, server, quarantined=False):
+    """A file as a run killed after its unregister leaves it: recorded, no longer registered."""
+    path = make_file(shm, name)
+    st = os.lstat(path)
+    with shm_fs.ShmDir(shm) as d:
+        d.write_cleanup_record({st.st_ino: shm_fs.CleanupMark(name, name, server)})
+        if quarantined:
+            q = d.quarantine(name, st.st_dev, st.st_ino)
+            return os.path.join(shm, q.name)
+    return path
+
+
+@pytest.mark.parametrize('quarantined', [False, True])
+def test_a_rerun_finishes_what_a_killed_run_left_and_info_says_why(shm, server_proc, quarantined):
+    left = _killed_run_left(shm, 'a', inventory.server_identity(server_proc.pid), quarantined)
+    fake = FakeTriton(shm, regions=[])
+    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    files = {f['path']: f for f in inventory.classify(snap).files}
+    assert files[left]['category'] == 'orphan' and 'stopped before removing' in files[left]['category_reason']
+    assert run(fake, shm, server_proc.pid, stale=True, check_mode=True)['removed_files'] == [left]
+    assert os.path.exists(left)
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['removed_files'] == [left] and os.listdir(shm) == [] and shm_fs.read_cleanup_record(shm) == {}
+    assert run(fake, shm, server_proc.pid, stale=True)['changed'] is False
+
+
+def test_a_mark_of_another_server_process_is_left_to_orphan_patterns(shm, server_proc):
+    left = _killed_run_left(shm, 'a', '1:1')   # a server that has since restarted
+    fake = FakeTriton(shm, regions=[])
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['changed'] is False and os.path.exists(left)
+    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    assert inventory.classify(snap).files[0]['category'] == 'foreign'
+
+
+def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is_taken(shm, server_proc, monkeypatch):
+    paths = [make_file(shm, 'a'), make_file(shm, 'b')]
+    maps = []
+    real_rescan = inventory.rescan
+
+    def attach_then_rescan(snap, *a, **kw):   # in the window: a client holds a's file, b's name is taken again
+        for name in ('a', 'b'):
+            q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n) and os.lstat(os.path.join(shm, n)).st_ino
+                 == snap.entry(name)['inode']][0]
+            with open(os.path.join(shm, q), 'r+b') as f:
+                maps.append(mmap.mmap(f.fileno(), 0))
+        make_file(shm, 'b', size=KIB)
+        return real_rescan(snap, *a, **kw)
+    monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
+    fake = FakeTriton(shm, regions=[region('a'), region('b')])
+    try:
+        res = run(fake, shm, server_proc.pid, stale=True)
+    finally:
+        for m in maps:
+            m.close()
+    assert res['removed_files'] == []
+    why = reasons(res, 'path')
+    assert why[paths[0]].startswith(f'held by {os.getpid()}') and 're-checked before removal' in why[paths[0]]
+    assert _cleanup_mark(paths[0]) is None and os.path.getsize(paths[0]) == 64 * KIB
+    assert 'stays under' in why[paths[1]] and os.path.getsize(paths[1]) == KIB
+    kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
+    assert len(kept) == 1 and any('created again' in w for w in res['warnings'])
+    # the one left in quarantine stays recorded: a later stale cleanup removes it once nobody holds it
+    assert _cleanup_mark(os.path.join(shm, kept[0])).name == 'b'
+    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    assert snap.leftover(kept[0]) is not None

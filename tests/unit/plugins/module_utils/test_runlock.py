@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -161,3 +162,34 @@ def test_check_mode_takes_no_lock(shm, server_proc):
     finally:
         other.release()
     assert res['unregistered'] == ['a']
+
+
+# -- a lock another user holds (issue 26: 9) ----------------------------------------------------------
+
+def test_a_lock_another_user_holds_is_not_waited_for(tmp_path_factory):
+    if os.geteuid() != 0 or not os.path.exists('/usr/bin/python3'):
+        pytest.skip('needs root and a system python3 to hold the lock as another user')
+    shm = tempfile.mkdtemp(prefix='runlock-', dir='/tmp')   # a directory every user reaches, as /dev/shm
+    os.chmod(shm, 0o1777)
+    proc = subprocess.Popen(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c',
+                             HOLDER, shm], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == 'LOCKED'
+        clock = FakeClock()
+        lock = runlock.ShmDirLock(shm, sleep=clock.sleep, clock=clock.clock)
+        assert lock.acquire() is False and clock.sleeps == [] and lock.fd is None
+        assert f'pid {proc.pid} (uid 65534)' in lock.squatter
+        st = os.stat(shm)
+        assert runlock.lock_holders(st.st_dev, st.st_ino) == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+        os.rmdir(shm)
+
+
+def test_a_lock_a_root_process_holds_is_still_waited_for(shm, holder):
+    proc = holder(shm)
+    st = os.stat(shm)
+    assert runlock.lock_holders(st.st_dev, st.st_ino) == [proc.pid]
+    if os.geteuid() == 0:
+        assert runlock.squatted(st.st_dev, st.st_ino) is None

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
 import socket
+import tempfile
 import stat
 import time
 
@@ -206,3 +209,69 @@ def test_shm_dir_unlink_refuses_a_file_changed_since_it_was_checked(tmp_path):
         now = d.lstat('region')
         assert d.unlink('region', now.st_dev, now.st_ino, now.st_ctime_ns) == now.st_blocks * 512
         assert not path.exists()
+
+
+# -- the quarantine rename and the cleanup mark (issue 26: 3, 6) ------------------------------------
+
+def test_quarantine_renames_inside_the_dir_and_restore_gives_the_name_back(tmp_path):
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('f', 4096)
+        q = sd.quarantine('f', st.st_dev, st.st_ino, st.st_ctime_ns)
+        assert not (tmp_path / 'f').exists() and shm_fs.is_quarantine_name(q.name)
+        assert os.listdir(str(tmp_path)) == [q.name] and (q.dev, q.ino, q.original) == (st.st_dev, st.st_ino, 'f')
+        assert q.ctime_ns is None   # the rename changed it: the unlink checks device and inode
+        assert sd.restore(q.name, 'f') is True
+        assert os.lstat(str(tmp_path / 'f')).st_ino == st.st_ino and os.listdir(str(tmp_path)) == ['f']
+
+
+def test_restore_never_replaces_a_file_created_again_meanwhile(tmp_path):
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('f', 4096)
+        q = sd.quarantine('f', st.st_dev, st.st_ino)
+        new = sd.create('f', 10)   # a client created its file again while the old one was quarantined
+        assert sd.restore(q.name, 'f') is False
+        assert os.lstat(str(tmp_path / 'f')).st_ino == new.st_ino and (tmp_path / q.name).exists()
+
+
+def test_quarantine_checks_like_unlink_and_leaves_what_it_refuses(tmp_path):
+    target = tmp_path / 'target'
+    target.write_bytes(b'keep')
+    os.symlink(str(target), str(tmp_path / 'link'))
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('r', 10)
+        with pytest.raises(ShmFsError, match='not a regular file'):
+            sd.quarantine('link', st.st_dev, st.st_ino)
+        with pytest.raises(ShmFsError, match='was replaced since it was checked'):
+            sd.quarantine('r', st.st_dev, st.st_ino + 1)
+        with pytest.raises(ShmFsError, match='changed since it was checked'):
+            sd.quarantine('r', st.st_dev, st.st_ino, st.st_ctime_ns - 1)
+        assert sd.quarantine('gone', st.st_dev, st.st_ino) is None
+    assert sorted(os.listdir(str(tmp_path))) == ['link', 'r', 'target']
+
+
+@pytest.fixture
+def tmpfs_dir():
+    """A directory on tmpfs (/dev/shm): ext4 keeps all of an inode's attributes in one block, tmpfs has no such limit."""
+    if not os.path.isdir('/dev/shm'):
+        pytest.skip('no /dev/shm')
+    path = tempfile.mkdtemp(prefix='shm-fs-test-', dir='/dev/shm')
+    yield pathlib.Path(path)
+    shutil.rmtree(path)
+
+
+def test_cleanup_record_round_trips_in_chunks_and_leaves_the_files_alone(tmpfs_dir):
+    if os.geteuid() != 0:
+        pytest.skip('trusted.* attributes need root')
+    tmp_path = tmpfs_dir
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('f', 4096)
+        record = {st.st_ino + i: shm_fs.CleanupMark(f'region {i}', f'file_{i}', '42:1234') for i in range(3000)}
+        sd.write_cleanup_record(record)
+        assert shm_fs.read_cleanup_record(str(tmp_path)) == record
+        assert len([n for n in os.listxattr(str(tmp_path)) if n.startswith(shm_fs.CLEANUP_XATTR)]) > 1
+        assert os.lstat(str(tmp_path / 'f')).st_ctime_ns == st.st_ctime_ns   # no file is touched
+        sd.write_cleanup_record({st.st_ino: record[st.st_ino]})
+        assert shm_fs.read_cleanup_record(str(tmp_path)) == {st.st_ino: record[st.st_ino]}
+        sd.write_cleanup_record({})
+        assert shm_fs.read_cleanup_record(str(tmp_path)) == {}
+        assert not [n for n in os.listxattr(str(tmp_path)) if n.startswith(shm_fs.CLEANUP_XATTR)]

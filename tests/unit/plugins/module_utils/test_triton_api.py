@@ -22,7 +22,7 @@ import requests
 
 from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_api, triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, TritonError, UnaddressableName
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
 
 
@@ -632,3 +632,39 @@ def test_make_client_checks_the_transports_library_once(monkeypatch):
         return real(cls)
     monkeypatch.setattr(TritonClient, 'library', classmethod(counted))
     assert isinstance(base.make_client(FakeModule()), TritonClient) and calls == [TritonClient]
+
+
+# -- model repository (triton_backend_pool) -----------------------------------------------------------
+
+MODEL_CONTROL = 'explicit model load / unload is not allowed if polling is enabled'
+
+
+def test_repository_index_config_and_load_with_a_config(serve):
+    server = serve({
+        ('POST', '/v2/repository/index'): (200, 'application/json', '[{"name":"grow","version":"1","state":"READY"}]'),
+        ('GET', '/v2/models/grow/config'): (200, 'application/json', '{"name":"grow","backend":"python"}'),
+        ('POST', '/v2/repository/models/grow/load'): (200, None, ''),
+    })
+    client = TritonClient(server.url())
+    assert client.repository_index() == [{'name': 'grow', 'version': '1', 'state': 'READY', 'reason': ''}]
+    assert client.model_config('grow') == {'name': 'grow', 'backend': 'python'}
+    client.load_model('grow', config={'name': 'grow', 'parameters': {'p': {'string_value': '1'}}}, timeout=30)
+    sent = json.loads(server.requests[-1]['body'])
+    assert json.loads(sent['parameters']['config']) == {'name': 'grow', 'parameters': {'p': {'string_value': '1'}}}
+    assert client.timeout == 10.0          # the load's own timeout does not stay
+    client.load_model('grow')
+    assert json.loads(server.requests[-1]['body']) == {}
+
+
+def test_a_load_refused_for_model_control_names_the_condition(serve):
+    server = serve({('POST', '/v2/repository/models/grow/load'): (503, 'application/json', json.dumps({'error': MODEL_CONTROL}))})
+    with pytest.raises(ModelControlRefused) as err:
+        TritonClient(server.url()).load_model('grow')
+    assert err.value.status == 503 and err.value.server_error == MODEL_CONTROL
+
+
+def test_model_names_a_path_cannot_carry_are_not_sent(serve):
+    server = serve({})
+    with pytest.raises(UnaddressableName):
+        TritonClient(server.url()).load_model('a/b')
+    assert server.requests == []

@@ -25,7 +25,7 @@ service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.client import is_grpc_url  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, TritonError  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 
 IN_USE = "Cannot unregister shared memory region 'r', it is currently in use."
@@ -87,6 +87,23 @@ class Scripted(service_pb2_grpc.GRPCInferenceServiceServicer):
     def CudaSharedMemoryRegister(self, request, context):  # noqa: N802
         self._record('CudaSharedMemoryRegister', request, context)
         return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    def RepositoryIndex(self, request, context):  # noqa: N802
+        self._record('RepositoryIndex', request, context)
+        resp = service_pb2.RepositoryIndexResponse()
+        resp.models.add(name='grow', version='1', state='READY')
+        return resp
+
+    def ModelConfig(self, request, context):  # noqa: N802
+        self._record('ModelConfig', request, context)
+        resp = service_pb2.ModelConfigResponse()
+        resp.config.name = request.name
+        resp.config.backend = 'python'
+        return resp
+
+    def RepositoryModelLoad(self, request, context):  # noqa: N802
+        self._record('RepositoryModelLoad', request, context)
+        return service_pb2.RepositoryModelLoadResponse()
 
 
 @pytest.fixture
@@ -317,3 +334,28 @@ def test_the_grpc_transport_imports_neither_the_http_one_nor_requests():
     assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc' in loaded, 'the probe imported it'
     assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_api' not in loaded
     assert not [m for m in loaded if m.startswith(('requests', 'urllib3'))], loaded
+
+
+# -- model repository (triton_backend_pool) -----------------------------------------------------
+
+def test_repository_index_config_and_load_with_a_config(served):
+    script, url = served
+    client = TritonGrpcClient(url)
+    assert client.repository_index() == [{'name': 'grow', 'version': '1', 'state': 'READY', 'reason': ''}]
+    config = client.model_config('grow')
+    assert config['name'] == 'grow' and config['backend'] == 'python'
+    client.load_model('grow', config={'name': 'grow', 'parameters': {'p': {'string_value': '1'}}}, timeout=30)
+    method, request, _meta = script.calls[-1]
+    assert method == 'RepositoryModelLoad' and request.model_name == 'grow'
+    assert json.loads(request.parameters['config'].string_param)['parameters'] == {'p': {'string_value': '1'}}
+
+
+def test_a_load_refused_for_model_control_is_an_answer_not_a_connection_error(served):
+    """Triton 2.51 refuses a load without explicit model control with UNAVAILABLE (measured), which otherwise means no answer."""
+    script, url = served
+    text = 'explicit model load / unload is not allowed if polling is enabled'
+    script.fail['RepositoryModelLoad'] = (grpc.StatusCode.UNAVAILABLE, text)
+    with pytest.raises(ModelControlRefused) as err:
+        TritonGrpcClient(url).load_model('grow')
+    assert err.value.status == 'UNAVAILABLE' and err.value.server_error == text
+    assert 'cannot connect' not in err.value.msg

@@ -12,7 +12,7 @@ import pytest
 
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.tritonops.shm.plugins.modules import triton_shm_info, triton_shm_region
+from ansible_collections.tritonops.shm.plugins.modules import triton_backend_pool, triton_shm_info, triton_shm_region
 
 URL = 'http://127.0.0.1:9'   # discard port: nothing answers
 
@@ -71,3 +71,19 @@ def test_info_module_past_validation_reports_the_unreachable_server(capsys):
     """The control case: valid arguments reach the network and fail there, naming the URL."""
     rc, result = run_main(triton_shm_info, dict(timeout=2), capsys)
     assert rc == 1 and URL in result['msg'], result['msg']
+
+
+POOL_CASES = [
+    ('no-limit', dict(), 'one of the following is required: max_bytes, max_percent'),
+    ('negative-bytes', dict(max_bytes=-1), 'max_bytes must not be negative, got -1'),
+    ('negative-percent', dict(max_percent=-5.0), 'max_percent must not be negative, got -5.0'),
+    ('zero-timeout', dict(max_bytes=1, timeout=0), 'timeout must be a positive number of seconds'),
+]
+
+
+@pytest.mark.parametrize('args, msg', [c[1:] for c in POOL_CASES], ids=[c[0] for c in POOL_CASES])
+def test_backend_pool_module_refuses(args, msg, capsys):
+    rc, result = run_main(triton_backend_pool, args, capsys)
+    assert rc == 1 and result['failed'] is True
+    assert msg in result['msg'], result['msg']
+    assert 'cannot connect' not in result['msg']

@@ -1,0 +1,163 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What triton_backend_pool does: reload a model whose python backend pool grew past a threshold.
+
+Private to the tritonops.shm collection: no stability promise to other code.
+
+A python-based model instance's pool (triton_<backend>_backend_shm_region_<uuid>) grows and never
+shrinks; reloading the model gives its new instances new pools of shm-default-byte-size and the old
+ones go with the old instances. Two halves, as everywhere: ``plan()`` is pure (the pools of
+inventory.pool_records, the shm filesystem's size, the thresholds) and decides which models to
+reload; ``reload_model()`` and ``wait_gone()`` do it.
+
+Triton 2.51 treats a load of a model whose files and configuration did not change as done (it answers
+at once and keeps the instances). So a reload sends the model's own configuration (as the server
+completed it) with one parameter, RELOAD_PARAMETER, set to a new value: a configuration change that
+is not only in instance_group makes Triton load new instances beside the old ones and switch over
+without refusing requests (docs/backend-pools.md, docs/performance.md).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_bytes
+
+RELOAD_PARAMETER = 'tritonops_shm_reload'
+EXPLICIT = 'explicit'
+# what --model-control-mode is when the command line does not say (tritonserver's default)
+DEFAULT_MODEL_CONTROL = 'none'
+
+RELOAD = 'reload'
+KEEP = 'keep'
+SKIP = 'skip'
+
+
+class Threshold(NamedTuple):
+    """When one model's pools (all its instances together) are too big: bytes, and/or a percent of the shm filesystem."""
+
+    max_bytes: int | None = None
+    max_percent: float | None = None
+
+    def limit(self, fs_total: int | None) -> int | None:
+        """The smallest of the limits that apply, in bytes (None when none does: percent without a filesystem size)."""
+        limits = []
+        if self.max_bytes is not None:
+            limits.append(int(self.max_bytes))
+        if self.max_percent is not None and fs_total:
+            limits.append(int(fs_total * self.max_percent / 100))
+        return min(limits) if limits else None
+
+
+class ModelPlan(NamedTuple):
+    """What to do with one model: action reload, keep or skip, with its pools (names), bytes, limit and why."""
+
+    model: str
+    action: str
+    bytes: int
+    limit: int | None
+    instances: list
+    pools: list
+    reason: str
+
+    def as_dict(self) -> dict:
+        return self._asdict()
+
+
+def plan(pools: Iterable[dict], fs_total: int | None, threshold: Threshold, models: Sequence[str] = (),
+         index: Sequence[dict] | None = None) -> list[ModelPlan]:
+    """One ModelPlan per model that has live pools (by model name), pure.
+
+    pools: inventory.pool_records() (backend_pools). Only live pools with a model count: a leftover has no
+    model to reload (the cleanup removes it), a pool of unknown model cannot be reloaded. models: only these
+    (empty: every model). index: the repository index; a model that is not READY there is skipped.
+    """
+    by_model: dict[str, list[dict]] = {}
+    for p in pools:
+        if p.get('state') == 'live' and p.get('model'):
+            by_model.setdefault(p['model'], []).append(p)
+    ready = None if index is None else {m['name'] for m in index if m.get('state') == 'READY'}
+    limit = threshold.limit(fs_total)
+    out = []
+    for model in sorted(by_model):
+        if models and model not in models:
+            continue
+        mine = by_model[model]
+        total = sum(int(p.get('bytes') or 0) for p in mine)
+        instances = sorted({p['instance'] for p in mine if p.get('instance')})
+        names = sorted(p['name'] for p in mine)
+        if limit is None:
+            action, reason = SKIP, 'no limit applies (max_percent without the shm filesystem size)'
+        elif total <= limit:
+            action, reason = KEEP, f'{total} bytes in {len(mine)} pool(s), not over the limit of {limit} bytes'
+        elif ready is not None and model not in ready:
+            action, reason = SKIP, f'{total} bytes, over the limit of {limit} bytes, but the model is not READY in the repository index'
+        else:
+            action, reason = RELOAD, f'{total} bytes in {len(mine)} pool(s), over the limit of {limit} bytes'
+        out.append(ModelPlan(model, action, total, limit, instances, names, reason))
+    return out
+
+
+def server_argv(pid: int | None, proc: str = '/proc') -> list[str] | None:
+    """The server process's command line, or None when it is not known or cannot be read."""
+    if pid is None:
+        return None
+    try:
+        data = read_bytes(f'{proc}/{pid}/cmdline')
+    except OSError:
+        return None
+    return [a.decode('utf-8', 'replace') for a in data.rstrip(b'\0').split(b'\0')] if data else None
+
+
+def model_control(argv: Sequence[str] | None) -> str | None:
+    """The server's --model-control-mode from its command line (the last one given wins), None when argv is None."""
+    if argv is None:
+        return None
+    mode = DEFAULT_MODEL_CONTROL
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg.startswith('--model-control-mode='):
+            mode = arg.split('=', 1)[1]
+        elif arg == '--model-control-mode' and i + 1 < len(args):
+            mode = args[i + 1]
+    return mode.strip().lower()
+
+
+def refusal(mode: str | None) -> str | None:
+    """Why a reload cannot be asked of a server in this model control mode; None when it can (or cannot be told)."""
+    if mode is None or mode == EXPLICIT:
+        return None
+    return (f'the server runs with --model-control-mode={mode}: Triton refuses the repository API\'s load there '
+            '("explicit model load / unload is not allowed"), so no model can be reloaded online; start it with '
+            '--model-control-mode=explicit (and --load-model for each model), or restart it to reclaim its pools')
+
+
+def reload_config(config: dict, stamp: str) -> dict:
+    """The model's own configuration with RELOAD_PARAMETER set to stamp: a change Triton reloads for."""
+    out = dict(config)
+    params = dict(out.get('parameters') or {})
+    params[RELOAD_PARAMETER] = {'string_value': stamp}
+    out['parameters'] = params
+    return out
+
+
+def reload_model(client: Any, model: str, timeout: float, stamp: str | None = None) -> None:
+    """Reload model through the repository API: its own configuration with a new RELOAD_PARAMETER (see the module doc)."""
+    config = client.model_config(model)
+    client.load_model(model, config=reload_config(config, stamp or repr(time.time())), timeout=timeout)
+
+
+def wait_gone(paths: Iterable[str], wait: float, poll: float = 0.05) -> list[str]:
+    """Wait up to wait seconds until no path exists; the paths still there."""
+    left = list(paths)
+    deadline = time.monotonic() + wait
+    while True:
+        left = [p for p in left if os.path.lexists(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(poll)
