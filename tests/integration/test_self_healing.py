@@ -7,13 +7,13 @@ Cleanup runs are counted from the PLAY RECAP lines of the cleanup playbook the r
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import tritonrig
-from ansible_helpers import BIN, PYTHON, ansible_env
+from ansible_helpers import BIN, COLLECTIONS_PATH, PYTHON, ansible_env
 from observability import NodeExporter
 from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
 
@@ -242,16 +242,6 @@ def test_alertmanager_webhook_cleans_only_the_alerting_host(servers, rulebooks, 
     assert 'dead' in h2.system_regions() and 'dead' in h2.shm_files()
 
 
-def load_metrics():
-    """The collection's module_utils/metrics.py (standard library only), loaded by its path."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'plugins', 'module_utils',
-                        'metrics.py')
-    spec = importlib.util.spec_from_file_location('tritonops_shm_metrics', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_host_whose_cleanup_cannot_see_every_holder_is_never_healed(servers, rulebooks, services, tmp_path):
     """Issue 25: the poller does not trigger a heal that cannot act.
 
@@ -259,7 +249,9 @@ def test_a_host_whose_cleanup_cannot_see_every_holder_is_never_healed(servers, r
     directory): t1's, as a report run inside a container writes it (holders_complete 0, pid_namespace other); t2's
     complete. With metrics_url, the rulebook cleans t2 and shows t1 with the reason, and never starts a cleanup on t1.
     """
-    metrics = load_metrics()
+    if COLLECTIONS_PATH not in sys.path:
+        sys.path.insert(0, COLLECTIONS_PATH)
+    from ansible_collections.tritonops.shm.plugins.module_utils import metrics  # pylint: disable=import-outside-toplevel
     t1, t2 = servers
     prom = tmp_path / 'prom'
     prom.mkdir()
