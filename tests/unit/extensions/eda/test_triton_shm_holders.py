@@ -24,9 +24,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils import metrics  # no
 
 def report(host: str, url: str, complete: bool, pid_namespace: str = 'initial') -> str:
     """The textfile the report or the cleanup writes for (host, url): the real renderer of module_utils/metrics.py."""
+    why = None if complete else "the module runs outside the host's initial PID namespace (pid_namespace other)"
     inv = {'holders_complete': complete, 'pid_namespace': pid_namespace, 'server': {'pid': 4242, 'shm_dir': '/dev/shm'},
-           'holders_incomplete_reason': None if complete else 'the module runs outside the host\'s initial PID '
-                                                                'namespace (pid_namespace other)'}
+           'holders_incomplete_reason': why}
     return metrics.report_text({'reachable': True, **inv}, host, url)
 
 
