@@ -676,7 +676,9 @@ class RegionOps:
                     if self._record[ino].region in still_registered and self._record[ino].region not in self.pending)
         if not done or snap.shm_dir is None:
             return
-        current = self._record if self._record is not None else shm_fs.read_cleanup_record(snap.shm_dir)
+        # read again, never this run's copy: a run that found the lock squatted by another user overlaps other root
+        # runs, and writing back its copy would erase what they recorded meanwhile (their files then lost to a kill)
+        current = shm_fs.read_cleanup_record(snap.shm_dir)
         if not done & set(current):
             return
         record = {ino: m for ino, m in current.items() if ino not in done}
