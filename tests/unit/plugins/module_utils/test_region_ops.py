@@ -1124,3 +1124,34 @@ def test_two_root_runs_overlapping_behind_a_squatted_lock_keep_each_others_recor
     fake.on_unregister = None
     again = run(fake, shm, pid, stale=True, serialise=True)
     assert again['removed_files'] == [os.path.join(shm, 'b')] and shm_fs.read_cleanup_record(shm) == {}
+
+
+def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_later_cleanup(shm, server_proc, monkeypatch):
+    """A failed rename-back: a leftover pool (no region, so not in the record) is mapped in the window and its name is
+    created again meanwhile (any user can, in a 1777 /dev/shm). It stays under its quarantine name: it must be
+    recorded then, or no later cleanup ever finishes it (a quarantine name matches no backend pattern)."""
+    name = 'triton_python_backend_shm_region_x'
+    make_file(shm, name, age=3600)
+    maps = []
+    real_rescan = inventory.rescan
+
+    def attach_then_rescan(snap, *a, **kw):
+        q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)][0]
+        with open(os.path.join(shm, q), 'r+b') as f:
+            maps.append(mmap.mmap(f.fileno(), 0))
+        make_file(shm, name, size=KIB)   # the name taken again (young: not a leftover itself)
+        return real_rescan(snap, *a, **kw)
+    monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
+    try:
+        res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
+    finally:
+        monkeypatch.setattr(inventory, 'rescan', real_rescan)
+        for m in maps:
+            m.close()
+    assert res['removed_files'] == [] and 'stays under' in res['skipped_items'][0]['reason']
+    kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
+    assert len(kept) == 1
+    # nobody holds it any more: the next cleanup (the role's: stale and backend_leftovers) finishes it, and only it
+    again = run(FakeTriton(shm), shm, server_proc.pid, stale=True, backend_leftovers=True)
+    assert again['removed_files'] == [os.path.join(shm, kept[0])], again
+    assert os.listdir(shm) == [name] and shm_fs.read_cleanup_record(shm) == {}
