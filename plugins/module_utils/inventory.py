@@ -583,9 +583,10 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     if leftover is not None:
         if not holders_complete:
             return 'foreign', 'holders could not be fully determined'
-        return 'orphan', (f"left by a stale cleanup of this server that unregistered region '{leftover.region}' and was "
-                          f"stopped before removing the file (recorded in {shm_fs.CLEANUP_XATTR} on the shm directory): "
-                          "the next stale cleanup removes it")
+        what = (f"that unregistered region '{leftover.region}' and was stopped before removing the file" if leftover.region
+                else 'that found it held and could not give its name back (taken again meanwhile)')
+        return 'orphan', (f'left by a stale cleanup of this server {what} (recorded in {shm_fs.CLEANUP_XATTR} on the shm '
+                          'directory): the next stale cleanup removes it')
     if not matches(e['name'], criteria.orphan_patterns):
         return 'foreign', 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:

@@ -676,7 +676,9 @@ class RegionOps:
                     if self._record[ino].region in still_registered and self._record[ino].region not in self.pending)
         if not done or snap.shm_dir is None:
             return
-        current = self._record if self._record is not None else shm_fs.read_cleanup_record(snap.shm_dir)
+        # read again, never this run's copy: a run that found the lock squatted by another user overlaps other root
+        # runs, and writing back its copy would erase what they recorded meanwhile (their files then lost to a kill)
+        current = shm_fs.read_cleanup_record(snap.shm_dir)
         if not done & set(current):
             return
         record = {ino: m for ino, m in current.items() if ino not in done}
@@ -880,12 +882,12 @@ class RegionOps:
             if holders:
                 reason = f'held by {holders_text(holders)} (re-checked before removal)'
         if reason is not None:
-            return reason + self._give_back(d, q)
+            return reason + self._give_back(d, q, check.server_id)
         try:
             freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
         except ShmFsError as exc:
             self.warn(str(exc))
-            return str(exc) + self._give_back(d, q)
+            return str(exc) + self._give_back(d, q, check.server_id)
         if freed is None:
             # removed by someone else since it was listed: not this run's work
             return 'already removed (by another process) before this run unlinked it'
@@ -894,21 +896,38 @@ class RegionOps:
         self.freed_bytes += freed
         return None
 
-    def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined) -> str:
-        """Rename a quarantined file that stays back to its name and unmark it; the text to add to its reason."""
+    def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> str:
+        """Rename a quarantined file that stays back to its name and unmark it; the text to add to its reason.
+
+        One that stays under its quarantine name is recorded (an orphan or leftover file was not), so that a later
+        stale cleanup of this server finishes it once nobody holds it: no pattern matches a quarantine name.
+        """
         if q.name == q.original:
             return ''
         try:
             back = d.restore(q.name, q.original)
         except ShmFsError as exc:
             self.warn(str(exc))
+            self._record_quarantined(d, q, server)
             return f'; it stays under {q.name}: {exc}'
         if not back:
+            self._record_quarantined(d, q, server)
             self.warn(f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
                       f'kept under {q.name} (a stale cleanup removes it once nobody holds it)')
             return f'; its name was taken meanwhile, so it stays under {q.name}'
         self._finished.append(q.ino)
         return ''
+
+    def _record_quarantined(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> None:
+        """Add a file left under its quarantine name to the cleanup record, unless it is there (a warning when refused)."""
+        record = shm_fs.read_cleanup_record(d.fd)
+        if q.ino in record or not server:
+            return
+        record[q.ino] = shm_fs.CleanupMark('', q.original, server)
+        try:
+            d.write_cleanup_record(record)
+        except ShmFsError as exc:
+            self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
 
     def _absent_cuda(self) -> None:
         p = self.params

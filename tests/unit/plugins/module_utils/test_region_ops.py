@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
@@ -1065,3 +1065,93 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
     assert _cleanup_mark(os.path.join(shm, kept[0])).name == 'b'
     snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
     assert snap.leftover(kept[0]) is not None
+
+
+# -- attacks where the pieces meet: a squatted lock lets two root runs overlap ---------------------------------------
+
+HOLD_FLOCK = ('import fcntl, os, sys, time\n'
+              'fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n'
+              'fcntl.flock(fd, fcntl.LOCK_EX)\n'
+              'print("LOCKED", flush=True)\n'
+              'time.sleep(120)\n')
+
+
+@pytest.fixture
+def squatted_shm():
+    """A 1777 directory on /dev/shm whose flock the user nobody holds (any user can: it is world-readable)."""
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix='tritonops-attack-', dir='/dev/shm')
+    os.chmod(d, 0o1777)
+    holder = subprocess.Popen(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups',
+                               '/usr/bin/python3', '-c', HOLD_FLOCK, d], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'LOCKED'
+        yield d
+    finally:
+        holder.kill()
+        holder.wait()
+        shutil.rmtree(d)
+
+
+def test_two_root_runs_overlapping_behind_a_squatted_lock_keep_each_others_record(squatted_shm, server_proc):
+    """nobody holds the flock: root runs A and B both go on without it (neither waits for the other). B records its
+    file, unregisters its region and is SIGKILLed before its unlink while A is still running. A's end must not write
+    back its own stale copy of the record: B's file stays recorded, and the next stale cleanup finishes it."""
+    shm, pid = squatted_shm, server_proc.pid
+    for name in ('a', 'b'):
+        make_file(shm, name)
+    fake = FakeTriton(shm, regions=[region('a'), region('b')])
+    st = os.stat(shm)
+    assert runlock.squatted(st.st_dev, st.st_ino) is not None   # any root run acts without the lock
+
+    def b_records_unregisters_and_is_killed(name):
+        if name != 'a':
+            return
+        ops_b = RegionOps(fake, params(shm, pid, name=['b']), warn=lambda m: None, serialise=True)
+        snap_b = inventory.read_server(fake, server_pid=pid, shm_dir=shm)
+        assert ops_b._lock(snap_b) is not None and ops_b.lock is None   # B: squatted too, no lock
+        recs = inventory.classify(snap_b)
+        selected = [r for r in recs.system_regions if r['name'] == 'b']
+        ops_b._mark_files(snap_b, ops_b._plan_files(snap_b, selected, [], recs.files))
+        fake.regions.pop('b')   # B's unregister answered; SIGKILL: no unlink, no end of run
+    fake.on_unregister = b_records_unregisters_and_is_killed
+    res = run(fake, shm, pid, name=['a'], serialise=True)
+    assert res['removed_files'] == [os.path.join(shm, 'a')]
+    assert any('acting without it' in w for w in res['warnings'])
+    b_ino = os.lstat(os.path.join(shm, 'b')).st_ino
+    assert b_ino in shm_fs.read_cleanup_record(shm), "A's end erased the record of B's file"
+    fake.on_unregister = None
+    again = run(fake, shm, pid, stale=True, serialise=True)
+    assert again['removed_files'] == [os.path.join(shm, 'b')] and shm_fs.read_cleanup_record(shm) == {}
+
+
+def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_later_cleanup(shm, server_proc, monkeypatch):
+    """A failed rename-back: a leftover pool (no region, so not in the record) is mapped in the window and its name is
+    created again meanwhile (any user can, in a 1777 /dev/shm). It stays under its quarantine name: it must be
+    recorded then, or no later cleanup ever finishes it (a quarantine name matches no backend pattern)."""
+    name = 'triton_python_backend_shm_region_x'
+    make_file(shm, name, age=3600)
+    maps = []
+    real_rescan = inventory.rescan
+
+    def attach_then_rescan(snap, *a, **kw):
+        q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)][0]
+        with open(os.path.join(shm, q), 'r+b') as f:
+            maps.append(mmap.mmap(f.fileno(), 0))
+        make_file(shm, name, size=KIB)   # the name taken again (young: not a leftover itself)
+        return real_rescan(snap, *a, **kw)
+    monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
+    try:
+        res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
+    finally:
+        monkeypatch.setattr(inventory, 'rescan', real_rescan)
+        for m in maps:
+            m.close()
+    assert res['removed_files'] == [] and 'stays under' in res['skipped_items'][0]['reason']
+    kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
+    assert len(kept) == 1
+    # nobody holds it any more: the next cleanup (the role's: stale and backend_leftovers) finishes it, and only it
+    again = run(FakeTriton(shm), shm, server_proc.pid, stale=True, backend_leftovers=True)
+    assert again['removed_files'] == [os.path.join(shm, kept[0])], again
+    assert os.listdir(shm) == [name] and shm_fs.read_cleanup_record(shm) == {}
