@@ -518,9 +518,10 @@ class Failed(Exception):
 
 
 class FakeModule:
-    """The two AnsibleModule methods the glue calls; fail_json stops like the real one."""
+    """The AnsibleModule parts the glue uses (warn, fail_json, no_log_values); fail_json stops like the real one."""
 
     def __init__(self, **params):
+        self.no_log_values = set()
         self.params = dict(url='http://127.0.0.1:8000', timeout=10.0, validate_certs=True, ca_path=None, headers={},
                            client_cert=None, client_key=None)
         self.params.update(params)
