@@ -154,6 +154,24 @@ shm_fs:
   description: The server's shm filesystem before any reload (as RV(tritonops.shm.triton_shm_info#module:shm_fs)).
   returned: always
   type: dict
+holders_complete:
+  description:
+    - Whether every process that may map the server's files could be seen. A pool that no process is seen to hold is never
+      reloaded (it is not C(live)); see O(clients_share_pid_namespace).
+  returned: always
+  type: bool
+  version_added: 0.2.0
+holders_incomplete_reason:
+  description: Why RV(holders_complete) is false; null when it is true.
+  returned: always
+  type: str
+  version_added: 0.2.0
+pid_namespace:
+  description: V(initial) when the module ran in the host's initial PID namespace, else V(other).
+  returned: always
+  type: str
+  sample: initial
+  version_added: 0.2.0
 '''
 
 import time
@@ -171,7 +189,8 @@ def read_pools(client, params: dict) -> tuple:
     """(snapshot, backend_pools) of one read of the server."""
     criteria = inventory.Criteria.of((), inventory.DEFAULT_MIN_AGE, params['backend_patterns'])
     snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
-                                 require_readable_dir=True, kinds=('system',), backend_patterns=criteria.backend_patterns)
+                                 require_readable_dir=True, kinds=('system',), backend_patterns=criteria.backend_patterns,
+                                 clients_share_pid_namespace=params['clients_share_pid_namespace'])
     records = inventory.classify(snap, criteria)
     return snap, inventory.pool_records(snap, records.files)
 
@@ -189,7 +208,9 @@ def run(module: AnsibleModule, client, done: list) -> None:
     index = client.repository_index()
     plans = backend_pool.plan(pools, (fs or {}).get('total_bytes'), threshold, params['models'], index)
     mode = backend_pool.model_control(backend_pool.server_argv(snap.pid))
-    result = {'models': [p.as_dict() for p in plans], 'reloaded': done, 'model_control': mode, 'shm_fs': fs}
+    result = {'models': [p.as_dict() for p in plans], 'reloaded': done, 'model_control': mode, 'shm_fs': fs,
+              'holders_complete': snap.holders_complete, 'holders_incomplete_reason': snap.holders_incomplete_reason,
+              'pid_namespace': snap.pid_namespace}
     todo = [p for p in plans if p.action == backend_pool.RELOAD]
     why_not = backend_pool.refusal(mode) if todo else None
     if why_not:
@@ -222,7 +243,8 @@ def run(module: AnsibleModule, client, done: list) -> None:
 
 def main() -> None:
     argument_spec = shm_dir_argument_spec()
-    argument_spec.update(backend_argument_spec())
+    # client_users decides whose files a cleanup removes: this module removes none (the reload's server does)
+    argument_spec.update({k: v for k, v in backend_argument_spec().items() if k != 'client_users'})
     argument_spec.update(
         max_bytes=dict(type='int'),
         max_percent=dict(type='float'),

@@ -90,11 +90,11 @@ servers:
       description: The HTTP URL (else the gRPC URL) that reaches it from here; null when it has no listener reachable here.
       type: str
       sample: http://10.88.0.7:8000
-    http_url: {description: Its HTTP endpoint, or null., type: str, sample: 'http://10.88.0.7:8000'}
-    grpc_url: {description: Its gRPC endpoint, or null., type: str, sample: 'grpc://10.88.0.7:8001'}
-    http_port: {description: Its listening HTTP port, or null., type: int, sample: 8000}
-    grpc_port: {description: Its listening gRPC port, or null., type: int, sample: 8001}
-    metrics_port: {description: Its listening metrics port, or null., type: int, sample: 8002}
+    http_url: {description: "Its HTTP endpoint, or null.", type: str, sample: 'http://10.88.0.7:8000'}
+    grpc_url: {description: "Its gRPC endpoint, or null.", type: str, sample: 'grpc://10.88.0.7:8001'}
+    http_port: {description: "Its listening HTTP port, or null.", type: int, sample: 8000}
+    grpc_port: {description: "Its listening gRPC port, or null.", type: int, sample: 8001}
+    metrics_port: {description: "Its listening metrics port, or null.", type: int, sample: 8002}
     listeners:
       description: Every TCP socket it listens on.
       type: list

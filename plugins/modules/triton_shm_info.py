@@ -160,7 +160,7 @@ server:
     container:
       description:
         - The container or Kubernetes pod the server runs in, from C(/proc/PID/cgroup), or null on the host (or when the
-          process was not found). The same form as M(tritonops.shm.triton_server_info)'s RV(servers[].container).
+          process was not found). The same form as the C(container) of each server M(tritonops.shm.triton_server_info) returns.
         - Keys when known, C(runtime) (docker, podman, containerd, cri-o, kubernetes), C(container_id), C(pod_uid), C(qos),
           C(podman_pod), C(pod_name), C(pod_namespace); always C(name), for example C(pod inference/triton-0).
       type: dict

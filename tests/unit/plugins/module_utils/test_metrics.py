@@ -96,8 +96,8 @@ def in_pods():
     result = info()
     result['server']['container'] = dict(runtime='containerd', pod_uid='5c1e', name='pod ml/triton-0')
     result['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0'))]
-    result['system_regions'][1]['holders'] = [dict(pid=8, comm='python'), dict(pid=9, comm='python',
-                                                                                container=dict(name='pod ml/client-0'))]
+    result['system_regions'][1]['holders'] = [dict(pid=8, comm='python'),
+                                              dict(pid=9, comm='python', container=dict(name='pod ml/client-0'))]
     return result
 
 
@@ -332,8 +332,8 @@ def test_the_server_and_the_holders_are_named_by_pod_or_container(promtool):
     text = metrics.report_text(in_pods(), 'gpu1', URL)
     check_metrics(promtool, text)
     s = samples(text)
-    assert s[('tritonops_shm_server_container_info', frozenset({('container', 'pod ml/triton-0'),
-                                                                 ('runtime', 'containerd')}))] == 1
+    key = ('tritonops_shm_server_container_info', frozenset({('container', 'pod ml/triton-0'), ('runtime', 'containerd')}))
+    assert s[key] == 1
     # region a (1 MiB) and b (2 MiB) from the client pod, b also from a host process
     assert s[('tritonops_shm_held_bytes', frozenset({('holder', 'pod ml/client-0')}))] == 3 * MIB
     assert s[('tritonops_shm_held_bytes', frozenset({('holder', 'host')}))] == 2 * MIB
