@@ -224,7 +224,8 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     visible = holders_mod.visibility(proc, clients_share_pid_namespace)
     if location.pid is None and location.reason and not visible.complete:
         # a pod's sidecar, a container: the server may simply be invisible from here
-        location = location._replace(reason=f'{location.reason}; {visible.reason}')
+        reason = f'{location.reason}; {visible.reason}'
+        location = location._replace(reason=reason, warnings=[w.replace(location.reason, reason) for w in location.warnings])
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')
