@@ -863,7 +863,8 @@ class RegionOps:
                 self.warn(str(exc))
                 reason = str(exc)
             except OSError:
-                # no RENAME_NOREPLACE here (kernel or filesystem): re-check, then unlink in place
+                # no RENAME_NOREPLACE here (kernel or filesystem), or a rootless server's tmpfs where root may not create
+                # a name: re-check, then unlink in place (the re-attach window of docs/reliability.md stays open there)
                 return shm_fs.Quarantined(name, name, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
             else:
                 if q is not None:

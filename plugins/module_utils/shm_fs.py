@@ -382,8 +382,9 @@ class ShmDir:
         """Rename regular file name, still the (dev, inode, ctime) classified, to a fresh quarantine name.
 
         Returns None when name is already gone. Raises ShmFsError as unlink() does, and when the rename
-        is refused (OSError ENOSYS/EINVAL when the kernel or filesystem has no RENAME_NOREPLACE: the
-        caller may fall back to a plain unlink). The quarantined file is checked again (device and inode)
+        is refused (OSError ENOSYS/EINVAL when the kernel or filesystem has no RENAME_NOREPLACE, EOVERFLOW when
+        this process's uid is not mapped in the user namespace of the filesystem: the caller may fall back to a
+        plain unlink). The quarantined file is checked again (device and inode)
         when it is unlinked: one swapped in between this check and the rename is given its name back then.
         """
         check_name(name)
@@ -400,7 +401,9 @@ class ShmDir:
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return None
-            if exc.errno in (errno.ENOSYS, errno.EINVAL):
+            # ENOSYS/EINVAL: no RENAME_NOREPLACE here; EOVERFLOW: a tmpfs mounted in another user namespace (a rootless
+            # server's) where this process's uid is not mapped, so it may not create a name there (it may still unlink)
+            if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.EOVERFLOW):
                 raise
             raise ShmFsError(f'cannot rename {name} in {self.path} to {qname} before removing it: {exc.strerror}') from exc
         return Quarantined(qname, name, st.st_dev, st.st_ino, None, st.st_blocks)
