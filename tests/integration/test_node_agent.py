@@ -67,7 +67,9 @@ def parse(proc):
 
 
 def run_agent(engine, select, pid_host=True, caps=None, check=False, metrics_dir=None):
-    extra = {'node_agent_select': select}
+    # the pod's clients run as nobody, Triton as root: the owner rule (issue 26, finding 5) removes their files only
+    # when the operator names their user
+    extra = {'node_agent_select': select, 'shm_cleanup_client_users': ['65534']}
     volumes = []
     if metrics_dir is not None:
         extra['prometheus_textfile_dir'] = '/metrics'
