@@ -779,7 +779,8 @@ class RegionOps:
         unregistered to pending (the server accepted the unregister and drops the region when its
         requests finish), with the reason in skipped and a warning.
         """
-        specs = {r['name']: r for r in selected if r['name'] in self.unregistered and r['name'] not in still_registered}
+        done = set(self.unregistered)   # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
+        specs = {r['name']: r for r in selected if r['name'] in done and r['name'] not in still_registered}
         listed = self._wait_gone('system', specs)
         for name in sorted(listed):
             still_registered.add(name)
