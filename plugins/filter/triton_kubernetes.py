@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal, InvalidOperation
+from collections.abc import Callable
 from typing import Any, NoReturn, Optional
 
 import yaml
@@ -56,17 +57,23 @@ def quantity_bytes(value: Any, what: str = 'quantity') -> int:
     return int(math.ceil(amount))
 
 
-def _int(value: Any, what: str, minimum: int = 0, maximum: Optional[int] = None) -> int:
+def whole_number(value: Any, what: str, fail: Callable[..., NoReturn], minimum: int = 0,
+                 maximum: Optional[int] = None) -> int:
+    """value as an int within [minimum, maximum]; fail(msg, exc=None) says why not (each filter names itself there)."""
     if isinstance(value, bool):
-        _fail(f'{what} must be a whole number, got {value!r}')
+        fail(f'{what} must be a whole number, got {value!r}')
     try:
         number = int(value)
     except (TypeError, ValueError) as exc:
-        _fail(f'{what} must be a whole number, got {value!r}', exc)
+        fail(f'{what} must be a whole number, got {value!r}', exc)
     if number < minimum or (maximum is not None and number > maximum):
         bound = f'between {minimum} and {maximum}' if maximum is not None else f'>= {minimum}'
-        _fail(f'{what} must be {bound}, got {value!r}')
+        fail(f'{what} must be {bound}, got {value!r}')
     return number
+
+
+def _int(value: Any, what: str, minimum: int = 0, maximum: Optional[int] = None) -> int:
+    return whole_number(value, what, _fail, minimum, maximum)
 
 
 # an env value given as a dict is the variable's valueFrom: exactly one of these sources

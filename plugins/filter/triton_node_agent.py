@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import PULL_POLICY
+from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import PULL_POLICY, whole_number
 
 MANAGED_BY = 'tritonops.shm.triton_node_agent'
 CONTAINER = 'agent'
@@ -38,15 +38,7 @@ def _fail(msg: str, exc: BaseException | None = None) -> NoReturn:
 
 
 def _int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        _fail(f'{what} must be a whole number, got {value!r}')
-    try:
-        number = int(value)
-    except (TypeError, ValueError) as exc:
-        _fail(f'{what} must be a whole number, got {value!r}', exc)
-    if number < minimum:
-        _fail(f'{what} must be >= {minimum}, got {value!r}')
-    return number
+    return whole_number(value, what, _fail, minimum)
 
 
 RUN = f'ansible-playbook -i "$NODE_NAME," -e target="$NODE_NAME" -e "$AGENT_VARS" {PLAYBOOK}'
