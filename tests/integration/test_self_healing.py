@@ -42,7 +42,9 @@ class Rulebook:
         var_file = self.dir / 'vars.yml'
         var_file.write_text(yaml.safe_dump(variables))
         self.log = self.dir / 'rulebook.log'
-        env = ansible_env({'ANSIBLE_STDOUT_CALLBACK': 'default'})
+        # unbuffered: ansible-rulebook prints each received event without flushing, and a block-buffered
+        # log would hold an event back until the buffer fills (a resolved notification never showed)
+        env = ansible_env({'ANSIBLE_STDOUT_CALLBACK': 'default', 'PYTHONUNBUFFERED': '1'})
         cmd = [os.path.join(BIN, 'ansible-rulebook'), '-i', str(inventory), '-r', rulebook,
                '--vars', str(var_file), '--print-events']
         with open(self.log, 'wb') as out:
