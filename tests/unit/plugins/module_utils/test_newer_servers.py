@@ -5,7 +5,7 @@ src/shared_memory_manager.cc, http_server.cc and grpc/grpc_server.cc) is played 
 the server (``Versioned``) served twice on 127.0.0.1: a threaded http.server answering Triton's
 HTTP routes with its codes, and a real grpcio server implementing tritonclient's
 GRPCInferenceServiceServicer with its status codes. The collection's real clients
-(triton_api.TritonClient, triton_grpc.TritonGrpcClient) and RegionOps talk to them; files live in
+(triton_http.TritonClient, triton_grpc.TritonGrpcClient) and RegionOps talk to them; files live in
 a real temporary shm directory and a real process stands in for tritonserver.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (  # n
     ClientShmDisabled, ParameterError, RegionInUse, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 
 KIB = 1024
