@@ -45,6 +45,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.tls import tls_conte
 _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
 _KIND_ROOT = {'system': 'systemsharedmemory', 'cuda': 'cudasharedmemory'}
 
+
 def region_segment(name: str) -> str:
     """The region name as a URL path segment, sent byte for byte.
 
