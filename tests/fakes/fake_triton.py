@@ -243,7 +243,7 @@ class Reply(NamedTuple):
         return cls(status, json.dumps(body))
 
 
-class HttpFront:
+class HttpFront(loopback.Closing):
     """The model's HTTP API on 127.0.0.1, Triton's routes and status codes; each request is recorded.
 
     answers[(method, path)] replaces the model for that route: a Reply, or any loopback answer (hostile ones:
@@ -276,6 +276,9 @@ class HttpFront:
     @property
     def closed(self) -> int:
         return self.server.closed
+
+    def by_connection(self) -> dict[tuple, list[loopback.Request]]:
+        return self.server.by_connection()
 
     def close(self) -> None:
         self.server.close()
@@ -362,7 +365,7 @@ SHM_METHODS = ('SystemSharedMemoryStatus', 'SystemSharedMemoryRegister', 'System
 GARBAGE = b'\xff\xff\xff\xff not a protobuf message'
 
 
-class GrpcFront:
+class GrpcFront(loopback.Closing):
     """The model's gRPC service (inference.GRPCInferenceService) on 127.0.0.1, with Triton's messages and codes.
 
     Per method name: fail[m] = (grpc.StatusCode, details) answers that error; slow[m] = seconds waits first

@@ -17,7 +17,7 @@ import ssl
 import threading
 import time
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, TypeVar
 
 HEAD_LIMIT = 65536
 REASONS = {200: 'OK', 301: 'Moved', 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found',
@@ -82,9 +82,23 @@ class Conn:
 
 
 Respond = Callable[[Conn, Request], bool]
+_Server = TypeVar('_Server', bound='Closing')
 
 
-class Peer:
+class Closing:
+    """A test server as a context manager: close() on the way out."""
+
+    def __enter__(self: _Server) -> _Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Peer(Closing):
     """An HTTP server on 127.0.0.1: respond(conn, request) answers each request; True keeps the connection open.
 
     idle: seconds a kept-alive connection may wait for its next request before the server closes it.
@@ -202,11 +216,11 @@ def trickle(data: bytes, every: float) -> Respond:
 
 
 def endless(first: bytes, block: bytes = b'x' * 65536, limit: int = 0) -> Respond:
-    """Write first, then block until the server stops (or until limit bytes, then stall)."""
+    """Write first, then block until the server stops (or until limit bytes; then, or with no block, stall)."""
     def respond(conn: Conn, _request: Request) -> bool:
         conn.send(first)
         sent = 0
-        while not conn.stop.is_set() and (not limit or sent < limit):
+        while block and not conn.stop.is_set() and (not limit or sent < limit):
             conn.send(block)
             sent += len(block)
         conn.stop.wait()
