@@ -29,8 +29,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Re
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (  # noqa: E402
-    CLIENT_SHM_OFF, DEFERRED_LOG, IN_USE, INTERNAL, INVALID_ARG, INVALID_KEY, KIB, OVERFLOW, PREFIX, RESERVED, SIZE_MAX,
-    UNSUPPORTED, UNSUPPORTED_CODE, HttpFront, Triton, serve as serve_over,
+    CLIENT_SHM_OFF, DEFERRED_LOG, IN_USE, INTERNAL, INVALID_ARG, INVALID_KEY, KIB, OVERFLOW, PREFIX, RESERVED,
+    RESTRICTED_GRPC, RESTRICTED_HTTP, SIZE_MAX, UNSUPPORTED, UNSUPPORTED_CODE, HttpFront, Triton, serve as serve_over,
 )
 
 CLIENTS = {'http': TritonClient, 'grpc': TritonGrpcClient}
@@ -302,3 +302,19 @@ def test_older_servers_answer_none_of_these(serve, shm, server_proc):
     with pytest.raises(TritonError) as err:
         client.register_system('a', '/a', 0, KIB)
     assert err.type is TritonError and 'already in manager' in err.value.msg   # no subclass: a plain refusal
+
+
+# -- restricted APIs: --http-restricted-api / --grpc-restricted-protocol=shared-memory:KEY=VALUE ------------------
+
+def test_a_restricted_shm_api_refuses_without_its_header_and_answers_with_it(serve):
+    model = Triton('2.51.0', restricted=('admin-key', 's3cret'))
+    client = serve(model)
+    header, value = model.restriction(client.transport)     # gRPC: 'triton-grpc-protocol-admin-key'
+    with pytest.raises(TritonError) as err:
+        client.status('system')
+    text = (RESTRICTED_HTTP if client.transport == 'http' else RESTRICTED_GRPC).format(header)
+    assert text in err.value.msg and model.calls == [], 'refused before the shared memory manager'
+    assert client.server_metadata()['version'] == '2.51.0', 'only the shared-memory API is restricted'
+    with type(client)(client.base, timeout=5, headers={header: value}) as allowed:
+        allowed.register_system('r', '/r', 0, KIB)
+        assert [r['name'] for r in allowed.status('system')] == ['r']
