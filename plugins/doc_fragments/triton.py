@@ -70,8 +70,11 @@ attributes:
     membership:
       - tritonops.shm.triton
 notes:
-  - Requires the Python library C(requests) on the host that runs the module (the Triton host) for C(http) and C(https) URLs,
-    and C(tritonclient[grpc]) (which brings C(grpcio) and Triton's protobuf messages) for C(grpc) and C(grpcs) URLs.
+  - C(http) and C(https) URLs need nothing beyond Python's standard library on the host that runs the module (the Triton host);
+    C(grpc) and C(grpcs) URLs need C(tritonclient[grpc]) there (which brings C(grpcio) and Triton's protobuf messages).
+  - Over C(http) and C(https), one connection is kept alive for the module's requests; redirects are not followed. An HTTP
+    proxy named by the environment (C(http_proxy), C(https_proxy), C(all_proxy), except the hosts in C(no_proxy)) is used,
+    C(https) through a C(CONNECT) tunnel. Without O(ca_path), certificates are verified against the system's CA store.
   - Member of the action group C(tritonops.shm.triton), so C(module_defaults) can set the connection options once per play.
   - When a request to Triton fails or its answer is refused, the result has C(failure) with C(url) (of the request),
     C(status), C(server_error) (Triton's own message, or V(null)) and, when the transport raised it, C(transport)

@@ -11,7 +11,7 @@ Private to the tritonops.shm collection: no stability promise to other code.
   shm_dir_argument_spec() and backend_argument_spec() add the options that locate the server's
   shm directory and tell the python backend's files.
 - make_client(): the client.Client for those options. The URL's scheme picks the transport:
-  triton_api.TritonClient for http(s), triton_grpc.TritonGrpcClient for grpc(s); the transport's
+  triton_http.TritonClient for http(s), triton_grpc.TritonGrpcClient for grpc(s); the transport's
   library is checked once, and the options neither transport checks (timeout, TLS files) here.
 - run_module_main(): the one place where a TritonOpsError becomes fail_json: ``msg`` always, the
   ``failure`` of a TritonError (url, status, server_error, transport), and the work already done.
@@ -32,7 +32,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.client import Client, check_headers, check_url, is_grpc_url, url_secrets
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 
 
@@ -117,7 +117,7 @@ def make_client(module: AnsibleModule) -> Client:
     """The client for the module's connection options; fail_json on a missing library or a bad option.
 
     The URL's scheme picks the transport: grpc:// and grpcs:// the gRPC client (triton_grpc), anything
-    else the HTTP one (triton_api). Both implement client.Client: the same calls, results and errors.
+    else the HTTP one (triton_http). Both implement client.Client: the same calls, results and errors.
     """
     params = module.params
     # a URL with credentials is refused below; its password is masked in whatever the module returns (invocation too)

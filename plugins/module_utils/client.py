@@ -7,11 +7,11 @@
 Private to the tritonops.shm collection: no stability promise to other code.
 
 ``Client`` declares, once, every call the modules and module_utils make on a Triton server;
-triton_api.TritonClient (HTTP) and triton_grpc.TritonGrpcClient (gRPC) implement it, and
+triton_http.TritonClient (HTTP) and triton_grpc.TritonGrpcClient (gRPC) implement it, and
 base.make_client picks one by the URL's scheme (``is_grpc_url``). Next to it: the URL parsing,
 the kind and health checks, the text helpers, and ``error_from_answer``, the one place where an
 error answer of the server (its own text) becomes a TritonError subclass. This file imports only
-the standard library and errors, so the gRPC transport never pays for ``requests``.
+the standard library, errors and http_reader (for escape).
 """
 from __future__ import annotations
 

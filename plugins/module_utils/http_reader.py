@@ -6,7 +6,7 @@
 
 Private to the tritonops.shm collection: no stability promise to other code.
 
-The modules' kept-alive and bulk paths (triton_api) and the EDA poller
+The modules' one HTTP path (triton_http) and the EDA poller
 (extensions/eda/plugins/event_source/triton_shm.py) read every answer with ResponseReader.
 ansible-rulebook runs an event source with ``runpy.run_path``, so the poller cannot import the
 collection's module_utils as a package: it loads this file by its path in the collection

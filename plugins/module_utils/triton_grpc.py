@@ -9,7 +9,7 @@ TritonGrpcClient implements client.Client for ``grpc://HOST:PORT`` and ``grpcs:/
 (base.make_client picks it by the scheme), with the same results and the same errors as the HTTP
 transport, over one channel for the whole module run. Region names are sent as they are: gRPC
 carries any name, including those an HTTP path cannot (space, ``#``, ``/``, non-ASCII). It never
-imports the HTTP transport (triton_api) or ``requests``.
+imports the HTTP transport (triton_http).
 
 Needs ``grpcio`` and Triton's own protobuf messages, both from ``tritonclient[grpc]``
 (docs/concepts.md says why); imported on first use, so HTTP URLs never pay for them.
@@ -75,7 +75,7 @@ def _read(path: str, what: str) -> bytes:
 
 
 def _read_ca(path: str) -> bytes:
-    """PEM bytes of ca_path: a file, or every certificate file of a directory (as requests accepts)."""
+    """PEM bytes of ca_path: a file, or every certificate file of a directory (as the HTTP transport accepts)."""
     if not os.path.isdir(path):
         return _read(path, 'ca_path')
     pems = []

@@ -80,7 +80,6 @@ options:
     type: float
     default: 60
 requirements:
-  - requests (for http:// and https:// URLs)
   - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
 notes:
   - "Run as root (C(become)), as for M(tritonops.shm.triton_shm_info): the pools are attributed to their models from the python

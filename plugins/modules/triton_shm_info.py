@@ -66,7 +66,6 @@ options:
       - Needs the Python library C(jmespath).
     type: str
 requirements:
-  - requests (for http:// and https:// URLs)
   - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
   - jmespath (only for O(query))
 seealso:
@@ -438,7 +437,7 @@ def run(module: AnsibleModule, client) -> None:
             compiled = jmespath.compile(params['query'])
         except jmespath.exceptions.JMESPathError as exc:
             module.fail_json(msg=f"query {params['query']!r} is not a valid JMESPath expression: {exc}")
-    client.use_keep_alive()   # one connection for the five calls (plain http without a proxy; else as configured)
+    client.use_keep_alive()   # one connection for the five calls (every transport keeps its connection)
     live = client.health('live')
     ready = client.health('ready')
     criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'],

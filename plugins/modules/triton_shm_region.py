@@ -193,7 +193,6 @@ options:
     default: false
     version_added: 0.1.0
 requirements:
-  - requests (for http:// and https:// URLs)
   - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
 seealso:
   - module: tritonops.shm.triton_shm_info

@@ -45,7 +45,7 @@ from run import write_results  # noqa: E402  pylint: disable=wrong-import-positi
 
 try:
     from ansible_collections.tritonops.shm.plugins.module_utils import region_ops  # noqa: E402
-    from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient  # noqa: E402
+    from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
 except ImportError as exc:
     sys.exit('run from the collection copy (make bench, or build/ansible_collections/tritonops/shm): %s' % exc)
 

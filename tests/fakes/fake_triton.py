@@ -249,7 +249,8 @@ class HttpFront(loopback.Closing):
     answers[(method, path)] replaces the model for that route: a Reply, or any loopback answer (hostile ones:
     loopback.silent(), trickle(), endless(), canned()). chunks > 0 sends every answer chunked; close_after_each
     closes each connection after its answer (a server dropping kept-alive connections), idle after that many
-    idle seconds; delay holds each answer (``most_busy`` counts the answers in progress at once).
+    idle seconds; delay holds each answer (``most_busy`` counts the answers in progress at once); headers go
+    with every answer.
     """
 
     def __init__(self, model: Triton, tls: object = None, chunks: int = 0, close_after_each: bool = False,
@@ -259,6 +260,7 @@ class HttpFront(loopback.Closing):
         self.close_after_each = close_after_each
         self.delay = delay
         self.answers: dict[tuple[str, str], Reply | loopback.Respond] = {}
+        self.headers: dict[str, str] = {}      # sent with every answer (a Location, a Server, ...)
         self.busy = 0
         self.most_busy = 0
         self.server = loopback.Peer(self._respond, tls=tls, idle=idle)
@@ -305,8 +307,8 @@ class HttpFront(loopback.Closing):
         keep = (request.version == 'HTTP/1.1' and (request.header('Connection') or '').lower() != 'close'
                 and not answer.close)
         body = answer.body.encode() if isinstance(answer.body, str) else answer.body
-        conn.send(loopback.http_answer(answer.status, body, answer.content_type,
-                                       () if keep else ('Connection: close',), self.chunks))
+        headers = [f'{name}: {value}' for name, value in self.headers.items()] + ([] if keep else ['Connection: close'])
+        conn.send(loopback.http_answer(answer.status, body, answer.content_type, tuple(headers), self.chunks))
         return keep and not self.close_after_each
 
     def _route(self, request: loopback.Request) -> tuple[int, bytes]:

@@ -175,6 +175,7 @@ def load_by_path(name: str) -> Any:
 
 
 http_reader = load_by_path("http_reader")
+tls = load_by_path("tls")
 
 STATUS_PATH = "/v2/systemsharedmemory/status"
 MAX_ANSWER_BYTES = 32 << 20  # body: a status list of 100,000 regions is about 15 MiB; chunked or not
@@ -251,25 +252,14 @@ def _headers(value: Any, what: str) -> dict:
 
 
 def _ssl_context(server: dict, what: str) -> ssl.SSLContext | None:
-    """The TLS settings of the modules: CA file or directory, no verification, client certificate."""
+    """The TLS settings of the modules (module_utils/tls.py): CA file or directory, no verification, client certificate."""
     if urlsplit(server["url"]).scheme != "https":
         return None
-    ca_path = server.get("ca_path")
     try:
-        if server["validate_certs"]:
-            if ca_path and os.path.isdir(ca_path):
-                context = ssl.create_default_context(capath=ca_path)
-            else:
-                context = ssl.create_default_context(cafile=ca_path or None)
-        else:
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if server.get("client_cert"):
-            context.load_cert_chain(server["client_cert"], server.get("client_key") or None)
+        return tls.tls_context(server["validate_certs"], server.get("ca_path"), server.get("client_cert"),
+                               server.get("client_key"))
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"{what}: cannot load the TLS files: {exc}") from None
-    return context
 
 
 def _request(server: dict, path: str = STATUS_PATH, accept: str = "application/json") -> bytes:

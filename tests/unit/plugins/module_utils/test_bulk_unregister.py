@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import triton_api
+from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import Triton, serve
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # fixtures server_proc, shm, complete_scan: conftest
@@ -58,8 +58,7 @@ def _scene(shm_dir: str, in_use: dict | None = None, drop_after: int | None = No
 
 
 @pytest.fixture(params=['http', 'grpc'])
-def transport(request, http_triton, monkeypatch):
-    monkeypatch.setattr(triton_api, 'BULK_CONNECTIONS', 4)   # the concurrent path (the default is 1, see triton_api)
+def transport(request, http_triton):
     return request.param, lambda model: http_triton(model, request.param)
 
 
@@ -73,7 +72,7 @@ def test_many_unregisters_go_out_at_once_and_each_file_goes_only_after_its_own_u
     assert sorted(n for n, _existed in shared.seen) == names   # one unregister per region
     assert all(existed for _n, existed in shared.seen)         # no file unlinked before its region's unregister
     if kind == 'http':
-        assert len(shared.peers) == triton_api.BULK_CONNECTIONS   # several kept-alive connections at once
+        assert len(shared.peers) == 1   # one kept-alive connection for the whole batch
 
 
 def test_an_in_use_region_among_many_is_retried_with_backoff_and_the_others_go_on(transport, shm, server_proc):
@@ -131,15 +130,16 @@ def test_a_failure_part_way_through_a_batch_keeps_the_work_done_in_the_result(ht
     (b'HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n', (200, 'OK', b'', False)),
     (b'HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}', (400, 'Bad Request', b'{}', True)),
     (b'HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n', (400, 'Bad Request', b'{}', False)),
-    (b'HTTP/1.0 200 OK\r\n\r\n', (200, 'OK', b'', True)),      # no length: the connection is closed after it
     (b'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab', None),       # incomplete: wait for more
     (b'HTTP/1.1 200 OK\r\nContent-', None),
 ])
 def test_answers_are_parsed_as_http_says(data, expected):
-    # a complete answer uses the whole buffer
-    assert triton_api._parse_answer(data) == (expected and expected + (len(data),))  # pylint: disable=protected-access
+    # a complete answer uses the whole buffer (the one reader of every HTTP path: http_reader)
+    resp, used = http_reader.read_one(data, triton_http.MAX_ANSWER_BYTES)
+    got = resp and (resp.status, resp.reason, resp.body, not resp.keep_alive)
+    assert got == expected and used == (len(data) if expected else 0)
 
 
 def test_what_is_not_an_http_answer_is_refused():
     with pytest.raises(ValueError):
-        triton_api._parse_answer(b'SSH-2.0-OpenSSH\r\n\r\n')  # pylint: disable=protected-access
+        http_reader.read_one(b'SSH-2.0-OpenSSH\r\n\r\n', triton_http.MAX_ANSWER_BYTES)

@@ -2,7 +2,7 @@
 
 The helpers are pure and tested on literal values. The interface is tested on the two real
 transports (constructed, never connected: their calls are tested against servers in
-test_triton_api.py and test_triton_grpc.py) and on a minimal implementation written here.
+test_triton_http.py and test_triton_grpc.py) and on a minimal implementation written here.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     host_port, is_grpc_url, redact_url, short, snippet, split_url, url_scheme, url_secrets,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, RegionNotFound, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 
 # what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)

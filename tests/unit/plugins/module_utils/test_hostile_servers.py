@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_api, triton_grpc
+from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_grpc, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.tests.fakes import loopback
 from ansible_collections.tritonops.shm.tests.fakes.loopback import canned, endless, http_json
@@ -79,13 +79,13 @@ def test_a_trickled_answer_is_cut_at_the_timeout_as_a_whole(hostile, path):
 def test_a_huge_chunk_streamed_for_ever_is_refused_by_its_size(hostile, path):
     server = hostile(endless(b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7fffffff\r\n'))
     err, took = timed_failure(call(path, server.url, timeout=5.0))
-    assert f'larger than {triton_api.MAX_ANSWER_BYTES} bytes' in err.msg or 'request failed' in err.msg, err.msg
+    assert f'larger than {triton_http.MAX_ANSWER_BYTES} bytes' in err.msg or 'request failed' in err.msg, err.msg
     assert server.url in err.msg and took < 4.0, (err.msg, took)
 
 
 @pytest.mark.parametrize('path', PATHS)
 def test_an_answer_to_the_end_of_the_connection_is_cut_at_the_cap(hostile, path, monkeypatch):
-    monkeypatch.setattr(triton_api, 'MAX_ANSWER_BYTES', 2 * MiB)
+    monkeypatch.setattr(triton_http, 'MAX_ANSWER_BYTES', 2 * MiB)
     server = hostile(endless(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n'))
     err, took = timed_failure(call(path, server.url, timeout=5.0))
     assert f'larger than {2 * MiB} bytes' in err.msg and server.url in err.msg, err.msg
@@ -94,9 +94,9 @@ def test_an_answer_to_the_end_of_the_connection_is_cut_at_the_cap(hostile, path,
 
 @pytest.mark.parametrize('path', ['requests', 'keep_alive'])
 def test_a_content_length_past_the_cap_is_refused_before_the_body(hostile, path):
-    server = hostile(canned(b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n[' % (triton_api.MAX_ANSWER_BYTES + 1)))
+    server = hostile(canned(b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n[' % (triton_http.MAX_ANSWER_BYTES + 1)))
     err, took = timed_failure(call(path, server.url, timeout=5.0))
-    assert f'larger than {triton_api.MAX_ANSWER_BYTES} bytes' in err.msg and took < 4.0, (err.msg, took)
+    assert f'larger than {triton_http.MAX_ANSWER_BYTES} bytes' in err.msg and took < 4.0, (err.msg, took)
 
 
 MALFORMED = [

@@ -4,7 +4,7 @@ No wheel bundles a server newer than 2.51, so the behaviour of newer ones (from 
 src/shared_memory_manager.cc, http_server.cc and grpc/grpc_server.cc) is played by the unit
 tests' one fake Triton (tests/fakes/fake_triton.py: a model of the server per version) served
 twice on 127.0.0.1: over HTTP with Triton's routes and status codes, and over gRPC with
-tritonclient's messages and Triton's status codes. The collection's real clients (triton_api.TritonClient,
+tritonclient's messages and Triton's status codes. The collection's real clients (triton_http.TritonClient,
 triton_grpc.TritonGrpcClient) and RegionOps talk to them; files live in a real temporary shm
 directory and a real process stands in for tritonserver.
 """
@@ -26,7 +26,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (  # n
     ClientShmDisabled, ParameterError, RegionInUse, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (  # noqa: E402
     CLIENT_SHM_OFF, DEFERRED_LOG, IN_USE, INTERNAL, INVALID_ARG, INVALID_KEY, KIB, OVERFLOW, PREFIX, RESERVED,

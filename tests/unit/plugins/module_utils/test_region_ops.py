@@ -20,7 +20,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import holders, proc
 from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."

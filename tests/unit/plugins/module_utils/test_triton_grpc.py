@@ -256,7 +256,7 @@ def test_the_grpc_transport_imports_neither_the_http_one_nor_requests():
              "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('requests', 'urllib3', 'ansible_collections.')))))\n")
     loaded = json.loads(subprocess.run([sys.executable, '-c', probe], check=True, capture_output=True, text=True).stdout)
     assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc' in loaded, 'the probe imported it'
-    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_api' not in loaded
+    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_http' not in loaded
     assert not [m for m in loaded if m.startswith(('requests', 'urllib3'))], loaded
 
 

@@ -1,10 +1,10 @@
-"""Unit tests for module_utils/triton_api.py: URL handling and the mapping of every failure to a clear TritonError.
+"""Unit tests for module_utils/triton_http.py: URL handling and the mapping of every failure to a clear TritonError.
 
 Requests go over real HTTP(S) to the unit tests' fake Triton (tests/fakes/fake_triton.py) on
-loopback ports, which answers as Triton 2.51 and what a test scripts: the answers a real Triton never gives
-(HTML, a list where a dict belongs, no version, ...) and the ones that are hard to get from it on
-demand (in use, 500). A real TLS server with a certificate made by openssl covers verification and
-client certificates.
+loopback ports, which answers as Triton 2.51 and what a test scripts: the answers a real Triton
+never gives (HTML, a list where a dict belongs, no version, ...) and the ones that are hard to get
+from it on demand (in use, 500). A real TLS server with a certificate made by openssl covers
+verification and client certificates.
 The only fake below the HTTP layer is a connect timeout, which loopback cannot produce.
 """
 from __future__ import annotations
@@ -14,19 +14,17 @@ import os
 import socket
 import ssl
 import subprocess
+import threading
 import time
 
 import pytest
-import requests
 
-from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_api, triton_grpc
+from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_http, triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, TritonError, UnaddressableName
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes import loopback
-from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (
-    MODEL_CONTROL, HttpFront, Reply, Triton,
-)
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import MODEL_CONTROL, HttpFront, Reply, Triton
 
 
 @pytest.fixture
@@ -90,20 +88,20 @@ def test_bad_urls_are_refused(url, why):
     ('cuda', 'gpu', '/v2/cudasharedmemory/region/gpu'),
 ])
 def test_region_path_sends_the_name_byte_for_byte(kind, name, path):
-    assert triton_api.region_path(kind, name) == path
+    assert triton_http.region_path(kind, name) == path
 
 
 @pytest.mark.parametrize('name', ['a/b', 'a b', 'a?b', 'a#b', 'caf\u00e9', 'tab\t', ''])
 def test_region_names_http_cannot_carry_are_refused_before_sending(name):
     with pytest.raises(TritonError) as err:
-        triton_api.region_path('system', name)
+        triton_http.region_path('system', name)
     assert err.value.unaddressable is True
     assert "cannot be addressed over Triton's HTTP API" in err.value.msg
 
 
 def test_region_path_refuses_an_unknown_kind():
     with pytest.raises(ValueError):
-        triton_api.region_path('gpu', 'x')
+        triton_http.region_path('gpu', 'x')
 
 
 # -- requests that work -----------------------------------------------------------------------------
@@ -234,19 +232,19 @@ def test_connect_timeout_names_the_url(monkeypatch):
     client = TritonClient('http://127.0.0.1:9', timeout=2)
 
     def refuse(*_args, **_kwargs):
-        raise requests.exceptions.ConnectTimeout('connect timed out')
-    monkeypatch.setattr(client.session, 'send', refuse)
+        raise socket.timeout('timed out')
+    monkeypatch.setattr(triton_http.socket, 'create_connection', refuse)
     _fails(client.server_metadata, 'read server metadata at http://127.0.0.1:9/v2: connection timed out after 2s')
 
 
-def test_other_request_failures_name_the_url(monkeypatch):
-    client = TritonClient('http://127.0.0.1:9')
-
-    def broken(*_args, **_kwargs):
-        raise requests.exceptions.TooManyRedirects('Exceeded 30 redirects.')
-    monkeypatch.setattr(client.session, 'send', broken)
-    _fails(lambda: client.status('cuda'),
-           'read cuda shared memory status at http://127.0.0.1:9/v2/cudasharedmemory/status: request failed: Exceeded 30 redirects.')
+@pytest.mark.parametrize('status', [301, 302, 307, 308])
+def test_a_redirect_is_refused_naming_where_it_leads(serve, status):
+    srv = serve({('GET', '/v2/cudasharedmemory/status'): (status, None, b'')})
+    srv.headers = {'Location': 'http://elsewhere.example/v2'}
+    err = _fails(lambda: TritonClient(srv.url).status('cuda'),
+                 f'read cuda shared memory status at {srv.url}/v2/cudasharedmemory/status: HTTP {status}: the server '
+                 'redirects to http://elsewhere.example/v2; redirects are not followed')
+    assert err.status == status and [r.path for r in srv.requests] == ['/v2/cudasharedmemory/status']
 
 
 # -- TLS, with a real certificate ------------------------------------------------------------------
@@ -259,6 +257,8 @@ def certs(tmp_path_factory):
         subprocess.run(['openssl'] + list(args), check=True, capture_output=True, cwd=str(d))
     openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2', '-subj', '/CN=test-ca',
             '-keyout', 'ca.key', '-out', 'ca.pem', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=keyCertSign')
+    openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2', '-subj', '/CN=wrong-ca',
+            '-keyout', 'wrong.key', '-out', 'wrong.pem')
     for name in ('server', 'client'):
         openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', f'/CN={name}',
                 '-keyout', name + '.key', '-out', name + '.csr')
@@ -283,9 +283,16 @@ def test_tls_certificate_is_verified_against_ca_path(serve, certs):
     url = srv.url
     _fails(TritonClient(url).server_metadata, f'read server metadata at {url}/v2: TLS verification failed', 'certificate verify failed')
     assert TritonClient(url, ca_path=certs['ca.pem']).server_metadata()['version'] == '2.51.0'
-    with pytest.warns(Warning):  # urllib3's InsecureRequestWarning: the module warns itself (see make_client)
-        assert TritonClient(url, validate_certs=False).server_metadata()['version'] == '2.51.0'
-    assert TritonClient(url, validate_certs=False, ca_path=certs['ca.pem']).session.verify is False
+    assert TritonClient(url, validate_certs=False).server_metadata()['version'] == '2.51.0'   # the module warns (make_client)
+    unverified = TritonClient(url, validate_certs=False, ca_path=certs['wrong.pem'])
+    assert unverified.server_metadata()['version'] == '2.51.0', 'validate_certs false wins over ca_path'
+    ca_dir = os.path.dirname(certs['ca.pem']) + '/hashed'
+    os.makedirs(ca_dir, exist_ok=True)
+    with open(certs['ca.pem'], 'rb') as src, open(f'{ca_dir}/ca.pem', 'wb') as dst:
+        dst.write(src.read())
+    subprocess.run(['openssl', 'rehash', ca_dir], check=True, capture_output=True)
+    assert TritonClient(url, ca_path=ca_dir).server_metadata()['version'] == '2.51.0', 'a directory of CA certificates'
+    _fails(TritonClient(url, ca_path=certs['server.csr']).server_metadata, 'cannot load the TLS files')
 
 
 def test_tls_client_certificate(serve, certs):
@@ -379,14 +386,63 @@ def test_keep_alive_errors_read_like_requests_errors(front):
         _client(f'http://127.0.0.1:{port}').unregister('system', 'a')
 
 
-def test_keep_alive_is_not_used_for_https_or_proxied_urls(monkeypatch):
-    assert TritonClient('https://127.0.0.1:8443').use_keep_alive() is False
-    monkeypatch.setenv('HTTP_PROXY', 'http://127.0.0.1:3128')
-    monkeypatch.delenv('NO_PROXY', raising=False)
-    monkeypatch.delenv('no_proxy', raising=False)
-    assert TritonClient('http://triton.example:8000').use_keep_alive() is False
+def test_every_url_is_kept_alive_and_an_environment_proxy_is_used_as_requests_did(serve, monkeypatch):
+    for name in [n for n in os.environ if n.lower().endswith('_proxy')]:
+        monkeypatch.delenv(name)
+    assert TritonClient('https://127.0.0.1:8443').use_keep_alive() is True
+    assert TritonClient('http://triton.example:8000').proxy is None, 'no proxy variable: connect directly'
+    proxy = serve({('GET', 'http://triton.example:8000/v2'): METADATA})
+    monkeypatch.setenv('HTTP_PROXY', f'http://op:s3cret@127.0.0.1:{proxy.port}')
+    client = TritonClient('http://triton.example:8000')
+    assert client.server_metadata()['version'] == '2.51.0'
+    sent = proxy.requests[0]
+    assert sent.path == 'http://triton.example:8000/v2' and sent.headers['Host'] == 'triton.example:8000'
+    assert sent.headers['Proxy-Authorization'] == 'Basic b3A6czNjcmV0'
     monkeypatch.setenv('NO_PROXY', 'triton.example')
-    assert TritonClient('http://triton.example:8000').use_keep_alive() is True
+    assert TritonClient('http://triton.example:8000').proxy is None
+    monkeypatch.setenv('HTTPS_PROXY', 'socks5://127.0.0.1:1080')
+    with pytest.raises(TritonError, match='only HTTP proxies are supported'):
+        TritonClient('https://triton.other:8443')
+
+
+def test_https_through_an_environment_proxy_goes_through_a_connect_tunnel(serve, certs, monkeypatch):
+    srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs))
+    tunnels = []
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(4)
+
+    def pipe(a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            b.close()
+
+    def tunnel():
+        conn, _addr = listener.accept()
+        head = b''
+        while b'\r\n\r\n' not in head:
+            head += conn.recv(4096)
+        tunnels.append(head.split(b'\r\n')[0])
+        upstream = socket.create_connection(('127.0.0.1', srv.port))
+        conn.sendall(b'HTTP/1.1 200 Connection established\r\n\r\n')
+        threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
+        pipe(conn, upstream)
+    threading.Thread(target=tunnel, daemon=True).start()
+    for name in [n for n in os.environ if n.lower().endswith('_proxy')]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv('https_proxy', f'http://127.0.0.1:{listener.getsockname()[1]}')
+    try:
+        assert TritonClient(srv.url, ca_path=certs['ca.pem']).server_metadata()['name'] == 'triton'
+    finally:
+        listener.close()
+    assert tunnels == [f'CONNECT 127.0.0.1:{srv.port} HTTP/1.1'.encode()]
 
 
 @pytest.mark.parametrize('keep_alive', [True, False])
@@ -463,7 +519,7 @@ def test_make_client_refuses_bad_options(params, msg):
 def test_make_client_warns_when_tls_is_not_verified():
     module = FakeModule(url='https://127.0.0.1:8443', validate_certs=False)
     client = base.make_client(module)
-    assert client.session.verify is False
+    assert client.validate_certs is False
     assert module.warnings == ['validate_certs is false: the TLS certificate of https://127.0.0.1:8443 is not verified']
     module = FakeModule(url='http://127.0.0.1:8000', validate_certs=False)
     base.make_client(module)
