@@ -48,10 +48,10 @@ def closed_port():
         return sock.getsockname()[1]
 
 
-def triton(regions: list[dict] = REGIONS, answer: Reply | loopback.Respond | None = None, **options) -> HttpFront:
-    """The fake Triton (2.51) listing regions over HTTP(S) (options: HttpFront's); answer replaces its status."""
+def triton(regions: list[dict] | None = None, answer: Reply | loopback.Respond | None = None, **options) -> HttpFront:
+    """The fake Triton (2.51) listing regions (REGIONS) over HTTP(S) (options: HttpFront's); answer replaces its status."""
     model = Triton()
-    for r in regions:
+    for r in REGIONS if regions is None else regions:
         model.list(r['name'], r['key'], r['byte_size'], r['offset'])
     front = HttpFront(model, **options)
     if answer is not None:
