@@ -49,6 +49,9 @@ options:
   headers:
     description:
       - Extra HTTP headers sent with every request, for example an C(Authorization) header for a proxy in front of Triton.
+      - A server started with C(--http-restricted-api=shared-memory:KEY=VALUE) needs C(KEY: VALUE) here; over gRPC
+        (C(--grpc-restricted-protocol=shared-memory:KEY=VALUE)) the key is C(triton-grpc-protocol-KEY). Without it the
+        module fails naming this option and the key the server expects.
       - Over gRPC they are sent as metadata with lower-case names; names must be letters, digits and C(-_.), values printable ASCII.
       - Never logged or returned. A name that is not an HTTP token, or a value with a control character (a line break, which
         a YAML block scalar C(|) ends in; CR, NUL, ESC) or surrounding blanks, is refused before anything is sent,

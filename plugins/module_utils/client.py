@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    ClientShmDisabled, MalformedAnswer, ParameterError, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError,
-    classify,
+    ClientShmDisabled, MalformedAnswer, ParameterError, RegisterOverflow, ReservedKey, Restricted, ShmUnsupported,
+    TritonError, classify, restricted_header, restricted_hint,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import escape
 
@@ -262,6 +262,8 @@ def error_from_answer(where: str, code: str, detail: str, server_error: str | No
     """
     cls = classify(server_error)
     way_out = _HINTS.get(cls)
+    if cls is Restricted:
+        way_out = restricted_hint(restricted_header(server_error), transport == GRPC)
     detail = f'{detail}; {way_out}' if way_out else f'{detail}{hint}'
     return cls(f'{where}: {code}: {detail}', url=url, status=status, server_error=server_error, transport=transport)
 

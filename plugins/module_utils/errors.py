@@ -25,9 +25,15 @@ matching subclass; nothing later reads message text::
         ├── ReservedKey         Triton >= 2.60 refuses a key with its python backend prefix (>= 2.61: or an invalid key)
         ├── ClientShmDisabled   Triton >= 2.68 started without --allow-client-shm=true (HTTP 501, gRPC UNIMPLEMENTED)
         ├── ShmUnsupported      a server without shared memory at all (2.73 tritonfrontend bindings, HTTP 503)
+        ├── Restricted          the API is behind a header the request lacked (--http-restricted-api, --grpc-restricted-protocol)
         └── MalformedAnswer     an answer that is not what Triton sends (a region without a string name, …)
+
+Standard library only and nothing of the collection: the EDA poller loads this file by its path
+(as it loads http_reader.py) to read Triton's refusals the way the modules do.
 """
 from __future__ import annotations
+
+import re
 
 
 class TritonOpsError(Exception):
@@ -138,6 +144,16 @@ class ShmUnsupported(TritonError):
     """
 
 
+class Restricted(TritonError):
+    """The server puts this API behind a header (--http-restricted-api, --grpc-restricted-protocol) that the request
+    lacked, or sent with another value; ``header`` is the header Triton names (over gRPC with its
+    ``triton-grpc-protocol-`` prefix), None when its text names none."""
+
+    @property
+    def header(self) -> str | None:
+        return restricted_header(self.server_error)
+
+
 class MalformedAnswer(TritonError):
     """The server answered, but not as Triton does (wrong types or missing fields in a status or metadata).
 
@@ -158,6 +174,10 @@ RESERVED_PREFIX_TEXT = 'as the key contains the reserved prefix'        # 2.60
 INVALID_KEY_TEXT = 'invalid shm key'                                    # 2.61
 CLIENT_SHM_DISABLED_TEXT = 'Client shared memory is disabled'           # 2.68: HTTP 501, gRPC UNIMPLEMENTED
 UNSUPPORTED_TEXT = 'Shared memory is not supported in this server configuration'   # 2.73 tritonfrontend: HTTP 503
+# an API behind a header the request lacked (http_server.cc, grpc_server.cc; 2.51): HTTP 403 "This API is restricted,
+# expecting header 'K'", gRPC UNAVAILABLE "This protocol is restricted, expecting header 'triton-grpc-protocol-K'"
+RESTRICTED_TEXT = 'is restricted, expecting header'
+_RESTRICTED_HEADER = re.compile(r"is restricted, expecting header '([^']*)'")
 # a load or unload without --model-control-mode=explicit (model_repository_manager.cc; 2.51 with mode none or poll:
 # HTTP 503, gRPC UNAVAILABLE)
 MODEL_CONTROL_TEXT = 'explicit model load / unload is not allowed'
@@ -171,6 +191,7 @@ _TEXTS = (
     (CLIENT_SHM_DISABLED_TEXT, ClientShmDisabled),
     (UNSUPPORTED_TEXT, ShmUnsupported),
     (MODEL_CONTROL_TEXT, ModelControlRefused),
+    (RESTRICTED_TEXT, Restricted),
 )
 
 
@@ -181,3 +202,21 @@ def classify(server_error: str | None) -> type[TritonError]:
         if needle in text:
             return cls
     return TritonError
+
+
+def restricted_header(server_error: str | None) -> str | None:
+    """The header a restricted API's refusal names ("… is restricted, expecting header 'K'"), None for another text."""
+    match = _RESTRICTED_HEADER.search(server_error or '')
+    return match.group(1) if match else None
+
+
+def restricted_hint(header: str | None, grpc: bool, option: str = 'headers') -> str:
+    """The way out of a Restricted refusal: the option to give the header in, with the key Triton expects.
+
+    option names the setting where the caller takes headers (the modules' and the poller's ``headers``).
+    """
+    flag = '--grpc-restricted-protocol' if grpc else '--http-restricted-api'
+    key = header or 'the header the server names'
+    return (f"the server was started with {flag}, which puts this API behind a header: give it in the {option} option, "
+            f"{option}: {{{key}: <the value the server was started with>}} (a wrong value gets the same answer; the "
+            "shm_cleanup role takes it as shm_cleanup_headers, the fleet playbooks as triton_headers)")

@@ -2,7 +2,7 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The TLS settings of the connection options, one way for the modules' HTTP transport and the EDA poller.
+"""The TLS settings of the connection options, one way for the modules' transports and the EDA poller.
 
 Private to the tritonops.shm collection: no stability promise to other code.
 
@@ -13,6 +13,19 @@ from __future__ import annotations
 
 import os
 import ssl
+
+from typing import NamedTuple
+
+
+class TlsFileError(ValueError):
+    """A TLS file (ca_path, client_cert, client_key) that cannot be read; the message names the option and the path."""
+
+
+class GrpcPems(NamedTuple):
+    """The PEM bytes grpc.ssl_channel_credentials takes (None: not given)."""
+    root_certificates: bytes | None
+    private_key: bytes | None
+    certificate_chain: bytes | None
 
 
 def tls_context(validate_certs: bool, ca_path: str | None, client_cert: str | None, client_key: str | None) -> ssl.SSLContext:
@@ -33,3 +46,34 @@ def tls_context(validate_certs: bool, ca_path: str | None, client_cert: str | No
     if client_cert:
         context.load_cert_chain(client_cert, client_key or None)
     return context
+
+
+def read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, 'rb') as f:
+            return f.read()
+    except OSError as exc:
+        raise TlsFileError(f'cannot read {what} {path}: {exc.strerror or exc}') from exc
+
+
+def ca_pem(path: str) -> bytes:
+    """PEM bytes of ca_path: a file, or every certificate file of a directory (as tls_context accepts)."""
+    if not os.path.isdir(path):
+        return read_file(path, 'ca_path')
+    pems = []
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if os.path.isfile(full):
+            data = read_file(full, 'ca_path file')
+            if b'-----BEGIN CERTIFICATE-----' in data:
+                pems.append(data.rstrip(b'\n') + b'\n')
+    if not pems:
+        raise TlsFileError(f'ca_path {path} is a directory without PEM certificates')
+    return b''.join(pems)
+
+
+def grpc_pems(ca_path: str | None, client_cert: str | None, client_key: str | None) -> GrpcPems:
+    """What a grpcs:// channel is built with; the client_cert file may hold the key too. TlsFileError for a file."""
+    cert = read_file(client_cert, 'client_cert') if client_cert else None
+    key = read_file(client_key, 'client_key') if client_key else cert
+    return GrpcPems(ca_pem(ca_path) if ca_path else None, key, cert)

@@ -20,7 +20,6 @@ import base64
 import binascii
 import collections
 import json
-import os
 import re
 import traceback
 
@@ -31,7 +30,10 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     GRPC, GRPC_SCHEMES, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
     error_from_answer, host_port, index_entry, short, split_url,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import MODEL_CONTROL_TEXT, TritonError, UnaddressableName
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    MODEL_CONTROL_TEXT, RESTRICTED_TEXT, TritonError, UnaddressableName,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.tls import TlsFileError, grpc_pems
 
 GRPC_REQUIREMENT = 'tritonclient[grpc]'
 DEFAULT_GRPC_PORT = 8001
@@ -64,30 +66,6 @@ def load_grpc() -> Library:
         else:
             _Lib.grpc, _Lib.pb, _Lib.pb_grpc = grpc, service_pb2, service_pb2_grpc
     return Library(GRPC_REQUIREMENT, _Lib.error, reason='for grpc:// and grpcs:// URLs')
-
-
-def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, 'rb') as f:
-            return f.read()
-    except OSError as exc:
-        raise TritonError(f'cannot read {what} {path}: {exc.strerror or exc}', url=None) from exc
-
-
-def _read_ca(path: str) -> bytes:
-    """PEM bytes of ca_path: a file, or every certificate file of a directory (as the HTTP transport accepts)."""
-    if not os.path.isdir(path):
-        return _read(path, 'ca_path')
-    pems = []
-    for name in sorted(os.listdir(path)):
-        full = os.path.join(path, name)
-        if os.path.isfile(full):
-            data = _read(full, 'ca_path file')
-            if b'-----BEGIN CERTIFICATE-----' in data:
-                pems.append(data.rstrip(b'\n') + b'\n')
-    if not pems:
-        raise TritonError(f'ca_path {path} is a directory without PEM certificates')
-    return b''.join(pems)
 
 
 def grpc_metadata(headers: dict | None) -> tuple[tuple[str, str], ...]:
@@ -140,10 +118,11 @@ class TritonGrpcClient(Client):
                 raise TritonError(f'validate_certs=false is not possible with {self.base}: grpcio always verifies the server '
                                   'certificate. Set ca_path to the CA that issued it (or to the certificate itself when it is '
                                   'self-signed)', url=self.base)
-            cert = _read(client_cert, 'client_cert') if client_cert else None
-            key = _read(client_key, 'client_key') if client_key else cert   # a client_cert file may hold the key too
-            roots = _read_ca(ca_path) if ca_path else None
-            self.credentials = _Lib.grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=cert)
+            try:
+                pems = grpc_pems(ca_path, client_cert, client_key)
+            except TlsFileError as exc:
+                raise TritonError(str(exc), url=None) from exc
+            self.credentials = _Lib.grpc.ssl_channel_credentials(*pems)
         self.requests_made = 0
         self._channel = None
         self._stub = None
@@ -191,7 +170,8 @@ class TritonGrpcClient(Client):
             return self.error(f'{where}: no answer within {self.timeout}s (timeout)')
         if name == 'RESOURCE_EXHAUSTED' and 'larger than max' in details:
             return self.error(f'{where}: the answer is larger than {_MAX_MESSAGE} bytes: {short(details)}')
-        if name == 'UNAVAILABLE' and MODEL_CONTROL_TEXT in details:   # an answer: 2.51 refuses a load this way
+        if name == 'UNAVAILABLE' and (MODEL_CONTROL_TEXT in details or RESTRICTED_TEXT in details):
+            # an answer: 2.51 refuses a load, and a restricted protocol without its header, this way
             return error_from_answer(where, f'gRPC {name}', short(details), details, url=self.base, status=name,
                                      transport=self.transport)
         if name == 'UNAVAILABLE':      # no answer came from the server: the transport failed, as a connection error over HTTP

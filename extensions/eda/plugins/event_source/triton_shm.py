@@ -24,14 +24,21 @@ description:
     C(threshold_percent) only when O(threshold_percent) is set."
   - C(meta.hosts) is the server's inventory host, so that a C(run_playbook) action is
     limited to that host.
-  - Read-only; it sends C(GET /v2/systemsharedmemory/status) and nothing else.
+  - Read-only; it sends C(GET /v2/systemsharedmemory/status) (over C(grpc://) and C(grpcs://),
+    C(SystemSharedMemoryStatus)) and nothing else.
     The HTTP calls never block the event loop and need nothing beyond Python's standard
-    library, with one HTTP/1.1 connection per server, kept open between polls.
-  - "Polls are spread over the interval: they start one after another, min(O(interval) / number
-    of servers, 0.01) seconds apart, and each server keeps its place, so every server is polled
-    every O(interval) whatever the others answer. A slow or dead server delays only its own event;
-    it is never polled twice at once (with a O(timeout) longer than the O(interval), its next poll
-    starts when the current one ends)."
+    library, with one HTTP/1.1 connection per server, kept open between polls. A C(grpc://) or
+    C(grpcs://) URL (Triton's gRPC port, as in the modules) is polled over one C(grpc.aio) channel
+    per server, kept open between polls; it needs C(tritonclient[grpc]) where ansible-rulebook runs.
+  - "Polls start one after another, at most 0.01 seconds apart (min(O(interval) / number of servers,
+    0.01)): 100 servers are all polled within the first second of each interval, not spread over it;
+    each server keeps its place, so every server is polled every O(interval) whatever the others
+    answer. A slow or dead server delays only its own event; it is never polled twice at once (with
+    a O(timeout) longer than the O(interval), its next poll starts when the current one ends)."
+  - "A server started with C(--http-restricted-api=shared-memory:KEY=VALUE) (or
+    C(--grpc-restricted-protocol=shared-memory:KEY=VALUE)) answers only with that header: give it in
+    O(headers) (over gRPC the key is C(triton-grpc-protocol-KEY)). Without it the event is C(down) and its
+    C(error) names O(headers) and the key Triton expects."
   - "Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
     loaded by its path): lines end in CRLF; the status line and headers (and a chunked body's
     trailers) are at most 64 KiB, a chunk-size line 1 KiB, the body 32 MiB, chunked or not.
@@ -53,7 +60,8 @@ options:
   servers:
     description:
       - The servers to poll. Each item is a dict with C(host) (the Ansible inventory host of
-        the server; required), C(url) (Triton's HTTP endpoint; required) and optionally
+        the server; required), C(url) (Triton's HTTP endpoint, or C(grpc://HOST:PORT) / C(grpcs://HOST:PORT) for its
+        gRPC endpoint; required; a URL that the machine running ansible-rulebook can reach) and optionally
         C(shm_bytes) (the size of the server's C(/dev/shm), the container's C(--shm-size))
         and C(threshold_percent), C(timeout), C(validate_certs), C(ca_path), C(headers),
         C(client_cert), C(client_key), C(metrics_url), which override the options of the same name for
@@ -176,8 +184,13 @@ def load_by_path(name: str) -> Any:
 
 http_reader = load_by_path("http_reader")
 tls = load_by_path("tls")
+errors = load_by_path("errors")
 
 STATUS_PATH = "/v2/systemsharedmemory/status"
+GRPC_METHOD = "SystemSharedMemoryStatus"   # what a grpc:// server is asked (Triton's GRPCInferenceService)
+GRPC_SCHEMES = ("grpc", "grpcs")
+DEFAULT_PORTS = {"http": 80, "https": 443, "grpc": 8001, "grpcs": 8001}
+GRPC_KEY_RE = re.compile(r"^[0-9a-z_.\-]+$")
 MAX_ANSWER_BYTES = 32 << 20  # body: a status list of 100,000 regions is about 15 MiB; chunked or not
 MAX_HEAD_BYTES = 64 << 10    # status line and headers (and the trailers of a chunked body)
 MAX_ERROR_CHARS = 1000       # an event's error, escaped
@@ -314,7 +327,7 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
         url = item.get("url")
         if not isinstance(url, str) or not url.strip():
             raise ConfigError(f"{what}: url is required")
-        url = _http_url(url, f"{what}: url", "a Triton server")
+        url = _http_url(url, f"{what}: url", "a Triton server", grpc=True)
         server = dict(defaults)
         server.update((k, item[k]) for k in PER_SERVER if k in item)
         server.update(host=host, url=url, shown_url=redact_url(url))
@@ -326,7 +339,8 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
         server["timeout"] = _number(server["timeout"], f"{what}: timeout")
         server["validate_certs"] = _bool(server["validate_certs"], f"{what}: validate_certs")
         server["headers"] = _headers(server["headers"], f"{what}: headers")
-        server["ssl"] = _ssl_context(server, what)
+        server["grpc"] = _grpc_settings(server, what) if urlsplit(url).scheme.lower() in GRPC_SCHEMES else None
+        server["ssl"] = _ssl_context(server, what) if server["grpc"] is None else None
         server["request"] = _request(server)
         server["secrets"] = _secrets(server)
         server["metrics"] = _metrics_server(server, what)
@@ -334,8 +348,9 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
     return out, interval
 
 
-def _http_url(url: str, what: str, of: str) -> str:
-    """url without spaces around and a trailing /, http:// when it names no scheme; ConfigError when it is not http(s)."""
+def _http_url(url: str, what: str, of: str, grpc: bool = False) -> str:
+    """url without spaces around and a trailing /, http:// when it names no scheme; ConfigError when it is not http(s)
+    (with grpc: or grpc(s)://HOST:PORT, nothing more)."""
     url = url.strip().rstrip("/")
     if "://" not in url:
         url = "http://" + url
@@ -344,8 +359,13 @@ def _http_url(url: str, what: str, of: str) -> str:
         parts.port  # pylint: disable=pointless-statement
     except ValueError:
         raise ConfigError(f"{what} {redact_url(url)} has an invalid port") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c in url for c in " \r\n\t"):
-        raise ConfigError(f"{what} {redact_url(url)} is not an http(s) URL of {of}")
+    schemes = ("http", "https") + (GRPC_SCHEMES if grpc else ())
+    if parts.scheme.lower() not in schemes or not parts.hostname or any(c in url for c in " \r\n\t"):
+        kind = " (nor a grpc:// or grpcs:// one)" if grpc else ""
+        raise ConfigError(f"{what} {redact_url(url)} is not an http(s) URL{kind} of {of}")
+    if parts.scheme.lower() in GRPC_SCHEMES and (parts.path or parts.query or parts.fragment or "@" in parts.netloc):
+        raise ConfigError(f"{what} {redact_url(url)}: a gRPC URL is grpc://HOST:PORT or grpcs://HOST:PORT, with no path, "
+                          "query or user")
     return url
 
 
@@ -360,7 +380,55 @@ def url_key(url: str) -> tuple:
     except ValueError:
         port = None
     scheme = parts.scheme.lower()
-    return scheme, parts.hostname or "", port or (443 if scheme == "https" else 80), parts.path.rstrip("/")
+    return scheme, parts.hostname or "", port or DEFAULT_PORTS.get(scheme, 80), parts.path.rstrip("/")
+
+
+class _Grpc:
+    """grpcio and Triton's messages (tritonclient[grpc]), imported at the first grpc:// server only."""
+    grpc: Any = None
+    pb: Any = None
+    pb_grpc: Any = None
+
+
+def _grpc_settings(server: dict, what: str) -> dict:
+    """How a grpc(s):// server is reached: its target, metadata (the headers, keys in lower case), credentials."""
+    if _Grpc.grpc is None:
+        try:
+            import grpc  # pylint: disable=import-outside-toplevel
+            import grpc.aio  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+            from tritonclient.grpc import service_pb2, service_pb2_grpc  # pylint: disable=import-outside-toplevel
+        except ImportError as exc:
+            raise ConfigError(f"{what}: a grpc:// URL needs tritonclient[grpc] (grpcio and Triton's messages) where "
+                              f"ansible-rulebook runs: pip install 'tritonclient[grpc]' ({exc})") from None
+        _Grpc.grpc, _Grpc.pb, _Grpc.pb_grpc = grpc, service_pb2, service_pb2_grpc
+    parts = urlsplit(server["url"])
+    metadata = []
+    for name, value in server["headers"].items():
+        key = name.lower()
+        if not GRPC_KEY_RE.match(key) or key.endswith("-bin") or not value.isascii() or not value.isprintable():
+            raise ConfigError(f"{what}: header {name!r} cannot be sent as gRPC metadata (names of letters, digits, "
+                              "-_. and not -bin; printable ASCII values)")
+        metadata.append((key, value))
+    settings = {"target": f"{parts.hostname}:{parts.port or 8001}" if ":" not in parts.hostname
+                else f"[{parts.hostname}]:{parts.port or 8001}", "metadata": tuple(metadata), "credentials": None}
+    if parts.scheme.lower() == "grpcs":
+        if not server["validate_certs"]:
+            raise ConfigError(f"{what}: validate_certs false is not possible with grpcs://: grpcio always verifies the "
+                              "server certificate; set ca_path to the CA that issued it")
+        try:
+            pems = tls.grpc_pems(server.get("ca_path"), server.get("client_cert"), server.get("client_key"))
+        except tls.TlsFileError as exc:
+            raise ConfigError(f"{what}: cannot load the TLS files: {exc}") from None
+        settings["credentials"] = _Grpc.grpc.ssl_channel_credentials(*pems)
+    return settings
+
+
+def _refusal(text: str, grpc: bool) -> str:
+    """The server's error text, with the way out when it is a restricted API's refusal (module_utils/errors.py)."""
+    header = errors.restricted_header(text)
+    if header is None:
+        return text
+    return f"{text}; {errors.restricted_hint(header, grpc)}"
 
 
 def _metrics_server(server: dict, what: str) -> dict | None:
@@ -664,15 +732,7 @@ class _Target:
     async def _poll(self, loop: asyncio.AbstractEventLoop, data: dict, holders: asyncio.Task | None) -> dict:
         server = self.server
         try:
-            answer = await self.fetch(loop)
-            if answer.status != 200:
-                raise PollError(f"HTTP {answer.status}: {_snippet(answer.body) or http_reader.escape(answer.reason, 120)}")
-            try:
-                regions = json.loads(answer.body)
-            except ValueError:
-                raise PollError("the answer is not Triton JSON (is another web server on this port?): "
-                                + _snippet(answer.body)) from None
-            count, registered = summarize(regions, server["shm_bytes"])
+            count, registered = summarize(await self._regions(loop), server["shm_bytes"])
         except Implausible as exc:
             data.update(status="implausible", error=self._error(f"the answer cannot be true: {exc}"))
         except (PollError, ValueError) as exc:
@@ -696,6 +756,23 @@ class _Target:
                 data["metrics_error"] = seen.error
         return {"triton_shm": data, "meta": {"hosts": server["host"]}}
 
+    async def _regions(self, loop: asyncio.AbstractEventLoop) -> Any:
+        """The server's registered system regions as its answer lists them; PollError when there is no such answer."""
+        answer = await self.fetch(loop)
+        if answer.status != 200:
+            text = _snippet(answer.body) or http_reader.escape(answer.reason, 120)
+            if answer.status == 403:
+                try:
+                    text = _refusal(json.loads(answer.body)["error"], grpc=False)
+                except (ValueError, KeyError, TypeError):
+                    pass
+            raise PollError(f"HTTP {answer.status}: {text}")
+        try:
+            return json.loads(answer.body)
+        except ValueError:
+            raise PollError("the answer is not Triton JSON (is another web server on this port?): "
+                            + _snippet(answer.body)) from None
+
     async def _holders(self, loop: asyncio.AbstractEventLoop) -> Holders:
         """Whether the cleanup on the server's host can see every holder, from its metrics endpoint; never raises."""
         metrics = self.metrics.server
@@ -718,12 +795,63 @@ class _Target:
         server = self.server
         return http_reader.escape(_redact(f"{server['url']}{STATUS_PATH}: {text}", server), MAX_ERROR_CHARS)
 
-    def close(self) -> None:
+    def close(self) -> Any:
+        """Close the connection; an awaitable when closing takes one (a gRPC channel), else None."""
         if self.conn is not None:
             self.conn.abort()
             self.conn = None
         if self.metrics is not None:
             self.metrics.close()
+        return None
+
+
+class _GrpcTarget(_Target):
+    """A grpc(s):// server: SystemSharedMemoryStatus over one grpc.aio channel, kept open between polls."""
+
+    __slots__ = ("channel", "stub")
+
+    def __init__(self, server: dict, keep_alive: bool) -> None:
+        super().__init__(server, keep_alive)
+        self.channel: Any = None
+        self.stub: Any = None
+
+    async def _regions(self, loop: asyncio.AbstractEventLoop) -> Any:
+        grpc, settings, timeout = _Grpc.grpc, self.server["grpc"], self.server["timeout"]
+        if self.stub is None:
+            options = [("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
+            if settings["credentials"] is None:
+                self.channel = grpc.aio.insecure_channel(settings["target"], options=options)
+            else:
+                self.channel = grpc.aio.secure_channel(settings["target"], settings["credentials"], options=options)
+            self.stub = _Grpc.pb_grpc.GRPCInferenceServiceStub(self.channel)
+        try:
+            answer = await self.stub.SystemSharedMemoryStatus(_Grpc.pb.SystemSharedMemoryStatusRequest(), timeout=timeout,
+                                                              metadata=settings["metadata"])
+        except grpc.aio.AioRpcError as exc:
+            name, details = exc.code().name, exc.details() or ""
+            if name == "DEADLINE_EXCEEDED":
+                raise PollError(f"no answer within {timeout}s (timeout)") from None
+            if name == "UNAVAILABLE" and errors.RESTRICTED_TEXT not in details:
+                raise PollError(f"cannot connect to Triton over gRPC (refused or unreachable): {details}") from None
+            raise PollError(f"gRPC {name}: {_refusal(details, grpc=True)}") from None
+        finally:
+            if not self.keep_alive:
+                await self._close_channel()
+        return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                for r in answer.regions.values()]
+
+    async def _close_channel(self) -> None:
+        channel, self.channel, self.stub = self.channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    def _error(self, text: str) -> str:
+        server = self.server
+        return http_reader.escape(_redact(f"{server['url']} ({GRPC_METHOD}): {text}", server), MAX_ERROR_CHARS)
+
+    def close(self) -> Any:
+        super().close()
+        return self._close_channel()
 
 
 def _keep_alive_budget(servers: int, in_flight: int) -> int:
@@ -761,7 +889,7 @@ class _Poller:
         in_flight = min(len(servers), math.ceil(min(longest, interval) / self.spacing) + 1)
         in_flight *= 2 if any(s.get("metrics") for s in servers) else 1   # a metrics request beside each poll
         budget = _keep_alive_budget(len(servers), in_flight)
-        self.targets = [_Target(s, index < budget) for index, s in enumerate(servers)]
+        self.targets = [(_GrpcTarget if s["grpc"] else _Target)(s, index < budget) for index, s in enumerate(servers)]
         self.last_status: dict[str, str] = {}
         self.last_holders: dict[str, Any] = {}
         self.with_metrics = {s["host"] for s in servers if s.get("metrics")}
@@ -836,8 +964,8 @@ class _Poller:
             for task in list(self.tasks):
                 task.cancel()
             await asyncio.gather(sender, *self.tasks, return_exceptions=True)
-            for target in self.targets:
-                target.close()
+            closing = [target.close() for target in self.targets]
+            await asyncio.gather(*[c for c in closing if c is not None], return_exceptions=True)
 
 
 async def main(queue: asyncio.Queue, args: dict) -> None:

@@ -509,3 +509,20 @@ def test_rules_that_fall_behind_get_each_servers_latest_event_not_a_backlog():
     # one event in the queue, one on its way to it, then at most the newest of each server: no backlog of 60
     assert 3 <= len(backlog) <= 5, backlog
     assert len({e['triton_shm']['host'] for e in backlog[2:]}) == len(backlog) - 2
+
+
+def test_grpc_urls_are_accepted_as_in_the_modules_and_their_options_checked(tmp_path):
+    servers, _interval = source.parse_args({'servers': [
+        {'host': 'g1', 'url': 'grpc://127.0.0.1:8001', 'headers': {'Triton-GRPC-Protocol-Shm-Key': 'v'}},
+        {'host': 'g2', 'url': 'grpcs://triton.example', 'ca_path': make_ca(str(tmp_path), 'ca')['cert']},
+        {'host': 'h1', 'url': 'http://127.0.0.1:8000'}]})
+    g1, g2, h1 = servers
+    assert g1['grpc']['target'] == '127.0.0.1:8001' and g1['grpc']['metadata'] == (('triton-grpc-protocol-shm-key', 'v'),)
+    assert g1['grpc']['credentials'] is None and g2['grpc']['target'] == 'triton.example:8001'
+    assert g2['grpc']['credentials'] is not None and h1['grpc'] is None
+    for item, why in (({'url': 'grpc://a:1/v2'}, 'a gRPC URL is grpc://HOST:PORT'),
+                      ({'url': 'grpcs://a:1', 'validate_certs': False}, 'validate_certs false is not possible'),
+                      ({'url': 'grpc://a:1', 'headers': {'x-bin': 'v'}}, 'cannot be sent as gRPC metadata'),
+                      ({'url': 'grpcs://a:1', 'ca_path': str(tmp_path / 'missing.pem')}, 'cannot load the TLS files')):
+        with pytest.raises(source.ConfigError, match=why):
+            source.parse_args({'servers': [dict(item, host='g')]})

@@ -23,7 +23,7 @@ service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.client import is_grpc_url  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, TritonError  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, Restricted, TritonError  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, Triton  # noqa: E402
 
@@ -283,3 +283,15 @@ def test_a_load_refused_for_model_control_is_an_answer_not_a_connection_error(se
         TritonGrpcClient(url).load_model('grow')
     assert err.value.status == 'UNAVAILABLE' and err.value.server_error == text
     assert 'cannot connect' not in err.value.msg
+
+
+def test_a_restricted_protocol_without_its_header_names_the_headers_option_and_the_key(served):
+    """Triton 2.51 started with --grpc-restricted-protocol=shared-memory:shm-key=V answers UNAVAILABLE with this text (measured)."""
+    script, url = served
+    text = "This protocol is restricted, expecting header 'triton-grpc-protocol-shm-key'"
+    script.fail['SystemSharedMemoryStatus'] = (grpc.StatusCode.UNAVAILABLE, text)
+    with pytest.raises(Restricted) as err:
+        TritonGrpcClient(url).status('system')
+    assert err.value.status == 'UNAVAILABLE' and err.value.header == 'triton-grpc-protocol-shm-key'
+    assert 'cannot connect' not in err.value.msg and '--grpc-restricted-protocol' in err.value.msg
+    assert 'give it in the headers option, headers: {triton-grpc-protocol-shm-key: <the value' in err.value.msg

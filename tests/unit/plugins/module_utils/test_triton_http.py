@@ -21,7 +21,7 @@ import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_http, triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, TritonError, UnaddressableName
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, Restricted, TritonError, UnaddressableName
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes import loopback
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import MODEL_CONTROL, HttpFront, Reply, Triton
@@ -624,3 +624,20 @@ def test_model_names_a_path_cannot_carry_are_not_sent(serve):
     with pytest.raises(UnaddressableName):
         TritonClient(server.url).load_model('a/b')
     assert server.requests == []
+
+
+# Triton 2.51 started with --http-restricted-api=shared-memory:shm-key=V, asked without the header (measured)
+RESTRICTED = "This API is restricted, expecting header 'shm-key'"
+
+
+@pytest.mark.parametrize('call', [lambda c: c.status('system'), lambda c: c.unregister('system', 'r'),
+                                  lambda c: c.register_system('r', '/r', 0, 64)])
+def test_a_restricted_api_without_its_header_names_the_headers_option_and_the_key(serve, call):
+    answer = jsonr(dict(error=RESTRICTED), 403)
+    srv = serve({('GET', '/v2/systemsharedmemory/status'): answer,
+                 ('POST', '/v2/systemsharedmemory/region/r/unregister'): answer,
+                 ('POST', '/v2/systemsharedmemory/region/r/register'): answer})
+    err = _fails(lambda: call(TritonClient(srv.url())), f'HTTP 403: {RESTRICTED}; the server was started with '
+                 '--http-restricted-api', 'give it in the headers option, headers: {shm-key: <the value the server was started with>}',
+                 'shm_cleanup_headers')
+    assert isinstance(err, Restricted) and err.header == 'shm-key' and err.status == 403 and err.server_error == RESTRICTED
