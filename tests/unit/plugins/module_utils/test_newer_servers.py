@@ -23,7 +23,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (  # n
     CLIENT_SHM_HINT, OVERFLOW_HINT, RESERVED_KEY_HINT, SHM_UNSUPPORTED_HINT,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (  # noqa: E402
-    ClientShmDisabled, ParameterError, RegionInUse, RegisterOverflow, ReservedKey, ShmUnsupported, TritonError,
+    ClientShmDisabled, ParameterError, RegionInUse, RegisterOverflow, ReservedKey, Restricted, ShmUnsupported,
+    TritonError,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
@@ -313,6 +314,7 @@ def test_a_restricted_shm_api_refuses_without_its_header_and_answers_with_it(ser
     with pytest.raises(TritonError) as err:
         client.status('system')
     text = (RESTRICTED_HTTP if client.transport == 'http' else RESTRICTED_GRPC).format(header)
+    assert isinstance(err.value, Restricted) and err.value.header == header and err.value.server_error == text
     assert text in err.value.msg and model.calls == [], 'refused before the shared memory manager'
     assert client.server_metadata()['version'] == '2.51.0', 'only the shared-memory API is restricted'
     with type(client)(client.base, timeout=5, headers={header: value}) as allowed:

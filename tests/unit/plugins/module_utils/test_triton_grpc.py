@@ -289,7 +289,7 @@ def test_a_restricted_protocol_without_its_header_names_the_headers_option_and_t
     """Triton 2.51 started with --grpc-restricted-protocol=shared-memory:shm-key=V answers UNAVAILABLE with this text (measured)."""
     script, url = served
     text = "This protocol is restricted, expecting header 'triton-grpc-protocol-shm-key'"
-    script.fail['SystemSharedMemoryStatus'] = (grpc.StatusCode.UNAVAILABLE, text)
+    script.model.restricted = ('shm-key', 'V')     # the model answers UNAVAILABLE with that text
     with pytest.raises(Restricted) as err:
         TritonGrpcClient(url).status('system')
     assert err.value.status == 'UNAVAILABLE' and err.value.header == 'triton-grpc-protocol-shm-key'

@@ -633,11 +633,8 @@ RESTRICTED = "This API is restricted, expecting header 'shm-key'"
 @pytest.mark.parametrize('call', [lambda c: c.status('system'), lambda c: c.unregister('system', 'r'),
                                   lambda c: c.register_system('r', '/r', 0, 64)])
 def test_a_restricted_api_without_its_header_names_the_headers_option_and_the_key(serve, call):
-    answer = jsonr(dict(error=RESTRICTED), 403)
-    srv = serve({('GET', '/v2/systemsharedmemory/status'): answer,
-                 ('POST', '/v2/systemsharedmemory/region/r/unregister'): answer,
-                 ('POST', '/v2/systemsharedmemory/region/r/register'): answer})
-    err = _fails(lambda: call(TritonClient(srv.url())), f'HTTP 403: {RESTRICTED}; the server was started with '
+    srv = serve({}, model=Triton(restricted=('shm-key', 'V')))    # the model answers 403 with Triton's text
+    err = _fails(lambda: call(TritonClient(srv.url)), f'HTTP 403: {RESTRICTED}; the server was started with '
                  '--http-restricted-api', 'give it in the headers option, headers: {shm-key: <the value the server was started with>}',
                  'shm_cleanup_headers')
     assert isinstance(err, Restricted) and err.header == 'shm-key' and err.status == 403 and err.server_error == RESTRICTED
