@@ -9,6 +9,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'rig'))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'containers'))
+# tests/fakes/loopback.py: the loopback socket peers (hostile servers), shared with the unit tests
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'fakes'))
 
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 import engines  # noqa: E402  pylint: disable=wrong-import-position

@@ -12,14 +12,13 @@ import os
 import sys
 
 import pytest
-from aiohttp import web
-
-from test_triton_shm_source import (COLLECTION, REGIONS, MiB, Fake, closed_port, collect, json_answer,  # noqa: E402
-                                    run, source)  # pylint: disable=import-error
+from test_triton_shm_source import (COLLECTION, MiB, closed_port, collect, run, source,  # noqa: E402
+                                    triton)  # pylint: disable=import-error
 
 if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.tests.fakes import loopback  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def report(host: str, url: str, complete: bool, pid_namespace: str = 'initial') -> str:
@@ -30,10 +29,9 @@ def report(host: str, url: str, complete: bool, pid_namespace: str = 'initial') 
     return metrics.report_text({'reachable': True, **inv}, host, url)
 
 
-def text_answer(text: str, status: int = 200):
-    async def answer(_request):
-        return web.Response(status=status, text=text, content_type='text/plain')
-    return answer
+def metrics_page(text: str, status: int = 200) -> loopback.Peer:
+    """node_exporter's /metrics (any path) answering text with status."""
+    return loopback.Peer(loopback.canned(loopback.http_answer(status, text.encode(), 'text/plain'), keep=True))
 
 
 def by_host(events):
@@ -52,13 +50,13 @@ def test_an_incomplete_host_gives_holders_complete_false_and_the_reason_a_comple
     caplog.set_level(logging.INFO)
 
     async def scenario():
-        async with Fake(json_answer(REGIONS)) as triton1, Fake(json_answer(REGIONS)) as triton2:
+        with triton() as triton1, triton() as triton2:
             port1 = triton1.url.rsplit(':', 1)[1]
             page = (report('t1', f'http://admin:s3cret@127.0.0.1:{port1}/', False, 'other')
                     + report('t2', triton2.url, True)
                     + report('other', triton1.url, True)   # another host's series for the same URL: not t1's
                     + 'node_load1 0.5\n')
-            async with Fake(text_answer(page)) as node:
+            with metrics_page(page) as node:
                 args = {'servers': [{'host': 't1', 'url': triton1.url, 'shm_bytes': 8 * MiB, 'metrics_url': node.url,
                                      'headers': {'Authorization': 'Bearer triton-only'}},
                                     {'host': 't2', 'url': triton2.url + '/', 'shm_bytes': 8 * MiB,
@@ -72,8 +70,8 @@ def test_an_incomplete_host_gives_holders_complete_false_and_the_reason_a_comple
     assert seen['t2']['holders_complete'] is True and 'holders_incomplete_reason' not in seen['t2']
     assert 'metrics_error' not in seen['t1'] and 'metrics_error' not in seen['t2']
     # the metrics page is read on every poll, at /metrics, without Triton's headers
-    assert len(node.requests) >= 6 and {path for _m, path, _h in node.requests} == {'/metrics'}
-    assert all('Authorization' not in headers for _m, _p, headers in node.requests)
+    assert len(node.requests) >= 6 and {r.path for r in node.requests} == {'/metrics'}
+    assert all(r.header('Authorization') is None for r in node.requests)
     warnings = [r.getMessage() for r in caplog.records if 'cannot see every holder' in r.getMessage()]
     assert warnings == ['t1: the cleanup there cannot see every holder (pid_namespace), no self-heal']
 
@@ -86,13 +84,13 @@ def test_an_incomplete_host_gives_holders_complete_false_and_the_reason_a_comple
 ])
 def test_an_unreachable_or_silent_metrics_page_leaves_completeness_unknown(page, status, error):
     async def scenario():
-        async with Fake(json_answer(REGIONS)) as triton:
+        with triton() as fake:
             if page is None:
                 url = f'http://user:pw@127.0.0.1:{closed_port()}'
-                return url, await collect({'servers': [{'host': 't1', 'url': triton.url, 'shm_bytes': 8 * MiB,
+                return url, await collect({'servers': [{'host': 't1', 'url': fake.url, 'shm_bytes': 8 * MiB,
                                                         'metrics_url': url}], 'interval': 0.05}, 2)
-            async with Fake(text_answer(page, status)) as node:
-                return node.url, await collect({'servers': [{'host': 't1', 'url': triton.url, 'shm_bytes': 8 * MiB}],
+            with metrics_page(page, status) as node:
+                return node.url, await collect({'servers': [{'host': 't1', 'url': fake.url, 'shm_bytes': 8 * MiB}],
                                                 'metrics_url': node.url, 'interval': 0.05}, 2)
     url, events = run(scenario())
     for event in events:
@@ -103,14 +101,11 @@ def test_an_unreachable_or_silent_metrics_page_leaves_completeness_unknown(page,
 
 
 def test_a_silent_metrics_endpoint_never_holds_the_poll_past_its_timeout():
-    async def silent(_request):
-        await asyncio.sleep(3600)
-
     async def scenario():
-        async with Fake(json_answer(REGIONS)) as triton, Fake(silent) as node:
+        with triton() as fake, loopback.Peer(loopback.silent()) as node:
             loop = asyncio.get_running_loop()
             started = loop.time()
-            events = await collect({'servers': [{'host': 't1', 'url': triton.url, 'metrics_url': node.url}],
+            events = await collect({'servers': [{'host': 't1', 'url': fake.url, 'metrics_url': node.url}],
                                     'timeout': 0.5, 'interval': 0.2}, 2)
             return loop.time() - started, events
     took, events = run(scenario())
@@ -121,7 +116,7 @@ def test_a_silent_metrics_endpoint_never_holds_the_poll_past_its_timeout():
 
 def test_a_down_server_says_down_whatever_its_metrics():
     async def scenario():
-        async with Fake(text_answer(report('t1', 'http://127.0.0.1:1', False, 'other'))) as node:
+        with metrics_page(report('t1', 'http://127.0.0.1:1', False, 'other')) as node:
             return await collect({'servers': [{'host': 't1', 'url': f'http://127.0.0.1:{closed_port()}',
                                                'metrics_url': node.url}], 'interval': 0.05}, 2)
     for event in run(scenario()):

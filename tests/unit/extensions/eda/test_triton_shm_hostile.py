@@ -1,13 +1,13 @@
 """The poller tritonops.shm.triton_shm against hostile servers on 127.0.0.1 (issue 26: findings 11 and 1).
 
-Each server is a real asyncio TCP server that answers the status request with what a hostile or broken
-server sends: a chunk it declares huge and then streams, a chunk-size line or a trailer that never ends,
-a byte_size of 401 digits, escape codes, figures that cannot be true. main() runs as a task, as
+Each server is a real TCP server on loopback (tests/fakes/loopback.py, shared with the module tests)
+that answers the status request with what a hostile or broken server sends: a chunk it declares huge
+and then streams, a chunk-size line or a trailer that never ends, a byte_size of 401 digits, escape
+codes, figures that cannot be true. main() runs as a task, as
 ansible-rulebook runs it; memory is measured with tracemalloc, CPU with the process clock.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -15,47 +15,15 @@ import tracemalloc
 
 import pytest
 
-from test_triton_shm_source import MiB, collect, run, source  # noqa: E402  pylint: disable=import-error
+from test_triton_shm_source import MiB, collect, loopback, run, source  # noqa: E402  pylint: disable=import-error
 
 HEAD_CHUNKED = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n'
-
-
-class Streamer:
-    """A TCP server on 127.0.0.1: after the request, writes first, then block forever (or up to limit bytes)."""
-
-    def __init__(self, first: bytes, block: bytes = b'', limit: int = 0) -> None:
-        self.first, self.block, self.limit = first, block, limit
-        self.sent = 0
-        self.server = None
-        self.url = None
-
-    async def _handle(self, reader, writer) -> None:
-        try:
-            await reader.readuntil(b'\r\n\r\n')
-            writer.write(self.first)
-            while self.block and (not self.limit or self.sent < self.limit):
-                writer.write(self.block)
-                self.sent += len(self.block)
-                await writer.drain()
-            await asyncio.sleep(3600)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def __aenter__(self) -> Streamer:
-        self.server = await asyncio.start_server(self._handle, '127.0.0.1', 0)
-        self.url = 'http://127.0.0.1:%d' % self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self.server.close()
 
 
 def one_event(first: bytes, block: bytes = b'', limit: int = 0, timeout: float = 3.0, shm_bytes: int | None = None):
     """(the first event for a server that sends first then block, tracemalloc peak bytes, CPU seconds, wall seconds)."""
     async def scenario():
-        async with Streamer(first, block, limit) as srv:
+        with loopback.Peer(loopback.endless(first, block, limit)) as srv:
             server = {'host': 'evil', 'url': srv.url}
             if shm_bytes:
                 server['shm_bytes'] = shm_bytes

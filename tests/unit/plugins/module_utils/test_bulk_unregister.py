@@ -1,156 +1,40 @@
 """Unit tests for the bulk unregister (issue 22): several unregisters at once over HTTP and gRPC, the same safety rules.
 
 The transports are the real ones (TritonClient over its kept-alive connections, TritonGrpcClient over
-one channel), against loopback servers that fake Triton's shared-memory API for what a real server
-cannot do on demand: refuse one region as in use among many, drop the connection part-way through a
-batch. Files are real, holders come from the real /proc scan (see test_region_ops).
+one channel), against the unit tests' fake Triton (tests/fakes/fake_triton.py, as 2.51) on loopback,
+for what a real server cannot do on demand: refuse one region as in use among many, drop the
+connection part-way through a batch. Files are real, holders come from the real /proc scan (see test_region_ops).
 """
 from __future__ import annotations
 
-import http.server
-import json
 import os
-import threading
 
-from concurrent import futures
-
-import grpc
 import pytest
-
-from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
-from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.grpc_answers import grpc_status_response
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import Triton, serve
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # fixtures server_proc, shm, complete_scan: conftest
-    FakeClock, make_file, region, run,
+    FakeClock, make_file, run,
 )
 
-IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
 COUNT = 60
 pytestmark = pytest.mark.usefixtures('complete_scan')
 
 
-class Shared:
-    """One server's regions, shared by the fake servers' threads; each unregister records whether its file still existed."""
-
-    def __init__(self, shm_dir: str, names: list[str], in_use: dict | None = None, drop_after: int | None = None) -> None:
-        self.shm_dir = shm_dir
-        self.regions = {n: region(n, byte_size=4096) for n in names}
-        self.in_use = dict(in_use or {})       # name -> refusals left
-        self.drop_after = drop_after           # answer this many unregisters, then drop every connection
-        self.answered = 0
-        self.seen = []                         # (name, file existed when the unregister arrived)
-        self.peers = set()
-        self.lock = threading.Lock()
-
-    def unregister(self, name: str, peer: object = None) -> str | None:
-        """None (done), 'in use', or 'drop' (no answer)."""
-        with self.lock:
-            self.peers.add(peer)
-            self.seen.append((name, os.path.exists(os.path.join(self.shm_dir, name))))
-            if self.drop_after is not None and self.answered >= self.drop_after:
-                return 'drop'
-            self.answered += 1
-            if self.in_use.get(name):
-                self.in_use[name] -= 1
-                return 'in use'
-            self.regions.pop(name, None)
-            return None
-
-    def status(self) -> list[dict]:
-        with self.lock:
-            return [dict(self.regions[n]) for n in sorted(self.regions)]
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = 'HTTP/1.1'
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _json(self, status: int, data: object) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header('Content-Type', 'application/json')
-        self.send_header('Content-Length', str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
-        shared = self.server.shared
-        if self.path == '/v2':
-            self._json(200, {'name': 'triton', 'version': '2.51.0', 'extensions': ['system_shared_memory']})
-        elif self.path == '/v2/systemsharedmemory/status':
-            self._json(200, shared.status())
-        else:
-            self._json(404, {'error': 'not found'})
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get('Content-Length') or 0))
-        name = self.path.split('/')[-2]
-        outcome = self.server.shared.unregister(name, self.client_address)
-        if outcome == 'drop':
-            self.close_connection = True
-            self.connection.shutdown(2)
-        elif outcome == 'in use':
-            self._json(400, {'error': IN_USE % name})
-        else:
-            self._json(200, {})
-
-
 @pytest.fixture
 def http_triton():
-    servers = []
+    """start(model, transport='http') -> the URL of the model served over transport; closed after the test."""
+    fronts = []
 
-    def start(shared: Shared) -> str:
-        server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Handler)
-        server.daemon_threads = True
-        server.shared = shared
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f'http://127.0.0.1:{server.server_address[1]}'
+    def start(model: Triton, transport: str = 'http') -> str:
+        fronts.append(serve(model, transport))
+        return fronts[-1].url
     yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-
-
-class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, shared: Shared) -> None:
-        self.shared = shared
-
-    def ServerMetadata(self, request, context):  # noqa: N802 (grpc API)
-        return service_pb2.ServerMetadataResponse(name='triton', version='2.51.0', extensions=['system_shared_memory'])
-
-    def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
-        return grpc_status_response(self.shared.status())
-
-    def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
-        outcome = self.shared.unregister(request.name)
-        if outcome == 'drop':
-            context.abort(grpc.StatusCode.UNAVAILABLE, 'Socket closed')
-        if outcome == 'in use':
-            context.abort(grpc.StatusCode.INTERNAL, IN_USE % request.name)
-        return service_pb2.SystemSharedMemoryUnregisterResponse()
-
-
-@pytest.fixture
-def grpc_triton():
-    servers = []
-
-    def start(shared: Shared) -> str:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(shared), server)
-        port = server.add_insecure_port('127.0.0.1:0')
-        server.start()
-        servers.append(server)
-        return f'grpc://127.0.0.1:{port}'
-    yield start
-    for server in servers:
-        server.stop(0)
+    for front in fronts:
+        front.close()
 
 
 def _client(transport: str, url: str):
@@ -161,17 +45,21 @@ def _client(transport: str, url: str):
     return TritonGrpcClient(url)
 
 
-def _scene(shm_dir: str, **kw) -> tuple[Shared, list[str]]:
+def _scene(shm_dir: str, in_use: dict | None = None, drop_after: int | None = None) -> tuple[Triton, list[str]]:
+    """Triton 2.51 with COUNT regions and their files; in_use: name -> refusals before it goes; drop_after: answers."""
     names = [f'r{i:03d}' for i in range(COUNT)]
+    shared = Triton('2.51.0', shm_dir=shm_dir)
     for n in names:
         make_file(shm_dir, n, size=4096)
-    return Shared(shm_dir, names, **kw), names
+        shared.list(n, byte_size=4096)
+    shared.in_flight.update(in_use or {})
+    shared.drop_after = drop_after
+    return shared, names
 
 
 @pytest.fixture(params=['http', 'grpc'])
-def transport(request, http_triton, grpc_triton, monkeypatch):
-    start = http_triton if request.param == 'http' else grpc_triton
-    return request.param, start
+def transport(request, http_triton):
+    return request.param, lambda model: http_triton(model, request.param)
 
 
 def test_many_unregisters_go_out_at_once_and_each_file_goes_only_after_its_own_unregister(transport, shm, server_proc):

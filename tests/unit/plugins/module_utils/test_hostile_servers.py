@@ -2,110 +2,42 @@
 
 Every HTTP path the modules use is driven: requests (TritonClient as it is), the kept-alive connection
 (use_keep_alive) and the bulk selector path (unregister_many). The servers are real sockets that trickle,
-declare a huge chunk, stream for ever, or answer a status Triton would never send; gRPC gets a grpcio
-servicer that is slow, too large or malformed.
+declare a huge chunk, stream for ever, or answer a status Triton would never send (tests/fakes/loopback.py,
+shared with the integration tests); gRPC gets the unit tests' fake Triton (tests/fakes/fake_triton.py)
+slow, too large or malformed.
 """
 from __future__ import annotations
 
-import json
-import socket
-import threading
 import time
 
-from concurrent import futures
-
-import grpc
 import pytest
 
-from tritonclient.grpc import service_pb2_grpc
-
-from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_http, triton_grpc
+from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_grpc, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
-from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.grpc_answers import grpc_status_response
+from ansible_collections.tritonops.shm.tests.fakes import loopback
+from ansible_collections.tritonops.shm.tests.fakes.loopback import canned, endless, http_json
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, Triton
 
 MiB = 1 << 20
 
 
-class Hostile:
-    """A socket server on 127.0.0.1: for each request, answer(sock) writes whatever it wants, then the connection closes."""
-
-    def __init__(self, answer) -> None:
-        self.answer = answer
-        self.stop = threading.Event()
-        self.sock = socket.socket()
-        self.sock.bind(('127.0.0.1', 0))
-        self.sock.listen(16)
-        self.url = f'http://127.0.0.1:{self.sock.getsockname()[1]}'
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _addr = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        try:
-            data = b''
-            while b'\r\n\r\n' not in data:
-                part = conn.recv(65536)
-                if not part:
-                    return
-                data += part
-            self.answer(conn, self.stop)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sock.close()
-
-
 @pytest.fixture
 def hostile():
+    """hostile(answer) -> a loopback.Peer answering every request with answer, then closing the connection."""
     servers = []
 
-    def start(answer) -> Hostile:
-        servers.append(Hostile(answer))
+    def start(answer) -> loopback.Peer:
+        servers.append(loopback.Peer(answer))
         return servers[-1]
     yield start
     for server in servers:
         server.close()
 
 
-def trickle(conn: socket.socket, stop: threading.Event) -> None:
-    """A status answer one byte at a time, 0.2 s apart: each wait is short, the whole never ends in time."""
-    answer = b'HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n' + b'[' + b' ' * 99998 + b']'
-    for byte in answer:
-        if stop.wait(0.2):
-            return
-        conn.sendall(bytes([byte]))
-
-
-def endless(first: bytes):
-    def answer(conn: socket.socket, stop: threading.Event) -> None:
-        conn.sendall(first)
-        block = b'x' * 65536
-        while not stop.is_set():
-            conn.sendall(block)
-    return answer
-
-
-def canned(data: bytes):
-    def answer(conn: socket.socket, _stop: threading.Event) -> None:
-        conn.sendall(data)
-    return answer
-
-
-def http_json(body: object) -> bytes:
-    raw = json.dumps(body).encode()
-    return b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' % (len(raw), raw)
+# A status answer one byte at a time, 0.2 s apart: each wait is short, the whole never ends in time.
+trickle = loopback.trickle(b'HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n' + b'[' + b' ' * 99998 + b']', 0.2)
 
 
 PATHS = ['requests', 'keep_alive', 'bulk']
@@ -215,41 +147,25 @@ def test_the_reader_refuses_what_is_not_strict_http():
 
 # -- gRPC: the deadline bounds the whole call, the receive size is capped, a bad message is a clean error
 
-class _Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-
-    def SystemSharedMemoryStatus(self, request, context):  # noqa: N802 (grpc API)
-        if self.mode == 'slow':
-            time.sleep(3)
-        regions = [{'name': f'r{i:05d}', 'key': f'/r{i:05d}', 'offset': 0, 'byte_size': 4096} for i in range(2000)]
-        return grpc_status_response(regions if self.mode == 'large' else regions[:1])
-
-
-def _garbage(request, context):  # noqa: ARG001
-    return b'\xff\xff\xff\xff not a protobuf message'
-
-
 @pytest.fixture
 def grpc_server():
-    servers = []
+    """grpc_server(mode) -> the URL of a fake Triton whose status is slow (3 s), large (2,000 regions) or garbage."""
+    fronts = []
 
     def start(mode: str) -> str:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        model = Triton()
+        for i in range(2000 if mode == 'large' else 1):
+            model.list(f'r{i:05d}', byte_size=4096)
+        front = GrpcFront(model)
+        if mode == 'slow':
+            front.slow['SystemSharedMemoryStatus'] = 3
         if mode == 'garbage':
-            method = grpc.unary_unary_rpc_method_handler(_garbage, request_deserializer=None, response_serializer=None)
-            handler = grpc.method_handlers_generic_handler('inference.GRPCInferenceService',
-                                                           {'SystemSharedMemoryStatus': method})
-            server.add_generic_rpc_handlers((handler,))
-        else:
-            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(mode), server)
-        port = server.add_insecure_port('127.0.0.1:0')
-        server.start()
-        servers.append(server)
-        return f'grpc://127.0.0.1:{port}'
+            front.garbage.add('SystemSharedMemoryStatus')
+        fronts.append(front)
+        return front.url
     yield start
-    for server in servers:
-        server.stop(0)
+    for front in fronts:
+        front.close()
 
 
 def test_grpc_deadline_size_cap_and_a_malformed_answer_are_clean_errors(grpc_server, monkeypatch):

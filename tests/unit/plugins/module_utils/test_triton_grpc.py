@@ -1,8 +1,8 @@
 """Unit tests for module_utils/triton_grpc.py: gRPC URLs, metadata, and the mapping of every failure to a TritonError.
 
-Calls go over real gRPC to an in-process grpcio server implementing Triton's service with
-Triton's own messages (tritonclient.grpc.service_pb2), scripted for the answers a real Triton
-never gives (no version, a method it does not implement, an answer slower than the timeout,
+Calls go over real gRPC to the unit tests' fake Triton (tests/fakes/fake_triton.py: an in-process
+grpcio server with Triton's own messages, tritonclient.grpc.service_pb2), scripted for the answers a real
+Triton never gives (no version, a method it does not implement, an answer slower than the timeout,
 in use on demand) and to see what reached it (metadata, request fields). Everything a real
 Triton answers is tested against a real one in tests/integration/test_grpc.py.
 """
@@ -13,8 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from concurrent import futures
 
 import pytest
 
@@ -27,97 +25,21 @@ from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  
 from ansible_collections.tritonops.shm.plugins.module_utils.client import is_grpc_url  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, Restricted, TritonError  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, Triton  # noqa: E402
 
 IN_USE = "Cannot unregister shared memory region 'r', it is currently in use."
 
 
-class Scripted(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """Triton's gRPC service answering from a script; every call is recorded with its metadata.
-
-    Methods not in the script answer UNIMPLEMENTED, as any gRPC server does for a method it lacks.
-    """
-
-    def __init__(self):
-        self.calls = []
-        self.version = '2.51.0'
-        self.ready = True
-        self.regions = {}
-        self.fail = {}          # method -> (grpc.StatusCode, details)
-        self.slow = False
-        self.release = threading.Event()
-
-    def _record(self, method, request, context):
-        self.calls.append((method, request, dict(context.invocation_metadata())))
-        if method in self.fail:
-            code, details = self.fail[method]
-            context.abort(code, details)
-
-    def ServerMetadata(self, request, context):  # noqa: N802 (grpc API)
-        self._record('ServerMetadata', request, context)
-        return service_pb2.ServerMetadataResponse(name='triton', version=self.version, extensions=['system_shared_memory'])
-
-    def ServerLive(self, request, context):  # noqa: N802
-        self._record('ServerLive', request, context)
-        return service_pb2.ServerLiveResponse(live=True)
-
-    def ServerReady(self, request, context):  # noqa: N802
-        self._record('ServerReady', request, context)
-        if self.slow:
-            self.release.wait(5)
-        return service_pb2.ServerReadyResponse(ready=self.ready)
-
-    def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
-        self._record('SystemSharedMemoryStatus', request, context)
-        resp = service_pb2.SystemSharedMemoryStatusResponse()
-        for name, (key, offset, size) in self.regions.items():
-            resp.regions[name].name = name
-            resp.regions[name].key = key
-            resp.regions[name].offset = offset
-            resp.regions[name].byte_size = size
-        return resp
-
-    def SystemSharedMemoryRegister(self, request, context):  # noqa: N802
-        self._record('SystemSharedMemoryRegister', request, context)
-        return service_pb2.SystemSharedMemoryRegisterResponse()
-
-    def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
-        self._record('SystemSharedMemoryUnregister', request, context)
-        return service_pb2.SystemSharedMemoryUnregisterResponse()
-
-    def CudaSharedMemoryRegister(self, request, context):  # noqa: N802
-        self._record('CudaSharedMemoryRegister', request, context)
-        return service_pb2.CudaSharedMemoryRegisterResponse()
-
-    def RepositoryIndex(self, request, context):  # noqa: N802
-        self._record('RepositoryIndex', request, context)
-        resp = service_pb2.RepositoryIndexResponse()
-        resp.models.add(name='grow', version='1', state='READY')
-        return resp
-
-    def ModelConfig(self, request, context):  # noqa: N802
-        self._record('ModelConfig', request, context)
-        resp = service_pb2.ModelConfigResponse()
-        resp.config.name = request.name
-        resp.config.backend = 'python'
-        return resp
-
-    def RepositoryModelLoad(self, request, context):  # noqa: N802
-        self._record('RepositoryModelLoad', request, context)
-        return service_pb2.RepositoryModelLoadResponse()
-
-
 @pytest.fixture
 def served():
-    script = Scripted()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(script, server)
-    port = server.add_insecure_port('127.0.0.1:0')
-    server.start()
+    """(front, url): the unit tests' fake Triton (2.51, tests/fakes/fake_triton.py) over gRPC, python model 'grow'."""
+    model = Triton()
+    model.models['grow'] = {'backend': 'python'}
+    front = GrpcFront(model)
     try:
-        yield script, f'grpc://127.0.0.1:{port}'
+        yield front, front.url
     finally:
-        script.release.set()
-        server.stop(0)
+        front.close()
 
 
 # -- URLs and metadata --------------------------------------------------------------------------
@@ -181,7 +103,8 @@ def test_headers_grpc_cannot_carry_are_refused_without_showing_the_value(headers
 
 def test_status_has_the_http_shape_ordered_by_name(served):
     script, url = served
-    script.regions = {'b b': ('/b', 0, 4096), 'a#1': ('/a', 64, 8192)}
+    script.model.list('b b', '/b', 4096)
+    script.model.list('a#1', '/a', 8192, offset=64)
     assert TritonGrpcClient(url).status('system') == [
         dict(name='a#1', key='/a', offset=64, byte_size=8192), dict(name='b b', key='/b', offset=0, byte_size=4096)]
     with pytest.raises(ValueError):
@@ -237,7 +160,7 @@ def test_server_errors_carry_the_code_and_triton_s_own_message(served):
 
 def test_health_is_false_on_an_error_answer_or_not_ready(served):
     script, url = served
-    script.ready = False
+    script.model.ready = False
     script.fail['ServerLive'] = (grpc.StatusCode.INTERNAL, 'shutting down')
     client = TritonGrpcClient(url)
     assert client.health('ready') is False and client.health('live') is False
@@ -245,22 +168,23 @@ def test_health_is_false_on_an_error_answer_or_not_ready(served):
 
 def test_metadata_without_a_version_is_not_triton(served):
     script, url = served
-    script.version = ''
+    script.model.version = ''
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url).server_metadata()
     assert 'not Triton server metadata' in err.value.msg
 
 
 def test_a_grpc_server_that_is_not_triton_says_so(served):
-    _script, url = served
+    script, url = served
+    script.missing.add('CudaSharedMemoryStatus')    # a server without that method
     with pytest.raises(TritonError) as err:
-        TritonGrpcClient(url).status('cuda')   # the script does not implement CudaSharedMemoryStatus
+        TritonGrpcClient(url).status('cuda')
     assert 'gRPC UNIMPLEMENTED' in err.value.msg and "is this Triton's gRPC port?" in err.value.msg
 
 
 def test_no_answer_within_the_timeout(served):
     script, url = served
-    script.slow = True
+    script.slow['ServerReady'] = 5
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url, timeout=0.3).health('ready')
     assert err.value.msg == f'health ready at {url}: no answer within 0.3s (timeout)' and err.value.status is None
@@ -354,7 +278,7 @@ def test_a_load_refused_for_model_control_is_an_answer_not_a_connection_error(se
     """Triton 2.51 refuses a load without explicit model control with UNAVAILABLE (measured), which otherwise means no answer."""
     script, url = served
     text = 'explicit model load / unload is not allowed if polling is enabled'
-    script.fail['RepositoryModelLoad'] = (grpc.StatusCode.UNAVAILABLE, text)
+    script.model.model_control = 'poll'    # the model answers that text, UNAVAILABLE
     with pytest.raises(ModelControlRefused) as err:
         TritonGrpcClient(url).load_model('grow')
     assert err.value.status == 'UNAVAILABLE' and err.value.server_error == text
@@ -365,7 +289,7 @@ def test_a_restricted_protocol_without_its_header_names_the_headers_option_and_t
     """Triton 2.51 started with --grpc-restricted-protocol=shared-memory:shm-key=V answers UNAVAILABLE with this text (measured)."""
     script, url = served
     text = "This protocol is restricted, expecting header 'triton-grpc-protocol-shm-key'"
-    script.fail['SystemSharedMemoryStatus'] = (grpc.StatusCode.UNAVAILABLE, text)
+    script.model.restricted = ('shm-key', 'V')     # the model answers UNAVAILABLE with that text
     with pytest.raises(Restricted) as err:
         TritonGrpcClient(url).status('system')
     assert err.value.status == 'UNAVAILABLE' and err.value.header == 'triton-grpc-protocol-shm-key'

@@ -1,14 +1,14 @@
 """Unit tests for module_utils/triton_http.py: URL handling and the mapping of every failure to a clear TritonError.
 
-Requests go over real HTTP(S) to small servers on loopback ports that answer what a test
-scripts: the answers a real Triton never gives (HTML, a list where a dict belongs, no
-version, ...) and the ones that are hard to get from it on demand (in use, 500). A real
-TLS server with a certificate made by openssl covers verification and client certificates.
+Requests go over real HTTP(S) to the unit tests' fake Triton (tests/fakes/fake_triton.py) on
+loopback ports, which answers as Triton 2.51 and what a test scripts: the answers a real Triton
+never gives (HTML, a list where a dict belongs, no version, ...) and the ones that are hard to get
+from it on demand (in use, 500). A real TLS server with a certificate made by openssl covers
+verification and client certificates.
 The only fake below the HTTP layer is a connect timeout, which loopback cannot produce.
 """
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import socket
@@ -23,64 +23,26 @@ from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, Restricted, TritonError, UnaddressableName
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
-
-
-class Scripted:
-    """An HTTP server on 127.0.0.1 answering routes[(method, path)] = (status, content_type, body)."""
-
-    def __init__(self, routes, tls=None):
-        self.routes = dict(routes)
-        self.requests = []
-        self.headers = {}
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self):
-                length = int(self.headers.get('Content-Length') or 0)
-                body = self.rfile.read(length) if length else b''
-                outer.requests.append(dict(method=self.command, path=self.path, headers=dict(self.headers), body=body))
-                status, ctype, payload = outer.routes.get((self.command, self.path), (404, 'application/json', '{"error":"Not Found"}'))
-                data = payload.encode() if isinstance(payload, str) else payload
-                self.send_response(status)
-                if ctype:
-                    self.send_header('Content-Type', ctype)
-                for name, value in outer.headers.items():
-                    self.send_header(name, value)
-                self.send_header('Content-Length', str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = _answer  # noqa: N815 (http.server API)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-        if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True)
-        self.thread.start()
-
-    def url(self, scheme='http'):
-        return f'{scheme}://127.0.0.1:{self.port}'
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from ansible_collections.tritonops.shm.tests.fakes import loopback
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import MODEL_CONTROL, HttpFront, Reply, Triton
 
 
 @pytest.fixture
 def serve():
-    servers = []
+    """serve(routes, tls=None, model=None) -> the fake Triton (2.51) over HTTP(S), routes[(method, path)] scripted.
 
-    def start(routes, tls=None):
-        server = Scripted(routes, tls=tls)
-        servers.append(server)
-        return server
+    A route's answer is (status, content_type, body); every other route is the model's, as Triton answers it.
+    """
+    fronts = []
+
+    def start(routes, tls=None, model=None):
+        front = HttpFront(model or Triton(), tls=tls)
+        front.answers.update({route: Reply(status, body, ctype) for route, (status, ctype, body) in routes.items()})
+        fronts.append(front)
+        return front
     yield start
-    for server in servers:
-        server.close()
+    for front in fronts:
+        front.close()
 
 
 def jsonr(obj, status=200):
@@ -145,33 +107,30 @@ def test_region_path_refuses_an_unknown_kind():
 # -- requests that work -----------------------------------------------------------------------------
 
 def test_headers_status_and_register_bodies_reach_the_server(serve):
-    srv = serve({
-        ('GET', '/v2'): METADATA,
-        ('GET', '/v2/systemsharedmemory/status'): jsonr([dict(name='r', key='/r', offset=0, byte_size=64)]),
-        ('POST', '/v2/systemsharedmemory/region/a%41b/register'): (200, None, b''),
-        ('POST', '/v2/systemsharedmemory/region/a%41b/unregister'): (200, None, b''),
-        ('POST', '/v2/cudasharedmemory/region/g/register'): (200, None, b''),
-    })
-    client = TritonClient(srv.url(), headers={'Authorization': 'Bearer t0k', 'X-Num': 7})
+    model = Triton('2.51.0')
+    model.list('r', byte_size=64)
+    srv = serve({}, model=model)
+    client = TritonClient(srv.url, headers={'Authorization': 'Bearer t0k', 'X-Num': 7})
     assert client.server_metadata()['version'] == '2.51.0'
     assert client.status('system') == [dict(name='r', key='/r', offset=0, byte_size=64)]
     client.register_system('a%41b', '/a_b', 16, 4096)
     client.unregister('system', 'a%41b')
     client.register_cuda('g', 'aGFuZGxl', 0, 1024)
-    first = srv.requests[0]['headers']
+    first = srv.requests[0].headers
     assert first['Authorization'] == 'Bearer t0k' and first['X-Num'] == '7' and first['Accept'] == 'application/json'
     reg = srv.requests[2]
-    assert reg['path'] == '/v2/systemsharedmemory/region/a%41b/register', 'not re-quoted or decoded on the way'
-    assert json.loads(reg['body']) == dict(key='/a_b', offset=16, byte_size=4096)
-    assert reg['headers']['Content-Type'] == 'application/json'
-    assert json.loads(srv.requests[4]['body']) == dict(raw_handle=dict(b64='aGFuZGxl'), device_id=0, byte_size=1024)
+    assert reg.path == '/v2/systemsharedmemory/region/a%41b/register', 'not re-quoted or decoded on the way'
+    assert json.loads(reg.body) == dict(key='/a_b', offset=16, byte_size=4096)
+    assert reg.headers['Content-Type'] == 'application/json'
+    assert json.loads(srv.requests[4].body) == dict(raw_handle=dict(b64='aGFuZGxl'), device_id=0, byte_size=1024)
     assert client.requests_made == 5
+    assert model.regions == {'r': dict(name='r', key='/r', offset=0, byte_size=64)} and list(model.cuda) == ['g']
 
 
 def test_health_answers(serve):
     srv = serve({('GET', '/v2/health/live'): (200, None, b''),
                  ('GET', '/v2/health/ready'): (503, 'application/json', '{"error":"not ready"}')})
-    client = TritonClient(srv.url())
+    client = TritonClient(srv.url)
     assert client.health('live') is True
     assert client.health('ready') is False
 
@@ -191,8 +150,8 @@ def test_http_error_carries_the_servers_own_error(serve):
                  jsonr(dict(error="Cannot unregister shared memory region 'busy', it is currently in use."), 400),
                  ('POST', '/v2/systemsharedmemory/region/nope/unregister'):
                  jsonr(dict(error="Unable to find system shared memory region: 'nope'"), 400)})
-    client = TritonClient(srv.url())
-    url = srv.url() + '/v2/systemsharedmemory/region/busy/unregister'
+    client = TritonClient(srv.url)
+    url = srv.url + '/v2/systemsharedmemory/region/busy/unregister'
     err = _fails(lambda: client.unregister('system', 'busy'), f"unregister system region 'busy' at {url}: HTTP 400: Cannot unregister")
     assert (err.status, err.url, err.in_use, err.not_found) == (400, url, True, False)
     assert err.as_dict() == dict(url=url, status=400, server_error="Cannot unregister shared memory region 'busy', it is currently in use.")
@@ -214,7 +173,7 @@ def test_client_shm_disabled_names_the_flag_and_the_role_variable(serve, call):
     srv = serve({('GET', '/v2/systemsharedmemory/status'): answer,
                  ('POST', '/v2/systemsharedmemory/region/in0/register'): answer,
                  ('POST', '/v2/systemsharedmemory/region/in0/unregister'): answer})
-    err = _fails(lambda: call(TritonClient(srv.url())), CLIENT_SHM_OFF, '--allow-client-shm=true',
+    err = _fails(lambda: call(TritonClient(srv.url)), CLIENT_SHM_OFF, '--allow-client-shm=true',
                  'tritonops.shm.triton_server', 'triton_server_allow_client_shm')
     assert err.server_error == CLIENT_SHM_OFF and err.status == 400
 
@@ -222,15 +181,15 @@ def test_client_shm_disabled_names_the_flag_and_the_role_variable(serve, call):
 def test_http_error_without_json_quotes_the_body_or_the_reason(serve):
     srv = serve({('GET', '/v2'): (502, 'text/html', '<html><body>Bad Gateway from the proxy</body></html>'),
                  ('GET', '/v2/systemsharedmemory/status'): (500, None, b'')})
-    client = TritonClient(srv.url())
-    err = _fails(client.server_metadata, f'read server metadata at {srv.url()}/v2: HTTP 502: <html><body>Bad Gateway from the proxy')
+    client = TritonClient(srv.url)
+    err = _fails(client.server_metadata, f'read server metadata at {srv.url}/v2: HTTP 502: <html><body>Bad Gateway from the proxy')
     assert err.server_error is None
     _fails(lambda: client.status('system'), 'HTTP 500: Internal Server Error')
 
 
 def test_html_is_not_triton_json(serve):
     srv = serve({('GET', '/v2'): (200, 'text/html', '<!DOCTYPE html><title>Welcome to nginx!</title>' + 'x' * 500)})
-    err = _fails(TritonClient(srv.url()).server_metadata, f'at {srv.url()}/v2: the response is not Triton JSON (is another web server on this port?)',
+    err = _fails(TritonClient(srv.url).server_metadata, f'at {srv.url}/v2: the response is not Triton JSON (is another web server on this port?)',
                  'Welcome to nginx!')
     assert err.msg.endswith('...'), 'long bodies are cut'
     assert err.status == 200
@@ -245,9 +204,9 @@ def test_json_of_the_wrong_shape_is_refused(serve, route, call, why, body):
     if call == 'status' and body == dict(name='triton'):
         body = dict(regions=[])
     srv = serve({route: jsonr(body)})
-    client = TritonClient(srv.url())
+    client = TritonClient(srv.url)
     fn = client.server_metadata if call == 'server_metadata' else (lambda: client.status('system'))
-    _fails(fn, why, srv.url() + route[1])
+    _fails(fn, why, srv.url + route[1])
 
 
 def test_connection_refused_names_the_url():
@@ -282,10 +241,10 @@ def test_connect_timeout_names_the_url(monkeypatch):
 def test_a_redirect_is_refused_naming_where_it_leads(serve, status):
     srv = serve({('GET', '/v2/cudasharedmemory/status'): (status, None, b'')})
     srv.headers = {'Location': 'http://elsewhere.example/v2'}
-    err = _fails(lambda: TritonClient(srv.url()).status('cuda'),
-                 f'read cuda shared memory status at {srv.url()}/v2/cudasharedmemory/status: HTTP {status}: the server '
+    err = _fails(lambda: TritonClient(srv.url).status('cuda'),
+                 f'read cuda shared memory status at {srv.url}/v2/cudasharedmemory/status: HTTP {status}: the server '
                  'redirects to http://elsewhere.example/v2; redirects are not followed')
-    assert err.status == status and [r['path'] for r in srv.requests] == ['/v2/cudasharedmemory/status']
+    assert err.status == status and [r.path for r in srv.requests] == ['/v2/cudasharedmemory/status']
 
 
 # -- TLS, with a real certificate ------------------------------------------------------------------
@@ -321,7 +280,7 @@ def _tls(certs, require_client=False):
 
 def test_tls_certificate_is_verified_against_ca_path(serve, certs):
     srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs))
-    url = srv.url('https')
+    url = srv.url
     _fails(TritonClient(url).server_metadata, f'read server metadata at {url}/v2: TLS verification failed', 'certificate verify failed')
     assert TritonClient(url, ca_path=certs['ca.pem']).server_metadata()['version'] == '2.51.0'
     assert TritonClient(url, validate_certs=False).server_metadata()['version'] == '2.51.0'   # the module warns (make_client)
@@ -338,7 +297,7 @@ def test_tls_certificate_is_verified_against_ca_path(serve, certs):
 
 def test_tls_client_certificate(serve, certs):
     srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs, require_client=True))
-    url = srv.url('https')
+    url = srv.url
     with pytest.raises(TritonError):
         TritonClient(url, ca_path=certs['ca.pem']).server_metadata()
     client = TritonClient(url, ca_path=certs['ca.pem'], client_cert=certs['client.pem'], client_key=certs['client.key'])
@@ -347,74 +306,17 @@ def test_tls_client_certificate(serve, certs):
 
 # -- the keep-alive connection for bulk work (TritonClient.use_keep_alive), moved here from test_region_ops.py ------
 
-class _Canned:
-    """A real local HTTP server answering with canned bytes, one answer per request, counting connections."""
-
-    def __init__(self, answers, close_after_each=False, silent=False):
-        self.answers = list(answers)
-        self.close_after_each = close_after_each
-        self.silent = silent
-        self.connections = 0
-        self.closed = 0           # connections the client closed (or the server, after close_after_each/silent)
-        self.requests = []
-        self.sock = socket.socket()
-        self.sock.bind(('127.0.0.1', 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.url = f'http://127.0.0.1:{self.port}'
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _addr = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            f = conn.makefile('rb')
-            try:
-                while True:
-                    head = []
-                    while True:
-                        line = f.readline()
-                        if not line:
-                            raise EOFError
-                        if line == b'\r\n':
-                            break
-                        head.append(line.decode('latin-1').strip())
-                    length = [int(h.split(':', 1)[1]) for h in head if h.lower().startswith('content-length:')]
-                    body = f.read(length[0]) if length else b''
-                    self.requests.append((head, body))
-                    if self.silent:
-                        time.sleep(2)
-                        raise EOFError
-                    conn.sendall(self.answers.pop(0))
-                    if self.close_after_each:
-                        raise EOFError
-            except (EOFError, OSError):
-                f.close()     # the socket only closes once its file object is closed too
-                conn.close()
-                self.closed += 1
-
-    def stop(self):
-        self.sock.close()
-
-
-def _answer(status, body, extra=''):
-    return (f'HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n').encode() + body
-
-
 @pytest.fixture
-def canned():
-    servers = []
+def front():
+    """front(model, **options) -> the fake Triton over HTTP (fake_triton.HttpFront), counting connections."""
+    fronts = []
 
-    def make(*args, **kw):
-        servers.append(_Canned(*args, **kw))
-        return servers[-1]
+    def make(model, **kw):
+        fronts.append(HttpFront(model, **kw))
+        return fronts[-1]
     yield make
-    for s in servers:
-        s.stop()
+    for f in fronts:
+        f.close()
 
 
 def _client(url, **kw):
@@ -423,26 +325,27 @@ def _client(url, **kw):
     return client
 
 
-def test_keep_alive_sends_many_requests_over_one_connection(canned):
-    server = canned([_answer('200 OK', b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": 1}]'), _answer('200 OK', b'')] +
-                    [_answer('200 OK', b'') for _n in range(5)])
+def test_keep_alive_sends_many_requests_over_one_connection(front):
+    model = Triton()
+    model.list('a', byte_size=1)
+    server = front(model)
     client = _client(server.url, headers={'X-Token': 'secret'})
     assert client.status('system') == [dict(name='a', key='/a', offset=0, byte_size=1)]
     client.register_system('a-b.c', '/k', 0, 4096)
     for i in range(5):
         client.unregister('system', f'r{i}')
     assert server.connections == 1 and len(server.requests) == 7
-    head, body = server.requests[1]
+    head, body = server.requests[1].head, server.requests[1].body
     assert head[0] == 'POST /v2/systemsharedmemory/region/a-b.c/register HTTP/1.1'
     assert 'X-Token: secret' in head and f'Host: 127.0.0.1:{server.port}' in head
     assert json.loads(body) == dict(key='/k', offset=0, byte_size=4096)
 
 
-def test_keep_alive_reads_chunked_answers_and_reconnects_after_close(canned):
-    body = b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": 1}]'
-    chunked = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n' + b''.join(
-        b'%x\r\n%s\r\n' % (len(part), part) for part in (body[:5], body[5:])) + b'0\r\n\r\n'
-    server = canned([chunked, _answer('200 OK', b'', 'Connection: close\r\n'), _answer('200 OK', b'')])
+def test_keep_alive_reads_chunked_answers_and_reconnects_after_close(front):
+    model = Triton()
+    model.list('a', byte_size=1)
+    server = front(model, chunks=2)     # every answer in two chunks
+    server.answers[('POST', '/v2/systemsharedmemory/region/x/unregister')] = Reply(200, close=True)
     client = _client(server.url)
     assert client.status('system')[0]['name'] == 'a'
     client.unregister('system', 'x')     # the server closes after this answer
@@ -450,8 +353,8 @@ def test_keep_alive_reads_chunked_answers_and_reconnects_after_close(canned):
     assert server.connections == 2
 
 
-def test_keep_alive_survives_a_server_closing_idle_connections(canned):
-    server = canned([_answer('200 OK', b'') for _n in range(3)], close_after_each=True)
+def test_keep_alive_survives_a_server_closing_idle_connections(front):
+    server = front(Triton(), close_after_each=True)
     client = _client(server.url)
     for name in ('a', 'b', 'c'):
         time.sleep(0.05)
@@ -459,9 +362,12 @@ def test_keep_alive_survives_a_server_closing_idle_connections(canned):
     assert server.connections == 3
 
 
-def test_keep_alive_errors_read_like_requests_errors(canned):
-    server = canned([_answer('500 Internal Server Error', json.dumps({'error': IN_USE.format('busy')}).encode()),
-                     _answer('404 Not Found', b'<html>nope</html>')])
+def test_keep_alive_errors_read_like_requests_errors(front):
+    model = Triton()
+    model.list('busy')
+    model.in_flight['busy'] = -1        # 2.51: refused as in use, INTERNAL (500)
+    server = front(model)
+    server.answers[('GET', '/v2/systemsharedmemory/status')] = Reply(404, '<html>nope</html>')
     client = _client(server.url)
     with pytest.raises(TritonError) as info:
         client.unregister('system', 'busy')
@@ -469,7 +375,8 @@ def test_keep_alive_errors_read_like_requests_errors(canned):
     assert f"unregister system region 'busy' at {server.url}/v2/systemsharedmemory/region/busy/unregister: HTTP 500: " in info.value.msg
     with pytest.raises(TritonError, match=r'HTTP 404: <html>nope</html>'):
         client.status('system')
-    silent = canned([], silent=True)
+    silent = front(Triton())
+    silent.answers[('POST', '/v2/systemsharedmemory/region/a/unregister')] = loopback.silent(2)
     with pytest.raises(TritonError, match=r'no answer within 0.3s \(timeout\)'):
         _client(silent.url, timeout=0.3).unregister('system', 'a')
     with socket.socket() as s:
@@ -489,8 +396,8 @@ def test_every_url_is_kept_alive_and_an_environment_proxy_is_used_as_requests_di
     client = TritonClient('http://triton.example:8000')
     assert client.server_metadata()['version'] == '2.51.0'
     sent = proxy.requests[0]
-    assert sent['path'] == 'http://triton.example:8000/v2' and sent['headers']['Host'] == 'triton.example:8000'
-    assert sent['headers']['Proxy-Authorization'] == 'Basic b3A6czNjcmV0'
+    assert sent.path == 'http://triton.example:8000/v2' and sent.headers['Host'] == 'triton.example:8000'
+    assert sent.headers['Proxy-Authorization'] == 'Basic b3A6czNjcmV0'
     monkeypatch.setenv('NO_PROXY', 'triton.example')
     assert TritonClient('http://triton.example:8000').proxy is None
     monkeypatch.setenv('HTTPS_PROXY', 'socks5://127.0.0.1:1080')
@@ -532,27 +439,20 @@ def test_https_through_an_environment_proxy_goes_through_a_connect_tunnel(serve,
         monkeypatch.delenv(name)
     monkeypatch.setenv('https_proxy', f'http://127.0.0.1:{listener.getsockname()[1]}')
     try:
-        assert TritonClient(srv.url('https'), ca_path=certs['ca.pem']).server_metadata()['name'] == 'triton'
+        assert TritonClient(srv.url, ca_path=certs['ca.pem']).server_metadata()['name'] == 'triton'
     finally:
         listener.close()
     assert tunnels == [f'CONNECT 127.0.0.1:{srv.port} HTTP/1.1'.encode()]
 
 
-def _until(check, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return check()
-
-
 @pytest.mark.parametrize('keep_alive', [True, False])
-def test_close_closes_the_connection_and_a_later_request_opens_a_new_one(canned, keep_alive):
-    server = canned([_answer('200 OK', b'[]') for _n in range(3)])
+def test_close_closes_the_connection_and_a_later_request_opens_a_new_one(front, keep_alive):
+    server = front(Triton())
     client = _client(server.url) if keep_alive else TritonClient(server.url)
     with client:
         assert client.status('system') == [] and client.status('system') == []
         assert server.connections == 1 and server.closed == 0, 'kept alive until closed'
-    assert _until(lambda: server.closed == 1), 'close() closed it'
+    assert loopback.until(lambda: server.closed == 1), 'close() closed it'
     assert client.status('system') == [] and server.connections == 2
     client.close()
     client.close()
@@ -561,13 +461,13 @@ def test_close_closes_the_connection_and_a_later_request_opens_a_new_one(canned,
 def test_every_failure_says_it_came_over_http(serve):
     srv = serve({('POST', '/v2/systemsharedmemory/region/busy/unregister'): jsonr(dict(error=IN_USE.format('busy')), 400)})
     with pytest.raises(TritonError) as err:
-        TritonClient(srv.url()).unregister('system', 'busy')
-    url = f'{srv.url()}/v2/systemsharedmemory/region/busy/unregister'
+        TritonClient(srv.url).unregister('system', 'busy')
+    url = f'{srv.url}/v2/systemsharedmemory/region/busy/unregister'
     assert err.value.failure() == dict(url=url, status=400, server_error=IN_USE.format('busy'), transport='http')
     srv.close()
     with pytest.raises(TritonError) as err:
-        TritonClient(srv.url()).status('system')
-    assert err.value.failure() == dict(url=f'{srv.url()}/v2/systemsharedmemory/status', status=None, server_error=None,
+        TritonClient(srv.url).status('system')
+    assert err.value.failure() == dict(url=f'{srv.url}/v2/systemsharedmemory/status', status=None, server_error=None,
                                        transport='http')
 
 
@@ -697,37 +597,32 @@ def test_make_client_checks_the_transports_library_once(monkeypatch):
 
 # -- model repository (triton_backend_pool) -----------------------------------------------------------
 
-MODEL_CONTROL = 'explicit model load / unload is not allowed if polling is enabled'
-
-
 def test_repository_index_config_and_load_with_a_config(serve):
-    server = serve({
-        ('POST', '/v2/repository/index'): (200, 'application/json', '[{"name":"grow","version":"1","state":"READY"}]'),
-        ('GET', '/v2/models/grow/config'): (200, 'application/json', '{"name":"grow","backend":"python"}'),
-        ('POST', '/v2/repository/models/grow/load'): (200, None, ''),
-    })
-    client = TritonClient(server.url())
+    model = Triton()
+    model.models['grow'] = {'backend': 'python'}
+    server = serve({}, model=model)
+    client = TritonClient(server.url)
     assert client.repository_index() == [{'name': 'grow', 'version': '1', 'state': 'READY', 'reason': ''}]
     assert client.model_config('grow') == {'name': 'grow', 'backend': 'python'}
     client.load_model('grow', config={'name': 'grow', 'parameters': {'p': {'string_value': '1'}}}, timeout=30)
-    sent = json.loads(server.requests[-1]['body'])
+    sent = json.loads(server.requests[-1].body)
     assert json.loads(sent['parameters']['config']) == {'name': 'grow', 'parameters': {'p': {'string_value': '1'}}}
     assert client.timeout == 10.0          # the load's own timeout does not stay
     client.load_model('grow')
-    assert json.loads(server.requests[-1]['body']) == {}
+    assert json.loads(server.requests[-1].body) == {}
 
 
 def test_a_load_refused_for_model_control_names_the_condition(serve):
-    server = serve({('POST', '/v2/repository/models/grow/load'): (503, 'application/json', json.dumps({'error': MODEL_CONTROL}))})
+    server = serve({}, model=Triton(model_control='poll'))    # Triton answers 503 (UNAVAILABLE)
     with pytest.raises(ModelControlRefused) as err:
-        TritonClient(server.url()).load_model('grow')
+        TritonClient(server.url).load_model('grow')
     assert err.value.status == 503 and err.value.server_error == MODEL_CONTROL
 
 
 def test_model_names_a_path_cannot_carry_are_not_sent(serve):
     server = serve({})
     with pytest.raises(UnaddressableName):
-        TritonClient(server.url()).load_model('a/b')
+        TritonClient(server.url).load_model('a/b')
     assert server.requests == []
 
 
@@ -738,11 +633,8 @@ RESTRICTED = "This API is restricted, expecting header 'shm-key'"
 @pytest.mark.parametrize('call', [lambda c: c.status('system'), lambda c: c.unregister('system', 'r'),
                                   lambda c: c.register_system('r', '/r', 0, 64)])
 def test_a_restricted_api_without_its_header_names_the_headers_option_and_the_key(serve, call):
-    answer = jsonr(dict(error=RESTRICTED), 403)
-    srv = serve({('GET', '/v2/systemsharedmemory/status'): answer,
-                 ('POST', '/v2/systemsharedmemory/region/r/unregister'): answer,
-                 ('POST', '/v2/systemsharedmemory/region/r/register'): answer})
-    err = _fails(lambda: call(TritonClient(srv.url())), f'HTTP 403: {RESTRICTED}; the server was started with '
+    srv = serve({}, model=Triton(restricted=('shm-key', 'V')))    # the model answers 403 with Triton's text
+    err = _fails(lambda: call(TritonClient(srv.url)), f'HTTP 403: {RESTRICTED}; the server was started with '
                  '--http-restricted-api', 'give it in the headers option, headers: {shm-key: <the value the server was started with>}',
                  'shm_cleanup_headers')
     assert isinstance(err, Restricted) and err.header == 'shm-key' and err.status == 403 and err.server_error == RESTRICTED
