@@ -393,48 +393,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE, broad_pattern_warnings
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import IN_USE_TIMEOUT, RegionOps
-
-
-def validate(module: AnsibleModule, client) -> None:
-    p = module.params
-    if p['state'] == 'present':
-        if not p['name']:
-            module.fail_json(msg='state=present needs name')
-        if len(p['name']) > 1:
-            module.fail_json(msg=f"state=present registers one region per task, got {len(p['name'])} names (Triton refuses a "
-                                 "second region on a key that is already registered): loop over the names, each with its own key")
-        for opt in ('stale', 'reserved', 'all', 'orphan_files', 'backend_leftovers'):
-            if p[opt]:
-                module.fail_json(msg=f'{opt} applies to state=absent only')
-        if p['kind'] == 'system':
-            missing = [o for o in ('key', 'byte_size') if p[o] is None]
-        else:
-            missing = [o for o in ('raw_handle', 'device_id', 'byte_size') if p[o] is None]
-        if missing:
-            module.fail_json(msg=f"state=present with kind={p['kind']} needs {', '.join(missing)}")
-        for name in p['name']:
-            why = client.unaddressable(name)   # over HTTP: names a URL path cannot carry
-            if why:
-                module.fail_json(msg=why)
-    else:
-        if not (p['name'] or p['stale'] or p['reserved'] or p['all'] or p['orphan_files'] or p['backend_leftovers']):
-            module.fail_json(msg='state=absent needs a selector: name, stale=true, reserved=true, all=true, orphan_files=true or '
-                                 'backend_leftovers=true')
-        if p['orphan_files'] and not p['orphan_patterns']:
-            module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
-        if p['orphan_files']:
-            for warning in broad_pattern_warnings(p['orphan_patterns']):
-                module.warn(warning)
-        if p['min_age'] < 0:
-            module.fail_json(msg='min_age must be 0 or more seconds')
-    if p['inventory'] and (p['state'] != 'absent' or p['kind'] != 'system'):
-        module.fail_json(msg='inventory applies to state=absent with kind=system only')
-    if p['in_use_timeout'] < 0:
-        module.fail_json(msg='in_use_timeout must be 0 or more seconds')
-    if any(not n for n in p['name']):
-        module.fail_json(msg='region names must not be empty')
 
 
 def main() -> None:
@@ -463,16 +424,21 @@ def main() -> None:
         in_use_timeout=dict(type='float', default=IN_USE_TIMEOUT),
         inventory=dict(type='bool', default=False),
     )
-    module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY,
+                           required_if=[('state', 'present', ('byte_size',))], supports_check_mode=True)
     client = make_client(module)
-    validate(module, client)
-    client.use_keep_alive()   # one connection for any number of regions
     ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
+    try:
+        ops.check()   # what the argument spec cannot say (region_plan.check_params), before anything is sent
+    except ParameterError as exc:
+        module.fail_json(msg=exc.msg)
+    client.use_keep_alive()   # one connection for any number of regions
 
     cleaning = module.params['state'] == 'absent'
 
     def body() -> None:
-        ops.run()
+        with ops.locked(ops.read()) as now:   # the per-server lock, held while planning and acting
+            ops.execute(ops.plan(now))
         result = ops.result(diff=module._diff)
         if cleaning:   # the call's outcome
             result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, region_plan, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
@@ -1112,8 +1112,8 @@ def test_two_root_runs_overlapping_behind_a_squatted_lock_keep_each_others_recor
         snap_b = inventory.read_server(fake, server_pid=pid, shm_dir=shm)
         assert ops_b._lock(snap_b) is not None and ops_b.lock is None   # B: squatted too, no lock
         recs = inventory.classify(snap_b)
-        selected = [r for r in recs.system_regions if r['name'] == 'b']
-        ops_b._mark_files(snap_b, ops_b._plan_files(snap_b, selected, [], recs.files))
+        plan_b = region_plan.plan_absent(snap_b, recs, ops_b.params, ops_b.criteria, fake.unaddressable)
+        ops_b._mark_files(snap_b, plan_b.files)
         fake.regions.pop('b')   # B's unregister answered; SIGKILL: no unlink, no end of run
     fake.on_unregister = b_records_unregisters_and_is_killed
     res = run(fake, shm, pid, name=['a'], serialise=True)
