@@ -340,6 +340,8 @@ class RegionOps:
             out.update(holders_complete=self.snap.holders_complete,
                        holders_incomplete_reason=self.snap.holders_incomplete_reason,
                        pid_namespace=self.snap.pid_namespace)
+        if self.plan_done is not None and self.plan_done.threshold is not None:
+            out['threshold'] = self.plan_done.threshold.as_dict()
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
             out['shm_used_bytes_after'] = self.used_after

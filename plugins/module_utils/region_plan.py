@@ -47,6 +47,32 @@ class FileAction(NamedTuple):
     region: str | None
 
 
+class Threshold(NamedTuple):
+    """The threshold gate of state=absent: orphan files are removed only when the shm filesystem is at least this full.
+
+    percent: threshold_percent (0: no gate); used_percent: the use the read measured (None when the shm filesystem is
+    not known); over: whether the gate is open (always with percent 0).
+    """
+
+    percent: float
+    used_percent: float | None
+    over: bool
+
+    @classmethod
+    def of(cls, percent: float, fs: dict | None) -> Threshold:
+        used = fs['used_percent'] if fs else None
+        return cls(percent, used, percent <= 0 or (used is not None and used >= percent))
+
+    def as_dict(self) -> dict:
+        return self._asdict()
+
+    def keep_reason(self) -> str:
+        """Why an orphan file stays while the gate is closed."""
+        used = 'not known' if self.used_percent is None else f'{self.used_percent}%'
+        return (f'kept below the threshold: shm use is {used}, threshold_percent is {self.percent}% (orphan files are '
+                'removed only at or above it)')
+
+
 class Register(NamedTuple):
     """One name to register, and its current registration with another spec (None when not registered)."""
 
@@ -62,7 +88,7 @@ class Plan:
     before/after: the diff. selected: region records to unregister, in order; files: the files to remove;
     register: the names to register; create: the backing file name to create; marks: [(path, region)] of
     files of regions already registered as asked that lack the reserved mark; skipped: the reasons to keep;
-    warnings: what the run warns about, in order.
+    warnings: what the run warns about, in order; threshold: the gate of state=absent with kind=system.
     """
 
     kind: str
@@ -77,6 +103,7 @@ class Plan:
     marks: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
+    threshold: Threshold | None = None
 
     @property
     def changed(self) -> bool:
@@ -132,6 +159,12 @@ def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
         _check_absent(p)
     if p.get('inventory') and (p['state'] != 'absent' or p['kind'] != 'system'):
         raise ParameterError('inventory applies to state=absent with kind=system only')
+    threshold = p.get('threshold_percent') or 0
+    if not 0 <= threshold <= 100:
+        raise ParameterError(f'threshold_percent must be between 0 and 100, got {threshold}')
+    if threshold and (p['state'] != 'absent' or p['kind'] != 'system'):
+        raise ParameterError('threshold_percent applies to state=absent with kind=system only (it gates the removal of '
+                             'orphan files)')
     if p.get('in_use_timeout', IN_USE_TIMEOUT) < 0:
         raise ParameterError('in_use_timeout must be 0 or more seconds')
     return inventory.broad_pattern_warnings(p.get('orphan_patterns')) if p.get('orphan_files') else []
@@ -307,13 +340,14 @@ def plan_absent(snap: Snapshot, records: Records, p: dict, owners: inventory.Cri
     selected = _select((rec for rec in regions if _wanted(p, rec)), p, unaddressable, notes)
     selected_names = {r['name'] for r in selected}
     remaining = [r for r in regions if r['name'] not in selected_names]
-    file_plan = plan_files(snap, p, owners, selected, remaining, files, notes)
+    threshold = Threshold.of(p.get('threshold_percent') or 0, snap.fs)
+    file_plan = plan_files(snap, p, owners, selected, remaining, files, notes, threshold)
     if selected or file_plan:
         notes.warnings.extend(_unsafe_unregister(snap, selected))
     return Plan(kind='system', current=snap.system, before={'regions': [spec(r) for r in regions],
                                                             'files': [e['path'] for e, _n in file_plan]},
                 after={'regions': [spec(r) for r in remaining], 'files': []}, selected=selected, files=file_plan,
-                skipped=notes.skipped, warnings=notes.warnings)
+                skipped=notes.skipped, warnings=notes.warnings, threshold=threshold)
 
 
 def plan_absent_cuda(current: list, p: dict, unaddressable: Unaddressable) -> Plan:
@@ -369,8 +403,12 @@ def require_server(snap: Snapshot, p: dict) -> None:
 
 
 def plan_files(snap: Snapshot, p: dict, owners: inventory.Criteria, selected: list, remaining: list, files: list,
-               notes: _Notes | None = None) -> list:
-    """[FileAction]: the files to remove, each file kept recorded with its reason in notes."""
+               notes: _Notes | None = None, threshold: Threshold | None = None) -> list:
+    """[FileAction]: the files to remove, each file kept recorded with its reason in notes.
+
+    threshold: orphan files (orphan_files) are removed only when its gate is open; the backing files of the selected
+    regions, the files a killed cleanup left and leftover backend pools whatever the use.
+    """
     notes = notes or _Notes()
     kept_paths = {r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists')}
     entries = {e['path']: e for e in snap.entries}
@@ -388,7 +426,11 @@ def plan_files(snap: Snapshot, p: dict, owners: inventory.Criteria, selected: li
             planned.add(path)
             file_plan.append(FileAction(entries[path], rec['name']))
     if p['orphan_files']:
-        file_plan.extend(FileAction(entries[f['path']], None) for f in files if f['category'] == 'orphan')
+        orphans = [f for f in files if f['category'] == 'orphan']
+        if threshold is None or threshold.over:
+            file_plan.extend(FileAction(entries[f['path']], None) for f in orphans)
+        else:
+            notes.skipped.extend({'path': f['path'], 'reason': threshold.keep_reason()} for f in orphans)
     elif p['stale'] or p['all']:
         # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it
         file_plan.extend(FileAction(entries[f['path']], None) for f in files

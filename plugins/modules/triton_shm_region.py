@@ -182,6 +182,17 @@ options:
         RV(unregistered)), with the reason in RV(skipped_items) and a warning.
     type: float
     default: 10
+  threshold_percent:
+    description:
+      - With O(state=absent) and O(kind=system), remove orphan files (O(orphan_files=true)) only when the server's shm
+        filesystem is at least this many percent used, as this run read it. Below it, each orphan file is kept, with the
+        reason in RV(skipped_items).
+      - The selected regions and their files, the files a killed cleanup left, and leftover backend pools
+        (O(backend_leftovers=true)) are acted on whatever the use. RV(threshold) says whether the gate was open.
+      - V(0) (the default) is no gate. Between 0 and 100.
+    type: float
+    default: 0
+    version_added: 0.2.0
   inventory:
     description:
       - With O(state=absent) and O(kind=system), also return RV(before) and RV(after), the server's shared memory as
@@ -355,6 +366,25 @@ failure:
       description: Which transport raised the failure, V(http) or V(grpc); absent when no request was made.
       type: str
       version_added: 0.2.0
+threshold:
+  description:
+    - The threshold gate of this run, from O(threshold_percent) and the shm filesystem's use as this run read it.
+    - C(over) is true when the use is at or above C(percent), and always with C(percent) 0; orphan files are removed only
+      then. A caller (the shm_cleanup role) can use it to decide further steps, such as registering regions again.
+  returned: with O(state=absent) and O(kind=system), when the server could be read
+  type: dict
+  contains:
+    percent:
+      description: O(threshold_percent).
+      type: float
+    used_percent:
+      description: Used percent of the server's shm filesystem; V(null) when it is not known.
+      type: float
+    over:
+      description: Whether the use is at or above O(threshold_percent) (the gate is open).
+      type: bool
+  sample: {percent: 80.0, used_percent: 91.5, over: true}
+  version_added: 0.2.0
 holders_complete:
   description:
     - Whether the holder scan this run planned from saw every holder. When false, O(stale) selects nothing, no file is an
@@ -423,6 +453,7 @@ def main() -> None:
         remove_file=dict(type='bool', default=True),
         in_use_timeout=dict(type='float', default=IN_USE_TIMEOUT),
         inventory=dict(type='bool', default=False),
+        threshold_percent=dict(type='float', default=0),
     )
     module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY,
                            required_if=[('state', 'present', ('byte_size',))], supports_check_mode=True)
