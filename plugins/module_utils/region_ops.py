@@ -35,8 +35,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backof
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
-__all__ = ['IN_USE_TIMEOUT', 'Reading', 'RegionOps']
-
 
 class Unregister(enum.Enum):
     """What _unregister did with one region."""
