@@ -11,10 +11,10 @@ gone from the status, quarantine each file, re-check holders, then unlink only u
 (device, inode) inside the shm directory, or give them back. RegionOps.result() only formats what was
 recorded, on success and after a failure part-way. A module's main() runs, in this order:
 
-    ops.check()                        # the parameters the argument spec cannot check
+    ops.check()                           # the parameters the argument spec cannot check
     with ops.locked(ops.read()) as now:   # the per-server lock (not in check mode); re-read when it waited
-        ops.execute(ops.plan(now))     # check mode: the plan is the result
-    ops.result()
+        ops.execute(ops.plan(now))        # check mode: the plan is the result
+        ops.result()                      # (triton_shm_region also writes its metrics under the lock)
 """
 from __future__ import annotations
 

@@ -416,6 +416,8 @@ metrics_files:
   version_added: 0.2.0
 '''
 
+import contextlib
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
@@ -468,18 +470,21 @@ def main() -> None:
 
     cleaning = module.params['state'] == 'absent'
 
-    def body() -> None:
-        with ops.locked(ops.read()) as now:   # the per-server lock, held while planning and acting
-            ops.execute(ops.plan(now))
-        result = ops.result(diff=module._diff)
-        if cleaning:   # the call's outcome
-            result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
-        module.exit_json(**result)
-
     def failed(result: dict) -> dict:
         return write_metrics(module, outcome=metrics.call_outcome(result, failed=True)) if cleaning else {}
 
-    run_module_main(module, body, partial=lambda: ops.result(finished=False), on_failure=failed)
+    # The per-server lock, once read() has found the shm directory, is held until this call's result and metrics
+    # textfile are written (its freed-bytes counter continues the previous file's), on success and on failure.
+    with contextlib.ExitStack() as held:
+        def body() -> None:
+            now = held.enter_context(ops.locked(ops.read()))
+            ops.execute(ops.plan(now))
+            result = ops.result(diff=module._diff)
+            if cleaning:   # the call's outcome
+                result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
+            module.exit_json(**result)
+
+        run_module_main(module, body, partial=lambda: ops.result(finished=False), on_failure=failed)
 
 
 if __name__ == '__main__':
