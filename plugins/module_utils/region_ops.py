@@ -274,8 +274,9 @@ class RegionOps:
 
     @staticmethod
     def _restore_cuda(cur: dict) -> None:
-        # Triton's status does not return the IPC handle of a CUDA region: it cannot be registered again
-        raise TritonError(f"the IPC handle of cuda region '{cur['name']}' is not known to the server's status")
+        raise TritonError(f"Triton's status never shows a CUDA region's IPC handle, so the previous registration of "
+                          f"'{cur['name']}' cannot be made again: register it with the raw_handle of memory that its "
+                          "owner still holds (cudaIpcGetMemHandle in that process)")
 
     def _read_after(self) -> None:
         """The state after a finished run: the regions of the kind, and with inventory what triton_shm_info would return."""
@@ -424,7 +425,10 @@ class RegionOps:
         for name, cur in todo:
             if cur is not None:
                 if self._unregister(kind, name) is Unregister.KEPT:
-                    raise TritonError(f"re-register {kind} region '{name}': it stays in use (requests in flight), not changed")
+                    raise TritonError(f"re-register {kind} region '{name}': it stays in use: Triton refused to unregister "
+                                      f"its current registration for {self.in_use_timeout}s because requests are in "
+                                      "flight through it, so nothing changed and it keeps its current spec; run again "
+                                      "when its clients are idle, or give in_use_timeout more seconds")
                 if self._wait_gone(kind, {name: cur}):
                     self.pending.append(name)
                     raise TritonError(f"re-register {kind} region '{name}': it was unregistered but is still listed after "

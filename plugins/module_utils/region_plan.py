@@ -269,12 +269,19 @@ def plan_present(snap: Snapshot, p: dict) -> Plan:
 
 
 def plan_present_cuda(current_regions: list, p: dict) -> Plan:
+    """Register the one name of p with raw_handle, device_id and byte_size, whatever is listed under that name.
+
+    Triton's status shows a CUDA region's device_id and byte_size, never its IPC handle: a region listed under the
+    name with the same device_id and byte_size may hold another handle (a dead client's registration). The status
+    cannot prove that the handle is the one given, so the given raw_handle is always registered: a region listed
+    under the name is unregistered first. Every run is a change.
+    """
     current = {r['name']: r for r in current_regions}
     wanted = {'device_id': p['device_id'], 'byte_size': p['byte_size']}
     return Plan(kind='cuda', current=current_regions,
                 before={'regions': [cuda_spec(current[n]) for n in p['name'] if n in current]},
                 after={'regions': [dict(name=n, **wanted) for n in p['name']]},
-                register=_todo(p['name'], current, wanted))
+                register=[Register(n, current.get(n)) for n in p['name']])
 
 
 def _todo(names: Iterable[str], current: dict, wanted: dict) -> list:

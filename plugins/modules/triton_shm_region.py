@@ -57,12 +57,14 @@ attributes:
     support: full
     description: C(before) and C(after) lists of regions, and the files to remove.
   idempotent:
-    support: full
+    support: partial
     description: A second run with the same arguments reports no change.
+    details: Except O(state=present) with O(kind=cuda), which registers the given O(raw_handle) on every run (see there).
 options:
   state:
     description:
       - V(present) registers the region(s) in O(name) with the given spec; an existing region with another spec is re-registered.
+        A CUDA region is registered again on every run (see O(raw_handle)).
       - V(absent) unregisters the selected regions and removes their unheld backing files.
     type: str
     choices: [present, absent]
@@ -107,6 +109,13 @@ options:
   raw_handle:
     description:
       - Base64 of the C(cudaIpcMemHandle_t) of a CUDA region. Required with O(state=present) and O(kind=cuda).
+      - Triton's status shows a CUDA region's C(device_id) and C(byte_size), never its handle, so a region already listed
+        under O(name) cannot be proven to hold this handle (it may be a dead client's registration of the same name and
+        size). The given handle is therefore always registered; a region listed under the name is unregistered first
+        (RV(unregistered) names it, like any re-register). The task is C(changed) on every run, check mode included.
+      - When Triton refuses the new handle after the old registration was unregistered, the old one cannot be restored
+        (its handle is not known), so the task fails and says so, and the region stays unregistered until a valid handle
+        is registered.
     type: str
   device_id:
     description:
@@ -236,22 +245,31 @@ EXAMPLES = r'''
     backend_leftovers: true
   become: true
 
-- name: Unregister two named regions but keep a protected one
+- name: Unregister two named regions
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
     state: absent
     name: [input0, output0]
-    exclude: ["warmup_*"]
+  become: true
 
-- name: Rebuild and register a clean 16 MiB region (the 建 step)
+- name: Unregister every region, live clients' too, but keep the warm-up ones (warmup_input0, ...) registered
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    state: absent
+    all: true
+    exclude: ["warmup_*"]
+  become: true
+
+- name: Rebuild and register a clean 16 MiB region (the 建 step; creating and marking the file needs root)
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
     name: input0
     key: /input0
     byte_size: 16777216
     create_file: true
+  become: true
 
-- name: Register a CUDA region from its IPC handle
+- name: Register a CUDA region from its IPC handle (changed on every run, see raw_handle)
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
     kind: cuda
