@@ -61,7 +61,7 @@ class Threshold(NamedTuple):
     @classmethod
     def of(cls, percent: float, fs: dict | None) -> Threshold:
         used = fs['used_percent'] if fs else None
-        return cls(percent, used, percent <= 0 or (used is not None and used >= percent))
+        return cls(float(percent), used, percent <= 0 or (used is not None and used >= percent))
 
     def as_dict(self) -> dict:
         return self._asdict()

@@ -55,7 +55,7 @@ def test_the_threshold_gates_orphan_files_only(percent, used, over):
     else:
         assert removed == ['a'], 'its backing file goes whatever the use; the orphan stays'
         assert p.skipped == [{'path': f'{SHM}/client_old', 'reason': p.threshold.keep_reason()}]
-        assert f'threshold_percent is {percent}%' in p.skipped[0]['reason']
+        assert f'threshold_percent is {float(percent)}%' in p.skipped[0]['reason']
     assert p.changed is True
 
 
