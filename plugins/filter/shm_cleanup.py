@@ -10,6 +10,7 @@ the steps this run took into ``shm_cleanup_result``.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -26,7 +27,7 @@ SUMMARY_KEYS = ('system_regions', 'healthy_regions', 'stale_regions', 'stale_byt
 REREGISTER_REASON = 'kept: desired state (shm_cleanup_reregister)'
 # the role's steps in the order they run, each by the variable its task registers (its result key here)
 STEPS = ('absent', 'present', 'after', 'reload')
-REGISTERED = {f'_shm_cleanup_{step}': step for step in STEPS}
+REGISTERED = {f'_shm_cleanup_{step}': step for step in STEPS + ('record',)}
 
 
 def shm_list(value: Any) -> list[str]:
@@ -55,7 +56,7 @@ def _ran(result: Any) -> bool:
 
 def _this_run(results: dict, failed_step: str | None) -> dict:
     """The results of the steps this run reached: none after the step that failed (an earlier run's may still be set)."""
-    out = {}
+    out = dict.fromkeys(STEPS)
     for step in STEPS:
         out[step] = results.get(step) if _ran(results.get(step)) else None
         if step == failed_step:
@@ -129,19 +130,26 @@ def _verify(before_regions: list[dict], after_regions: list[dict], skipped: list
 def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, reregister: Any = None,
                 threshold_percent: Any = 0, verify: bool = True, check_mode: bool = False, host: str = '', url: str = '',
                 finished_at: str = '', finished_epoch: Any = 0, failure: dict | None = None,
-                failed_step: str | None = None) -> dict:
+                failed_step: str | Mapping | None = None) -> dict:
     """The role's record of one host (``shm_cleanup_result``): what was found, decided, done, left alone and why.
 
     ``results`` holds the registered results of the role's steps: ``absent`` (the triton_shm_region call, with
     inventory=true: the state before and after, and its ``threshold`` verdict), ``present`` (the re-register loop),
     ``after`` (triton_shm_info after re-registering) and ``reload`` (triton_backend_pool). ``failed_step`` names the step
-    (or its registered variable) that failed: results of later steps are an earlier run's and are not read.
+    (or its registered variable) that failed: results of later steps are an earlier run's and are not read; ``record``
+    (the task that records, failed by the record's own error) is no step failure.
     """
     results = results or {}
     unknown = sorted(set(results) - set(STEPS))
     if unknown:
         raise AnsibleFilterError(f"shm_cleanup: unknown results {', '.join(unknown)} (expected {', '.join(STEPS)})")
-    ran = _this_run(results, REGISTERED.get(failed_step or '', failed_step))
+    if isinstance(failed_step, Mapping):
+        failed_step = next(iter(failed_step), None)   # ansible-core 2.21 gives a task's register as {name: projection}
+    failed_step = REGISTERED.get(failed_step or '', failed_step)
+    if failed_step == 'record':
+        # the record failed the host by itself (its own error below): every step ran
+        failure = failed_step = None
+    ran = _this_run(results, failed_step)
     absent = ran['absent'] or {}
     before = absent.get('before') or {}
     reregister_names = [str(r['name']) for r in reregister or ()]

@@ -354,27 +354,15 @@ def _report_host(row: Mapping, info: Optional[Mapping]) -> _Host:
     return item
 
 
-def _matches(inventory: Any, before: Mapping) -> bool:
-    summary = inventory.get('summary') if isinstance(inventory, Mapping) else None
-    return isinstance(summary, Mapping) and all(summary.get(k) == v for k, v in before.items())
-
-
-def _seen(candidates: Any, before: Optional[Mapping]) -> Optional[Mapping]:
-    """The inventory this run read before acting: the candidate whose summary is the record's ``before``."""
-    if not before:
-        return None
-    if isinstance(candidates, Mapping):
-        candidates = [candidates]
-    for c in candidates or ():
-        if not isinstance(c, Mapping) or c.get('skipped'):
-            continue
-        for inventory in (c.get('before'), c):   # a triton_shm_region result (inventory=true), or triton_shm_info's
-            if _matches(inventory, before):
-                return inventory
+def _read(result: Any) -> Optional[Mapping]:
+    """The inventory a cleanup record was made from: its triton_shm_region call's ``before`` (inventory=true)."""
+    if isinstance(result, Mapping) and not result.get('skipped') and isinstance(result.get('before'), Mapping):
+        if isinstance(result['before'].get('summary'), Mapping):
+            return result['before']
     return None
 
 
-def _cleanup_host(host: str, result: Optional[Mapping], candidates: Any, check_mode: bool) -> _Host:
+def _cleanup_host(host: str, result: Optional[Mapping], region_result: Any, check_mode: bool) -> _Host:
     if not result:
         return _Host(host, 'not run', error=NOT_RUN)
     error = result.get('error')
@@ -397,7 +385,7 @@ def _cleanup_host(host: str, result: Optional[Mapping], candidates: Any, check_m
                         f"{len(done.get('registered') or ())} region(s) re-registered",
                         ' (check mode: nothing was changed)' if would else '', class_='done'))
     before, after = result.get('before'), result.get('after')
-    inventory = _seen(candidates, before)
+    inventory = _read(region_result) if before else None
     if inventory is not None:
         body = _inventory_body(inventory, inventory['summary'], outcome, set(done.get('removed_files') or ()), bool(would),
                                '/dev/shm before')

@@ -202,9 +202,10 @@ def test_mode_names_and_serial_batches_isolate_a_down_host(fleet):
     h2.stop()
     res = cleanup(fleet.servers, cleanup_serial=2, shm_cleanup_mode='names', shm_cleanup_names='gone')
     assert res.stats['triton2']['failures'] == 1, res
-    # mode names queries first: the down host's record names the query and why it failed
+    # every mode queries and acts in one region module call: the down host's record names it and why it failed
     down = host_result(res, 'triton2')
-    assert down['status'] == 'failed' and down['error']['step'] == "Query the server's regions, files and /dev/shm use", down
+    assert down['status'] == 'failed', down
+    assert down['error']['step'] == 'Query, unregister stale regions and remove their files and orphan files', down
     assert 'cannot connect' in down['error']['msg'], down
     for s in (h1, h3):  # h3 runs in the second batch although h2 failed in the first
         assert res.stats[s.name]['failures'] == 0, res
