@@ -7,6 +7,7 @@ Documentation: plugins/filter/shm_fleet_table.yml and shm_report_row.yml (``ansi
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -101,13 +102,15 @@ ROW_SUMMARY = (('shm_total_bytes', 'total_bytes'), ('shm_used_bytes', 'used_byte
                ('unknown_regions', 'unknown_regions'), ('orphan_files', 'orphan_files'), ('orphan_bytes', 'orphan_bytes'))
 
 
-def shm_report_row(info: dict, host: str, url: str) -> dict:
-    """One host's row of the report playbook from its triton_shm_info result.
+def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
+    """One host's row of the report playbook from its triton_shm_info result, failed or not.
 
     Status ok; incomplete when the holders could not all be seen (holders_complete false: error is
     holders_incomplete_reason); unlocated without the process; unsupported when the server offers no shared memory
-    (server.shm_unsupported).
+    (server.shm_unsupported); misconfigured or down when the query failed (shm_report_failure).
     """
+    if not isinstance(info, Mapping) or info.get('failed') or url_problem(url) is not None:
+        return shm_report_failure(info, host, url)
     server = info['server']
     summary = info['summary']
     located = server.get('pid') is not None
@@ -145,7 +148,7 @@ def url_problem(url: Any) -> str | None:
     return None
 
 
-def shm_report_failure(result: Any, host: str, url: Any = None, scanned_at: Any = None) -> dict:
+def shm_report_failure(result: Any, host: str, url: Any = None) -> dict:
     """One host's row of the report playbook when its query failed: misconfigured or down.
 
     misconfigured: triton_url is missing or not a URL, or the module refused its arguments before asking the server (a bad
@@ -162,7 +165,7 @@ def shm_report_failure(result: Any, host: str, url: Any = None, scanned_at: Any 
     else:
         status, error = 'misconfigured', f'the query refused its arguments before asking the server: {msg}'
     return dict(host=host, url=redact_url(url) if isinstance(url, str) else None, status=status, error=error,
-                scanned_at=scanned_at)
+                scanned_at=time.time())
 
 
 def container_name(container: Any) -> str | None:
@@ -175,6 +178,18 @@ def client_names(regions: list) -> list[str]:
     names = {container_name(h.get('container')) or f"{h.get('comm') or '?'} (pid {h.get('pid')})"
              for r in regions or () for h in r.get('holders') or ()}
     return sorted(names)
+
+
+def shm_report_results(results: list, hosts: list, urls: list | None = None) -> list[dict]:
+    """The report's rows from the hosts' triton_shm_info results (failed ones too), in the order of hosts.
+
+    A host without a result (unreachable, limited out) is 'not run'; urls are the hosts' triton_url (None when unset).
+    """
+    results, hosts = list(results or ()), list(hosts or ())
+    urls = list(urls) if urls is not None else [None] * len(hosts)
+    if not len(results) == len(hosts) == len(urls):
+        raise AnsibleFilterError('shm_report_results: needs one result (or null) and one URL (or null) per host in hosts')
+    return shm_report_rows([shm_report_row(r, h, u) if r else None for r, h, u in zip(results, hosts, urls)], hosts)
 
 
 def shm_report_rows(reports: list, hosts: list) -> list[dict]:
@@ -202,4 +217,4 @@ def shm_fleet_table(rows: list, kind: str, hosts: list | None = None, check_mode
 class FilterModule:
     def filters(self) -> dict:
         return dict(shm_fleet_table=shm_fleet_table, shm_report_row=shm_report_row, shm_report_rows=shm_report_rows,
-                    shm_report_failure=shm_report_failure)
+                    shm_report_results=shm_report_results)

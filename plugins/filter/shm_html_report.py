@@ -25,7 +25,7 @@ CATEGORIES = FILE_CATEGORIES
 # backend pools that need attention come first
 POOL_ORDER = {'leftover': 0, 'unknown': 1, 'live': 2}
 # hosts that need attention come first, in this order
-SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'incomplete': 3, 'unsupported': 4, 'not run': 5, 'ok': 6}
+SEVERITY = {'failed': 0, 'down': 1, 'misconfigured': 2, 'unlocated': 3, 'incomplete': 4, 'unsupported': 5, 'not run': 6, 'ok': 7}
 # regions that need attention come first in a host's table
 STATE_ORDER = {'stale': 0, 'dangling': 1, 'unknown': 2, 'reserved': 3, 'healthy': 4}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'"
@@ -295,7 +295,7 @@ def _located(server: Mapping) -> _Html:
 
 
 def _tone(status: str) -> Optional[str]:
-    return None if status == 'ok' else ('warn' if status in ('not run', 'incomplete') else 'bad')
+    return None if status == 'ok' else ('warn' if status in ('not run', 'incomplete', 'unsupported') else 'bad')
 
 
 class _Host:
@@ -413,7 +413,7 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
     fleet = [_h('span', _h('b', len(items)), ' host(s)'),
              _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
              _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention')]
-    for status in ('failed', 'down', 'unlocated', 'incomplete', 'unsupported', 'not run'):
+    for status in ('failed', 'down', 'misconfigured', 'unlocated', 'incomplete', 'unsupported', 'not run'):
         n = sum(1 for it in items if it.status == status)
         if n:
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))
