@@ -213,3 +213,31 @@ def test_mode_names_and_serial_batches_isolate_a_down_host(fleet):
         assert 'gone' not in s.shm_files() and 'stays' in s.shm_files()
         r = host_result(res, s.name)
         assert {'name': 'stays', 'reason': 'not selected (shm_cleanup_mode=names)'} in r['skipped']
+
+
+# uid 0 with every capability dropped: the kernel refuses it other processes' maps and fds, as it refuses a non-root user
+UNPRIVILEGED = ('setpriv', '--bounding-set=-all', '--inh-caps=-all')
+
+
+def test_without_root_the_run_says_so_and_removes_nothing(make_triton):
+    """-e triton_become=false without privileges: never a silent "nothing to clean" (issue 29).
+
+    Decided: it reports clearly rather than failing. Nothing is stale where the holders cannot all be seen, so the
+    report's row and the cleanup's record are not ok (incomplete, or unlocated when the server's /dev/shm cannot be
+    reached) with the reason, which names root; the leak stays, nothing changes.
+    """
+    server = make_triton(models=())
+    server.leak('dead', byte_size=MiB)
+    before = state(server)
+    inv = inventory([server])
+    res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, prefix=UNPRIVILEGED,
+                           extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''}, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    r = host_result(res, 'triton1')
+    assert r['status'] in ('incomplete', 'failed') and r['changed'] is False, r
+    why = r['server']['holders_incomplete_reason'] if r['status'] == 'incomplete' else r['error']['msg']
+    assert 'root' in why, r
+    assert res.stats['triton1']['changed'] == 0 and state(server) == before
+    res = ansible_playbook('tritonops.shm.report', inventory=inv, prefix=UNPRIVILEGED,
+                           extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''})
+    [line] = [line for line in res.task("Show the fleet's shared memory")['msg'] if line.startswith('triton1 ')]
+    assert line.split()[1] in ('incomplete', 'UNLOCATED'), res.task("Show the fleet's shared memory")['msg']
