@@ -7,6 +7,7 @@ Documentation: plugins/filter/shm_fleet_table.yml and shm_report_row.yml (``ansi
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,13 +15,18 @@ from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 from jinja2.filters import do_filesizeformat, do_truncate
 
-from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
+from ansible_collections.tritonops.shm.plugins.module_utils.client import GRPC_SCHEMES, redact_url, split_url
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'
 # a host whose holders could not all be seen (issue 25: outside the host's initial PID namespace; an unreadable
 # shm directory; processes the module could not read): nothing there is stale, and its row is never ok
 INCOMPLETE = 'incomplete'
+# the report's statuses that do not fail the host: its numbers are shown (ok, incomplete), or the server has no shared
+# memory to leak (unsupported: 2.73 tritonfrontend, not a leak), so a scheduled report keeps passing
+PASSING = ('ok', INCOMPLETE, 'unsupported')
+URL_SCHEMES = ('http', 'https') + tuple(GRPC_SCHEMES)
 
 
 def _size(value: Any) -> str:
@@ -96,13 +102,15 @@ ROW_SUMMARY = (('shm_total_bytes', 'total_bytes'), ('shm_used_bytes', 'used_byte
                ('unknown_regions', 'unknown_regions'), ('orphan_files', 'orphan_files'), ('orphan_bytes', 'orphan_bytes'))
 
 
-def shm_report_row(info: dict, host: str, url: str) -> dict:
-    """One host's row of the report playbook from its triton_shm_info result.
+def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
+    """One host's row of the report playbook from its triton_shm_info result, failed or not.
 
     Status ok; incomplete when the holders could not all be seen (holders_complete false: error is
     holders_incomplete_reason); unlocated without the process; unsupported when the server offers no shared memory
-    (server.shm_unsupported).
+    (server.shm_unsupported); misconfigured or down when the query failed (shm_report_failure).
     """
+    if not isinstance(info, Mapping) or info.get('failed') or url_problem(url) is not None:
+        return shm_report_failure(info, host, url)
     server = info['server']
     summary = info['summary']
     located = server.get('pid') is not None
@@ -125,6 +133,41 @@ def shm_report_row(info: dict, host: str, url: str) -> dict:
     return row
 
 
+def url_problem(url: Any) -> str | None:
+    """Why triton_url cannot be a Triton server's URL (missing, not a string, another scheme, no host, a bad port), or None."""
+    if url is None or (isinstance(url, str) and not url.strip()):
+        return ('triton_url is not set for this host: set it in the inventory (a host or group variable), '
+                'e.g. triton_url: http://127.0.0.1:8000')
+    if not isinstance(url, str):
+        return f'triton_url must be a URL string, got a {type(url).__name__}'
+    try:
+        split_url(url.strip(), URL_SCHEMES, f'triton_url {redact_url(url)!r} is not an http, https, grpc or grpcs URL with a host, '
+                                             'e.g. http://127.0.0.1:8000')
+    except TritonError as exc:
+        return exc.msg
+    return None
+
+
+def shm_report_failure(result: Any, host: str, url: Any = None) -> dict:
+    """One host's row of the report playbook when its query failed: misconfigured or down.
+
+    misconfigured: triton_url is missing or not a URL, or the module refused its arguments before asking the server (a bad
+    variable: no ``failure`` in the result); down: the server was asked and did not answer, or answered with an error (the
+    module's ``failure``).
+    """
+    result = result if isinstance(result, Mapping) else {}
+    msg = str(result.get('msg') or result.get('module_stderr') or 'the query failed')
+    problem = url_problem(url)
+    if problem is not None:
+        status, error = 'misconfigured', problem
+    elif result.get('failure') is not None:
+        status, error = 'down', msg
+    else:
+        status, error = 'misconfigured', f'the query refused its arguments before asking the server: {msg}'
+    return dict(host=host, url=redact_url(url) if isinstance(url, str) else None, status=status, error=error,
+                scanned_at=time.time())
+
+
 def container_name(container: Any) -> str | None:
     """The name of a module result's container or pod (server.container, a holder's container), None when none."""
     return str(container.get('name')) if isinstance(container, Mapping) and container.get('name') else None
@@ -135,6 +178,18 @@ def client_names(regions: list) -> list[str]:
     names = {container_name(h.get('container')) or f"{h.get('comm') or '?'} (pid {h.get('pid')})"
              for r in regions or () for h in r.get('holders') or ()}
     return sorted(names)
+
+
+def shm_report_results(results: list, hosts: list, urls: list | None = None) -> list[dict]:
+    """The report's rows from the hosts' triton_shm_info results (failed ones too), in the order of hosts.
+
+    A host without a result (unreachable, limited out) is 'not run'; urls are the hosts' triton_url (None when unset).
+    """
+    results, hosts = list(results or ()), list(hosts or ())
+    urls = list(urls) if urls is not None else [None] * len(hosts)
+    if not len(results) == len(hosts) == len(urls):
+        raise AnsibleFilterError('shm_report_results: needs one result (or null) and one URL (or null) per host in hosts')
+    return shm_report_rows([shm_report_row(r, h, u) if r else None for r, h, u in zip(results, hosts, urls)], hosts)
 
 
 def shm_report_rows(reports: list, hosts: list) -> list[dict]:
@@ -161,4 +216,5 @@ def shm_fleet_table(rows: list, kind: str, hosts: list | None = None, check_mode
 
 class FilterModule:
     def filters(self) -> dict:
-        return dict(shm_fleet_table=shm_fleet_table, shm_report_row=shm_report_row, shm_report_rows=shm_report_rows)
+        return dict(shm_fleet_table=shm_fleet_table, shm_report_row=shm_report_row, shm_report_rows=shm_report_rows,
+                    shm_report_results=shm_report_results)

@@ -25,7 +25,7 @@ CATEGORIES = v.FILE_CATEGORIES
 # backend pools that need attention come first
 POOL_ORDER = {state: i for i, state in enumerate(v.POOL_STATES_BY_ATTENTION)}
 # hosts that need attention come first, in this order
-SEVERITY = {'failed': 0, 'down': 1, 'unlocated': 2, 'incomplete': 3, 'unsupported': 4, 'not run': 5, 'ok': 6}
+SEVERITY = {'failed': 0, 'down': 1, 'misconfigured': 2, 'unlocated': 3, 'incomplete': 4, 'unsupported': 5, 'not run': 6, 'ok': 7}
 # regions that need attention come first in a host's table
 STATE_ORDER = {state: i for i, state in enumerate(v.REGION_STATES_BY_ATTENTION)}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'"
@@ -295,7 +295,7 @@ def _located(server: Mapping) -> _Html:
 
 
 def _tone(status: str) -> Optional[str]:
-    return None if status == 'ok' else ('warn' if status in ('not run', 'incomplete') else 'bad')
+    return None if status == 'ok' else ('warn' if status in ('not run', 'incomplete', 'unsupported') else 'bad')
 
 
 class _Host:
@@ -354,27 +354,15 @@ def _report_host(row: Mapping, info: Optional[Mapping]) -> _Host:
     return item
 
 
-def _matches(inventory: Any, before: Mapping) -> bool:
-    summary = inventory.get('summary') if isinstance(inventory, Mapping) else None
-    return isinstance(summary, Mapping) and all(summary.get(k) == v for k, v in before.items())
-
-
-def _seen(candidates: Any, before: Optional[Mapping]) -> Optional[Mapping]:
-    """The inventory this run read before acting: the candidate whose summary is the record's ``before``."""
-    if not before:
-        return None
-    if isinstance(candidates, Mapping):
-        candidates = [candidates]
-    for c in candidates or ():
-        if not isinstance(c, Mapping) or c.get('skipped'):
-            continue
-        for inventory in (c.get('before'), c):   # a triton_shm_region result (inventory=true), or triton_shm_info's
-            if _matches(inventory, before):
-                return inventory
+def _read(result: Any) -> Optional[Mapping]:
+    """The inventory a cleanup record was made from: its triton_shm_region call's ``before`` (inventory=true)."""
+    if isinstance(result, Mapping) and not result.get('skipped') and isinstance(result.get('before'), Mapping):
+        if isinstance(result['before'].get('summary'), Mapping):
+            return result['before']
     return None
 
 
-def _cleanup_host(host: str, result: Optional[Mapping], candidates: Any, check_mode: bool) -> _Host:
+def _cleanup_host(host: str, result: Optional[Mapping], region_result: Any, check_mode: bool) -> _Host:
     if not result:
         return _Host(host, 'not run', error=NOT_RUN)
     error = result.get('error')
@@ -397,7 +385,7 @@ def _cleanup_host(host: str, result: Optional[Mapping], candidates: Any, check_m
                         f"{len(done.get('registered') or ())} region(s) re-registered",
                         ' (check mode: nothing was changed)' if would else '', class_='done'))
     before, after = result.get('before'), result.get('after')
-    inventory = _seen(candidates, before)
+    inventory = _read(region_result) if before else None
     if inventory is not None:
         body = _inventory_body(inventory, inventory['summary'], outcome, set(done.get('removed_files') or ()), bool(would),
                                '/dev/shm before')
@@ -425,7 +413,7 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
     fleet = [_h('span', _h('b', len(items)), ' host(s)'),
              _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
              _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention')]
-    for status in ('failed', 'down', 'unlocated', 'incomplete', 'unsupported', 'not run'):
+    for status in ('failed', 'down', 'misconfigured', 'unlocated', 'incomplete', 'unsupported', 'not run'):
         n = sum(1 for it in items if it.status == status)
         if n:
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))

@@ -110,6 +110,7 @@ class RegionOps:
         self.used_before = None
         self.used_after = None
         self.snap = None            # the read this run planned from
+        self.threshold = None       # {percent, used_percent, over} of threshold_percent (state=absent, system)
         self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
         self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
         self._owners: inventory.Criteria | None = None   # the client users, resolved once per run
@@ -149,6 +150,8 @@ class RegionOps:
                'marked_files': self.marked_files, 'skipped_items': self.skipped, 'freed_bytes': self.freed_bytes}
         if self.before_result is not None:
             out['before'] = self.before_result
+        if self.threshold is not None:
+            out['threshold'] = self.threshold
         if self.snap is not None:   # the holder scan this run planned from (the visibility rule)
             out.update(holders_complete=self.snap.holders_complete,
                        holders_incomplete_reason=self.snap.holders_incomplete_reason,
@@ -532,9 +535,20 @@ class RegionOps:
                 selected.append(rec)
         return selected
 
+    def _gate(self, snap: Snapshot) -> None:
+        """threshold_percent (STAND-IN until wt-plan's lands): below it, only stale regions and leftover pools are cleaned."""
+        percent = float(self.params.get('threshold_percent') or 0)
+        used = float((snap.fs or {}).get('used_percent') or 0)
+        self.threshold = {'percent': percent, 'used_percent': used, 'over': percent <= 0 or used >= percent}
+
+    def _below(self) -> bool:
+        return self.threshold is not None and not self.threshold['over']
+
     def _wanted(self, rec: dict) -> bool:
         """Whether the parameters ask for this system region (before exclusion)."""
         p = self.params
+        if self._below():
+            return bool(p['stale'] and rec['reclaimable'])
         return bool(p['all'] or rec['name'] in (p['name'] or ()) or (p['stale'] and rec['reclaimable'])
                     or (p.get('reserved') and rec['state'] == inventory.RESERVED))
 
@@ -575,6 +589,7 @@ class RegionOps:
         if p.get('inventory'):
             self.before_result = inventory.info_result(snap, records)
         self._require_server(snap)
+        self._gate(snap)
         selected = self._select(rec for rec in regions if self._wanted(rec))
         selected_names = {r['name'] for r in selected}
         remaining = [r for r in regions if r['name'] not in selected_names]
@@ -629,7 +644,7 @@ class RegionOps:
             elif path not in planned:
                 planned.add(path)
                 file_plan.append((entries[path], rec['name']))
-        if p['orphan_files']:
+        if p['orphan_files'] and not self._below():
             file_plan.extend((entries[f['path']], None) for f in files if f['category'] == 'orphan')
         elif p['stale'] or p['all']:
             # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it

@@ -182,6 +182,14 @@ options:
         RV(unregistered)), with the reason in RV(skipped_items) and a warning.
     type: float
     default: 10
+  threshold_percent:
+    description:
+      - With O(state=absent), act on the O(name) and O(all=true) selections and on orphan files only when the server's shm
+        filesystem use is at or above this percent; stale regions and leftover pools are cleaned whatever it is. V(0) always.
+      - Stand-in until the plan helper's version lands.
+    type: float
+    default: 0
+    version_added: 0.2.0
   inventory:
     description:
       - With O(state=absent) and O(kind=system), also return RV(before) and RV(after), the server's shared memory as
@@ -329,6 +337,12 @@ after:
   returned: when O(inventory=true), not in check mode
   type: dict
   sample: {summary: {system_regions: 1, stale_regions: 0, used_bytes: 1048576}, system_regions: [{name: input0, state: healthy}]}
+threshold:
+  description: The O(threshold_percent) verdict, from the shm filesystem use this run read.
+  returned: with O(state=absent) and O(kind=system), when the server was read
+  type: dict
+  sample: {percent: 80.0, used_percent: 12.5, over: false}
+  version_added: 0.2.0
 regions:
   description: Regions of O(kind) registered after the change (predicted in check mode).
   returned: success
@@ -462,6 +476,7 @@ def main() -> None:
         remove_file=dict(type='bool', default=True),
         in_use_timeout=dict(type='float', default=IN_USE_TIMEOUT),
         inventory=dict(type='bool', default=False),
+        threshold_percent=dict(type='float', default=0),
     )
     module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)
     client = make_client(module)

@@ -116,3 +116,63 @@ def test_an_unreachable_host_is_shown_not_run_and_the_others_reported(fleet, tmp
     rows = {r['host']: r for r in json.loads((report_dir / 'report.json').read_text())['hosts']}
     assert rows['ghost']['status'] == 'not run' and rows[up.name]['stale'] == ['dead']
     assert 'ghost' in (report_dir / 'report.html').read_text()
+
+
+# -- issue 29: down, unlocated, unsupported and misconfigured told apart --------------------------------------------
+
+def unsupported_server():
+    """Triton 2.73 through tritonfrontend: answers /v2, and 503 with its text on every shared-memory route.
+
+    No wheel bundles a 2.73 server: this is the unit tests' versioned model (test_newer_servers.py), served over HTTP.
+    """
+    from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_newer_servers import (  # pylint: disable=import-outside-toplevel
+        Versioned, _HttpFront)
+    return _HttpFront(Versioned('2.73.0', frontend=True))
+
+
+def test_report_tells_down_unlocated_unsupported_and_misconfigured_apart(fleet, tmp_path):
+    up, down = fleet.servers
+    up.leak('dead', byte_size=MiB)
+    down.stop()
+    front = unsupported_server()
+    try:
+        local = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, prometheus_textfile_dir='')
+        hosts = {'ok1': dict(local, triton_url=up.url), 'down1': dict(local, triton_url=down.url),
+                 'unsupported1': dict(local, triton_url=front.url), 'nourl1': dict(local),
+                 'badurl1': dict(local, triton_url='127.0.0.1:8000')}
+        inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
+        report_dir = tmp_path / 'report'
+        res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'report_dir': str(report_dir)})
+    finally:
+        front.close()
+
+    want = {'ok1': 'ok', 'down1': 'down', 'unsupported1': 'unsupported', 'nourl1': 'misconfigured', 'badurl1': 'misconfigured'}
+    # an unsupported server is not a leak: it does not fail a scheduled report; the others fail after the table
+    assert {h: res.stats[h]['failures'] for h in want} == {'ok1': 0, 'down1': 1, 'unsupported1': 0, 'nourl1': 1, 'badurl1': 1}, res
+    lines = res.task("Show the fleet's shared memory")['msg']
+    assert {h: [line for line in lines if line.startswith(f'{h} ')][0].split()[1] for h in want} == {
+        h: s if s == 'ok' else s.upper() for h, s in want.items()}, lines
+    rows = {r['host']: r for r in json.loads((report_dir / 'report.json').read_text())['hosts']}
+    assert {h: rows[h]['status'] for h in want} == want
+    assert 'cannot connect' in rows['down1']['error']
+    assert 'triton_url is not set' in rows['nourl1']['error'] and 'undefined' not in rows['nourl1']['error']
+    assert 'is not an http, https, grpc or grpcs URL' in rows['badurl1']['error']
+    assert 'not supported in this server configuration' in rows['unsupported1']['error']
+    md = (report_dir / 'report.md').read_text()
+    assert '| nourl1 | **misconfigured** |' in md and '| unsupported1 | **unsupported** |' in md and '| down1 | **down** |' in md
+    page = (report_dir / 'report.html').read_text()
+    for host, status in want.items():
+        assert f'data-host="{host}" data-status="{status}"' in page or status == 'ok', (host, status)
+
+
+def test_report_calls_a_server_it_cannot_see_unlocated_and_fails_it(fleet, tmp_path):
+    """Ansible where the server's processes are invisible (a container without the host's process table)."""
+    up = fleet.servers[0]
+    hosts = {'blind1': dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=up.url,
+                            prometheus_textfile_dir='')}
+    inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
+    res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'report_dir': str(tmp_path / 'r')},
+                           prefix=('unshare', '--pid', '--fork', '--mount-proc'))
+    assert res.stats['blind1']['failures'] == 1, res
+    row = json.loads((tmp_path / 'r' / 'report.json').read_text())['hosts'][0]
+    assert row['status'] == 'unlocated' and row['error'], row

@@ -202,9 +202,10 @@ def test_mode_names_and_serial_batches_isolate_a_down_host(fleet):
     h2.stop()
     res = cleanup(fleet.servers, cleanup_serial=2, shm_cleanup_mode='names', shm_cleanup_names='gone')
     assert res.stats['triton2']['failures'] == 1, res
-    # mode names queries first: the down host's record names the query and why it failed
+    # every mode queries and acts in one region module call: the down host's record names it and why it failed
     down = host_result(res, 'triton2')
-    assert down['status'] == 'failed' and down['error']['step'] == "Query the server's regions, files and /dev/shm use", down
+    assert down['status'] == 'failed', down
+    assert down['error']['step'] == 'Query, unregister stale regions and remove their files and orphan files', down
     assert 'cannot connect' in down['error']['msg'], down
     for s in (h1, h3):  # h3 runs in the second batch although h2 failed in the first
         assert res.stats[s.name]['failures'] == 0, res
@@ -212,3 +213,31 @@ def test_mode_names_and_serial_batches_isolate_a_down_host(fleet):
         assert 'gone' not in s.shm_files() and 'stays' in s.shm_files()
         r = host_result(res, s.name)
         assert {'name': 'stays', 'reason': 'not selected (shm_cleanup_mode=names)'} in r['skipped']
+
+
+# uid 0 with every capability dropped: the kernel refuses it other processes' maps and fds, as it refuses a non-root user
+UNPRIVILEGED = ('setpriv', '--bounding-set=-all', '--inh-caps=-all')
+
+
+def test_without_root_the_run_says_so_and_removes_nothing(make_triton):
+    """-e triton_become=false without privileges: never a silent "nothing to clean" (issue 29).
+
+    Decided: it reports clearly rather than failing. Nothing is stale where the holders cannot all be seen, so the
+    report's row and the cleanup's record are not ok (incomplete, or unlocated when the server's /dev/shm cannot be
+    reached) with the reason, which names root; the leak stays, nothing changes.
+    """
+    server = make_triton(models=())
+    server.leak('dead', byte_size=MiB)
+    before = state(server)
+    inv = inventory([server])
+    res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, prefix=UNPRIVILEGED,
+                           extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''}, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    r = host_result(res, 'triton1')
+    assert r['status'] in ('incomplete', 'failed') and r['changed'] is False, r
+    why = r['server']['holders_incomplete_reason'] if r['status'] == 'incomplete' else r['error']['msg']
+    assert 'root' in why, r
+    assert res.stats['triton1']['changed'] == 0 and state(server) == before
+    res = ansible_playbook('tritonops.shm.report', inventory=inv, prefix=UNPRIVILEGED,
+                           extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''})
+    [line] = [line for line in res.task("Show the fleet's shared memory")['msg'] if line.startswith('triton1 ')]
+    assert line.split()[1] in ('incomplete', 'UNLOCATED'), res.task("Show the fleet's shared memory")['msg']

@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import (
-    FilterModule, shm_fleet_table, shm_report_row, shm_report_rows)
+    FilterModule, shm_fleet_table, shm_report_results, shm_report_row, shm_report_rows)
 
 MIB = 1 << 20
 OK_ROW = dict(host='t1', status='ok', version='2.51.0', shm_used_bytes=8 * MIB, shm_total_bytes=64 * MIB, shm_used_percent=12.5,
@@ -67,7 +67,7 @@ def test_errors(rows, kind, hosts, match):
 
 def test_filter_module():
     assert FilterModule().filters() == {"shm_fleet_table": shm_fleet_table, "shm_report_row": shm_report_row,
-                                        "shm_report_rows": shm_report_rows}
+                                        "shm_report_rows": shm_report_rows, "shm_report_results": shm_report_results}
 
 
 def info_result(pid=42, reason=None):
@@ -161,3 +161,47 @@ def test_the_row_names_the_servers_pod_and_its_clients_containers():
     row = shm_report_row(info_result(), 't1', 'http://t1:8000')
     assert (row['server_container'], row['clients']) == (None, [])
     assert len(shm_fleet_table([row], 'report')) == 2
+
+
+# -- issue 29: the report tells down, unlocated, unsupported and misconfigured apart -------------------------------------
+
+DOWN = {'failed': True, 'msg': 'read server metadata at http://t1:8000/v2: cannot connect to Triton (refused or unreachable)',
+        'failure': {'url': 'http://t1:8000/v2', 'status': None, 'server_error': None, 'transport': 'http'}}
+UNDEFINED = {'failed': True, 'exception': '(traceback unavailable)',
+             'msg': "Task failed: Finalization of task args failed: 'triton_url' is undefined"}
+REFUSED = {'failed': True, 'msg': 'timeout must be more than 0 seconds'}
+
+
+@pytest.mark.parametrize('result, url, status, error', [
+    (DOWN, 'http://t1:8000', 'down', DOWN['msg']),
+    (UNDEFINED, None, 'misconfigured', 'triton_url is not set for this host: set it in the inventory'),
+    (UNDEFINED, '  ', 'misconfigured', 'triton_url is not set for this host'),
+    (DOWN, 't1:8000', 'misconfigured', "triton_url 't1:8000' is not an http, https, grpc or grpcs URL with a host"),
+    (DOWN, 'ftp://t1/x', 'misconfigured', 'is not an http, https, grpc or grpcs URL'),
+    (DOWN, 'http://t1:99999', 'misconfigured', 'has an invalid port'),
+    (DOWN, ['http://t1:8000'], 'misconfigured', 'triton_url must be a URL string, got a list'),
+    (REFUSED, 'http://t1:8000', 'misconfigured',
+     'the query refused its arguments before asking the server: timeout must be more than 0 seconds'),
+    # a successful query with no usable URL cannot be a row of this URL either
+    (info_result(), None, 'misconfigured', 'triton_url is not set'),
+])
+def test_a_failed_query_is_down_only_when_the_server_was_asked(result, url, status, error):
+    row = shm_report_row(result, 't1', url)
+    assert (row['host'], row['status']) == ('t1', status)
+    assert error in row['error']
+    assert shm_fleet_table([row], 'report')[1].split()[:2] == ['t1', status.upper()]
+
+
+def test_a_url_with_credentials_is_never_shown():
+    row = shm_report_row(DOWN, 't1', 'http://user:secret@t1:8000')
+    assert row['status'] == 'down' and 'secret' not in str(row)
+
+
+def test_report_results_make_one_row_per_host_whatever_happened():
+    unsupported = dict(info_result(), server=dict(info_result()['server'], shm_unsupported='HTTP 503: not supported'))
+    rows = shm_report_results([info_result(), DOWN, UNDEFINED, unsupported, None], ['a', 'b', 'c', 'd', 'e'],
+                              ['http://a:8000', 'http://b:8000', None, 'http://d:8000', 'http://e:8000'])
+    assert [(r['host'], r['status']) for r in rows] == [('a', 'ok'), ('b', 'down'), ('c', 'misconfigured'), ('d', 'unsupported'),
+                                                       ('e', 'not run')]
+    with pytest.raises(AnsibleFilterError, match='^shm_report_results: needs one result'):
+        shm_report_results([None], ['a', 'b'])

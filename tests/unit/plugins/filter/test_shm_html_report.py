@@ -221,19 +221,17 @@ def cleanup_record(**over):
 
 
 DIRECT = dict(changed=True, before=info(), after=info(summary=dict(SUMMARY, stale_regions=0)))
-EARLIER = info(summary=dict(SUMMARY, used_bytes=1))   # a triton_shm_info result of an earlier run of the role in the play
 
 
-@pytest.mark.parametrize('candidates, shown', [
-    ([DIRECT, None], True),                                 # the direct path: the region module's before
-    ([dict(skipped=True), info()], True),                   # the query-first path: the info result
-    ([DIRECT, EARLIER], True),
-    ([dict(skipped=True), EARLIER], False),                 # not this run's: counts only
-    ([None, None], False),
+@pytest.mark.parametrize('region_result, shown', [
+    (DIRECT, True),                                         # the region module's call of this run: its before
+    (dict(DIRECT, failed=True, msg='boom'), True),          # also when it failed after reading
+    (dict(skipped=True), False),
+    (dict(failed=True, msg='cannot connect'), False),       # nothing read: counts only
     (None, False),
 ])
-def test_cleanup_shows_the_inventory_its_record_was_made_from(candidates, shown):
-    page = shm_html_report([cleanup_record()], 'cleanup', hosts=['t1'], details=[candidates])
+def test_cleanup_shows_the_inventory_its_record_was_made_from(region_result, shown):
+    page = shm_html_report([cleanup_record()], 'cleanup', hosts=['t1'], details=[region_result])
     assert ('<table class="regions">' in page) is shown
     assert '<b>Done: </b>2 region(s) unregistered, 2 file(s) removed, freed 9.0 MiB, 0 region(s) re-registered' in page
     assert 'data-bar="/dev/shm before"' in page and 'data-bar="/dev/shm after"' in page
@@ -248,7 +246,7 @@ def test_cleanup_shows_pending_regions_as_pending():
     rec = cleanup_record(done=dict(unregistered=['gone'], pending=['dead'], removed_files=[], freed_bytes=0, registered=[],
                                    created_files=[]),
                          skipped=[dict(name='dead', reason='pending: unregistered, but still listed by the server after 10s')])
-    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[DIRECT]])
+    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[DIRECT])
     assert '<b>Done: </b>1 region(s) unregistered, 1 pending, 0 file(s) removed' in page
     outcome = dict(re.findall(r'data-region="(\w+)".*?<td class="outcome">([^<]*)</td>', page))
     assert outcome['dead'] == 'pending: unregister accepted, still listed (requests in flight), file kept'
@@ -257,7 +255,7 @@ def test_cleanup_shows_pending_regions_as_pending():
 
 def test_cleanup_check_mode_says_would():
     rec = cleanup_record(check_mode=True, after=None)
-    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[DIRECT]], check_mode=True)
+    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[DIRECT], check_mode=True)
     assert 'cleanup playbook, check mode: nothing was changed' in page and '(check mode: nothing was changed)' in page
     assert '<td class="outcome">would be unregistered</td>' in page and '<td class="outcome">would be removed</td>' in page
     assert 'would free 9.0 MiB' in page and 'data-bar="/dev/shm after"' not in page
@@ -269,7 +267,7 @@ def test_cleanup_check_mode_says_would():
                     error=dict(step='Query', msg='cannot connect')), 'failed', "failed at 'Query': cannot connect"),
 ])
 def test_cleanup_host_that_did_not_finish(rec, status, text):
-    page = shm_html_report([cleanup_record(host='t0'), rec], 'cleanup', hosts=['t0', 't1'], details=[[DIRECT], None])
+    page = shm_html_report([cleanup_record(host='t0'), rec], 'cleanup', hosts=['t0', 't1'], details=[DIRECT, None])
     assert list(sections(page)) == ['t1', 't0']
     host = sections(page)['t1']
     assert f'data-status="{status}"' in page and text in host and text in page.split('<section id="attention">')[1]
@@ -281,7 +279,7 @@ def test_cleanup_unlocated_failure_says_the_reason_once_in_its_section():
     rec = cleanup_record(status='failed', decision='', after=None, done=dict(unregistered=[], removed_files=[]),
                          before={k: v for k, v in UNLOCATED['summary'].items() if k != 'registered_files'},
                          error=dict(step='Locate the Triton server process', msg=f'nothing on t1 could be checked: {reason}'))
-    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[dict(failed=True, before=UNLOCATED)]])
+    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[dict(failed=True, before=UNLOCATED)])
     host = sections(page)['t1']
     assert host.count(reason) == 1 and 'data-located="false"' in host
     assert "failed at 'Locate the Triton server process'" in page.split('<section id="attention">')[1]
@@ -332,7 +330,7 @@ def test_a_cleanup_says_which_leftover_pools_it_removed():
     rec = cleanup_record(done=dict(unregistered=[], removed_files=['/s/p_dead'], freed_bytes=2 * MIB, registered=[],
                                    created_files=[]))
     direct = dict(DIRECT, before=info(backend_pools=POOLS))
-    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[[direct]])
+    page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[direct])
     outcome = dict(re.findall(r'data-pool="(\w+)".*?<td class="outcome">([^<]*)</td>', page))
     assert outcome == {'p_dead': 'removed', 'p_echo': 'kept', 'p_mirror': 'kept'}
 
