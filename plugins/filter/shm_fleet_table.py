@@ -111,7 +111,7 @@ def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
     holders_incomplete_reason); unlocated without the process; unsupported when the server offers no shared memory
     (server.shm_unsupported); misconfigured or down when the query failed (shm_report_failure).
     """
-    if not isinstance(info, Mapping) or info.get('failed') or url_problem(url) is not None:
+    if not isinstance(info, Mapping) or info.get('failed') or 'server' not in info or url_problem(url) is not None:
         return shm_report_failure(info, host, url)
     server = info['server']
     summary = info['summary']
@@ -191,7 +191,9 @@ def shm_report_results(results: list, hosts: list, urls: list | None = None) -> 
     urls = list(urls) if urls is not None else [None] * len(hosts)
     if not len(results) == len(hosts) == len(urls):
         raise AnsibleFilterError('shm_report_results: needs one result (or null) and one URL (or null) per host in hosts')
-    return shm_report_rows([shm_report_row(r, h, u) if r else None for r, h, u in zip(results, hosts, urls)], hosts)
+    # an unreachable host's registered result is no query: 'not run'
+    return shm_report_rows([shm_report_row(r, h, u) if r and not r.get('unreachable') else None
+                            for r, h, u in zip(results, hosts, urls)], hosts)
 
 
 def shm_report_rows(reports: list, hosts: list) -> list[dict]:

@@ -810,7 +810,11 @@ def locate_server(host: str, port: int, base: str, server_pid: int | None = None
             warnings.append(f'tritonserver process for {base} not found ({reason}): it cannot be told apart from clients, '
                             'so every file it maps counts as held')
     elif not os.path.isdir(f'{proc}/{pid}'):
-        raise DiscoveryError(f'server_pid {pid} (given for {base}) does not exist on this host')
+        raise DiscoveryError(f'server_pid {pid} (given for {base}) does not exist on this host: no process {pid} is '
+                             f'listed in {proc} as this module sees it (the server ended or restarted with a new pid, or '
+                             'the pid was read in another PID namespace, such as inside a container); give the pid of '
+                             'the tritonserver behind the URL as the host sees it (pgrep -x tritonserver), or leave '
+                             'server_pid out and let the module find the server from the URL')
     shared = None
     if server_pid:
         shared = shared_port(host, port, proc, _listening_inodes(host, port, proc))

@@ -24,6 +24,7 @@ names that region.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import time
@@ -197,7 +198,10 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     extensions = metadata.get('extensions') or []
     if 'system_shared_memory' not in extensions:
         raise TritonError(f"server at {client.base} (Triton {metadata.get('version')}) does not offer the "
-                          f"system_shared_memory extension; extensions: {', '.join(extensions) or 'none'}",
+                          f"system_shared_memory extension (its extensions: {', '.join(extensions) or 'none'}): it has "
+                          "no shared-memory API, so there are no regions to read or clean through it; check that the "
+                          f"URL reaches tritonserver itself (GET {client.base}/v2 lists the extensions), not a proxy or "
+                          "another inference server",
                           url=client.base + '/v2')
     unsupported = None
     try:
@@ -225,10 +229,10 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
             fs = shm_fs.usage(readable_dir)
             entries = shm_fs.list_entries(readable_dir, now=now)
         except OSError as exc:
-            dir_error = f'shm_dir {readable_dir} is not readable: {exc.strerror or exc}'
+            dir_error = f'shm_dir {readable_dir} is not readable: {exc.strerror or exc} ({_unreadable_hint(exc, shm_dir)})'
             if require_readable_dir:
                 raise ShmFsError(dir_error) from exc
-            warnings.append(dir_error + ': file and holder data are missing')
+            warnings.append(f'{dir_error}; file and holder data are missing')
             # fs stays as read when only the listing failed (the statvfs answer is still true)
             readable_dir, entries = None, []
     scan = None
@@ -250,6 +254,19 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
                     visibility=visible, authority=authority,
                     container=ident.as_dict() if ident.found else None, cleanup_marks=cleanup_marks,
                     server_id=server_identity(location.pid, proc))
+
+
+def _unreadable_hint(exc: OSError, given: str | None) -> str:
+    """Why a shm directory could not be read, and what to do: the tail of read_server's dir_error."""
+    where = ('the shm_dir option names it' if given is not None
+             else "it is the server's own /dev/shm, seen through /proc/PID/root")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (f'{where}; this module runs as a user who may not read it, and a containerised server\'s /dev/shm '
+                'is reachable only as root: run the task with become: true')
+    if exc.errno == errno.ENOENT:
+        return (f'{where}, and it does not exist on this host: give the directory the server uses, or leave shm_dir '
+                'out to use the server\'s own')
+    return f'{where}: check the path, and run the task as root (become: true)'
 
 
 def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],

@@ -2,38 +2,38 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Register, unregister and clean regions safely: the work behind triton_shm_region.
+"""The executor of triton_shm_region: reads, holds the lock, carries a region_plan.Plan out, records what it did.
 
 Private to the tritonops.shm collection: no stability promise to other code.
-Decisions about what a region or a file *is* come from inventory.py (a snapshot read
-by inventory.read_server, classified by inventory.classify); this file decides what to
-*do* and does it, in the order the safety invariants require (docs/concepts.md):
-unregister first, re-check holders, then unlink only unheld regular files by
-(device, inode) inside the shm directory. RegionOps.result() is the module's result,
-on success and after a failure part-way.
+What to do is decided by region_plan.py (pure, from one read and the parameters); this file does the I/O
+in the order the safety invariants require (docs/concepts.md): unregister first, wait until the region is
+gone from the status, quarantine each file, re-check holders, then unlink only unheld regular files by
+(device, inode) inside the shm directory, or give them back. RegionOps.result() only formats what was
+recorded, on success and after a failure part-way. A module's main() runs, in this order:
+
+    ops.check()                           # the parameters the argument spec cannot check
+    with ops.locked(ops.read()) as now:   # the per-server lock (not in check mode); re-read when it waited
+        ops.execute(ops.plan(now))        # check mode: the plan is the result
+        ops.result()                      # (triton_shm_region also writes its metrics under the lock)
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import time
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, region_plan, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    ParameterError, ServerNotFound, ShmFsError, TritonError,
-)
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Snapshot
-from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
+from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
-
-# Seconds to retry an unregister Triton refuses as "in use", and to wait for a deferred one to leave
-# the status: the default of the module's in_use_timeout option.
-IN_USE_TIMEOUT = 10
 
 
 class Unregister(enum.Enum):
@@ -53,13 +53,11 @@ class Lock(enum.Enum):
     UNAVAILABLE = 'unavailable'  # the directory cannot be locked: warned, acting without it
 
 
-def _spec(region: dict) -> dict:
-    return {k: region.get(k) for k in REGION_KEYS if k in region}
+class Reading(NamedTuple):
+    """What a run plans from: the snapshot of a kind=system run (None for kind=cuda), and the regions of the kind."""
 
-
-# Before Triton 2.50 (NGC 24.09), unregistering a region with requests in flight could crash the
-# server (triton-inference-server/server#3207); 2.50 refuses it as "in use" instead.
-SAFE_UNREGISTER_VERSION = (2, 50)
+    snap: Snapshot | None
+    regions: list
 
 
 # Triton 2.53 (NGC 24.12) and later accept an unregister while requests are in flight and keep the
@@ -73,17 +71,8 @@ def _may_defer(snap: Snapshot) -> bool:
     return version is None or version >= DEFERRED_UNREGISTER_VERSION
 
 
-def _same(listed: dict, spec: dict) -> bool:
-    """Whether a listed region has the spec (key, offset, byte_size; device_id for CUDA) of an earlier record."""
-    return all(listed.get(k) == spec.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in spec)
-
-
-def _cuda_spec(region: dict) -> dict:
-    return {k: region.get(k) for k in ('name', 'device_id', 'byte_size') if k in region}
-
-
 class RegionOps:
-    """One module run: plan, then (unless check mode) act, recording everything done; result() reports it."""
+    """One module run: read, plan (region_plan), then, unless check mode, act, recording everything done."""
 
     def __init__(self, client, params: dict, check_mode: bool = False, warn: Callable[[str], object] | None = None,
                  sleep: Callable[[float], object] = time.sleep, clock: Callable[[], float] = time.monotonic,
@@ -96,7 +85,7 @@ class RegionOps:
         self.warn = warn or (lambda msg: None)
         self.sleep = sleep
         self.clock = clock
-        self.changed = False
+        self.plan_done: Plan | None = None   # the plan this run carried out (or, in check mode, reports)
         self.registered = []
         self.unregistered = []
         self.pending = []           # unregistered, but still listed past in_use_timeout (Triton 24.12+ defers)
@@ -110,11 +99,11 @@ class RegionOps:
         self.used_before = None
         self.used_after = None
         self.snap = None            # the read this run planned from
-        self.threshold = None       # {percent, used_percent, over} of threshold_percent (state=absent, system)
         self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
         self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
-        self._owners: inventory.Criteria | None = None   # the client users, resolved once per run
-        self.status_after = None
+        self.regions_after = None   # the regions of the kind after the change (predicted in check mode)
+        self.inventory_after = None   # with inventory, outside check mode: what triton_shm_info would return after
+        self._criteria = None       # the parameters' inventory.Criteria, client users resolved once per run
         self._record = None         # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
         self._ours = set()          # the inodes this run added to it
         self._finished = []         # the inodes of files this run removed or gave back to a holder
@@ -123,75 +112,56 @@ class RegionOps:
     def in_use_timeout(self) -> float:
         return self.params.get('in_use_timeout', IN_USE_TIMEOUT)
 
+    @property
+    def criteria(self) -> inventory.Criteria:
+        if self._criteria is None:
+            self._criteria = region_plan.criteria(self.params)
+        return self._criteria
+
     def run(self) -> None:
-        """Do what the parameters' state asks (see present() and absent())."""
-        if self.params['state'] == 'present':
-            self.present()
-        else:
-            self.absent()
+        """The whole run, as a module's main() does it (the tests' and benches' entry)."""
+        self.check()
+        with self.locked(self.read()) as now:
+            self.execute(self.plan(now))
 
-    # -- the result ------------------------------------------------------------------------
+    present = absent = run   # the state comes from the parameters
 
-    def done_something(self) -> bool:
-        return bool(self.registered or self.unregistered or self.pending or self.removed_files or self.created_files
-                    or self.marked_files)
+    def check(self) -> None:
+        """ParameterError for what the argument spec cannot check (region_plan.check_params); warns about broad patterns."""
+        for warning in region_plan.check_params(self.params, self.client.unaddressable):
+            self.warn(warning)
 
-    def result(self, finished: bool = True, diff: bool = False) -> dict:
-        """The module's result: what was done (also after a failure part-way), then, when finished, the state after.
+    # -- read and lock ----------------------------------------------------------------------------
 
-        changed is what really changed (in check mode: what would change), also after a failure; an
-        unregister the server accepted but deferred (pending) is a change: the server will drop the region.
-        finished=False (a failure) leaves out what is read after the change: regions, after and the diff.
-        diff: add the diff (before and after) when the run got as far as planning it.
+    def read(self) -> Reading:
+        """Read what the run plans from (no lock taken): the server's snapshot, or the CUDA regions' status."""
+        p = self.params
+        if p['kind'] == 'cuda':
+            return Reading(None, self.client.status('cuda'))
+        snap = inventory.read_server(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
+                                     require_readable_dir=p.get('shm_dir') is not None, kinds=('system',),
+                                     backend_patterns=self.criteria.backend_patterns,
+                                     clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')))
+        return Reading(snap, snap.system)
+
+    @contextlib.contextmanager
+    def locked(self, reading: Reading) -> Iterator[Reading]:
+        """Hold the per-server lock on the read server's shm directory (not in check mode) until the block ends.
+
+        Yields what to plan from: reading, or the server read again when another run held the lock meanwhile.
         """
-        out = {'changed': self.changed if self.check_mode else self.done_something(),
-               'registered': self.registered, 'unregistered': self.unregistered, 'pending': self.pending,
-               'removed_files': self.removed_files, 'created_files': self.created_files,
-               'marked_files': self.marked_files, 'skipped_items': self.skipped, 'freed_bytes': self.freed_bytes}
-        if self.before_result is not None:
-            out['before'] = self.before_result
-        if self.threshold is not None:
-            out['threshold'] = self.threshold
-        if self.snap is not None:   # the holder scan this run planned from (the visibility rule)
-            out.update(holders_complete=self.snap.holders_complete,
-                       holders_incomplete_reason=self.snap.holders_incomplete_reason,
-                       pid_namespace=self.snap.pid_namespace)
-        if self.used_before is not None:
-            out['shm_used_bytes_before'] = self.used_before
-            out['shm_used_bytes_after'] = self.used_after
-        if not finished:
-            return out
-        out['regions'] = self._regions_after()
-        if self.params.get('inventory') and not self.check_mode:
-            out['after'] = self._inventory_after()
-        if diff and self.before is not None:
-            out['diff'] = {'before': self.before, 'after': self.after}
-        return out
-
-    def _criteria(self, orphans: bool = True) -> inventory.Criteria:
-        p = self.params
-        return inventory.Criteria.of(orphan_patterns=p.get('orphan_patterns') if orphans else None,
-                                     min_age=p.get('min_age', inventory.DEFAULT_MIN_AGE),
-                                     backend_patterns=p.get('backend_patterns'), client_users=p.get('client_users'))
-
-    def _read_for_plan(self, kinds: Iterable[str]) -> Snapshot:
-        """Read the server to plan from, under the per-server lock (taken here, unless check mode)."""
-        p = self.params
-
-        def read() -> Snapshot:
-            return inventory.read_server(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
-                                         require_readable_dir=p.get('shm_dir') is not None, kinds=tuple(kinds),
-                                         backend_patterns=self._criteria().backend_patterns,
-                                         clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')))
-        self.snap = read()
-        if not self.check_mode and self._lock(self.snap) is Lock.WAITED:
-            # another run acted on this server while we waited: plan from what is there now
-            self.snap = read()
-        for w in self.snap.warnings:
-            self.warn(w)
-        if self.snap.fs:
-            self.used_before = self.used_after = self.snap.fs['used_bytes']
-        return self.snap
+        try:
+            if reading.snap is not None and not self.check_mode and self._lock(reading.snap) is Lock.WAITED:
+                reading = self.read()   # another run acted on this server while we waited: plan from what is there now
+            if reading.snap is not None:
+                self.snap = reading.snap
+                for w in self.snap.warnings:
+                    self.warn(w)
+                if self.snap.fs:
+                    self.used_before = self.used_after = self.snap.fs['used_bytes']
+            yield reading
+        finally:
+            self.release()
 
     def _lock(self, snap: Snapshot) -> Lock:
         """Serialise runs against this server's shm directory."""
@@ -212,17 +182,118 @@ class RegionOps:
         return Lock.WAITED if waited else Lock.TAKEN
 
     def release(self) -> None:
-        """Release the per-server lock (the end of the process releases it too)."""
+        """Release the per-server lock (locked() does at the end of its block; the end of the process does too)."""
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+    # -- plan (pure: region_plan) ----------------------------------------------------------------
+
+    def plan(self, reading: Reading) -> Plan:
+        """The plan for the parameters and what was read; with inventory, also the read as triton_shm_info shows it."""
+        p = self.params
+        if p['kind'] == 'cuda':
+            if p['state'] == 'present':
+                return region_plan.plan_present_cuda(reading.regions, p)
+            return region_plan.plan_absent_cuda(reading.regions, p, self.client.unaddressable)
+        snap = reading.snap
+        if p['state'] == 'present':
+            return region_plan.plan_present(snap, p)
+        orphans = bool(p['orphan_files'] or p.get('inventory'))
+        records = inventory.classify(snap, self.criteria if orphans else region_plan.criteria(p, orphans=False))
+        if p.get('inventory'):
+            self.before_result = inventory.info_result(snap, records)
+        return region_plan.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
+
+    # -- execute ----------------------------------------------------------------------------------
+
+    def execute(self, plan: Plan) -> None:
+        """Carry the plan out (in check mode: record it as the result, touching nothing), then read the state after."""
+        self.plan_done = plan
+        self.before, self.after = plan.before, {k: list(v) for k, v in plan.after.items()}
+        for w in plan.warnings:
+            self.warn(w)
+        self.skipped.extend(plan.skipped)
+        if self.check_mode:
+            self.registered = [r.name for r in plan.register]
+            self.unregistered = sorted(plan.selected_names)
+            self.removed_files = [e['path'] for e, _n in plan.files]
+            self.freed_bytes = sum(e['allocated_bytes'] for e, _n in plan.files)
+            self.created_files = [os.path.join(self.snap.shm_dir, plan.create)] if plan.create else []
+            self.marked_files = [path for path, _n in plan.marks]
+            self.regions_after = plan.predicted_regions()
+            return
+        if plan.register or plan.marks:
+            self._present(plan)
+        elif plan.selected or plan.files:
+            if plan.kind == 'cuda':
+                self._unregister_selected('cuda', plan.selected, set())
+            else:
+                try:
+                    self._unregister_then_remove(self.snap, plan.selected, plan.files)
+                finally:
+                    self._record_after()
+        self._read_after()
+
+    def _present(self, plan: Plan) -> None:
+        """Register (creating the backing file when planned) and mark; or mark the file of a region registered as asked."""
+        p = self.params
+        snap = self.snap
+        if not plan.register:
+            for path, name in plan.marks:
+                self._mark(snap, os.path.basename(path), name)
+            return
+        if plan.kind == 'cuda':
+            self._register_all('cuda', plan.register,
+                               lambda name: self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size']),
+                               self._restore_cuda)
+            return
+        created = None
+        if plan.create:
+            with shm_fs.ShmDir(snap.shm_dir) as d:
+                created = d.create(plan.create, plan.need)
+            self.created_files.append(os.path.join(snap.shm_dir, plan.create))
+        key_name = shm_fs.key_to_name(p['key'])
+        try:
+            self._register_all('system', plan.register,
+                               lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
+                               lambda cur: self.client.register_system(cur['name'], cur['key'], cur.get('offset', 0),
+                                                                       cur['byte_size']))
+            if snap.shm_dir is not None:
+                for name in self.registered:
+                    self._mark(snap, key_name, name)
+        except TritonError:
+            if created is not None and not self.registered:
+                # nothing uses the file we created: take it back (only that very file, by device and inode)
+                with shm_fs.ShmDir(snap.shm_dir) as d:
+                    d.unlink(plan.create, created.st_dev, created.st_ino)
+                self.created_files = []
+            raise
+        finally:
+            self._measure_after()
+
+    @staticmethod
+    def _restore_cuda(cur: dict) -> None:
+        raise TritonError(f"Triton's status never shows a CUDA region's IPC handle, so the previous registration of "
+                          f"'{cur['name']}' cannot be made again: register it with the raw_handle of memory that its "
+                          "owner still holds (cudaIpcGetMemHandle in that process)")
+
+    def _read_after(self) -> None:
+        """The state after a finished run: the regions of the kind, and with inventory what triton_shm_info would return."""
+        if self.regions_after is None:
+            try:
+                self.regions_after = self.client.status(self.params['kind'])
+            except TritonError:
+                self.regions_after = (self.after or {}).get('regions', [])
+        if self.params.get('inventory'):
+            self.inventory_after = self._inventory_after()
 
     def _inventory_after(self) -> dict:
         """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
         if self.snap_after is None and not self.done_something() and self.before_result is not None:
             return self.before_result   # nothing changed since the read this run selected from
         snap = self.snap_after or self._read_again()
-        result = inventory.info_result(snap, inventory.classify(snap, self._criteria()))
+        result = inventory.info_result(snap, inventory.classify(snap, self.criteria))
         result['server'].update(located_by=self.snap.located_by,
                                 not_found_reason=self.snap.server_reason if self.snap.pid is None else None)
         return result
@@ -233,7 +304,7 @@ class RegionOps:
         The server found before is kept; server.live and server.ready are not measured.
         """
         return inventory.read_server(self.client, server_pid=self.snap.pid, shm_dir=self.snap.shm_dir, kinds=('system',),
-                                     backend_patterns=self._criteria().backend_patterns,
+                                     backend_patterns=self.criteria.backend_patterns,
                                      clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace)
 
     def _measure_after(self) -> None:
@@ -243,27 +314,46 @@ class RegionOps:
             except OSError:
                 pass
 
-    def _regions_after(self) -> list:
-        """The regions after the change (predicted in check mode)."""
-        if self.status_after is not None:
-            return self.status_after
-        try:
-            current = self.client.status(self.params['kind'])
-        except TritonError:
-            return (self.after or {}).get('regions', [])
-        return self._predict(current) if self.check_mode else current
+    # -- the result (formats what was recorded: no I/O) --------------------------------------------
 
-    def _predict(self, current: list) -> list:
-        p = self.params
-        gone = set(self.unregistered)
-        out = [r for r in current if r['name'] not in gone]
-        if p['state'] == 'present':
-            registered = set(self.registered)
-            out = [r for r in out if r['name'] not in registered]
-            out += [r for r in self.after['regions'] if r['name'] in registered]
-        return sorted(out, key=lambda r: r['name'])
+    def done_something(self) -> bool:
+        return bool(self.registered or self.unregistered or self.pending or self.removed_files or self.created_files
+                    or self.marked_files)
 
-    # -- unregister with the in-use retry ---------------------------------------------------
+    def result(self, finished: bool = True, diff: bool = False) -> dict:
+        """The module's result: what was done (also after a failure part-way), then, when finished, the state after.
+
+        changed is what really changed (in check mode: what would change), also after a failure; an
+        unregister the server accepted but deferred (pending) is a change: the server will drop the region.
+        finished=False (a failure) leaves out what is read after the change: regions, after and the diff.
+        diff: add the diff (before and after) when the run got as far as planning it.
+        """
+        changed = (self.plan_done is not None and self.plan_done.changed) if self.check_mode else self.done_something()
+        out = {'changed': changed,
+               'registered': self.registered, 'unregistered': self.unregistered, 'pending': self.pending,
+               'removed_files': self.removed_files, 'created_files': self.created_files,
+               'marked_files': self.marked_files, 'skipped_items': self.skipped, 'freed_bytes': self.freed_bytes}
+        if self.before_result is not None:
+            out['before'] = self.before_result
+        if self.snap is not None:   # the holder scan this run planned from (the visibility rule)
+            out.update(holders_complete=self.snap.holders_complete,
+                       holders_incomplete_reason=self.snap.holders_incomplete_reason,
+                       pid_namespace=self.snap.pid_namespace)
+        if self.plan_done is not None and self.plan_done.threshold is not None:
+            out['threshold'] = self.plan_done.threshold.as_dict()
+        if self.used_before is not None:
+            out['shm_used_bytes_before'] = self.used_before
+            out['shm_used_bytes_after'] = self.used_after
+        if not finished:
+            return out
+        out['regions'] = self.regions_after if self.regions_after is not None else []
+        if self.inventory_after is not None:
+            out['after'] = self.inventory_after
+        if diff and self.before is not None:
+            out['diff'] = {'before': self.before, 'after': self.after}
+        return out
+
+    # -- the I/O: unregister with the in-use retry ---------------------------------------------------
 
     def _unregister(self, kind: str, name: str, refused: TritonError | None = None) -> Unregister:
         """Unregister one region; KEPT means it stays registered, with the reason recorded in skipped.
@@ -304,42 +394,11 @@ class RegionOps:
         backoff = Backoff(timeout=self.in_use_timeout, sleep=self.sleep, clock=self.clock)
         while True:
             listed = {r.get('name') for r in self.client.status(kind)
-                      if r.get('name') in specs and _same(r, specs[r.get('name')])}
+                      if r.get('name') in specs and same(r, specs[r.get('name')])}
             if not listed or not backoff.wait():
                 return listed
 
-    # -- present ----------------------------------------------------------------------------
-
-    def _check_key_allowed(self, key: object) -> None:
-        """Refuse, before asking the server, the keys newer servers refuse and those of Python-based backends' files.
-
-        As Triton 2.61 does, leading slashes are stripped before the prefix check: ``//triton_python_…``
-        is the reserved prefix too, and a key of slashes only is invalid.
-        """
-        if not isinstance(key, str):
-            return      # shm_fs.key_to_name says why
-        stripped = key.lstrip('/')
-        if key and not stripped:
-            raise ParameterError(f"key '{key}' is only slashes, and a key is '/' followed by exactly one path component "
-                                 f"(Triton 2.61 and later refuse it: '... - invalid shm key '{key}''): choose a key like "
-                                 "'/my_region'")
-        if stripped.startswith(shm_fs.BACKEND_PREFIX):
-            raise ParameterError(f"key '{key}' starts with '{shm_fs.BACKEND_PREFIX}', the prefix Triton reserves "
-                                 "for its python backend (Triton 2.60 and later refuse it as a reserved prefix, 2.61 "
-                                 "and later also after leading slashes): choose another key")
-        owner = shm_fs.backend_of(stripped)
-        if owner is not None:
-            raise ParameterError(f"key '{key}' has the form {shm_fs.BACKEND_FILE_PATTERN} of a Python-based backend's "
-                                 f"files (here the {owner} backend's): registering it as a client region would hand "
-                                 "Triton's own memory to clients; choose another key")
-
-    def _check_not_backend_pattern(self, key_name: str) -> None:
-        """Refuse keys of the configured backend patterns before asking the server."""
-        patterns = self.params.get('backend_patterns')
-        if matches(key_name, patterns):
-            raise ParameterError(f"key '/{key_name}' names a python backend file (it matches backend_patterns "
-                                 f"{', '.join(patterns)}): registering it as a client region would hand Triton's own "
-                                 "memory to clients; choose another key")
+    # -- register --------------------------------------------------------------------------------
 
     def _mark(self, snap: Snapshot, key_name: str, region: str) -> None:
         """Mark the backing file as this region's (reserved); a refusal is a warning, the region stays registered."""
@@ -356,91 +415,6 @@ class RegionOps:
             return
         self.marked_files.append(path)
 
-    def present(self) -> None:
-        if self.params['kind'] == 'cuda':
-            return self._present_cuda()
-        p = self.params
-        self._check_key_allowed(p['key'])
-        try:
-            key_name = shm_fs.key_to_name(p['key'])
-        except ShmFsError as exc:
-            raise ParameterError(exc.msg) from exc
-        self._check_byte_size()
-        if p['offset'] < 0:
-            raise ParameterError(f"offset must be 0 or more, got {p['offset']}")
-        need = p['offset'] + p['byte_size']
-        self._check_not_backend_pattern(key_name)
-        snap = self._read_for_plan(kinds=('system',))
-        current = {r['name']: r for r in snap.system}
-        wanted = {'key': p['key'], 'offset': p['offset'], 'byte_size': p['byte_size']}
-        self.before = {'regions': [_spec(current[n]) for n in p['name'] if n in current]}
-        todo = self._todo(current, wanted)
-        create = False
-        if snap.shm_dir is None:
-            if p['create_file']:
-                raise ServerNotFound("create_file needs the server's shm directory, which was not found: "
-                                     "set server_pid or shm_dir")
-        elif todo:
-            create = self._check_backing_file(snap, key_name, need, p['create_file'])
-            if create and snap.fs:
-                self._check_fits(snap, key_name, need)
-        self.after = {'regions': [dict(name=n, **wanted) for n in p['name']]}
-        if not todo:
-            self._mark_unmarked(snap, key_name)
-            return None
-        self.changed = True
-        if self.check_mode:
-            if create:
-                self.created_files.append(os.path.join(snap.shm_dir, key_name))
-            self.registered = [n for n, _cur in todo]
-            return None
-        created = None
-        if create:
-            with shm_fs.ShmDir(snap.shm_dir) as d:
-                created = d.create(key_name, need)
-            self.created_files.append(os.path.join(snap.shm_dir, key_name))
-        try:
-            self._register_all('system', todo, lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
-                               lambda cur: self.client.register_system(cur['name'], cur['key'], cur.get('offset', 0), cur['byte_size']))
-            if snap.shm_dir is not None:
-                for name in self.registered:
-                    self._mark(snap, key_name, name)
-        except TritonError:
-            if created is not None and not self.registered:
-                # nothing uses the file we created: take it back (only that very file, by device and inode)
-                with shm_fs.ShmDir(snap.shm_dir) as d:
-                    d.unlink(key_name, created.st_dev, created.st_ino)
-                self.created_files = []
-            raise
-        finally:
-            self._measure_after()
-        return None
-
-    def _check_byte_size(self) -> None:
-        size = self.params['byte_size']
-        if size is None or size <= 0:
-            raise ParameterError(f'byte_size must be a positive number of bytes, got {size}')
-
-    def _todo(self, current: dict, wanted: dict) -> list:
-        """[(name, current region or None)] of the asked names not registered as wanted."""
-        return [(n, current.get(n)) for n in self.params['name'] if not (n in current and _same(current[n], wanted))]
-
-    def _mark_unmarked(self, snap: Snapshot, key_name: str) -> None:
-        """A region already registered as asked: mark its backing file when it does not carry the mark yet."""
-        if snap.shm_dir is None:
-            return
-        entry = snap.entry(key_name)
-        if entry is None or entry['type'] != 'file':
-            return
-        for name in self.params['name']:
-            if shm_fs.read_mark(entry['path']) == name:
-                continue
-            self.changed = True
-            if self.check_mode:
-                self.marked_files.append(entry['path'])
-            else:
-                self._mark(snap, key_name, name)
-
     def _register_all(self, kind: str, todo: list, register: Callable[[str], object],
                       restore: Callable[[dict], object]) -> None:
         """Register each (name, current) of todo; a different current spec is unregistered first.
@@ -451,7 +425,10 @@ class RegionOps:
         for name, cur in todo:
             if cur is not None:
                 if self._unregister(kind, name) is Unregister.KEPT:
-                    raise TritonError(f"re-register {kind} region '{name}': it stays in use (requests in flight), not changed")
+                    raise TritonError(f"re-register {kind} region '{name}': it stays in use: Triton refused to unregister "
+                                      f"its current registration for {self.in_use_timeout}s because requests are in "
+                                      "flight through it, so nothing changed and it keeps its current spec; run again "
+                                      "when its clients are idle, or give in_use_timeout more seconds")
                 if self._wait_gone(kind, {name: cur}):
                     self.pending.append(name)
                     raise TritonError(f"re-register {kind} region '{name}': it was unregistered but is still listed after "
@@ -476,140 +453,7 @@ class RegionOps:
                 self.unregistered.append(name)
             self.registered.append(name)
 
-    def _check_fits(self, snap: Snapshot, key_name: str, need: int) -> None:
-        """A file to create must fit in the shm filesystem: a sparse file larger than it makes every writer die of SIGBUS."""
-        path = os.path.join(snap.shm_dir, key_name)
-        if need > snap.fs['total_bytes']:
-            raise ShmFsError(f"offset + byte_size ({need}) is larger than the whole shm filesystem of {snap.shm_dir} "
-                             f"({snap.fs['total_bytes']} bytes): refusing to create {path}, its memory could never be allocated")
-        if need > snap.fs['free_bytes']:
-            self.warn(f"{path} is created with {need} bytes but only {snap.fs['free_bytes']} bytes of the shm filesystem "
-                      "are free: writing it may fail (SIGBUS)")
-
-    def _check_backing_file(self, snap: Snapshot, key_name: str, need: int, create_file: bool) -> bool:
-        """Validate the backing file, as the read just listed it; True when it has to be created."""
-        entry = snap.entry(key_name)
-        path = os.path.join(snap.shm_dir, key_name)
-        if entry is None:
-            if not create_file:
-                raise ShmFsError(f'backing file {path} does not exist: create it (a client does) or set create_file: true')
-            return True
-        if entry['type'] != 'file':
-            raise ShmFsError(f"backing path {path} is a {entry['type']}, not a regular file: refusing to register it")
-        if entry['size'] < need:
-            raise ShmFsError(f"offset + byte_size ({need}) is past the end of {path} ({entry['size']} bytes); "
-                             "the file is never truncated or grown")
-        return False
-
-    def _present_cuda(self) -> None:
-        p = self.params
-        self._check_byte_size()
-        current = {r['name']: r for r in self.client.status('cuda')}
-        wanted = {'device_id': p['device_id'], 'byte_size': p['byte_size']}
-        self.before = {'regions': [_cuda_spec(current[n]) for n in p['name'] if n in current]}
-        self.after = {'regions': [dict(name=n, **wanted) for n in p['name']]}
-        todo = self._todo(current, wanted)
-        if not todo:
-            return
-        self.changed = True
-        if self.check_mode:
-            self.registered = [n for n, _cur in todo]
-            return
-        self._register_all('cuda', todo, lambda name: self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size']),
-                           self._restore_cuda)
-
-    @staticmethod
-    def _restore_cuda(cur: dict) -> None:
-        # Triton's status does not return the IPC handle of a CUDA region: it cannot be registered again
-        raise TritonError(f"the IPC handle of cuda region '{cur['name']}' is not known to the server's status")
-
-    # -- absent -----------------------------------------------------------------------------
-
-    def _select(self, candidates: Iterable[dict]) -> list:
-        """The candidate regions to unregister, minus the excluded and the unaddressable ones (skipped with the reason)."""
-        selected = []
-        for rec in candidates:
-            if matches(rec['name'], self.params.get('exclude')):
-                self.skipped.append({'name': rec['name'], 'reason': 'excluded by pattern'})
-            elif not self._unaddressable(rec):
-                selected.append(rec)
-        return selected
-
-    def _gate(self, snap: Snapshot) -> None:
-        """threshold_percent (STAND-IN until wt-plan's lands): below it, only stale regions and leftover pools are cleaned."""
-        percent = float(self.params.get('threshold_percent') or 0)
-        used = float((snap.fs or {}).get('used_percent') or 0)
-        self.threshold = {'percent': percent, 'used_percent': used, 'over': percent <= 0 or used >= percent}
-
-    def _below(self) -> bool:
-        return self.threshold is not None and not self.threshold['over']
-
-    def _wanted(self, rec: dict) -> bool:
-        """Whether the parameters ask for this system region (before exclusion)."""
-        p = self.params
-        if self._below():
-            return bool(p['stale'] and rec['reclaimable'])
-        return bool(p['all'] or rec['name'] in (p['name'] or ()) or (p['stale'] and rec['reclaimable'])
-                    or (p.get('reserved') and rec['state'] == inventory.RESERVED))
-
-    def _unaddressable(self, rec: dict) -> bool:
-        """True (and skipped with the reason, its file kept) when the client cannot address this region's name.
-
-        Decided while planning, so that check mode reports exactly what a real run does.
-        """
-        why = self.client.unaddressable(rec['name'])
-        if why is None:
-            return False
-        self.skipped.append({'name': rec['name'], 'reason': why})
-        f = rec.get('file')
-        if self.params.get('remove_file') and f and f.get('exists'):
-            self.skipped.append({'path': f['path'], 'reason': f"region '{rec['name']}' stays registered"})
-        return True
-
-    def _require_server(self, snap: Snapshot) -> None:
-        """Stale and orphan cleanup on a host whose server was not found would be a silent no-op: refuse it."""
-        p = self.params
-        wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None),
-                                    ('backend_leftovers', snap.shm_dir is None)) if p.get(w) and needs]
-        if wants:
-            missing = 'the process was not found' if snap.pid is None else 'the directory is not known'
-            raise ServerNotFound(
-                f"{' and '.join(wants)} cleanup needs the tritonserver process behind {self.client.base} and its shm "
-                f"directory, and {missing}: {snap.server_reason or snap.dir_error or 'see the warnings'}")
-
-    def absent(self) -> None:
-        """Unregister the selected regions, then remove their unheld files and (with orphan_files, backend_leftovers) orphan and
-        leftover files."""
-        p = self.params
-        if p['kind'] == 'cuda':
-            return self._absent_cuda()
-        snap = self._read_for_plan(kinds=('system',))
-        records = inventory.classify(snap, self._criteria(orphans=bool(p['orphan_files'] or p.get('inventory'))))
-        regions, files = records.system_regions, records.files
-        if p.get('inventory'):
-            self.before_result = inventory.info_result(snap, records)
-        self._require_server(snap)
-        self._gate(snap)
-        selected = self._select(rec for rec in regions if self._wanted(rec))
-        selected_names = {r['name'] for r in selected}
-        remaining = [r for r in regions if r['name'] not in selected_names]
-        file_plan = self._plan_files(snap, selected, remaining, files)
-        self.before = {'regions': [_spec(r) for r in regions], 'files': [e['path'] for e, _n in file_plan]}
-        self.after = {'regions': [_spec(r) for r in remaining], 'files': []}
-        if not selected and not file_plan:
-            return None
-        self.changed = True
-        self._warn_unsafe_unregister(snap, selected)
-        if self.check_mode:
-            self.unregistered = sorted(selected_names)
-            self.removed_files = [e['path'] for e, _n in file_plan]
-            self.freed_bytes = sum(e['allocated_bytes'] for e, _n in file_plan)
-            return None
-        try:
-            self._unregister_then_remove(snap, selected, file_plan)
-        finally:
-            self._record_after()
-        return None
+    # -- unregister, then remove ----------------------------------------------------------------
 
     def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
         """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
@@ -625,34 +469,6 @@ class RegionOps:
             self.snap_after = self._remove_files(snap, file_plan, still_registered)
         finally:
             self._update_record(snap, still_registered)
-
-    def _plan_files(self, snap: Snapshot, selected: list, remaining: list, files: list) -> list:
-        """[(snapshot entry, region name or None)]: the files to remove, each skip recorded with its reason."""
-        p = self.params
-        kept_paths = {r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists')}
-        entries = {e['path']: e for e in snap.entries}
-        file_plan = []
-        planned = set()
-        for rec in selected:
-            f = rec.get('file')
-            if not p['remove_file'] or not f or not f.get('exists'):
-                continue
-            path = f['path']
-            reason = self._keep_file_reason(snap, rec, f, kept_paths)
-            if reason is not None:
-                self.skipped.append({'path': path, 'reason': reason})
-            elif path not in planned:
-                planned.add(path)
-                file_plan.append((entries[path], rec['name']))
-        if p['orphan_files'] and not self._below():
-            file_plan.extend((entries[f['path']], None) for f in files if f['category'] == 'orphan')
-        elif p['stale'] or p['all']:
-            # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it
-            file_plan.extend((entries[f['path']], None) for f in files
-                             if f['category'] == 'orphan' and snap.leftover(f['name']) is not None)
-        if p.get('backend_leftovers'):
-            file_plan.extend((entries[f['path']], None) for f in files if f['category'] == inventory.LEFTOVER)
-        return file_plan
 
     def _mark_files(self, snap: Snapshot, file_plan: list) -> None:
         """Invariant 8: record the planned backing files (shm_fs.CLEANUP_XATTR) before their regions are unregistered.
@@ -702,26 +518,6 @@ class RegionOps:
                 d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(str(exc))
-
-    def _keep_file_reason(self, snap: Snapshot, rec: dict, f: dict, kept_paths: set) -> str | None:
-        """Why the backing file of a selected region must stay, or None."""
-        path = f['path']
-        if path in kept_paths:
-            return 'also backs a region that stays registered'
-        if f.get('type') != 'file':
-            return f"not a regular file ({f.get('type')}): never removed"
-        if rec['holders']:
-            self.warn(f"region '{rec['name']}' is unregistered as asked, but its file {path} is held by "
-                      f"{holders_text(rec['holders'])} and is kept")
-            return 'held by ' + holders_text(rec['holders'])
-        if not snap.holders_complete:
-            return 'holders could not be fully determined'
-        entry = snap.entry(os.path.basename(path))
-        if entry is None:
-            return 'not listed in the shm directory'
-        if self._owners is None:
-            self._owners = self._criteria(orphans=False)
-        return inventory.removal_refusal(snap, self._owners, entry)
 
     def _unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
         """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered.
@@ -782,8 +578,8 @@ class RegionOps:
         """/dev/shm use and the server's regions after the change, as far as they can still be read."""
         self._measure_after()
         try:
-            self.status_after = self.client.status('system')
-            self.after['regions'] = [_spec(r) for r in self.status_after]
+            self.regions_after = self.client.status('system')
+            self.after['regions'] = [region_plan.spec(r) for r in self.regions_after]
         except TritonError:
             pass
 
@@ -808,17 +604,6 @@ class RegionOps:
                       "still listed unregisters it again and removes the file once it is gone")
         if listed:
             self.unregistered[:] = [n for n in self.unregistered if n not in listed]
-
-    def _warn_unsafe_unregister(self, snap: Snapshot, selected: list) -> None:
-        """Before Triton 2.50, unregistering a region a live client uses could crash the server (#3207)."""
-        version = version_tuple(snap.metadata.get('version'))
-        if version is None or version >= SAFE_UNREGISTER_VERSION:
-            return
-        held = sorted(r['name'] for r in selected if r['holders'])
-        if held:
-            self.warn(f"Triton {snap.metadata.get('version')} is older than 2.50: unregistering a region while a live "
-                      "client runs requests through it can crash the server (triton-inference-server/server#3207); "
-                      f"region(s) {', '.join(held)} are held by live clients")
 
     def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
         """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
@@ -945,24 +730,3 @@ class RegionOps:
             d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
-
-    def _absent_cuda(self) -> None:
-        p = self.params
-        for opt in ('orphan_files', 'backend_leftovers'):
-            if p.get(opt):
-                raise ParameterError(f'{opt} applies to kind=system only (CUDA regions have no files)')
-        current = self.client.status('cuda')
-        names = set(p['name'] or ())
-        selected = self._select(rec for rec in current if p['all'] or rec['name'] in names)
-        if p['stale'] and not p['all']:
-            self.warn('CUDA regions are never stale (their clients cannot be observed): stale=true selects none of them')
-        sel = {r['name'] for r in selected}
-        self.before = {'regions': [_cuda_spec(r) for r in current], 'files': []}
-        self.after = {'regions': [_cuda_spec(r) for r in current if r['name'] not in sel], 'files': []}
-        if not selected:
-            return
-        self.changed = True
-        if self.check_mode:
-            self.unregistered = sorted(sel)
-            return
-        self._unregister_selected('cuda', selected, set())

@@ -91,8 +91,12 @@ EXAMPLES = r'''
     url: "{{ triton_url }}"
     orphan_patterns: ["client_*", "input_*"]
     min_age: 600
-    query: "files[?category=='orphan'].name"
+    query: "length(files[?category=='orphan'])"
   register: orphans
+
+- name: Show the count (query_result is a number here)
+  ansible.builtin.debug:
+    msg: "{{ orphans.query_result }} orphan file(s)"
 
 - name: Query and write the node_exporter textfile in the same call
   tritonops.shm.triton_shm_info:

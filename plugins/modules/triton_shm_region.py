@@ -57,12 +57,14 @@ attributes:
     support: full
     description: C(before) and C(after) lists of regions, and the files to remove.
   idempotent:
-    support: full
+    support: partial
     description: A second run with the same arguments reports no change.
+    details: Except O(state=present) with O(kind=cuda), which registers the given O(raw_handle) on every run (see there).
 options:
   state:
     description:
       - V(present) registers the region(s) in O(name) with the given spec; an existing region with another spec is re-registered.
+        A CUDA region is registered again on every run (see O(raw_handle)).
       - V(absent) unregisters the selected regions and removes their unheld backing files.
     type: str
     choices: [present, absent]
@@ -107,6 +109,13 @@ options:
   raw_handle:
     description:
       - Base64 of the C(cudaIpcMemHandle_t) of a CUDA region. Required with O(state=present) and O(kind=cuda).
+      - Triton's status shows a CUDA region's C(device_id) and C(byte_size), never its handle, so a region already listed
+        under O(name) cannot be proven to hold this handle (it may be a dead client's registration of the same name and
+        size). The given handle is therefore always registered; a region listed under the name is unregistered first
+        (RV(unregistered) names it, like any re-register). The task is C(changed) on every run, check mode included.
+      - When Triton refuses the new handle after the old registration was unregistered, the old one cannot be restored
+        (its handle is not known), so the task fails and says so, and the region stays unregistered until a valid handle
+        is registered.
     type: str
   device_id:
     description:
@@ -184,9 +193,12 @@ options:
     default: 10
   threshold_percent:
     description:
-      - With O(state=absent), act on the O(name) and O(all=true) selections and on orphan files only when the server's shm
-        filesystem use is at or above this percent; stale regions and leftover pools are cleaned whatever it is. V(0) always.
-      - Stand-in until the plan helper's version lands.
+      - With O(state=absent) and O(kind=system), remove orphan files (O(orphan_files=true)) only when the server's shm
+        filesystem is at least this many percent used, as this run read it. Below it, each orphan file is kept, with the
+        reason in RV(skipped_items).
+      - The selected regions and their files, the files a killed cleanup left, and leftover backend pools
+        (O(backend_leftovers=true)) are acted on whatever the use. RV(threshold) says whether the gate was open.
+      - V(0) (the default) is no gate. Between 0 and 100.
     type: float
     default: 0
     version_added: 0.2.0
@@ -233,22 +245,31 @@ EXAMPLES = r'''
     backend_leftovers: true
   become: true
 
-- name: Unregister two named regions but keep a protected one
+- name: Unregister two named regions
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
     state: absent
     name: [input0, output0]
-    exclude: ["warmup_*"]
+  become: true
 
-- name: Rebuild and register a clean 16 MiB region (the 建 step)
+- name: Unregister every region, live clients' too, but keep the warm-up ones (warmup_input0, ...) registered
+  tritonops.shm.triton_shm_region:
+    url: http://127.0.0.1:8000
+    state: absent
+    all: true
+    exclude: ["warmup_*"]
+  become: true
+
+- name: Rebuild and register a clean 16 MiB region (the 建 step; creating and marking the file needs root)
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
     name: input0
     key: /input0
     byte_size: 16777216
     create_file: true
+  become: true
 
-- name: Register a CUDA region from its IPC handle
+- name: Register a CUDA region from its IPC handle (changed on every run, see raw_handle)
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
     kind: cuda
@@ -337,12 +358,6 @@ after:
   returned: when O(inventory=true), not in check mode
   type: dict
   sample: {summary: {system_regions: 1, stale_regions: 0, used_bytes: 1048576}, system_regions: [{name: input0, state: healthy}]}
-threshold:
-  description: The O(threshold_percent) verdict, from the shm filesystem use this run read.
-  returned: with O(state=absent) and O(kind=system), when the server was read
-  type: dict
-  sample: {percent: 80.0, used_percent: 12.5, over: false}
-  version_added: 0.2.0
 regions:
   description: Regions of O(kind) registered after the change (predicted in check mode).
   returned: success
@@ -369,6 +384,25 @@ failure:
       description: Which transport raised the failure, V(http) or V(grpc); absent when no request was made.
       type: str
       version_added: 0.2.0
+threshold:
+  description:
+    - The threshold gate of this run, from O(threshold_percent) and the shm filesystem's use as this run read it.
+    - C(over) is true when the use is at or above C(percent), and always with C(percent) 0; orphan files are removed only
+      then. A caller (the shm_cleanup role) can use it to decide further steps, such as registering regions again.
+  returned: with O(state=absent) and O(kind=system), when the server could be read
+  type: dict
+  contains:
+    percent:
+      description: O(threshold_percent).
+      type: float
+    used_percent:
+      description: Used percent of the server's shm filesystem; V(null) when it is not known.
+      type: float
+    over:
+      description: Whether the use is at or above O(threshold_percent) (the gate is open).
+      type: bool
+  sample: {percent: 80.0, used_percent: 91.5, over: true}
+  version_added: 0.2.0
 holders_complete:
   description:
     - Whether the holder scan this run planned from saw every holder. When false, O(stale) selects nothing, no file is an
@@ -400,6 +434,8 @@ metrics_files:
   version_added: 0.2.0
 '''
 
+import contextlib
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
@@ -407,48 +443,10 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE, broad_pattern_warnings
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import IN_USE_TIMEOUT, RegionOps
-
-
-def validate(module: AnsibleModule, client) -> None:
-    p = module.params
-    if p['state'] == 'present':
-        if not p['name']:
-            module.fail_json(msg='state=present needs name')
-        if len(p['name']) > 1:
-            module.fail_json(msg=f"state=present registers one region per task, got {len(p['name'])} names (Triton refuses a "
-                                 "second region on a key that is already registered): loop over the names, each with its own key")
-        for opt in ('stale', 'reserved', 'all', 'orphan_files', 'backend_leftovers'):
-            if p[opt]:
-                module.fail_json(msg=f'{opt} applies to state=absent only')
-        if p['kind'] == 'system':
-            missing = [o for o in ('key', 'byte_size') if p[o] is None]
-        else:
-            missing = [o for o in ('raw_handle', 'device_id', 'byte_size') if p[o] is None]
-        if missing:
-            module.fail_json(msg=f"state=present with kind={p['kind']} needs {', '.join(missing)}")
-        for name in p['name']:
-            why = client.unaddressable(name)   # over HTTP: names a URL path cannot carry
-            if why:
-                module.fail_json(msg=why)
-    else:
-        if not (p['name'] or p['stale'] or p['reserved'] or p['all'] or p['orphan_files'] or p['backend_leftovers']):
-            module.fail_json(msg='state=absent needs a selector: name, stale=true, reserved=true, all=true, orphan_files=true or '
-                                 'backend_leftovers=true')
-        if p['orphan_files'] and not p['orphan_patterns']:
-            module.fail_json(msg='orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
-        if p['orphan_files']:
-            for warning in broad_pattern_warnings(p['orphan_patterns']):
-                module.warn(warning)
-        if p['min_age'] < 0:
-            module.fail_json(msg='min_age must be 0 or more seconds')
-    if p['inventory'] and (p['state'] != 'absent' or p['kind'] != 'system'):
-        module.fail_json(msg='inventory applies to state=absent with kind=system only')
-    if p['in_use_timeout'] < 0:
-        module.fail_json(msg='in_use_timeout must be 0 or more seconds')
-    if any(not n for n in p['name']):
-        module.fail_json(msg='region names must not be empty')
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT
 
 
 def main() -> None:
@@ -478,25 +476,33 @@ def main() -> None:
         inventory=dict(type='bool', default=False),
         threshold_percent=dict(type='float', default=0),
     )
-    module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY,
+                           required_if=[('state', 'present', ('byte_size',))], supports_check_mode=True)
     client = make_client(module)
-    validate(module, client)
-    client.use_keep_alive()   # one connection for any number of regions
     ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
+    try:
+        ops.check()   # what the argument spec cannot say (region_plan.check_params), before anything is sent
+    except ParameterError as exc:
+        module.fail_json(msg=exc.msg)
+    client.use_keep_alive()   # one connection for any number of regions
 
     cleaning = module.params['state'] == 'absent'
-
-    def body() -> None:
-        ops.run()
-        result = ops.result(diff=module._diff)
-        if cleaning:   # the call's outcome
-            result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
-        module.exit_json(**result)
 
     def failed(result: dict) -> dict:
         return write_metrics(module, outcome=metrics.call_outcome(result, failed=True)) if cleaning else {}
 
-    run_module_main(module, body, partial=lambda: ops.result(finished=False), on_failure=failed)
+    # The per-server lock, once read() has found the shm directory, is held until this call's result and metrics
+    # textfile are written (its freed-bytes counter continues the previous file's), on success and on failure.
+    with contextlib.ExitStack() as held:
+        def body() -> None:
+            now = held.enter_context(ops.locked(ops.read()))
+            ops.execute(ops.plan(now))
+            result = ops.result(diff=module._diff)
+            if cleaning:   # the call's outcome
+                result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
+            module.exit_json(**result)
+
+        run_module_main(module, body, partial=lambda: ops.result(finished=False), on_failure=failed)
 
 
 if __name__ == '__main__':

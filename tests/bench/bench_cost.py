@@ -19,7 +19,7 @@ directory as prometheus_textfile_dir, what a monitored host has); --textfile abs
 that does not exist, --textfile off turns the metrics off (""). With the directory present, every run
 must leave one report and one cleanup file per host in it.
 
-Goals (issue 20, textfile directory present): cleanup-noop <= 1.3x info, cleanup-leaks <= 1.5x, report <= 1.2x.
+Goals (issues 20 and 28, textfile directory present): cleanup-noop <= 1.3x info, cleanup-leaks <= 1.5x, report <= 1.2x.
 Prints the figures, writes bench-results/cost.json.
 Usage: python tests/bench/bench_cost.py [--hosts 4] [--leaks 3] [--repeat 3] [--forks 8] [--textfile present|absent|off]
 """

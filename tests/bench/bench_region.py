@@ -134,14 +134,14 @@ def module_work(server, names, client=None):
         finally:
             marks['remove_end'] = time.perf_counter()
     ops._remove_files = timed_remove  # pylint: disable=protected-access
-    real_read = ops._read_for_plan  # pylint: disable=protected-access
+    real_read = ops.read
 
     def timed_read(*a, **kw):
         started = time.perf_counter()
         snap = real_read(*a, **kw)
         marks['plan_inventory'] = time.perf_counter() - started
         return snap
-    ops._read_for_plan = timed_read  # pylint: disable=protected-access
+    ops.read = timed_read
     started = time.perf_counter()
     ops.absent()
     ops.result()

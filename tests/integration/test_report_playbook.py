@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_helpers import PYTHON, ansible_playbook
+from ansible_helpers import COLLECTIONS_PATH, PYTHON, ansible_playbook
 
 MiB = 1 << 20
 
@@ -125,6 +126,8 @@ def unsupported_server():
 
     No wheel bundles a 2.73 server: this is the unit tests' versioned model (test_newer_servers.py), served over HTTP.
     """
+    if COLLECTIONS_PATH not in sys.path:
+        sys.path.insert(0, COLLECTIONS_PATH)
     from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_newer_servers import (  # pylint: disable=import-outside-toplevel
         Versioned, _HttpFront)
     return _HttpFront(Versioned('2.73.0', frontend=True))

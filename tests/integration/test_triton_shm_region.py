@@ -181,6 +181,27 @@ def test_inventory_is_what_queries_right_before_and_after_see(triton):
     assert nothing['changed'] is False and nothing['after']['summary'] == query['summary']
 
 
+def test_threshold_percent_gates_orphans_but_not_stale_regions(triton):
+    """Below threshold_percent a stale region and its file still go; the orphan file stays until the use reaches it."""
+    triton.leak('dead', byte_size=4 * MIB)
+    orphan = triton.write_file('client_old', MIB, age=3600)
+    usage = triton.shm_usage()
+    used = 100.0 * usage['used_bytes'] / usage['total_bytes']
+    gate = round(used + 20.0, 1)   # 64 MiB: 20% is about 13 MiB above what is used now
+    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], threshold_percent=gate)
+    below = one(args)
+    assert below['changed'] is True and below['unregistered'] == ['dead'], below
+    assert below['removed_files'] == [triton.shm_path('dead')] and os.path.exists(orphan)
+    assert below['threshold']['percent'] == gate and below['threshold']['over'] is False
+    assert below['threshold']['used_percent'] == pytest.approx(used, abs=0.5)
+    assert 'kept below the threshold' in skipped(below, 'path')[orphan]
+    foreign(triton, 'postgres_fill', size=24 * MIB)   # the use climbs past the gate
+    over, again = steps(args, args)
+    assert over['changed'] is True and over['removed_files'] == [orphan] and not os.path.exists(orphan), over
+    assert over['threshold']['over'] is True and over['threshold']['used_percent'] >= gate
+    assert again['changed'] is False and again['threshold']['over'] is True
+
+
 def test_absent_check_mode_reports_exactly_what_the_real_run_does(triton):
     triton.client('live', byte_size=MIB)
     triton.leak('dead', byte_size=2 * MIB)

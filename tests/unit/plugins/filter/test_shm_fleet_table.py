@@ -199,9 +199,10 @@ def test_a_url_with_credentials_is_never_shown():
 
 def test_report_results_make_one_row_per_host_whatever_happened():
     unsupported = dict(info_result(), server=dict(info_result()['server'], shm_unsupported='HTTP 503: not supported'))
-    rows = shm_report_results([info_result(), DOWN, UNDEFINED, unsupported, None], ['a', 'b', 'c', 'd', 'e'],
-                              ['http://a:8000', 'http://b:8000', None, 'http://d:8000', 'http://e:8000'])
+    unreachable = {'unreachable': True, 'msg': 'ssh: connect to host 127.0.0.1 port 1: Connection refused', 'changed': False}
+    rows = shm_report_results([info_result(), DOWN, UNDEFINED, unsupported, None, unreachable], ['a', 'b', 'c', 'd', 'e', 'f'],
+                              ['http://a:8000', 'http://b:8000', None, 'http://d:8000', 'http://e:8000', 'http://f:8000'])
     assert [(r['host'], r['status']) for r in rows] == [('a', 'ok'), ('b', 'down'), ('c', 'misconfigured'), ('d', 'unsupported'),
-                                                       ('e', 'not run')]
+                                                       ('e', 'not run'), ('f', 'not run')]
     with pytest.raises(AnsibleFilterError, match='^shm_report_results: needs one result'):
         shm_report_results([None], ['a', 'b'])

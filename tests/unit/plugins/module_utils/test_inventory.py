@@ -426,8 +426,11 @@ def test_nonexistent_server_pid_names_the_url():
 
 def test_unreadable_shm_dir_fails_only_when_asked(tmp_path):
     missing = str(tmp_path / 'missing')
-    with pytest.raises(ShmFsError, match=f'shm_dir {missing} is not readable: No such file or directory'):
+    with pytest.raises(ShmFsError, match=f'shm_dir {missing} is not readable: No such file or directory') as err:
         Read(FakeTriton(system=[region('r')]), shm_dir=missing, require_readable_dir=True)
+    # why, and what to do (issue 29)
+    assert 'the shm_dir option names it, and it does not exist on this host' in err.value.msg
+    assert "leave shm_dir out to use the server's own" in err.value.msg
     inv = Read(FakeTriton(system=[region('r')]), shm_dir=missing)
     assert inv.shm_dir is None
     assert any(missing in w and 'file and holder data are missing' in w for w in inv.warnings)
@@ -440,6 +443,8 @@ def test_server_without_system_shared_memory_is_refused():
         Read(triton)
     assert f'server at {triton.base} (Triton 2.51.0) does not offer the system_shared_memory extension' in err.value.msg
     assert 'extensions: classification, binary_tensor_data' in err.value.msg
+    # why, and what to do (issue 29)
+    assert 'no shared-memory API' in err.value.msg and 'check that the URL reaches tritonserver itself' in err.value.msg
     assert triton.calls == ['metadata']
 
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory, region_plan, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_api import TritonClient
@@ -35,8 +35,9 @@ class FakeTriton:
     base = 'http://127.0.0.1:9'
 
     def __init__(self, shm_dir, regions=(), in_use=None, fail_unregister_at=None, refuse_register=(),
-                 on_unregister=None, cuda=()):
+                 on_unregister=None, cuda=(), cuda_handles=None):
         self.shm_dir = shm_dir
+        self.cuda_handles = cuda_handles   # {name: raw_handle}: when given, CUDA registers are accepted (never listed)
         self.regions = {r['name']: dict(r) for r in regions}
         self.cuda = {r['name']: dict(r) for r in cuda}
         self.in_use = dict(in_use or {})            # name -> refusals left (-1: always)
@@ -91,6 +92,10 @@ class FakeTriton:
 
     def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
         self.calls.append(('register', 'cuda', name, device_id, byte_size))
+        if self.cuda_handles is not None and name not in self.cuda:
+            self.cuda[name] = dict(name=name, device_id=device_id, byte_size=byte_size)
+            self.cuda_handles[name] = raw_handle_b64
+            return
         msg = 'failed to register shared memory region: invalid args'
         raise TritonError(f"register cuda region '{name}' at {self.base}: HTTP 400: {msg}",
                           url=self.base, status=400, server_error=msg)
@@ -686,6 +691,45 @@ def test_cuda_register_refusal_carries_the_servers_message(shm, server_proc):
     assert ops.result(finished=False)['changed'] is False
 
 
+def test_cuda_present_registers_the_given_handle_over_a_listed_region_of_the_same_spec(shm, server_proc):
+    """Issue 29: the status never shows a CUDA region's handle, so a leftover of the same name, device and size (a dead
+    client's handle) is not proof of the given one: the given raw_handle is always registered, the listed one first
+    unregistered. Every run is a change, check mode included."""
+    fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)], cuda_handles={'g': 'T0xE'})
+    args = dict(state='present', kind='cuda', name=['g'], raw_handle='TkVX', device_id=0, byte_size=KIB)
+    checked = run(fake, shm, server_proc.pid, check_mode=True, **args)
+    assert checked['changed'] is True and checked['registered'] == ['g'] and fake.actions() == []
+    assert fake.cuda_handles == {'g': 'T0xE'}
+    res = run(fake, shm, server_proc.pid, **args)
+    assert res['changed'] is True and res['registered'] == ['g'] and res['unregistered'] == ['g'], res
+    assert fake.cuda_handles == {'g': 'TkVX'} and res['regions'] == [dict(name='g', device_id=0, byte_size=KIB)]
+    assert [c[:3] for c in fake.actions()] == [('unregister', 'cuda', 'g'), ('register', 'cuda', 'g')]
+    assert res['diff'] == {'before': {'regions': [dict(name='g', device_id=0, byte_size=KIB)]},
+                           'after': {'regions': [dict(name='g', device_id=0, byte_size=KIB)]}}
+
+
+def test_a_refused_cuda_handle_over_a_listed_region_says_what_happened_why_and_what_to_do(shm, server_proc):
+    fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)])   # refuses every CUDA register
+    with pytest.raises(TritonError) as err:
+        run(fake, shm, server_proc.pid, state='present', kind='cuda', name=['g'], raw_handle='TkVX', device_id=0,
+            byte_size=KIB)
+    msg = err.value.msg
+    assert 'failed to register shared memory region: invalid args' in msg and 'the region is now unregistered' in msg
+    assert "Triton's status never shows a CUDA region's IPC handle" in msg and 'cudaIpcGetMemHandle' in msg
+    assert fake.cuda == {}
+
+
+def test_a_re_register_of_a_region_in_use_says_it_kept_its_spec_and_what_to_do(shm, server_proc):
+    make_file(shm, 'in0')
+    fake = FakeTriton(shm, regions=[region('in0', byte_size=KIB)], in_use={'in0': -1})
+    with pytest.raises(TritonError) as err:
+        run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=2 * KIB, in_use_timeout=1)
+    msg = err.value.msg
+    assert msg.startswith("re-register system region 'in0': it stays in use: Triton refused to unregister")
+    assert 'requests are in flight' in msg and 'keeps its current spec' in msg and 'in_use_timeout' in msg
+    assert fake.regions['in0']['byte_size'] == KIB
+
+
 def test_cuda_absent_named_and_stale(shm, server_proc):
     fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)])
     warnings = []
@@ -1112,8 +1156,8 @@ def test_two_root_runs_overlapping_behind_a_squatted_lock_keep_each_others_recor
         snap_b = inventory.read_server(fake, server_pid=pid, shm_dir=shm)
         assert ops_b._lock(snap_b) is not None and ops_b.lock is None   # B: squatted too, no lock
         recs = inventory.classify(snap_b)
-        selected = [r for r in recs.system_regions if r['name'] == 'b']
-        ops_b._mark_files(snap_b, ops_b._plan_files(snap_b, selected, [], recs.files))
+        plan_b = region_plan.plan_absent(snap_b, recs, ops_b.params, ops_b.criteria, fake.unaddressable)
+        ops_b._mark_files(snap_b, plan_b.files)
         fake.regions.pop('b')   # B's unregister answered; SIGKILL: no unlink, no end of run
     fake.on_unregister = b_records_unregisters_and_is_killed
     res = run(fake, shm, pid, name=['a'], serialise=True)
