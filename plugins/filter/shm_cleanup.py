@@ -4,7 +4,8 @@
 """The shm_cleanup role's record of one host, built from this run's module results (no decision is made here).
 
 Documentation: plugins/filter/shm_list.yml, _shm_cleanup.yml and _shm_cleanup_exclude.yml
-(``ansible-doc -t filter tritonops.shm.NAME``); the role's two filters are private (CONTRIBUTING.md, "Public surface"). triton_shm_region decides what is stale, what is excluded and whether
+(``ansible-doc -t filter tritonops.shm.NAME``); the role's two filters are private (CONTRIBUTING.md, "Public surface").
+triton_shm_region decides what is stale, what is excluded and whether
 the /dev/shm use reaches the threshold; the role's tasks follow a fixed path; ``shm_cleanup`` only turns the results of
 the steps this run took into ``shm_cleanup_result``.
 """
