@@ -87,7 +87,7 @@ integration: collection $(PROMETHEUS_BINARIES)  ## integration tests against rea
 	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(PYTEST_ARGS)
 
 # The version matrix: the core integration tests against the tritonserver of an older
-# nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see DEVELOPERS.md).
+# nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see tests/integration/containers/README.md).
 PYTRITON_OLD ?= 0.5.10
 PYTRITON_OLD_SITE := $(BUILD)/pytriton-$(PYTRITON_OLD)
 MATRIX_TESTS ?= tests/integration/test_triton_shm_info.py tests/integration/test_triton_shm_region.py tests/integration/test_triton_versions.py

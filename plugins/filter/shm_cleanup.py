@@ -3,8 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The shm_cleanup role's record of one host, built from this run's module results (no decision is made here).
 
-Documentation: plugins/filter/shm_list.yml, shm_cleanup.yml and shm_cleanup_exclude.yml
-(``ansible-doc -t filter tritonops.shm.NAME``). triton_shm_region decides what is stale, what is excluded and whether
+Documentation: plugins/filter/shm_list.yml, _shm_cleanup.yml and _shm_cleanup_exclude.yml
+(``ansible-doc -t filter tritonops.shm.NAME``); the role's two filters are private (CONTRIBUTING.md, "Public surface").
+triton_shm_region decides what is stale, what is excluded and whether
 the /dev/shm use reaches the threshold; the role's tasks follow a fixed path; ``shm_cleanup`` only turns the results of
 the steps this run took into ``shm_cleanup_result``.
 """
@@ -199,4 +200,4 @@ def shm_cleanup(results: dict | None, mode: str = 'stale', names: Any = None, re
 
 class FilterModule:
     def filters(self) -> dict:
-        return dict(shm_list=shm_list, shm_cleanup=shm_cleanup, shm_cleanup_exclude=shm_cleanup_exclude)
+        return dict(shm_list=shm_list, _shm_cleanup=shm_cleanup, _shm_cleanup_exclude=shm_cleanup_exclude)

@@ -3,7 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The report's rows and the fleet tables the report and cleanup playbooks print, as pure functions.
 
-Documentation: plugins/filter/shm_fleet_table.yml and shm_report_row.yml (``ansible-doc -t filter tritonops.shm.NAME``).
+Private to the report and cleanup playbooks (CONTRIBUTING.md, "Public surface"). Documentation:
+plugins/filter/_shm_fleet_table.yml, _shm_report_row.yml, _shm_report_rows.yml and _shm_report_results.yml
+(``ansible-doc -t filter tritonops.shm._NAME``).
 """
 from __future__ import annotations
 
@@ -218,5 +220,5 @@ def shm_fleet_table(rows: list, kind: str, hosts: list | None = None, check_mode
 
 class FilterModule:
     def filters(self) -> dict:
-        return dict(shm_fleet_table=shm_fleet_table, shm_report_row=shm_report_row, shm_report_rows=shm_report_rows,
-                    shm_report_results=shm_report_results)
+        return dict(_shm_fleet_table=shm_fleet_table, _shm_report_row=shm_report_row, _shm_report_rows=shm_report_rows,
+                    _shm_report_results=shm_report_results)

@@ -17,17 +17,17 @@ from typing import Any, Optional
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.module_utils.metrics import FILE_CATEGORIES, REGION_STATES
+from ansible_collections.tritonops.shm.plugins.module_utils import vocabulary as v
 
-# the one vocabulary, in the one order of the inventory and the metrics
-STATES = REGION_STATES
-CATEGORIES = FILE_CATEGORIES
+# the one vocabulary (module_utils/vocabulary.py), in the one order of the inventory and the metrics
+STATES = v.REGION_STATES
+CATEGORIES = v.FILE_CATEGORIES
 # backend pools that need attention come first
-POOL_ORDER = {'leftover': 0, 'unknown': 1, 'live': 2}
+POOL_ORDER = {state: i for i, state in enumerate(v.POOL_STATES_BY_ATTENTION)}
 # hosts that need attention come first, in this order
 SEVERITY = {'failed': 0, 'down': 1, 'misconfigured': 2, 'unlocated': 3, 'incomplete': 4, 'unsupported': 5, 'not run': 6, 'ok': 7}
 # regions that need attention come first in a host's table
-STATE_ORDER = {'stale': 0, 'dangling': 1, 'unknown': 2, 'reserved': 3, 'healthy': 4}
+STATE_ORDER = {state: i for i, state in enumerate(v.REGION_STATES_BY_ATTENTION)}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'"
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'
 
@@ -195,13 +195,13 @@ def _legend() -> _Html:
 def _counts(summary: Mapping, cuda: Any = None) -> _Html:
     items = []
     for state in STATES:
-        n = _int(summary.get(f'{state}_regions'))
-        hot = n > 0 and state in ('stale', 'dangling', 'unknown')
+        n = _int(summary.get(v.region_count_key(state)))
+        hot = n > 0 and state in v.ATTENTION_STATES
         items.append(_h('div', _h('dt', state), _h('dd', n), class_='hot' if hot else None, data_state=state))
     if cuda is not None:
         items.append(_h('div', _h('dt', 'CUDA'), _h('dd', _int(cuda)), data_state='cuda'))
     for category in CATEGORIES:
-        key = f'{category}_files'
+        key = v.file_count_key(category)
         if key in summary:
             items.append(_h('div', _h('dt', f'{category} files'), _h('dd', _int(summary[key])), data_category=category))
     return _h('dl', items, class_='counts')
@@ -211,7 +211,7 @@ def _registered_bytes(inventory: Mapping) -> Optional[int]:
     files = inventory.get('files')
     if files is None:
         return None
-    return sum(_int(f.get('allocated_bytes')) for f in files if f.get('category') == 'registered')
+    return sum(_int(f.get('allocated_bytes')) for f in files if f.get('category') == v.REGISTERED)
 
 
 def _regions_table(regions: Sequence[Mapping], outcome: Optional[dict] = None) -> _Html:
@@ -222,7 +222,7 @@ def _regions_table(regions: Sequence[Mapping], outcome: Optional[dict] = None) -
         head.append('this run')
     rows = []
     for r in sorted(regions, key=lambda r: (STATE_ORDER.get(r.get('state'), 9), str(r.get('name')))):
-        state = str(r.get('state') or 'unknown')
+        state = str(r.get('state') or v.UNKNOWN)
         cells = [_h('td', r.get('name'), class_='name'), _h('td', state, class_=f'state state-{state}'),
                  _h('td', _size(r.get('byte_size')), class_='num'), _h('td', r.get('key') or '-', class_='key'),
                  _h('td', _holders(r.get('holders')), class_='holders'), _h('td', r.get('state_reason') or '')]
@@ -233,7 +233,7 @@ def _regions_table(regions: Sequence[Mapping], outcome: Optional[dict] = None) -
 
 
 def _orphans_table(files: Sequence[Mapping], removed: Optional[set] = None, check_mode: bool = False) -> _Html:
-    orphans = [f for f in files if f.get('category') == 'orphan']
+    orphans = [f for f in files if f.get('category') == v.ORPHAN]
     if not orphans:
         return _h('p', 'No orphan file.', class_='muted')
     head = ['file', 'size', 'age', 'why']
@@ -260,7 +260,7 @@ def _pools_table(pools: Sequence[Mapping], removed: Optional[set] = None, check_
     rows = []
     for p in sorted(pools, key=lambda p: (POOL_ORDER.get(p.get('state'), 9), str(p.get('model') or '~'),
                                           str(p.get('instance') or ''), str(p.get('name')))):
-        state = str(p.get('state') or 'unknown')
+        state = str(p.get('state') or v.POOL_UNKNOWN)
         cells = [_h('td', p.get('model') or '-', class_='name'), _h('td', p.get('instance') or '-', class_='key'),
                  _h('td', p.get('backend') or '-'), _h('td', _size(p.get('size')), class_='num'),
                  _h('td', _size(p.get('bytes')), class_='num'), _h('td', state, class_=f'state state-{state}'),
@@ -272,7 +272,7 @@ def _pools_table(pools: Sequence[Mapping], removed: Optional[set] = None, check_
         rows.append(_h('tr', cells, data_pool=p.get('name'), data_model=p.get('model') or '', data_state=state))
     by_model: dict = {}
     for p in pools:
-        if p.get('state') != 'leftover':
+        if p.get('state') != v.POOL_LEFTOVER:
             by_model[p.get('model') or '-'] = by_model.get(p.get('model') or '-', 0) + _int(p.get('bytes'))
     totals = '; '.join(f'{m} {_size(b)}' for m, b in sorted(by_model.items()))
     return _Html(_h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pools')
@@ -350,7 +350,7 @@ def _report_host(row: Mapping, info: Optional[Mapping]) -> _Host:
     elif status == 'ok':   # a row without the module result: the row's own numbers
         item.body = [_bar('/dev/shm', _int(row.get('shm_used_bytes')), _int(row.get('shm_total_bytes')),
                           _int(row.get('stale_bytes')), _int(row.get('orphan_bytes'))),
-                     _counts({f'{s}_regions': row.get(f'{s}_regions') for s in STATES}, row.get('cuda_regions'))]
+                     _counts({v.region_count_key(s): row.get(v.region_count_key(s)) for s in STATES}, row.get('cuda_regions'))]
     return item
 
 

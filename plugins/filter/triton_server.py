@@ -3,9 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """What the triton_server role derives from its variables and results, as pure functions.
 
-Documentation: plugins/filter/NAME.yml for triton_version, triton_gpus, triton_endpoints, triton_args, triton_container,
-triton_shm, triton_shm_change, triton_retries, triton_log_report and triton_deployed
-(``ansible-doc -t filter tritonops.shm.NAME``).
+Documentation: plugins/filter/NAME.yml for the public triton_version, triton_gpus and triton_endpoints, and for the
+role's private _triton_args, _triton_container, _triton_shm, _triton_shm_change, _triton_retries, _triton_log_report and
+_triton_deployed (``ansible-doc -t filter tritonops.shm.NAME``; CONTRIBUTING.md, "Public surface").
 """
 from __future__ import annotations
 
@@ -257,6 +257,6 @@ def triton_deployed(result: dict) -> str:
 class FilterModule:
     def filters(self) -> dict:
         return dict(triton_version=triton_version, triton_gpus=triton_gpus, triton_endpoints=triton_endpoints,
-                    triton_args=triton_args, triton_container=triton_container, triton_shm=triton_shm,
-                    triton_shm_change=triton_shm_change, triton_retries=triton_retries,
-                    triton_log_report=triton_log_report, triton_deployed=triton_deployed)
+                    _triton_args=triton_args, _triton_container=triton_container, _triton_shm=triton_shm,
+                    _triton_shm_change=triton_shm_change, _triton_retries=triton_retries,
+                    _triton_log_report=triton_log_report, _triton_deployed=triton_deployed)

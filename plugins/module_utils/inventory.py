@@ -35,31 +35,18 @@ from typing import Any, NamedTuple
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_cmdline, start_time
+from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
+    BACKEND, DANGLING, FOREIGN, HEALTHY, IN_USE, LEFTOVER, ORPHAN, POOL_LEFTOVER, POOL_LIVE, POOL_UNKNOWN, REGISTERED,
+    RESERVED, STALE, UNKNOWN)
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
 DEFAULT_MIN_AGE = 300
 
-# region states
-HEALTHY = 'healthy'
-STALE = 'stale'
-RESERVED = 'reserved'
-DANGLING = 'dangling'
-UNKNOWN = 'unknown'
-
-# file categories, in the one order every output uses (inventory summary, metrics, HTML report): metrics.py holds it,
-# standard library only, so that the filters can import it too
-FILE_CATEGORIES = metrics.FILE_CATEGORIES
-LEFTOVER = 'leftover'
-
-# backend pool states (backend_pools): held by a process, a leftover (category leftover), or not decidable
-POOL_LIVE = 'live'
-POOL_LEFTOVER = 'leftover'
-POOL_UNKNOWN = 'unknown'
+# the state vocabulary (region states, file categories, pool states) and its one order: vocabulary.py
 
 # The python backend stub's command line (Triton 2.4x-2.6x, python_backend's stub_launcher.cc):
 #   triton_python_backend_stub MODEL_PATH SHM_REGION_NAME SHM_DEFAULT_SIZE SHM_GROWTH_SIZE PARENT_PID
@@ -559,10 +546,10 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
                                                             criteria, leftover=snap.leftover(e['name']))
-    if rec['category'] in ('orphan', LEFTOVER):
+    if rec['category'] in (ORPHAN, LEFTOVER):
         refused = removal_refusal(snap, criteria, e)
         if refused is not None:
-            rec['category'] = 'foreign' if rec['category'] == 'orphan' else 'backend'
+            rec['category'] = FOREIGN if rec['category'] == ORPHAN else BACKEND
             rec['category_reason'] = refused
     rec['backend'] = file_backend(e['name'], rec['category'])
     return rec
@@ -575,7 +562,7 @@ def file_backend(name: str, category: str) -> str | None:
     --backend-config=python,shm-region-prefix-name=…, an option of the python backend (which runs
     every Python-based backend). None for every other category.
     """
-    if category not in ('backend', LEFTOVER):
+    if category not in (BACKEND, LEFTOVER):
         return None
     return shm_fs.backend_of(name) or 'python'
 
@@ -588,30 +575,30 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     then unregistered its region, and was stopped before removing it: an orphan whatever the patterns say.
     """
     if e['type'] != 'file':
-        return 'foreign', f"not a regular file ({e['type']})"
+        return FOREIGN, f"not a regular file ({e['type']})"
     if regions:
-        return 'registered', f"backs region(s) {', '.join(regions)}"
+        return REGISTERED, f"backs region(s) {', '.join(regions)}"
     if matches(e['name'], criteria.backend_patterns):
         return backend_category(e, all_holders, holders_complete, criteria.min_age)
     if all_holders:
-        return 'in_use', 'held by ' + holders_mod.holders_text(all_holders)
+        return IN_USE, 'held by ' + holders_mod.holders_text(all_holders)
     software = shm_fs.other_software(e['name'])
     if software is not None:
-        return 'foreign', f'{software}: never an orphan, whatever orphan_patterns says'
+        return FOREIGN, f'{software}: never an orphan, whatever orphan_patterns says'
     if leftover is not None:
         if not holders_complete:
-            return 'foreign', 'holders could not be fully determined'
+            return FOREIGN, 'holders could not be fully determined'
         what = (f"that unregistered region '{leftover.region}' and was stopped before removing the file" if leftover.region
                 else 'that found it held and could not give its name back (taken again meanwhile)')
-        return 'orphan', (f'left by a stale cleanup of this server {what} (recorded in {shm_fs.CLEANUP_XATTR} on the shm '
-                          'directory): the next stale cleanup removes it')
+        return ORPHAN, (f'left by a stale cleanup of this server {what} (recorded in {shm_fs.CLEANUP_XATTR} on the shm '
+                        'directory): the next stale cleanup removes it')
     if not matches(e['name'], criteria.orphan_patterns):
-        return 'foreign', 'matches no orphan pattern'
+        return FOREIGN, 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:
-        return 'foreign', f"matches an orphan pattern but is younger than min_age ({e['age_s']}s < {criteria.min_age}s)"
+        return FOREIGN, f"matches an orphan pattern but is younger than min_age ({e['age_s']}s < {criteria.min_age}s)"
     if not holders_complete:
-        return 'foreign', 'holders could not be fully determined'
-    return 'orphan', 'unregistered, unheld, matches an orphan pattern, older than min_age'
+        return FOREIGN, 'holders could not be fully determined'
+    return ORPHAN, 'unregistered, unheld, matches an orphan pattern, older than min_age'
 
 
 def backend_category(e: dict, all_holders: Sequence[dict], holders_complete: bool, min_age: float) -> tuple[str, str]:
@@ -621,12 +608,12 @@ def backend_category(e: dict, all_holders: Sequence[dict], holders_complete: boo
     what = (f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's "
             "file)" if owner is not None else "Triton's python backend shared memory (matches the backend patterns)")
     if all_holders:
-        return 'backend', f'{what}, held by {holders_mod.holders_text(all_holders)}: never an orphan, never a leftover'
+        return BACKEND, f'{what}, held by {holders_mod.holders_text(all_holders)}: never an orphan, never a leftover'
     if not holders_complete:
-        return 'backend', f'{what}: never an orphan; not held as far as seen, but holders could not be fully determined'
+        return BACKEND, f'{what}: never an orphan; not held as far as seen, but holders could not be fully determined'
     if e['age_s'] < min_age:
-        return 'backend', (f"{what}: never an orphan; no process holds it, but it is younger than min_age "
-                           f"({e['age_s']}s < {min_age}s)")
+        return BACKEND, (f"{what}: never an orphan; no process holds it, but it is younger than min_age "
+                         f"({e['age_s']}s < {min_age}s)")
     return LEFTOVER, (f'{what}, held by no process and older than min_age: the pool of a dead server and its stubs '
                       '(they died together), which no server reuses')
 
@@ -671,7 +658,7 @@ def pool_record(snap: Snapshot, rec: dict) -> dict:
 
 def pool_records(snap: Snapshot, files: Iterable[dict]) -> list:
     """The pools of Python-based backends (backend and leftover files), by model then name."""
-    pools = [pool_record(snap, f) for f in files if f['category'] in ('backend', LEFTOVER)]
+    pools = [pool_record(snap, f) for f in files if f['category'] in (BACKEND, LEFTOVER)]
     return sorted(pools, key=lambda p: (p['model'] is None, p['model'] or '', p['instance'] or '', p['name']))
 
 
@@ -734,15 +721,15 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
         'stale_bytes': sum({r['file']['path']: file_bytes(r) for r in regions if r['state'] == STALE}.values()),
         'dangling_regions': count(regions, 'state', DANGLING),
         'unknown_regions': count(regions, 'state', UNKNOWN),
-        'registered_files': count(files, 'category', 'registered'),
-        'backend_files': count(files, 'category', 'backend'),
-        'backend_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == 'backend'),
+        'registered_files': count(files, 'category', REGISTERED),
+        'backend_files': count(files, 'category', BACKEND),
+        'backend_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == BACKEND),
         'leftover_files': count(files, 'category', LEFTOVER),
         'leftover_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == LEFTOVER),
-        'in_use_files': count(files, 'category', 'in_use'),
-        'orphan_files': count(files, 'category', 'orphan'),
-        'orphan_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == 'orphan'),
-        'foreign_files': count(files, 'category', 'foreign'),
+        'in_use_files': count(files, 'category', IN_USE),
+        'orphan_files': count(files, 'category', ORPHAN),
+        'orphan_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == ORPHAN),
+        'foreign_files': count(files, 'category', FOREIGN),
         'used_bytes': fs['used_bytes'] if fs else None,
         'total_bytes': fs['total_bytes'] if fs else None,
         'used_percent': fs['used_percent'] if fs else None,

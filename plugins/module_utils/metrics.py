@@ -21,8 +21,8 @@ the report file from the module's own result and, for triton_shm_region, the cle
 call's outcome (``call_outcome()``), its counter continued from the previous file; one warning at
 most when the directory cannot take them.
 
-Standard library only (and client.py's text helpers, standard library too): the filters import it in every
-Ansible worker process.
+Standard library only (and the collection's client.py text helpers and vocabulary.py, standard library too): the
+filters import it in every Ansible worker process.
 """
 from __future__ import annotations
 
@@ -37,13 +37,12 @@ import time
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
+# the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
+from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import FILE_CATEGORIES, POOL_LEFTOVER, REGION_STATES
 
 REPORT = 'report'
 CLEANUP = 'cleanup'
 FILE_BASES = {REPORT: 'tritonops_shm', CLEANUP: 'tritonops_shm_cleanup'}
-REGION_STATES = ('healthy', 'stale', 'reserved', 'dangling', 'unknown')
-# the file categories in the one order of every output (inventory.py classifies, the HTML report and metrics show)
-FILE_CATEGORIES = ('registered', 'backend', 'leftover', 'in_use', 'orphan', 'foreign')
 
 # At most this many values of the ``model`` label of tritonops_shm_backend_pool_bytes per textfile (per server): the
 # models with the most pool bytes keep their name, the others are summed under OTHER_MODELS. Pools no python stub maps
@@ -234,7 +233,7 @@ def pool_bytes_by_model(pools: Iterable[Mapping], cap: int = MODEL_LABEL_CAP) ->
     name), the rest summed under OTHER_MODELS; a pool without a model under UNATTRIBUTED (never counted in the cap)."""
     by_model: dict = {}
     for pool in pools:
-        if pool.get('state') == 'leftover':
+        if pool.get('state') == POOL_LEFTOVER:
             continue
         model = pool.get('model') or UNATTRIBUTED
         by_model[model] = by_model.get(model, 0) + int(pool.get('bytes') or 0)

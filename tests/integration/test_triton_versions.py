@@ -1,8 +1,8 @@
 """Behaviours that differ between Triton versions, against the real servers this machine can run.
 
 The rig's tritonserver is 2.51 (nvidia-pytriton 0.7.0); with TRITONRIG_PYTRITON_SITE set to the
-site-packages of another nvidia-pytriton (0.5.10 bundles 2.48, see DEVELOPERS.md) the same tests
-run against that server. Answers only newer servers give (2.53+ deferred unregister, 2.58+
+site-packages of another nvidia-pytriton (0.5.10 bundles 2.48, see tests/integration/containers/README.md)
+the same tests run against that server. Answers only newer servers give (2.53+ deferred unregister, 2.58+
 integer overflow, 2.60+/2.61+ reserved prefix and invalid keys, 2.68+ client shared memory off,
 2.73 tritonfrontend) are covered by unit tests with their exact texts and codes, over HTTP and
 gRPC (tests/unit/plugins/module_utils/test_newer_servers.py).

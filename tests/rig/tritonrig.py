@@ -91,7 +91,7 @@ class RigError(RuntimeError):
 
 
 # The site-packages of another nvidia-pytriton (it bundles another tritonserver) for a version
-# matrix, e.g. /work/venv-pytriton-old/lib/python3.12/site-packages (see DEVELOPERS.md).
+# matrix, e.g. /work/venv-pytriton-old/lib/python3.12/site-packages (see tests/integration/containers/README.md).
 SITE_ENV = 'TRITONRIG_PYTRITON_SITE'
 
 
@@ -168,7 +168,7 @@ def http_json(url, method='GET', body=None, timeout=5.0):
 
 def crash(server):
     """SIGKILL a server and its python backend stubs together, as a container's end does (frozen first, so that no
-    stub notices and unlinks its pool): their pool files stay, unheld (DEVELOPERS.md)."""
+    stub notices and unlinks its pool): their pool files stay, unheld (docs/concepts.md)."""
     group = [server.pid] + [int(d) for d in os.listdir('/proc') if d.isdigit() and _ppid(d) == server.pid]
     for pid in group:
         os.kill(pid, signal.SIGSTOP)

@@ -183,7 +183,8 @@ def test_result_of_a_host_whose_query_failed():
 
 
 def test_filter_module_exposes_the_filters():
-    assert FilterModule().filters() == {'shm_list': shm_list, 'shm_cleanup': shm_cleanup, 'shm_cleanup_exclude': shm_cleanup_exclude}
+    assert FilterModule().filters() == {'shm_list': shm_list, '_shm_cleanup': shm_cleanup,
+                                        '_shm_cleanup_exclude': shm_cleanup_exclude}
 
 
 # (id, results, settings, unregistered, registered, after used_percent)

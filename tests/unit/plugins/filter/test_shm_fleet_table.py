@@ -1,4 +1,4 @@
-"""Unit tests for the tritonops.shm.shm_fleet_table filter: the report and cleanup tables, line by line."""
+"""Unit tests for the tritonops.shm._shm_fleet_table filter: the report and cleanup tables, line by line."""
 from __future__ import annotations
 
 import pytest
@@ -66,8 +66,8 @@ def test_errors(rows, kind, hosts, match):
 
 
 def test_filter_module():
-    assert FilterModule().filters() == {"shm_fleet_table": shm_fleet_table, "shm_report_row": shm_report_row,
-                                        "shm_report_rows": shm_report_rows, "shm_report_results": shm_report_results}
+    assert FilterModule().filters() == {"_shm_fleet_table": shm_fleet_table, "_shm_report_row": shm_report_row,
+                                        "_shm_report_rows": shm_report_rows, "_shm_report_results": shm_report_results}
 
 
 def info_result(pid=42, reason=None):

@@ -156,10 +156,10 @@ def test_endpoints_refuse(address, kwargs, match):
 
 def test_filters_are_registered():
     assert FilterModule().filters() == dict(triton_version=triton_version, triton_gpus=triton_gpus,
-                                            triton_endpoints=triton_endpoints, triton_args=triton_args,
-                                            triton_container=triton_container, triton_shm=triton_shm,
-                                            triton_shm_change=triton_shm_change, triton_retries=triton_retries,
-                                            triton_log_report=triton_log_report, triton_deployed=triton_deployed)
+                                            triton_endpoints=triton_endpoints, _triton_args=triton_args,
+                                            _triton_container=triton_container, _triton_shm=triton_shm,
+                                            _triton_shm_change=triton_shm_change, _triton_retries=triton_retries,
+                                            _triton_log_report=triton_log_report, _triton_deployed=triton_deployed)
 
 
 BASE = ['tritonserver', '--model-repository=/models', '--model-control-mode=explicit']

@@ -1,0 +1,50 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Private to tritonops.shm: the one state vocabulary (region states, file categories, backend pool states).
+
+One definition, one order. inventory.py decides states and categories with these names and counts them in its summary
+in this order; metrics.py labels its series with them; the HTML report lists them in its legend and sorts by the
+attention orders below. docs/concepts.md explains each word. Standard library only and no I/O: the filters import it.
+"""
+from __future__ import annotations
+
+# region states (docs/concepts.md, "Region states")
+HEALTHY = 'healthy'
+STALE = 'stale'
+RESERVED = 'reserved'
+DANGLING = 'dangling'
+UNKNOWN = 'unknown'
+REGION_STATES = (HEALTHY, STALE, RESERVED, DANGLING, UNKNOWN)
+# the states a reader must look at (the HTML report marks them), most urgent first
+ATTENTION_STATES = (STALE, DANGLING, UNKNOWN)
+# every state, those that need attention first: the order of a host's region table
+REGION_STATES_BY_ATTENTION = ATTENTION_STATES + tuple(s for s in REGION_STATES if s not in ATTENTION_STATES)
+
+# file categories (docs/concepts.md, "File categories")
+REGISTERED = 'registered'
+BACKEND = 'backend'
+LEFTOVER = 'leftover'
+IN_USE = 'in_use'
+ORPHAN = 'orphan'
+FOREIGN = 'foreign'
+FILE_CATEGORIES = (REGISTERED, BACKEND, LEFTOVER, IN_USE, ORPHAN, FOREIGN)
+
+# backend pool states (triton_shm_info's backend_pools): held by a process, a leftover file, or not decidable
+POOL_LIVE = 'live'
+POOL_LEFTOVER = LEFTOVER
+POOL_UNKNOWN = UNKNOWN
+POOL_STATES = (POOL_LIVE, POOL_LEFTOVER, POOL_UNKNOWN)
+# the pools that need attention first: the order of the HTML report's pool table
+POOL_STATES_BY_ATTENTION = (POOL_LEFTOVER, POOL_UNKNOWN, POOL_LIVE)
+
+
+def region_count_key(state: str) -> str:
+    """The summary key that counts the regions in state (``stale`` → ``stale_regions``)."""
+    return f'{state}_regions'
+
+
+def file_count_key(category: str) -> str:
+    """The summary key that counts the files of category (``orphan`` → ``orphan_files``)."""
+    return f'{category}_files'
