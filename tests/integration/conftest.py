@@ -14,11 +14,41 @@ import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 import engines  # noqa: E402  pylint: disable=wrong-import-position
 
 
+# The fixtures of the container harness. Tests that use them (or whose module imports the harness) run one after
+# the other in one pytest-xdist worker: one dockerd at a time per machine (engines.LOCK_FILE), one podman.
+ENGINE_FIXTURES = frozenset({'docker_daemon', 'podman_engine', 'container_engine'})
+ENGINES_GROUP = 'engines'
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group of a test (`make integration` runs with `-n 2 --dist loadgroup`).
+
+    An explicit `xdist_group` mark wins; the container harness's tests form one group; the tests of a module with a
+    module-scoped fixture (a server started once for the module) form the module's group, so that the fixture is set
+    up once, in one worker; every other test may run in either worker.
+    """
+    if item.get_closest_marker('xdist_group') is not None:
+        return None
+    if ENGINE_FIXTURES & set(item.fixturenames) or getattr(item.module, 'engines', None) is engines:
+        return ENGINES_GROUP
+    module = item.nodeid.split('::')[0]
+    fixtureinfo = getattr(item, '_fixtureinfo', None)
+    defs = fixtureinfo.name2fixturedefs.values() if fixtureinfo is not None else ()
+    if any(d.baseid == module and d.scope in ('module', 'class') for fixturedefs in defs for d in fixturedefs):
+        return module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's worker turns the marks into its scopes
 def pytest_collection_modifyitems(config, items):
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason='integration tests need root: mount namespaces for private /dev/shm')
         for item in items:
             item.add_marker(skip)
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
