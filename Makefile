@@ -83,8 +83,13 @@ $(PROMETHEUS_BINARIES) &:
 units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prometheus rules with promtool)
 	cd $(COLL) && $(PYTEST_RUN) $(UNIT_TESTS) $(PYTEST_ARGS)
 
+# pytest-xdist workers for the integration tests (0: one process); tests/integration/conftest.py groups the tests that
+# must share a worker (the container harness's; a module's, when it starts a server once for the module)
+INTEGRATION_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadgroup)
+
 integration: collection $(PROMETHEUS_BINARIES)  ## integration tests against real tritonserver processes (and a real Prometheus, node_exporter, Alertmanager)
-	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(PYTEST_ARGS)
+	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(XDIST) $(PYTEST_ARGS)
 
 # The version matrix: the core integration tests against the tritonserver of an older
 # nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see DEVELOPERS.md).
@@ -97,7 +102,7 @@ $(PYTRITON_OLD_SITE)/.installed: | venv
 	touch $@
 
 integration-matrix: collection $(PYTRITON_OLD_SITE)/.installed  ## core integration tests against Triton 2.48 (nvidia-pytriton 0.5.10)
-	cd $(COLL) && TRITONRIG_PYTRITON_SITE=$(PYTRITON_OLD_SITE) $(PYTEST_RUN) $(MATRIX_TESTS) $(PYTEST_ARGS)
+	cd $(COLL) && TRITONRIG_PYTRITON_SITE=$(PYTRITON_OLD_SITE) $(PYTEST_RUN) $(MATRIX_TESTS) $(XDIST) $(PYTEST_ARGS)
 
 lint: collection  ## ansible-lint, production profile (roles, playbooks, rulebooks)
 	cd $(COLL) && ansible-lint --profile production --offline roles playbooks extensions/eda/rulebooks
