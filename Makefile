@@ -65,10 +65,10 @@ sanity-2.19: collection $(VENV219)/.installed  ## ansible-test sanity with the o
 	cd $(COLL) && PATH=$(VENV219)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
 changelog-check:  ## lint changelog fragments and dry-run the 0.1.0 release
-	.ci/release-changelog --check >/dev/null
+	VENV_BIN=$(VENV)/bin .ci/release-changelog --check >/dev/null
 
 docs: collection  ## lint the collection docs and build the antsibull-docs docsite into build/docsite
-	.ci/build-docsite $(BUILD)/docsite
+	VENV_BIN=$(VENV)/bin .ci/build-docsite $(BUILD)/docsite
 
 promtool: $(PROMTOOL)  ## put promtool into build/bin (apt-get download prometheus + dpkg-deb -x; no server installed)
 
@@ -115,8 +115,10 @@ test: deps sanity sanity-2.19 lint changelog-check docs units integration integr
 demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
 	cd $(COLL) && $(VPY) tests/rig/demo.py
 
-bench: collection  ## benchmarks (not tests); print their figures
-	cd $(COLL) && $(VPY) tests/bench/run.py
+# which benchmarks `make bench` runs (names of tests/bench/bench_NAME.py, e.g. BENCHES='cost bulk'); default all
+BENCHES ?=
+bench: collection  ## benchmarks (not tests); print their figures, then the goals next to this run's ratios
+	cd $(COLL) && $(VPY) tests/bench/run.py $(BENCHES)
 
 soak: collection  ## bounded soak: live traffic while cleanup runs repeatedly
 	cd $(COLL) && $(VPY) tests/bench/soak.py
