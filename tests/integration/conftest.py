@@ -39,7 +39,22 @@ def xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's worker turns the marks into its scopes
+def _with_group_suffix(item: pytest.Item) -> None:
+    """What pytest-xdist's worker does for --dist loadgroup (the scheduler reads the group from 'NODEID@GROUP').
+
+    pytest-xdist 3.8.0 writes item._nodeid, which pytest 9.2 no longer reads (it keeps a structured Node._id): the
+    groups were silently ignored (pytest-dev/pytest-xdist#1386; #1388 proposes this same fix). A pytest-xdist that
+    has the suffix on the id already is left alone.
+    """
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get('name', 'default'))
+                    for mark in item.iter_markers('xdist_group')})
+    if not names or '@' in item.nodeid.rpartition(']')[2]:
+        return
+    from _pytest.nodeid import NodeId  # pylint: disable=import-outside-toplevel
+    item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # pylint: disable=protected-access
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's worker reads the marks
 def pytest_collection_modifyitems(config, items):
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason='integration tests need root: mount namespaces for private /dev/shm')
@@ -49,6 +64,8 @@ def pytest_collection_modifyitems(config, items):
         group = xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, 'loadgroup', False) and hasattr(item, '_id'):   # an xdist worker, --dist loadgroup
+            _with_group_suffix(item)
 
 
 @pytest.fixture
