@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLLECTION = os.path.dirname(os.path.dirname(HERE))
@@ -51,12 +53,9 @@ def _load(filename, since=None):
 
 
 def print_goals():
-    """The cost goals (issue 14), from this run's cost.json and info.json when they were written."""
-    cost, info = _load('cost.json'), _load('info.json')
+    """The /proc reading goal (issue 14), from info.json when it was written (the cost goals: print_issue28_goals)."""
+    info = _load('info.json')
     rows = []
-    if cost:
-        for play, goal in sorted(cost['goals'].items()):
-            rows.append(('%s CPU/host vs a one-task triton_shm_info play' % play, cost['ratio_vs_info'][play], goal))
     if info:
         rows.append(('triton_shm_info work vs grep -l /dev/shm /proc/*/maps (median of %d)' % info['repeat'],
                      info['work_over_grep'], 2.0))
@@ -83,6 +82,52 @@ def print_issue22_goals(since: float | None = None) -> None:
             print(f"  {row['goal']:104} {row['value']:>14}  {'PASS' if row['met'] else 'MISS'}")
 
 
+# issue 28: the cost goals (bench_cost.py: CPU per host of a play / a one-task triton_shm_info play, textfile directory
+# present) and bulk HTTP unregister vs tritonclient.http's loop per region at 3,000 regions (bench_bulk.py)
+ISSUE_28_COST = (('cleanup-noop', 'cleanup with nothing to do', 1.3), ('cleanup-leaks', 'cleanup with 3 leaks', 1.5),
+                 ('report', 'report', 1.2))
+ISSUE_28_BULK_GOAL = 1.0
+
+
+class GoalRow(NamedTuple):
+    """One line of the issue-28 summary: what, the measured ratio (None: not measured in this run), its goal, how."""
+
+    what: str
+    ratio: float | None
+    goal: float
+    how: str
+
+
+def issue28_rows(since: float | None = None) -> list[GoalRow]:
+    """The issue-28 ratios this run measured (cost.json, bench_bulk.json written since `since`), next to their goals."""
+    rows = []
+    cost = _load('cost.json', since) or {}
+    ratios = cost.get('ratio_vs_info') or {}
+    how = (f"bench_cost: {cost.get('hosts')} servers, {cost.get('leaks_per_host')} leaks/host, median of "
+           f"{cost.get('repeat')}, textfile {cost.get('textfile')}" if cost else 'bench_cost.py did not write cost.json')
+    for play, what, goal in ISSUE_28_COST:
+        rows.append(GoalRow(f'{what}: CPU per host / a one-task triton_shm_info play', ratios.get(play), goal, how))
+    bulk = _load('bench_bulk.json', since) or {}
+    ratio = (bulk.get('median') or {}).get('http_ratio')
+    if isinstance(ratio, float) and math.isnan(ratio):
+        ratio = None
+    how = (f"bench_bulk: {bulk.get('count')} regions, median of {bulk.get('repeat')} rounds" if bulk
+           else 'bench_bulk.py did not write bench_bulk.json')
+    rows.append(GoalRow(f"bulk HTTP unregister / tritonclient.http's loop, per region at {bulk.get('count', 3000):,} regions",
+                        ratio, ISSUE_28_BULK_GOAL, how))
+    return rows
+
+
+def print_issue28_goals(since: float | None = None) -> None:
+    """The summary table `make bench` ends with: each issue-28 ratio next to its goal, met or MISSED."""
+    print('== issue 28 goals (figures of this run)')
+    print(f"  {'ratio':78} {'now':>6}  {'goal':>7}  {'':12}  measured by")
+    for row in issue28_rows(since):
+        now = 'n/a' if row.ratio is None else f'{row.ratio:.2f}x'
+        verdict = 'not measured' if row.ratio is None else 'met' if row.ratio <= row.goal else 'MISSED'
+        print(f'  {row.what:78} {now:>6}  <= {row.goal:.1f}x  {verdict:12}  {row.how}')
+
+
 def main(argv):
     wanted = set(argv)
     benches = sorted(glob.glob(os.path.join(HERE, 'bench_*.py')))
@@ -105,6 +150,8 @@ def main(argv):
     print_goals()
     if {os.path.basename(b) for b in benches} & {name.replace('.json', '.py') for name, _what in ISSUE_22}:
         print_issue22_goals(run_started)
+    if {os.path.basename(b) for b in benches} & {'bench_cost.py', 'bench_bulk.py'}:
+        print_issue28_goals(run_started)
     if failed:
         print('benchmarks that did not complete: %s' % ', '.join(failed), file=sys.stderr)
     return 1 if failed else 0

@@ -16,11 +16,58 @@ import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 import engines  # noqa: E402  pylint: disable=wrong-import-position
 
 
+# The fixtures of the container harness. Tests that use them (or whose module imports the harness) run one after
+# the other in one pytest-xdist worker: one dockerd at a time per machine (engines.LOCK_FILE), one podman.
+ENGINE_FIXTURES = frozenset({'docker_daemon', 'podman_engine', 'container_engine'})
+ENGINES_GROUP = 'engines'
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group of a test (`make integration` runs with `-n 2 --dist loadgroup`).
+
+    An explicit `xdist_group` mark wins; the container harness's tests form one group; the tests of a module with a
+    module-scoped fixture (a server started once for the module) form the module's group, so that the fixture is set
+    up once, in one worker; every other test may run in either worker.
+    """
+    if item.get_closest_marker('xdist_group') is not None:
+        return None
+    if ENGINE_FIXTURES & set(item.fixturenames) or getattr(item.module, 'engines', None) is engines:
+        return ENGINES_GROUP
+    module = item.nodeid.split('::')[0]
+    fixtureinfo = getattr(item, '_fixtureinfo', None)
+    defs = fixtureinfo.name2fixturedefs.values() if fixtureinfo is not None else ()
+    if any(d.baseid == module and d.scope in ('module', 'class') for fixturedefs in defs for d in fixturedefs):
+        return module
+    return None
+
+
+def _with_group_suffix(item: pytest.Item) -> None:
+    """What pytest-xdist's worker does for --dist loadgroup (the scheduler reads the group from 'NODEID@GROUP').
+
+    pytest-xdist 3.8.0 writes item._nodeid, which pytest 9.2 no longer reads (it keeps a structured Node._id): the
+    groups were silently ignored (pytest-dev/pytest-xdist#1386; #1388 proposes this same fix). A pytest-xdist that
+    has the suffix on the id already is left alone.
+    """
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get('name', 'default'))
+                    for mark in item.iter_markers('xdist_group')})
+    if not names or '@' in item.nodeid.rpartition(']')[2]:
+        return
+    from _pytest.nodeid import NodeId  # pylint: disable=import-outside-toplevel
+    item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # pylint: disable=protected-access
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's worker reads the marks
 def pytest_collection_modifyitems(config, items):
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason='integration tests need root: mount namespaces for private /dev/shm')
         for item in items:
             item.add_marker(skip)
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, 'loadgroup', False) and hasattr(item, '_id'):   # an xdist worker, --dist loadgroup
+            _with_group_suffix(item)
 
 
 @pytest.fixture

@@ -43,6 +43,10 @@ BIGGER_PLAN = {'client_regions': [{'byte_size': '16m', 'count': 5}],
                'python_backend_instances': 2, 'python_backend_peak_byte_size': '8m'}
 BIGGER_PLAN_BYTES = 120 * MIB
 
+# with the container harness's tests in one pytest-xdist worker (conftest.ENGINES_GROUP): the engine parameter
+# reaches the private dockerd through request.getfixturevalue, which the conftest's rule cannot see
+pytestmark = pytest.mark.xdist_group('engines')
+
 
 def _podman(*args, check=True, timeout=120):
     return subprocess.run(['podman'] + list(args), capture_output=True, text=True, check=check, timeout=timeout)

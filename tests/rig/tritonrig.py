@@ -17,6 +17,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -150,10 +151,44 @@ def server_env(paths):
     return env
 
 
-def free_port(host='127.0.0.1'):
+# Ports free_port handed out, machine-wide: "PORT TIME" lines, under flock. A port is free when asked for but its
+# server binds it later (tritonserver after loading its models): meanwhile the kernel may offer it again, to the other
+# pytest-xdist worker or another test session. A port handed out in the last PORT_HOLD seconds is not handed out again.
+PORT_REGISTRY = os.path.join(tempfile.gettempdir(), 'tritonrig-ports')
+PORT_HOLD = 900.0
+
+
+def _unused_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def free_port(host: str = '127.0.0.1') -> int:
+    """A TCP port free on host now, and not handed out by free_port (in any process here) in the last PORT_HOLD s."""
+    try:
+        registry = open(PORT_REGISTRY, 'a+', encoding='ascii')  # pylint: disable=consider-using-with
+    except OSError:
+        return _unused_port(host)
+    with registry:
+        fcntl.flock(registry, fcntl.LOCK_EX)
+        registry.seek(0)
+        now = time.time()
+        recent = {}
+        for line in registry:
+            fields = line.split()
+            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and now - int(fields[1]) < PORT_HOLD:
+                recent[int(fields[0])] = fields[1]
+        port = _unused_port(host)
+        for _attempt in range(100):
+            if port not in recent:
+                break
+            port = _unused_port(host)
+        recent[port] = f'{now:.0f}'
+        registry.seek(0)
+        registry.truncate()
+        registry.write(''.join(f'{p} {t}\n' for p, t in recent.items()))
+    return port
 
 
 def http_json(url, method='GET', body=None, timeout=5.0):

@@ -34,6 +34,7 @@ Prints the image reference on the last line of stdout.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.metadata
 import io
@@ -315,11 +316,22 @@ def image_exists(cli, ref, engine='podman'):
     return subprocess.run(cmd, capture_output=True, check=False, timeout=120).returncode == 0
 
 
+# Held while an image is checked and imported: two test sessions (or pytest-xdist workers) that need the image at
+# once import it once; the other waits for it, then finds it.
+IMPORT_LOCK = os.path.join(tempfile.gettempdir(), 'tritonops-image.lock')
+
+
 def ensure(image, targets):
     """Import the image into each (engine, cli) target that lacks it; the rootfs is written once.
 
     Returns the engines it was imported into.
     """
+    with open(IMPORT_LOCK, 'a', encoding='ascii') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _import_missing(image, targets)
+
+
+def _import_missing(image, targets):
     missing = [(engine, cli) for engine, cli in targets if not image_exists(cli, image.ref, engine)]
     if not missing:
         return []
