@@ -64,11 +64,11 @@ $(VENV219)/.installed: tests/requirements-2.19.txt | venv
 sanity-2.19: collection $(VENV219)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.19)
 	cd $(COLL) && PATH=$(VENV219)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
-changelog-check:  ## lint changelog fragments and dry-run the 0.1.0 release
-	.ci/release-changelog --check >/dev/null
+changelog-check:  ## lint changelog fragments and dry-run the release of galaxy.yml's version
+	VENV_BIN=$(VENV)/bin .ci/release-changelog --check >/dev/null
 
 docs: collection  ## lint the collection docs and build the antsibull-docs docsite into build/docsite
-	.ci/build-docsite $(BUILD)/docsite
+	VENV_BIN=$(VENV)/bin .ci/build-docsite $(BUILD)/docsite
 
 promtool: $(PROMTOOL)  ## put promtool into build/bin (apt-get download prometheus + dpkg-deb -x; no server installed)
 
