@@ -12,7 +12,9 @@
    d. any mapping key (inventory, vars, role vars, extra variables) starting with a role's prefix
       (`shm_cleanup_`, `triton_server_`) -> that role's meta/argument_specs.yml, or a fact the role sets;
       any other key starting with `triton_` or `self_heal_` -> a variable the playbooks or rulebooks read;
-2. in shell blocks: every `-e NAME=…` / `--extra-vars NAME=…` -> a playbook/rulebook variable or a role option;
+2. in shell blocks, and in the prose's code spans that are an ansible-playbook/-rulebook command or start with `-e`
+   (there only names with a `_`: strace's `-e trace=` is no variable): every `-e NAME=…` / `--extra-vars NAME=…` ->
+   a playbook/rulebook variable or a role option;
 3. in Markdown prose (outside code blocks): every code span that is exactly one identifier starting with
    `shm_cleanup_`, `triton_server_`, `triton_` or `self_heal_` (or `NAME=…` / `NAME: …` of one) -> the same sets,
    plus the names of the collection's plugins, roles and module_utils files, and a few words the pages name that
@@ -140,11 +142,18 @@ def yaml_cases() -> list[tuple[str, str, str]]:
     return sorted(set(cases))
 
 
+EXTRA_VAR = re.compile(r'(?:-e|--extra-vars)[ =]["\']?([A-Za-z_][A-Za-z0-9_]*)=')
+
+
 def shell_cases() -> list[tuple[str, str]]:
-    cases = set()
-    for block in shell_blocks():
-        for name in re.findall(r'(?:-e|--extra-vars)[ =]["\']?([A-Za-z_][A-Za-z0-9_]*)=', block.text):
-            cases.add((block.where, name))
+    """-e NAME=… in shell blocks, and in the prose's code spans."""
+    cases = {(block.where, name) for block in shell_blocks() for name in EXTRA_VAR.findall(block.text)}
+    for page in markdown_pages():
+        for span in re.findall(r'`([^`]+)`', prose(page)):
+            if 'ansible-playbook' in span or 'ansible-rulebook' in span:
+                cases |= {(rel(page), name) for name in EXTRA_VAR.findall(span)}
+            elif span.startswith(('-e ', '--extra-vars')):   # strace's -e trace=, inject= have no _
+                cases |= {(rel(page), name) for name in EXTRA_VAR.findall(span) if '_' in name}
     return sorted(cases)
 
 
