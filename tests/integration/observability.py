@@ -131,6 +131,15 @@ class Alertmanager(Service):
         self.config = self.dir / 'alertmanager.yml'
         self.config.write_text(yaml.safe_dump(config))
 
+    def notifications(self) -> tuple:
+        """(sent, failed): the webhook notifications Alertmanager made so far, from its own /metrics."""
+        text = http_get(self.url + '/metrics')
+
+        def total(name: str) -> float:
+            found = re.search(r'^%s\{[^}]*integration="webhook"[^}]*\} (\S+)$' % name, text, re.M)
+            return float(found.group(1)) if found else 0.0
+        return total('alertmanager_notifications_total'), total('alertmanager_notifications_failed_total')
+
     def command(self) -> list:
         am = binary('prometheus-alertmanager')
         cmd = [am, f'--config.file={self.config}', f'--storage.path={self.dir / "data"}',
