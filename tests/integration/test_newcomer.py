@@ -40,7 +40,8 @@ SETPRIV = ['setpriv', '--reuid', str(NOBODY.pw_uid), '--regid', str(NOBODY.pw_gi
 
 
 def _doc_sources():
-    spec = importlib.util.spec_from_file_location('doc_sources', os.path.join(REPO, 'tests', 'unit', 'docs', 'doc_sources.py'))
+    path = os.path.join(REPO, 'tests', 'unit', 'docs', 'doc_sources.py')
+    spec = importlib.util.spec_from_file_location('doc_sources', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -50,16 +51,16 @@ def readme() -> dict:
     """The README's commands (one shell line each, its comment cut off, run by sh as a user's shell runs it) and its
     fleet inventory."""
     docs = _doc_sources()
-    lines = [re.split(r'(?:^|\s+)#(?:\s|$)', line, maxsplit=1)[0] for block in docs.fenced_blocks(os.path.join(REPO, 'README.md'))
-             if block.lang == 'sh' for line in block.text.splitlines()]
+    blocks = docs.fenced_blocks(os.path.join(REPO, 'README.md'))
+    lines = [re.split(r'(?:^|\s+)#(?:\s|$)', line, maxsplit=1)[0]
+             for block in blocks if block.lang == 'sh' for line in block.text.splitlines()]
 
     def command(*words: str) -> str:
         found = [line for line in lines if all(w in shlex.split(line) for w in words)]
         assert len(found) == 1, f'README.md has {len(found)} commands with {words}'
         return found[0]
 
-    inventories = [b.text for b in docs.fenced_blocks(os.path.join(REPO, 'README.md'))
-                   if b.lang == 'yaml' and b.text.startswith('# inventory.yml')]
+    inventories = [b.text for b in blocks if b.lang == 'yaml' and b.text.startswith('# inventory.yml')]
     assert len(inventories) == 1
     return dict(install=command('ansible-galaxy', 'install'), pip=command('pip', 'requirements.txt'),
                 report=command('ansible-playbook', 'tritonops.shm.report'),
@@ -101,11 +102,13 @@ def env_of(venv: str, home: str, collections: str) -> dict:
             'LANG': 'C.UTF-8', 'ANSIBLE_COLLECTIONS_PATH': collections, 'ANSIBLE_NOCOLOR': '1'}
 
 
-def run(cmd: list[str] | str, cwd: str, env: dict, prefix: tuple = (), timeout: int = 600) -> subprocess.CompletedProcess:
+def run(cmd: list[str] | str, cwd: str, env: dict, prefix: tuple = (),
+        timeout: int = 600) -> subprocess.CompletedProcess:
     """A command, or a line of shell (run by sh -c, with PWD as a shell sets it)."""
     if isinstance(cmd, str):
         cmd, env = ['sh', '-c', cmd], dict(env, PWD=cwd)
-    return subprocess.run(list(prefix) + cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(list(prefix) + cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def workdir(base: str, name: str, owner: pwd.struct_passwd, inventory: str, python: str) -> str:
@@ -185,7 +188,8 @@ def test_the_readme_as_written_from_the_built_tarball(venv, tmp_path):
             out = res.stdout + res.stderr
             assert res.returncode != 0, f'{step} as nobody without become succeeded:\n{out[-4000:]}'
             assert 'become: true' in out, f'{step}: the failure does not say to run as root:\n{out[-4000:]}'
-            assert 'newcomer' in server.system_regions() and os.path.exists(leaked), f'{step} as nobody touched the leak'
+            assert 'newcomer' in server.system_regions() and os.path.exists(leaked), \
+                f'{step} as nobody touched the leak'
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)

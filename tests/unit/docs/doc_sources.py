@@ -42,14 +42,15 @@ def read(path: str) -> str:
         return f.read()
 
 
-FENCE = re.compile(r'^(?P<indent>[ \t]*)```(?P<lang>[A-Za-z0-9_+-]*)[ \t]*\n(?P<body>.*?)^[ \t]*```[ \t]*$', re.M | re.S)
+FENCE = re.compile(r'^(?P<indent>[ \t]*)```(?P<lang>[A-Za-z0-9_+-]*)[ \t]*\n(?P<body>.*?)^[ \t]*```[ \t]*$',
+                   re.M | re.S)
 
 
 def fenced_blocks(path: str) -> list[Block]:
     """The fenced code blocks of a Markdown page, dedented (a block inside a list item is indented)."""
     text = read(path)
-    return [Block(f'{rel(path)}:{text.count(chr(10), 0, m.start()) + 2}', m.group('lang'), textwrap.dedent(m.group('body')))
-            for m in FENCE.finditer(text)]
+    return [Block(f'{rel(path)}:{text.count(chr(10), 0, m.start()) + 2}', m.group('lang'),
+                  textwrap.dedent(m.group('body'))) for m in FENCE.finditer(text)]
 
 
 def prose(path: str) -> str:
