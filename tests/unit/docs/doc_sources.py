@@ -88,9 +88,17 @@ def plugin_doc(path: str, key: str) -> Any:
 
 
 def examples() -> list[Block]:
-    """The EXAMPLES of every plugin that has some."""
-    return [Block(rel(path), 'yaml', text) for path in plugin_files()
-            if (text := plugin_doc(path, 'EXAMPLES')) is not None]
+    """The EXAMPLES of every plugin that has some; a sidecar doc file that is not YAML at all is given whole, so
+    that the YAML test names it (ansible-doc cannot read such a file either)."""
+    found = []
+    for path in plugin_files():
+        try:
+            text = plugin_doc(path, 'EXAMPLES')
+        except yaml.YAMLError:
+            text = read(path)
+        if text is not None:
+            found.append(Block(rel(path), 'yaml', text))
+    return found
 
 
 def yaml_blocks() -> list[Block]:
