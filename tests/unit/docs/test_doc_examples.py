@@ -42,6 +42,8 @@ def test_alertmanager_examples_are_the_tested_config():
     send_resolved = ast.literal_eval(re.search(r"'send_resolved': (True|False)", tested).group(1))
     shown = []
     for block in BLOCKS:
+        if 'receivers:' not in block.text:
+            continue
         loaded = yaml.safe_load(block.text)
         if not (isinstance(loaded, dict) and 'receivers' in loaded):
             continue
