@@ -141,6 +141,7 @@ options:
     type: list
     elements: str
     default: ["triton_*_backend_shm_region_*"]
+    version_added: 0.2.0
   client_users:
     description:
       - "User names or numeric uids (as seen from this host) whose files a cleanup may remove, besides the server process's
@@ -156,6 +157,7 @@ options:
     type: list
     elements: str
     default: []
+    version_added: 0.2.0
 '''
 
     # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)

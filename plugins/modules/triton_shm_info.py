@@ -150,6 +150,7 @@ server:
       type: str
       sample: "the tritonserver process behind 10.0.0.7:8000 was not found: no process on this host owns the other end of the
         connection ...; set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)"
+      version_added: 0.2.0
     shm_unsupported:
       description:
         - Why this server offers no shared memory at all, or null. Triton 2.73 and later started through the in-process

@@ -211,7 +211,7 @@ options:
       - Orphan files are classified with O(orphan_patterns) and O(min_age), also without O(orphan_files).
     type: bool
     default: false
-    version_added: 0.1.0
+    version_added: 0.2.0
 requirements:
   - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
 seealso:
@@ -351,12 +351,14 @@ before:
     server process was not found)
   type: dict
   sample: {summary: {system_regions: 2, stale_regions: 1, used_bytes: 3145728}, system_regions: [{name: input0, state: healthy}]}
+  version_added: 0.2.0
 after:
   description:
     - The server's shared memory right after the change, read again in this run, with the same keys as RV(before).
   returned: when O(inventory=true), not in check mode
   type: dict
   sample: {summary: {system_regions: 1, stale_regions: 0, used_bytes: 1048576}, system_regions: [{name: input0, state: healthy}]}
+  version_added: 0.2.0
 regions:
   description: Regions of O(kind) registered after the change (predicted in check mode).
   returned: success

@@ -32,6 +32,13 @@ def test_shm_dir_refusal_is_metrics_dir_refusal(tmp_path):
         shm_dir_refusal('')
 
 
+def test_shm_dir_refusal_refuses_a_relative_path():
+    # Ansible would write it inside the installed collection (a local task runs in its playbook's directory)
+    assert shm_dir_refusal('shm-report') == (
+        'shm-report is a relative path: the report would be written inside the installed collection (Ansible runs '
+        "the controller's tasks in the playbook's directory); give an absolute path, e.g. $PWD/shm-report")
+
+
 @pytest.mark.parametrize('call, match', [
     (lambda: shm_metrics({}, 'other', 't1', URL), "kind must be 'report' or 'cleanup'"),
     (lambda: shm_metrics(None, 'cleanup', 't1', URL), 'cleanup needs the shm_cleanup_result dict'),

@@ -11,7 +11,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+_COLLECTION = os.path.dirname(os.path.dirname(_HERE))
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_COLLECTION)))
 
 if _COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm'] and _ROOT not in sys.path:
