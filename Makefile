@@ -99,7 +99,9 @@ $(PYTRITON_OLD_SITE)/.installed: | venv
 integration-matrix: collection $(PYTRITON_OLD_SITE)/.installed  ## core integration tests against Triton 2.48 (nvidia-pytriton 0.5.10)
 	cd $(COLL) && TRITONRIG_PYTRITON_SITE=$(PYTRITON_OLD_SITE) $(PYTEST_RUN) $(MATRIX_TESTS) $(PYTEST_ARGS)
 
-lint: collection  ## ansible-lint, production profile (roles, playbooks, rulebooks)
+lint: collection  ## ruff (ruff.toml: format and checks over plugins, extensions, tests); ansible-lint, production profile (roles, playbooks, rulebooks)
+	$(VENV)/bin/ruff format --check --diff plugins extensions tests
+	$(VENV)/bin/ruff check plugins extensions tests
 	cd $(COLL) && ansible-lint --profile production --offline roles playbooks extensions/eda/rulebooks
 
 deps:  ## install missing Debian packages the tests need (as root), else list them

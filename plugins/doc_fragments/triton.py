@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -6,9 +5,8 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-
     # Connection options shared by every module (argument spec: module_utils/base.py, connection_argument_spec)
-    DOCUMENTATION = r'''
+    DOCUMENTATION = r"""
 options:
   url:
     description:
@@ -52,7 +50,8 @@ options:
       - A server started with C(--http-restricted-api=shared-memory:KEY=VALUE) needs the header C(KEY) with that value
         here; over gRPC (C(--grpc-restricted-protocol=shared-memory:KEY=VALUE)) its name is C(triton-grpc-protocol-KEY).
         Without it the module fails naming this option and the header the server expects.
-      - Over gRPC they are sent as metadata with lower-case names; names must be letters, digits and C(-_.), values printable ASCII.
+      - Over gRPC they are sent as metadata with lower-case names; names must be letters, digits and C(-_.),
+        values printable ASCII.
       - Never logged or returned. A name that is not an HTTP token, or a value with a control character (a line break, which
         a YAML block scalar C(|) ends in; CR, NUL, ESC) or surrounding blanks, is refused before anything is sent,
         naming the header and never showing the value.
@@ -85,10 +84,10 @@ notes:
     TLS), else the HTTP status as an integer (for example V(400)) over C(http) and C(https) URLs, the gRPC status code name as a
     string (for example V(INTERNAL)) over C(grpc) and C(grpcs) URLs; C(transport) says which. Conditions such as "in use" are
     recognised from Triton's answer the same way over both. A failure before any request (a refused option) has no C(failure).
-'''
+"""
 
     # Options that say where the server's shared memory lives on this host
-    SHM_DIR = r'''
+    SHM_DIR = r"""
 options:
   server_pid:
     description:
@@ -121,10 +120,10 @@ options:
     type: bool
     default: false
     version_added: 0.2.0
-'''
+"""
 
     # Which files of the shm directory belong to Triton's python backend
-    BACKEND = r'''
+    BACKEND = r"""
 options:
   backend_patterns:
     description:
@@ -158,10 +157,10 @@ options:
     elements: str
     default: []
     version_added: 0.2.0
-'''
+"""
 
     # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)
-    METRICS = r'''
+    METRICS = r"""
 options:
   metrics_dir:
     description:
@@ -178,8 +177,9 @@ options:
     version_added: 0.2.0
   metrics_host:
     description:
-      - The inventory host the metrics belong to, normally the play's C(inventory_hostname). It is the C(host) label of every series
+      - The inventory host the metrics belong to, normally the play's C(inventory_hostname). It is the
+        C(host) label of every series
         and part of the file name. Required with O(metrics_dir).
     type: str
     version_added: 0.2.0
-'''
+"""

@@ -7,6 +7,7 @@ Private to the report and cleanup playbooks (CONTRIBUTING.md, "Public surface").
 plugins/filter/_shm_fleet_table.yml, _shm_report_row.yml, _shm_report_rows.yml and _shm_report_results.yml
 (``ansible-doc -t filter tritonops.shm._NAME``).
 """
+
 from __future__ import annotations
 
 import time
@@ -40,12 +41,14 @@ def _truncate(text: Any, length: int) -> str:
 
 
 def _used(summary: dict) -> str:
-    return f"{_size(summary['used_bytes'])}/{_size(summary['total_bytes'])} {float(summary['used_percent']):.0f}%"
+    return f'{_size(summary["used_bytes"])}/{_size(summary["total_bytes"])} {float(summary["used_percent"]):.0f}%'
 
 
 def _report_line(width: int, *cells: Any) -> str:
     host, status, triton, used, regions, stale, dangling, orphan = (str(c) for c in cells)
-    return f'{host:<{width}}  {status:<9}  {triton:<8}  {used:<26}  {regions:>7}  {stale:>17}  {dangling:>8}  {orphan:>17}'
+    return (
+        f'{host:<{width}}  {status:<9}  {triton:<8}  {used:<26}  {regions:>7}  {stale:>17}  {dangling:>8}  {orphan:>17}'
+    )
 
 
 def _report(rows: list, width: int) -> list[str]:
@@ -54,18 +57,36 @@ def _report(rows: list, width: int) -> list[str]:
         if r.get('status') in ('ok', INCOMPLETE):
             used = 'unknown'
             if r['shm_total_bytes']:
-                used = _used(dict(used_bytes=r['shm_used_bytes'], total_bytes=r['shm_total_bytes'], used_percent=r['shm_used_percent']))
-            out.append(_report_line(width, r['host'], r['status'], r['version'], used, r['regions'],
-                                    f"{int(r['stale_regions'] or 0)} ({_size(r['stale_bytes'])})", r['dangling_regions'],
-                                    f"{int(r['orphan_files'] or 0)} ({_size(r['orphan_bytes'])})"))
-            if r.get('server_container') or r.get('clients'):   # who: the server's pod or container, its clients'
-                who = f"server in {r['server_container']}" if r.get('server_container') else 'server on the host'
+                used = _used(
+                    dict(
+                        used_bytes=r['shm_used_bytes'],
+                        total_bytes=r['shm_total_bytes'],
+                        used_percent=r['shm_used_percent'],
+                    )
+                )
+            out.append(
+                _report_line(
+                    width,
+                    r['host'],
+                    r['status'],
+                    r['version'],
+                    used,
+                    r['regions'],
+                    f'{int(r["stale_regions"] or 0)} ({_size(r["stale_bytes"])})',
+                    r['dangling_regions'],
+                    f'{int(r["orphan_files"] or 0)} ({_size(r["orphan_bytes"])})',
+                )
+            )
+            if r.get('server_container') or r.get('clients'):  # who: the server's pod or container, its clients'
+                who = f'server in {r["server_container"]}' if r.get('server_container') else 'server on the host'
                 clients = ', '.join(r.get('clients') or ()) or 'none'
-                out.append(f"{'':<{width}}  {'':<9}  {_truncate(f'{who}; clients: {clients}', 200)}")
-            if r['status'] == INCOMPLETE:   # what was not checked, under the numbers it qualifies
-                out.append(f"{'':<{width}}  {'':<9}  {_truncate(r.get('error'), 200)}")
+                out.append(f'{"":<{width}}  {"":<9}  {_truncate(f"{who}; clients: {clients}", 200)}')
+            if r['status'] == INCOMPLETE:  # what was not checked, under the numbers it qualifies
+                out.append(f'{"":<{width}}  {"":<9}  {_truncate(r.get("error"), 200)}')
         else:
-            out.append(f"{str(r['host']):<{width}}  {str(r.get('status')).upper():<9}  {_truncate(r.get('error'), 200)}")
+            out.append(
+                f'{str(r["host"]):<{width}}  {str(r.get("status")).upper():<9}  {_truncate(r.get("error"), 200)}'
+            )
     return out
 
 
@@ -82,7 +103,7 @@ def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
             continue
         before, after = r.get('before') or {}, r.get('after') or {}
         if r['status'] == 'failed':
-            note = f"FAILED at {r['error']['step']}: {r['error']['msg']}"
+            note = f'FAILED at {r["error"]["step"]}: {r["error"]["msg"]}'
         else:
             note = r.get('decision') or ''
         if after.get('total_bytes'):
@@ -90,18 +111,38 @@ def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
         else:
             used_after = '(check mode)' if r.get('check_mode') and r.get('acted') else '-'
         done = r['done']
-        out.append(_cleanup_line(width, host, r['status'] + ('*' if r.get('changed') else ''),
-                                 _used(before) if before.get('total_bytes') else '-', used_after, len(done['unregistered']),
-                                 len(done['removed_files']), _size(done['freed_bytes']), len(r.get('skipped') or ()),
-                                 _truncate(note, 160)))
-    out.append(f"(* changed{'; check mode: what would be done, nothing was changed' if check_mode else ''})")
+        out.append(
+            _cleanup_line(
+                width,
+                host,
+                r['status'] + ('*' if r.get('changed') else ''),
+                _used(before) if before.get('total_bytes') else '-',
+                used_after,
+                len(done['unregistered']),
+                len(done['removed_files']),
+                _size(done['freed_bytes']),
+                len(r.get('skipped') or ()),
+                _truncate(note, 160),
+            )
+        )
+    out.append(f'(* changed{"; check mode: what would be done, nothing was changed" if check_mode else ""})')
     return out
 
 
-ROW_SUMMARY = (('shm_total_bytes', 'total_bytes'), ('shm_used_bytes', 'used_bytes'), ('shm_used_percent', 'used_percent'),
-               ('regions', 'system_regions'), ('cuda_regions', 'cuda_regions'), ('healthy_regions', 'healthy_regions'),
-               ('stale_regions', 'stale_regions'), ('stale_bytes', 'stale_bytes'), ('dangling_regions', 'dangling_regions'),
-               ('unknown_regions', 'unknown_regions'), ('orphan_files', 'orphan_files'), ('orphan_bytes', 'orphan_bytes'))
+ROW_SUMMARY = (
+    ('shm_total_bytes', 'total_bytes'),
+    ('shm_used_bytes', 'used_bytes'),
+    ('shm_used_percent', 'used_percent'),
+    ('regions', 'system_regions'),
+    ('cuda_regions', 'cuda_regions'),
+    ('healthy_regions', 'healthy_regions'),
+    ('stale_regions', 'stale_regions'),
+    ('stale_bytes', 'stale_bytes'),
+    ('dangling_regions', 'dangling_regions'),
+    ('unknown_regions', 'unknown_regions'),
+    ('orphan_files', 'orphan_files'),
+    ('orphan_bytes', 'orphan_bytes'),
+)
 
 
 def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
@@ -122,29 +163,46 @@ def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
     if server.get('shm_unsupported'):
         # Triton 2.73+ through tritonfrontend: no shared memory at all, so nothing was checked (not a leak)
         status, error = 'unsupported', server['shm_unsupported']
-    row = dict(host=host, url=redact_url(url), status=status, error=error,
-               version=server.get('version'), ready=server.get('ready'), shm_dir=server.get('shm_dir'))
+    row = dict(
+        host=host,
+        url=redact_url(url),
+        status=status,
+        error=error,
+        version=server.get('version'),
+        ready=server.get('ready'),
+        shm_dir=server.get('shm_dir'),
+    )
     row.update((key, summary.get(src)) for key, src in ROW_SUMMARY)
     regions = info.get('system_regions') or []
-    row.update(holders_complete=info.get('holders_complete'),
-               holders_incomplete_reason=info.get('holders_incomplete_reason'), pid_namespace=info.get('pid_namespace'),
-               server_container=container_name(server.get('container')), clients=client_names(regions),
-               stale=[r['name'] for r in regions if r.get('state') == 'stale'],
-               dangling=[r['name'] for r in regions if r.get('state') == 'dangling'],
-               scanned_at=info.get('scanned_at'))
+    row.update(
+        holders_complete=info.get('holders_complete'),
+        holders_incomplete_reason=info.get('holders_incomplete_reason'),
+        pid_namespace=info.get('pid_namespace'),
+        server_container=container_name(server.get('container')),
+        clients=client_names(regions),
+        stale=[r['name'] for r in regions if r.get('state') == 'stale'],
+        dangling=[r['name'] for r in regions if r.get('state') == 'dangling'],
+        scanned_at=info.get('scanned_at'),
+    )
     return row
 
 
 def url_problem(url: Any) -> str | None:
     """Why triton_url cannot be a Triton server's URL (missing, not a string, another scheme, no host, a bad port), or None."""
     if url is None or (isinstance(url, str) and not url.strip()):
-        return ('triton_url is not set for this host: set it in the inventory (a host or group variable), '
-                'e.g. triton_url: http://127.0.0.1:8000')
+        return (
+            'triton_url is not set for this host: set it in the inventory (a host or group variable), '
+            'e.g. triton_url: http://127.0.0.1:8000'
+        )
     if not isinstance(url, str):
         return f'triton_url must be a URL string, got a {type(url).__name__}'
     try:
-        split_url(url.strip(), URL_SCHEMES, f'triton_url {redact_url(url)!r} is not an http, https, grpc or grpcs URL with a host, '
-                                             'e.g. http://127.0.0.1:8000')
+        split_url(
+            url.strip(),
+            URL_SCHEMES,
+            f'triton_url {redact_url(url)!r} is not an http, https, grpc or grpcs URL with a host, '
+            'e.g. http://127.0.0.1:8000',
+        )
     except TritonError as exc:
         return exc.msg
     return None
@@ -166,8 +224,13 @@ def shm_report_failure(result: Any, host: str, url: Any = None) -> dict:
         status, error = 'down', msg
     else:
         status, error = 'misconfigured', f'the query refused its arguments before asking the server: {msg}'
-    return dict(host=host, url=redact_url(url) if isinstance(url, str) else None, status=status, error=error,
-                scanned_at=time.time())
+    return dict(
+        host=host,
+        url=redact_url(url) if isinstance(url, str) else None,
+        status=status,
+        error=error,
+        scanned_at=time.time(),
+    )
 
 
 def container_name(container: Any) -> str | None:
@@ -177,8 +240,11 @@ def container_name(container: Any) -> str | None:
 
 def client_names(regions: list) -> list[str]:
     """Who holds the registered regions, by container or pod ('pod ml/client-0'), else by process ('python (pid 7)')."""
-    names = {container_name(h.get('container')) or f"{h.get('comm') or '?'} (pid {h.get('pid')})"
-             for r in regions or () for h in r.get('holders') or ()}
+    names = {
+        container_name(h.get('container')) or f'{h.get("comm") or "?"} (pid {h.get("pid")})'
+        for r in regions or ()
+        for h in r.get('holders') or ()
+    }
     return sorted(names)
 
 
@@ -190,10 +256,14 @@ def shm_report_results(results: list, hosts: list, urls: list | None = None) -> 
     results, hosts = list(results or ()), list(hosts or ())
     urls = list(urls) if urls is not None else [None] * len(hosts)
     if not len(results) == len(hosts) == len(urls):
-        raise AnsibleFilterError('shm_report_results: needs one result (or null) and one URL (or null) per host in hosts')
+        raise AnsibleFilterError(
+            'shm_report_results: needs one result (or null) and one URL (or null) per host in hosts'
+        )
     # an unreachable host's registered result is no query: 'not run'
-    return shm_report_rows([shm_report_row(r, h, u) if r and not r.get('unreachable') else None
-                            for r, h, u in zip(results, hosts, urls)], hosts)
+    return shm_report_rows(
+        [shm_report_row(r, h, u) if r and not r.get('unreachable') else None for r, h, u in zip(results, hosts, urls)],
+        hosts,
+    )
 
 
 def shm_report_rows(reports: list, hosts: list) -> list[dict]:
@@ -220,5 +290,9 @@ def shm_fleet_table(rows: list, kind: str, hosts: list | None = None, check_mode
 
 class FilterModule:
     def filters(self) -> dict:
-        return dict(_shm_fleet_table=shm_fleet_table, _shm_report_row=shm_report_row, _shm_report_rows=shm_report_rows,
-                    _shm_report_results=shm_report_results)
+        return dict(
+            _shm_fleet_table=shm_fleet_table,
+            _shm_report_row=shm_report_row,
+            _shm_report_rows=shm_report_rows,
+            _shm_report_results=shm_report_results,
+        )

@@ -9,11 +9,12 @@ No script, no external style sheet, font or image: the page works offline and as
 Content-Security-Policy forbids scripts and every fetch. Every value is escaped by ``_h`` (html.escape), so a
 region or file name is text whatever it contains. Standard library only (filters are imported by every worker).
 """
+
 from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
@@ -25,7 +26,16 @@ CATEGORIES = v.FILE_CATEGORIES
 # backend pools that need attention come first
 POOL_ORDER = {state: i for i, state in enumerate(v.POOL_STATES_BY_ATTENTION)}
 # hosts that need attention come first, in this order
-SEVERITY = {'failed': 0, 'down': 1, 'misconfigured': 2, 'unlocated': 3, 'incomplete': 4, 'unsupported': 5, 'not run': 6, 'ok': 7}
+SEVERITY = {
+    'failed': 0,
+    'down': 1,
+    'misconfigured': 2,
+    'unlocated': 3,
+    'incomplete': 4,
+    'unsupported': 5,
+    'not run': 6,
+    'ok': 7,
+}
 # regions that need attention come first in a host's table
 STATE_ORDER = {state: i for i, state in enumerate(v.REGION_STATES_BY_ATTENTION)}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'"
@@ -108,7 +118,7 @@ def _h(tag: str, *children: Any, **attrs: Any) -> _Html:
         name = key.rstrip('_').replace('_', '-')
         parts.append(name if value is True else f'{name}="{html.escape(str(value), quote=True)}"')
     inner = ''.join(_text(c) for c in children)
-    return _Html(f"<{' '.join(parts)}>{inner}</{tag}>")
+    return _Html(f'<{" ".join(parts)}>{inner}</{tag}>')
 
 
 def _text(value: Any) -> str:
@@ -118,7 +128,7 @@ def _text(value: Any) -> str:
         return value
     if isinstance(value, (list, tuple)):
         return ''.join(_text(v) for v in value)
-    return html.escape(str(value), quote=False)   # text: < > & (attribute values escape quotes too)
+    return html.escape(str(value), quote=False)  # text: < > & (attribute values escape quotes too)
 
 
 def _size(value: Any) -> str:
@@ -154,16 +164,16 @@ def _int(value: Any) -> int:
 
 
 def _holders(holders: Any) -> str:
-    return ', '.join(f"{h.get('comm') or '?'} (pid {h.get('pid')}{_in_container(h)})" for h in holders or ()) or '-'
+    return ', '.join(f'{h.get("comm") or "?"} (pid {h.get("pid")}{_in_container(h)})' for h in holders or ()) or '-'
 
 
 def _in_container(item: Mapping) -> str:
     """', pod ml/client-0' for a holder or server the host shows in a container or pod, else ''."""
     container = item.get('container')
-    return f", {container['name']}" if isinstance(container, Mapping) and container.get('name') else ''
+    return f', {container["name"]}' if isinstance(container, Mapping) and container.get('name') else ''
 
 
-def _bar(label: str, used: int, total: int, stale: int = 0, orphan: int = 0, registered: Optional[int] = None) -> _Html:
+def _bar(label: str, used: int, total: int, stale: int = 0, orphan: int = 0, registered: int | None = None) -> _Html:
     """A usage bar: stale, live registered, orphan and other used bytes as parts of the filesystem's size."""
     if total <= 0:
         return _h('p', f'{label}: size unknown (the shm directory was not read)', class_='muted')
@@ -172,24 +182,42 @@ def _bar(label: str, used: int, total: int, stale: int = 0, orphan: int = 0, reg
     live = 0 if registered is None else min(max(registered - stale, 0), used - stale - orphan)
     other = max(used - stale - orphan - live, 0)
     segments = []
-    for cls, part, name in (('seg-stale', stale, 'stale'), ('seg-live', live, 'registered, not stale'),
-                            ('seg-orphan', orphan, 'orphan files'), ('seg-other', other, 'other use')):
+    for cls, part, name in (
+        ('seg-stale', stale, 'stale'),
+        ('seg-live', live, 'registered, not stale'),
+        ('seg-orphan', orphan, 'orphan files'),
+        ('seg-other', other, 'other use'),
+    ):
         if part > 0:
-            segments.append(_h('span', class_=cls, title=f'{name}: {_size(part)}',
-                               style=f'width:{100.0 * part / total:.3f}%'))
+            segments.append(
+                _h('span', class_=cls, title=f'{name}: {_size(part)}', style=f'width:{100.0 * part / total:.3f}%')
+            )
     percent = 100.0 * used / total
     caption = f'{label}: {_size(used)} used of {_size(total)} ({percent:.1f}%)'
     parts = [f'stale {_size(stale)}', f'orphan {_size(orphan)}']
     if registered is not None:
         parts.insert(0, f'registered {_size(registered)}')
-    return _Html(_h('div', caption, '; ', '; '.join(parts), class_='legend', data_used=used, data_total=total)
-                 + _h('div', segments, class_='bar', role='img', aria_label=caption, data_bar=label))
+    return _Html(
+        _h('div', caption, '; ', '; '.join(parts), class_='legend', data_used=used, data_total=total)
+        + _h('div', segments, class_='bar', role='img', aria_label=caption, data_bar=label)
+    )
 
 
 def _legend() -> _Html:
-    return _h('p', [_Html(f'<i class="{cls}"></i>{_h("span", name)}') for cls, name in (
-        ('seg-stale', 'stale regions'), ('seg-live', 'registered, not stale'), ('seg-orphan', 'orphan files'),
-        ('seg-other', 'other use'), ('seg-free', 'free'))], class_='legend')
+    return _h(
+        'p',
+        [
+            _Html(f'<i class="{cls}"></i>{_h("span", name)}')
+            for cls, name in (
+                ('seg-stale', 'stale regions'),
+                ('seg-live', 'registered, not stale'),
+                ('seg-orphan', 'orphan files'),
+                ('seg-other', 'other use'),
+                ('seg-free', 'free'),
+            )
+        ],
+        class_='legend',
+    )
 
 
 def _counts(summary: Mapping, cuda: Any = None) -> _Html:
@@ -207,32 +235,37 @@ def _counts(summary: Mapping, cuda: Any = None) -> _Html:
     return _h('dl', items, class_='counts')
 
 
-def _registered_bytes(inventory: Mapping) -> Optional[int]:
+def _registered_bytes(inventory: Mapping) -> int | None:
     files = inventory.get('files')
     if files is None:
         return None
     return sum(_int(f.get('allocated_bytes')) for f in files if f.get('category') == v.REGISTERED)
 
 
-def _regions_table(regions: Sequence[Mapping], outcome: Optional[dict] = None) -> _Html:
+def _regions_table(regions: Sequence[Mapping], outcome: dict | None = None) -> _Html:
     if not regions:
         return _h('p', 'No system region is registered.', class_='muted')
-    head = ['region', 'state', 'size', 'key', 'holders', 'why']   # holders: processes besides the server
+    head = ['region', 'state', 'size', 'key', 'holders', 'why']  # holders: processes besides the server
     if outcome is not None:
         head.append('this run')
     rows = []
     for r in sorted(regions, key=lambda r: (STATE_ORDER.get(r.get('state'), 9), str(r.get('name')))):
         state = str(r.get('state') or v.UNKNOWN)
-        cells = [_h('td', r.get('name'), class_='name'), _h('td', state, class_=f'state state-{state}'),
-                 _h('td', _size(r.get('byte_size')), class_='num'), _h('td', r.get('key') or '-', class_='key'),
-                 _h('td', _holders(r.get('holders')), class_='holders'), _h('td', r.get('state_reason') or '')]
+        cells = [
+            _h('td', r.get('name'), class_='name'),
+            _h('td', state, class_=f'state state-{state}'),
+            _h('td', _size(r.get('byte_size')), class_='num'),
+            _h('td', r.get('key') or '-', class_='key'),
+            _h('td', _holders(r.get('holders')), class_='holders'),
+            _h('td', r.get('state_reason') or ''),
+        ]
         if outcome is not None:
             cells.append(_h('td', outcome.get(r.get('name'), 'kept'), class_='outcome'))
         rows.append(_h('tr', cells, data_region=r.get('name'), data_state=state))
     return _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='regions')
 
 
-def _orphans_table(files: Sequence[Mapping], removed: Optional[set] = None, check_mode: bool = False) -> _Html:
+def _orphans_table(files: Sequence[Mapping], removed: set | None = None, check_mode: bool = False) -> _Html:
     orphans = [f for f in files if f.get('category') == v.ORPHAN]
     if not orphans:
         return _h('p', 'No orphan file.', class_='muted')
@@ -241,16 +274,22 @@ def _orphans_table(files: Sequence[Mapping], removed: Optional[set] = None, chec
         head.append('this run')
     rows = []
     for f in sorted(orphans, key=lambda f: str(f.get('name'))):
-        cells = [_h('td', f.get('name'), class_='path'), _h('td', _size(f.get('allocated_bytes')), class_='num'),
-                 _h('td', _age(f.get('age_s')), class_='num'), _h('td', f.get('category_reason') or '')]
+        cells = [
+            _h('td', f.get('name'), class_='path'),
+            _h('td', _size(f.get('allocated_bytes')), class_='num'),
+            _h('td', _age(f.get('age_s')), class_='num'),
+            _h('td', f.get('category_reason') or ''),
+        ]
         if removed is not None:
             gone = f.get('path') in removed
-            cells.append(_h('td', ('would be removed' if check_mode else 'removed') if gone else 'kept', class_='outcome'))
+            cells.append(
+                _h('td', ('would be removed' if check_mode else 'removed') if gone else 'kept', class_='outcome')
+            )
         rows.append(_h('tr', cells, data_file=f.get('name')))
     return _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='orphans')
 
 
-def _pools_table(pools: Sequence[Mapping], removed: Optional[set] = None, check_mode: bool = False) -> _Html:
+def _pools_table(pools: Sequence[Mapping], removed: set | None = None, check_mode: bool = False) -> _Html:
     """The pools of Triton's Python-based backends, one row per pool (a model instance), by model; leftovers first."""
     if not pools:
         return _h('p', 'No python backend pool.', class_='muted')
@@ -258,43 +297,69 @@ def _pools_table(pools: Sequence[Mapping], removed: Optional[set] = None, check_
     if removed is not None:
         head.append('this run')
     rows = []
-    for p in sorted(pools, key=lambda p: (POOL_ORDER.get(p.get('state'), 9), str(p.get('model') or '~'),
-                                          str(p.get('instance') or ''), str(p.get('name')))):
+    for p in sorted(
+        pools,
+        key=lambda p: (
+            POOL_ORDER.get(p.get('state'), 9),
+            str(p.get('model') or '~'),
+            str(p.get('instance') or ''),
+            str(p.get('name')),
+        ),
+    ):
         state = str(p.get('state') or v.POOL_UNKNOWN)
-        cells = [_h('td', p.get('model') or '-', class_='name'), _h('td', p.get('instance') or '-', class_='key'),
-                 _h('td', p.get('backend') or '-'), _h('td', _size(p.get('size')), class_='num'),
-                 _h('td', _size(p.get('bytes')), class_='num'), _h('td', state, class_=f'state state-{state}'),
-                 _h('td', _holders(p.get('holders')), class_='holders'), _h('td', p.get('name'), class_='path'),
-                 _h('td', p.get('reason') or '')]
+        cells = [
+            _h('td', p.get('model') or '-', class_='name'),
+            _h('td', p.get('instance') or '-', class_='key'),
+            _h('td', p.get('backend') or '-'),
+            _h('td', _size(p.get('size')), class_='num'),
+            _h('td', _size(p.get('bytes')), class_='num'),
+            _h('td', state, class_=f'state state-{state}'),
+            _h('td', _holders(p.get('holders')), class_='holders'),
+            _h('td', p.get('name'), class_='path'),
+            _h('td', p.get('reason') or ''),
+        ]
         if removed is not None:
             gone = p.get('path') in removed
-            cells.append(_h('td', ('would be removed' if check_mode else 'removed') if gone else 'kept', class_='outcome'))
+            cells.append(
+                _h('td', ('would be removed' if check_mode else 'removed') if gone else 'kept', class_='outcome')
+            )
         rows.append(_h('tr', cells, data_pool=p.get('name'), data_model=p.get('model') or '', data_state=state))
     by_model: dict = {}
     for p in pools:
         if p.get('state') != v.POOL_LEFTOVER:
             by_model[p.get('model') or '-'] = by_model.get(p.get('model') or '-', 0) + _int(p.get('bytes'))
     totals = '; '.join(f'{m} {_size(b)}' for m, b in sorted(by_model.items()))
-    return _Html(_h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pools')
-                 + (_h('p', 'Held pool bytes per model: ', totals, class_='muted', data_pool_totals='') if totals else ''))
+    return _Html(
+        _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pools')
+        + (_h('p', 'Held pool bytes per model: ', totals, class_='muted', data_pool_totals='') if totals else '')
+    )
 
 
 def _located(server: Mapping) -> _Html:
     """How the server process was found (located_by, pid, shm directory, version), or why not."""
-    facts = [f"pid {server.get('pid')}{_in_container(server)}", f"shm directory {server.get('shm_dir')}"]
+    facts = [f'pid {server.get("pid")}{_in_container(server)}', f'shm directory {server.get("shm_dir")}']
     if server.get('version'):
-        facts.append(f"Triton {server['version']}{' (ready)' if server.get('ready') else ''}")
+        facts.append(f'Triton {server["version"]}{" (ready)" if server.get("ready") else ""}')
     if server.get('pid') is not None:
         how = server.get('located_by') or 'given (server_pid or shm_dir)'
-        return _h('div', _h('p', _h('b', 'Server found: '), how, class_='located'), _h('p', ' · '.join(facts), class_='muted'),
-                  data_located='true')
+        return _h(
+            'div',
+            _h('p', _h('b', 'Server found: '), how, class_='located'),
+            _h('p', ' · '.join(facts), class_='muted'),
+            data_located='true',
+        )
     if server.get('not_found_reason'):
-        return _h('p', _h('b', 'Server process not found: '), server['not_found_reason'], class_='located error',
-                  data_located='false')
+        return _h(
+            'p',
+            _h('b', 'Server process not found: '),
+            server['not_found_reason'],
+            class_='located error',
+            data_located='false',
+        )
     return _Html('')
 
 
-def _tone(status: str) -> Optional[str]:
+def _tone(status: str) -> str | None:
     return None if status == 'ok' else ('warn' if status in ('not run', 'incomplete', 'unsupported') else 'bad')
 
 
@@ -304,31 +369,72 @@ class _Host:
     def __init__(self, host: str, status: str, url: Any = None, error: Any = None) -> None:
         self.host, self.status, self.url, self.error = str(host), status, url, error
         self.body: list = []
-        self.error_shown_below = False   # the body already says it (an unlocated server's reason)
+        self.error_shown_below = False  # the body already says it (an unlocated server's reason)
 
     def section(self, index: int) -> _Html:
         tone = _tone(self.status)
-        head = _h('div', _h('h2', self.host), _h('span', self.status, class_=f'badge {tone}' if tone else 'badge'),
-                  _h('span', self.url or '', class_='muted'), class_='hosthead')
+        head = _h(
+            'div',
+            _h('h2', self.host),
+            _h('span', self.status, class_=f'badge {tone}' if tone else 'badge'),
+            _h('span', self.url or '', class_='muted'),
+            class_='hosthead',
+        )
         error = _h('p', self.error, class_='error') if self.error and not self.error_shown_below else ''
-        return _h('section', head, error, self.body, class_=f'host {tone}' if tone else 'host', id=f'host-{index}',
-                  data_host=self.host, data_status=self.status)
+        return _h(
+            'section',
+            head,
+            error,
+            self.body,
+            class_=f'host {tone}' if tone else 'host',
+            id=f'host-{index}',
+            data_host=self.host,
+            data_status=self.status,
+        )
 
 
-def _inventory_body(inventory: Mapping, summary: Mapping, outcome: Optional[dict] = None,
-                    removed: Optional[set] = None, check_mode: bool = False, label: str = '/dev/shm') -> list:
+def _inventory_body(
+    inventory: Mapping,
+    summary: Mapping,
+    outcome: dict | None = None,
+    removed: set | None = None,
+    check_mode: bool = False,
+    label: str = '/dev/shm',
+) -> list:
     server = inventory.get('server') or {}
     out = [_located(server)]
     if inventory.get('holders_complete') is False and server.get('pid') is not None:
         why = inventory.get('holders_incomplete_reason')
         if why:
-            out.append(_h('p', _h('b', 'Holders could not be fully determined: '), why,
-                          '. No region is called stale here, and nothing is removed.', class_='note', data_incomplete='true'))
+            out.append(
+                _h(
+                    'p',
+                    _h('b', 'Holders could not be fully determined: '),
+                    why,
+                    '. No region is called stale here, and nothing is removed.',
+                    class_='note',
+                    data_incomplete='true',
+                )
+            )
         else:
-            out.append(_h('p', f"Holders could not be fully determined ({_int(inventory.get('unreadable_processes'))} "
-                          'unreadable process(es)): no region is called stale here.', class_='note'))
-    out.append(_bar(label, _int(summary.get('used_bytes')), _int(summary.get('total_bytes')),
-                    _int(summary.get('stale_bytes')), _int(summary.get('orphan_bytes')), _registered_bytes(inventory)))
+            out.append(
+                _h(
+                    'p',
+                    f'Holders could not be fully determined ({_int(inventory.get("unreadable_processes"))} '
+                    'unreadable process(es)): no region is called stale here.',
+                    class_='note',
+                )
+            )
+    out.append(
+        _bar(
+            label,
+            _int(summary.get('used_bytes')),
+            _int(summary.get('total_bytes')),
+            _int(summary.get('stale_bytes')),
+            _int(summary.get('orphan_bytes')),
+            _registered_bytes(inventory),
+        )
+    )
     out.append(_counts(summary, summary.get('cuda_regions')))
     out.append(_h('h3', 'Regions'))
     out.append(_regions_table(inventory.get('system_regions') or [], outcome))
@@ -340,21 +446,32 @@ def _inventory_body(inventory: Mapping, summary: Mapping, outcome: Optional[dict
     return out
 
 
-def _report_host(row: Mapping, info: Optional[Mapping]) -> _Host:
+def _report_host(row: Mapping, info: Mapping | None) -> _Host:
     status = str(row.get('status') or 'not run')
     item = _Host(row.get('host', '?'), status, row.get('url'), row.get('error'))
     if info and info.get('summary') is not None and status in ('ok', 'unlocated', 'incomplete'):
         item.body = _inventory_body(info, info['summary'])
-        item.error_shown_below = (status == 'unlocated' and row.get('error') == (info.get('server') or {}).get('not_found_reason')
-                                  or status == 'incomplete' and row.get('error') == info.get('holders_incomplete_reason'))
-    elif status == 'ok':   # a row without the module result: the row's own numbers
-        item.body = [_bar('/dev/shm', _int(row.get('shm_used_bytes')), _int(row.get('shm_total_bytes')),
-                          _int(row.get('stale_bytes')), _int(row.get('orphan_bytes'))),
-                     _counts({v.region_count_key(s): row.get(v.region_count_key(s)) for s in STATES}, row.get('cuda_regions'))]
+        item.error_shown_below = (
+            status == 'unlocated'
+            and row.get('error') == (info.get('server') or {}).get('not_found_reason')
+            or status == 'incomplete'
+            and row.get('error') == info.get('holders_incomplete_reason')
+        )
+    elif status == 'ok':  # a row without the module result: the row's own numbers
+        item.body = [
+            _bar(
+                '/dev/shm',
+                _int(row.get('shm_used_bytes')),
+                _int(row.get('shm_total_bytes')),
+                _int(row.get('stale_bytes')),
+                _int(row.get('orphan_bytes')),
+            ),
+            _counts({v.region_count_key(s): row.get(v.region_count_key(s)) for s in STATES}, row.get('cuda_regions')),
+        ]
     return item
 
 
-def _read(result: Any) -> Optional[Mapping]:
+def _read(result: Any) -> Mapping | None:
     """The inventory a cleanup record was made from: its triton_shm_region call's ``before`` (inventory=true)."""
     if isinstance(result, Mapping) and not result.get('skipped') and isinstance(result.get('before'), Mapping):
         if isinstance(result['before'].get('summary'), Mapping):
@@ -362,43 +479,78 @@ def _read(result: Any) -> Optional[Mapping]:
     return None
 
 
-def _cleanup_host(host: str, result: Optional[Mapping], region_result: Any, check_mode: bool) -> _Host:
+def _cleanup_host(host: str, result: Mapping | None, region_result: Any, check_mode: bool) -> _Host:
     if not result:
         return _Host(host, 'not run', error=NOT_RUN)
     error = result.get('error')
-    item = _Host(host, str(result.get('status') or 'failed'), result.get('url'),
-                 f"failed at '{error.get('step')}': {error.get('msg')}" if error else None)
+    item = _Host(
+        host,
+        str(result.get('status') or 'failed'),
+        result.get('url'),
+        f"failed at '{error.get('step')}': {error.get('msg')}" if error else None,
+    )
     done = result.get('done') or {}
     would = check_mode or result.get('check_mode')
     outcome = {n: 'would be unregistered' if would else 'unregistered' for n in done.get('unregistered') or ()}
-    outcome.update((s['name'], f"skipped: {s.get('reason')}") for s in result.get('skipped') or () if s.get('name') is not None)
-    outcome.update((n, 'pending: unregister accepted, still listed (requests in flight), file kept')
-                   for n in done.get('pending') or ())
-    freed = f"{'would free' if would else 'freed'} {_size(done.get('freed_bytes'))}"
+    outcome.update(
+        (s['name'], f'skipped: {s.get("reason")}') for s in result.get('skipped') or () if s.get('name') is not None
+    )
+    outcome.update(
+        (n, 'pending: unregister accepted, still listed (requests in flight), file kept')
+        for n in done.get('pending') or ()
+    )
+    freed = f'{"would free" if would else "freed"} {_size(done.get("freed_bytes"))}'
     lines = []
     if result.get('decision'):
         lines.append(_h('p', _h('b', 'Decision: '), result['decision']))
     if item.status == 'ok' or any(done.get(k) for k in ('unregistered', 'pending', 'removed_files', 'registered')):
-        pending = f"{len(done['pending'])} pending, " if done.get('pending') else ''
-        lines.append(_h('p', _h('b', 'Done: '), f"{len(done.get('unregistered') or ())} region(s) unregistered, {pending}"
-                        f"{len(done.get('removed_files') or ())} file(s) removed, {freed}, "
-                        f"{len(done.get('registered') or ())} region(s) re-registered",
-                        ' (check mode: nothing was changed)' if would else '', class_='done'))
+        pending = f'{len(done["pending"])} pending, ' if done.get('pending') else ''
+        lines.append(
+            _h(
+                'p',
+                _h('b', 'Done: '),
+                f'{len(done.get("unregistered") or ())} region(s) unregistered, {pending}'
+                f'{len(done.get("removed_files") or ())} file(s) removed, {freed}, '
+                f'{len(done.get("registered") or ())} region(s) re-registered',
+                ' (check mode: nothing was changed)' if would else '',
+                class_='done',
+            )
+        )
     before, after = result.get('before'), result.get('after')
     inventory = _read(region_result) if before else None
     if inventory is not None:
-        body = _inventory_body(inventory, inventory['summary'], outcome, set(done.get('removed_files') or ()), bool(would),
-                               '/dev/shm before')
-        lines = body[:1] + lines + body[1:]   # how the server was found, then what was decided and done
+        body = _inventory_body(
+            inventory,
+            inventory['summary'],
+            outcome,
+            set(done.get('removed_files') or ()),
+            bool(would),
+            '/dev/shm before',
+        )
+        lines = body[:1] + lines + body[1:]  # how the server was found, then what was decided and done
         reason = (inventory.get('server') or {}).get('not_found_reason')
         item.error_shown_below = bool(reason and item.error and reason in item.error)
     elif before:
-        lines.append(_bar('/dev/shm before', _int(before.get('used_bytes')), _int(before.get('total_bytes')),
-                          _int(before.get('stale_bytes')), _int(before.get('orphan_bytes'))))
+        lines.append(
+            _bar(
+                '/dev/shm before',
+                _int(before.get('used_bytes')),
+                _int(before.get('total_bytes')),
+                _int(before.get('stale_bytes')),
+                _int(before.get('orphan_bytes')),
+            )
+        )
         lines.append(_counts(before))
-    if after and after != before:   # measured after acting (the record repeats before when nothing was done)
-        lines.append(_bar('/dev/shm after', _int(after.get('used_bytes')), _int(after.get('total_bytes')),
-                          _int(after.get('stale_bytes')), _int(after.get('orphan_bytes'))))
+    if after and after != before:  # measured after acting (the record repeats before when nothing was done)
+        lines.append(
+            _bar(
+                '/dev/shm after',
+                _int(after.get('used_bytes')),
+                _int(after.get('total_bytes')),
+                _int(after.get('stale_bytes')),
+                _int(after.get('orphan_bytes')),
+            )
+        )
     nameless = [s for s in result.get('skipped') or () if s.get('name') is None]
     if nameless:
         lines.append(_h('h3', 'Files left alone'))
@@ -410,34 +562,51 @@ def _cleanup_host(host: str, result: Optional[Mapping], region_result: Any, chec
 def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: str) -> str:
     order = sorted(range(len(items)), key=lambda i: (SEVERITY.get(items[i].status, 0), i))
     problems = [i for i in order if items[i].status != 'ok']
-    fleet = [_h('span', _h('b', len(items)), ' host(s)'),
-             _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
-             _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention')]
+    fleet = [
+        _h('span', _h('b', len(items)), ' host(s)'),
+        _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
+        _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention'),
+    ]
     for status in ('failed', 'down', 'misconfigured', 'unlocated', 'incomplete', 'unsupported', 'not run'):
         n = sum(1 for it in items if it.status == status)
         if n:
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))
     attention = ''
     if problems:
-        lines = [_h('li', _h('a', items[i].host, href=f'#host-{i + 1}'), f' ({items[i].status})',
-                    f': {items[i].error}' if items[i].error else '', data_host=items[i].host, data_status=items[i].status)
-                 for i in problems]
+        lines = [
+            _h(
+                'li',
+                _h('a', items[i].host, href=f'#host-{i + 1}'),
+                f' ({items[i].status})',
+                f': {items[i].error}' if items[i].error else '',
+                data_host=items[i].host,
+                data_status=items[i].status,
+            )
+            for i in problems
+        ]
         attention = _h('section', _h('h2', 'Needs attention'), _h('ul', lines), id='attention')
-    subtitle = f"{kind} playbook{', check mode: nothing was changed' if check_mode else ''}"
+    subtitle = f'{kind} playbook{", check mode: nothing was changed" if check_mode else ""}'
     if generated_at:
         subtitle += f' · generated {generated_at}'
-    header = _h('header', _h('div', _h('h1', title), _h('div', subtitle, class_='muted'), _h('div', fleet, class_='fleet')))
+    header = _h(
+        'header', _h('div', _h('h1', title), _h('div', subtitle, class_='muted'), _h('div', fleet, class_='fleet'))
+    )
     main = _h('main', attention, _legend(), [items[i].section(i + 1) for i in order])
-    footer = _h('footer', 'tritonops.shm · self-contained report: no script, no external resource. '
-                'Holders are the processes besides the server that map or hold a file. '
-                'Region states: healthy (a client holds it), stale (only the server holds it: its client is gone), '
-                'reserved (registered by this collection, no client yet), dangling (its file is missing), '
-                'unknown (holders or server not fully determined). '
-                'Python backend pools: live (a process holds it), leftover (no process holds it: a server and its '
-                'stubs died together), unknown (holders not fully determined, or younger than min_age).')
-    head = (f'<head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<meta name="generator" content="tritonops.shm"><title>{html.escape(title)}</title><style>{CSS}</style></head>')
+    footer = _h(
+        'footer',
+        'tritonops.shm · self-contained report: no script, no external resource. '
+        'Holders are the processes besides the server that map or hold a file. '
+        'Region states: healthy (a client holds it), stale (only the server holds it: its client is gone), '
+        'reserved (registered by this collection, no client yet), dangling (its file is missing), '
+        'unknown (holders or server not fully determined). '
+        'Python backend pools: live (a process holds it), leftover (no process holds it: a server and its '
+        'stubs died together), unknown (holders not fully determined, or younger than min_age).',
+    )
+    head = (
+        f'<head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="generator" content="tritonops.shm"><title>{html.escape(title)}</title><style>{CSS}</style></head>'
+    )
     return f'<!DOCTYPE html>\n<html lang="en">{head}<body data-kind="{kind}">{header}{main}{footer}</body></html>\n'
 
 
@@ -449,8 +618,15 @@ def _list(value: Any, name: str) -> list:
     return list(value)
 
 
-def shm_html_report(data: Any, kind: str, hosts: Any = None, details: Any = None, check_mode: bool = False,
-                    generated_at: str = '', title: Optional[str] = None) -> str:
+def shm_html_report(
+    data: Any,
+    kind: str,
+    hosts: Any = None,
+    details: Any = None,
+    check_mode: bool = False,
+    generated_at: str = '',
+    title: str | None = None,
+) -> str:
     """The HTML page of the report (rows of tritonops_shm_report) or the cleanup (shm_cleanup_result per host of hosts)."""
     rows = _list(data, 'the input')
     extra = _list(details, 'details')

@@ -5,22 +5,26 @@
 
 Documentation: plugins/filter/shm_metrics.yml and shm_metrics_file.yml (``ansible-doc -t filter tritonops.shm.NAME``).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 
 
-def shm_metrics(value: Optional[Mapping], kind: str, host: str, url: Optional[str], previous: Optional[str] = None) -> str:
+def shm_metrics(value: Mapping | None, kind: str, host: str, url: str | None, previous: str | None = None) -> str:
     """The textfile text: kind report (a triton_shm_info result) or cleanup (the role's shm_cleanup_result)."""
     if kind == metrics.REPORT:
         return metrics.report_text(value, host, url)
     if kind == metrics.CLEANUP:
         if not isinstance(value, Mapping):
-            raise AnsibleFilterError(f'shm_metrics: cleanup needs the shm_cleanup_result dict, got {type(value).__name__}')
+            raise AnsibleFilterError(
+                f'shm_metrics: cleanup needs the shm_cleanup_result dict, got {type(value).__name__}'
+            )
         return metrics.cleanup_text(value, host, url, previous=previous or None)
     raise AnsibleFilterError(f"shm_metrics: kind must be 'report' or 'cleanup', got {kind!r}")
 
@@ -39,9 +43,11 @@ def shm_dir_refusal(directory: Any) -> str:
         raise AnsibleFilterError(f'shm_dir_refusal: the directory must be a non-empty string, got {directory!r}')
     if not directory.startswith('/'):
         # Ansible runs a local task in its playbook's (or role's) directory: inside the installed collection
-        return (f'{directory} is a relative path: the report would be written inside the installed collection '
-                f"(Ansible runs the controller's tasks in the playbook's directory); give an absolute path, "
-                f'e.g. $PWD/{directory}')
+        return (
+            f'{directory} is a relative path: the report would be written inside the installed collection '
+            f"(Ansible runs the controller's tasks in the playbook's directory); give an absolute path, "
+            f'e.g. $PWD/{directory}'
+        )
     return metrics.dir_refusal(directory, missing_ok=True) or ''
 
 

@@ -5,12 +5,13 @@
 
 Documentation: plugins/filter/shm_size.yml (``ansible-doc -t filter tritonops.shm.shm_size``).
 """
+
 from __future__ import annotations
 
 import math
 import re
 from fractions import Fraction
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.text.formatters import human_to_bytes
@@ -49,7 +50,7 @@ SHM_VOLUME = 'dshm'
 SHM_MOUNT_PATH = '/dev/shm'
 
 
-def _fail(msg: str, exc: Optional[BaseException] = None) -> NoReturn:
+def _fail(msg: str, exc: BaseException | None = None) -> NoReturn:
     raise AnsibleFilterError(f'shm_size: {msg}', orig_exc=exc)
 
 
@@ -120,8 +121,12 @@ def kubernetes_quantity(num_bytes: int) -> str:
     return str(num_bytes)
 
 
-def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None, python_pools: bool = False,
-            server_args: Optional[list] = None) -> dict:
+def pod_shm(
+    shm_bytes: int,
+    server_memory_bytes: int | None = None,
+    python_pools: bool = False,
+    server_args: list | None = None,
+) -> dict:
     """The pod spec fragment for a /dev/shm of shm_bytes: the memory-backed emptyDir, its mount, the memory limit to set.
 
     The suggested memory limit is the /dev/shm plus the server's own memory when that is known, else the /dev/shm
@@ -134,13 +139,17 @@ def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None, python_po
     limit_bytes = _ceil_mib(shm_bytes + (server_memory_bytes or 0))
     limit = kubernetes_quantity(limit_bytes)
     if known:
-        limit_note = (f'Set resources.limits.memory of the Triton container to at least {limit}: the {size_limit} of '
-                      f'/dev/shm plus the server\'s own {kubernetes_quantity(_ceil_mib(server_memory_bytes))}.')
+        limit_note = (
+            f'Set resources.limits.memory of the Triton container to at least {limit}: the {size_limit} of '
+            f"/dev/shm plus the server's own {kubernetes_quantity(_ceil_mib(server_memory_bytes))}."
+        )
     else:
-        limit_note = (f'Set resources.limits.memory of the Triton container to {size_limit} (the /dev/shm) PLUS the '
-                      'server\'s own memory (tritonserver and its python backend stubs, measured at peak): give it as '
-                      'server_memory_bytes and the plan adds it. A limit of the /dev/shm alone gets the container '
-                      'OOM-killed when /dev/shm fills.')
+        limit_note = (
+            f'Set resources.limits.memory of the Triton container to {size_limit} (the /dev/shm) PLUS the '
+            "server's own memory (tritonserver and its python backend stubs, measured at peak): give it as "
+            'server_memory_bytes and the plan adds it. A limit of the /dev/shm alone gets the container '
+            'OOM-killed when /dev/shm fills.'
+        )
     return {
         'volume': {'name': SHM_VOLUME, 'emptyDir': {'medium': 'Memory', 'sizeLimit': size_limit}},
         'volume_mount': {'name': SHM_VOLUME, 'mountPath': SHM_MOUNT_PATH},
@@ -151,20 +160,26 @@ def pod_shm(shm_bytes: int, server_memory_bytes: Optional[int] = None, python_po
         'server_args': list(server_args or ()),
         'notes': [
             'A memory-backed emptyDir (medium: Memory) is a tmpfs: the pages written to it count against the memory '
-            'limit of the container that writes them, and against the pod\'s memory.',
+            "limit of the container that writes them, and against the pod's memory.",
             limit_note,
-            'Kubernetes sizes the tmpfs to the smaller of sizeLimit and the sum of the memory limits of the pod\'s '
+            "Kubernetes sizes the tmpfs to the smaller of sizeLimit and the sum of the memory limits of the pod's "
             'containers (SizeMemoryBackedVolumes: beta and on since 1.22, GA in 1.32): a lower memory limit gives a '
             'smaller /dev/shm than planned.',
             f'When the volume\'s usage exceeds sizeLimit the kubelet evicts the pod ("Usage of EmptyDir volume '
             f'"{SHM_VOLUME}" exceeds the limit", kubernetes/kubernetes#28272). Regions leaked by killed clients count '
             'until they are cleaned up.',
-            *(['The python backend\'s pools (triton_python_backend_shm_region_*) count too, and a memory-backed emptyDir '
-               'survives a container restart (kubernetes/kubernetes#81001): each crash of the Triton container leaves its '
-               'pools behind as leftovers, until the cleanup removes them (tritonops.shm.shm_cleanup, '
-               'shm_cleanup_backend_leftovers) or the pod is evicted.'] if python_pools else []),
+            *(
+                [
+                    "The python backend's pools (triton_python_backend_shm_region_*) count too, and a memory-backed emptyDir "
+                    'survives a container restart (kubernetes/kubernetes#81001): each crash of the Triton container leaves its '
+                    'pools behind as leftovers, until the cleanup removes them (tritonops.shm.shm_cleanup, '
+                    'shm_cleanup_backend_leftovers) or the pod is evicted.'
+                ]
+                if python_pools
+                else []
+            ),
             f'Mount the volume at {SHM_MOUNT_PATH} in every container of the pod that shares regions with Triton '
-            '(clients, sidecars); the pod\'s containers already share the IPC namespace.',
+            "(clients, sidecars); the pod's containers already share the IPC namespace.",
         ],
     }
 
@@ -180,7 +195,9 @@ def _items(value: Any, name: str, keys: tuple, required: str) -> list:
     for index, item in enumerate(value):
         what = f'{name}[{index}]'
         if not isinstance(item, dict):
-            _fail(f'{what} must be a dict with {required} (and {", ".join(k for k in keys if k != required)}), got {item!r}')
+            _fail(
+                f'{what} must be a dict with {required} (and {", ".join(k for k in keys if k != required)}), got {item!r}'
+            )
         unknown = sorted(set(item) - set(keys))
         if unknown:
             _fail(f'{what}: unknown key(s) {", ".join(unknown)} (expected {", ".join(keys)})')
@@ -191,8 +208,10 @@ def _items(value: Any, name: str, keys: tuple, required: str) -> list:
 
 
 def _regions(value: Any) -> int:
-    return sum(_size(region['byte_size'], f'{what}.byte_size') * _count(region.get('count', 1), f'{what}.count')
-               for what, region in _items(value, 'client_regions', REGION_KEYS, 'byte_size'))
+    return sum(
+        _size(region['byte_size'], f'{what}.byte_size') * _count(region.get('count', 1), f'{what}.count')
+        for what, region in _items(value, 'client_regions', REGION_KEYS, 'byte_size')
+    )
 
 
 def pool_bytes(largest: int, default: int, growth: int) -> int:
@@ -208,7 +227,7 @@ def pool_bytes(largest: int, default: int, growth: int) -> int:
 
 
 def _models(value: Any, default: int, growth: int) -> list:
-    """The per-model pool plan of python_models: [{name, instances, largest_tensor_bytes, pool_bytes, bytes, growth_bytes, explanation}]."""
+    """The per-model pool plan of python_models: [{name, instances, largest_tensor_bytes, pool_bytes, bytes, growth_bytes, explanation}]."""  # noqa: E501
     out = []
     for index, (what, model) in enumerate(_items(value, 'python_models', MODEL_KEYS, 'largest_tensor_bytes')):
         name = str(model.get('name') or f'model{index}')
@@ -216,14 +235,27 @@ def _models(value: Any, default: int, growth: int) -> list:
         largest = _size(model['largest_tensor_bytes'], f'{what}.largest_tensor_bytes')
         pool = pool_bytes(largest, default, growth)
         if pool == default:
-            why = (f'{name}: {instances} instance(s) x {pool} bytes: its largest tensor ({largest} bytes) fits the '
-                   f'starting pool (shm-default-byte-size {default})')
+            why = (
+                f'{name}: {instances} instance(s) x {pool} bytes: its largest tensor ({largest} bytes) fits the '
+                f'starting pool (shm-default-byte-size {default})'
+            )
         else:
-            why = (f'{name}: {instances} instance(s) x {pool} bytes: each pool starts at {default} bytes '
-                   f'(shm-default-byte-size) and grows by {growth} x ({largest} // {growth} + 1) = {pool - default} '
-                   f'bytes (shm-growth-byte-size steps) for its largest tensor of {largest} bytes, and never shrinks')
-        out.append({'name': name, 'instances': instances, 'largest_tensor_bytes': largest, 'pool_bytes': pool,
-                    'bytes': instances * pool, 'growth_bytes': instances * (pool - default), 'explanation': why})
+            why = (
+                f'{name}: {instances} instance(s) x {pool} bytes: each pool starts at {default} bytes '
+                f'(shm-default-byte-size) and grows by {growth} x ({largest} // {growth} + 1) = {pool - default} '
+                f'bytes (shm-growth-byte-size steps) for its largest tensor of {largest} bytes, and never shrinks'
+            )
+        out.append(
+            {
+                'name': name,
+                'instances': instances,
+                'largest_tensor_bytes': largest,
+                'pool_bytes': pool,
+                'bytes': instances * pool,
+                'growth_bytes': instances * (pool - default),
+                'explanation': why,
+            }
+        )
     return out
 
 
@@ -237,18 +269,29 @@ def _python_backend(models: list, default: int, growth: int, reloads: bool) -> d
         args.append(f'--backend-config=python,shm-growth-byte-size={growth}')
     notes = [m['explanation'] for m in models]
     if reload_bytes:
-        notes.append(f'{reload_bytes} bytes for a reload (tritonops.shm.triton_backend_pool): a reloaded model\'s new '
-                     f'instances get new pools of {default} bytes while the old ones are still there (about a second '
-                     'on Triton 2.51); one model at a time, the one with the most instances')
+        notes.append(
+            f"{reload_bytes} bytes for a reload (tritonops.shm.triton_backend_pool): a reloaded model's new "
+            f'instances get new pools of {default} bytes while the old ones are still there (about a second '
+            'on Triton 2.51); one model at a time, the one with the most instances'
+        )
     if models:
-        notes.append('Pools never shrink: a pool grown by one large request keeps its size until its model is '
-                     'reloaded or the server restarts (docs/backend-pools.md).')
-    return {'shm_default_byte_size': default, 'shm_growth_byte_size': growth, 'server_args': args,
-            'models': models, 'pools_bytes': sum(m['bytes'] for m in models),
-            'growth_bytes': sum(m['growth_bytes'] for m in models), 'reload_bytes': reload_bytes, 'notes': notes}
+        notes.append(
+            'Pools never shrink: a pool grown by one large request keeps its size until its model is '
+            'reloaded or the server restarts (docs/backend-pools.md).'
+        )
+    return {
+        'shm_default_byte_size': default,
+        'shm_growth_byte_size': growth,
+        'server_args': args,
+        'models': models,
+        'pools_bytes': sum(m['bytes'] for m in models),
+        'growth_bytes': sum(m['growth_bytes'] for m in models),
+        'reload_bytes': reload_bytes,
+        'notes': notes,
+    }
 
 
-def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
+def shm_size(workload: dict | None = None, **overrides: Any) -> dict:
     """Plan a /dev/shm size: ``{bytes, docker, capped, breakdown, kubernetes}`` (see shm_size.yml)."""
     if workload is None:
         workload = {}
@@ -301,8 +344,9 @@ def shm_size(workload: Optional[dict] = None, **overrides: Any) -> dict:
         if planned > cap:
             planned = cap
             capped = True
-    kubernetes = pod_shm(planned, server_memory, python_pools=bool(python['models'] or instances),
-                         server_args=python['server_args'])
+    kubernetes = pod_shm(
+        planned, server_memory, python_pools=bool(python['models'] or instances), server_args=python['server_args']
+    )
     return {
         'bytes': planned,
         'docker': docker_size(planned),

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,6 +8,7 @@ Region names, file names, the server's version and its error texts are chosen by
 or runs the server: ``shm_md`` makes them one line of plain Markdown text (no heading, table cell break, link,
 emphasis, raw HTML or terminal escape), as report.html escapes them for HTML. Standard library only.
 """
+
 from __future__ import annotations
 
 import re
@@ -52,7 +52,7 @@ def shm_md(value: Any) -> str:
     if value is None:
         return '-'
     text = value if isinstance(value, str) else str(value)
-    out = ''.join(_md_char(c, text[i - 1] if i else '', text[i + 1:i + 2]) for i, c in enumerate(text))
+    out = ''.join(_md_char(c, text[i - 1] if i else '', text[i + 1 : i + 2]) for i, c in enumerate(text))
     # a leading or trailing space would be trimmed from a table cell: keep what the name really is visible
     return re.sub(r'^ +| +$', lambda m: '\\x20' * len(m.group(0)), out)
 

@@ -7,16 +7,16 @@ Documentation: plugins/filter/triton_kubernetes.yml (``ansible-doc -t filter tri
 The manifest text quotes every string: kubectl reads YAML 1.1-ish (``y``, ``n``, ``on`` are booleans, ``1e3`` a
 number), so an unquoted env value or label ``y`` would change meaning or be refused. PyYAML ships with Ansible.
 """
+
 from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
 from collections.abc import Callable
-from typing import Any, NoReturn, Optional
+from decimal import Decimal, InvalidOperation
+from typing import Any, NoReturn
 
 import yaml
-
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_size import pod_shm, size_bytes
@@ -28,8 +28,20 @@ MODELS_VOLUME = 'models'
 _DNS_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
 _QUANTITY = re.compile(r'^([0-9]+(?:[.][0-9]*)?|[.][0-9]+)(?:([eE][-+]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m))?$')
 _SUFFIX = {
-    None: 1, 'm': Decimal('0.001'), 'k': 10 ** 3, 'M': 10 ** 6, 'G': 10 ** 9, 'T': 10 ** 12, 'P': 10 ** 15, 'E': 10 ** 18,
-    'Ki': 1 << 10, 'Mi': 1 << 20, 'Gi': 1 << 30, 'Ti': 1 << 40, 'Pi': 1 << 50, 'Ei': 1 << 60,
+    None: 1,
+    'm': Decimal('0.001'),
+    'k': 10**3,
+    'M': 10**6,
+    'G': 10**9,
+    'T': 10**12,
+    'P': 10**15,
+    'E': 10**18,
+    'Ki': 1 << 10,
+    'Mi': 1 << 20,
+    'Gi': 1 << 30,
+    'Ti': 1 << 40,
+    'Pi': 1 << 50,
+    'Ei': 1 << 60,
 }
 PULL_POLICY = {'missing': 'IfNotPresent', 'always': 'Always', 'never': 'Never'}
 IPC_MODES = ('private', 'shareable', 'host')
@@ -38,7 +50,7 @@ READY_PATH = '/v2/health/ready'
 LIVE_PATH = '/v2/health/live'
 
 
-def _fail(msg: str, exc: Optional[BaseException] = None) -> NoReturn:
+def _fail(msg: str, exc: BaseException | None = None) -> NoReturn:
     raise AnsibleFilterError(f'triton_kubernetes: {msg}', orig_exc=exc)
 
 
@@ -57,8 +69,9 @@ def quantity_bytes(value: Any, what: str = 'quantity') -> int:
     return int(math.ceil(amount))
 
 
-def whole_number(value: Any, what: str, fail: Callable[..., NoReturn], minimum: int = 0,
-                 maximum: Optional[int] = None) -> int:
+def whole_number(
+    value: Any, what: str, fail: Callable[..., NoReturn], minimum: int = 0, maximum: int | None = None
+) -> int:
     """value as an int within [minimum, maximum]; fail(msg, exc=None) says why not (each filter names itself there)."""
     if isinstance(value, bool):
         fail(f'{what} must be a whole number, got {value!r}')
@@ -72,7 +85,7 @@ def whole_number(value: Any, what: str, fail: Callable[..., NoReturn], minimum: 
     return number
 
 
-def _int(value: Any, what: str, minimum: int = 0, maximum: Optional[int] = None) -> int:
+def _int(value: Any, what: str, minimum: int = 0, maximum: int | None = None) -> int:
     return whole_number(value, what, _fail, minimum, maximum)
 
 
@@ -89,9 +102,15 @@ def _env(value: Any) -> list:
     out = []
     for name, source in sorted((str(k), v) for k, v in value.items()):
         if isinstance(source, dict):
-            if len(source) != 1 or next(iter(source)) not in ENV_SOURCES or not isinstance(next(iter(source.values())), dict):
-                _fail(f'env {name}: a dict value is the variable\'s valueFrom: one of {", ".join(ENV_SOURCES)} with its '
-                      f'fields, e.g. {{secretKeyRef: {{name: triton-secrets, key: token}}}}; got the keys {sorted(map(str, source))}')
+            if (
+                len(source) != 1
+                or next(iter(source)) not in ENV_SOURCES
+                or not isinstance(next(iter(source.values())), dict)
+            ):
+                _fail(
+                    f"env {name}: a dict value is the variable's valueFrom: one of {', '.join(ENV_SOURCES)} with its "
+                    f'fields, e.g. {{secretKeyRef: {{name: triton-secrets, key: token}}}}; got the keys {sorted(map(str, source))}'  # noqa: E501
+                )
             out.append({'name': name, 'valueFrom': _plain(source)})
         elif isinstance(source, (list, tuple)):
             _fail(f'env {name}: a value is a string or a valueFrom dict, got a list')
@@ -119,13 +138,23 @@ class _QuotedDumper(yaml.SafeDumper):
     """Every string double-quoted: what kubectl reads back is always the same string."""
 
 
-_QuotedDumper.add_representer(str, lambda dumper, data: dumper.represent_scalar('tag:yaml.org,2002:str', data, style='"'))
+_QuotedDumper.add_representer(
+    str, lambda dumper, data: dumper.represent_scalar('tag:yaml.org,2002:str', data, style='"')
+)
 
 
 def manifest_text(documents: list) -> str:
     """The documents as one YAML stream (``---`` between them), keys in order, every string quoted."""
-    return yaml.dump_all([_plain(d) for d in documents], Dumper=_QuotedDumper, sort_keys=False, default_flow_style=False,
-                         allow_unicode=True, explicit_start=True, indent=2, width=1 << 16)
+    return yaml.dump_all(
+        [_plain(d) for d in documents],
+        Dumper=_QuotedDumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        explicit_start=True,
+        indent=2,
+        width=1 << 16,
+    )
 
 
 def _strings(value: Any, what: str) -> dict:
@@ -136,7 +165,7 @@ def _strings(value: Any, what: str) -> dict:
     return {str(k): str(v) for k, v in value.items()}
 
 
-def _memory_limit(resources: dict, shm: Optional[dict], server_memory_bytes: Optional[int]) -> tuple:
+def _memory_limit(resources: dict, shm: dict | None, server_memory_bytes: int | None) -> tuple:
     """(resources with the memory limit decided, warnings)."""
     resources = {k: dict(v) if isinstance(v, dict) else v for k, v in resources.items()}
     limits = resources.setdefault('limits', {})
@@ -148,9 +177,11 @@ def _memory_limit(resources: dict, shm: Optional[dict], server_memory_bytes: Opt
     if 'memory' in limits:
         given = quantity_bytes(limits['memory'], 'resources.limits.memory')
         if given <= shm_bytes:
-            _fail(f'resources.limits.memory {limits["memory"]} is not more than the /dev/shm sizeLimit {shm["size_limit"]}: '
-                  'a memory-backed emptyDir counts against the memory limit, so the server would be OOM-killed (or its '
-                  f'/dev/shm made smaller) when /dev/shm fills. {shm["notes"][1]}')
+            _fail(
+                f'resources.limits.memory {limits["memory"]} is not more than the /dev/shm sizeLimit {shm["size_limit"]}: '
+                'a memory-backed emptyDir counts against the memory limit, so the server would be OOM-killed (or its '
+                f'/dev/shm made smaller) when /dev/shm fills. {shm["notes"][1]}'
+            )
         return resources, []
     if server_memory_bytes is None:
         return resources, [f'No memory limit is set. {shm["notes"][1]}']
@@ -166,13 +197,30 @@ def _named(name: str, source: dict) -> dict:
     return dict({'name': name}, **{k: v for k, v in source.items() if k != 'name'})
 
 
-def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_bytes: Any = None,
-                      server_memory_bytes: Any = None, ipc_mode: str = 'private', namespace: str = 'default',
-                      replicas: Any = 1, image_pull: str = 'missing', http_port: Any = 8000, grpc_port: Any = 8001,
-                      metrics_port: Any = 8002, env: Optional[dict] = None, labels: Optional[dict] = None, gpus: Any = 0,
-                      resources: Optional[dict] = None, model_volume: Optional[dict] = None,
-                      model_repository: str = '', model_path: str = '/models', service_type: str = 'ClusterIP',
-                      share_process_namespace: bool = False, ready_timeout: Any = 180) -> dict:
+def triton_kubernetes(
+    name: str,
+    image: str,
+    args: list | None = None,
+    shm_bytes: Any = None,
+    server_memory_bytes: Any = None,
+    ipc_mode: str = 'private',
+    namespace: str = 'default',
+    replicas: Any = 1,
+    image_pull: str = 'missing',
+    http_port: Any = 8000,
+    grpc_port: Any = 8001,
+    metrics_port: Any = 8002,
+    env: dict | None = None,
+    labels: dict | None = None,
+    gpus: Any = 0,
+    resources: dict | None = None,
+    model_volume: dict | None = None,
+    model_repository: str = '',
+    model_path: str = '/models',
+    service_type: str = 'ClusterIP',
+    share_process_namespace: bool = False,
+    ready_timeout: Any = 180,
+) -> dict:
     """A Deployment and a Service for one Triton server, with its /dev/shm as a memory-backed emptyDir."""
     if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
         _fail(f'the name must be a DNS-1123 label (lower case letters, digits and "-", at most 63), got {name!r}')
@@ -181,8 +229,10 @@ def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_by
     if not isinstance(image, str) or not image.strip():
         _fail(f'image must be an image reference, got {image!r}')
     if ipc_mode not in IPC_MODES:
-        _fail(f'ipc_mode must be one of {", ".join(IPC_MODES)} with Kubernetes (a pod cannot join another container\'s '
-              f'IPC namespace), got {ipc_mode!r}')
+        _fail(
+            f"ipc_mode must be one of {', '.join(IPC_MODES)} with Kubernetes (a pod cannot join another container's "
+            f'IPC namespace), got {ipc_mode!r}'
+        )
     if image_pull not in PULL_POLICY:
         _fail(f'image_pull must be one of {", ".join(PULL_POLICY)}, got {image_pull!r}')
     if service_type not in SERVICE_TYPES:
@@ -196,11 +246,15 @@ def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_by
     if not isinstance(resources, dict):
         _fail(f'resources must be a dict (requests, limits), got {type(resources).__name__}')
     if model_volume is not None and not isinstance(model_volume, dict):
-        _fail(f'model_volume must be a dict (a volume source such as {{persistentVolumeClaim: {{claimName: models}}}}), '
-              f'got {type(model_volume).__name__}')
+        _fail(
+            f'model_volume must be a dict (a volume source such as {{persistentVolumeClaim: {{claimName: models}}}}), '
+            f'got {type(model_volume).__name__}'
+        )
     gpu_count = _int(gpus, 'gpus')
-    ports = [(port_name, _int(port, f'{port_name}_port', 0, 65535))
-             for port_name, port in (('http', http_port), ('grpc', grpc_port), ('metrics', metrics_port))]
+    ports = [
+        (port_name, _int(port, f'{port_name}_port', 0, 65535))
+        for port_name, port in (('http', http_port), ('grpc', grpc_port), ('metrics', metrics_port))
+    ]
     http = ports[0][1]
     if http == 0:
         _fail('http_port must not be 0: the probes and the cleanup use the HTTP endpoint')
@@ -231,8 +285,11 @@ def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_by
         'env': _env(env),
         'resources': resources,
         'volumeMounts': [{'name': MODELS_VOLUME, 'mountPath': model_path, 'readOnly': True}],
-        'startupProbe': {'httpGet': {'path': READY_PATH, 'port': 'http'}, 'periodSeconds': period,
-                         'failureThreshold': max(1, math.ceil(_int(ready_timeout, 'ready_timeout', 1) / period))},
+        'startupProbe': {
+            'httpGet': {'path': READY_PATH, 'port': 'http'},
+            'periodSeconds': period,
+            'failureThreshold': max(1, math.ceil(_int(ready_timeout, 'ready_timeout', 1) / period)),
+        },
         'readinessProbe': {'httpGet': {'path': READY_PATH, 'port': 'http'}, 'periodSeconds': period},
         'livenessProbe': {'httpGet': {'path': LIVE_PATH, 'port': 'http'}, 'periodSeconds': 10, 'failureThreshold': 3},
     }
@@ -273,8 +330,10 @@ def triton_kubernetes(name: str, image: str, args: Optional[list] = None, shm_by
             'spec': {
                 'type': service_type,
                 'selector': selector,
-                'ports': [{'name': port_name, 'port': port, 'targetPort': port_name, 'protocol': 'TCP'}
-                          for port_name, port in ports],
+                'ports': [
+                    {'name': port_name, 'port': port, 'targetPort': port_name, 'protocol': 'TCP'}
+                    for port_name, port in ports
+                ],
             },
         }
         documents.append(service)

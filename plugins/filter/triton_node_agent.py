@@ -5,11 +5,11 @@
 
 Documentation: plugins/filter/triton_node_agent.yml (``ansible-doc -t filter tritonops.shm.triton_node_agent``).
 """
+
 from __future__ import annotations
 
 import json
 import re
-
 from typing import Any, NoReturn
 
 from ansible.errors import AnsibleFilterError
@@ -24,8 +24,8 @@ KINDS = ('DaemonSet', 'CronJob')
 # tests/integration/test_node_agent.py, which runs the agent with exactly these and with each one removed.
 CAPABILITIES = {
     'SYS_PTRACE': "read other processes' /proc/PID/maps, /proc/PID/fd and /proc/PID/root (the holder scan and the "
-                  "server's /dev/shm): the kernel's ptrace read check, as root, on processes with capabilities the agent "
-                  'does not have',
+    "server's /dev/shm): the kernel's ptrace read check, as root, on processes with capabilities the agent "
+    'does not have',
     'DAC_READ_SEARCH': "list the fds of processes of other users (/proc/PID/fd is 0500, owned by the process's user)",
 }
 TEXTFILE_DIR = '/var/lib/node_exporter/textfile_collector'
@@ -53,12 +53,24 @@ def _command(interval: int | None) -> list[str]:
     return ['/bin/sh', '-c', f'while true; do {run} || echo "node agent: round failed ($?)"; sleep {interval}; done']
 
 
-def triton_node_agent(image: str, name: str = 'tritonops-shm-agent', namespace: str = 'tritonops-shm',
-                      kinds: Any = ('DaemonSet',), interval: Any = 300, schedule: str = '*/10 * * * *',
-                      nodes: Any = None, node_selector: dict | None = None, tolerations: list | None = None,
-                      extra_vars: dict | None = None, prometheus_textfile_dir: str = TEXTFILE_DIR,
-                      capabilities: Any = None, apparmor_profile: str | None = None, image_pull: str = 'missing',
-                      resources: dict | None = None, labels: dict | None = None) -> dict:
+def triton_node_agent(
+    image: str,
+    name: str = 'tritonops-shm-agent',
+    namespace: str = 'tritonops-shm',
+    kinds: Any = ('DaemonSet',),
+    interval: Any = 300,
+    schedule: str = '*/10 * * * *',
+    nodes: Any = None,
+    node_selector: dict | None = None,
+    tolerations: list | None = None,
+    extra_vars: dict | None = None,
+    prometheus_textfile_dir: str = TEXTFILE_DIR,
+    capabilities: Any = None,
+    apparmor_profile: str | None = None,
+    image_pull: str = 'missing',
+    resources: dict | None = None,
+    labels: dict | None = None,
+) -> dict:
     """The node agent's manifests: a DaemonSet running the node_agent playbook in a loop and/or one CronJob per node."""
     if not isinstance(image, str) or not image.strip():
         _fail(f'image must be an image reference (the execution environment built from docs/ee), got {image!r}')
@@ -87,8 +99,12 @@ def triton_node_agent(image: str, name: str = 'tritonops-shm-agent', namespace: 
     all_labels.update(selector)
     all_labels['app.kubernetes.io/managed-by'] = MANAGED_BY
     security = {
-        'runAsUser': 0, 'runAsNonRoot': False, 'privileged': False, 'allowPrivilegeEscalation': False,
-        'readOnlyRootFilesystem': True, 'capabilities': {'drop': ['ALL'], 'add': caps},
+        'runAsUser': 0,
+        'runAsNonRoot': False,
+        'privileged': False,
+        'allowPrivilegeEscalation': False,
+        'readOnlyRootFilesystem': True,
+        'capabilities': {'drop': ['ALL'], 'add': caps},
         'seccompProfile': {'type': 'RuntimeDefault'},
     }
     if apparmor_profile:
@@ -117,8 +133,8 @@ def triton_node_agent(image: str, name: str = 'tritonops-shm-agent', namespace: 
             'volumeMounts': mounts,
         }
         spec: dict[str, Any] = {
-            'hostPID': True,   # the holder scan must see every process of the node (issue 25's visibility rule)
-            'automountServiceAccountToken': False,   # the agent never talks to the Kubernetes API
+            'hostPID': True,  # the holder scan must see every process of the node (issue 25's visibility rule)
+            'automountServiceAccountToken': False,  # the agent never talks to the Kubernetes API
             'containers': [container],
             'volumes': volumes,
             'tolerations': list(tolerations) if tolerations is not None else [{'operator': 'Exists'}],
@@ -126,8 +142,19 @@ def triton_node_agent(image: str, name: str = 'tritonops-shm-agent', namespace: 
         if node_selector:
             spec['nodeSelector'] = {str(k): str(v) for k, v in node_selector.items()}
         if affinity_node is not None:
-            spec['affinity'] = {'nodeAffinity': {'requiredDuringSchedulingIgnoredDuringExecution': {'nodeSelectorTerms': [
-                {'matchExpressions': [{'key': 'kubernetes.io/hostname', 'operator': 'In', 'values': [affinity_node]}]}]}}}
+            spec['affinity'] = {
+                'nodeAffinity': {
+                    'requiredDuringSchedulingIgnoredDuringExecution': {
+                        'nodeSelectorTerms': [
+                            {
+                                'matchExpressions': [
+                                    {'key': 'kubernetes.io/hostname', 'operator': 'In', 'values': [affinity_node]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
             spec['restartPolicy'] = 'Never'
         return spec
 
@@ -137,11 +164,17 @@ def triton_node_agent(image: str, name: str = 'tritonops-shm-agent', namespace: 
     cronjobs = []
     if 'DaemonSet' in kinds:
         daemonset = {
-            'apiVersion': 'apps/v1', 'kind': 'DaemonSet', 'metadata': metadata,
-            'spec': {'selector': {'matchLabels': selector},
-                     'updateStrategy': {'type': 'RollingUpdate'},
-                     'template': {'metadata': {'labels': all_labels},
-                                  'spec': pod_spec(_int(interval, 'interval', 10), None)}},
+            'apiVersion': 'apps/v1',
+            'kind': 'DaemonSet',
+            'metadata': metadata,
+            'spec': {
+                'selector': {'matchLabels': selector},
+                'updateStrategy': {'type': 'RollingUpdate'},
+                'template': {
+                    'metadata': {'labels': all_labels},
+                    'spec': pod_spec(_int(interval, 'interval', 10), None),
+                },
+            },
         }
         documents.append(daemonset)
     if 'CronJob' in kinds:
@@ -150,18 +183,35 @@ def triton_node_agent(image: str, name: str = 'tritonops-shm-agent', namespace: 
         for node in nodes:
             job_name = f'{name}-{node}'[:52].rstrip('-.').replace('.', '-')
             job_labels = dict(all_labels, **{'tritonops.shm/node': node[:63]})
-            cronjobs.append({
-                'apiVersion': 'batch/v1', 'kind': 'CronJob',
-                'metadata': {'name': job_name, 'namespace': namespace, 'labels': job_labels},
-                'spec': {'schedule': schedule, 'concurrencyPolicy': 'Forbid', 'successfulJobsHistoryLimit': 1,
-                         'failedJobsHistoryLimit': 3,
-                         'jobTemplate': {'spec': {'backoffLimit': 0, 'activeDeadlineSeconds': 900,
-                                                  'template': {'metadata': {'labels': job_labels},
-                                                               'spec': pod_spec(None, node)}}}},
-            })
+            cronjobs.append(
+                {
+                    'apiVersion': 'batch/v1',
+                    'kind': 'CronJob',
+                    'metadata': {'name': job_name, 'namespace': namespace, 'labels': job_labels},
+                    'spec': {
+                        'schedule': schedule,
+                        'concurrencyPolicy': 'Forbid',
+                        'successfulJobsHistoryLimit': 1,
+                        'failedJobsHistoryLimit': 3,
+                        'jobTemplate': {
+                            'spec': {
+                                'backoffLimit': 0,
+                                'activeDeadlineSeconds': 900,
+                                'template': {'metadata': {'labels': job_labels}, 'spec': pod_spec(None, node)},
+                            }
+                        },
+                    },
+                }
+            )
         documents.extend(cronjobs)
-    namespace_doc = {'apiVersion': 'v1', 'kind': 'Namespace', 'metadata': {'name': namespace, 'labels': {
-        'pod-security.kubernetes.io/enforce': 'privileged', 'app.kubernetes.io/managed-by': MANAGED_BY}}}
+    namespace_doc = {
+        'apiVersion': 'v1',
+        'kind': 'Namespace',
+        'metadata': {
+            'name': namespace,
+            'labels': {'pod-security.kubernetes.io/enforce': 'privileged', 'app.kubernetes.io/managed-by': MANAGED_BY},
+        },
+    }
     return {
         'namespace': namespace_doc,
         'daemonset': daemonset,

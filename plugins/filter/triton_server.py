@@ -7,6 +7,7 @@ Documentation: plugins/filter/NAME.yml for the public triton_version, triton_gpu
 role's private _triton_args, _triton_container, _triton_shm, _triton_shm_change, _triton_retries, _triton_log_report and
 _triton_deployed (``ansible-doc -t filter tritonops.shm.NAME``; CONTRIBUTING.md, "Public surface").
 """
+
 from __future__ import annotations
 
 import math
@@ -71,7 +72,9 @@ def triton_version(image: Any, version: Any = '', allow_client_shm: Any = 'auto'
     else:
         mode = _text(allow_client_shm, 'allow_client_shm', 'triton_version').lower()
         if mode not in ('auto',) + _ALLOW_TRUE + _ALLOW_FALSE:
-            raise AnsibleFilterError(f'triton_version: allow_client_shm must be auto, true or false, got {allow_client_shm!r}')
+            raise AnsibleFilterError(
+                f'triton_version: allow_client_shm must be auto, true or false, got {allow_client_shm!r}'
+            )
     flag = mode in _ALLOW_TRUE or (mode == 'auto' and off)
     return dict(text=text, kind=kind, number=number, client_shm_off_by_default=off, allow_client_shm=flag)
 
@@ -81,14 +84,18 @@ def triton_gpus(value: Any) -> dict:
     if value is None or value == '':
         ids = []
     elif isinstance(value, bool) or not isinstance(value, (str, int, list, tuple)):
-        raise AnsibleFilterError("triton_gpus: expected '', 'all', a GPU index or UUID, or a list of them, "
-                                 f'got {type(value).__name__} {value!r}')
+        raise AnsibleFilterError(
+            "triton_gpus: expected '', 'all', a GPU index or UUID, or a list of them, "
+            f'got {type(value).__name__} {value!r}'
+        )
     else:
         items = value if isinstance(value, (list, tuple)) else [value]
         ids = []
         for item in items:
             if isinstance(item, bool) or not isinstance(item, (str, int)) or not str(item).strip():
-                raise AnsibleFilterError(f'triton_gpus: each GPU must be a non-empty index or UUID, got {item!r} in {value!r}')
+                raise AnsibleFilterError(
+                    f'triton_gpus: each GPU must be a non-empty index or UUID, got {item!r} in {value!r}'
+                )
             ids.append(str(item).strip())
         if 'all' in ids and ids != ['all']:
             raise AnsibleFilterError(f"triton_gpus: 'all' cannot be combined with other GPUs, got {value!r}")
@@ -113,8 +120,14 @@ def _port(value: Any, what: str, name: str = 'triton_endpoints') -> int:
     return port
 
 
-def triton_endpoints(listen_address: Any, http_port: Any = 8000, grpc_port: Any = 8001, metrics_port: Any = 8002,
-                     network_mode: Any = 'bridge', ready_url: Any = '') -> dict:
+def triton_endpoints(
+    listen_address: Any,
+    http_port: Any = 8000,
+    grpc_port: Any = 8001,
+    metrics_port: Any = 8002,
+    network_mode: Any = 'bridge',
+    ready_url: Any = '',
+) -> dict:
     """The ports the container publishes and the URLs the role uses, from the listen address and the ports."""
     address = _text(listen_address, 'listen_address', 'triton_endpoints')
     http = _port(http_port, 'http_port')
@@ -122,11 +135,13 @@ def triton_endpoints(listen_address: Any, http_port: Any = 8000, grpc_port: Any 
     host_network = _text(network_mode, 'network_mode', 'triton_endpoints') == 'host'
     ready = _text(ready_url, 'ready_url', 'triton_endpoints')
     if not ready:
-        ready = f"http://{'127.0.0.1' if address in _ANY_ADDRESS else address}:{http}{READY_PATH}"
-    return dict(ports=ports,
-                published_ports=[] if host_network else [f'{address}:{p}:{p}' for p in ports],
-                ready_url=ready,
-                url=ready[:-len(READY_PATH)] if ready.endswith(READY_PATH) else ready)
+        ready = f'http://{"127.0.0.1" if address in _ANY_ADDRESS else address}:{http}{READY_PATH}'
+    return dict(
+        ports=ports,
+        published_ports=[] if host_network else [f'{address}:{p}:{p}' for p in ports],
+        ready_url=ready,
+        url=ready[: -len(READY_PATH)] if ready.endswith(READY_PATH) else ready,
+    )
 
 
 def _strings(value: Any, what: str, name: str) -> list[str]:
@@ -137,13 +152,26 @@ def _strings(value: Any, what: str, name: str) -> list[str]:
     return [str(v) for v in value]
 
 
-def triton_args(command: Any, model_repository: str = '/models', model_control_mode: str = 'explicit', load_models: Any = None,
-                http_port: Any = 8000, grpc_port: Any = 8001, metrics_port: Any = 8002, listen_address: Any = '0.0.0.0',
-                network_mode: Any = 'bridge', allow_client_shm: bool = False, extra_args: Any = None) -> list[str]:
+def triton_args(
+    command: Any,
+    model_repository: str = '/models',
+    model_control_mode: str = 'explicit',
+    load_models: Any = None,
+    http_port: Any = 8000,
+    grpc_port: Any = 8001,
+    metrics_port: Any = 8002,
+    listen_address: Any = '0.0.0.0',
+    network_mode: Any = 'bridge',
+    allow_client_shm: bool = False,
+    extra_args: Any = None,
+) -> list[str]:
     """The tritonserver command line: the command, then the role's flags, then the extra ones."""
     name = 'triton_args'
-    http, grpc, metrics = (_port(http_port, 'http_port', name), _port(grpc_port, 'grpc_port', name),
-                           _port(metrics_port, 'metrics_port', name))
+    http, grpc, metrics = (
+        _port(http_port, 'http_port', name),
+        _port(grpc_port, 'grpc_port', name),
+        _port(metrics_port, 'metrics_port', name),
+    )
     address = _text(listen_address, 'listen_address', name)
     args = _strings(command, 'the command', name)
     args += [f'--model-repository={model_repository}', f'--model-control-mode={model_control_mode}']
@@ -170,23 +198,29 @@ def _str_dict(value: Any, what: str, value_from: bool = False) -> dict[str, Any]
     for k, v in value.items():
         if isinstance(v, (dict, list)) and not (value_from and isinstance(v, dict)):
             # never echo the value: env values are often secrets
-            raise AnsibleFilterError(f'triton_container: {what} {k}: a dict or list value (a Kubernetes valueFrom such as '
-                                     f'secretKeyRef) works only with triton_server_engine: kubernetes; give a string')
+            raise AnsibleFilterError(
+                f'triton_container: {what} {k}: a dict or list value (a Kubernetes valueFrom such as '
+                f'secretKeyRef) works only with triton_server_engine: kubernetes; give a string'
+            )
     return {str(k): v if isinstance(v, dict) else str(v) for k, v in value.items()}
 
 
-def triton_container(name: Any, engine: str = 'docker', docker_host: Any = '', env: Any = None, labels: Any = None,
-                     ulimits: Any = None) -> dict:
+def triton_container(
+    name: Any, engine: str = 'docker', docker_host: Any = '', env: Any = None, labels: Any = None, ulimits: Any = None
+) -> dict:
     """What the container is given besides the image and the flags: env, labels, ulimits, and how to read its log."""
     name = _text(name, 'name', 'triton_container')
     ulimits = _strings(ulimits, 'ulimits', 'triton_container')
     host = '' if docker_host is None else str(docker_host)
     argv = [engine] + (['--host', host] if engine == 'docker' and host else []) + ['logs', '--tail', LOGS_TAIL, name]
-    return dict(env=_str_dict(env, 'env', value_from=engine == 'kubernetes'), labels={**MANAGED_BY, **_str_dict(labels, 'labels')},
-                invalid_ulimits=[u for u in ulimits if not _ULIMIT.match(u)],
-                # docker_container spells a ulimit name:soft[:hard]
-                docker_ulimits=[re.sub(r'^([^=]+)=', r'\1:', u) for u in ulimits],
-                logs_argv=argv)
+    return dict(
+        env=_str_dict(env, 'env', value_from=engine == 'kubernetes'),
+        labels={**MANAGED_BY, **_str_dict(labels, 'labels')},
+        invalid_ulimits=[u for u in ulimits if not _ULIMIT.match(u)],
+        # docker_container spells a ulimit name:soft[:hard]
+        docker_ulimits=[re.sub(r'^([^=]+)=', r'\1:', u) for u in ulimits],
+        logs_argv=argv,
+    )
 
 
 def triton_shm(size: Any, plan: dict | None = None) -> dict:
@@ -196,21 +230,22 @@ def triton_shm(size: Any, plan: dict | None = None) -> dict:
         try:
             num_bytes = int(human_to_bytes(size))
         except ValueError as exc:
-            raise AnsibleFilterError(f'triton_shm: the size must be bytes or a size such as 2g or 512m, got {size!r}',
-                                     orig_exc=exc) from None
+            raise AnsibleFilterError(
+                f'triton_shm: the size must be bytes or a size such as 2g or 512m, got {size!r}', orig_exc=exc
+            ) from None
     elif plan:
         num_bytes = int(plan['bytes'])
     else:
-        raise AnsibleFilterError('triton_shm: either a size or a plan (the shm_size filter\'s result) is needed')
+        raise AnsibleFilterError("triton_shm: either a size or a plan (the shm_size filter's result) is needed")
     return dict(bytes=num_bytes, docker=docker_size(num_bytes), source='explicit' if explicit else 'plan', plan=plan)
 
 
 def triton_shm_change(current: Any, wanted_bytes: Any = None) -> dict:
     """Whether the existing container's /dev/shm size differs from the wanted one (a docker or podman info result)."""
     current = current or {}
-    if 'containers' in current:     # containers.podman.podman_container_info
+    if 'containers' in current:  # containers.podman.podman_container_info
         found = (current['containers'] or [None])[0]
-    else:                           # community.docker.docker_container_info
+    else:  # community.docker.docker_container_info
         found = current.get('container') if current.get('exists') else None
     current_bytes = int(found['HostConfig']['ShmSize']) if found else None
     changes = wanted_bytes is not None and current_bytes is not None and current_bytes != int(wanted_bytes)
@@ -222,7 +257,9 @@ def triton_retries(timeout: Any, delay: Any = 2) -> int:
     try:
         timeout, delay = int(timeout), int(delay)
     except (TypeError, ValueError):
-        raise AnsibleFilterError(f'triton_retries: timeout and delay must be whole seconds, got {timeout!r} and {delay!r}') from None
+        raise AnsibleFilterError(
+            f'triton_retries: timeout and delay must be whole seconds, got {timeout!r} and {delay!r}'
+        ) from None
     return max(int(math.ceil(timeout / max(delay, 1))) - 1, 1)
 
 
@@ -236,7 +273,7 @@ def triton_log_report(logs: dict, header: str = '', command: Any = None, lines: 
     else:
         all_lines = list(logs.get('stdout_lines') or []) + list(logs.get('stderr_lines') or [])
         errors = list(dict.fromkeys(line for line in all_lines if _LOG_ERROR.search(line)))
-        tail = all_lines[-max(int(lines), 1):]
+        tail = all_lines[-max(int(lines), 1) :]
         out += ['Errors in the log:'] + errors[-LOG_ERRORS_SHOWN:]
         out += [f'Last {lines} log lines ({shown}):'] + tail
     return '\n'.join(out) + '\n'
@@ -244,19 +281,27 @@ def triton_log_report(logs: dict, header: str = '', command: Any = None, lines: 
 
 def triton_deployed(result: dict) -> str:
     """One line of what the role deployed: 'NAME: present at URL, /dev/shm 100m (plan)', or 'NAME: absent'."""
-    line = f"{result['name']}: {result['state']}"
+    line = f'{result["name"]}: {result["state"]}'
     if result['state'] != 'present':
         return line
     if result.get('shm_size_bytes') is not None:
-        shm = f"{result['shm_size']['docker']} ({result['shm_size']['source']})"
+        shm = f'{result["shm_size"]["docker"]} ({result["shm_size"]["source"]})'
     else:
         shm = 'shared (ipc mode)'
-    return f"{line} at {result['url']}, /dev/shm {shm}"
+    return f'{line} at {result["url"]}, /dev/shm {shm}'
 
 
 class FilterModule:
     def filters(self) -> dict:
-        return dict(triton_version=triton_version, triton_gpus=triton_gpus, triton_endpoints=triton_endpoints,
-                    _triton_args=triton_args, _triton_container=triton_container, _triton_shm=triton_shm,
-                    _triton_shm_change=triton_shm_change, _triton_retries=triton_retries,
-                    _triton_log_report=triton_log_report, _triton_deployed=triton_deployed)
+        return dict(
+            triton_version=triton_version,
+            triton_gpus=triton_gpus,
+            triton_endpoints=triton_endpoints,
+            _triton_args=triton_args,
+            _triton_container=triton_container,
+            _triton_shm=triton_shm,
+            _triton_shm_change=triton_shm_change,
+            _triton_retries=triton_retries,
+            _triton_log_report=triton_log_report,
+            _triton_deployed=triton_deployed,
+        )

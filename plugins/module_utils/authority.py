@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -24,12 +23,12 @@ unlink, two rules (docs/concepts.md, "Whose files a cleanup may remove"):
 
 Anything that cannot be read (the server's status file, its shm directory) refuses every unlink, with the reason.
 """
+
 from __future__ import annotations
 
 import os
 import pwd
 import stat
-
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -50,6 +49,7 @@ class Authority(NamedTuple):
     the operator named the directory and no server process is known);
     reason: why the authority is not known (every unlink is then refused), else None.
     """
+
     uid: int | None = None
     gids: frozenset = frozenset()
     privileged: bool = False
@@ -78,11 +78,15 @@ class Authority(NamedTuple):
         else:
             bits = stat.S_IWOTH | stat.S_IXOTH
         if mode & bits != bits:
-            return (f'not removed: the server process ({self.described}) could not remove it itself: its shm directory '
-                    f'(owner uid {self.dir_uid}, mode {stat.S_IMODE(mode):04o}) is not writable by it (no borrowed authority)')
+            return (
+                f'not removed: the server process ({self.described}) could not remove it itself: its shm directory '
+                f'(owner uid {self.dir_uid}, mode {stat.S_IMODE(mode):04o}) is not writable by it (no borrowed authority)'
+            )
         if mode & stat.S_ISVTX and uid not in (file_uid, self.dir_uid):
-            return (f'not removed: the server process ({self.described}) could not remove it itself: the shm directory is '
-                    f'sticky and the file belongs to uid {file_uid} (no borrowed authority)')
+            return (
+                f'not removed: the server process ({self.described}) could not remove it itself: the shm directory is '
+                f'sticky and the file belongs to uid {file_uid} (no borrowed authority)'
+            )
         return None
 
     def owner_refusal(self, file_uid: int, client_uids: Iterable[int]) -> str | None:
@@ -91,8 +95,10 @@ class Authority(NamedTuple):
             return f'not removed: {self.reason}'
         if file_uid == self.owner_uid or file_uid in client_uids:
             return None
-        return (f"not removed: owned by uid {file_uid}, neither the server's user (uid {self.owner_uid}) nor one of "
-                'client_users: another program\'s file is never removed on a client\'s word or a pattern')
+        return (
+            f"not removed: owned by uid {file_uid}, neither the server's user (uid {self.owner_uid}) nor one of "
+            "client_users: another program's file is never removed on a client's word or a pattern"
+        )
 
     def refusal(self, file_uid: int, client_uids: Iterable[int]) -> str | None:
         """The first of unlink_refusal and owner_refusal that refuses, or None when the file may be removed."""
@@ -133,20 +139,37 @@ def read_authority(pid: int | None, shm_dir: str, proc: str = '/proc') -> Author
         return Authority.unknown(f'the shm directory {shm_dir} cannot be read ({exc.strerror or exc})')
     if pid is None:
         # no server process: the operator named the directory; its owner stands for the server's user
-        return Authority(uid=None, privileged=True, dir_uid=dir_st.st_uid, dir_gid=dir_st.st_gid, dir_mode=dir_st.st_mode,
-                         owner_uid=dir_st.st_uid, described='no server process: shm_dir given')
+        return Authority(
+            uid=None,
+            privileged=True,
+            dir_uid=dir_st.st_uid,
+            dir_gid=dir_st.st_gid,
+            dir_mode=dir_st.st_mode,
+            owner_uid=dir_st.st_uid,
+            described='no server process: shm_dir given',
+        )
     try:
         with open(f'{proc}/{pid}/status', encoding='utf-8', errors='replace') as f:
             text = f.read()
         same_userns = os.stat(f'{proc}/{pid}/ns/user').st_ino == os.stat(f'{proc}/self/ns/user').st_ino
         uid, gids, privileged = parse_status(text, same_userns)
     except (OSError, ValueError) as exc:
-        return Authority.unknown(f'the identity of server process {pid} cannot be read '
-                                 f'({getattr(exc, "strerror", None) or exc}), so what it may remove is not known')
+        return Authority.unknown(
+            f'the identity of server process {pid} cannot be read '
+            f'({getattr(exc, "strerror", None) or exc}), so what it may remove is not known'
+        )
     where = 'this user namespace' if same_userns else 'its own user namespace'
     described = f'pid {pid}, uid {uid} in {where}' + (', privileged' if privileged else '')
-    return Authority(uid=uid, gids=gids, privileged=privileged, dir_uid=dir_st.st_uid, dir_gid=dir_st.st_gid,
-                     dir_mode=dir_st.st_mode, owner_uid=uid, described=described)
+    return Authority(
+        uid=uid,
+        gids=gids,
+        privileged=privileged,
+        dir_uid=dir_st.st_uid,
+        dir_gid=dir_st.st_gid,
+        dir_mode=dir_st.st_mode,
+        owner_uid=uid,
+        described=described,
+    )
 
 
 def client_uids(users: Iterable[object] | None) -> frozenset:
@@ -160,5 +183,7 @@ def client_uids(users: Iterable[object] | None) -> frozenset:
         try:
             out.add(pwd.getpwnam(text).pw_uid)
         except KeyError:
-            raise ParameterError(f'client_users: no user named {text!r} on this host (give a user name or a numeric uid)') from None
+            raise ParameterError(
+                f'client_users: no user named {text!r} on this host (give a user name or a numeric uid)'
+            ) from None
     return frozenset(out)

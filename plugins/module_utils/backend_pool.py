@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -18,11 +17,11 @@ completed it) with one parameter, RELOAD_PARAMETER, set to a new value: a config
 is not only in instance_group makes Triton load new instances beside the old ones and switch over
 without refusing requests (docs/backend-pools.md, docs/performance.md).
 """
+
 from __future__ import annotations
 
 import os
 import time
-
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -69,8 +68,13 @@ class ModelPlan(NamedTuple):
         return self._asdict()
 
 
-def plan(pools: Iterable[dict], fs_total: int | None, threshold: Threshold, models: Sequence[str] = (),
-         index: Sequence[dict] | None = None) -> list[ModelPlan]:
+def plan(
+    pools: Iterable[dict],
+    fs_total: int | None,
+    threshold: Threshold,
+    models: Sequence[str] = (),
+    index: Sequence[dict] | None = None,
+) -> list[ModelPlan]:
     """One ModelPlan per model that has live pools (by model name), pure.
 
     pools: inventory.pool_records() (backend_pools). Only live pools with a model count: a leftover has no
@@ -96,7 +100,10 @@ def plan(pools: Iterable[dict], fs_total: int | None, threshold: Threshold, mode
         elif total <= limit:
             action, reason = KEEP, f'{total} bytes in {len(mine)} pool(s), not over the limit of {limit} bytes'
         elif ready is not None and model not in ready:
-            action, reason = SKIP, f'{total} bytes, over the limit of {limit} bytes, but the model is not READY in the repository index'
+            action, reason = (
+                SKIP,
+                f'{total} bytes, over the limit of {limit} bytes, but the model is not READY in the repository index',
+            )
         else:
             action, reason = RELOAD, f'{total} bytes in {len(mine)} pool(s), over the limit of {limit} bytes'
         out.append(ModelPlan(model, action, total, limit, instances, names, reason))
@@ -132,9 +139,11 @@ def refusal(mode: str | None) -> str | None:
     """Why a reload cannot be asked of a server in this model control mode; None when it can (or cannot be told)."""
     if mode is None or mode == EXPLICIT:
         return None
-    return (f'the server runs with --model-control-mode={mode}: Triton refuses the repository API\'s load there '
-            '("explicit model load / unload is not allowed"), so no model can be reloaded online; start it with '
-            '--model-control-mode=explicit (and --load-model for each model), or restart it to reclaim its pools')
+    return (
+        f"the server runs with --model-control-mode={mode}: Triton refuses the repository API's load there "
+        '("explicit model load / unload is not allowed"), so no model can be reloaded online; start it with '
+        '--model-control-mode=explicit (and --load-model for each model), or restart it to reclaim its pools'
+    )
 
 
 def reload_config(config: dict, stamp: str) -> dict:

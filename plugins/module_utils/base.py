@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -20,20 +19,27 @@ Private to the tritonops.shm collection: no stability promise to other code.
 
 Modules pass only their own options; they never talk HTTP or gRPC themselves.
 """
+
 from __future__ import annotations
 
 import os
-
-from typing import Callable, Mapping
+from collections.abc import Mapping
+from typing import Callable
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
-from ansible_collections.tritonops.shm.plugins.module_utils.client import Client, check_headers, check_url, is_grpc_url, url_secrets
+from ansible_collections.tritonops.shm.plugins.module_utils.client import (
+    Client,
+    check_headers,
+    check_url,
+    is_grpc_url,
+    url_secrets,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 
 
 def connection_argument_spec() -> dict:
@@ -67,8 +73,10 @@ def backend_argument_spec() -> dict:
     backend_patterns: Triton's python backend files; client_users: the owners, besides the server's user, whose
     files a cleanup may remove (authority.py, the owner rule).
     """
-    return dict(backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)),
-                client_users=dict(type='list', elements='str', default=[]))
+    return dict(
+        backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)),
+        client_users=dict(type='list', elements='str', default=[]),
+    )
 
 
 def metrics_argument_spec() -> dict:
@@ -79,8 +87,9 @@ def metrics_argument_spec() -> dict:
 METRICS_REQUIRED_BY = {'metrics_dir': 'metrics_host'}
 
 
-def write_metrics(module: AnsibleModule, report: Mapping | None = None, with_report: bool = False,
-                  outcome: Mapping | None = None) -> dict:
+def write_metrics(
+    module: AnsibleModule, report: Mapping | None = None, with_report: bool = False, outcome: Mapping | None = None
+) -> dict:
     """Write this call's textfiles when metrics_dir is set, outside check mode; the result key ``metrics_files``.
 
     Never fails the module: a directory that cannot take them is one warning. Not a change.
@@ -90,8 +99,9 @@ def write_metrics(module: AnsibleModule, report: Mapping | None = None, with_rep
         return {}
     if module.check_mode:
         return {'metrics_files': []}
-    done = metrics.write_server_metrics(p['metrics_dir'], p['metrics_host'], p['url'], report=report,
-                                        with_report=with_report, outcome=outcome)
+    done = metrics.write_server_metrics(
+        p['metrics_dir'], p['metrics_host'], p['url'], report=report, with_report=with_report, outcome=outcome
+    )
     for warning in done.warnings:
         module.warn(warning)
     return {'metrics_files': done.paths}
@@ -136,8 +146,12 @@ def make_client(module: AnsibleModule) -> Client:
     return client
 
 
-def run_module_main(module: AnsibleModule, body: Callable[[], None], partial: Callable[[], dict] | None = None,
-                    on_failure: Callable[[dict], dict] | None = None) -> None:
+def run_module_main(
+    module: AnsibleModule,
+    body: Callable[[], None],
+    partial: Callable[[], dict] | None = None,
+    on_failure: Callable[[dict], dict] | None = None,
+) -> None:
     """Run body(); turn every TritonOpsError into fail_json with its msg (a TritonError adds ``failure``).
 
     partial: a callable returning the result keys of work already done, reported on failure.
@@ -146,8 +160,11 @@ def run_module_main(module: AnsibleModule, body: Callable[[], None], partial: Ca
     try:
         body()
     except TritonOpsError as exc:
-        result = {'msg': exc.msg, **({'failure': exc.failure()} if isinstance(exc, TritonError) else {}),
-                  **(partial() if partial else {})}
+        result = {
+            'msg': exc.msg,
+            **({'failure': exc.failure()} if isinstance(exc, TritonError) else {}),
+            **(partial() if partial else {}),
+        }
         if on_failure is not None:
             result.update(on_failure(result))
         module.fail_json(**result)

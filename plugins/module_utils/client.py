@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -13,17 +12,26 @@ the kind and health checks, the text helpers, and ``error_from_answer``, the one
 error answer of the server (its own text) becomes a TritonError subclass. This file imports only
 the standard library, errors and http_reader (for escape).
 """
+
 from __future__ import annotations
 
 import abc
-
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    ClientShmDisabled, MalformedAnswer, ParameterError, RegisterOverflow, ReservedKey, Restricted, ShmUnsupported,
-    TritonError, classify, restricted_header, restricted_hint,
+    ClientShmDisabled,
+    MalformedAnswer,
+    ParameterError,
+    RegisterOverflow,
+    ReservedKey,
+    Restricted,
+    ShmUnsupported,
+    TritonError,
+    classify,
+    restricted_header,
+    restricted_hint,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import escape
 
@@ -38,26 +46,41 @@ DEFAULT_TIMEOUT = 10.0
 MAX_ANSWER_BYTES = 64 << 20
 _UINT64 = 1 << 64
 # The fields of a region in a status answer, and whether each is a string (else an unsigned 64-bit integer).
-_REGION_FIELDS = {'system': (('name', True), ('key', True), ('offset', False), ('byte_size', False)),
-                  'cuda': (('name', True), ('device_id', False), ('byte_size', False))}
+_REGION_FIELDS = {
+    'system': (('name', True), ('key', True), ('offset', False), ('byte_size', False)),
+    'cuda': (('name', True), ('device_id', False), ('byte_size', False)),
+}
 
 # Triton 2.68 and later turn client shared memory off unless started with the flag below.
-CLIENT_SHM_HINT = ("this Triton has client shared memory turned off (2.68 and later, by default): start it with "
-                   "--allow-client-shm=true (role tritonops.shm.triton_server: triton_server_allow_client_shm: true, "
-                   "or auto, which adds it for 2.68 and later)")
-SHM_UNSUPPORTED_HINT = ("this server offers no shared memory at all (Triton 2.73 and later started through the in-process "
-                        "tritonfrontend bindings): there is nothing to check or clean on it, and this is not a leak; "
-                        "nothing was retried")
-OVERFLOW_HINT = ("Triton 2.58 and later refuse a byte_size + offset that does not fit its size type: "
-                 "use a smaller offset or byte_size")
-RESERVED_KEY_HINT = ("Triton 2.60 and later refuse keys with the python backend's reserved prefix (2.61 and later also "
-                     "keys that are only slashes): choose another key")
+CLIENT_SHM_HINT = (
+    'this Triton has client shared memory turned off (2.68 and later, by default): start it with '
+    '--allow-client-shm=true (role tritonops.shm.triton_server: triton_server_allow_client_shm: true, '
+    'or auto, which adds it for 2.68 and later)'
+)
+SHM_UNSUPPORTED_HINT = (
+    'this server offers no shared memory at all (Triton 2.73 and later started through the in-process '
+    'tritonfrontend bindings): there is nothing to check or clean on it, and this is not a leak; '
+    'nothing was retried'
+)
+OVERFLOW_HINT = (
+    'Triton 2.58 and later refuse a byte_size + offset that does not fit its size type: '
+    'use a smaller offset or byte_size'
+)
+RESERVED_KEY_HINT = (
+    "Triton 2.60 and later refuse keys with the python backend's reserved prefix (2.61 and later also "
+    'keys that are only slashes): choose another key'
+)
 # The way out the message adds for a condition, by its class (any other answer gets the transport's own hint).
-_HINTS = {ClientShmDisabled: CLIENT_SHM_HINT, ShmUnsupported: SHM_UNSUPPORTED_HINT, RegisterOverflow: OVERFLOW_HINT,
-          ReservedKey: RESERVED_KEY_HINT}
+_HINTS = {
+    ClientShmDisabled: CLIENT_SHM_HINT,
+    ShmUnsupported: SHM_UNSUPPORTED_HINT,
+    RegisterOverflow: OVERFLOW_HINT,
+    ReservedKey: RESERVED_KEY_HINT,
+}
 
 
 # -- text -------------------------------------------------------------------------------------------
+
 
 def short(text: Any, limit: int = 300) -> str:
     """str(text) cut to limit characters (an exception's text in a message)."""
@@ -72,6 +95,7 @@ def snippet(text: str | None, limit: int = 200) -> str:
 
 # -- what every call checks -------------------------------------------------------------------------
 
+
 def check_regions(kind: str, regions: list, where: str, url: str, transport: str) -> list:
     """regions when each is a region of kind as Triton lists it; MalformedAnswer naming where otherwise.
 
@@ -83,12 +107,18 @@ def check_regions(kind: str, regions: list, where: str, url: str, transport: str
     (f1, _t1), (f2, t2), (f3, _t3) = fields[:3]
     f4 = fields[3][0] if len(fields) > 3 else f3
     # pylint: disable=unidiomatic-typecheck  # exact types: a bool is an int, and not a size
-    top, typ, text, number = _UINT64, type, str, int      # locals: this runs once per region of every status read
+    top, typ, text, number = _UINT64, type, str, int  # locals: this runs once per region of every status read
     for index, region in enumerate(regions):
-        try:   # the common case: every field there with its exact type and range
+        try:  # the common case: every field there with its exact type and range
             a, b, c, d = region[f1], region[f2], region[f3], region[f4]
-            if typ(a) is text and (typ(b) is text if t2 else typ(b) is number and 0 <= b < top) and \
-                    typ(c) is number and 0 <= c < top and typ(d) is number and 0 <= d < top:
+            if (
+                typ(a) is text
+                and (typ(b) is text if t2 else typ(b) is number and 0 <= b < top)
+                and typ(c) is number
+                and 0 <= c < top
+                and typ(d) is number
+                and 0 <= d < top
+            ):
                 continue
         except (KeyError, TypeError):
             pass
@@ -104,20 +134,35 @@ def _refuse_region(kind: str, fields: tuple, index: int, region: Any, where: str
         if not good:
             want = 'a string' if text else 'an integer from 0 to 2**64 - 1'
             got = 'missing' if not isinstance(region, dict) or field not in region else escape(repr(value), 80)
-            raise MalformedAnswer(f'{where}: the answer is not a Triton {kind} shared memory status: region {index} '
-                                  f'has {field} {got}, expected {want}; nothing was done with it', url=url,
-                                  transport=transport)
-    raise MalformedAnswer(f'{where}: the answer is not a Triton {kind} shared memory status: region {index} is '
-                          f'{escape(repr(region), 200)}', url=url, transport=transport)
+            raise MalformedAnswer(
+                f'{where}: the answer is not a Triton {kind} shared memory status: region {index} '
+                f'has {field} {got}, expected {want}; nothing was done with it',
+                url=url,
+                transport=transport,
+            )
+    raise MalformedAnswer(
+        f'{where}: the answer is not a Triton {kind} shared memory status: region {index} is '
+        f'{escape(repr(region), 200)}',
+        url=url,
+        transport=transport,
+    )
 
 
 def check_metadata(data: dict, where: str, url: str, transport: str) -> dict:
     """data when its name and version are strings and its extensions a list of strings; MalformedAnswer otherwise."""
     extensions = data.get('extensions', [])
-    if not isinstance(data.get('version'), str) or not isinstance(data.get('name', ''), str) or \
-            not isinstance(extensions, list) or not all(isinstance(e, str) for e in extensions):
-        raise MalformedAnswer(f'{where}: the answer is not Triton server metadata (name and version strings, extensions a '
-                              f'list of strings): {escape(repr(data), 200)}', url=url, transport=transport)
+    if (
+        not isinstance(data.get('version'), str)
+        or not isinstance(data.get('name', ''), str)
+        or not isinstance(extensions, list)
+        or not all(isinstance(e, str) for e in extensions)
+    ):
+        raise MalformedAnswer(
+            f'{where}: the answer is not Triton server metadata (name and version strings, extensions a '
+            f'list of strings): {escape(repr(data), 200)}',
+            url=url,
+            transport=transport,
+        )
     return data
 
 
@@ -137,6 +182,7 @@ def check_health(which: str) -> str:
 
 # -- URLs -------------------------------------------------------------------------------------------
 
+
 def url_scheme(url: str | None) -> str:
     """The URL's scheme in lower case, '' when it has none."""
     text = (url or '').strip()
@@ -150,6 +196,7 @@ def is_grpc_url(url: str | None) -> bool:
 
 class Url(NamedTuple):
     """A URL split for a transport: scheme (lower case), host, port (None when left out), and the rest."""
+
     scheme: str
     host: str
     port: int | None
@@ -187,9 +234,11 @@ def url_secrets(url: str | None) -> list[str]:
     return sorted({s for s in (userinfo, password, unquote(password)) if len(s) >= 3})
 
 
-USERINFO_REFUSAL = ('carries a user:password@ part: credentials in a URL are refused (they would be shown in '
-                    'outputs, reports and metrics labels, and they are never sent); give them in headers, '
-                    'e.g. Authorization, which is never logged')
+USERINFO_REFUSAL = (
+    'carries a user:password@ part: credentials in a URL are refused (they would be shown in '
+    'outputs, reports and metrics labels, and they are never sent); give them in headers, '
+    'e.g. Authorization, which is never logged'
+)
 
 
 def check_url(url: str | None) -> None:
@@ -199,7 +248,7 @@ def check_url(url: str | None) -> None:
 
 
 # RFC 9110 token characters: what a header (field) name may contain.
-_TOKEN = frozenset('!#$%&\'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ')
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def check_headers(headers: Any) -> None:
@@ -213,16 +262,22 @@ def check_headers(headers: Any) -> None:
         name = str(name)
         if not name or not set(name) <= _TOKEN:
             shown = ''.join(c if c in _TOKEN else '?' for c in name[:64])
-            raise ParameterError(f'headers: the header name {shown!r} is not a valid HTTP header name (letters, digits '
-                                 f'and !#$%&\'*+-.^_`|~ only); nothing was sent')
+            raise ParameterError(
+                f'headers: the header name {shown!r} is not a valid HTTP header name (letters, digits '
+                f"and !#$%&'*+-.^_`|~ only); nothing was sent"
+            )
         text = str(value)
         if any(ord(c) < 32 and c != '\t' or ord(c) == 127 for c in text):
-            raise ParameterError(f'headers: the value of header {name!r} contains a control character (a line break, '
-                                 f'NUL, ...; a YAML block scalar "|" ends in a newline: use "|-" or a plain string); '
-                                 f'the value is not shown, nothing was sent')
+            raise ParameterError(
+                f'headers: the value of header {name!r} contains a control character (a line break, '
+                f'NUL, ...; a YAML block scalar "|" ends in a newline: use "|-" or a plain string); '
+                f'the value is not shown, nothing was sent'
+            )
         if text != text.strip():
-            raise ParameterError(f'headers: the value of header {name!r} begins or ends with whitespace; the value is '
-                                 f'not shown, nothing was sent')
+            raise ParameterError(
+                f'headers: the value of header {name!r} begins or ends with whitespace; the value is '
+                f'not shown, nothing was sent'
+            )
 
 
 def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
@@ -250,8 +305,18 @@ def host_port(host: str, port: int) -> str:
 
 # -- the server's own error text --------------------------------------------------------------------
 
-def error_from_answer(where: str, code: str, detail: str, server_error: str | None, *, url: str | None,
-                      status: int | str, transport: str, hint: str = '') -> TritonError:
+
+def error_from_answer(
+    where: str,
+    code: str,
+    detail: str,
+    server_error: str | None,
+    *,
+    url: str | None,
+    status: int | str,
+    transport: str,
+    hint: str = '',
+) -> TritonError:
     """The TritonError for an error answer of the server, decided from the server's own text.
 
     The one place both transports turn an answer into an error: the subclass comes from the text
@@ -270,8 +335,10 @@ def error_from_answer(where: str, code: str, detail: str, server_error: str | No
 
 # -- bulk unregister --------------------------------------------------------------------------------
 
+
 class Answer(NamedTuple):
     """The server's answer to one unregister of a batch: error None when it succeeded."""
+
     name: str
     error: TritonError | None
 
@@ -314,11 +381,13 @@ def unregister_batch(client: Any, kind: str, names: Iterable[str]) -> Unregister
 
 # -- the interface ----------------------------------------------------------------------------------
 
+
 class Library(NamedTuple):
     """Whether a transport's Python library can be imported: ok, else the import traceback (error)."""
+
     requirement: str
     error: str | None = None
-    reason: str | None = None      # for missing_required_lib: why it is needed
+    reason: str | None = None  # for missing_required_lib: why it is needed
 
     @property
     def ok(self) -> bool:
@@ -340,13 +409,13 @@ class Client(abc.ABC):
     cannot use.
     """
 
-    transport: str = ''            # HTTP or GRPC, set by each transport
-    base: str                      # the URL without trailing '/', as messages name it
+    transport: str = ''  # HTTP or GRPC, set by each transport
+    base: str  # the URL without trailing '/', as messages name it
     host: str
     port: int
-    scheme: str                    # http, https, grpc or grpcs
-    timeout: float                 # seconds per request (connect and read) or per call
-    requests_made: int             # requests sent so far (tests and benchmarks read it)
+    scheme: str  # http, https, grpc or grpcs
+    timeout: float  # seconds per request (connect and read) or per call
+    requests_made: int  # requests sent so far (tests and benchmarks read it)
 
     @classmethod
     @abc.abstractmethod
@@ -356,10 +425,15 @@ class Client(abc.ABC):
     @classmethod
     def from_params(cls, params: dict) -> Client:
         """The client for a module's connection options (base.connection_argument_spec)."""
-        return cls(params['url'], timeout=params.get('timeout') or DEFAULT_TIMEOUT,
-                   validate_certs=params.get('validate_certs', True), ca_path=params.get('ca_path'),
-                   headers=params.get('headers'), client_cert=params.get('client_cert'),
-                   client_key=params.get('client_key'))
+        return cls(
+            params['url'],
+            timeout=params.get('timeout') or DEFAULT_TIMEOUT,
+            validate_certs=params.get('validate_certs', True),
+            ca_path=params.get('ca_path'),
+            headers=params.get('headers'),
+            client_cert=params.get('client_cert'),
+            client_key=params.get('client_key'),
+        )
 
     def __enter__(self) -> Client:
         return self

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -20,10 +19,10 @@ processes' paths start with ``/..``. The pod's name and namespace are not in the
 processes asked about, from the container's own files as the kubelet writes them (``/etc/hostname`` is the pod's
 name; the service account's ``namespace`` file when it is mounted). No engine API and no Kubernetes API is asked.
 """
+
 from __future__ import annotations
 
 import re
-
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_bytes
@@ -35,9 +34,16 @@ _BARE_ID = re.compile(rf'(?:^|/)({_ID})(?:/|$)')
 _PODMAN_POD = re.compile(rf'(?:/libpod_parent/|machine-libpod_pod_)({_ID})(?:\.slice)?/')
 _KUBEPODS = re.compile(r'kubepods(?:[-/.]|$)')
 _QOS = re.compile(r'kubepods[-/.](burstable|besteffort)[-/.]')
-_POD_UID = re.compile(r'pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)')
-RUNTIMES = {'docker': 'docker', 'libpod': 'podman', 'cri-containerd': 'containerd', 'containerd': 'containerd',
-            'crio': 'cri-o'}
+_POD_UID = re.compile(
+    r'pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)'
+)
+RUNTIMES = {
+    'docker': 'docker',
+    'libpod': 'podman',
+    'cri-containerd': 'containerd',
+    'containerd': 'containerd',
+    'crio': 'cri-o',
+}
 SA_NAMESPACE = '/run/secrets/kubernetes.io/serviceaccount/namespace'
 _SA_NAMESPACE_OLD = '/var/run/secrets/kubernetes.io/serviceaccount/namespace'
 SHORT_ID = 12
@@ -50,6 +56,7 @@ class Identity(NamedTuple):
     container_id: the full id; pod_uid: the Kubernetes pod's UID (dashes); qos: guaranteed, burstable, besteffort;
     podman_pod: a podman pod's id; pod_name / pod_namespace: read from the container's files (see the module doc).
     """
+
     runtime: str | None = None
     container_id: str | None = None
     pod_uid: str | None = None
@@ -77,8 +84,15 @@ class Identity(NamedTuple):
 
     def as_dict(self) -> dict[str, object]:
         """The result form: the fields that are known, plus the label."""
-        fields = {'runtime': self.runtime, 'container_id': self.container_id, 'pod_uid': self.pod_uid, 'qos': self.qos,
-                  'podman_pod': self.podman_pod, 'pod_name': self.pod_name, 'pod_namespace': self.pod_namespace}
+        fields = {
+            'runtime': self.runtime,
+            'container_id': self.container_id,
+            'pod_uid': self.pod_uid,
+            'qos': self.qos,
+            'podman_pod': self.podman_pod,
+            'pod_name': self.pod_name,
+            'pod_namespace': self.pod_namespace,
+        }
         out: dict[str, object] = {k: v for k, v in fields.items() if v is not None}
         out['name'] = self.label
         return out
@@ -115,7 +129,7 @@ def _parse_path(path: str) -> Identity:
             qos_match = _QOS.search(path)
             qos = qos_match.group(1) if qos_match else 'guaranteed'
             if container_id is None:
-                bare = _BARE_ID.search(path[uid.end():])
+                bare = _BARE_ID.search(path[uid.end() :])
                 if bare:
                     runtime, container_id = 'kubernetes', bare.group(1)
     return Identity(runtime, container_id, pod_uid, qos, podman_pod)

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -24,6 +23,7 @@ No container engine API is used: everything comes from /proc, so it works the sa
 for Docker, podman, containerd/CRI-O pods and plain processes, and needs root to
 see other users' processes and namespaces.
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,22 +31,31 @@ import os
 import socket
 import struct
 import time
-
 from collections.abc import Container, Iterable, Iterator
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
-    Backoff, child_pids, fd_count, list_pids, netns_inode, read_comm, socket_inodes,
+    Backoff,
+    child_pids,
+    fd_count,
+    list_pids,
+    netns_inode,
+    read_comm,
+    socket_inodes,
 )
 
 SERVER_COMMS = ('tritonserver',)
 _LISTEN = '0A'
 _ESTABLISHED = '01'
 MAX_HOPS = 4
-PROBE_SECONDS = 0.005   # the listener's holder is first looked for in pid order for this long, then among tritonservers
-PROBE_MAX_FDS = 1024    # processes with more descriptors are left to the full walk
-QUICK_LOOKS = (0.001, 0.002, 0.004)   # pauses before looking again when a look was quick and found the trace not settled yet
+PROBE_SECONDS = 0.005  # the listener's holder is first looked for in pid order for this long, then among tritonservers
+PROBE_MAX_FDS = 1024  # processes with more descriptors are left to the full walk
+QUICK_LOOKS = (
+    0.001,
+    0.002,
+    0.004,
+)  # pauses before looking again when a look was quick and found the trace not settled yet
 FIX_HINT = 'set server_pid or shm_dir, or run the task on the host that runs Triton, as root (become: true)'
 
 Address = tuple[str, int]
@@ -63,6 +72,7 @@ class Location(NamedTuple):
     shared: with server_pid given, why the URL's port is shared by several servers (a call may reach another
     one: only the regions whose files that process maps can be judged), else None.
     """
+
     pid: int | None
     shm_dir: str | None
     located_by: str | None
@@ -81,10 +91,11 @@ class Location(NamedTuple):
 
 class TcpSocket(NamedTuple):
     """One line of /proc/.../net/tcp{,6}."""
+
     local: Address
     remote: Address
-    state: str   # hex, as the table prints it: '0A' listening, '01' established
-    inode: int   # 0 while the kernel holds an accepted connection no process has accepted yet
+    state: str  # hex, as the table prints it: '0A' listening, '01' established
+    inode: int  # 0 while the kernel holds an accepted connection no process has accepted yet
 
 
 def _parse_addr(hexaddr: str) -> Address:
@@ -94,7 +105,7 @@ def _parse_addr(hexaddr: str) -> Address:
     if len(raw) == 4:
         ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
     else:
-        words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+        words = [raw[i : i + 4][::-1] for i in range(0, 16, 4)]
         ip = _plain_ip(socket.inet_ntop(socket.AF_INET6, b''.join(words)))
     return ip, int(port, 16)
 
@@ -107,7 +118,7 @@ def _plain_ip(ip: str) -> str:
         except (OSError, ValueError):
             return ip
         if ip.startswith('::ffff:') and '.' in ip:
-            ip = ip[len('::ffff:'):]
+            ip = ip[len('::ffff:') :]
     return ip
 
 
@@ -129,8 +140,8 @@ _NLM_F_REQUEST_DUMP = 0x1 | 0x300
 _NLMSG_ERROR = 2
 _NLMSG_DONE = 3
 _TCP_LISTEN_STATE = 10
-_NL_HEADER = struct.Struct('=IHHII')          # nlmsghdr: len, type, flags, seq, pid
-_DIAG_REQ = struct.Struct('=BBBBI48x')        # inet_diag_req_v2: family, protocol, ext, pad, states, sockid (any)
+_NL_HEADER = struct.Struct('=IHHII')  # nlmsghdr: len, type, flags, seq, pid
+_DIAG_REQ = struct.Struct('=BBBBI48x')  # inet_diag_req_v2: family, protocol, ext, pad, states, sockid (any)
 _DIAG_MSG = struct.Struct('=BBBBHH16s16s12xIIIII')  # inet_diag_msg, sport and dport in network order
 _OWN_NET_DIRS = ('/proc/net', '/proc/self/net')
 _FAMILIES = {'tcp': socket.AF_INET, 'tcp6': socket.AF_INET6}
@@ -139,7 +150,7 @@ _FAMILIES = {'tcp': socket.AF_INET, 'tcp6': socket.AF_INET6}
 _NLM_F_REQUEST = 0x1
 _TCP_ESTABLISHED_STATE = 1
 _NOCOOKIE = 0xFFFFFFFF
-_INODE_AT = _NL_HEADER.size + _DIAG_MSG.size - 4    # offset of idiag_inode in one answer message
+_INODE_AT = _NL_HEADER.size + _DIAG_MSG.size - 4  # offset of idiag_inode in one answer message
 _U32 = struct.Struct('=I')
 
 
@@ -149,7 +160,9 @@ def _diag_addr(family: int, raw: bytes, port_be: int) -> Address:
     return _plain_ip(socket.inet_ntop(family, raw)), socket.ntohs(port_be)
 
 
-def parse_diag(data: bytes, inodes: Container[int] | None = None, family: int | None = None) -> tuple[list[TcpSocket], bool]:
+def parse_diag(
+    data: bytes, inodes: Container[int] | None = None, family: int | None = None
+) -> tuple[list[TcpSocket], bool]:
     """The sockets of a sock_diag answer, and whether it ends the dump.
 
     inodes: keep only the sockets with one of these inodes (checked before anything else is decoded:
@@ -158,7 +171,7 @@ def parse_diag(data: bytes, inodes: Container[int] | None = None, family: int | 
     """
     out = []
     off = 0
-    if inodes is not None:   # the fast way through a dump: pick the wanted messages at C speed, decode only those
+    if inodes is not None:  # the fast way through a dump: pick the wanted messages at C speed, decode only those
         off, picked = _pick_by_inode(data, inodes)
         for at in picked:
             out.extend(_diag_message(data, at, family))
@@ -171,7 +184,9 @@ def parse_diag(data: bytes, inodes: Container[int] | None = None, family: int | 
         if kind == _NLMSG_ERROR:
             err = struct.unpack_from('=i', data, off + _NL_HEADER.size)[0]
             raise OSError(-err, os.strerror(-err) if err else 'sock_diag error')
-        if length >= _NL_HEADER.size + _DIAG_MSG.size and (inodes is None or _U32.unpack_from(data, off + _INODE_AT)[0] in inodes):
+        if length >= _NL_HEADER.size + _DIAG_MSG.size and (
+            inodes is None or _U32.unpack_from(data, off + _INODE_AT)[0] in inodes
+        ):
             out.extend(_diag_message(data, off, family))
         off += (length + 3) & ~3
     return out, False
@@ -200,7 +215,7 @@ def _pick_by_inode(data: bytes, inodes: Container[int]) -> tuple[int, list[int]]
     record = struct.Struct(f'=IH{_INODE_AT - 6}xI{step - _INODE_AT - 4}x')
     picked = []
     records = len(data) // step
-    for index, (size, what, inode) in enumerate(record.iter_unpack(memoryview(data)[:records * step])):
+    for index, (size, what, inode) in enumerate(record.iter_unpack(memoryview(data)[: records * step])):
         if size != length or what != kind:
             return index * step, picked
         if inode in inodes:
@@ -217,7 +232,9 @@ def parse_diag_listeners(data: bytes, family: int) -> tuple[list[tuple[str, int,
     return [(s.local[0], s.local[1], s.inode) for s in socks if s.state == _LISTEN], done
 
 
-def _diag_ask(family: int, states: int, sockid: bytes | None = None, inodes: Container[int] | None = None) -> list[TcpSocket] | None:
+def _diag_ask(
+    family: int, states: int, sockid: bytes | None = None, inodes: Container[int] | None = None
+) -> list[TcpSocket] | None:
     """Ask sock_diag in this process's network namespace; None when it cannot be asked.
 
     Without sockid: a dump of the sockets in states (a bit mask of TCP states), the kernel walking only
@@ -225,7 +242,9 @@ def _diag_ask(family: int, states: int, sockid: bytes | None = None, inodes: Con
     lookup finds for it, as for an arriving packet (no table walk); [] when there is none.
     """
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | getattr(socket, 'SOCK_CLOEXEC', 0), _NETLINK_SOCK_DIAG)
+        sock = socket.socket(
+            socket.AF_NETLINK, socket.SOCK_RAW | getattr(socket, 'SOCK_CLOEXEC', 0), _NETLINK_SOCK_DIAG
+        )
     except (OSError, AttributeError):
         return None
     try:
@@ -247,7 +266,7 @@ def _diag_ask(family: int, states: int, sockid: bytes | None = None, inodes: Con
                     return []
                 raise
             out.extend(part)
-            if done or sockid is not None:   # a lookup answers with one message, a dump ends with NLMSG_DONE
+            if done or sockid is not None:  # a lookup answers with one message, a dump ends with NLMSG_DONE
                 return out
     except OSError:
         return None
@@ -340,7 +359,7 @@ def conntrack_replies(net_dir: str, local: Address, remote: Address) -> list[tup
             for line in f:
                 if ' tcp ' not in line or sport not in line:
                     continue
-                tuples: list[dict[str, str]] = []   # the original tuple, then the reply tuple; each starts at src=
+                tuples: list[dict[str, str]] = []  # the original tuple, then the reply tuple; each starts at src=
                 for field in line.split():
                     key, sep, value = field.partition('=')
                     if not sep:
@@ -372,7 +391,7 @@ def _resolve(host: str) -> set[str]:
 
 
 def _who(pid: int, proc: str) -> str:
-    return f"{read_comm(pid, proc) or '?'} (pid {pid})"
+    return f'{read_comm(pid, proc) or "?"} (pid {pid})'
 
 
 class _Tracer:
@@ -389,11 +408,11 @@ class _Tracer:
         self.proc = proc
         self.own_ns = netns_inode('self', proc)
         self.pids = sorted(list_pids(proc))
-        self.hints: list[int] = []   # processes likely to own the sockets (the port's holder): read first
+        self.hints: list[int] = []  # processes likely to own the sockets (the port's holder): read first
         self.comms: dict[int, str | None] = {}
-        self._read: list[int] = []   # the pids whose descriptors were read, in that order
-        self._cursor = 0             # how far the walk in pid order got
-        self.diag = proc == '/proc'                   # sock_diag answers for this process's own namespace only
+        self._read: list[int] = []  # the pids whose descriptors were read, in that order
+        self._cursor = 0  # how far the walk in pid order got
+        self.diag = proc == '/proc'  # sock_diag answers for this process's own namespace only
         self._ns_pids: dict[int, list[int]] | None = None
         self._tables: dict[int | None, list[TcpSocket]] = {}
         self._inodes: dict[int, set[int]] = {}
@@ -485,13 +504,15 @@ class _Tracer:
         """Own namespace first: most connections end next door."""
         return [self.own_ns] + [ns for ns in self.ns_pids if ns != self.own_ns]
 
-    def peers(self, local: Address, remote: Address, ns: int | None) -> tuple[list[tuple[int | None, TcpSocket]], str | None]:
+    def peers(
+        self, local: Address, remote: Address, ns: int | None
+    ) -> tuple[list[tuple[int | None, TcpSocket]], str | None]:
         """[(ns, socket)] of the other end of the connection local→remote made from namespace ns, and how."""
         found = self._exact(remote, local, ns)
         if found:
             return found, None
         net_dir = self._net_dir(ns)
-        for peer_local, peer_remote in (conntrack_replies(net_dir, local, remote) if net_dir else []):
+        for peer_local, peer_remote in conntrack_replies(net_dir, local, remote) if net_dir else []:
             found = self._exact(peer_local, peer_remote, ns)
             if found:
                 return found, f'NAT {remote[0]}:{remote[1]} -> {peer_local[0]}:{peer_local[1]}'
@@ -503,7 +524,9 @@ class _Tracer:
             socks = self.table(ns)
         return [(ns, s) for s in socks if s.local == want_local and s.remote == want_remote and s.state == _ESTABLISHED]
 
-    def _exact(self, want_local: Address, want_remote: Address, origin: int | None) -> list[tuple[int | None, TcpSocket]]:
+    def _exact(
+        self, want_local: Address, want_remote: Address, origin: int | None
+    ) -> list[tuple[int | None, TcpSocket]]:
         """The sockets want_local→want_remote, first in the namespace the connection was made from.
 
         Found there, it is the other end: its address is local to that namespace, so the connection
@@ -553,7 +576,7 @@ class _Tracer:
                 if pid in seen:
                     continue
                 seen.add(pid)
-                if again or (pid in before and pid in self.hints):   # the likely owners are read again at once
+                if again or (pid in before and pid in self.hints):  # the likely owners are read again at once
                     self._inodes[pid] = socket_inodes(pid, self.proc)
                 elif pid in before:
                     stale.append(pid)
@@ -575,8 +598,14 @@ class _Tracer:
         if table is None:
             table = self.table(ns)
         listening_ports = {s.local[1] for s in table if s.state == _LISTEN and s.inode in mine}
-        return [s for s in table if s.inode in mine and s.inode != skip_inode and s.state == _ESTABLISHED
-                and s.local[1] not in listening_ports]
+        return [
+            s
+            for s in table
+            if s.inode in mine
+            and s.inode != skip_inode
+            and s.state == _ESTABLISHED
+            and s.local[1] not in listening_ports
+        ]
 
 
 class _Trace:
@@ -585,47 +614,55 @@ class _Trace:
     def __init__(self, tracer: _Tracer, max_hops: int) -> None:
         self.tracer = tracer
         self.max_hops = max_hops
-        self.servers: dict[int, str] = {}   # pid -> located_by
-        self.dead_ends: list[str] = []      # why a branch ended without a server
+        self.servers: dict[int, str] = {}  # pid -> located_by
+        self.dead_ends: list[str] = []  # why a branch ended without a server
         self.transient = False
 
     def follow(self, local: Address, remote: Address, ns: int | None, via: list[str], hop: int) -> None:
         peers, nat = self.tracer.peers(local, remote, ns)
         if not peers:
-            self.dead_ends.append(f'no process on this host owns the other end of the connection '
-                                  f"{local[0]}:{local[1]} -> {remote[0]}:{remote[1]}{_via(via, ' (via {})')}")
+            self.dead_ends.append(
+                f'no process on this host owns the other end of the connection '
+                f'{local[0]}:{local[1]} -> {remote[0]}:{remote[1]}{_via(via, " (via {})")}'
+            )
             self.transient = True
             return
         step = list(via) + ([nat] if nat else [])
         for peer_ns, sock in peers:
             if sock.inode == 0:
-                self.transient = True   # accepted by the kernel, not yet by the process: no inode yet
+                self.transient = True  # accepted by the kernel, not yet by the process: no inode yet
                 continue
             owned = False
             for pid in self.tracer.owners(peer_ns, sock):
                 owned = True
                 if self._owner(pid, peer_ns, sock, step, hop):
-                    break   # the socket's other holders (a forking forwarder's parent) forward nothing further
+                    break  # the socket's other holders (a forking forwarder's parent) forward nothing further
             if not owned:
-                self.dead_ends.append(f'the process owning {sock.local[0]}:{sock.local[1]} in network namespace {peer_ns} '
-                                      'could not be read')
-                self.transient = True   # or it was forked (a forwarder's child) after the processes were listed
+                self.dead_ends.append(
+                    f'the process owning {sock.local[0]}:{sock.local[1]} in network namespace {peer_ns} '
+                    'could not be read'
+                )
+                self.transient = True  # or it was forked (a forwarder's child) after the processes were listed
 
     def _owner(self, pid: int, ns: int | None, sock: TcpSocket, via: list[str], hop: int) -> bool:
         """Follow one owner of the socket; True when it is a server or forwards the connection onward."""
         comm = self.tracer.comm(pid)
-        who = f"{comm or '?'} (pid {pid})"
+        who = f'{comm or "?"} (pid {pid})'
         if comm in SERVER_COMMS:
-            where = '' if ns == self.tracer.own_ns else f' at {sock.local[0]}:{sock.local[1]} in another network namespace'
-            self.servers.setdefault(pid, f"connection {_via(via, 'via {} ')}to tritonserver (pid {pid}){where}")
+            where = (
+                '' if ns == self.tracer.own_ns else f' at {sock.local[0]}:{sock.local[1]} in another network namespace'
+            )
+            self.servers.setdefault(pid, f'connection {_via(via, "via {} ")}to tritonserver (pid {pid}){where}')
             return True
         if hop >= self.max_hops:
             self.dead_ends.append(f'gave up after {hop} forwarding hops at {who}')
             return False
         onward = self.tracer.outgoing(ns, pid, sock.inode)
         if not onward:
-            self.dead_ends.append(f'{who} accepts the connection but is not tritonserver and forwards it nowhere visible')
-            self.transient = True   # a forwarder may not have connected onward yet
+            self.dead_ends.append(
+                f'{who} accepts the connection but is not tritonserver and forwards it nowhere visible'
+            )
+            self.transient = True  # a forwarder may not have connected onward yet
             return False
         for out in onward:
             self.follow(out.local, out.remote, ns, list(via) + [who], hop + 1)
@@ -643,9 +680,12 @@ def _listening_inodes(host: str, port: int, proc: str) -> list[int]:
     wildcard = {'0.0.0.0', '::'}
     inodes: list[int] = []
     # read the URL's family first, the other only if needed
-    for family in (('tcp6', 'tcp') if any(':' in a for a in addrs) else ('tcp', 'tcp6')):
-        inodes = [ino for ip, p, ino in listening_sockets(f'{proc}/net', (family,))
-                  if p == port and (ip in addrs or ip in wildcard)]
+    for family in ('tcp6', 'tcp') if any(':' in a for a in addrs) else ('tcp', 'tcp6'):
+        inodes = [
+            ino
+            for ip, p, ino in listening_sockets(f'{proc}/net', (family,))
+            if p == port and (ip in addrs or ip in wildcard)
+        ]
         if inodes:
             break
     return inodes
@@ -653,8 +693,9 @@ def _listening_inodes(host: str, port: int, proc: str) -> list[int]:
 
 class _Holder(NamedTuple):
     """The listening socket's answer: the server when a tritonserver holds it, else why not (None: nobody here)."""
+
     location: Location
-    pid: int | None   # the process holding the port when it is not tritonserver (a forwarder, most likely)
+    pid: int | None  # the process holding the port when it is not tritonserver (a forwarder, most likely)
 
 
 def _holder(tracer: _Tracer, inodes: list[int], host: str, port: int) -> _Holder:
@@ -662,9 +703,13 @@ def _holder(tracer: _Tracer, inodes: list[int], host: str, port: int) -> _Holder
     if pid is None:
         return _Holder(Location.not_found(None), None)
     if tracer.comm(pid) in SERVER_COMMS:
-        return _Holder(Location.found(pid, f'listener: tritonserver (pid {pid}) owns the listening socket {host}:{port}'), None)
-    return _Holder(Location.not_found(f'port {port} on {host} is held by {_who(pid, tracer.proc)}, not by a tritonserver process'),
-                   pid)
+        return _Holder(
+            Location.found(pid, f'listener: tritonserver (pid {pid}) owns the listening socket {host}:{port}'), None
+        )
+    return _Holder(
+        Location.not_found(f'port {port} on {host} is held by {_who(pid, tracer.proc)}, not by a tritonserver process'),
+        pid,
+    )
 
 
 def _by_listener(host: str, port: int, proc: str) -> Location:
@@ -677,6 +722,7 @@ def _by_listener(host: str, port: int, proc: str) -> Location:
 
 class _Followed(NamedTuple):
     """What following a connection gave: the Location, the listener's answer, and whether it connected at all."""
+
     location: Location
     held: str | None
     connected: bool
@@ -687,7 +733,9 @@ def _by_connection(host: str, port: int, proc: str, timeout: float, max_hops: in
     return _follow(host, port, proc, timeout, max_hops, attempts, []).location
 
 
-def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, attempts: int, listening: list[int]) -> _Followed:
+def _follow(
+    host: str, port: int, proc: str, timeout: float, max_hops: int, attempts: int, listening: list[int]
+) -> _Followed:
     """Connect, then in each look: the listening socket's holder first, then the connection to its other end.
 
     Connecting first makes one walk over the processes' descriptors answer both: the listener's holder
@@ -696,8 +744,11 @@ def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, atte
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
-        return _Followed(Location.not_found(f'cannot open a TCP connection to {host}:{port} to follow it to the server: {exc}'),
-                         None, False)
+        return _Followed(
+            Location.not_found(f'cannot open a TCP connection to {host}:{port} to follow it to the server: {exc}'),
+            None,
+            False,
+        )
     held = None
     try:
         local = sock.getsockname()[:2]
@@ -720,7 +771,7 @@ def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, atte
             trace.follow(local, remote, tracer.own_ns, [], 0)
             if trace.servers or not trace.transient:
                 break
-            if quick and time.monotonic() - started < 0.02:   # a forwarder connects onward within milliseconds
+            if quick and time.monotonic() - started < 0.02:  # a forwarder connects onward within milliseconds
                 time.sleep(quick.pop(0))
                 continue
             if not backoff.wait():
@@ -732,13 +783,20 @@ def _follow(host: str, port: int, proc: str, timeout: float, max_hops: int, atte
         return _Followed(Location.found(pid, path), held, True)
     if trace.servers:
         paths = '; '.join(trace.servers[p] for p in sorted(trace.servers))
-        return _Followed(Location.not_found(f'connections to {host}:{port} lead to several tritonserver processes ({paths}), '
-                                            f'as through a load balancer: the one serving this URL cannot be told; {FIX_HINT}'),
-                         held, True)
+        return _Followed(
+            Location.not_found(
+                f'connections to {host}:{port} lead to several tritonserver processes ({paths}), '
+                f'as through a load balancer: the one serving this URL cannot be told; {FIX_HINT}'
+            ),
+            held,
+            True,
+        )
     reasons = list(dict.fromkeys(trace.dead_ends))
     if tracer.unreadable_ns:
         reasons.append(f'{tracer.unreadable_ns} network namespace(s) could not be read (not root?)')
-    return _Followed(Location.not_found('; '.join(reasons) or f'the connection to {host}:{port} could not be followed'), held, True)
+    return _Followed(
+        Location.not_found('; '.join(reasons) or f'the connection to {host}:{port} could not be followed'), held, True
+    )
 
 
 def shared_port(host: str, port: int, proc: str, listening: list[int]) -> str | None:
@@ -762,12 +820,15 @@ def shared_port(host: str, port: int, proc: str, listening: list[int]) -> str | 
     if len(owners) < 2 or not apart:
         return None
     who = ', '.join(_who(p, proc) for p in sorted(owners))
-    return (f'{len(owners)} processes listen on {host}:{port} each with a socket of its own ({who}), as with '
-            f"Triton's --reuse-http-port: a call may reach any of them, so one server cannot be judged by another's files")
+    return (
+        f'{len(owners)} processes listen on {host}:{port} each with a socket of its own ({who}), as with '
+        f"Triton's --reuse-http-port: a call may reach any of them, so one server cannot be judged by another's files"
+    )
 
 
-def find_server(host: str, port: int, proc: str = '/proc', timeout: float = 2.0, max_hops: int = MAX_HOPS,
-                attempts: int = 6) -> Location:
+def find_server(
+    host: str, port: int, proc: str = '/proc', timeout: float = 2.0, max_hops: int = MAX_HOPS, attempts: int = 6
+) -> Location:
     """Find the tritonserver process serving host:port: its pid and located_by, or the reason it was not found.
 
     The Location has no shm_dir and no warnings: locate_server adds them. Several processes listening on the port
@@ -781,18 +842,21 @@ def find_server(host: str, port: int, proc: str = '/proc', timeout: float = 2.0,
     if followed.location.pid is not None:
         return followed.location
     reason = followed.held
-    if listening and not followed.connected:   # no connection: the listening socket alone
+    if listening and not followed.connected:  # no connection: the listening socket alone
         listener = _by_listener(host, port, proc)
         if listener.pid is not None:
             return listener
         reason = listener.reason
     found = followed.location
     held = f'{reason}, and ' if reason else ''
-    return Location.not_found(f'{held}the tritonserver process behind {host}:{port} was not found: {found.reason}; {FIX_HINT}')
+    return Location.not_found(
+        f'{held}the tritonserver process behind {host}:{port} was not found: {found.reason}; {FIX_HINT}'
+    )
 
 
-def locate_server(host: str, port: int, base: str, server_pid: int | None = None, shm_dir: str | None = None,
-                  proc: str = '/proc') -> Location:
+def locate_server(
+    host: str, port: int, base: str, server_pid: int | None = None, shm_dir: str | None = None, proc: str = '/proc'
+) -> Location:
     """Decide the server pid and the shm directory (see Location).
 
     reason says why the server process was not found (None when it was, or when server_pid was given).
@@ -807,20 +871,26 @@ def locate_server(host: str, port: int, base: str, server_pid: int | None = None
         if pid is None and shm_dir is None:
             warnings.append(f'tritonserver process for {base} not found ({reason}): file and holder data are missing')
         elif pid is None:
-            warnings.append(f'tritonserver process for {base} not found ({reason}): it cannot be told apart from clients, '
-                            'so every file it maps counts as held')
+            warnings.append(
+                f'tritonserver process for {base} not found ({reason}): it cannot be told apart from clients, '
+                'so every file it maps counts as held'
+            )
     elif not os.path.isdir(f'{proc}/{pid}'):
-        raise DiscoveryError(f'server_pid {pid} (given for {base}) does not exist on this host: no process {pid} is '
-                             f'listed in {proc} as this module sees it (the server ended or restarted with a new pid, or '
-                             'the pid was read in another PID namespace, such as inside a container); give the pid of '
-                             'the tritonserver behind the URL as the host sees it (pgrep -x tritonserver), or leave '
-                             'server_pid out and let the module find the server from the URL')
+        raise DiscoveryError(
+            f'server_pid {pid} (given for {base}) does not exist on this host: no process {pid} is '
+            f'listed in {proc} as this module sees it (the server ended or restarted with a new pid, or '
+            'the pid was read in another PID namespace, such as inside a container); give the pid of '
+            'the tritonserver behind the URL as the host sees it (pgrep -x tritonserver), or leave '
+            'server_pid out and let the module find the server from the URL'
+        )
     shared = None
     if server_pid:
         shared = shared_port(host, port, proc, _listening_inodes(host, port, proc))
         if shared is not None:
-            warnings.append(f'{shared}: server_pid {pid} is judged only by the regions whose files it maps itself; '
-                            'the others are unknown (give each server its own port to judge them all)')
+            warnings.append(
+                f'{shared}: server_pid {pid} is judged only by the regions whose files it maps itself; '
+                'the others are unknown (give each server its own port to judge them all)'
+            )
     if shm_dir is None and pid is not None:
         shm_dir = f'{proc}/{pid}/root/dev/shm'
         how = f'{how}; shm_dir from /proc/{pid}/root'

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -31,6 +30,7 @@ matching subclass; nothing later reads message text::
 Standard library only and nothing of the collection: the EDA poller loads this file by its path
 (as it loads http_reader.py) to read Triton's refusals the way the modules do.
 """
+
 from __future__ import annotations
 
 import re
@@ -76,8 +76,14 @@ class TritonError(TritonOpsError):
     error raised elsewhere (e.g. before a client exists).
     """
 
-    def __init__(self, msg: str, url: str | None = None, status: int | str | None = None,
-                 server_error: str | None = None, transport: str | None = None) -> None:
+    def __init__(
+        self,
+        msg: str,
+        url: str | None = None,
+        status: int | str | None = None,
+        server_error: str | None = None,
+        transport: str | None = None,
+    ) -> None:
         super().__init__(msg)
         self.url = url
         self.status = status
@@ -167,13 +173,13 @@ class ModelControlRefused(TritonError):
 
 # How each condition reads in the server's own error text (src/shared_memory_manager.cc, http_server.cc,
 # grpc/grpc_server.cc of the version named); used only where an answer is parsed, first match wins.
-IN_USE_TEXT = 'currently in use'                                        # 2.50: HTTP 500, gRPC INTERNAL
+IN_USE_TEXT = 'currently in use'  # 2.50: HTTP 500, gRPC INTERNAL
 NOT_FOUND_TEXT = 'Unable to find'
-OVERFLOW_TEXT = 'Integer overflow detected'                             # 2.58
-RESERVED_PREFIX_TEXT = 'as the key contains the reserved prefix'        # 2.60
-INVALID_KEY_TEXT = 'invalid shm key'                                    # 2.61
-CLIENT_SHM_DISABLED_TEXT = 'Client shared memory is disabled'           # 2.68: HTTP 501, gRPC UNIMPLEMENTED
-UNSUPPORTED_TEXT = 'Shared memory is not supported in this server configuration'   # 2.73 tritonfrontend: HTTP 503
+OVERFLOW_TEXT = 'Integer overflow detected'  # 2.58
+RESERVED_PREFIX_TEXT = 'as the key contains the reserved prefix'  # 2.60
+INVALID_KEY_TEXT = 'invalid shm key'  # 2.61
+CLIENT_SHM_DISABLED_TEXT = 'Client shared memory is disabled'  # 2.68: HTTP 501, gRPC UNIMPLEMENTED
+UNSUPPORTED_TEXT = 'Shared memory is not supported in this server configuration'  # 2.73 tritonfrontend: HTTP 503
 # an API behind a header the request lacked (http_server.cc, grpc_server.cc; 2.51): HTTP 403 "This API is restricted,
 # expecting header 'K'", gRPC UNAVAILABLE "This protocol is restricted, expecting header 'triton-grpc-protocol-K'"
 RESTRICTED_TEXT = 'is restricted, expecting header'
@@ -217,6 +223,8 @@ def restricted_hint(header: str | None, grpc: bool, option: str = 'headers') -> 
     """
     flag = '--grpc-restricted-protocol' if grpc else '--http-restricted-api'
     key = header or 'the header the server names'
-    return (f"the server was started with {flag}, which puts this API behind a header: give it in the {option} option, "
-            f"{option}: {{{key}: <the value the server was started with>}} (a wrong value gets the same answer; the "
-            "shm_cleanup role takes it as shm_cleanup_headers, the fleet playbooks as triton_headers)")
+    return (
+        f'the server was started with {flag}, which puts this API behind a header: give it in the {option} option, '
+        f'{option}: {{{key}: <the value the server was started with>}} (a wrong value gets the same answer; the '
+        'shm_cleanup role takes it as shm_cleanup_headers, the fleet playbooks as triton_headers)'
+    )

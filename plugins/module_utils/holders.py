@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -29,19 +28,24 @@ main thread's (kcmp(KCMP_FILES)), and each table that differs is read as well (o
 Not seen, by any /proc reader: a descriptor in flight in a unix socket (SCM_RIGHTS sent, not yet
 received) belongs to no process until it is received.
 """
+
 from __future__ import annotations
 
 import ctypes
 import os
 import platform
-
 from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, pid_namespace, read_bytes, read_comm
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
+    list_pids,
+    pid_namespace,
+    read_bytes,
+    read_comm,
+)
 
-FileKey = tuple[int, int]   # (st_dev, st_ino)
+FileKey = tuple[int, int]  # (st_dev, st_ino)
 
 
 def dev_maps_str(dev: int) -> str:
@@ -56,12 +60,12 @@ def dev_mountinfo_str(dev: int) -> str:
 
 def holders_text(holders: Iterable[Mapping[str, object]]) -> str:
     """Holders as people read them: '4711 (python), 4712 (tritonserver in pod ml/triton-0)'."""
-    return ', '.join(f"{h['pid']} ({h['comm']}{_in(h)})" for h in holders)
+    return ', '.join(f'{h["pid"]} ({h["comm"]}{_in(h)})' for h in holders)
 
 
 def _in(holder: Mapping[str, object]) -> str:
     container = holder.get('container')
-    return f" in {container['name']}" if isinstance(container, Mapping) else ''
+    return f' in {container["name"]}' if isinstance(container, Mapping) else ''
 
 
 INITIAL = 'initial'
@@ -71,9 +75,9 @@ OTHER = 'other'
 class Visibility(NamedTuple):
     """Whether a pass over a proc filesystem can see every process that may hold the server's files."""
 
-    pid_namespace: str                         # INITIAL (the host's) or OTHER
-    complete: bool                             # every possible holder is visible (or the operator says so)
-    reason: str | None = None                  # why not, and what to do; None when complete
+    pid_namespace: str  # INITIAL (the host's) or OTHER
+    complete: bool  # every possible holder is visible (or the operator says so)
+    reason: str | None = None  # why not, and what to do; None when complete
     clients_share_pid_namespace: bool = False  # the operator's statement, as given
 
 
@@ -85,11 +89,17 @@ def visibility(proc: str = '/proc', clients_share_pid_namespace: bool = False) -
         return Visibility(INITIAL, True, None, clients_share_pid_namespace)
     if clients_share_pid_namespace:
         return Visibility(OTHER, True, None, True)
-    return Visibility(OTHER, False, (
-        f"the module runs outside the host's initial PID namespace ({ns.detail}): in a container or a pod without "
-        "hostPID, clients in other containers' PID namespaces are invisible and a live client's region would look "
-        'stale. Run it on the host, or through the node agent (docs/kubernetes.md), or set clients_share_pid_namespace: '
-        'true if every client of the server runs in this same PID namespace'), False)
+    return Visibility(
+        OTHER,
+        False,
+        (
+            f"the module runs outside the host's initial PID namespace ({ns.detail}): in a container or a pod without "
+            "hostPID, clients in other containers' PID namespaces are invisible and a live client's region would look "
+            'stale. Run it on the host, or through the node agent (docs/kubernetes.md), or set clients_share_pid_namespace: '
+            'true if every client of the server runs in this same PID namespace'
+        ),
+        False,
+    )
 
 
 # what a HolderScan built by hand (unit tests' literal snapshots) assumes: nothing judged, nothing hidden
@@ -102,15 +112,15 @@ class HolderScan:
     def __init__(self, visibility: Visibility = NOT_JUDGED) -> None:
         self.holders: dict[FileKey, set[int]] = {}
         self.comms: dict[int, str | None] = {}
-        self.identities: dict[int, Identity] = {}   # read for the holders found only (one cgroup read each)
-        self.unreadable: list[int] = []          # pids that could hold a target and could not be read
+        self.identities: dict[int, Identity] = {}  # read for the holders found only (one cgroup read each)
+        self.unreadable: list[int] = []  # pids that could hold a target and could not be read
         self.unreadable_ignored: list[int] = []  # unreadable pids whose mount namespace cannot see the shm fs
         self.processes = 0
-        self.deleted: dict[str, FileKey] = {}    # files the server maps although they were unlinked (scan(deleted_of=))
-        self.deleted_all: dict[str, list[FileKey]] = {}   # the same, every file of each name (names can repeat)
-        self.hidden = False                      # /proc mounted with hidepid and we are not root
+        self.deleted: dict[str, FileKey] = {}  # files the server maps although they were unlinked (scan(deleted_of=))
+        self.deleted_all: dict[str, list[FileKey]] = {}  # the same, every file of each name (names can repeat)
+        self.hidden = False  # /proc mounted with hidepid and we are not root
         self.hidden_reason: str | None = None
-        self.visibility = visibility             # the visibility rule for the proc that was read
+        self.visibility = visibility  # the visibility rule for the proc that was read
 
     @property
     def complete(self) -> bool:
@@ -124,8 +134,10 @@ class HolderScan:
         if self.unreadable:
             sample = ', '.join(str(p) for p in sorted(self.unreadable)[:5])
             more = ', ...' if len(self.unreadable) > 5 else ''
-            reasons.append(f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
-                           'run the module as root (become: true) so every holder can be seen')
+            reasons.append(
+                f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
+                'run the module as root (become: true) so every holder can be seen'
+            )
         if not self.visibility.complete:
             reasons.append(self.visibility.reason)
         return '; '.join(r for r in reasons if r) or None
@@ -167,14 +179,19 @@ def proc_hidepid(proc: str = '/proc') -> str | None:
 def fd_counts(proc: str = '/proc') -> bool:
     """Whether the size of /proc/PID/fd is the number of open descriptors (Linux >= 6.2), checked on ourselves.
 
-    The listing holds one descriptor of its own while it reads the directory.
+    The listing holds one descriptor of its own while it reads the directory. Another thread of this process may
+    open or close one between the stat and the listing, so three tries: before 6.2 the size is always 0, so a
+    match can only mean the kernel counts.
     """
     fd_dir = f'{proc}/self/fd'
-    try:
-        count = os.stat(fd_dir).st_size
-        return count > 0 and count == len(os.listdir(fd_dir)) - 1
-    except OSError:
-        return False
+    for _ in range(3):
+        try:
+            count = os.stat(fd_dir).st_size
+            if count > 0 and count == len(os.listdir(fd_dir)) - 1:
+                return True
+        except OSError:
+            return False
+    return False
 
 
 _FD_NAMES = [str(i) for i in range(1024)]
@@ -197,8 +214,8 @@ def _open_fds(fd_dir: str, counted: bool = False) -> dict[str, os.stat_result]:
     if 0 < count <= len(_FD_NAMES):
         top = _FD_NAMES[count - 1]
         try:
-            out = {top: os.stat(fd_dir + top)}   # a gap usually shows at the top: test it first
-            for name in _FD_NAMES[:count - 1]:
+            out = {top: os.stat(fd_dir + top)}  # a gap usually shows at the top: test it first
+            for name in _FD_NAMES[: count - 1]:
                 out[name] = os.stat(fd_dir + name)
             return out
         except OSError:
@@ -282,7 +299,7 @@ def parse_deleted_all(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, 
             continue
         fields = line.split(None, 5)
         if len(fields) == 6 and fields[5].startswith(prefix):
-            name = os.fsdecode(fields[5][len(prefix):-len(suffix)])
+            name = os.fsdecode(fields[5][len(prefix) : -len(suffix)])
             major, minor = fields[3].split(b':')
             key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
             keys = out.setdefault(name, [])
@@ -302,7 +319,7 @@ class Targets:
         self.map_devs = {dev_maps_str(d).encode('ascii'): d for d in self.devs}
         # the device field of a maps line, with its separating spaces: a cheap test before parsing any line
         self.needles = [b' ' + k + b' ' for k in self.map_devs]
-        self.needle = self.needles[0] if len(self.needles) == 1 else None   # the usual case: one shm filesystem
+        self.needle = self.needles[0] if len(self.needles) == 1 else None  # the usual case: one shm filesystem
         self.mount_devs = {dev_mountinfo_str(d) for d in self.devs}
 
 
@@ -360,7 +377,7 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
         try:
             maps = read_bytes(base + '/maps')
         except (FileNotFoundError, ProcessLookupError):
-            return   # gone
+            return  # gone
         except OSError:
             denied = True
             maps = b''
@@ -372,7 +389,7 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
             try:
                 found = found | fds_holding(_open_fds(fd_dir).values(), targets)
             except (FileNotFoundError, ProcessLookupError):
-                continue   # the thread ended
+                continue  # the thread ended
     except (FileNotFoundError, ProcessLookupError):
         pass
     except OSError:
@@ -389,8 +406,13 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
             result.holders.setdefault(key, set()).add(pid)
 
 
-def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None = None,
-         deleted_prefix: str = '/dev/shm/', visible: Visibility | None = None) -> HolderScan:
+def scan(
+    targets: Iterable[FileKey],
+    proc: str = '/proc',
+    deleted_of: int | None = None,
+    deleted_prefix: str = '/dev/shm/',
+    visible: Visibility | None = None,
+) -> HolderScan:
     """One pass over every process: who maps or has open each (dev, ino) in targets.
 
     visible: the visibility rule's answer for proc (visibility()); judged here, with the option off, when not given.
@@ -402,15 +424,17 @@ def scan(targets: Iterable[FileKey], proc: str = '/proc', deleted_of: int | None
     hide = proc_hidepid(proc)
     if hide:
         result.hidden = True
-        result.hidden_reason = (f"/proc is mounted with {hide} and the module does not run as root: other users' "
-                                'processes are invisible, so holders cannot be determined')
+        result.hidden_reason = (
+            f"/proc is mounted with {hide} and the module does not run as root: other users' "
+            'processes are invisible, so holders cannot be determined'
+        )
     keys = set(targets)
     first: dict[int, bytes] = {}
     if deleted_of is not None:
         try:
             first[deleted_of] = read_bytes(f'{proc}/{deleted_of}/maps')
         except OSError:
-            pass   # read again, and judged, in the pass itself
+            pass  # read again, and judged, in the pass itself
         result.deleted_all = parse_deleted_all(first.get(deleted_of, b''), deleted_prefix)
         result.deleted = {name: found[-1] for name, found in result.deleted_all.items()}
         for found in result.deleted_all.values():

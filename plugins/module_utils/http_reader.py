@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -25,19 +24,21 @@ HttpError whose text escapes what the server sent):
 Interim 1xx answers are skipped. The work per byte is constant: a line that never ends costs its
 bytes once, up to its bound, then is refused.
 """
+
 from __future__ import annotations
 
 import re
-
 from typing import NamedTuple
 
-MAX_HEAD_BYTES = 64 << 10    # status line and headers; the trailers of a chunked body have the same bound
-MAX_CHUNK_LINE = 1024        # a chunk-size line with its extensions, without its CRLF
+MAX_HEAD_BYTES = 64 << 10  # status line and headers; the trailers of a chunked body have the same bound
+MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions, without its CRLF
 # A whole head at once (the common case, one regex in C); any head it refuses is read again line by line for the reason.
-_WHOLE_HEAD = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?\r\n"
-                         rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n")
+_WHOLE_HEAD = re.compile(
+    rb'HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?\r\n'
+    rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n"
+)
 # The headers that frame the body, in a head _WHOLE_HEAD accepted (names in any case, values without their spaces).
-_FRAMING = re.compile(rb"^(content-length|transfer-encoding|connection):[ \t]*(.*?)[ \t]*\r$", re.I | re.M)
+_FRAMING = re.compile(rb'^(content-length|transfer-encoding|connection):[ \t]*(.*?)[ \t]*\r$', re.I | re.M)
 _STATUS_LINE = re.compile(rb'HTTP/1\.([01]) ([0-9]{3})(?: ([^\x00-\x08\x0a-\x1f\x7f]*))?\Z')
 _HEADER = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*\Z")
 _CHUNK_SIZE = re.compile(rb'([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?\Z')
@@ -55,6 +56,7 @@ class TooLarge(HttpError):
 
 class Response(NamedTuple):
     """One complete answer: status, reason, headers (the raw header lines, checked), body, whether the connection stays open."""
+
     status: int
     reason: str
     headers: bytes
@@ -70,7 +72,7 @@ def escape(text: str | bytes, limit: int = 200) -> str:
     with ``...``.
     """
     if isinstance(text, (bytes, bytearray)):
-        text = bytes(text[:limit * 4]).decode('utf-8', 'replace')
+        text = bytes(text[: limit * 4]).decode('utf-8', 'replace')
     cut = len(text) > limit
     text = text[:limit]
     if not text.isprintable():
@@ -88,14 +90,30 @@ class ResponseReader:
     (TooLarge for the cap); after one, the connection must be closed.
     """
 
-    __slots__ = ('max_body', 'max_head', '_buf', '_state', '_scan', '_status', '_reason', '_headers', '_keep_alive',
-                 '_left', '_chunks', '_size', '_trailer_bytes', 'response', 'seen', '_memo')
+    __slots__ = (
+        'max_body',
+        'max_head',
+        '_buf',
+        '_state',
+        '_scan',
+        '_status',
+        '_reason',
+        '_headers',
+        '_keep_alive',
+        '_left',
+        '_chunks',
+        '_size',
+        '_trailer_bytes',
+        'response',
+        'seen',
+        '_memo',
+    )
 
     def __init__(self, max_body: int, max_head: int = MAX_HEAD_BYTES) -> None:
         self.max_body = max_body
         self.max_head = max_head
         self._buf = bytearray()
-        self._memo: tuple = (b'', None)   # the last small answer that came whole in one read, and what it was read as
+        self._memo: tuple = (b'', None)  # the last small answer that came whole in one read, and what it was read as
         self.start()
 
     def start(self) -> None:
@@ -112,7 +130,7 @@ class ResponseReader:
         self._size = 0
         self._trailer_bytes = 0
         self.response: Response | None = None
-        self.seen = False          # a byte of this answer came
+        self.seen = False  # a byte of this answer came
 
     @property
     def leftover(self) -> bytes:
@@ -185,7 +203,9 @@ class ResponseReader:
         end = buf.find(b'\r\n\r\n', self._scan)
         if end < 0:
             if len(buf) > self.max_head:
-                raise HttpError(f'the head of the answer (status line and headers) is longer than {self.max_head} bytes')
+                raise HttpError(
+                    f'the head of the answer (status line and headers) is longer than {self.max_head} bytes'
+                )
             self._scan = max(0, len(buf) - 3)
             return False
         self._scan = 0
@@ -194,13 +214,13 @@ class ResponseReader:
         match = _WHOLE_HEAD.match(buf, 0, end + 4)
         if match is None:
             self._refuse_head(bytes(buf[:end]))
-        version, code, reason, block = match.groups()    # copies, before the buffer moves on
-        del buf[:end + 4]
+        version, code, reason, block = match.groups()  # copies, before the buffer moves on
+        del buf[: end + 4]
         status = int(code)
         if 100 <= status < 200:
             if status == 101:
                 raise HttpError('the server switched protocols (101), which was not asked for')
-            return True            # an interim answer: the real one follows
+            return True  # an interim answer: the real one follows
         self._status, self._reason, self._headers = status, reason.decode('latin-1') if reason else '', block
         self._frame(version == b'1', _FRAMING.findall(block) if block else ())
         return True
@@ -241,7 +261,9 @@ class ResponseReader:
             if length is not None:
                 raise HttpError('the answer has both Transfer-Encoding and Content-Length')
             if codings != ['chunked']:
-                raise HttpError(f"the answer has a transfer encoding this source does not read: {escape(', '.join(codings), 80)}")
+                raise HttpError(
+                    f'the answer has a transfer encoding this source does not read: {escape(", ".join(codings), 80)}'
+                )
             self._state = _SIZE
             return
         if length is not None:
@@ -252,14 +274,14 @@ class ResponseReader:
                 raise TooLarge(f'the answer is larger than {self.max_body} bytes (Content-Length {self._left})')
             self._state = _LENGTH
             return
-        self._keep_alive = False      # the body ends when the connection does
+        self._keep_alive = False  # the body ends when the connection does
         self._state = _UNTIL_CLOSE
 
     def _length(self) -> bool:
         if len(self._buf) < self._left:
             return False
-        body = bytes(self._buf[:self._left])
-        del self._buf[:self._left]
+        body = bytes(self._buf[: self._left])
+        del self._buf[: self._left]
         self._chunks = [body]
         self._finish()
         return False
@@ -269,7 +291,7 @@ class ResponseReader:
         if end < 0:
             return False
         line = bytes(self._buf[:end])
-        del self._buf[:end + 2]
+        del self._buf[: end + 2]
         match = _CHUNK_SIZE.match(line)
         if not match:
             raise HttpError(f'the answer is not HTTP (bad chunk size {escape(line, 40)!r})')
@@ -277,7 +299,9 @@ class ResponseReader:
         if size == 0:
             self._state = _TRAILERS
         elif self._size + size > self.max_body:
-            raise TooLarge(f'the answer is larger than {self.max_body} bytes (a chunk of {size} bytes after {self._size})')
+            raise TooLarge(
+                f'the answer is larger than {self.max_body} bytes (a chunk of {size} bytes after {self._size})'
+            )
         else:
             self._size += size
             self._left = size
@@ -312,7 +336,7 @@ class ResponseReader:
         if end < 0:
             return False
         line = bytes(self._buf[:end])
-        del self._buf[:end + 2]
+        del self._buf[: end + 2]
         if not line:
             self._finish()
             return False
@@ -340,8 +364,15 @@ class ResponseReader:
         self._state = _DONE
         return self.response
 
-    _STEPS = {_HEAD: _head, _LENGTH: _length, _SIZE: _size_line, _DATA: _data, _CRLF: _crlf, _TRAILERS: _trailers,
-              _UNTIL_CLOSE: _until_close}
+    _STEPS = {
+        _HEAD: _head,
+        _LENGTH: _length,
+        _SIZE: _size_line,
+        _DATA: _data,
+        _CRLF: _crlf,
+        _TRAILERS: _trailers,
+        _UNTIL_CLOSE: _until_close,
+    }
 
 
 def read_one(data: bytes, max_body: int, max_head: int = MAX_HEAD_BYTES) -> tuple[Response | None, int]:

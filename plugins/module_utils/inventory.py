@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -21,6 +20,7 @@ A region is the operator's (``reserved`` while no client maps it) when its backi
 the mark triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR) and the mark
 names that region.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,20 +28,31 @@ import errno
 import os
 import re
 import time
-
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery
+from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_cmdline, start_time
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
-    BACKEND, DANGLING, FOREIGN, HEALTHY, IN_USE, LEFTOVER, ORPHAN, POOL_LEFTOVER, POOL_LIVE, POOL_UNKNOWN, REGISTERED,
-    RESERVED, STALE, UNKNOWN)
+    BACKEND,
+    DANGLING,
+    FOREIGN,
+    HEALTHY,
+    IN_USE,
+    LEFTOVER,
+    ORPHAN,
+    POOL_LEFTOVER,
+    POOL_LIVE,
+    POOL_UNKNOWN,
+    REGISTERED,
+    RESERVED,
+    STALE,
+    UNKNOWN,
+)
 
 REGION_KEYS = ('name', 'key', 'offset', 'byte_size')
 DEFAULT_MIN_AGE = 300
@@ -57,6 +68,7 @@ _INSTANCE_SUFFIX = re.compile(r'_\d+_\d+$')
 
 
 # -- the snapshot: what one read of the server saw ---------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
@@ -85,13 +97,17 @@ class Snapshot:
     warnings: list = dataclasses.field(default_factory=list)
     dir_error: str | None = None
     scanned_at: float = 0.0
-    shm_unsupported: str | None = None   # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    shm_unsupported: str | None = (
+        None  # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
+    )
     cleanup_marks: dict = dataclasses.field(default_factory=dict)
     server_id: str | None = None
-    authority: authority_mod.Authority | None = None   # what the server's own user may remove there (None: not read, nothing may)
-    cmdlines: dict = dataclasses.field(default_factory=dict)   # {pid: argv} of the holders of backend files
+    authority: authority_mod.Authority | None = (
+        None  # what the server's own user may remove there (None: not read, nothing may)
+    )
+    cmdlines: dict = dataclasses.field(default_factory=dict)  # {pid: argv} of the holders of backend files
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
-    container: dict | None = None   # the server's container or pod (containers.Identity.as_dict), None on the host
+    container: dict | None = None  # the server's container or pod (containers.Identity.as_dict), None on the host
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
     _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -145,8 +161,10 @@ class Snapshot:
             return None
         if self.scan is not None:
             return self.scan.incomplete_reason() or 'holders could not be fully determined'
-        why = self.dir_error or ('the shm directory of the server is not known'
-                                 + (f': {self.server_reason}' if self.pid is None and self.server_reason else ''))
+        why = self.dir_error or (
+            'the shm directory of the server is not known'
+            + (f': {self.server_reason}' if self.pid is None and self.server_reason else '')
+        )
         if not self.visibility.complete and self.visibility.reason not in why:
             return f'{why}; {self.visibility.reason}'
         return why
@@ -168,17 +186,26 @@ class Snapshot:
     def without(self, paths: Iterable[str], fs: dict | None = None) -> Snapshot:
         """A new snapshot without the entries at paths (files unlinked since the read), with fs when given."""
         gone = set(paths)
-        return dataclasses.replace(self, entries=[e for e in self.entries if e['path'] not in gone],
-                                   fs=self.fs if fs is None else fs)
+        return dataclasses.replace(
+            self, entries=[e for e in self.entries if e['path'] not in gone], fs=self.fs if fs is None else fs
+        )
 
 
 # -- the one read ------------------------------------------------------------------------------------
 
-def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None = None,
-                require_readable_dir: bool = False, kinds: Sequence[str] = ('system', 'cuda'),
-                proc: str = '/proc', now: float | None = None, report_unsupported: bool = False,
-                backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
-                clients_share_pid_namespace: bool = False) -> Snapshot:
+
+def read_server(
+    client: Any,
+    server_pid: int | None = None,
+    shm_dir: str | None = None,
+    require_readable_dir: bool = False,
+    kinds: Sequence[str] = ('system', 'cuda'),
+    proc: str = '/proc',
+    now: float | None = None,
+    report_unsupported: bool = False,
+    backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
+    clients_share_pid_namespace: bool = False,
+) -> Snapshot:
     """Read the server behind client: metadata, region lists, location, shm directory, holders, marks.
 
     kinds: the region lists to read ('cuda' only when the server offers the extension).
@@ -197,12 +224,14 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
     if 'system_shared_memory' not in extensions:
-        raise TritonError(f"server at {client.base} (Triton {metadata.get('version')}) does not offer the "
-                          f"system_shared_memory extension (its extensions: {', '.join(extensions) or 'none'}): it has "
-                          "no shared-memory API, so there are no regions to read or clean through it; check that the "
-                          f"URL reaches tritonserver itself (GET {client.base}/v2 lists the extensions), not a proxy or "
-                          "another inference server",
-                          url=client.base + '/v2')
+        raise TritonError(
+            f'server at {client.base} (Triton {metadata.get("version")}) does not offer the '
+            f'system_shared_memory extension (its extensions: {", ".join(extensions) or "none"}): it has '
+            'no shared-memory API, so there are no regions to read or clean through it; check that the '
+            f'URL reaches tritonserver itself (GET {client.base}/v2 lists the extensions), not a proxy or '
+            'another inference server',
+            url=client.base + '/v2',
+        )
     unsupported = None
     try:
         system = client.status('system') if 'system' in kinds else []
@@ -216,7 +245,9 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     if location.pid is None and location.reason and not visible.complete:
         # a pod's sidecar, a container: the server may simply be invisible from here
         reason = f'{location.reason}; {visible.reason}'
-        location = location._replace(reason=reason, warnings=[w.replace(location.reason, reason) for w in location.warnings])
+        location = location._replace(
+            reason=reason, warnings=[w.replace(location.reason, reason) for w in location.warnings]
+        )
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')
@@ -229,7 +260,9 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
             fs = shm_fs.usage(readable_dir)
             entries = shm_fs.list_entries(readable_dir, now=now)
         except OSError as exc:
-            dir_error = f'shm_dir {readable_dir} is not readable: {exc.strerror or exc} ({_unreadable_hint(exc, shm_dir)})'
+            dir_error = (
+                f'shm_dir {readable_dir} is not readable: {exc.strerror or exc} ({_unreadable_hint(exc, shm_dir)})'
+            )
             if require_readable_dir:
                 raise ShmFsError(dir_error) from exc
             warnings.append(f'{dir_error}; file and holder data are missing')
@@ -248,29 +281,57 @@ def read_server(client: Any, server_pid: int | None = None, shm_dir: str | None 
     cleanup_marks = read_cleanup_marks(readable_dir, system, entries) if readable_dir is not None else {}
     authority = authority_mod.read_authority(location.pid, readable_dir, proc) if readable_dir is not None else None
     ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
-    return Snapshot(url=client.base, metadata=metadata, system=system, cuda=cuda, location=location,
-                    shm_dir=readable_dir, fs=fs, entries=entries, scan=scan, marks=marks, warnings=warnings,
-                    dir_error=dir_error, scanned_at=time.time(), shm_unsupported=unsupported, cmdlines=cmdlines,
-                    visibility=visible, authority=authority,
-                    container=ident.as_dict() if ident.found else None, cleanup_marks=cleanup_marks,
-                    server_id=server_identity(location.pid, proc))
+    return Snapshot(
+        url=client.base,
+        metadata=metadata,
+        system=system,
+        cuda=cuda,
+        location=location,
+        shm_dir=readable_dir,
+        fs=fs,
+        entries=entries,
+        scan=scan,
+        marks=marks,
+        warnings=warnings,
+        dir_error=dir_error,
+        scanned_at=time.time(),
+        shm_unsupported=unsupported,
+        cmdlines=cmdlines,
+        visibility=visible,
+        authority=authority,
+        container=ident.as_dict() if ident.found else None,
+        cleanup_marks=cleanup_marks,
+        server_id=server_identity(location.pid, proc),
+    )
 
 
 def _unreadable_hint(exc: OSError, given: str | None) -> str:
     """Why a shm directory could not be read, and what to do: the tail of read_server's dir_error."""
-    where = ('the shm_dir option names it' if given is not None
-             else "it is the server's own /dev/shm, seen through /proc/PID/root")
+    where = (
+        'the shm_dir option names it'
+        if given is not None
+        else "it is the server's own /dev/shm, seen through /proc/PID/root"
+    )
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return (f'{where}; this module runs as a user who may not read it, and a containerised server\'s /dev/shm '
-                'is reachable only as root: run the task with become: true')
+        return (
+            f"{where}; this module runs as a user who may not read it, and a containerised server's /dev/shm "
+            'is reachable only as root: run the task with become: true'
+        )
     if exc.errno == errno.ENOENT:
-        return (f'{where}, and it does not exist on this host: give the directory the server uses, or leave shm_dir '
-                'out to use the server\'s own')
+        return (
+            f'{where}, and it does not exist on this host: give the directory the server uses, or leave shm_dir '
+            "out to use the server's own"
+        )
     return f'{where}: check the path, and run the task as root (become: true)'
 
 
-def read_pool_cmdlines(scan: holders_mod.HolderScan, entries: Iterable[dict], backend_patterns: Sequence[str],
-                       server_pid: int | None, proc: str = '/proc') -> dict:
+def read_pool_cmdlines(
+    scan: holders_mod.HolderScan,
+    entries: Iterable[dict],
+    backend_patterns: Sequence[str],
+    server_pid: int | None,
+    proc: str = '/proc',
+) -> dict:
     """{pid: argv} of the processes (the server aside) that hold a backend file: the python stubs, whose command
     line names their model and instance. Only those few processes are read, nothing when no backend file is held."""
     pids: set = set()
@@ -308,13 +369,14 @@ def read_cleanup_marks(shm_dir: str, system: Iterable[dict], entries: Iterable[d
         mark = record.get(e['inode'])
         if mark is None or e['type'] != 'file' or e['name'] in backing:
             continue
-        if e['name'] == mark.name or e['name'].startswith(f"{shm_fs.QUARANTINE_PREFIX}{e['inode']}."):
+        if e['name'] == mark.name or e['name'].startswith(f'{shm_fs.QUARANTINE_PREFIX}{e["inode"]}.'):
             out[e['name']] = mark
     return out
 
 
-def read_holders(entries: Iterable[dict], server_pid: int | None, proc: str = '/proc',
-                 visible: holders_mod.Visibility | None = None) -> tuple[holders_mod.HolderScan, str | None]:
+def read_holders(
+    entries: Iterable[dict], server_pid: int | None, proc: str = '/proc', visible: holders_mod.Visibility | None = None
+) -> tuple[holders_mod.HolderScan, str | None]:
     """(holders.HolderScan of the regular files among entries, the warning when it is incomplete or None).
 
     The server's unlinked-but-mapped files come from the same read of its maps as its holdings.
@@ -357,6 +419,7 @@ def _file_name(key: Any) -> str | ShmFsError:
 
 # -- classification (pure) ---------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Criteria:
     """The caller's side of file classification: orphan patterns and grace age, backend patterns, client users."""
@@ -364,11 +427,16 @@ class Criteria:
     orphan_patterns: tuple = ()
     min_age: float = DEFAULT_MIN_AGE
     backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
-    client_uids: frozenset = frozenset()   # uids whose files a cleanup may remove besides the server's user's
+    client_uids: frozenset = frozenset()  # uids whose files a cleanup may remove besides the server's user's
 
     @classmethod
-    def of(cls, orphan_patterns: Iterable[str] | None = None, min_age: float = DEFAULT_MIN_AGE,
-           backend_patterns: Iterable[str] | None = None, client_users: Iterable[object] | None = None) -> Criteria:
+    def of(
+        cls,
+        orphan_patterns: Iterable[str] | None = None,
+        min_age: float = DEFAULT_MIN_AGE,
+        backend_patterns: Iterable[str] | None = None,
+        client_users: Iterable[object] | None = None,
+    ) -> Criteria:
         """From module options: None patterns are none (orphans) or the default (backend).
 
         The files of every Python-based backend (shm_fs.BACKEND_FILE_PATTERN) are backend files whatever
@@ -376,8 +444,12 @@ class Criteria:
         client_users: names or numeric uids (authority.client_uids; ParameterError for an unknown name).
         """
         backend = tuple(dict.fromkeys(shm_fs.BACKEND_PATTERNS + tuple(backend_patterns or ())))
-        return cls(orphan_patterns=tuple(orphan_patterns or ()), min_age=min_age, backend_patterns=backend,
-                   client_uids=authority_mod.client_uids(client_users))
+        return cls(
+            orphan_patterns=tuple(orphan_patterns or ()),
+            min_age=min_age,
+            backend_patterns=backend,
+            client_uids=authority_mod.client_uids(client_users),
+        )
 
 
 # names no two families share: a pattern matching all of them matches (nearly) every name
@@ -386,10 +458,13 @@ _PROBE_NAMES = ('a', 'Z9', '.x', 'sem.x', 'client_in_0', '-', '~')
 
 def broad_pattern_warnings(patterns: Iterable[str] | None) -> list[str]:
     """The warnings for orphan patterns that match every name (a bare V(*)): one per such pattern."""
-    return [f"orphan_patterns {p!r} matches every file name: only the families of other software that are never orphans "
-            "(docs/concepts.md), the owner rule (client_users) and min_age stand between it and other programs' files; "
-            "give your clients' prefix instead, for example 'client_*'"
-            for p in patterns or () if all(matches(n, (p,)) for n in _PROBE_NAMES)]
+    return [
+        f'orphan_patterns {p!r} matches every file name: only the families of other software that are never orphans '
+        "(docs/concepts.md), the owner rule (client_users) and min_age stand between it and other programs' files; "
+        "give your clients' prefix instead, for example 'client_*'"
+        for p in patterns or ()
+        if all(matches(n, (p,)) for n in _PROBE_NAMES)
+    ]
 
 
 def removal_refusal(snap: Snapshot, criteria: Criteria, entry: dict) -> str | None:
@@ -415,14 +490,14 @@ class RegionFacts(NamedTuple):
     """What a snapshot says about one system region's backing file: the input of region_state()."""
 
     shm_dir_known: bool
-    key_error: str | None = None      # why the key cannot be located safely
-    path: str | None = None           # the backing file's path
-    file_type: str | None = None      # its entry type; None when it is missing
-    holders: Sequence = ()            # holders other than the server
+    key_error: str | None = None  # why the key cannot be located safely
+    path: str | None = None  # the backing file's path
+    file_type: str | None = None  # its entry type; None when it is missing
+    holders: Sequence = ()  # holders other than the server
     holders_complete: bool = False
     server_known: bool = False
-    reserved: bool = False            # its mark names this region
-    ambiguous: str | None = None      # why the file that backs it cannot be told (several files of its name)
+    reserved: bool = False  # its mark names this region
+    ambiguous: str | None = None  # why the file that backs it cannot be told (several files of its name)
 
 
 def region_state(f: RegionFacts) -> tuple[str, str]:
@@ -447,15 +522,26 @@ def region_state(f: RegionFacts) -> tuple[str, str]:
     if not f.server_known:
         return UNKNOWN, 'the server process is not known, so its own mapping cannot be told apart'
     if f.reserved:
-        return RESERVED, (f'registered by tritonops.shm (its file carries the mark {shm_fs.RESERVED_XATTR}) and not '
-                          'mapped by a client yet: desired state, never stale')
+        return RESERVED, (
+            f'registered by tritonops.shm (its file carries the mark {shm_fs.RESERVED_XATTR}) and not '
+            'mapped by a client yet: desired state, never stale'
+        )
     return STALE, 'no process but the server holds the backing file: the client is gone'
 
 
 def _file_summary(e: dict) -> dict:
-    return {'path': e['path'], 'exists': True, 'type': e['type'], 'size': e['size'],
-            'allocated_bytes': e['allocated_bytes'], 'inode': e['inode'], 'uid': e['uid'], 'mode': e['mode'],
-            'mtime': e['mtime'], 'age_s': e['age_s']}
+    return {
+        'path': e['path'],
+        'exists': True,
+        'type': e['type'],
+        'size': e['size'],
+        'allocated_bytes': e['allocated_bytes'],
+        'inode': e['inode'],
+        'uid': e['uid'],
+        'mode': e['mode'],
+        'mtime': e['mtime'],
+        'age_s': e['age_s'],
+    }
 
 
 def _server_maps(snap: Snapshot, e: dict | None, unlinked: Sequence) -> bool:
@@ -485,15 +571,17 @@ def region_record(snap: Snapshot, region: dict) -> dict:
             key_error = str(name)
         else:
             e = snap.entry(name)
-            unlinked = snap.unlinked(name)   # matched by (dev, ino), never by name alone
+            unlinked = snap.unlinked(name)  # matched by (dev, ino), never by name alone
             if e is None:
                 path = os.path.join(snap.shm_dir, name)
                 file = {'path': path, 'exists': False}
                 if len(unlinked) == 1:
                     holders = snap.client_holders(*unlinked[0])
                 elif unlinked:
-                    ambiguous = (f'the server maps {len(unlinked)} unlinked files that were named {name} '
-                                 f'({_idents(unlinked)}): which one backs this region cannot be told')
+                    ambiguous = (
+                        f'the server maps {len(unlinked)} unlinked files that were named {name} '
+                        f'({_idents(unlinked)}): which one backs this region cannot be told'
+                    )
             else:
                 file = _file_summary(e)
                 path, file_type = e['path'], e['type']
@@ -501,17 +589,31 @@ def region_record(snap: Snapshot, region: dict) -> dict:
                     holders = snap.client_holders(e['dev'], e['inode'])
                     reserved = snap.marks.get(name) == region.get('name')
                 if unlinked:
-                    ambiguous = (f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
-                                 f'same name ({_idents(unlinked)}): which one backs this region cannot be told')
+                    ambiguous = (
+                        f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
+                        f'same name ({_idents(unlinked)}): which one backs this region cannot be told'
+                    )
             if ambiguous is None and snap.location.shared is not None and not _server_maps(snap, e, unlinked):
-                ambiguous = (f'the port is shared by several servers and server process {snap.pid} does not map the backing '
-                             f'file {path}: the region may be another server\'s')
+                ambiguous = (
+                    f'the port is shared by several servers and server process {snap.pid} does not map the backing '
+                    f"file {path}: the region may be another server's"
+                )
     rec['file'] = file
     rec['holders'] = holders
     rec['reserved'] = reserved
-    rec['state'], rec['state_reason'] = region_state(RegionFacts(
-        snap.shm_dir is not None, key_error, path, file_type, holders, snap.holders_complete, snap.pid is not None, reserved,
-        ambiguous))
+    rec['state'], rec['state_reason'] = region_state(
+        RegionFacts(
+            snap.shm_dir is not None,
+            key_error,
+            path,
+            file_type,
+            holders,
+            snap.holders_complete,
+            snap.pid is not None,
+            reserved,
+            ambiguous,
+        )
+    )
     rec['reclaimable'] = reclaimable(snap, rec)
     return rec
 
@@ -544,8 +646,9 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     rec['regions'] = sorted(regions_by_path.get(e['path'], ()))
     all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan and e['type'] == 'file') else []
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
-    rec['category'], rec['category_reason'] = file_category(e, rec['regions'], all_holders, snap.holders_complete,
-                                                            criteria, leftover=snap.leftover(e['name']))
+    rec['category'], rec['category_reason'] = file_category(
+        e, rec['regions'], all_holders, snap.holders_complete, criteria, leftover=snap.leftover(e['name'])
+    )
     if rec['category'] in (ORPHAN, LEFTOVER):
         refused = removal_refusal(snap, criteria, e)
         if refused is not None:
@@ -567,17 +670,23 @@ def file_backend(name: str, category: str) -> str | None:
     return shm_fs.backend_of(name) or 'python'
 
 
-def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], holders_complete: bool,
-                  criteria: Criteria, leftover: shm_fs.CleanupMark | None = None) -> tuple[str, str]:
+def file_category(
+    e: dict,
+    regions: Sequence[str],
+    all_holders: Sequence[dict],
+    holders_complete: bool,
+    criteria: Criteria,
+    leftover: shm_fs.CleanupMark | None = None,
+) -> tuple[str, str]:
     """(category, category_reason) of a directory entry; all_holders include the server process.
 
     leftover: the cleanup mark (Snapshot.leftover) of a file that a stale cleanup of this server process marked,
     then unregistered its region, and was stopped before removing it: an orphan whatever the patterns say.
     """
     if e['type'] != 'file':
-        return FOREIGN, f"not a regular file ({e['type']})"
+        return FOREIGN, f'not a regular file ({e["type"]})'
     if regions:
-        return REGISTERED, f"backs region(s) {', '.join(regions)}"
+        return REGISTERED, f'backs region(s) {", ".join(regions)}'
     if matches(e['name'], criteria.backend_patterns):
         return backend_category(e, all_holders, holders_complete, criteria.min_age)
     if all_holders:
@@ -588,14 +697,19 @@ def file_category(e: dict, regions: Sequence[str], all_holders: Sequence[dict], 
     if leftover is not None:
         if not holders_complete:
             return FOREIGN, 'holders could not be fully determined'
-        what = (f"that unregistered region '{leftover.region}' and was stopped before removing the file" if leftover.region
-                else 'that found it held and could not give its name back (taken again meanwhile)')
-        return ORPHAN, (f'left by a stale cleanup of this server {what} (recorded in {shm_fs.CLEANUP_XATTR} on the shm '
-                        'directory): the next stale cleanup removes it')
+        what = (
+            f"that unregistered region '{leftover.region}' and was stopped before removing the file"
+            if leftover.region
+            else 'that found it held and could not give its name back (taken again meanwhile)'
+        )
+        return ORPHAN, (
+            f'left by a stale cleanup of this server {what} (recorded in {shm_fs.CLEANUP_XATTR} on the shm '
+            'directory): the next stale cleanup removes it'
+        )
     if not matches(e['name'], criteria.orphan_patterns):
         return FOREIGN, 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:
-        return FOREIGN, f"matches an orphan pattern but is younger than min_age ({e['age_s']}s < {criteria.min_age}s)"
+        return FOREIGN, f'matches an orphan pattern but is younger than min_age ({e["age_s"]}s < {criteria.min_age}s)'
     if not holders_complete:
         return FOREIGN, 'holders could not be fully determined'
     return ORPHAN, 'unregistered, unheld, matches an orphan pattern, older than min_age'
@@ -605,17 +719,23 @@ def backend_category(e: dict, all_holders: Sequence[dict], holders_complete: boo
     """(category, category_reason) of a backend file: backend while any process holds it (or may: an incomplete
     scan, or younger than min_age), else leftover: the pool of a dead server and its stubs."""
     owner = shm_fs.backend_of(e['name'])
-    what = (f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's "
-            "file)" if owner is not None else "Triton's python backend shared memory (matches the backend patterns)")
+    what = (
+        f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's file)"
+        if owner is not None
+        else "Triton's python backend shared memory (matches the backend patterns)"
+    )
     if all_holders:
         return BACKEND, f'{what}, held by {holders_mod.holders_text(all_holders)}: never an orphan, never a leftover'
     if not holders_complete:
         return BACKEND, f'{what}: never an orphan; not held as far as seen, but holders could not be fully determined'
     if e['age_s'] < min_age:
-        return BACKEND, (f"{what}: never an orphan; no process holds it, but it is younger than min_age "
-                         f"({e['age_s']}s < {min_age}s)")
-    return LEFTOVER, (f'{what}, held by no process and older than min_age: the pool of a dead server and its stubs '
-                      '(they died together), which no server reuses')
+        return BACKEND, (
+            f'{what}: never an orphan; no process holds it, but it is younger than min_age ({e["age_s"]}s < {min_age}s)'
+        )
+    return LEFTOVER, (
+        f'{what}, held by no process and older than min_age: the pool of a dead server and its stubs '
+        '(they died together), which no server reuses'
+    )
 
 
 def stub_args(argv: Sequence[str] | None) -> dict | None:
@@ -651,9 +771,18 @@ def pool_record(snap: Snapshot, rec: dict) -> dict:
         state = POOL_LIVE
     else:
         state = POOL_UNKNOWN
-    return {'path': rec['path'], 'name': rec['name'], 'backend': rec['backend'], 'model': model, 'instance': instance,
-            'bytes': rec['allocated_bytes'], 'size': rec['size'], 'holders': all_holders, 'state': state,
-            'reason': rec['category_reason']}
+    return {
+        'path': rec['path'],
+        'name': rec['name'],
+        'backend': rec['backend'],
+        'model': model,
+        'instance': instance,
+        'bytes': rec['allocated_bytes'],
+        'size': rec['size'],
+        'holders': all_holders,
+        'state': state,
+        'reason': rec['category_reason'],
+    }
 
 
 def pool_records(snap: Snapshot, files: Iterable[dict]) -> list:
@@ -680,19 +809,34 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
     """What triton_shm_info returns for a snapshot and its records (live, ready: the health calls, if made)."""
     regions, cuda, files = records
     fs = dict(snap.fs) if snap.fs else None
-    server = {'url': snap.url, 'live': live, 'ready': ready, 'version': snap.metadata.get('version'),
-              'name': snap.metadata.get('name'), 'extensions': snap.metadata.get('extensions') or [],
-              'pid': snap.pid, 'shm_dir': snap.shm_dir, 'located_by': snap.located_by,
-              'not_found_reason': snap.server_reason if snap.pid is None else None,
-              'shm_unsupported': snap.shm_unsupported, 'container': snap.container}
-    return {'server': server, 'shm_fs': fs, 'system_regions': regions, 'cuda_regions': cuda, 'files': files,
-            'backend_pools': pool_records(snap, files),
-            'summary': summarize(regions, cuda, files, fs),
-            'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
-            'holders_complete': snap.holders_complete,
-            'holders_incomplete_reason': snap.holders_incomplete_reason,
-            'pid_namespace': snap.pid_namespace,
-            'scanned_at': snap.scanned_at}
+    server = {
+        'url': snap.url,
+        'live': live,
+        'ready': ready,
+        'version': snap.metadata.get('version'),
+        'name': snap.metadata.get('name'),
+        'extensions': snap.metadata.get('extensions') or [],
+        'pid': snap.pid,
+        'shm_dir': snap.shm_dir,
+        'located_by': snap.located_by,
+        'not_found_reason': snap.server_reason if snap.pid is None else None,
+        'shm_unsupported': snap.shm_unsupported,
+        'container': snap.container,
+    }
+    return {
+        'server': server,
+        'shm_fs': fs,
+        'system_regions': regions,
+        'cuda_regions': cuda,
+        'files': files,
+        'backend_pools': pool_records(snap, files),
+        'summary': summarize(regions, cuda, files, fs),
+        'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
+        'holders_complete': snap.holders_complete,
+        'holders_incomplete_reason': snap.holders_incomplete_reason,
+        'pid_namespace': snap.pid_namespace,
+        'scanned_at': snap.scanned_at,
+    }
 
 
 def _regions_by_path(region_records: Iterable[dict]) -> dict:
@@ -712,6 +856,7 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
     def file_bytes(rec: dict) -> int:
         f = rec.get('file') or {}
         return f.get('allocated_bytes', 0) if f.get('exists') else 0
+
     return {
         'system_regions': len(regions),
         'cuda_regions': len(cuda),

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -24,6 +23,7 @@ most when the directory cannot take them.
 Standard library only (and the collection's client.py text helpers and vocabulary.py, standard library too): the
 filters import it in every Ansible worker process.
 """
+
 from __future__ import annotations
 
 import errno
@@ -34,11 +34,17 @@ import re
 import secrets
 import stat
 import time
-from typing import Any, Iterable, Mapping, NamedTuple, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
+
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
-from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import FILE_CATEGORIES, POOL_LEFTOVER, REGION_STATES
+from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
+    FILE_CATEGORIES,
+    POOL_LEFTOVER,
+    REGION_STATES,
+)
 
 REPORT = 'report'
 CLEANUP = 'cleanup'
@@ -67,53 +73,119 @@ class Metric(NamedTuple):
     kind: str
 
 
-METRICS = {m.name: m for m in (
-    Metric('tritonops_shm_up', 'gauge',
-           '1 when the server answered the shared-memory query, 0 when it could not be queried.', REPORT),
-    Metric('tritonops_shm_server_located', 'gauge',
-           '1 when the tritonserver process behind the URL was found on this host, so its /dev/shm could be checked.',
-           REPORT),
-    Metric('tritonops_shm_holders_complete', 'gauge',
-           '1 when every process that may hold the server\'s files could be seen, 0 when not (nothing is then stale); '
-           'pid_namespace is initial or other, reason one of HOLDERS_INCOMPLETE_REASONS (empty when complete).', REPORT),
-    Metric('tritonops_shm_report_timestamp_seconds', 'gauge', 'When the server was last queried (Unix time).', REPORT),
-    Metric('tritonops_shm_server_container_info', 'gauge',
-           'The container or pod the server runs in (value always 1): container is its name (pod NAMESPACE/NAME, '
-           'pod UID, or ENGINE ID), runtime its engine; only for a server in a container.', REPORT),
-    Metric('tritonops_shm_held_bytes', 'gauge',
-           "Bytes of registered regions' files held, by holder: a container or pod name, host for processes outside "
-           f'containers; at most {HELD_BY_MAX} series, the rest summed as other.', REPORT),
-    Metric('tritonops_shm_server_info', 'gauge', 'The Triton version the server reports (value always 1).', REPORT),
-    Metric('tritonops_shm_fs_size_bytes', 'gauge', "Size of the server's /dev/shm (the container's --shm-size).", REPORT),
-    Metric('tritonops_shm_fs_used_bytes', 'gauge', "Used bytes of the server's /dev/shm.", REPORT),
-    Metric('tritonops_shm_registered_bytes', 'gauge', 'Sum of the byte sizes of the registered system regions.', REPORT),
-    Metric('tritonops_shm_regions', 'gauge', 'Registered system shared-memory regions by state.', REPORT),
-    Metric('tritonops_shm_cuda_regions', 'gauge', 'Registered CUDA shared-memory regions.', REPORT),
-    Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
-    Metric('tritonops_shm_files', 'gauge', "Files in the server's /dev/shm by category.", REPORT),
-    Metric('tritonops_shm_orphan_bytes', 'gauge', 'Bytes of /dev/shm held by orphan files.', REPORT),
-    Metric('tritonops_shm_leftover_bytes', 'gauge',
-           "Bytes of /dev/shm held by leftover backend pools (no process holds them: a dead server's and its stubs').",
-           REPORT),
-    Metric('tritonops_shm_backend_pool_bytes', 'gauge',
-           "Bytes of /dev/shm held by the held pools of Triton's Python-based backends, by model (at most "
-           f'{MODEL_LABEL_CAP} model values, the rest under model="{OTHER_MODELS}"; pools no stub maps under '
-           f'model="{UNATTRIBUTED}").', REPORT),
-    Metric('tritonops_shm_cleanup_last_run_timestamp_seconds', 'gauge',
-           'When the last cleanup of this server ended (Unix time).', CLEANUP),
-    Metric('tritonops_shm_cleanup_last_success', 'gauge', '1 when the last cleanup succeeded, 0 when it failed.', CLEANUP),
-    Metric('tritonops_shm_cleanup_last_success_timestamp_seconds', 'gauge',
-           'When a cleanup of this server last succeeded (Unix time; 0 when none has).', CLEANUP),
-    Metric('tritonops_shm_cleanup_last_unregistered_regions', 'gauge', 'Regions the last cleanup unregistered.', CLEANUP),
-    Metric('tritonops_shm_cleanup_last_removed_files', 'gauge', 'Files the last cleanup removed from /dev/shm.', CLEANUP),
-    Metric('tritonops_shm_cleanup_last_freed_bytes', 'gauge', 'Bytes of /dev/shm the last cleanup freed.', CLEANUP),
-    Metric('tritonops_shm_cleanup_freed_bytes_total', 'counter',
-           'Bytes of /dev/shm freed by every cleanup of this server that this textfile has seen.', CLEANUP),
-)}
+METRICS = {
+    m.name: m
+    for m in (
+        Metric(
+            'tritonops_shm_up',
+            'gauge',
+            '1 when the server answered the shared-memory query, 0 when it could not be queried.',
+            REPORT,
+        ),
+        Metric(
+            'tritonops_shm_server_located',
+            'gauge',
+            '1 when the tritonserver process behind the URL was found on this host, so its /dev/shm could be checked.',
+            REPORT,
+        ),
+        Metric(
+            'tritonops_shm_holders_complete',
+            'gauge',
+            "1 when every process that may hold the server's files could be seen, 0 when not (nothing is then stale); "
+            'pid_namespace is initial or other, reason one of HOLDERS_INCOMPLETE_REASONS (empty when complete).',
+            REPORT,
+        ),
+        Metric(
+            'tritonops_shm_report_timestamp_seconds', 'gauge', 'When the server was last queried (Unix time).', REPORT
+        ),
+        Metric(
+            'tritonops_shm_server_container_info',
+            'gauge',
+            'The container or pod the server runs in (value always 1): container is its name (pod NAMESPACE/NAME, '
+            'pod UID, or ENGINE ID), runtime its engine; only for a server in a container.',
+            REPORT,
+        ),
+        Metric(
+            'tritonops_shm_held_bytes',
+            'gauge',
+            "Bytes of registered regions' files held, by holder: a container or pod name, host for processes outside "
+            f'containers; at most {HELD_BY_MAX} series, the rest summed as other.',
+            REPORT,
+        ),
+        Metric('tritonops_shm_server_info', 'gauge', 'The Triton version the server reports (value always 1).', REPORT),
+        Metric(
+            'tritonops_shm_fs_size_bytes',
+            'gauge',
+            "Size of the server's /dev/shm (the container's --shm-size).",
+            REPORT,
+        ),
+        Metric('tritonops_shm_fs_used_bytes', 'gauge', "Used bytes of the server's /dev/shm.", REPORT),
+        Metric(
+            'tritonops_shm_registered_bytes', 'gauge', 'Sum of the byte sizes of the registered system regions.', REPORT
+        ),
+        Metric('tritonops_shm_regions', 'gauge', 'Registered system shared-memory regions by state.', REPORT),
+        Metric('tritonops_shm_cuda_regions', 'gauge', 'Registered CUDA shared-memory regions.', REPORT),
+        Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
+        Metric('tritonops_shm_files', 'gauge', "Files in the server's /dev/shm by category.", REPORT),
+        Metric('tritonops_shm_orphan_bytes', 'gauge', 'Bytes of /dev/shm held by orphan files.', REPORT),
+        Metric(
+            'tritonops_shm_leftover_bytes',
+            'gauge',
+            "Bytes of /dev/shm held by leftover backend pools (no process holds them: a dead server's and its stubs').",
+            REPORT,
+        ),
+        Metric(
+            'tritonops_shm_backend_pool_bytes',
+            'gauge',
+            "Bytes of /dev/shm held by the held pools of Triton's Python-based backends, by model (at most "
+            f'{MODEL_LABEL_CAP} model values, the rest under model="{OTHER_MODELS}"; pools no stub maps under '
+            f'model="{UNATTRIBUTED}").',
+            REPORT,
+        ),
+        Metric(
+            'tritonops_shm_cleanup_last_run_timestamp_seconds',
+            'gauge',
+            'When the last cleanup of this server ended (Unix time).',
+            CLEANUP,
+        ),
+        Metric(
+            'tritonops_shm_cleanup_last_success',
+            'gauge',
+            '1 when the last cleanup succeeded, 0 when it failed.',
+            CLEANUP,
+        ),
+        Metric(
+            'tritonops_shm_cleanup_last_success_timestamp_seconds',
+            'gauge',
+            'When a cleanup of this server last succeeded (Unix time; 0 when none has).',
+            CLEANUP,
+        ),
+        Metric(
+            'tritonops_shm_cleanup_last_unregistered_regions',
+            'gauge',
+            'Regions the last cleanup unregistered.',
+            CLEANUP,
+        ),
+        Metric(
+            'tritonops_shm_cleanup_last_removed_files',
+            'gauge',
+            'Files the last cleanup removed from /dev/shm.',
+            CLEANUP,
+        ),
+        Metric('tritonops_shm_cleanup_last_freed_bytes', 'gauge', 'Bytes of /dev/shm the last cleanup freed.', CLEANUP),
+        Metric(
+            'tritonops_shm_cleanup_freed_bytes_total',
+            'counter',
+            'Bytes of /dev/shm freed by every cleanup of this server that this textfile has seen.',
+            CLEANUP,
+        ),
+    )
+}
 
 
 class Written(NamedTuple):
     """What write_server_metrics() did: the paths written, and the warnings (at most one per cause)."""
+
     paths: list
     warnings: list
 
@@ -121,13 +193,14 @@ class Written(NamedTuple):
 class WriteResult(NamedTuple):
     """What write_textfile() did: the path, whether the file was written, the warning when it was not, and whether
     the directory itself was the cause (missing, a symlink, not writable) rather than this one file."""
+
     path: str
     written: bool
-    warning: Optional[str]
+    warning: str | None
     directory_refused: bool = False
 
 
-def file_name(kind: str, host: str, url: Optional[str]) -> str:
+def file_name(kind: str, host: str, url: str | None) -> str:
     """The textfile of one (inventory host, URL): readable host part, and a digest that keeps any two apart."""
     if kind not in FILE_BASES:
         raise ValueError(f'metrics kind must be one of {sorted(FILE_BASES)}, got {kind!r}')
@@ -152,10 +225,10 @@ def _number(value: Any) -> str:
         return 'NaN'
     if math.isinf(value):
         return '+Inf' if value > 0 else '-Inf'
-    return str(int(value)) if value.is_integer() and abs(value) < 2 ** 53 else repr(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
-def _render(samples: Iterable[tuple], host: str, url: Optional[str]) -> str:
+def _render(samples: Iterable[tuple], host: str, url: str | None) -> str:
     """Exposition text: samples (name, extra labels, value) grouped by metric in METRICS order, HELP and TYPE once each."""
     # a URL's user:password@ part never reaches the world-readable textfile (the modules refuse such URLs anyway)
     base = f'host="{_label_value(host)}",triton_url="{_label_value(redact_url(url))}"'
@@ -182,7 +255,7 @@ def _inventory_of(result: Mapping) -> Mapping:
     return result
 
 
-def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: Optional[float] = None) -> str:
+def report_text(result: Mapping | None, host: str, url: str | None, now: float | None = None) -> str:
     """The report textfile of one server from an inventory result (None or a failed result: the server is down).
 
     A server that answered but whose process was not found (no ``server.pid``) gets only ``up``, ``server_located``, the version
@@ -195,8 +268,11 @@ def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: O
     located = up and server.get('pid') is not None
     scanned = inv.get('scanned_at')
     when = float(scanned) if scanned is not None else (time.time() if now is None else now)
-    samples = [('tritonops_shm_up', (), up), ('tritonops_shm_server_located', (), located),
-               ('tritonops_shm_report_timestamp_seconds', (), when)]
+    samples = [
+        ('tritonops_shm_up', (), up),
+        ('tritonops_shm_server_located', (), located),
+        ('tritonops_shm_report_timestamp_seconds', (), when),
+    ]
     if up and server.get('version'):
         samples.append(('tritonops_shm_server_info', (('version', server['version']),), 1))
     if located:
@@ -205,26 +281,39 @@ def report_text(result: Optional[Mapping], host: str, url: Optional[str], now: O
         regions = inv.get('system_regions') or []
         container = server.get('container')
         if isinstance(container, Mapping) and container.get('name'):
-            samples.append(('tritonops_shm_server_container_info', (('container', container['name']),
-                                                                    ('runtime', container.get('runtime') or '')), 1))
+            samples.append(
+                (
+                    'tritonops_shm_server_container_info',
+                    (('container', container['name']), ('runtime', container.get('runtime') or '')),
+                    1,
+                )
+            )
         samples += [('tritonops_shm_held_bytes', (('holder', holder),), held) for holder, held in held_by(regions)]
         summary = inv.get('summary') or {}
         fs = inv.get('shm_fs') or {}
         if fs.get('total_bytes') is not None:
-            samples += [('tritonops_shm_fs_size_bytes', (), fs['total_bytes']),
-                        ('tritonops_shm_fs_used_bytes', (), fs.get('used_bytes') or 0)]
+            samples += [
+                ('tritonops_shm_fs_size_bytes', (), fs['total_bytes']),
+                ('tritonops_shm_fs_used_bytes', (), fs.get('used_bytes') or 0),
+            ]
         samples.append(('tritonops_shm_registered_bytes', (), sum(int(r.get('byte_size') or 0) for r in regions)))
-        samples += [('tritonops_shm_regions', (('state', s),), sum(1 for r in regions if r.get('state') == s))
-                    for s in REGION_STATES]
+        samples += [
+            ('tritonops_shm_regions', (('state', s),), sum(1 for r in regions if r.get('state') == s))
+            for s in REGION_STATES
+        ]
         samples.append(('tritonops_shm_cuda_regions', (), len(inv.get('cuda_regions') or ())))
         samples.append(('tritonops_shm_stale_bytes', (), summary.get('stale_bytes') or 0))
         files = inv.get('files') or []
-        samples += [('tritonops_shm_files', (('category', c),), sum(1 for f in files if f.get('category') == c))
-                    for c in FILE_CATEGORIES]
+        samples += [
+            ('tritonops_shm_files', (('category', c),), sum(1 for f in files if f.get('category') == c))
+            for c in FILE_CATEGORIES
+        ]
         samples.append(('tritonops_shm_orphan_bytes', (), summary.get('orphan_bytes') or 0))
         samples.append(('tritonops_shm_leftover_bytes', (), summary.get('leftover_bytes') or 0))
-        samples += [('tritonops_shm_backend_pool_bytes', (('model', model),), value)
-                    for model, value in pool_bytes_by_model(inv.get('backend_pools') or ())]
+        samples += [
+            ('tritonops_shm_backend_pool_bytes', (('model', model),), value)
+            for model, value in pool_bytes_by_model(inv.get('backend_pools') or ())
+        ]
     return _render(samples, host, url)
 
 
@@ -261,7 +350,7 @@ def held_by(regions: Iterable[Mapping]) -> list[tuple[str, int]]:
             held[name] = held.get(name, 0) + int(region.get('byte_size') or 0)
     ordered = sorted(held.items(), key=lambda item: (-item[1], item[0]))
     if len(ordered) > HELD_BY_MAX:
-        ordered = ordered[:HELD_BY_MAX - 1] + [('other', sum(v for _k, v in ordered[HELD_BY_MAX - 1:]))]
+        ordered = ordered[: HELD_BY_MAX - 1] + [('other', sum(v for _k, v in ordered[HELD_BY_MAX - 1 :]))]
     return ordered
 
 
@@ -271,7 +360,9 @@ def holders_incomplete_cause(inv: Mapping) -> str:
         return ''
     if inv.get('holders_complete') is None:
         return 'unknown'
-    if inv.get('pid_namespace') == 'other' and "initial PID namespace" in str(inv.get('holders_incomplete_reason') or ''):
+    if inv.get('pid_namespace') == 'other' and 'initial PID namespace' in str(
+        inv.get('holders_incomplete_reason') or ''
+    ):
         return 'pid_namespace'
     if (inv.get('server') or {}).get('shm_dir') is None:
         return 'shm_dir'
@@ -280,7 +371,7 @@ def holders_incomplete_cause(inv: Mapping) -> str:
     return 'hidepid'
 
 
-def _previous_values(text: Optional[str]) -> dict:
+def _previous_values(text: str | None) -> dict:
     """Sample values by metric name of a textfile this module wrote for one server (one series per name)."""
     out = {}
     for line in (text or '').splitlines():
@@ -297,7 +388,7 @@ def _previous_values(text: Optional[str]) -> dict:
     return out
 
 
-def cleanup_text(outcome: Mapping, host: str, url: Optional[str], previous: Optional[str] = None) -> str:
+def cleanup_text(outcome: Mapping, host: str, url: str | None, previous: str | None = None) -> str:
     """The cleanup textfile of one server from the shm_cleanup role's record (``shm_cleanup_result``).
 
     ``previous`` is the text of this server's previous cleanup file: the counter and the last success time go on
@@ -307,7 +398,7 @@ def cleanup_text(outcome: Mapping, host: str, url: Optional[str], previous: Opti
     success = outcome.get('status') != 'failed'
     ended = float(outcome.get('finished_epoch') or time.time())
     before = _previous_values(previous)
-    freed = int(done.get('freed_bytes') or 0)   # a cleanup that failed part-way may have freed some
+    freed = int(done.get('freed_bytes') or 0)  # a cleanup that failed part-way may have freed some
     last_success = ended if success else before.get('tritonops_shm_cleanup_last_success_timestamp_seconds', 0)
     samples = [
         ('tritonops_shm_cleanup_last_run_timestamp_seconds', (), ended),
@@ -316,7 +407,11 @@ def cleanup_text(outcome: Mapping, host: str, url: Optional[str], previous: Opti
         ('tritonops_shm_cleanup_last_unregistered_regions', (), len(done.get('unregistered') or ())),
         ('tritonops_shm_cleanup_last_removed_files', (), len(done.get('removed_files') or ())),
         ('tritonops_shm_cleanup_last_freed_bytes', (), freed),
-        ('tritonops_shm_cleanup_freed_bytes_total', (), before.get('tritonops_shm_cleanup_freed_bytes_total', 0) + freed),
+        (
+            'tritonops_shm_cleanup_freed_bytes_total',
+            (),
+            before.get('tritonops_shm_cleanup_freed_bytes_total', 0) + freed,
+        ),
     ]
     return _render(samples, host, url)
 
@@ -326,7 +421,7 @@ def _check_name(name: str) -> None:
         raise ValueError(f'metrics file name must be a plain NAME.prom, got {name!r}')
 
 
-def dir_refusal(directory: str, missing_ok: bool = False) -> Optional[str]:
+def dir_refusal(directory: str, missing_ok: bool = False) -> str | None:
     """Why nothing may be written into directory (a symlink, or a path through one: not followed), or None.
 
     The one check of an output directory: the modules' metrics_dir and the playbooks' report_dir (filter
@@ -368,7 +463,7 @@ def _open_dir(directory: str) -> tuple:
     return fd, None
 
 
-def read_textfile(directory: str, name: str) -> Optional[str]:
+def read_textfile(directory: str, name: str) -> str | None:
     """The current text of a metrics file (None when absent, not a regular file, or unreadable); never follows symlinks."""
     _check_name(name)
     fd, _why = _open_dir(directory)
@@ -411,7 +506,7 @@ def write_textfile(directory: str, name: str, text: str) -> WriteResult:
             return WriteResult(path, False, f'{directory} {reason} ({exc.strerror}): no metrics written ({name})', True)
         try:
             with os.fdopen(tfd, 'wb') as f:
-                os.fchmod(f.fileno(), 0o644)   # whatever the umask
+                os.fchmod(f.fileno(), 0o644)  # whatever the umask
                 f.write(text.encode('utf-8'))
                 f.flush()
                 os.fsync(f.fileno())
@@ -427,19 +522,30 @@ def write_textfile(directory: str, name: str, text: str) -> WriteResult:
         os.close(fd)
 
 
-def call_outcome(result: Mapping, failed: bool, now: Optional[float] = None) -> dict:
+def call_outcome(result: Mapping, failed: bool, now: float | None = None) -> dict:
     """The record cleanup_text() reads, from a triton_shm_region result (a failed call's partial result too).
 
     What the call did (also part-way), whether it failed, and when it ended.
     """
-    return {'status': 'failed' if failed else 'ok', 'finished_epoch': time.time() if now is None else now,
-            'done': {'unregistered': list(result.get('unregistered') or ()),
-                     'removed_files': list(result.get('removed_files') or ()),
-                     'freed_bytes': int(result.get('freed_bytes') or 0)}}
+    return {
+        'status': 'failed' if failed else 'ok',
+        'finished_epoch': time.time() if now is None else now,
+        'done': {
+            'unregistered': list(result.get('unregistered') or ()),
+            'removed_files': list(result.get('removed_files') or ()),
+            'freed_bytes': int(result.get('freed_bytes') or 0),
+        },
+    }
 
 
-def write_server_metrics(directory: str, host: str, url: Optional[str], report: Optional[Mapping] = None,
-                         with_report: bool = False, outcome: Optional[Mapping] = None) -> Written:
+def write_server_metrics(
+    directory: str,
+    host: str,
+    url: str | None,
+    report: Mapping | None = None,
+    with_report: bool = False,
+    outcome: Mapping | None = None,
+) -> Written:
     """Write the textfiles of one (host, URL) into directory: the report (with_report; report None: the server is down)
     and the cleanup outcome (outcome not None), the cleanup counter continued from the file already there.
 
@@ -459,5 +565,5 @@ def write_server_metrics(directory: str, host: str, url: Optional[str], report: 
             continue
         warnings.append(done.warning)
         if done.directory_refused:
-            break   # the other file would only repeat the warning
+            break  # the other file would only repeat the warning
     return Written(paths, warnings)

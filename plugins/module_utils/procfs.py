@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,11 +8,11 @@ Standard library only. holders.py and discovery.py read /proc through these: the
 process's name, a whole file as bytes, its socket inodes, its children and its network namespace, and
 which PID namespace a proc filesystem and the module belong to (pid_namespace).
 """
+
 from __future__ import annotations
 
 import os
 import time
-
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -72,7 +71,7 @@ def start_time(pid: int, proc: str = '/proc') -> int | None:
     """
     try:
         data = read_bytes(f'{proc}/{pid}/stat')
-        return int(data[data.rindex(b')') + 2:].split()[19])
+        return int(data[data.rindex(b')') + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -99,7 +98,7 @@ def read_cmdline(pid: int, proc: str = '/proc') -> list[str] | None:
     except OSError:
         return None
     if not data:
-        return None   # a kernel thread, or a process already exiting
+        return None  # a kernel thread, or a process already exiting
     return [a.decode('utf-8', 'replace') for a in data.rstrip(b'\0').split(b'\0')]
 
 
@@ -153,8 +152,8 @@ INITIAL_PID_NS_INODE = 0xEFFFFFFC
 class PidNamespace(NamedTuple):
     """Which PID namespace the module and the proc filesystem it reads belong to (see pid_namespace)."""
 
-    initial: bool   # both are the host's initial PID namespace
-    detail: str     # what was seen, for a reason
+    initial: bool  # both are the host's initial PID namespace
+    detail: str  # what was seen, for a reason
 
 
 def pid_namespace(proc: str = '/proc') -> PidNamespace:
@@ -170,19 +169,27 @@ def pid_namespace(proc: str = '/proc') -> PidNamespace:
     try:
         link = os.readlink(f'{proc}/self')
     except OSError as exc:
-        return PidNamespace(False, f'{proc}/self does not resolve ({exc.strerror or exc}): {proc} is not the proc '
-                                   "filesystem of the module's PID namespace")
+        return PidNamespace(
+            False,
+            f'{proc}/self does not resolve ({exc.strerror or exc}): {proc} is not the proc '
+            "filesystem of the module's PID namespace",
+        )
     own = str(os.getpid())
     if link != own:
-        return PidNamespace(False, f"{proc}/self is {link}, not the module's pid {own}: {proc} belongs to another PID "
-                                   'namespace than the module')
+        return PidNamespace(
+            False,
+            f"{proc}/self is {link}, not the module's pid {own}: {proc} belongs to another PID "
+            'namespace than the module',
+        )
     try:
         inode = os.stat(f'{proc}/self/ns/pid').st_ino
     except OSError as exc:
         return PidNamespace(False, f'{proc}/self/ns/pid cannot be read ({exc.strerror or exc})')
     if inode != INITIAL_PID_NS_INODE:
-        return PidNamespace(False, f"the module's PID namespace is pid:[{inode}], not the host's initial one "
-                                   f'pid:[{INITIAL_PID_NS_INODE}]')
+        return PidNamespace(
+            False,
+            f"the module's PID namespace is pid:[{inode}], not the host's initial one pid:[{INITIAL_PID_NS_INODE}]",
+        )
     return PidNamespace(True, f"the host's initial PID namespace pid:[{INITIAL_PID_NS_INODE}]")
 
 
@@ -202,9 +209,16 @@ class Backoff:
     the budget really went by (a lock held "for 600 s").
     """
 
-    def __init__(self, timeout: float | None = None, attempts: int | None = None, first: float = 0.05,
-                 cap: float = 1.0, sleep: Callable[[float], object] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, overrun: bool = False) -> None:
+    def __init__(
+        self,
+        timeout: float | None = None,
+        attempts: int | None = None,
+        first: float = 0.05,
+        cap: float = 1.0,
+        sleep: Callable[[float], object] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        overrun: bool = False,
+    ) -> None:
         self.sleep = sleep
         self.clock = clock
         self.delay = first

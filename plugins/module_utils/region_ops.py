@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -16,13 +15,13 @@ recorded, on success and after a failure part-way. A module's main() runs, in th
         ops.execute(ops.plan(now))        # check mode: the plan is the result
         ops.result()                      # (triton_shm_region also writes its metrics under the lock)
 """
+
 from __future__ import annotations
 
 import contextlib
 import enum
 import os
 import time
-
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -40,16 +39,16 @@ class Unregister(enum.Enum):
     """What _unregister did with one region."""
 
     UNREGISTERED = 'unregistered'
-    GONE = 'gone'        # no longer registered: not this run's work
-    KEPT = 'kept'        # still registered (in use past in_use_timeout, or a name the client cannot address)
+    GONE = 'gone'  # no longer registered: not this run's work
+    KEPT = 'kept'  # still registered (in use past in_use_timeout, or a name the client cannot address)
 
 
 class Lock(enum.Enum):
     """What _lock did about the per-server lock."""
 
-    NOT_NEEDED = 'not needed'    # not serialising, already held by this run, or no shm directory to lock
-    TAKEN = 'taken'              # taken at once: nobody else was acting on this server
-    WAITED = 'waited'            # taken after another run released it: what it read before may be out of date
+    NOT_NEEDED = 'not needed'  # not serialising, already held by this run, or no shm directory to lock
+    TAKEN = 'taken'  # taken at once: nobody else was acting on this server
+    WAITED = 'waited'  # taken after another run released it: what it read before may be out of date
     UNAVAILABLE = 'unavailable'  # the directory cannot be locked: warned, acting without it
 
 
@@ -74,9 +73,16 @@ def _may_defer(snap: Snapshot) -> bool:
 class RegionOps:
     """One module run: read, plan (region_plan), then, unless check mode, act, recording everything done."""
 
-    def __init__(self, client, params: dict, check_mode: bool = False, warn: Callable[[str], object] | None = None,
-                 sleep: Callable[[float], object] = time.sleep, clock: Callable[[], float] = time.monotonic,
-                 serialise: bool = True) -> None:
+    def __init__(
+        self,
+        client,
+        params: dict,
+        check_mode: bool = False,
+        warn: Callable[[str], object] | None = None,
+        sleep: Callable[[float], object] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        serialise: bool = True,
+    ) -> None:
         self.client = client
         self.serialise = serialise
         self.lock = None
@@ -85,28 +91,28 @@ class RegionOps:
         self.warn = warn or (lambda msg: None)
         self.sleep = sleep
         self.clock = clock
-        self.plan_done: Plan | None = None   # the plan this run carried out (or, in check mode, reports)
+        self.plan_done: Plan | None = None  # the plan this run carried out (or, in check mode, reports)
         self.registered = []
         self.unregistered = []
-        self.pending = []           # unregistered, but still listed past in_use_timeout (Triton 24.12+ defers)
+        self.pending = []  # unregistered, but still listed past in_use_timeout (Triton 24.12+ defers)
         self.removed_files = []
         self.created_files = []
         self.marked_files = []
         self.skipped = []
         self.freed_bytes = 0
-        self.before = None          # the diff: regions (and files) before, and after
+        self.before = None  # the diff: regions (and files) before, and after
         self.after = None
         self.used_before = None
         self.used_after = None
-        self.snap = None            # the read this run planned from
-        self.before_result = None   # with inventory: what triton_shm_info would have returned for that read
-        self.snap_after = None      # the read before unlinking, when it is also the state returned after the change
-        self.regions_after = None   # the regions of the kind after the change (predicted in check mode)
-        self.inventory_after = None   # with inventory, outside check mode: what triton_shm_info would return after
-        self._criteria = None       # the parameters' inventory.Criteria, client users resolved once per run
-        self._record = None         # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
-        self._ours = set()          # the inodes this run added to it
-        self._finished = []         # the inodes of files this run removed or gave back to a holder
+        self.snap = None  # the read this run planned from
+        self.before_result = None  # with inventory: what triton_shm_info would have returned for that read
+        self.snap_after = None  # the read before unlinking, when it is also the state returned after the change
+        self.regions_after = None  # the regions of the kind after the change (predicted in check mode)
+        self.inventory_after = None  # with inventory, outside check mode: what triton_shm_info would return after
+        self._criteria = None  # the parameters' inventory.Criteria, client users resolved once per run
+        self._record = None  # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
+        self._ours = set()  # the inodes this run added to it
+        self._finished = []  # the inodes of files this run removed or gave back to a holder
 
     @property
     def in_use_timeout(self) -> float:
@@ -124,7 +130,7 @@ class RegionOps:
         with self.locked(self.read()) as now:
             self.execute(self.plan(now))
 
-    present = absent = run   # the state comes from the parameters
+    present = absent = run  # the state comes from the parameters
 
     def check(self) -> None:
         """ParameterError for what the argument spec cannot check (region_plan.check_params); warns about broad patterns."""
@@ -138,10 +144,15 @@ class RegionOps:
         p = self.params
         if p['kind'] == 'cuda':
             return Reading(None, self.client.status('cuda'))
-        snap = inventory.read_server(self.client, server_pid=p.get('server_pid'), shm_dir=p.get('shm_dir'),
-                                     require_readable_dir=p.get('shm_dir') is not None, kinds=('system',),
-                                     backend_patterns=self.criteria.backend_patterns,
-                                     clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')))
+        snap = inventory.read_server(
+            self.client,
+            server_pid=p.get('server_pid'),
+            shm_dir=p.get('shm_dir'),
+            require_readable_dir=p.get('shm_dir') is not None,
+            kinds=('system',),
+            backend_patterns=self.criteria.backend_patterns,
+            clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
+        )
         return Reading(snap, snap.system)
 
     @contextlib.contextmanager
@@ -152,7 +163,7 @@ class RegionOps:
         """
         try:
             if reading.snap is not None and not self.check_mode and self._lock(reading.snap) is Lock.WAITED:
-                reading = self.read()   # another run acted on this server while we waited: plan from what is there now
+                reading = self.read()  # another run acted on this server while we waited: plan from what is there now
             if reading.snap is not None:
                 self.snap = reading.snap
                 for w in self.snap.warnings:
@@ -171,12 +182,16 @@ class RegionOps:
         try:
             waited = lock.acquire()
         except OSError as exc:
-            self.warn(f'cannot lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same time '
-                      'may count the same regions')
+            self.warn(
+                f'cannot lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same time '
+                'may count the same regions'
+            )
             return Lock.UNAVAILABLE
         if lock.squatter is not None:
-            self.warn(f'the lock on {lock.path} is {lock.squatter}: acting without it, not waiting (any user can take '
-                      'a flock on a shm directory)')
+            self.warn(
+                f'the lock on {lock.path} is {lock.squatter}: acting without it, not waiting (any user can take '
+                'a flock on a shm directory)'
+            )
             return Lock.UNAVAILABLE
         self.lock = lock
         return Lock.WAITED if waited else Lock.TAKEN
@@ -244,9 +259,12 @@ class RegionOps:
                 self._mark(snap, os.path.basename(path), name)
             return
         if plan.kind == 'cuda':
-            self._register_all('cuda', plan.register,
-                               lambda name: self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size']),
-                               self._restore_cuda)
+            self._register_all(
+                'cuda',
+                plan.register,
+                lambda name: self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size']),
+                self._restore_cuda,
+            )
             return
         created = None
         if plan.create:
@@ -255,10 +273,14 @@ class RegionOps:
             self.created_files.append(os.path.join(snap.shm_dir, plan.create))
         key_name = shm_fs.key_to_name(p['key'])
         try:
-            self._register_all('system', plan.register,
-                               lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
-                               lambda cur: self.client.register_system(cur['name'], cur['key'], cur.get('offset', 0),
-                                                                       cur['byte_size']))
+            self._register_all(
+                'system',
+                plan.register,
+                lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
+                lambda cur: self.client.register_system(
+                    cur['name'], cur['key'], cur.get('offset', 0), cur['byte_size']
+                ),
+            )
             if snap.shm_dir is not None:
                 for name in self.registered:
                     self._mark(snap, key_name, name)
@@ -274,9 +296,11 @@ class RegionOps:
 
     @staticmethod
     def _restore_cuda(cur: dict) -> None:
-        raise TritonError(f"Triton's status never shows a CUDA region's IPC handle, so the previous registration of "
-                          f"'{cur['name']}' cannot be made again: register it with the raw_handle of memory that its "
-                          "owner still holds (cudaIpcGetMemHandle in that process)")
+        raise TritonError(
+            f"Triton's status never shows a CUDA region's IPC handle, so the previous registration of "
+            f"'{cur['name']}' cannot be made again: register it with the raw_handle of memory that its "
+            'owner still holds (cudaIpcGetMemHandle in that process)'
+        )
 
     def _read_after(self) -> None:
         """The state after a finished run: the regions of the kind, and with inventory what triton_shm_info would return."""
@@ -291,11 +315,12 @@ class RegionOps:
     def _inventory_after(self) -> dict:
         """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
         if self.snap_after is None and not self.done_something() and self.before_result is not None:
-            return self.before_result   # nothing changed since the read this run selected from
+            return self.before_result  # nothing changed since the read this run selected from
         snap = self.snap_after or self._read_again()
         result = inventory.info_result(snap, inventory.classify(snap, self.criteria))
-        result['server'].update(located_by=self.snap.located_by,
-                                not_found_reason=self.snap.server_reason if self.snap.pid is None else None)
+        result['server'].update(
+            located_by=self.snap.located_by, not_found_reason=self.snap.server_reason if self.snap.pid is None else None
+        )
         return result
 
     def _read_again(self) -> Snapshot:
@@ -303,9 +328,14 @@ class RegionOps:
 
         The server found before is kept; server.live and server.ready are not measured.
         """
-        return inventory.read_server(self.client, server_pid=self.snap.pid, shm_dir=self.snap.shm_dir, kinds=('system',),
-                                     backend_patterns=self.criteria.backend_patterns,
-                                     clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace)
+        return inventory.read_server(
+            self.client,
+            server_pid=self.snap.pid,
+            shm_dir=self.snap.shm_dir,
+            kinds=('system',),
+            backend_patterns=self.criteria.backend_patterns,
+            clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
+        )
 
     def _measure_after(self) -> None:
         if self.snap and self.snap.shm_dir and not self.check_mode:
@@ -317,8 +347,14 @@ class RegionOps:
     # -- the result (formats what was recorded: no I/O) --------------------------------------------
 
     def done_something(self) -> bool:
-        return bool(self.registered or self.unregistered or self.pending or self.removed_files or self.created_files
-                    or self.marked_files)
+        return bool(
+            self.registered
+            or self.unregistered
+            or self.pending
+            or self.removed_files
+            or self.created_files
+            or self.marked_files
+        )
 
     def result(self, finished: bool = True, diff: bool = False) -> dict:
         """The module's result: what was done (also after a failure part-way), then, when finished, the state after.
@@ -329,16 +365,25 @@ class RegionOps:
         diff: add the diff (before and after) when the run got as far as planning it.
         """
         changed = (self.plan_done is not None and self.plan_done.changed) if self.check_mode else self.done_something()
-        out = {'changed': changed,
-               'registered': self.registered, 'unregistered': self.unregistered, 'pending': self.pending,
-               'removed_files': self.removed_files, 'created_files': self.created_files,
-               'marked_files': self.marked_files, 'skipped_items': self.skipped, 'freed_bytes': self.freed_bytes}
+        out = {
+            'changed': changed,
+            'registered': self.registered,
+            'unregistered': self.unregistered,
+            'pending': self.pending,
+            'removed_files': self.removed_files,
+            'created_files': self.created_files,
+            'marked_files': self.marked_files,
+            'skipped_items': self.skipped,
+            'freed_bytes': self.freed_bytes,
+        }
         if self.before_result is not None:
             out['before'] = self.before_result
-        if self.snap is not None:   # the holder scan this run planned from (the visibility rule)
-            out.update(holders_complete=self.snap.holders_complete,
-                       holders_incomplete_reason=self.snap.holders_incomplete_reason,
-                       pid_namespace=self.snap.pid_namespace)
+        if self.snap is not None:  # the holder scan this run planned from (the visibility rule)
+            out.update(
+                holders_complete=self.snap.holders_complete,
+                holders_incomplete_reason=self.snap.holders_incomplete_reason,
+                pid_namespace=self.snap.pid_namespace,
+            )
         if self.plan_done is not None and self.plan_done.threshold is not None:
             out['threshold'] = self.plan_done.threshold.as_dict()
         if self.used_before is not None:
@@ -393,8 +438,11 @@ class RegionOps:
             return set()
         backoff = Backoff(timeout=self.in_use_timeout, sleep=self.sleep, clock=self.clock)
         while True:
-            listed = {r.get('name') for r in self.client.status(kind)
-                      if r.get('name') in specs and same(r, specs[r.get('name')])}
+            listed = {
+                r.get('name')
+                for r in self.client.status(kind)
+                if r.get('name') in specs and same(r, specs[r.get('name')])
+            }
             if not listed or not backoff.wait():
                 return listed
 
@@ -410,13 +458,16 @@ class RegionOps:
                     raise ShmFsError(f'{path} does not exist')
                 d.set_mark(key_name, region, st.st_dev, st.st_ino)
         except ShmFsError as exc:
-            self.warn(f"region '{region}' is registered, but its file could not be marked as the operator's: a later "
-                      f"stale cleanup would take it once no client maps it ({exc})")
+            self.warn(
+                f"region '{region}' is registered, but its file could not be marked as the operator's: a later "
+                f'stale cleanup would take it once no client maps it ({exc})'
+            )
             return
         self.marked_files.append(path)
 
-    def _register_all(self, kind: str, todo: list, register: Callable[[str], object],
-                      restore: Callable[[dict], object]) -> None:
+    def _register_all(
+        self, kind: str, todo: list, register: Callable[[str], object], restore: Callable[[dict], object]
+    ) -> None:
         """Register each (name, current) of todo; a different current spec is unregistered first.
 
         When the server refuses the new spec after the old one was unregistered, the old spec is
@@ -425,15 +476,19 @@ class RegionOps:
         for name, cur in todo:
             if cur is not None:
                 if self._unregister(kind, name) is Unregister.KEPT:
-                    raise TritonError(f"re-register {kind} region '{name}': it stays in use: Triton refused to unregister "
-                                      f"its current registration for {self.in_use_timeout}s because requests are in "
-                                      "flight through it, so nothing changed and it keeps its current spec; run again "
-                                      "when its clients are idle, or give in_use_timeout more seconds")
+                    raise TritonError(
+                        f"re-register {kind} region '{name}': it stays in use: Triton refused to unregister "
+                        f'its current registration for {self.in_use_timeout}s because requests are in '
+                        'flight through it, so nothing changed and it keeps its current spec; run again '
+                        'when its clients are idle, or give in_use_timeout more seconds'
+                    )
                 if self._wait_gone(kind, {name: cur}):
                     self.pending.append(name)
-                    raise TritonError(f"re-register {kind} region '{name}': it was unregistered but is still listed after "
-                                      f"{self.in_use_timeout}s (requests in flight: Triton 24.12 and later remove it when "
-                                      "they finish); not registered again, run again later")
+                    raise TritonError(
+                        f"re-register {kind} region '{name}': it was unregistered but is still listed after "
+                        f'{self.in_use_timeout}s (requests in flight: Triton 24.12 and later remove it when '
+                        'they finish); not registered again, run again later'
+                    )
             try:
                 register(name)
             except TritonError as exc:
@@ -443,12 +498,21 @@ class RegionOps:
                     restore(cur)
                 except TritonError as again:
                     self.unregistered.append(name)
-                    raise type(exc)(f'{exc.msg}; restoring the previous spec failed too, the region is now unregistered: '
-                                    f'{again.msg}', url=exc.url, status=exc.status, server_error=exc.server_error,
-                                    transport=exc.transport) from exc
-                raise type(exc)(f'{exc.msg}; the previous spec was registered again, the region is unchanged',
-                                url=exc.url, status=exc.status, server_error=exc.server_error,
-                                transport=exc.transport) from exc
+                    raise type(exc)(
+                        f'{exc.msg}; restoring the previous spec failed too, the region is now unregistered: '
+                        f'{again.msg}',
+                        url=exc.url,
+                        status=exc.status,
+                        server_error=exc.server_error,
+                        transport=exc.transport,
+                    ) from exc
+                raise type(exc)(
+                    f'{exc.msg}; the previous spec was registered again, the region is unchanged',
+                    url=exc.url,
+                    status=exc.status,
+                    server_error=exc.server_error,
+                    transport=exc.transport,
+                ) from exc
             if cur is not None:
                 self.unregistered.append(name)
             self.registered.append(name)
@@ -479,8 +543,11 @@ class RegionOps:
         record, and the next stale cleanup of the same server process finishes the files it names. When the
         filesystem or the run's privileges refuse the record, a warning says so and the cleanup goes on.
         """
-        ours = {e['inode']: shm_fs.CleanupMark(region, e['name'], snap.server_id or '')
-                for e, region in file_plan if region is not None}
+        ours = {
+            e['inode']: shm_fs.CleanupMark(region, e['name'], snap.server_id or '')
+            for e, region in file_plan
+            if region is not None
+        }
         if not ours:
             return
         present = {e['inode'] for e in snap.entries}
@@ -490,8 +557,10 @@ class RegionOps:
             with shm_fs.ShmDir(snap.shm_dir) as d:
                 d.write_cleanup_record(record)
         except ShmFsError as exc:
-            self.warn(f'the files are not recorded before their regions are unregistered ({exc}): a run stopped part-way '
-                      'leaves them to orphan patterns')
+            self.warn(
+                f'the files are not recorded before their regions are unregistered ({exc}): a run stopped part-way '
+                'leaves them to orphan patterns'
+            )
             return
         self._record = record
         self._ours = set(ours)
@@ -503,8 +572,11 @@ class RegionOps:
         and of regions whose unregister was not answered, files left under a quarantine name, and other entries.
         """
         done = set(self._finished)
-        done.update(ino for ino in self._ours
-                    if self._record[ino].region in still_registered and self._record[ino].region not in self.pending)
+        done.update(
+            ino
+            for ino in self._ours
+            if self._record[ino].region in still_registered and self._record[ino].region not in self.pending
+        )
         if not done or snap.shm_dir is None:
             return
         # read again, never this run's copy: a run that found the lock squatted by another user overlaps other root
@@ -532,7 +604,7 @@ class RegionOps:
         try:
             for name, refused in batch:
                 if failure is not None:
-                    if refused is None:   # sent before the failure: done, and reported as done
+                    if refused is None:  # sent before the failure: done, and reported as done
                         self.unregistered.append(name)
                     continue
                 try:
@@ -561,9 +633,15 @@ class RegionOps:
         except TritonError as again:
             # before 24.12 an unregister Triton answered is final; since, it may still be listed
             if _may_defer(snap):
-                self.skipped.extend({'path': e['path'], 'reason': 'not removed: the status could not be read to confirm '
-                                     f'that its region is gone: {again.msg}'}
-                                    for e, n in file_plan if n in done)
+                self.skipped.extend(
+                    {
+                        'path': e['path'],
+                        'reason': 'not removed: the status could not be read to confirm '
+                        f'that its region is gone: {again.msg}',
+                    }
+                    for e, n in file_plan
+                    if n in done
+                )
                 return
         try:
             self.snap_after = self._remove_files(snap, [(e, n) for e, n in file_plan if n in done], still_registered)
@@ -571,8 +649,11 @@ class RegionOps:
             # e.g. the server died and its private /dev/shm went with it: the server's failure (the cause)
             # is what is raised; the files that could not be removed are reported with this reason
             removed = set(self.removed_files)
-            self.skipped.extend({'path': e['path'], 'reason': f'not removed: {exc}'}
-                                for e, n in file_plan if n in done and e['path'] not in removed)
+            self.skipped.extend(
+                {'path': e['path'], 'reason': f'not removed: {exc}'}
+                for e, n in file_plan
+                if n in done and e['path'] not in removed
+            )
 
     def _record_after(self) -> None:
         """/dev/shm use and the server's regions after the change, as far as they can still be read."""
@@ -590,18 +671,25 @@ class RegionOps:
         unregistered to pending (the server accepted the unregister and drops the region when its
         requests finish), with the reason in skipped and a warning.
         """
-        done = set(self.unregistered)   # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
+        done = set(self.unregistered)  # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
         specs = {r['name']: r for r in selected if r['name'] in done and r['name'] not in still_registered}
         listed = self._wait_gone('system', specs)
         for name in sorted(listed):
             still_registered.add(name)
             self.pending.append(name)
-            self.skipped.append({'name': name, 'reason': f'pending: unregistered, but still listed by the server after '
-                                                         f'{self.in_use_timeout}s (requests in flight: it goes when '
-                                                         'they finish); its file is kept'})
-            self.warn(f"region '{name}' is pending: still listed {self.in_use_timeout}s after its unregister (Triton "
-                      "24.12 and later drop it when its requests in flight finish); its file is kept: a run while it is "
-                      "still listed unregisters it again and removes the file once it is gone")
+            self.skipped.append(
+                {
+                    'name': name,
+                    'reason': f'pending: unregistered, but still listed by the server after '
+                    f'{self.in_use_timeout}s (requests in flight: it goes when '
+                    'they finish); its file is kept',
+                }
+            )
+            self.warn(
+                f"region '{name}' is pending: still listed {self.in_use_timeout}s after its unregister (Triton "
+                '24.12 and later drop it when its requests in flight finish); its file is kept: a run while it is '
+                'still listed unregisters it again and removes the file once it is gone'
+            )
         if listed:
             self.unregistered[:] = [n for n in self.unregistered if n not in listed]
 
@@ -636,7 +724,7 @@ class RegionOps:
         if not want_after:
             return None
         if restored:
-            check = self._read_again()   # the listing of the scan saw quarantine names since renamed back
+            check = self._read_again()  # the listing of the scan saw quarantine names since renamed back
         fs = None
         if check.shm_dir is not None:
             try:
@@ -645,8 +733,9 @@ class RegionOps:
                 pass
         return check.without(gone, fs=fs)
 
-    def _quarantine(self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None,
-                    still_registered: set) -> shm_fs.Quarantined | None:
+    def _quarantine(
+        self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None, still_registered: set
+    ) -> shm_fs.Quarantined | None:
         """Rename one planned file to its quarantine name; None (the reason recorded) when it stays as it is."""
         name = entry['name']
         reason = None
@@ -714,8 +803,10 @@ class RegionOps:
             return f'; it stays under {q.name}: {exc}'
         if not back:
             self._record_quarantined(d, q, server)
-            self.warn(f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
-                      f'kept under {q.name} (a stale cleanup removes it once nobody holds it)')
+            self.warn(
+                f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
+                f'kept under {q.name} (a stale cleanup removes it once nobody holds it)'
+            )
             return f'; its name was taken meanwhile, so it stays under {q.name}'
         self._finished.append(q.ino)
         return ''

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -11,11 +10,11 @@ register (and the file to create). check_params() is the one place for the check
 argument spec cannot express. region_ops.py reads, holds the lock, and carries a plan out; in check
 mode the plan is the result. Unit tests call these functions on literal snapshots.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
-
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -37,7 +36,7 @@ SAFE_UNREGISTER_VERSION = (2, 50)
 # The options that select what state=absent acts on (one of them is required).
 SELECTORS = ('stale', 'reserved', 'all', 'orphan_files', 'backend_leftovers')
 
-Unaddressable = Callable[[str], 'str | None']   # client.unaddressable: why the client cannot address a name, or None
+Unaddressable = Callable[[str], 'str | None']  # client.unaddressable: why the client cannot address a name, or None
 
 
 class FileAction(NamedTuple):
@@ -69,8 +68,10 @@ class Threshold(NamedTuple):
     def keep_reason(self) -> str:
         """Why an orphan file stays while the gate is closed."""
         used = 'not known' if self.used_percent is None else f'{self.used_percent}%'
-        return (f'kept below the threshold: shm use is {used}, threshold_percent is {self.percent}% (orphan files are '
-                'removed only at or above it)')
+        return (
+            f'kept below the threshold: shm use is {used}, threshold_percent is {self.percent}% (orphan files are '
+            'removed only at or above it)'
+        )
 
 
 class Register(NamedTuple):
@@ -137,12 +138,16 @@ def same(listed: dict, wanted: dict) -> bool:
 
 def criteria(p: dict, orphans: bool = True) -> inventory.Criteria:
     """The classification criteria of the parameters (client_users resolved: ParameterError for an unknown name)."""
-    return inventory.Criteria.of(orphan_patterns=p.get('orphan_patterns') if orphans else None,
-                                 min_age=p.get('min_age', inventory.DEFAULT_MIN_AGE),
-                                 backend_patterns=p.get('backend_patterns'), client_users=p.get('client_users'))
+    return inventory.Criteria.of(
+        orphan_patterns=p.get('orphan_patterns') if orphans else None,
+        min_age=p.get('min_age', inventory.DEFAULT_MIN_AGE),
+        backend_patterns=p.get('backend_patterns'),
+        client_users=p.get('client_users'),
+    )
 
 
 # -- the checks the argument spec cannot express ----------------------------------------------------------------
+
 
 def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
     """ParameterError for parameters the run cannot act on; returns the warnings about them (broad patterns).
@@ -163,8 +168,9 @@ def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
     if not 0 <= threshold <= 100:
         raise ParameterError(f'threshold_percent must be between 0 and 100, got {threshold}')
     if threshold and (p['state'] != 'absent' or p['kind'] != 'system'):
-        raise ParameterError('threshold_percent applies to state=absent with kind=system only (it gates the removal of '
-                             'orphan files)')
+        raise ParameterError(
+            'threshold_percent applies to state=absent with kind=system only (it gates the removal of orphan files)'
+        )
     if p.get('in_use_timeout', IN_USE_TIMEOUT) < 0:
         raise ParameterError('in_use_timeout must be 0 or more seconds')
     return inventory.broad_pattern_warnings(p.get('orphan_patterns')) if p.get('orphan_files') else []
@@ -174,17 +180,19 @@ def _check_present(p: dict, names: list, unaddressable: Unaddressable) -> None:
     if not names:
         raise ParameterError('state=present needs name')
     if len(names) > 1:
-        raise ParameterError(f'state=present registers one region per task, got {len(names)} names (Triton refuses a '
-                             'second region on a key that is already registered): loop over the names, each with its own key')
+        raise ParameterError(
+            f'state=present registers one region per task, got {len(names)} names (Triton refuses a '
+            'second region on a key that is already registered): loop over the names, each with its own key'
+        )
     for opt in SELECTORS:
         if p.get(opt):
             raise ParameterError(f'{opt} applies to state=absent only')
     needed = ('key', 'byte_size') if p['kind'] == 'system' else ('raw_handle', 'device_id', 'byte_size')
     missing = [o for o in needed if p.get(o) is None]
-    if missing and missing != ['byte_size']:   # byte_size alone: the argument spec says it (required_if)
-        raise ParameterError(f"state=present with kind={p['kind']} needs {', '.join(missing)}")
+    if missing and missing != ['byte_size']:  # byte_size alone: the argument spec says it (required_if)
+        raise ParameterError(f'state=present with kind={p["kind"]} needs {", ".join(missing)}')
     for name in names:
-        why = unaddressable(name)   # over HTTP: names a URL path cannot carry
+        why = unaddressable(name)  # over HTTP: names a URL path cannot carry
         if why:
             raise ParameterError(why)
     if p['kind'] == 'system':
@@ -194,11 +202,13 @@ def _check_present(p: dict, names: list, unaddressable: Unaddressable) -> None:
         raise ParameterError(f'byte_size must be a positive number of bytes, got {size}')
     if p['kind'] == 'system':
         if p.get('offset', 0) < 0:
-            raise ParameterError(f"offset must be 0 or more, got {p['offset']}")
+            raise ParameterError(f'offset must be 0 or more, got {p["offset"]}')
         if matches(key_name, p.get('backend_patterns')):
-            raise ParameterError(f"key '/{key_name}' names a python backend file (it matches backend_patterns "
-                                 f"{', '.join(p['backend_patterns'])}): registering it as a client region would hand "
-                                 "Triton's own memory to clients; choose another key")
+            raise ParameterError(
+                f"key '/{key_name}' names a python backend file (it matches backend_patterns "
+                f'{", ".join(p["backend_patterns"])}): registering it as a client region would hand '
+                "Triton's own memory to clients; choose another key"
+            )
 
 
 def _check_key(key: object, backend_patterns: Sequence[str] | None) -> str:
@@ -210,18 +220,24 @@ def _check_key(key: object, backend_patterns: Sequence[str] | None) -> str:
     if isinstance(key, str):
         stripped = key.lstrip('/')
         if key and not stripped:
-            raise ParameterError(f"key '{key}' is only slashes, and a key is '/' followed by exactly one path component "
-                                 f"(Triton 2.61 and later refuse it: '... - invalid shm key '{key}''): choose a key like "
-                                 "'/my_region'")
+            raise ParameterError(
+                f"key '{key}' is only slashes, and a key is '/' followed by exactly one path component "
+                f"(Triton 2.61 and later refuse it: '... - invalid shm key '{key}''): choose a key like "
+                "'/my_region'"
+            )
         if stripped.startswith(shm_fs.BACKEND_PREFIX):
-            raise ParameterError(f"key '{key}' starts with '{shm_fs.BACKEND_PREFIX}', the prefix Triton reserves "
-                                 "for its python backend (Triton 2.60 and later refuse it as a reserved prefix, 2.61 "
-                                 "and later also after leading slashes): choose another key")
+            raise ParameterError(
+                f"key '{key}' starts with '{shm_fs.BACKEND_PREFIX}', the prefix Triton reserves "
+                'for its python backend (Triton 2.60 and later refuse it as a reserved prefix, 2.61 '
+                'and later also after leading slashes): choose another key'
+            )
         owner = shm_fs.backend_of(stripped)
         if owner is not None:
-            raise ParameterError(f"key '{key}' has the form {shm_fs.BACKEND_FILE_PATTERN} of a Python-based backend's "
-                                 f"files (here the {owner} backend's): registering it as a client region would hand "
-                                 "Triton's own memory to clients; choose another key")
+            raise ParameterError(
+                f"key '{key}' has the form {shm_fs.BACKEND_FILE_PATTERN} of a Python-based backend's "
+                f"files (here the {owner} backend's): registering it as a client region would hand "
+                "Triton's own memory to clients; choose another key"
+            )
     try:
         return shm_fs.key_to_name(key)
     except ShmFsError as exc:
@@ -230,8 +246,10 @@ def _check_key(key: object, backend_patterns: Sequence[str] | None) -> str:
 
 def _check_absent(p: dict) -> None:
     if not (p.get('name') or any(p.get(opt) for opt in SELECTORS)):
-        raise ParameterError('state=absent needs a selector: name, stale=true, reserved=true, all=true, orphan_files=true or '
-                             'backend_leftovers=true')
+        raise ParameterError(
+            'state=absent needs a selector: name, stale=true, reserved=true, all=true, orphan_files=true or '
+            'backend_leftovers=true'
+        )
     if p.get('orphan_files') and not p.get('orphan_patterns'):
         raise ParameterError('orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
     if p.get('min_age', 0) < 0:
@@ -243,6 +261,7 @@ def _check_absent(p: dict) -> None:
 
 
 # -- state=present ----------------------------------------------------------------------------------------------
+
 
 def plan_present(snap: Snapshot, p: dict) -> Plan:
     """Register the one name of p with key, offset and byte_size; create the backing file when asked and missing."""
@@ -256,16 +275,25 @@ def plan_present(snap: Snapshot, p: dict) -> Plan:
     create = False
     if snap.shm_dir is None:
         if p['create_file']:
-            raise ServerNotFound("create_file needs the server's shm directory, which was not found: "
-                                 "set server_pid or shm_dir")
+            raise ServerNotFound(
+                "create_file needs the server's shm directory, which was not found: set server_pid or shm_dir"
+            )
     elif todo:
         create = _backing_file_missing(snap, key_name, need, p['create_file'])
         if create and snap.fs:
             warnings.extend(_fits(snap, key_name, need))
     after = {'regions': [dict(name=n, **wanted) for n in p['name']]}
-    return Plan(kind='system', current=snap.system, before=before, after=after, register=todo,
-                create=key_name if create else None, need=need, warnings=warnings,
-                marks=[] if todo else _unmarked(snap, key_name, p['name']))
+    return Plan(
+        kind='system',
+        current=snap.system,
+        before=before,
+        after=after,
+        register=todo,
+        create=key_name if create else None,
+        need=need,
+        warnings=warnings,
+        marks=[] if todo else _unmarked(snap, key_name, p['name']),
+    )
 
 
 def plan_present_cuda(current_regions: list, p: dict) -> Plan:
@@ -278,10 +306,13 @@ def plan_present_cuda(current_regions: list, p: dict) -> Plan:
     """
     current = {r['name']: r for r in current_regions}
     wanted = {'device_id': p['device_id'], 'byte_size': p['byte_size']}
-    return Plan(kind='cuda', current=current_regions,
-                before={'regions': [cuda_spec(current[n]) for n in p['name'] if n in current]},
-                after={'regions': [dict(name=n, **wanted) for n in p['name']]},
-                register=[Register(n, current.get(n)) for n in p['name']])
+    return Plan(
+        kind='cuda',
+        current=current_regions,
+        before={'regions': [cuda_spec(current[n]) for n in p['name'] if n in current]},
+        after={'regions': [dict(name=n, **wanted) for n in p['name']]},
+        register=[Register(n, current.get(n)) for n in p['name']],
+    )
 
 
 def _todo(names: Iterable[str], current: dict, wanted: dict) -> list:
@@ -308,10 +339,12 @@ def _backing_file_missing(snap: Snapshot, key_name: str, need: int, create_file:
             raise ShmFsError(f'backing file {path} does not exist: create it (a client does) or set create_file: true')
         return True
     if entry['type'] != 'file':
-        raise ShmFsError(f"backing path {path} is a {entry['type']}, not a regular file: refusing to register it")
+        raise ShmFsError(f'backing path {path} is a {entry["type"]}, not a regular file: refusing to register it')
     if entry['size'] < need:
-        raise ShmFsError(f"offset + byte_size ({need}) is past the end of {path} ({entry['size']} bytes); "
-                         "the file is never truncated or grown")
+        raise ShmFsError(
+            f'offset + byte_size ({need}) is past the end of {path} ({entry["size"]} bytes); '
+            'the file is never truncated or grown'
+        )
     return False
 
 
@@ -319,15 +352,20 @@ def _fits(snap: Snapshot, key_name: str, need: int) -> list[str]:
     """A file to create must fit in the shm filesystem: a sparse file larger than it makes every writer die of SIGBUS."""
     path = os.path.join(snap.shm_dir, key_name)
     if need > snap.fs['total_bytes']:
-        raise ShmFsError(f"offset + byte_size ({need}) is larger than the whole shm filesystem of {snap.shm_dir} "
-                         f"({snap.fs['total_bytes']} bytes): refusing to create {path}, its memory could never be allocated")
+        raise ShmFsError(
+            f'offset + byte_size ({need}) is larger than the whole shm filesystem of {snap.shm_dir} '
+            f'({snap.fs["total_bytes"]} bytes): refusing to create {path}, its memory could never be allocated'
+        )
     if need > snap.fs['free_bytes']:
-        return [f"{path} is created with {need} bytes but only {snap.fs['free_bytes']} bytes of the shm filesystem "
-                "are free: writing it may fail (SIGBUS)"]
+        return [
+            f'{path} is created with {need} bytes but only {snap.fs["free_bytes"]} bytes of the shm filesystem '
+            'are free: writing it may fail (SIGBUS)'
+        ]
     return []
 
 
 # -- state=absent -----------------------------------------------------------------------------------------------
+
 
 class _Notes:
     """The reasons to keep and the warnings, gathered in the order the plan meets them."""
@@ -337,8 +375,9 @@ class _Notes:
         self.warnings: list = []
 
 
-def plan_absent(snap: Snapshot, records: Records, p: dict, owners: inventory.Criteria,
-                unaddressable: Unaddressable) -> Plan:
+def plan_absent(
+    snap: Snapshot, records: Records, p: dict, owners: inventory.Criteria, unaddressable: Unaddressable
+) -> Plan:
     """Unregister the selected system regions, then remove their unheld files and (with orphan_files, backend_leftovers)
     orphan and leftover files. records: classify(snap) with the parameters' criteria; owners: whose files may go."""
     regions, files = records.system_regions, records.files
@@ -351,10 +390,17 @@ def plan_absent(snap: Snapshot, records: Records, p: dict, owners: inventory.Cri
     file_plan = plan_files(snap, p, owners, selected, remaining, files, notes, threshold)
     if selected or file_plan:
         notes.warnings.extend(_unsafe_unregister(snap, selected))
-    return Plan(kind='system', current=snap.system, before={'regions': [spec(r) for r in regions],
-                                                            'files': [e['path'] for e, _n in file_plan]},
-                after={'regions': [spec(r) for r in remaining], 'files': []}, selected=selected, files=file_plan,
-                skipped=notes.skipped, warnings=notes.warnings, threshold=threshold)
+    return Plan(
+        kind='system',
+        current=snap.system,
+        before={'regions': [spec(r) for r in regions], 'files': [e['path'] for e, _n in file_plan]},
+        after={'regions': [spec(r) for r in remaining], 'files': []},
+        selected=selected,
+        files=file_plan,
+        skipped=notes.skipped,
+        warnings=notes.warnings,
+        threshold=threshold,
+    )
 
 
 def plan_absent_cuda(current: list, p: dict, unaddressable: Unaddressable) -> Plan:
@@ -362,18 +408,29 @@ def plan_absent_cuda(current: list, p: dict, unaddressable: Unaddressable) -> Pl
     names = set(p['name'] or ())
     selected = _select((rec for rec in current if p['all'] or rec['name'] in names), p, unaddressable, notes)
     if p['stale'] and not p['all']:
-        notes.warnings.append('CUDA regions are never stale (their clients cannot be observed): stale=true selects none '
-                              'of them')
+        notes.warnings.append(
+            'CUDA regions are never stale (their clients cannot be observed): stale=true selects none of them'
+        )
     sel = {r['name'] for r in selected}
-    return Plan(kind='cuda', current=current, before={'regions': [cuda_spec(r) for r in current], 'files': []},
-                after={'regions': [cuda_spec(r) for r in current if r['name'] not in sel], 'files': []},
-                selected=selected, skipped=notes.skipped, warnings=notes.warnings)
+    return Plan(
+        kind='cuda',
+        current=current,
+        before={'regions': [cuda_spec(r) for r in current], 'files': []},
+        after={'regions': [cuda_spec(r) for r in current if r['name'] not in sel], 'files': []},
+        selected=selected,
+        skipped=notes.skipped,
+        warnings=notes.warnings,
+    )
 
 
 def _wanted(p: dict, rec: dict) -> bool:
     """Whether the parameters ask for this system region (before exclusion)."""
-    return bool(p['all'] or rec['name'] in (p['name'] or ()) or (p['stale'] and rec['reclaimable'])
-                or (p.get('reserved') and rec['state'] == inventory.RESERVED))
+    return bool(
+        p['all']
+        or rec['name'] in (p['name'] or ())
+        or (p['stale'] and rec['reclaimable'])
+        or (p.get('reserved') and rec['state'] == inventory.RESERVED)
+    )
 
 
 def _select(candidates: Iterable[dict], p: dict, unaddressable: Unaddressable, notes: _Notes) -> list:
@@ -400,17 +457,33 @@ def _select(candidates: Iterable[dict], p: dict, unaddressable: Unaddressable, n
 
 def require_server(snap: Snapshot, p: dict) -> None:
     """Stale and orphan cleanup on a host whose server was not found would be a silent no-op: refuse it."""
-    wants = [w for w, needs in (('stale', snap.pid is None), ('orphan_files', snap.shm_dir is None),
-                                ('backend_leftovers', snap.shm_dir is None)) if p.get(w) and needs]
+    wants = [
+        w
+        for w, needs in (
+            ('stale', snap.pid is None),
+            ('orphan_files', snap.shm_dir is None),
+            ('backend_leftovers', snap.shm_dir is None),
+        )
+        if p.get(w) and needs
+    ]
     if wants:
         missing = 'the process was not found' if snap.pid is None else 'the directory is not known'
         raise ServerNotFound(
-            f"{' and '.join(wants)} cleanup needs the tritonserver process behind {snap.url} and its shm "
-            f"directory, and {missing}: {snap.server_reason or snap.dir_error or 'see the warnings'}")
+            f'{" and ".join(wants)} cleanup needs the tritonserver process behind {snap.url} and its shm '
+            f'directory, and {missing}: {snap.server_reason or snap.dir_error or "see the warnings"}'
+        )
 
 
-def plan_files(snap: Snapshot, p: dict, owners: inventory.Criteria, selected: list, remaining: list, files: list,
-               notes: _Notes | None = None, threshold: Threshold | None = None) -> list:
+def plan_files(
+    snap: Snapshot,
+    p: dict,
+    owners: inventory.Criteria,
+    selected: list,
+    remaining: list,
+    files: list,
+    notes: _Notes | None = None,
+    threshold: Threshold | None = None,
+) -> list:
     """[FileAction]: the files to remove, each file kept recorded with its reason in notes.
 
     threshold: orphan files (orphan_files) are removed only when its gate is open; the backing files of the selected
@@ -440,24 +513,30 @@ def plan_files(snap: Snapshot, p: dict, owners: inventory.Criteria, selected: li
             notes.skipped.extend({'path': f['path'], 'reason': threshold.keep_reason()} for f in orphans)
     elif p['stale'] or p['all']:
         # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it
-        file_plan.extend(FileAction(entries[f['path']], None) for f in files
-                         if f['category'] == 'orphan' and snap.leftover(f['name']) is not None)
+        file_plan.extend(
+            FileAction(entries[f['path']], None)
+            for f in files
+            if f['category'] == 'orphan' and snap.leftover(f['name']) is not None
+        )
     if p.get('backend_leftovers'):
         file_plan.extend(FileAction(entries[f['path']], None) for f in files if f['category'] == inventory.LEFTOVER)
     return file_plan
 
 
-def _keep_file_reason(snap: Snapshot, owners: inventory.Criteria, rec: dict, f: dict, kept_paths: set,
-                      notes: _Notes) -> str | None:
+def _keep_file_reason(
+    snap: Snapshot, owners: inventory.Criteria, rec: dict, f: dict, kept_paths: set, notes: _Notes
+) -> str | None:
     """Why the backing file of a selected region must stay, or None."""
     path = f['path']
     if path in kept_paths:
         return 'also backs a region that stays registered'
     if f.get('type') != 'file':
-        return f"not a regular file ({f.get('type')}): never removed"
+        return f'not a regular file ({f.get("type")}): never removed'
     if rec['holders']:
-        notes.warnings.append(f"region '{rec['name']}' is unregistered as asked, but its file {path} is held by "
-                              f"{holders_text(rec['holders'])} and is kept")
+        notes.warnings.append(
+            f"region '{rec['name']}' is unregistered as asked, but its file {path} is held by "
+            f'{holders_text(rec["holders"])} and is kept'
+        )
         return 'held by ' + holders_text(rec['holders'])
     if not snap.holders_complete:
         return 'holders could not be fully determined'
@@ -475,6 +554,8 @@ def _unsafe_unregister(snap: Snapshot, selected: list) -> list[str]:
     held = sorted(r['name'] for r in selected if r['holders'])
     if not held:
         return []
-    return [f"Triton {snap.metadata.get('version')} is older than 2.50: unregistering a region while a live "
-            "client runs requests through it can crash the server (triton-inference-server/server#3207); "
-            f"region(s) {', '.join(held)} are held by live clients"]
+    return [
+        f'Triton {snap.metadata.get("version")} is older than 2.50: unregistering a region while a live '
+        'client runs requests through it can crash the server (triton-inference-server/server#3207); '
+        f'region(s) {", ".join(held)} are held by live clients'
+    ]

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -20,13 +19,13 @@ for a live process whose effective uid is 0 (another root run); a lock held by a
 by a process it cannot see, is not waited for: the run goes on without it, with a warning that
 names the holder (squatted()).
 """
+
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
 import time
-
 from collections.abc import Callable
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError
@@ -38,14 +37,19 @@ WAIT_S = 600.0
 class ShmDirLock:
     """An exclusive flock on the shm directory path, held until release()."""
 
-    def __init__(self, path: str, wait_s: float = WAIT_S, sleep: Callable[[float], object] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        path: str,
+        wait_s: float = WAIT_S,
+        sleep: Callable[[float], object] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.path = path
         self.wait_s = wait_s
         self.sleep = sleep
         self.clock = clock
         self.fd: int | None = None
-        self.squatter: str | None = None   # why the lock was not waited for (held by another user), when it was not
+        self.squatter: str | None = None  # why the lock was not waited for (held by another user), when it was not
 
     def acquire(self) -> bool:
         """Take the lock. Returns True when another run held it (this one waited), False when it was free.
@@ -56,7 +60,9 @@ class ShmDirLock:
         """
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
         try:
-            backoff = Backoff(timeout=self.wait_s, first=0.05, cap=0.5, sleep=self.sleep, clock=self.clock, overrun=True)
+            backoff = Backoff(
+                timeout=self.wait_s, first=0.05, cap=0.5, sleep=self.sleep, clock=self.clock, overrun=True
+            )
             while not _try_lock(fd):
                 st = os.fstat(fd)
                 self.squatter = squatted(st.st_dev, st.st_ino)
@@ -64,8 +70,10 @@ class ShmDirLock:
                     os.close(fd)
                     return False
                 if not backoff.wait():
-                    raise LockError(f'another tritonops.shm run has held the lock on {self.path} for {self.wait_s}s: '
-                                    'not acting (it is released when that run ends)')
+                    raise LockError(
+                        f'another tritonops.shm run has held the lock on {self.path} for {self.wait_s}s: '
+                        'not acting (it is released when that run ends)'
+                    )
         except BaseException:
             os.close(fd)
             raise
@@ -106,7 +114,7 @@ def squatted(dev: int, ino: int, proc: str = '/proc') -> str | None:
     """
     pids = lock_holders(dev, ino, proc)
     if not pids:
-        return None   # released meanwhile, or /proc/locks unreadable: try (and wait) as before
+        return None  # released meanwhile, or /proc/locks unreadable: try (and wait) as before
     for pid in pids:
         uid = effective_uid(pid, proc) if pid > 0 else None
         if uid == 0:

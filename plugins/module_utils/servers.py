@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -13,16 +12,20 @@ defaults 8000/8001/8002 otherwise), a URL that reaches each from here (the liste
 loopback in this namespace, else the namespace's own address from its fib_trie), its shm directory
 (/proc/PID/root/dev/shm) and the container or pod it runs in (containers.py).
 """
+
 from __future__ import annotations
 
 import os
-
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import identity
 from ansible_collections.tritonops.shm.plugins.module_utils.discovery import SERVER_COMMS, listening_sockets
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
-    list_pids, netns_inode, read_bytes, read_comm, socket_inodes,
+    list_pids,
+    netns_inode,
+    read_bytes,
+    read_comm,
+    socket_inodes,
 )
 
 DEFAULT_PORTS = {'http': 8000, 'grpc': 8001, 'metrics': 8002}
@@ -33,7 +36,7 @@ _WILDCARD = ('0.0.0.0', '::')
 class Listener(NamedTuple):
     address: str
     port: int
-    protocol: str | None   # http, grpc, metrics, or None (a port Triton's flags do not name)
+    protocol: str | None  # http, grpc, metrics, or None (a port Triton's flags do not name)
 
 
 def parse_args(argv: list[str]) -> dict[str, object]:
@@ -102,7 +105,7 @@ def _fds_denied(pid: int, proc: str) -> str | None:
     except PermissionError as exc:
         return exc.strerror or 'permission denied'
     except OSError:
-        return None   # gone, or that descriptor closed meanwhile
+        return None  # gone, or that descriptor closed meanwhile
     return None
 
 
@@ -120,8 +123,10 @@ def server(pid: int, proc: str = '/proc') -> dict[str, object] | None:
     warnings = []
     denied = _fds_denied(pid, proc)
     if denied:
-        warnings.append(f'the sockets of tritonserver (pid {pid}) cannot be read ({denied}): run as root (become: true); '
-                        'in a container, with the capabilities SYS_PTRACE and DAC_READ_SEARCH (the node agent has them)')
+        warnings.append(
+            f'the sockets of tritonserver (pid {pid}) cannot be read ({denied}): run as root (become: true); '
+            'in a container, with the capabilities SYS_PTRACE and DAC_READ_SEARCH (the node agent has them)'
+        )
     inodes = socket_inodes(pid, proc)
     listeners = []
     by_port = {port: protocol for protocol, port in ports.items() if port is not None}

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,6 +8,7 @@ relative to an open directory file descriptor, never follows symlinks, and
 refuses anything that is not a single path component, so nothing outside the
 shm directory can ever be touched.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -19,7 +19,6 @@ import os
 import re
 import stat
 import time
-
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
@@ -86,7 +85,7 @@ RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
 # server being the server process (pid:start time) that listed the region: only that same server's later
 # runs finish the job. trusted.* needs root to set and to read, and the kernel enforces it.
 CLEANUP_XATTR = 'trusted.tritonops_shm.cleanup'
-_CHUNK = 60000   # below the 64 KiB limit of one attribute value
+_CHUNK = 60000  # below the 64 KiB limit of one attribute value
 
 # A file to remove is first renamed to a quarantine name inside the shm directory (one component,
 # never an existing name: RENAME_NOREPLACE), its holders are scanned again, then it is unlinked, or
@@ -106,8 +105,9 @@ class CleanupMark(NamedTuple):
 
 def _record_names(names: list) -> list:
     prefix = CLEANUP_XATTR + '.'
-    return sorted((n for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()),
-                  key=lambda n: int(n[len(prefix):]))
+    return sorted(
+        (n for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()), key=lambda n: int(n[len(prefix) :])
+    )
 
 
 def read_cleanup_record(path: str | int) -> dict:
@@ -117,7 +117,9 @@ def read_cleanup_record(path: str | int) -> dict:
         if not names:
             return {}
         data = json.loads(b''.join(os.getxattr(path, n) for n in names).decode('utf-8'))
-        return {int(ino): CleanupMark(str(region), str(name), str(server)) for ino, name, region, server in data['files']}
+        return {
+            int(ino): CleanupMark(str(region), str(name), str(server)) for ino, name, region, server in data['files']
+        }
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
@@ -149,11 +151,11 @@ def _renameat2(dir_fd: int, old: str, new: str, flags: int) -> None:
 class Quarantined(NamedTuple):
     """A file renamed to its quarantine name: its (dev, ino) and its inode change time after the rename."""
 
-    name: str          # the quarantine name
-    original: str      # the name it had
+    name: str  # the quarantine name
+    original: str  # the name it had
     dev: int
     ino: int
-    ctime_ns: int | None   # None: the unlink checks device and inode only (the rename changed the ctime)
+    ctime_ns: int | None  # None: the unlink checks device and inode only (the rename changed the ctime)
     blocks: int
 
 
@@ -163,8 +165,13 @@ def usage(path: str) -> dict:
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
-    return {'path': path, 'total_bytes': total, 'used_bytes': used, 'free_bytes': free,
-            'used_percent': round(100.0 * used / total, 2) if total else 0.0}
+    return {
+        'path': path,
+        'total_bytes': total,
+        'used_bytes': used,
+        'free_bytes': free,
+        'used_percent': round(100.0 * used / total, 2) if total else 0.0,
+    }
 
 
 def key_to_name(key: object) -> str:
@@ -243,7 +250,7 @@ def list_entries(path: str, now: float | None = None) -> list[dict]:
     /proc/PID/root/dev/shm costs a walk through the other process's root for every name otherwise.
     """
     now = time.time() if now is None else now
-    prefix = os.path.join(path, '')   # path + separator, as os.path.join(path, name) spells each entry
+    prefix = os.path.join(path, '')  # path + separator, as os.path.join(path, name) spells each entry
     out = []
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
     try:
@@ -270,7 +277,7 @@ class ShmDir:
         except OSError as exc:
             raise ShmFsError(f'cannot open shm directory {path}: {exc.strerror}') from exc
         self.st = os.fstat(self.fd)
-        self._token = os.urandom(6).hex()   # this run's part of its quarantine names: nobody can take them first
+        self._token = os.urandom(6).hex()  # this run's part of its quarantine names: nobody can take them first
 
     def close(self) -> None:
         if self.fd is not None:
@@ -326,8 +333,9 @@ class ShmDir:
         try:
             os.setxattr(fd, RESERVED_XATTR, region.encode('utf-8'))
         except OSError as exc:
-            raise ShmFsError(f'cannot mark {name} in {self.path} as reserved (extended attribute {RESERVED_XATTR}): '
-                             f'{exc.strerror}') from exc
+            raise ShmFsError(
+                f'cannot mark {name} in {self.path} as reserved (extended attribute {RESERVED_XATTR}): {exc.strerror}'
+            ) from exc
         finally:
             os.close(fd)
 
@@ -354,31 +362,44 @@ class ShmDir:
 
         Raises ShmFsError when the filesystem or the caller's privileges refuse trusted.* attributes.
         """
-        data = json.dumps({'files': [[ino, m.name, m.region, m.server] for ino, m in sorted(record.items())]},
-                          separators=(',', ':')).encode('utf-8') if record else b''
-        chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)]
+        data = (
+            json.dumps(
+                {'files': [[ino, m.name, m.region, m.server] for ino, m in sorted(record.items())]},
+                separators=(',', ':'),
+            ).encode('utf-8')
+            if record
+            else b''
+        )
+        chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)]
         try:
             old = _record_names(os.listxattr(self.fd))
             for i, chunk in enumerate(chunks):
                 os.setxattr(self.fd, f'{CLEANUP_XATTR}.{i}', chunk)
-            for name in old[len(chunks):]:
+            for name in old[len(chunks) :]:
                 os.removexattr(self.fd, name)
         except OSError as exc:
-            raise ShmFsError(f'cannot record the files to remove on {self.path} (extended attribute {CLEANUP_XATTR}): '
-                             f'{exc.strerror}') from exc
+            raise ShmFsError(
+                f'cannot record the files to remove on {self.path} (extended attribute {CLEANUP_XATTR}): {exc.strerror}'
+            ) from exc
 
-    def _check_same(self, name: str, st: os.stat_result, expect_dev: int, expect_ino: int,
-                    expect_ctime_ns: int | None) -> None:
+    def _check_same(
+        self, name: str, st: os.stat_result, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None
+    ) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise ShmFsError(f'{name} in {self.path} is a {_kind(st.st_mode)}, not a regular file: not removed')
         if (st.st_dev, st.st_ino) != (expect_dev, expect_ino):
-            raise ShmFsError(f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
-                             f'expected {expect_ino}): not removed')
+            raise ShmFsError(
+                f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
+                f'expected {expect_ino}): not removed'
+            )
         if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
-            raise ShmFsError(f'{name} in {self.path} changed since it was checked (its inode change time differs): '
-                             'not removed')
+            raise ShmFsError(
+                f'{name} in {self.path} changed since it was checked (its inode change time differs): not removed'
+            )
 
-    def quarantine(self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None) -> Quarantined | None:
+    def quarantine(
+        self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None
+    ) -> Quarantined | None:
         """Rename regular file name, still the (dev, inode, ctime) classified, to a fresh quarantine name.
 
         Returns None when name is already gone. Raises ShmFsError as unlink() does, and when the rename
@@ -392,9 +413,13 @@ class ShmDir:
             st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
-        if (st.st_ino != expect_ino or st.st_dev != expect_dev or not stat.S_ISREG(st.st_mode)
-                or (expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns)):
-            self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)   # raises, saying why
+        if (
+            st.st_ino != expect_ino
+            or st.st_dev != expect_dev
+            or not stat.S_ISREG(st.st_mode)
+            or (expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns)
+        ):
+            self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)  # raises, saying why
         qname = f'{QUARANTINE_PREFIX}{st.st_ino}.{self._token}'
         try:
             _renameat2(self.fd, name, qname, _RENAME_NOREPLACE)
@@ -405,7 +430,9 @@ class ShmDir:
             # server's) where this process's uid is not mapped, so it may not create a name there (it may still unlink)
             if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.EOVERFLOW):
                 raise
-            raise ShmFsError(f'cannot rename {name} in {self.path} to {qname} before removing it: {exc.strerror}') from exc
+            raise ShmFsError(
+                f'cannot rename {name} in {self.path} to {qname} before removing it: {exc.strerror}'
+            ) from exc
         return Quarantined(qname, name, st.st_dev, st.st_ino, None, st.st_blocks)
 
     def restore(self, qname: str, name: str) -> bool:
@@ -420,8 +447,9 @@ class ShmDir:
             raise ShmFsError(f'cannot rename {qname} back to {name} in {self.path}: {exc.strerror}') from exc
         return True
 
-    def unlink(self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None,
-               missing: int | None = 0) -> int | None:
+    def unlink(
+        self, name: str, expect_dev: int, expect_ino: int, expect_ctime_ns: int | None = None, missing: int | None = 0
+    ) -> int | None:
         """Unlink name only if it is still the same regular file (device and inode) we classified.
 
         With expect_ctime_ns, its inode change time must be unchanged too: a file removed and

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -9,11 +8,11 @@ Private to the tritonops.shm collection: no stability promise to other code.
 Standard library only, nothing of the collection: the poller (extensions/eda/plugins/event_source/triton_shm.py)
 loads this file by its path, as it loads http_reader.py.
 """
+
 from __future__ import annotations
 
 import os
 import ssl
-
 from typing import NamedTuple
 
 
@@ -23,12 +22,15 @@ class TlsFileError(ValueError):
 
 class GrpcPems(NamedTuple):
     """The PEM bytes grpc.ssl_channel_credentials takes (None: not given)."""
+
     root_certificates: bytes | None
     private_key: bytes | None
     certificate_chain: bytes | None
 
 
-def tls_context(validate_certs: bool, ca_path: str | None, client_cert: str | None, client_key: str | None) -> ssl.SSLContext:
+def tls_context(
+    validate_certs: bool, ca_path: str | None, client_cert: str | None, client_key: str | None
+) -> ssl.SSLContext:
     """An SSLContext for the options: ca_path a PEM file or a directory of them (else the system's store), no
     verification at all with validate_certs false, a client certificate (and its key, when not in the same file).
 

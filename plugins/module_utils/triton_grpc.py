@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -14,6 +13,7 @@ imports the HTTP transport (triton_http).
 Needs ``grpcio`` and Triton's own protobuf messages, both from ``tritonclient[grpc]``
 (docs/concepts.md says why); imported on first use, so HTTP URLs never pay for them.
 """
+
 from __future__ import annotations
 
 import base64
@@ -22,16 +22,31 @@ import collections
 import json
 import re
 import traceback
-
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    GRPC, GRPC_SCHEMES, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
-    error_from_answer, host_port, index_entry, short, split_url,
+    GRPC,
+    GRPC_SCHEMES,
+    MAX_ANSWER_BYTES,
+    Answer,
+    Client,
+    Library,
+    UnregisterBatch,
+    check_kind,
+    check_metadata,
+    check_regions,
+    error_from_answer,
+    host_port,
+    index_entry,
+    short,
+    split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    MODEL_CONTROL_TEXT, RESTRICTED_TEXT, TritonError, UnaddressableName,
+    MODEL_CONTROL_TEXT,
+    RESTRICTED_TEXT,
+    TritonError,
+    UnaddressableName,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.tls import TlsFileError, grpc_pems
 
@@ -41,7 +56,7 @@ DEFAULT_GRPC_PORT = 8001
 _TLS_WORDS = ('ssl', 'tls', 'handshake', 'certificate')
 _METADATA_KEY = re.compile(r'^[0-9a-z_.-]+$')
 _RESERVED_KEYS = ('content-type', 'te', 'user-agent', 'host', 'connection')
-_MAX_MESSAGE = MAX_ANSWER_BYTES   # a status of 100,000 regions is a few MiB; a larger answer: RESOURCE_EXHAUSTED
+_MAX_MESSAGE = MAX_ANSWER_BYTES  # a status of 100,000 regions is a few MiB; a larger answer: RESOURCE_EXHAUSTED
 # Bulk unregisters: at most this many calls in flight on the one channel (docs/performance.md)
 BULK_WINDOW = 64
 _EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every region)'
@@ -49,6 +64,7 @@ _EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every
 
 class _Lib:
     """grpcio and Triton's messages, imported on first use (HTTP URLs never pay for the import)."""
+
     grpc: Any = None
     pb: Any = None
     pb_grpc: Any = None
@@ -78,13 +94,19 @@ def grpc_metadata(headers: dict | None) -> tuple[tuple[str, str], ...]:
         name = str(key).strip().lower()
         text = str(value)
         if not _METADATA_KEY.match(name) or name.startswith('grpc-') or name.startswith(':') or name in _RESERVED_KEYS:
-            raise TritonError(f'header {str(key)!r} cannot be sent as gRPC metadata: names are lower-case letters, digits '
-                              'and -_. and must not be reserved (grpc-*, content-type, te, user-agent, host, connection)')
+            raise TritonError(
+                f'header {str(key)!r} cannot be sent as gRPC metadata: names are lower-case letters, digits '
+                'and -_. and must not be reserved (grpc-*, content-type, te, user-agent, host, connection)'
+            )
         if name.endswith('-bin'):
-            raise TritonError(f'header {str(key)!r} cannot be sent as gRPC metadata: -bin (binary) metadata is not supported')
-        if any(ord(c) < 0x20 or ord(c) > 0x7e for c in text):
-            raise TritonError(f'the value of header {str(key)!r} cannot be sent as gRPC metadata: only printable ASCII is '
-                              'allowed (the value is not shown)')
+            raise TritonError(
+                f'header {str(key)!r} cannot be sent as gRPC metadata: -bin (binary) metadata is not supported'
+            )
+        if any(ord(c) < 0x20 or ord(c) > 0x7E for c in text):
+            raise TritonError(
+                f'the value of header {str(key)!r} cannot be sent as gRPC metadata: only printable ASCII is '
+                'allowed (the value is not shown)'
+            )
         out.append((name, text))
     return tuple(out)
 
@@ -94,17 +116,30 @@ class TritonGrpcClient(Client):
 
     transport = GRPC
 
-    def __init__(self, url: str, timeout: float = 10.0, validate_certs: bool = True, ca_path: str | None = None,
-                 headers: dict | None = None, client_cert: str | None = None, client_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        validate_certs: bool = True,
+        ca_path: str | None = None,
+        headers: dict | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+    ) -> None:
         if not load_grpc().ok:
             raise RuntimeError(f'{GRPC_REQUIREMENT} is required')
         url = (url or '').strip()
-        parsed = split_url(url, GRPC_SCHEMES,
-                           f'url {url!r} is not a grpc:// or grpcs:// URL of a Triton server (e.g. grpc://127.0.0.1:8001)')
+        parsed = split_url(
+            url,
+            GRPC_SCHEMES,
+            f'url {url!r} is not a grpc:// or grpcs:// URL of a Triton server (e.g. grpc://127.0.0.1:8001)',
+        )
         parts = parsed.parts
         if parts.path.strip('/') or parts.query or parts.fragment or parts.username or parts.password:
-            raise TritonError(f'url {url!r}: a gRPC URL is grpc://HOST:PORT or grpcs://HOST:PORT, with no path, query or user',
-                              url=url)
+            raise TritonError(
+                f'url {url!r}: a gRPC URL is grpc://HOST:PORT or grpcs://HOST:PORT, with no path, query or user',
+                url=url,
+            )
         self.scheme = parsed.scheme
         self.host = parsed.host
         self.port = parsed.port or DEFAULT_GRPC_PORT
@@ -115,9 +150,12 @@ class TritonGrpcClient(Client):
         self.credentials = None
         if self.scheme == 'grpcs':
             if not validate_certs:
-                raise TritonError(f'validate_certs=false is not possible with {self.base}: grpcio always verifies the server '
-                                  'certificate. Set ca_path to the CA that issued it (or to the certificate itself when it is '
-                                  'self-signed)', url=self.base)
+                raise TritonError(
+                    f'validate_certs=false is not possible with {self.base}: grpcio always verifies the server '
+                    'certificate. Set ca_path to the CA that issued it (or to the certificate itself when it is '
+                    'self-signed)',
+                    url=self.base,
+                )
             try:
                 pems = grpc_pems(ca_path, client_cert, client_key)
             except TlsFileError as exc:
@@ -145,7 +183,10 @@ class TritonGrpcClient(Client):
 
     def _service(self) -> Any:
         if self._stub is None:
-            options = [('grpc.max_receive_message_length', _MAX_MESSAGE), ('grpc.max_send_message_length', _MAX_MESSAGE)]
+            options = [
+                ('grpc.max_receive_message_length', _MAX_MESSAGE),
+                ('grpc.max_send_message_length', _MAX_MESSAGE),
+            ]
             if self.credentials is None:
                 self._channel = _Lib.grpc.insecure_channel(self.target, options=options)
             else:
@@ -166,39 +207,61 @@ class TritonGrpcClient(Client):
         name = getattr(code, 'name', None) or 'UNKNOWN'
         details = (exc.details() if hasattr(exc, 'details') else None) or str(exc)
         where = f'{what} at {self.base}'
-        if name == 'DEADLINE_EXCEEDED':      # the deadline bounds the whole call, as timeout does over HTTP
+        if name == 'DEADLINE_EXCEEDED':  # the deadline bounds the whole call, as timeout does over HTTP
             return self.error(f'{where}: no answer within {self.timeout}s (timeout)')
         if name == 'RESOURCE_EXHAUSTED' and 'larger than max' in details:
             return self.error(f'{where}: the answer is larger than {_MAX_MESSAGE} bytes: {short(details)}')
         if name == 'UNAVAILABLE' and (MODEL_CONTROL_TEXT in details or RESTRICTED_TEXT in details):
             # an answer: 2.51 refuses a load, and a restricted protocol without its header, this way
-            return error_from_answer(where, f'gRPC {name}', short(details), details, url=self.base, status=name,
-                                     transport=self.transport)
-        if name == 'UNAVAILABLE':      # no answer came from the server: the transport failed, as a connection error over HTTP
+            return error_from_answer(
+                where, f'gRPC {name}', short(details), details, url=self.base, status=name, transport=self.transport
+            )
+        if (
+            name == 'UNAVAILABLE'
+        ):  # no answer came from the server: the transport failed, as a connection error over HTTP
             low = details.lower()
             if 'http1' in low or 'http/1' in low:
-                return self.error(f'{where}: cannot connect to Triton over gRPC: {short(details)} (is this the HTTP port? '
-                                  'Triton serves gRPC on --grpc-port, 8001 by default)')
+                return self.error(
+                    f'{where}: cannot connect to Triton over gRPC: {short(details)} (is this the HTTP port? '
+                    'Triton serves gRPC on --grpc-port, 8001 by default)'
+                )
             if self.scheme == 'grpcs' and any(w in low for w in _TLS_WORDS):
                 return self.error(f'{where}: TLS verification failed: {short(details)}')
             hint = ''
             if 'socket closed' in low:
-                hint = (' (the server closed the connection: with grpcs://, does it require a client certificate (client_cert, '
-                        'client_key)?' if self.scheme == 'grpcs' else
-                        ' (the server closed the connection: is this port serving TLS (use grpcs://) or HTTP rather than gRPC?)')
+                hint = (
+                    ' (the server closed the connection: with grpcs://, does it require a client certificate (client_cert, '
+                    'client_key)?'
+                    if self.scheme == 'grpcs'
+                    else ' (the server closed the connection: is this port serving TLS (use grpcs://) or HTTP rather than gRPC?)'
+                )
             return self.error(f'{where}: cannot connect to Triton (refused or unreachable): {short(details)}{hint}')
         hint = " (is this Triton's gRPC port?)" if name == 'UNIMPLEMENTED' else ''
-        return error_from_answer(where, f'gRPC {name}', short(details), details, url=self.base, status=name,
-                                 transport=self.transport, hint=hint)
+        return error_from_answer(
+            where,
+            f'gRPC {name}',
+            short(details),
+            details,
+            url=self.base,
+            status=name,
+            transport=self.transport,
+            hint=hint,
+        )
 
     # -- server ---------------------------------------------------------------------
 
     def server_metadata(self) -> dict:
         resp = self.call('ServerMetadata', _Lib.pb.ServerMetadataRequest(), 'read server metadata')
         if not resp.version:
-            raise self.error(f'read server metadata at {self.base}: the answer is not Triton server metadata (no version)')
-        return check_metadata({'name': resp.name, 'version': resp.version, 'extensions': list(resp.extensions)},
-                              f'read server metadata at {self.base}', self.base, self.transport)
+            raise self.error(
+                f'read server metadata at {self.base}: the answer is not Triton server metadata (no version)'
+            )
+        return check_metadata(
+            {'name': resp.name, 'version': resp.version, 'extensions': list(resp.extensions)},
+            f'read server metadata at {self.base}',
+            self.base,
+            self.transport,
+        )
 
     def _health(self, which: str) -> bool:
         if which == 'live':
@@ -214,6 +277,7 @@ class TritonGrpcClient(Client):
     def model_config(self, name: str) -> dict:
         """ModelConfig, as the HTTP API's JSON (field names as in the protobuf; int64 values may come as strings)."""
         from google.protobuf import json_format  # pylint: disable=import-outside-toplevel
+
         what = f"read the config of model '{name}'"
         resp = self.call('ModelConfig', _Lib.pb.ModelConfigRequest(name=self._model(name, what)), what)
         return json_format.MessageToDict(resp.config, preserving_proto_field_name=True)
@@ -238,12 +302,19 @@ class TritonGrpcClient(Client):
         what = f'read {check_kind(kind)} shared memory status'
         if kind == 'system':
             resp = self.call('SystemSharedMemoryStatus', _Lib.pb.SystemSharedMemoryStatusRequest(), what)
-            out = [{'name': r.name, 'key': r.key, 'offset': int(r.offset), 'byte_size': int(r.byte_size)}
-                   for r in resp.regions.values()]
+            out = [
+                {'name': r.name, 'key': r.key, 'offset': int(r.offset), 'byte_size': int(r.byte_size)}
+                for r in resp.regions.values()
+            ]
         else:
             resp = self.call('CudaSharedMemoryStatus', _Lib.pb.CudaSharedMemoryStatusRequest(), what)
-            out = [{'name': r.name, 'device_id': int(r.device_id), 'byte_size': int(r.byte_size)} for r in resp.regions.values()]
-        return check_regions(kind, sorted(out, key=lambda r: r['name']), f'{what} at {self.base}', self.base, self.transport)
+            out = [
+                {'name': r.name, 'device_id': int(r.device_id), 'byte_size': int(r.byte_size)}
+                for r in resp.regions.values()
+            ]
+        return check_regions(
+            kind, sorted(out, key=lambda r: r['name']), f'{what} at {self.base}', self.base, self.transport
+        )
 
     @staticmethod
     def unaddressable(name: str) -> str | None:
@@ -259,7 +330,9 @@ class TritonGrpcClient(Client):
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         what = f"register system region '{name}'"
-        req = _Lib.pb.SystemSharedMemoryRegisterRequest(name=self._name(name, what), key=key, offset=offset, byte_size=byte_size)
+        req = _Lib.pb.SystemSharedMemoryRegisterRequest(
+            name=self._name(name, what), key=key, offset=offset, byte_size=byte_size
+        )
         self.call('SystemSharedMemoryRegister', req, what)
 
     def register_cuda(self, name: str, raw_handle_b64: str, device_id: int, byte_size: int) -> None:
@@ -268,16 +341,25 @@ class TritonGrpcClient(Client):
             raw = base64.b64decode(raw_handle_b64, validate=True)
         except (binascii.Error, ValueError, TypeError) as exc:
             raise self.error(f'{what}: raw_handle is not base64: {exc}') from exc
-        req = _Lib.pb.CudaSharedMemoryRegisterRequest(name=self._name(name, what), raw_handle=raw, device_id=device_id,
-                                                      byte_size=byte_size)
+        req = _Lib.pb.CudaSharedMemoryRegisterRequest(
+            name=self._name(name, what), raw_handle=raw, device_id=device_id, byte_size=byte_size
+        )
         self.call('CudaSharedMemoryRegister', req, what)
 
     def unregister(self, kind: str, name: str) -> None:
         what = f"unregister {check_kind(kind)} region '{name}'"
         if kind == 'system':
-            self.call('SystemSharedMemoryUnregister', _Lib.pb.SystemSharedMemoryUnregisterRequest(name=self._name(name, what)), what)
+            self.call(
+                'SystemSharedMemoryUnregister',
+                _Lib.pb.SystemSharedMemoryUnregisterRequest(name=self._name(name, what)),
+                what,
+            )
         else:
-            self.call('CudaSharedMemoryUnregister', _Lib.pb.CudaSharedMemoryUnregisterRequest(name=self._name(name, what)), what)
+            self.call(
+                'CudaSharedMemoryUnregister',
+                _Lib.pb.CudaSharedMemoryUnregisterRequest(name=self._name(name, what)),
+                what,
+            )
 
     def unregister_many(self, kind: str, names: Iterable[str]) -> UnregisterBatch:
         """Up to BULK_WINDOW unregisters in flight at once on the one channel (futures)."""
@@ -290,8 +372,12 @@ class _FutureUnregister(UnregisterBatch):
     def __iter__(self) -> Iterator[Answer]:
         client, kind = self.client, self.kind
         system = kind == 'system'
-        method = getattr(client._service(), 'SystemSharedMemoryUnregister' if system  # pylint: disable=protected-access
-                         else 'CudaSharedMemoryUnregister').future
+        method = getattr(
+            client._service(),
+            'SystemSharedMemoryUnregister'
+            if system  # pylint: disable=protected-access
+            else 'CudaSharedMemoryUnregister',
+        ).future
         make = _Lib.pb.SystemSharedMemoryUnregisterRequest if system else _Lib.pb.CudaSharedMemoryUnregisterRequest
         pending: collections.deque = collections.deque()
         names = iter(self.names)

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -18,6 +17,7 @@ Every request is bounded as a whole: ``timeout`` seconds from connecting to the 
 (a larger answer fails naming the URL, before its bytes are read). A redirect is refused: the URL
 must be Triton's own endpoint.
 """
+
 from __future__ import annotations
 
 import base64
@@ -27,19 +27,35 @@ import socket
 import ssl
 import string
 import time
-
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    HTTP, MAX_ANSWER_BYTES, Answer, Client, Library, UnregisterBatch, check_kind, check_metadata, check_regions,
-    error_from_answer, host_port, index_entry, short, snippet, split_url,
+    HTTP,
+    MAX_ANSWER_BYTES,
+    Answer,
+    Client,
+    Library,
+    UnregisterBatch,
+    check_kind,
+    check_metadata,
+    check_regions,
+    error_from_answer,
+    host_port,
+    index_entry,
+    short,
+    snippet,
+    split_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
-from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import HttpError, Response, ResponseReader, escape
+from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import (
+    HttpError,
+    Response,
+    ResponseReader,
+    escape,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.tls import tls_context
-
 
 # Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
 _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
@@ -61,10 +77,12 @@ def region_segment(name: str) -> str:
     bad = sorted({c for c in name if c not in _SEGMENT_SAFE})
     if not name or bad:
         chars = ', '.join(repr(c) for c in bad) or 'nothing'
-        raise UnaddressableName(f"region name {name!r} cannot be addressed over Triton's HTTP API: it contains {chars}, and "
-                                "Triton does not decode percent-encoding in region names (use names of letters, digits and "
-                                "-._~ only). Such a region comes from a gRPC client: a grpc:// URL of the same server (its "
-                                "gRPC port, 8001 by default) can unregister and clean it")
+        raise UnaddressableName(
+            f"region name {name!r} cannot be addressed over Triton's HTTP API: it contains {chars}, and "
+            'Triton does not decode percent-encoding in region names (use names of letters, digits and '
+            '-._~ only). Such a region comes from a gRPC client: a grpc:// URL of the same server (its '
+            'gRPC port, 8001 by default) can unregister and clean it'
+        )
     return name
 
 
@@ -73,8 +91,10 @@ def model_segment(name: str) -> str:
     bad = sorted({c for c in name if c not in _SEGMENT_SAFE})
     if not name or bad:
         chars = ', '.join(repr(c) for c in bad) or 'nothing'
-        raise UnaddressableName(f"model name {name!r} cannot be addressed over Triton's HTTP API: it contains {chars}; "
-                                "a grpc:// URL of the same server can")
+        raise UnaddressableName(
+            f"model name {name!r} cannot be addressed over Triton's HTTP API: it contains {chars}; "
+            'a grpc:// URL of the same server can'
+        )
     return name
 
 
@@ -94,9 +114,10 @@ USER_AGENT = 'tritonops.shm'
 
 class Proxy(NamedTuple):
     """An HTTP proxy from the environment (http_proxy, https_proxy, all_proxy, no_proxy), as requests and curl read it."""
+
     host: str
     port: int
-    authorization: str | None      # the Proxy-Authorization value for a user:password in the proxy URL
+    authorization: str | None  # the Proxy-Authorization value for a user:password in the proxy URL
 
 
 def environment_proxy(scheme: str, host: str, port: int) -> Proxy | None:
@@ -108,6 +129,7 @@ def environment_proxy(scheme: str, host: str, port: int) -> Proxy | None:
     if not any(name.lower().endswith('_proxy') for name in os.environ):
         return None
     import urllib.request  # pylint: disable=import-outside-toplevel  # only with a proxy variable set
+
     proxies = urllib.request.getproxies_environment()
     url = proxies.get(scheme) or proxies.get('all')
     if not url or urllib.request.proxy_bypass_environment(host_port(host, port), proxies):
@@ -116,8 +138,10 @@ def environment_proxy(scheme: str, host: str, port: int) -> Proxy | None:
         url = f'http://{url}'
     parts = urlsplit(url)
     if parts.scheme.lower() != 'http' or not parts.hostname:
-        raise TritonError(f'the {scheme}_proxy of the environment is not an http:// proxy URL; only HTTP proxies are '
-                          'supported (unset it, or list the Triton host in no_proxy)')
+        raise TritonError(
+            f'the {scheme}_proxy of the environment is not an http:// proxy URL; only HTTP proxies are '
+            'supported (unset it, or list the Triton host in no_proxy)'
+        )
     authorization = None
     if parts.username is not None:
         credentials = f'{unquote(parts.username)}:{unquote(parts.password or "")}'.encode()
@@ -149,7 +173,7 @@ class Connection:
     def __init__(self, host: str, port: int, tls: Any, proxy: Proxy | None) -> None:
         self.host = host
         self.port = port
-        self.tls = tls              # a callable returning the ssl.SSLContext (built at the first connect), or None
+        self.tls = tls  # a callable returning the ssl.SSLContext (built at the first connect), or None
         self.proxy = proxy
         self.sock: socket.socket | None = None
         self.reader = ResponseReader(MAX_ANSWER_BYTES)
@@ -187,7 +211,7 @@ class Connection:
         except socket.timeout:
             raise _Timeout(True) from None
         except OSError as exc:
-            raise ConnectionError(str(exc)) from exc   # refused, unreachable, no such host: never "stale"
+            raise ConnectionError(str(exc)) from exc  # refused, unreachable, no such host: never "stale"
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
@@ -215,7 +239,7 @@ class Connection:
             try:
                 reader.feed(data)
             except HttpError:
-                if not reader.status:     # a body where a tunnel's answer has none: only the head counts here
+                if not reader.status:  # a body where a tunnel's answer has none: only the head counts here
                     raise
         if not 200 <= reader.status < 300:
             raise HttpError(f'the proxy refused to connect to {target}: {reader.status} {escape(reader.reason, 80)}')
@@ -241,7 +265,7 @@ class Connection:
                 resp = reader.feed(data)
                 if resp is not None:
                     if not resp.keep_alive or reader.leftover:
-                        self.close()    # closed by the server, or bytes nobody asked for: this connection is done
+                        self.close()  # closed by the server, or bytes nobody asked for: this connection is done
                     return resp
         except socket.timeout:
             raise _Timeout(False) from None
@@ -256,13 +280,25 @@ class TritonClient(Client):
 
     transport = HTTP
 
-    def __init__(self, url: str, timeout: float = 10.0, validate_certs: bool = True, ca_path: str | None = None,
-                 headers: dict | None = None, client_cert: str | None = None, client_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        validate_certs: bool = True,
+        ca_path: str | None = None,
+        headers: dict | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+    ) -> None:
         url = (url or '').strip()
         if '://' not in url:
             url = f'http://{url}'
-        parsed = split_url(url, ('http', 'https'), f'url {url!r} is not an http(s) URL of a Triton server '
-                                                   '(e.g. http://127.0.0.1:8000; grpc://127.0.0.1:8001 for gRPC)')
+        parsed = split_url(
+            url,
+            ('http', 'https'),
+            f'url {url!r} is not an http(s) URL of a Triton server '
+            '(e.g. http://127.0.0.1:8000; grpc://127.0.0.1:8001 for gRPC)',
+        )
         self.base = url.rstrip('/')
         self.host = parsed.host
         self.port = parsed.port or (443 if parsed.scheme == 'https' else 80)
@@ -273,10 +309,11 @@ class TritonClient(Client):
         self.proxy = environment_proxy(self.scheme, self.host, self.port)
         self._context: ssl.SSLContext | None = None
         self._tls_files = (self.validate_certs, ca_path, client_cert, client_key)
-        host = host_port(self.host, parsed.port) if parsed.port else (f'[{self.host}]' if ':' in self.host else self.host)
-        sent = {'Host': host, 'Accept': 'application/json',
-                'Accept-Encoding': 'identity', 'User-Agent': USER_AGENT}
-        for name, value in (headers or {}).items():     # the headers option wins, whatever the case of its names
+        host = (
+            host_port(self.host, parsed.port) if parsed.port else (f'[{self.host}]' if ':' in self.host else self.host)
+        )
+        sent = {'Host': host, 'Accept': 'application/json', 'Accept-Encoding': 'identity', 'User-Agent': USER_AGENT}
+        for name, value in (headers or {}).items():  # the headers option wins, whatever the case of its names
             name = str(name)
             if name.lower() in _FRAMING_HEADERS:
                 continue
@@ -288,19 +325,23 @@ class TritonClient(Client):
         try:
             self._head = ''.join(f'{k}: {v}\r\n' for k, v in sent.items()).encode('latin-1')
         except UnicodeEncodeError:
-            raise TritonError('headers: a header name or value has a character HTTP cannot carry (only Latin-1 text); '
-                              'the value is not shown, nothing was sent', url=self.base, transport=self.transport) from None
+            raise TritonError(
+                'headers: a header name or value has a character HTTP cannot carry (only Latin-1 text); '
+                'the value is not shown, nothing was sent',
+                url=self.base,
+                transport=self.transport,
+            ) from None
         # a proxy is sent the whole URL (absolute form); a server or a CONNECT tunnel the path alone
         self._prefix = f'http://{host}' if self.proxy is not None and self.scheme == 'http' else ''
-        self._path = parsed.parts.path.rstrip('/')   # a URL with a path (behind a reverse proxy) keeps it
+        self._path = parsed.parts.path.rstrip('/')  # a URL with a path (behind a reverse proxy) keeps it
         self._conn = Connection(self.host, self.port, self._tls if self.scheme == 'https' else None, self.proxy)
 
     @classmethod
     def library(cls) -> Library:
-        return Library('Python standard library')   # nothing beyond it
+        return Library('Python standard library')  # nothing beyond it
 
     def _tls(self) -> ssl.SSLContext:
-        return self._context    # built by _exchange before the first connect
+        return self._context  # built by _exchange before the first connect
 
     def use_keep_alive(self) -> bool:
         """Every request already goes over one kept-alive connection (True)."""
@@ -314,14 +355,20 @@ class TritonClient(Client):
 
     def _request_bytes(self, method: str, path: str, body: bytes | None) -> bytes:
         if any(c in path for c in ' \r\n\t') or not path.startswith('/'):
-            raise ValueError(f'invalid request path {path!r}')   # the callers build paths with region_segment
+            raise ValueError(f'invalid request path {path!r}')  # the callers build paths with region_segment
         extra = b'Content-Type: application/json\r\n' if body is not None else b''
         body = body or b''
-        return (f'{method} {self._prefix}{self._path}{path} HTTP/1.1\r\n'.encode('ascii') + self._head + extra +
-                f'Content-Length: {len(body)}\r\n\r\n'.encode('ascii') + body)
+        return (
+            f'{method} {self._prefix}{self._path}{path} HTTP/1.1\r\n'.encode('ascii')
+            + self._head
+            + extra
+            + f'Content-Length: {len(body)}\r\n\r\n'.encode('ascii')
+            + body
+        )
 
-    def request(self, method: str, path: str, body: dict | None = None, what: str | None = None,
-                expect_json: bool = True) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: dict | None = None, what: str | None = None, expect_json: bool = True
+    ) -> tuple[int, Any]:
         """Send one request; return (status, decoded JSON or None). Raise TritonError on any failure."""
         self.requests_made += 1
         url = self.base + path
@@ -336,9 +383,10 @@ class TritonClient(Client):
         if self.scheme == 'https' and self._context is None:
             try:
                 self._context = tls_context(*self._tls_files)
-            except (OSError, ValueError) as exc:     # ssl.SSLError is an OSError
-                raise self.error(f'{what} at {url}: cannot load the TLS files (ca_path, client_cert, client_key): '
-                                 f'{short(exc)}', url) from exc
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise self.error(
+                    f'{what} at {url}: cannot load the TLS files (ca_path, client_cert, client_key): {short(exc)}', url
+                ) from exc
         try:
             return self._conn.exchange(request, time.monotonic() + timeout)
         except _Timeout as exc:
@@ -352,9 +400,13 @@ class TritonClient(Client):
         except ssl.SSLError as exc:
             raise self.error(f'{what} at {url}: TLS failed: {short(exc)}', url) from exc
         except (_Stale, ConnectionError, socket.gaierror) as exc:
-            raise self.error(f'{what} at {url}: cannot connect to Triton (refused or unreachable): {short(exc)}', url) from exc
+            raise self.error(
+                f'{what} at {url}: cannot connect to Triton (refused or unreachable): {short(exc)}', url
+            ) from exc
         except OSError as exc:
-            raise self.error(f'{what} at {url}: cannot connect to Triton (refused or unreachable): {short(exc)}', url) from exc
+            raise self.error(
+                f'{what} at {url}: cannot connect to Triton (refused or unreachable): {short(exc)}', url
+            ) from exc
 
     def _decode(self, resp: Response, what: str, url: str, expect_json: bool) -> tuple[int, Any]:
         data = None
@@ -369,16 +421,33 @@ class TritonClient(Client):
             server_error = None
             if isinstance(data, dict) and isinstance(data.get('error'), str):
                 server_error = data['error']
-            raise error_from_answer(f'{what} at {url}', f'HTTP {status}', server_error or _text(resp.body) or resp.reason,
-                                    server_error, url=url, status=status, transport=self.transport)
+            raise error_from_answer(
+                f'{what} at {url}',
+                f'HTTP {status}',
+                server_error or _text(resp.body) or resp.reason,
+                server_error,
+                url=url,
+                status=status,
+                transport=self.transport,
+            )
         if 300 <= status < 400:
             location = _header(resp.headers, b'location')
             to = f' to {escape(location, 200)}' if location else ''
-            raise TritonError(f'{what} at {url}: HTTP {status}: the server redirects{to}; redirects are not followed: give '
-                              "the URL of Triton's own HTTP endpoint", url=url, status=status, transport=self.transport)
+            raise TritonError(
+                f'{what} at {url}: HTTP {status}: the server redirects{to}; redirects are not followed: give '
+                "the URL of Triton's own HTTP endpoint",
+                url=url,
+                status=status,
+                transport=self.transport,
+            )
         if expect_json and decode_error is not None:
-            raise TritonError(f'{what} at {url}: the response is not Triton JSON (is another web server on this port?): '
-                              f'{_text(resp.body)}', url=url, status=status, transport=self.transport)
+            raise TritonError(
+                f'{what} at {url}: the response is not Triton JSON (is another web server on this port?): '
+                f'{_text(resp.body)}',
+                url=url,
+                status=status,
+                transport=self.transport,
+            )
         return status, data
 
     def _json_list(self, kind: str, path: str, what: str) -> list[dict]:
@@ -403,8 +472,11 @@ class TritonClient(Client):
         _status, data = self.request('GET', '/v2', what='read server metadata')
         if not isinstance(data, dict) or 'version' not in data:
             url = f'{self.base}/v2'
-            raise self.error(f'read server metadata at {url}: the response is not Triton server metadata: '
-                             f'{snippet(json.dumps(data))}', url)
+            raise self.error(
+                f'read server metadata at {url}: the response is not Triton server metadata: '
+                f'{snippet(json.dumps(data))}',
+                url,
+            )
         return check_metadata(data, f'read server metadata at {self.base}/v2', f'{self.base}/v2', self.transport)
 
     def _health(self, which: str) -> bool:
@@ -419,17 +491,24 @@ class TritonClient(Client):
         _status, data = self.request('POST', '/v2/repository/index', body={}, what='read the model repository index')
         if not isinstance(data, list) or not all(isinstance(m, dict) and 'name' in m for m in data):
             url = f'{self.base}/v2/repository/index'
-            raise self.error(f'read the model repository index at {url}: expected a JSON list of models, got '
-                             f'{snippet(json.dumps(data))}', url)
+            raise self.error(
+                f'read the model repository index at {url}: expected a JSON list of models, got '
+                f'{snippet(json.dumps(data))}',
+                url,
+            )
         return [index_entry(m['name'], m.get('version'), m.get('state'), m.get('reason')) for m in data]
 
     def model_config(self, name: str) -> dict:
         """GET /v2/models/NAME/config."""
-        _status, data = self.request('GET', f'/v2/models/{model_segment(name)}/config', what=f"read the config of model '{name}'")
+        _status, data = self.request(
+            'GET', f'/v2/models/{model_segment(name)}/config', what=f"read the config of model '{name}'"
+        )
         if not isinstance(data, dict) or 'name' not in data:
             url = f'{self.base}/v2/models/{name}/config'
-            raise self.error(f"read the config of model '{name}' at {url}: not a model configuration: "
-                             f'{snippet(json.dumps(data))}', url)
+            raise self.error(
+                f"read the config of model '{name}' at {url}: not a model configuration: {snippet(json.dumps(data))}",
+                url,
+            )
         return data
 
     def load_model(self, name: str, config: dict | None = None, timeout: float | None = None) -> None:
@@ -437,8 +516,13 @@ class TritonClient(Client):
         body = {} if config is None else {'parameters': {'config': json.dumps(config)}}
         saved, self.timeout = self.timeout, timeout or self.timeout
         try:
-            self.request('POST', f'/v2/repository/models/{model_segment(name)}/load', body=body,
-                         what=f"load model '{name}'", expect_json=False)
+            self.request(
+                'POST',
+                f'/v2/repository/models/{model_segment(name)}/load',
+                body=body,
+                what=f"load model '{name}'",
+                expect_json=False,
+            )
         finally:
             self.timeout = saved
 
@@ -449,17 +533,31 @@ class TritonClient(Client):
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         body = {'key': key, 'offset': offset, 'byte_size': byte_size}
-        self.request('POST', f"{region_path('system', name)}/register", body=body,
-                     what=f"register system region '{name}'", expect_json=False)
+        self.request(
+            'POST',
+            f'{region_path("system", name)}/register',
+            body=body,
+            what=f"register system region '{name}'",
+            expect_json=False,
+        )
 
     def register_cuda(self, name: str, raw_handle_b64: str, device_id: int, byte_size: int) -> None:
         body = {'raw_handle': {'b64': raw_handle_b64}, 'device_id': device_id, 'byte_size': byte_size}
-        self.request('POST', f"{region_path('cuda', name)}/register", body=body,
-                     what=f"register cuda region '{name}'", expect_json=False)
+        self.request(
+            'POST',
+            f'{region_path("cuda", name)}/register',
+            body=body,
+            what=f"register cuda region '{name}'",
+            expect_json=False,
+        )
 
     def unregister(self, kind: str, name: str) -> None:
-        self.request('POST', f'{region_path(kind, name)}/unregister',
-                     what=f"unregister {kind} region '{name}'", expect_json=False)
+        self.request(
+            'POST',
+            f'{region_path(kind, name)}/unregister',
+            what=f"unregister {kind} region '{name}'",
+            expect_json=False,
+        )
 
     def unregister_many(self, kind: str, names: Iterable[str]) -> UnregisterBatch:
         """One after the other over the kept-alive connection (Triton 2.51 does not answer pipelined requests)."""

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -7,6 +6,7 @@
 Private to the tritonops.shm collection: no stability promise to other code.
 Standard library only: the filters import it in every Ansible worker process.
 """
+
 from __future__ import annotations
 
 import re

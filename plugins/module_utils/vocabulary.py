@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -8,6 +7,7 @@ One definition, one order. inventory.py decides states and categories with these
 in this order; metrics.py labels its series with them; the HTML report lists them in its legend and sorts by the
 attention orders below. docs/concepts.md explains each word. Standard library only and no I/O: the filters import it.
 """
+
 from __future__ import annotations
 
 # region states (docs/concepts.md, "Region states")

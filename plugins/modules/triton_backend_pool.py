@@ -1,11 +1,10 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 module: triton_backend_pool
 short_description: Reclaim a grown python backend pool online by reloading its model
 version_added: 0.2.0
@@ -43,7 +42,8 @@ attributes:
     description: No diff.
   idempotent:
     support: full
-    description: After a reload the pools are small again, so a second run with the same limits reloads nothing (C(changed=false)).
+    description: After a reload the pools are small again, so a second run with the same limits reloads
+      nothing (C(changed=false)).
 options:
   backend_patterns:
     description:
@@ -90,9 +90,9 @@ seealso:
   - module: tritonops.shm.triton_shm_info
   - ref: tritonops.shm.shm_cleanup role <ansible_collections.tritonops.shm.shm_cleanup_role>
     description: Its C(shm_cleanup_reload_pools_over_bytes) and C(shm_cleanup_reload_pools_over_percent) run this module.
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Reload every model whose python backend pools passed 1 GiB or 25 % of /dev/shm
   tritonops.shm.triton_backend_pool:
     url: http://127.0.0.1:8000
@@ -113,9 +113,9 @@ EXAMPLES = r'''
     models: [preprocess]
   check_mode: true
   become: true
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 models:
   description: Every model with a live pool (after O(models) filtering), with what was decided for it.
   returned: always
@@ -124,7 +124,8 @@ models:
   contains:
     model: {description: Model name., type: str, sample: preprocess}
     action:
-      description: V(reload) over the limit (reloaded, or would be in check mode); V(keep) not over; V(skip) over, but not reloadable.
+      description: V(reload) over the limit (reloaded, or would be in check mode); V(keep) not over; V(skip)
+        over, but not reloadable.
       type: str
     bytes: {description: Bytes of shm its pools occupy before any reload., type: int}
     limit: {description: The limit in bytes that applied (the smaller of O(max_bytes) and O(max_percent))., type: int}
@@ -171,7 +172,7 @@ pid_namespace:
   type: str
   sample: initial
   version_added: 0.2.0
-'''
+"""
 
 import time
 
@@ -179,17 +180,30 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool, inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
-    backend_argument_spec, make_client, run_module_main, shm_dir_argument_spec,
+    backend_argument_spec,
+    make_client,
+    run_module_main,
+    shm_dir_argument_spec,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, ParameterError, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ModelControlRefused,
+    ParameterError,
+    TritonError,
+)
 
 
 def read_pools(client, params: dict) -> tuple:
     """(snapshot, backend_pools) of one read of the server."""
     criteria = inventory.Criteria.of((), inventory.DEFAULT_MIN_AGE, params['backend_patterns'])
-    snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
-                                 require_readable_dir=True, kinds=('system',), backend_patterns=criteria.backend_patterns,
-                                 clients_share_pid_namespace=params['clients_share_pid_namespace'])
+    snap = inventory.read_server(
+        client,
+        server_pid=params['server_pid'],
+        shm_dir=params['shm_dir'],
+        require_readable_dir=True,
+        kinds=('system',),
+        backend_patterns=criteria.backend_patterns,
+        clients_share_pid_namespace=params['clients_share_pid_namespace'],
+    )
     records = inventory.classify(snap, criteria)
     return snap, inventory.pool_records(snap, records.files)
 
@@ -207,19 +221,36 @@ def run(module: AnsibleModule, client, done: list) -> None:
     index = client.repository_index()
     plans = backend_pool.plan(pools, (fs or {}).get('total_bytes'), threshold, params['models'], index)
     mode = backend_pool.model_control(backend_pool.server_argv(snap.pid))
-    result = {'models': [p.as_dict() for p in plans], 'reloaded': done, 'model_control': mode, 'shm_fs': fs,
-              'holders_complete': snap.holders_complete, 'holders_incomplete_reason': snap.holders_incomplete_reason,
-              'pid_namespace': snap.pid_namespace}
+    result = {
+        'models': [p.as_dict() for p in plans],
+        'reloaded': done,
+        'model_control': mode,
+        'shm_fs': fs,
+        'holders_complete': snap.holders_complete,
+        'holders_incomplete_reason': snap.holders_incomplete_reason,
+        'pid_namespace': snap.pid_namespace,
+    }
     todo = [p for p in plans if p.action == backend_pool.RELOAD]
     why_not = backend_pool.refusal(mode) if todo else None
     if why_not:
-        raise ModelControlRefused(f"{', '.join(p.model for p in todo)} over the limit, not reloaded: {why_not}", url=client.base)
+        raise ModelControlRefused(
+            f'{", ".join(p.model for p in todo)} over the limit, not reloaded: {why_not}', url=client.base
+        )
     if todo and mode is None:
-        module.warn('the model control mode of the server could not be read from its command line: the load answers for it')
+        module.warn(
+            'the model control mode of the server could not be read from its command line: the load answers for it'
+        )
     paths = {p['name']: p['path'] for p in pools}
     for p in todo:
-        entry = {'model': p.model, 'before_bytes': p.bytes, 'after_bytes': None, 'old_pools': p.pools, 'new_pools': [],
-                 'old_gone': None, 'seconds': None}
+        entry = {
+            'model': p.model,
+            'before_bytes': p.bytes,
+            'after_bytes': None,
+            'old_pools': p.pools,
+            'new_pools': [],
+            'old_gone': None,
+            'seconds': None,
+        }
         if module.check_mode:
             done.append(entry)
             continue
@@ -234,9 +265,11 @@ def run(module: AnsibleModule, client, done: list) -> None:
         entry['after_bytes'] = sum(int(q.get('bytes') or 0) for q in mine)
         done.append(entry)
         if left:
-            raise TritonError(f"model '{p.model}' was reloaded, but its old pool file(s) {', '.join(left)} are still there "
-                              f"after {params['wait']}s (a long request on an old instance keeps it): rerun later",
-                              url=client.base)
+            raise TritonError(
+                f"model '{p.model}' was reloaded, but its old pool file(s) {', '.join(left)} are still there "
+                f'after {params["wait"]}s (a long request on an old instance keeps it): rerun later',
+                url=client.base,
+            )
     module.exit_json(changed=bool(todo), **result)
 
 
@@ -251,11 +284,15 @@ def main() -> None:
         load_timeout=dict(type='float', default=300.0),
         wait=dict(type='float', default=60.0),
     )
-    module = AnsibleModule(argument_spec=argument_spec, required_one_of=[('max_bytes', 'max_percent')],
-                           supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=argument_spec, required_one_of=[('max_bytes', 'max_percent')], supports_check_mode=True
+    )
     done: list = []
-    run_module_main(module, lambda: run(module, make_client(module), done),
-                    partial=lambda: {'reloaded': done, 'changed': any(d['after_bytes'] is not None for d in done)})
+    run_module_main(
+        module,
+        lambda: run(module, make_client(module), done),
+        partial=lambda: {'reloaded': done, 'changed': any(d['after_bytes'] is not None for d in done)},
+    )
 
 
 if __name__ == '__main__':

@@ -1,11 +1,10 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 module: triton_server_info
 short_description: List every Triton server of a host, with its ports, shm directory and container or pod
 version_added: 0.2.0
@@ -54,9 +53,9 @@ notes:
 seealso:
   - module: tritonops.shm.triton_shm_info
   - module: tritonops.shm.triton_shm_region
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: List the Triton servers of this host
   tritonops.shm.triton_server_info:
   become: true
@@ -70,9 +69,9 @@ EXAMPLES = r'''
   loop_control:
     label: "{{ item.name }} {{ item.url }}"
   become: true
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 servers:
   description: Every Triton server process seen, in pid order.
   returned: always
@@ -120,7 +119,7 @@ reason:
   description: Why the listing is not complete; null when it is.
   returned: always
   type: str
-'''
+"""
 
 from ansible.module_utils.basic import AnsibleModule
 

@@ -1,11 +1,10 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 module: triton_shm_info
 short_description: Report a Triton server's shared-memory regions, /dev/shm files and who holds them
 version_added: 0.1.0
@@ -72,9 +71,9 @@ seealso:
   - module: tritonops.shm.triton_shm_region
   - ref: tritonops.shm.shm_cleanup role <ansible_collections.tritonops.shm.shm_cleanup_role>
     description: Fleet-wide cleanup built on this module.
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Report shared memory of the local Triton
   tritonops.shm.triton_shm_info:
     url: http://127.0.0.1:8000
@@ -115,9 +114,9 @@ EXAMPLES = r'''
     - name: Read through an authenticating proxy
       tritonops.shm.triton_shm_info:
         shm_dir: /dev/shm
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 server:
   description: The server, as found.
   returned: always
@@ -227,7 +226,8 @@ system_regions:
       description:
         - C(healthy) some process besides the server holds the file.
         - C(stale) registered, file present, no holder but the server (the client is gone).
-        - "C(reserved) registered by this collection (M(tritonops.shm.triton_shm_region) O(tritonops.shm.triton_shm_region#module:state=present),
+        - "C(reserved) registered by this collection (M(tritonops.shm.triton_shm_region)
+          O(tritonops.shm.triton_shm_region#module:state=present),
           the re-register step of the C(shm_cleanup) role): its file carries the mark C(trusted.tritonops_shm.reserved) naming
           this region, and no holder but the server. Desired state, never stale; C(healthy) once a client maps it."
         - C(dangling) registered, backing file missing.
@@ -248,7 +248,8 @@ system_regions:
           allocated until they are unregistered), when the holders and the server process are fully known.
       type: bool
 cuda_regions:
-  description: Every registered CUDA region (C(name), C(device_id), C(byte_size), and what else the server returns); C(state) is C(unknown).
+  description: Every registered CUDA region (C(name), C(device_id), C(byte_size), and what else the server
+    returns); C(state) is C(unknown).
   returned: always
   type: list
   elements: dict
@@ -294,7 +295,8 @@ files:
     category_reason: {description: Why the category was chosen., type: str}
     backend:
       description:
-        - For a C(backend) or C(leftover) file, the backend whose file it is, from its name C(triton_<backend>_backend_shm_region_*)
+        - For a C(backend) or C(leftover) file, the backend whose file it is, from its name
+          C(triton_<backend>_backend_shm_region_*)
           (for example V(python) or V(vllm)); V(python) for a file only O(backend_patterns) matches (a prefix set with
           C(--backend-config=python,shm-region-prefix-name=...), an option of the python backend, which runs every
           Python-based backend). Null for every other category.
@@ -346,7 +348,8 @@ summary:
     cuda_regions: {description: Registered CUDA regions., type: int}
     healthy_regions: {description: Healthy regions., type: int}
     stale_regions: {description: Stale regions., type: int}
-    reserved_regions: {description: "Regions in state C(reserved) (registered by this collection, no client yet).", type: int, version_added: 0.2.0}
+    reserved_regions: {description: "Regions in state C(reserved) (registered by this collection, no client
+      yet).", type: int, version_added: 0.2.0}
     stale_bytes: {description: "Shm bytes occupied by stale regions' files, each file counted once.", type: int}
     dangling_regions: {description: Dangling regions., type: int}
     unknown_regions: {description: Regions in state unknown., type: int}
@@ -411,21 +414,27 @@ metrics_files:
   elements: str
   sample: [/var/lib/node_exporter/textfile_collector/tritonops_shm.gpu1.3f2a9c0d1e4b.prom]
   version_added: 0.2.0
-'''
+"""
 
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.tritonops.shm.plugins.module_utils import inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
-    METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
+    METRICS_REQUIRED_BY,
+    backend_argument_spec,
+    make_client,
+    metrics_argument_spec,
+    run_module_main,
+    shm_dir_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory
 
 JMESPATH_IMPORT_ERROR = None
 try:
     import jmespath
+
     HAS_JMESPATH = True
 except ImportError:
     HAS_JMESPATH = False
@@ -441,16 +450,22 @@ def run(module: AnsibleModule, client) -> None:
         try:
             compiled = jmespath.compile(params['query'])
         except jmespath.exceptions.JMESPathError as exc:
-            module.fail_json(msg=f"query {params['query']!r} is not a valid JMESPath expression: {exc}")
-    client.use_keep_alive()   # one connection for the five calls (every transport keeps its connection)
+            module.fail_json(msg=f'query {params["query"]!r} is not a valid JMESPath expression: {exc}')
+    client.use_keep_alive()  # one connection for the five calls (every transport keeps its connection)
     live = client.health('live')
     ready = client.health('ready')
-    criteria = inventory.Criteria.of(params['orphan_patterns'], params['min_age'], params['backend_patterns'],
-                                     params['client_users'])
-    snap = inventory.read_server(client, server_pid=params['server_pid'], shm_dir=params['shm_dir'],
-                                 require_readable_dir=params['shm_dir'] is not None, report_unsupported=True,
-                                 backend_patterns=criteria.backend_patterns,
-                                 clients_share_pid_namespace=params['clients_share_pid_namespace'])
+    criteria = inventory.Criteria.of(
+        params['orphan_patterns'], params['min_age'], params['backend_patterns'], params['client_users']
+    )
+    snap = inventory.read_server(
+        client,
+        server_pid=params['server_pid'],
+        shm_dir=params['shm_dir'],
+        require_readable_dir=params['shm_dir'] is not None,
+        report_unsupported=True,
+        backend_patterns=criteria.backend_patterns,
+        clients_share_pid_namespace=params['clients_share_pid_namespace'],
+    )
     for warning in snap.warnings:
         module.warn(warning)
     for warning in inventory.broad_pattern_warnings(params['orphan_patterns']):
@@ -460,7 +475,7 @@ def run(module: AnsibleModule, client) -> None:
         try:
             result['query_result'] = compiled.search(result)
         except jmespath.exceptions.JMESPathError as exc:
-            module.fail_json(msg=f"query {params['query']!r} failed: {exc}")
+            module.fail_json(msg=f'query {params["query"]!r} failed: {exc}')
     result.update(write_metrics(module, report=result, with_report=True))
     module.exit_json(changed=False, **result)
 
@@ -476,8 +491,11 @@ def main() -> None:
     )
     module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)
     # a server that cannot be queried is written too: tritonops_shm_up 0
-    run_module_main(module, lambda: run(module, make_client(module)),
-                    on_failure=lambda _failure: write_metrics(module, report=None, with_report=True))
+    run_module_main(
+        module,
+        lambda: run(module, make_client(module)),
+        on_failure=lambda _failure: write_metrics(module, report=None, with_report=True),
+    )
 
 
 if __name__ == '__main__':

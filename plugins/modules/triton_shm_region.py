@@ -1,11 +1,10 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 module: triton_shm_region
 short_description: Register, unregister and clean Triton shared-memory regions safely
 version_added: 0.1.0
@@ -18,7 +17,8 @@ description:
     dead servers' Python-based backends (O(backend_leftovers=true))."
   - "A system region registered by O(state=present) is the operator's: its backing file gets the extended attribute
     C(trusted.tritonops_shm.reserved) (the region's name), which stays with the file across runs. M(tritonops.shm.triton_shm_info)
-    then calls it C(reserved) while no client maps it (C(healthy) once one does), and O(stale=true) never selects it. Marking needs
+    then calls it C(reserved) while no client maps it (C(healthy) once one does), and O(stale=true) never
+    selects it. Marking needs
     root (C(become: true)); when it fails, a warning says so."
   - "Runs that change a server are serialised per server: an exclusive C(flock) on the server's shm directory itself (no lock
     file is created, in it or anywhere else), released when the run ends. A run that waited reads the server again, so it reports
@@ -38,7 +38,8 @@ description:
   - "With O(metrics_dir), O(state=absent) writes the node_exporter cleanup textfile in the same call: when it ended, whether it
     failed, what it unregistered, removed and freed, and the freed-bytes counter continued from the previous file. A failed call
     writes its outcome too. O(state=present) writes nothing; the report textfile is M(tritonops.shm.triton_shm_info)'s."
-  - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails the task with what was already
+  - One call handles any number of regions over one HTTP connection or gRPC channel. A failure part-way fails
+    the task with what was already
     done in the result; a rerun converges. Before unregistering, a cleanup records the backing files it is about to remove in
     extended attributes of the shm directory (C(trusted.tritonops_shm.cleanup.N)); after a run killed part-way, the next
     O(stale=true) run against the same server process removes the recorded files whose regions are gone and that nobody holds.
@@ -216,9 +217,9 @@ requirements:
   - tritonclient[grpc] (only for grpc:// and grpcs:// URLs)
 seealso:
   - module: tritonops.shm.triton_shm_info
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Remove every region whose client is gone, and its file
   tritonops.shm.triton_shm_region:
     url: http://127.0.0.1:8000
@@ -276,9 +277,9 @@ EXAMPLES = r'''
     raw_handle: "{{ ipc_handle_b64 }}"
     device_id: 0
     byte_size: 4194304
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 registered:
   description:
     - Names registered (or that would be, in check mode). Also returned when the task fails part-way, with what was done.
@@ -433,7 +434,7 @@ metrics_files:
   elements: str
   sample: [/var/lib/node_exporter/textfile_collector/tritonops_shm_cleanup.gpu1.3f2a9c0d1e4b.prom]
   version_added: 0.2.0
-'''
+"""
 
 import contextlib
 
@@ -441,7 +442,12 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
-    METRICS_REQUIRED_BY, backend_argument_spec, make_client, metrics_argument_spec, run_module_main, shm_dir_argument_spec,
+    METRICS_REQUIRED_BY,
+    backend_argument_spec,
+    make_client,
+    metrics_argument_spec,
+    run_module_main,
+    shm_dir_argument_spec,
     write_metrics,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
@@ -477,15 +483,19 @@ def main() -> None:
         inventory=dict(type='bool', default=False),
         threshold_percent=dict(type='float', default=0),
     )
-    module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY,
-                           required_if=[('state', 'present', ('byte_size',))], supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=argument_spec,
+        required_by=METRICS_REQUIRED_BY,
+        required_if=[('state', 'present', ('byte_size',))],
+        supports_check_mode=True,
+    )
     client = make_client(module)
     ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
     try:
-        ops.check()   # what the argument spec cannot say (region_plan.check_params), before anything is sent
+        ops.check()  # what the argument spec cannot say (region_plan.check_params), before anything is sent
     except ParameterError as exc:
         module.fail_json(msg=exc.msg)
-    client.use_keep_alive()   # one connection for any number of regions
+    client.use_keep_alive()  # one connection for any number of regions
 
     cleaning = module.params['state'] == 'absent'
 
@@ -495,11 +505,12 @@ def main() -> None:
     # The per-server lock, once read() has found the shm directory, is held until this call's result and metrics
     # textfile are written (its freed-bytes counter continues the previous file's), on success and on failure.
     with contextlib.ExitStack() as held:
+
         def body() -> None:
             now = held.enter_context(ops.locked(ops.read()))
             ops.execute(ops.plan(now))
             result = ops.result(diff=module._diff)
-            if cleaning:   # the call's outcome
+            if cleaning:  # the call's outcome
                 result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
             module.exit_json(**result)
 

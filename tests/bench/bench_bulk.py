@@ -16,6 +16,7 @@ positive (start-up noise) gives no scale ratio. Goals (issue 22): bulk HTTP at -
 <= 1.0x tritonclient.grpc; per region at --large within 1.2x of --small; peak RSS at --large <= 100 MiB.
 Usage: python tests/bench/bench_bulk.py [--count 3000] [--small 1000] [--large 10000] [--repeat 3] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,6 @@ import tempfile
 import time
 
 import benchenv  # noqa: F401  pylint: disable=unused-import
-
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from bench_region import MODULE_PY, check_clean, leak_many, tritonclient_loop  # noqa: E402
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
@@ -44,17 +44,22 @@ def module_process(server: tritonrig.TritonServer, names: list[str], workdir: st
     args_path = os.path.join(workdir, 'args.json')
     with open(args_path, 'w') as f:
         json.dump({'ANSIBLE_MODULE_ARGS': {'url': url, 'state': 'absent', 'stale': True}}, f)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))),
+    )
     out_path = os.path.join(workdir, 'out.json')
     with open(out_path, 'w') as out:
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, '-m', MODULE_PY, args_path], stdout=out, stderr=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, '-m', MODULE_PY, args_path], stdout=out, stderr=subprocess.DEVNULL, env=env
+        )
         _pid, _status, usage = os.wait4(proc.pid, 0)
         elapsed = time.perf_counter() - started
-    proc.returncode = 0   # reaped by wait4
+    proc.returncode = 0  # reaped by wait4
     with open(out_path) as f:
         text = f.read()
-    result = json.loads(text[text.index('{'):])
+    result = json.loads(text[text.index('{') :])
     if result.get('failed') or sorted(result['unregistered']) != sorted(names):
         raise RuntimeError(f'module process on {url} did not clean exactly the leaked regions: {text[:2000]}')
     check_clean(server, names, 'module process')
@@ -84,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         for rnd in range(1, args.repeat + 1):
+
             def leak(tag: str, count: int) -> list[str]:
                 # one client holds two descriptors per region: at most LEAK_CHUNK regions per client
                 names = []
                 for part, first in enumerate(range(0, count, LEAK_CHUNK)):
                     names += leak_many(server, f'{tag}{rnd}_{part}', min(LEAK_CHUNK, count - first), 4096)  # pylint: disable=cell-var-from-loop
                 return names
+
             fig = {}
             for transport, url in (('http', server.url), ('grpc', server.grpc_scheme_url)):
                 t0 = start_up(server, workdir, url)
@@ -107,33 +114,69 @@ def main(argv: list[str] | None = None) -> int:
             fig['scale_ratio'] = fig['large_ms'] / fig['small_ms'] if fig['small_ms'] > 0 else float('nan')
             fig['large_rss_mib'] = rss
             rounds.append({k: round(v, 4) for k, v in fig.items()})
-            print(f"  round {rnd}: http {fig['http_module_ms']:.3f} vs {fig['http_tritonclient_ms']:.3f} ms "
-                  f"({fig['http_ratio']:.2f}x), grpc {fig['grpc_module_ms']:.3f} vs {fig['grpc_tritonclient_ms']:.3f} ms "
-                  f"({fig['grpc_ratio']:.2f}x), {args.large} vs {args.small}: {fig['large_ms']:.3f} vs {fig['small_ms']:.3f} ms "
-                  f"({fig['scale_ratio']:.2f}x), peak RSS {rss:.1f} MiB", flush=True)
+            print(
+                f'  round {rnd}: http {fig["http_module_ms"]:.3f} vs {fig["http_tritonclient_ms"]:.3f} ms '
+                f'({fig["http_ratio"]:.2f}x), grpc {fig["grpc_module_ms"]:.3f} vs {fig["grpc_tritonclient_ms"]:.3f} ms '
+                f'({fig["grpc_ratio"]:.2f}x), {args.large} vs {args.small}: {fig["large_ms"]:.3f} vs {fig["small_ms"]:.3f} ms '
+                f'({fig["scale_ratio"]:.2f}x), peak RSS {rss:.1f} MiB',
+                flush=True,
+            )
     finally:
         server.cleanup()
         subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
-    med = {k: round(statistics.median(r[k] for r in rounds if not math.isnan(r[k])), 4)
-           if any(not math.isnan(r[k]) for r in rounds) else float('nan') for k in rounds[0]}
+    med = {
+        k: round(statistics.median(r[k] for r in rounds if not math.isnan(r[k])), 4)
+        if any(not math.isnan(r[k]) for r in rounds)
+        else float('nan')
+        for k in rounds[0]
+    }
     med['large_rss_mib'] = max(r['large_rss_mib'] for r in rounds)
     goals = {
-        f"bulk HTTP at {args.count} regions: module / tritonclient.http loop <= {GOALS['http']:.1f}x": (med['http_ratio'], GOALS['http']),
-        f"bulk gRPC at {args.count} regions: module / tritonclient.grpc loop <= {GOALS['grpc']:.1f}x": (med['grpc_ratio'], GOALS['grpc']),
-        f"per region at {args.large} / at {args.small} regions <= {GOALS['scale']:.1f}x": (med['scale_ratio'], GOALS['scale']),
-        f"module peak RSS at {args.large} regions <= {GOALS['rss_mib']} MiB": (med['large_rss_mib'], GOALS['rss_mib']),
+        f'bulk HTTP at {args.count} regions: module / tritonclient.http loop <= {GOALS["http"]:.1f}x': (
+            med['http_ratio'],
+            GOALS['http'],
+        ),
+        f'bulk gRPC at {args.count} regions: module / tritonclient.grpc loop <= {GOALS["grpc"]:.1f}x': (
+            med['grpc_ratio'],
+            GOALS['grpc'],
+        ),
+        f'per region at {args.large} / at {args.small} regions <= {GOALS["scale"]:.1f}x': (
+            med['scale_ratio'],
+            GOALS['scale'],
+        ),
+        f'module peak RSS at {args.large} regions <= {GOALS["rss_mib"]} MiB': (med['large_rss_mib'], GOALS['rss_mib']),
     }
-    figures = dict(benchmark='bulk', count=args.count, small=args.small, large=args.large, repeat=args.repeat, rounds=rounds,
-                   median=med, goals={k: {'value': v, 'goal': g, 'met': v <= g} for k, (v, g) in goals.items()},   # nan: never met
-                   issue22=[{'goal': k, 'value': 'n/a (noise)' if math.isnan(v) else f'{v:.1f} MiB' if 'RSS' in k else f'{v:.2f}x',
-                             'met': v <= g}
-                            for k, (v, g) in goals.items()],
-                   host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version(),
-                             loadavg_start=loadavg, loadavg_end=os.getloadavg()))
-    print(f'bulk cleanup, {args.repeat} rounds (medians of the rounds), load average {loadavg[0]:.1f} -> {os.getloadavg()[0]:.1f}:')
+    figures = dict(
+        benchmark='bulk',
+        count=args.count,
+        small=args.small,
+        large=args.large,
+        repeat=args.repeat,
+        rounds=rounds,
+        median=med,
+        goals={k: {'value': v, 'goal': g, 'met': v <= g} for k, (v, g) in goals.items()},  # nan: never met
+        issue22=[
+            {
+                'goal': k,
+                'value': 'n/a (noise)' if math.isnan(v) else f'{v:.1f} MiB' if 'RSS' in k else f'{v:.2f}x',
+                'met': v <= g,
+            }
+            for k, (v, g) in goals.items()
+        ],
+        host=dict(
+            cpus=os.cpu_count(),
+            kernel=platform.release(),
+            python=platform.python_version(),
+            loadavg_start=loadavg,
+            loadavg_end=os.getloadavg(),
+        ),
+    )
+    print(
+        f'bulk cleanup, {args.repeat} rounds (medians of the rounds), load average {loadavg[0]:.1f} -> {os.getloadavg()[0]:.1f}:'
+    )
     for goal, (value, limit) in goals.items():
-        print(f"  goal: {goal:72} {value:7.2f}  {'PASS' if value <= limit else 'MISS'}")
-    print(f"  figures written to {write_results('bench_bulk.json', figures)}")
+        print(f'  goal: {goal:72} {value:7.2f}  {"PASS" if value <= limit else "MISS"}')
+    print(f'  figures written to {write_results("bench_bulk.json", figures)}')
     return 0
 
 

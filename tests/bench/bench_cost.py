@@ -23,6 +23,7 @@ Goals (issues 20 and 28, textfile directory present): cleanup-noop <= 1.3x info,
 Prints the figures, writes bench-results/cost.json.
 Usage: python tests/bench/bench_cost.py [--hosts 4] [--leaks 3] [--repeat 3] [--forks 8] [--textfile present|absent|off]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,10 @@ import subprocess
 import sys
 import tempfile
 
-import yaml
-
 import benchenv  # noqa: F401  pylint: disable=unused-import
-
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
-from bench_fleet import leak, write_inventory, BIN, COLLECTIONS_PATH  # noqa: E402  pylint: disable=wrong-import-position
+import yaml
+from bench_fleet import BIN, COLLECTIONS_PATH, leak, write_inventory  # noqa: E402  pylint: disable=wrong-import-position
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 GOALS = {'report': 1.2, 'cleanup-noop': 1.3, 'cleanup-leaks': 1.5}
@@ -50,10 +49,22 @@ PLAYS = ('ping', 'info', 'report', 'cleanup-noop', 'cleanup-leaks')
 def write_plays(workdir: str) -> dict:
     """The two reference plays, as a user would write them; the others are the collection's playbooks."""
     plays = {
-        'ping': [{'name': 'ping', 'hosts': 'triton', 'gather_facts': False,
-                  'tasks': [{'name': 'Ping', 'ansible.builtin.ping': None}]}],
-        'info': [{'name': 'info', 'hosts': 'triton', 'gather_facts': False,
-                  'tasks': [{'name': 'Query', 'tritonops.shm.triton_shm_info': {'url': '{{ triton_url }}'}}]}],
+        'ping': [
+            {
+                'name': 'ping',
+                'hosts': 'triton',
+                'gather_facts': False,
+                'tasks': [{'name': 'Ping', 'ansible.builtin.ping': None}],
+            }
+        ],
+        'info': [
+            {
+                'name': 'info',
+                'hosts': 'triton',
+                'gather_facts': False,
+                'tasks': [{'name': 'Query', 'tritonops.shm.triton_shm_info': {'url': '{{ triton_url }}'}}],
+            }
+        ],
     }
     paths = {}
     for name, play in plays.items():
@@ -67,10 +78,16 @@ def write_plays(workdir: str) -> dict:
 
 def cpu_run(playbook: str, inventory: str, forks: int, textfile_dir: str | None) -> tuple:
     """Run ansible-playbook; return (CPU seconds of its whole process tree, stats per host)."""
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS_PATH, ANSIBLE_PIPELINING='1',
-               ANSIBLE_STDOUT_CALLBACK='ansible.posix.json', ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
-               ANSIBLE_LOCALHOST_WARNING='False', ANSIBLE_INVENTORY_UNPARSED_WARNING='False',
-               PATH=BIN + os.pathsep + os.environ.get('PATH', ''))
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=COLLECTIONS_PATH,
+        ANSIBLE_PIPELINING='1',
+        ANSIBLE_STDOUT_CALLBACK='ansible.posix.json',
+        ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
+        ANSIBLE_LOCALHOST_WARNING='False',
+        ANSIBLE_INVENTORY_UNPARSED_WARNING='False',
+        PATH=BIN + os.pathsep + os.environ.get('PATH', ''),
+    )
     cmd = [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, '-f', str(forks), playbook]
     if textfile_dir is not None:
         cmd += ['-e', json.dumps({'prometheus_textfile_dir': textfile_dir})]
@@ -80,7 +97,7 @@ def cpu_run(playbook: str, inventory: str, forks: int, textfile_dir: str | None)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f'{playbook} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}')
-    return cpu, json.loads(proc.stdout[proc.stdout.index('{'):])['stats']
+    return cpu, json.loads(proc.stdout[proc.stdout.index('{') :])['stats']
 
 
 def textfile_dir(workdir: str, mode: str) -> str | None:
@@ -141,21 +158,34 @@ def main(argv: list | None = None) -> int:
         subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
     per_host = {play: statistics.median(times) for play, times in runs.items()}
     ratios = {play: per_host[play] / per_host['info'] for play in PLAYS}
-    print(f'CPU per host of the whole ansible-playbook process tree, {args.hosts} real servers as {args.hosts} hosts, '
-          f'-f {args.forks}, pipelining, textfile directory {args.textfile}, median of {args.repeat}:')
-    print(f"  {'play':14} {'CPU/host':>8}  {'vs info':>8}  goal")
+    print(
+        f'CPU per host of the whole ansible-playbook process tree, {args.hosts} real servers as {args.hosts} hosts, '
+        f'-f {args.forks}, pipelining, textfile directory {args.textfile}, median of {args.repeat}:'
+    )
+    print(f'  {"play":14} {"CPU/host":>8}  {"vs info":>8}  goal')
     for play in PLAYS:
         goal = GOALS.get(play)
-        verdict = f"<= {goal:.1f}x: {'met' if ratios[play] <= goal else 'MISSED'}" if goal else ''
+        verdict = f'<= {goal:.1f}x: {"met" if ratios[play] <= goal else "MISSED"}' if goal else ''
         print(f'  {play:14} {per_host[play]:7.2f}s  {ratios[play]:7.2f}x  {verdict}')
-    out = dict(benchmark='cost', hosts=args.hosts, leaks_per_host=args.leaks, repeat=args.repeat, forks=args.forks,
-               pipelining=True, textfile=args.textfile, cpus=os.cpu_count(), python=platform.python_version(),
-               loadavg_before=[round(x, 2) for x in loadavg_before], loadavg_after=[round(x, 2) for x in os.getloadavg()],
-               cpu_per_host_s={k: round(v, 3) for k, v in per_host.items()},
-               cpu_per_host_runs_s={k: [round(t, 3) for t in v] for k, v in runs.items()},
-               ratio_vs_info={k: round(v, 2) for k, v in ratios.items()},
-               goals=GOALS, goals_met={k: ratios[k] <= g for k, g in GOALS.items()})
-    print(f"  figures written to {write_results('cost.json', out)}")
+    out = dict(
+        benchmark='cost',
+        hosts=args.hosts,
+        leaks_per_host=args.leaks,
+        repeat=args.repeat,
+        forks=args.forks,
+        pipelining=True,
+        textfile=args.textfile,
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        loadavg_before=[round(x, 2) for x in loadavg_before],
+        loadavg_after=[round(x, 2) for x in os.getloadavg()],
+        cpu_per_host_s={k: round(v, 3) for k, v in per_host.items()},
+        cpu_per_host_runs_s={k: [round(t, 3) for t in v] for k, v in runs.items()},
+        ratio_vs_info={k: round(v, 2) for k, v in ratios.items()},
+        goals=GOALS,
+        goals_met={k: ratios[k] <= g for k, g in GOALS.items()},
+    )
+    print(f'  figures written to {write_results("cost.json", out)}')
     return 0
 
 

@@ -24,6 +24,7 @@ To compare with another checkout, run this file from that checkout's collection 
 the discovery.py next to it).
 Usage: python tests/bench/bench_discovery_load.py [--connections 5000] [--processes 2000] [--repeat 15] [--quick] [--load-first]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 NS_ENV = 'TRITONOPS_BENCH_DISCOVERY_NS'
 GOAL_MS = 50.0
-WAYS = (('proxy', 'a one-process forwarder (as docker-proxy)'), ('socat', 'socat fork (a new process per connection)'),
-        ('direct', "Triton's own port (the listening socket)"))
+WAYS = (
+    ('proxy', 'a one-process forwarder (as docker-proxy)'),
+    ('socat', 'socat fork (a new process per connection)'),
+    ('direct', "Triton's own port (the listening socket)"),
+)
 
 
 def hold(count: int) -> None:
@@ -83,6 +87,7 @@ def forward(listen_port: int, target_port: int) -> None:
     async def serve() -> None:
         server = await asyncio.start_server(handle, '127.0.0.1', listen_port)
         await server.serve_forever()
+
     asyncio.run(serve())
 
 
@@ -113,13 +118,18 @@ def measure(discovery, port: int, want_pid: int, repeat: int) -> dict:
         if location.pid != want_pid:
             raise RuntimeError(f'locate_server found pid {location.pid} ({location.reason}), not {want_pid}')
         located_by = location.located_by
-    return {'median_ms': round(statistics.median(times) * 1000, 2), 'best_ms': round(min(times) * 1000, 2),
-            'runs_ms': [round(t * 1000, 2) for t in times], 'located_by': located_by}
+    return {
+        'median_ms': round(statistics.median(times) * 1000, 2),
+        'best_ms': round(min(times) * 1000, 2),
+        'runs_ms': [round(t * 1000, 2) for t in times],
+        'located_by': located_by,
+    }
 
 
 def scene(args: argparse.Namespace) -> dict:
     import benchenv  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
     import tritonrig  # pylint: disable=import-outside-toplevel
+
     from ansible_collections.tritonops.shm.plugins.module_utils import discovery  # pylint: disable=import-outside-toplevel
 
     workdir = tempfile.mkdtemp(prefix='bench-discovery-')
@@ -128,38 +138,61 @@ def scene(args: argparse.Namespace) -> dict:
     figures: dict = {}
 
     def start_load() -> None:
-        holder = subprocess.Popen([sys.executable, os.path.abspath(__file__), '--hold', str(args.connections)],
-                                  stdout=subprocess.PIPE, text=True)
+        holder = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), '--hold', str(args.connections)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         started.append(holder)
         if holder.stdout.readline().strip() != 'READY':
             raise RuntimeError('the connection holder did not start')
         for _process in range(args.processes):
             started.append(subprocess.Popen(['sleep', '3600'], stdin=subprocess.DEVNULL))
+
     try:
         if args.load_first:
             start_load()
         server.start()
         port = tritonrig.free_port()
-        started.append(subprocess.Popen(['socat', f'TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr',
-                                         f'TCP:127.0.0.1:{server.http_port}'], stdin=subprocess.DEVNULL))
+        started.append(
+            subprocess.Popen(
+                ['socat', f'TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr', f'TCP:127.0.0.1:{server.http_port}'],
+                stdin=subprocess.DEVNULL,
+            )
+        )
         proxy_port = tritonrig.free_port()
-        started.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), '--forward', str(proxy_port),
-                                         str(server.http_port)], stdin=subprocess.DEVNULL))
+        started.append(
+            subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), '--forward', str(proxy_port), str(server.http_port)],
+                stdin=subprocess.DEVNULL,
+            )
+        )
         wait_port(port)
         wait_port(proxy_port)
-        for label in (('loaded',) if args.load_first else ('quiet', 'loaded')):
+        for label in ('loaded',) if args.load_first else ('quiet', 'loaded'):
             if label == 'loaded' and not args.load_first:
                 start_load()
-            scene_info = {'processes': len([p for p in os.listdir('/proc') if p.isdigit()]),
-                          'established_sockets': established()}
-            figures[label] = dict(scene_info, proxy=measure(discovery, proxy_port, server.pid, args.repeat),
-                                  socat=measure(discovery, port, server.pid, args.repeat),
-                                  direct=measure(discovery, server.http_port, server.pid, args.repeat))
-            print(f"  {label:6}: {scene_info['processes']:5d} processes, {scene_info['established_sockets']:6d} established "
-                  f"sockets: median (best) ms", flush=True)
+            scene_info = {
+                'processes': len([p for p in os.listdir('/proc') if p.isdigit()]),
+                'established_sockets': established(),
+            }
+            figures[label] = dict(
+                scene_info,
+                proxy=measure(discovery, proxy_port, server.pid, args.repeat),
+                socat=measure(discovery, port, server.pid, args.repeat),
+                direct=measure(discovery, server.http_port, server.pid, args.repeat),
+            )
+            print(
+                f'  {label:6}: {scene_info["processes"]:5d} processes, {scene_info["established_sockets"]:6d} established '
+                f'sockets: median (best) ms',
+                flush=True,
+            )
             for key, what in WAYS:
                 fig = figures[label][key]
-                print(f"          {what:62} {fig['median_ms']:8.2f} ({fig['best_ms']:.2f})  {fig['located_by']}", flush=True)
+                print(
+                    f'          {what:62} {fig["median_ms"]:8.2f} ({fig["best_ms"]:.2f})  {fig["located_by"]}',
+                    flush=True,
+                )
     finally:
         for proc in reversed(started):
             proc.kill()
@@ -172,7 +205,9 @@ def scene(args: argparse.Namespace) -> dict:
 
 def discovery_file() -> str:
     import benchenv  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
+
     from ansible_collections.tritonops.shm.plugins.module_utils import discovery  # pylint: disable=import-outside-toplevel
+
     return discovery.__file__
 
 
@@ -189,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--processes', type=int, default=2000, help='extra processes (sleep)')
     parser.add_argument('--repeat', type=int, default=15)
     parser.add_argument('--quick', action='store_true', help='a quick check: 500 connections, 200 processes, 5 calls')
-    parser.add_argument('--load-first', action='store_true', help='start the load before the server and forwarders (the worst case)')
+    parser.add_argument(
+        '--load-first', action='store_true', help='start the load before the server and forwarders (the worst case)'
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.connections, args.processes, args.repeat = 500, 200, 5
@@ -198,30 +235,65 @@ def main(argv: list[str] | None = None) -> int:
             print('bench_discovery_load needs root (namespaces, the rig)', file=sys.stderr)
             return 2
         env = dict(os.environ, **{NS_ENV: '1'})
-        cmd = ['unshare', '--net', '--pid', '--fork', '--mount', '--mount-proc', '--', 'sh', '-c',
-               'ip link set lo up && exec "$0" "$@"', sys.executable, os.path.abspath(__file__)] + argv
+        cmd = [
+            'unshare',
+            '--net',
+            '--pid',
+            '--fork',
+            '--mount',
+            '--mount-proc',
+            '--',
+            'sh',
+            '-c',
+            'ip link set lo up && exec "$0" "$@"',
+            sys.executable,
+            os.path.abspath(__file__),
+        ] + argv
         return subprocess.call(cmd, env=env)
     sys.path.insert(0, HERE)
     from run import write_results  # pylint: disable=import-outside-toplevel
+
     loadavg = os.getloadavg()
-    print(f'discovery under load: {args.connections} connections, {args.processes} processes, {args.repeat} calls each; '
-          f"load average {loadavg[0]:.1f}{'; load started first' if args.load_first else ''}; {discovery_file()}", flush=True)
+    print(
+        f'discovery under load: {args.connections} connections, {args.processes} processes, {args.repeat} calls each; '
+        f'load average {loadavg[0]:.1f}{"; load started first" if args.load_first else ""}; {discovery_file()}',
+        flush=True,
+    )
     figures = scene(args)
     rows = []
     for key, what in WAYS[:2]:
         median = figures['loaded'][key]['median_ms']
         order = ', load started first' if args.load_first else ''
-        rows.append({'goal': f'discovery, {args.connections} connections + {args.processes} processes{order}, behind {what} '
-                             f'<= {GOAL_MS:.0f} ms', 'value': f'{median:.1f} ms', 'met': median <= GOAL_MS})
-    out = dict(benchmark='discovery_load', connections=args.connections, processes=args.processes, repeat=args.repeat,
-               load_first=args.load_first, discovery=discovery_file(),
-               figures=figures, goals={row['goal']: row['met'] for row in rows}, issue22=rows,
-               host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version(),
-                         loadavg_start=loadavg, loadavg_end=os.getloadavg()))
+        rows.append(
+            {
+                'goal': f'discovery, {args.connections} connections + {args.processes} processes{order}, behind {what} '
+                f'<= {GOAL_MS:.0f} ms',
+                'value': f'{median:.1f} ms',
+                'met': median <= GOAL_MS,
+            }
+        )
+    out = dict(
+        benchmark='discovery_load',
+        connections=args.connections,
+        processes=args.processes,
+        repeat=args.repeat,
+        load_first=args.load_first,
+        discovery=discovery_file(),
+        figures=figures,
+        goals={row['goal']: row['met'] for row in rows},
+        issue22=rows,
+        host=dict(
+            cpus=os.cpu_count(),
+            kernel=platform.release(),
+            python=platform.python_version(),
+            loadavg_start=loadavg,
+            loadavg_end=os.getloadavg(),
+        ),
+    )
     for row in rows:
-        print(f"  goal: {row['goal']:100} {row['value']:>9}  {'PASS' if row['met'] else 'MISS'}")
+        print(f'  goal: {row["goal"]:100} {row["value"]:>9}  {"PASS" if row["met"] else "MISS"}')
     name = 'bench_discovery_load_load_first.json' if args.load_first else 'bench_discovery_load.json'
-    print(f"  figures written to {write_results(name, out)}")
+    print(f'  figures written to {write_results(name, out)}')
     return 0
 
 

@@ -14,6 +14,7 @@ process it ran; CPU / cores is the floor no strategy or fork count can beat on t
 Prints the figures, writes bench-results/bench_fleet.json.
 Usage: python tests/bench/bench_fleet.py [--hosts 16] [--leaks 3] [--repeat 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,22 +47,40 @@ def leak(server, count, size=1 << 20):
         name = 'bench_leak_%d' % i
         with open(server.shm_path(name), 'wb') as f:
             f.write(b'\1' * size)
-        server.api('/v2/systemsharedmemory/region/%s/register' % name, 'POST', dict(key='/' + name, offset=0, byte_size=size))
+        server.api(
+            '/v2/systemsharedmemory/region/%s/register' % name, 'POST', dict(key='/' + name, offset=0, byte_size=size)
+        )
 
 
 def write_inventory(path, servers):
-    hosts = dict((s.name, dict(ansible_connection='local', ansible_python_interpreter=sys.executable, triton_url=s.url))
-                 for s in servers)
+    hosts = dict(
+        (s.name, dict(ansible_connection='local', ansible_python_interpreter=sys.executable, triton_url=s.url))
+        for s in servers
+    )
     with open(path, 'w') as f:
         yaml.safe_dump({'all': {'children': {'triton': {'hosts': hosts}}}}, f)
 
 
 def run(playbook, inventory, forks):
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=COLLECTIONS_PATH, ANSIBLE_PIPELINING='1',
-               ANSIBLE_STDOUT_CALLBACK='ansible.posix.json', ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
-               ANSIBLE_LOCALHOST_WARNING='False', PATH=BIN + os.pathsep + os.environ.get('PATH', ''))
-    cmd = [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, '-f', str(forks), 'tritonops.shm.' + playbook,
-           '-e', json.dumps({'prometheus_textfile_dir': ''})]
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=COLLECTIONS_PATH,
+        ANSIBLE_PIPELINING='1',
+        ANSIBLE_STDOUT_CALLBACK='ansible.posix.json',
+        ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
+        ANSIBLE_LOCALHOST_WARNING='False',
+        PATH=BIN + os.pathsep + os.environ.get('PATH', ''),
+    )
+    cmd = [
+        os.path.join(BIN, 'ansible-playbook'),
+        '-i',
+        inventory,
+        '-f',
+        str(forks),
+        'tritonops.shm.' + playbook,
+        '-e',
+        json.dumps({'prometheus_textfile_dir': ''}),
+    ]
     started = time.perf_counter()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -69,8 +88,10 @@ def run(playbook, inventory, forks):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
     if proc.returncode != 0:
-        raise SystemExit('%s failed (rc %d):\n%s\n%s' % (playbook, proc.returncode, proc.stdout[-3000:], proc.stderr[-2000:]))
-    stats = json.loads(proc.stdout[proc.stdout.index('{'):])['stats']
+        raise SystemExit(
+            '%s failed (rc %d):\n%s\n%s' % (playbook, proc.returncode, proc.stdout[-3000:], proc.stderr[-2000:])
+        )
+    stats = json.loads(proc.stdout[proc.stdout.index('{') :])['stats']
     return took, cpu, stats
 
 
@@ -113,9 +134,18 @@ def main():
                 figures['%s_%s_hosts_s' % (playbook, label)] = round(statistics.median(times), 2)
                 figures['%s_%s_hosts_runs_s' % (playbook, label)] = [round(t, 2) for t in times]
                 figures['%s_%s_hosts_cpu_s' % (playbook, label)] = round(statistics.median(cpus), 2)
-                print('%-8s %3s host(s): %6.2fs wall, %6.2fs CPU (ansible and modules; median of %d: %s)'
-                      % (playbook, label, statistics.median(times), statistics.median(cpus), len(times),
-                         ', '.join('%.2f' % t for t in times)), flush=True)
+                print(
+                    '%-8s %3s host(s): %6.2fs wall, %6.2fs CPU (ansible and modules; median of %d: %s)'
+                    % (
+                        playbook,
+                        label,
+                        statistics.median(times),
+                        statistics.median(cpus),
+                        len(times),
+                        ', '.join('%.2f' % t for t in times),
+                    ),
+                    flush=True,
+                )
     finally:
         fleet.cleanup()
     for playbook in ('report', 'cleanup'):
@@ -123,12 +153,25 @@ def main():
         figures['%s_ratio' % playbook] = round(ratio, 2)
         floor = figures['%s_%d_hosts_cpu_s' % (playbook, args.hosts)] / (os.cpu_count() or 1)
         figures['%s_cpu_floor_s' % playbook] = round(floor, 2)
-        print('%-8s %d hosts / 1 host = %.2fx (information; the wall-time goal is retired: on 2 cores it measures the '
-              'CPU, not the design; see bench_cost.py); CPU-bound floor on %d CPU(s): %.2fs'
-              % (playbook, args.hosts, ratio, os.cpu_count() or 1, floor))
-    out = dict(benchmark='fleet', hosts=args.hosts, leaks_per_host=args.leaks, repeat=args.repeat,
-               strategy='linear', forks=args.hosts, pipelining=True, cpus=os.cpu_count(),
-               loadavg_before=loadavg_before, loadavg_after=os.getloadavg(), python=platform.python_version(), figures=figures)
+        print(
+            '%-8s %d hosts / 1 host = %.2fx (information; the wall-time goal is retired: on 2 cores it measures the '
+            'CPU, not the design; see bench_cost.py); CPU-bound floor on %d CPU(s): %.2fs'
+            % (playbook, args.hosts, ratio, os.cpu_count() or 1, floor)
+        )
+    out = dict(
+        benchmark='fleet',
+        hosts=args.hosts,
+        leaks_per_host=args.leaks,
+        repeat=args.repeat,
+        strategy='linear',
+        forks=args.hosts,
+        pipelining=True,
+        cpus=os.cpu_count(),
+        loadavg_before=loadavg_before,
+        loadavg_after=os.getloadavg(),
+        python=platform.python_version(),
+        figures=figures,
+    )
     path = write_results('bench_fleet.json', out)
     print('wrote %s' % path)
     return 0

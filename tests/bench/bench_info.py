@@ -16,6 +16,7 @@ holds them, so every one needs the full classification) and M extra processes
 Prints the figures and writes them as JSON to bench-results/info.json.
 Usage: python tests/bench/bench_info.py [--processes 2000] [--regions 1000] [--repeat 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,13 +31,14 @@ import time
 
 # benchenv puts the rig, the integration helpers and the collection on sys.path
 import benchenv  # noqa: F401  pylint: disable=unused-import
-
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 try:
-    from ansible_collections.tritonops.shm.plugins.module_utils import holders  # noqa: E402
-    from ansible_collections.tritonops.shm.plugins.module_utils import inventory  # noqa: E402
+    from ansible_collections.tritonops.shm.plugins.module_utils import (
+        holders,  # noqa: E402
+        inventory,  # noqa: E402
+    )
     from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
 except ImportError as exc:
     sys.exit('run from the collection copy (make bench, or build/ansible_collections/tritonops/shm): %s' % exc)
@@ -64,16 +66,20 @@ def register_regions(server, count, size):
         name = 'bench_%04d' % i
         with open(server.shm_path(name), 'wb') as f:
             f.write(b'\1' * size)
-        server.api('/v2/systemsharedmemory/region/%s/register' % name, 'POST',
-                   dict(key='/' + name, offset=0, byte_size=size))
+        server.api(
+            '/v2/systemsharedmemory/region/%s/register' % name, 'POST', dict(key='/' + name, offset=0, byte_size=size)
+        )
 
 
 def start_sleepers(count):
     procs = []
     try:
         for _i in range(count):
-            procs.append(subprocess.Popen(['sleep', '3600'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    ['sleep', '3600'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
     except BaseException:
         stop_sleepers(procs)
         raise
@@ -89,7 +95,9 @@ def stop_sleepers(procs):
 
 def grep_pass():
     # the shell expands /proc/*/maps; grep's status is 1 for processes that vanish or match nothing
-    subprocess.run(['sh', '-c', 'grep -l /dev/shm /proc/*/maps'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(
+        ['sh', '-c', 'grep -l /dev/shm /proc/*/maps'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+    )
 
 
 def module_work(url):
@@ -108,8 +116,10 @@ def scan_only(inv):
 
 
 def module_process(args_path, env):
-    proc = subprocess.run([sys.executable, '-m', MODULE, args_path], capture_output=True, text=True, env=env, check=False)
-    result = json.loads(proc.stdout[proc.stdout.index('{'):])
+    proc = subprocess.run(
+        [sys.executable, '-m', MODULE, args_path], capture_output=True, text=True, env=env, check=False
+    )
+    result = json.loads(proc.stdout[proc.stdout.index('{') :])
     if result.get('failed'):
         raise RuntimeError('module failed: %s' % result['msg'])
     return result
@@ -125,11 +135,18 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     workdir = tempfile.mkdtemp(prefix='bench-info-')
-    server = tritonrig.TritonServer(workdir=workdir, shm_size='%dm' % max(64, 2 * args.regions * args.region_bytes // (1 << 20) + 16),
-                                    models=())
+    server = tritonrig.TritonServer(
+        workdir=workdir, shm_size='%dm' % max(64, 2 * args.regions * args.region_bytes // (1 << 20) + 16), models=()
+    )
     sleepers = []
-    figures = dict(benchmark='info', processes_extra=args.processes, regions=args.regions, region_bytes=args.region_bytes,
-                   repeat=args.repeat, host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version()))
+    figures = dict(
+        benchmark='info',
+        processes_extra=args.processes,
+        regions=args.regions,
+        region_bytes=args.region_bytes,
+        repeat=args.repeat,
+        host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version()),
+    )
     try:
         t0 = time.perf_counter()
         server.start()
@@ -164,13 +181,17 @@ def main(argv=None):
         roots = [p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(roots))
         module_process(args_path, env)
-        figures['process_s'], figures['process_runs_s'] = median_time(lambda: module_process(args_path, env), args.repeat)
+        figures['process_s'], figures['process_runs_s'] = median_time(
+            lambda: module_process(args_path, env), args.repeat
+        )
 
         if not args.no_ansible:
             import ansible_helpers  # pylint: disable=import-outside-toplevel
+
             runs = max(1, min(3, args.repeat))
             figures['ansible_s'], figures['ansible_runs_s'] = median_time(
-                lambda: ansible_helpers.run_module('tritonops.shm.triton_shm_info', dict(url=server.url)), runs)
+                lambda: ansible_helpers.run_module('tritonops.shm.triton_shm_info', dict(url=server.url)), runs
+            )
     finally:
         stop_sleepers(sleepers)
         server.cleanup()
@@ -185,16 +206,30 @@ def main(argv=None):
     figures['goal'] = 'work <= 2 x grep (median of per-pair ratios)'
     figures['goal_met'] = figures['work_over_grep'] <= 2.0
 
-    print('triton_shm_info on %d /proc entries (%d extra processes), %d registered regions, median of %d:'
-          % (figures['proc_entries'], args.processes, args.regions, args.repeat))
+    print(
+        'triton_shm_info on %d /proc entries (%d extra processes), %d registered regions, median of %d:'
+        % (figures['proc_entries'], args.processes, args.regions, args.repeat)
+    )
     print('  grep -l /dev/shm /proc/*/maps   %8.3f s   (min %.3f)' % (figures['grep_s'], figures['grep_min_s']))
-    print('  module work (in process)        %8.3f s   (min %.3f)   %.2fx grep (min/min %.2fx); its /proc pass %.3f s'
-          % (figures['work_s'], figures['work_min_s'], figures['work_over_grep'], figures['work_over_grep_min'], figures['scan_s']))
-    print('  module as a process             %8.3f s   %.2fx grep' % (figures['process_s'], figures['process_over_grep']))
+    print(
+        '  module work (in process)        %8.3f s   (min %.3f)   %.2fx grep (min/min %.2fx); its /proc pass %.3f s'
+        % (
+            figures['work_s'],
+            figures['work_min_s'],
+            figures['work_over_grep'],
+            figures['work_over_grep_min'],
+            figures['scan_s'],
+        )
+    )
+    print(
+        '  module as a process             %8.3f s   %.2fx grep' % (figures['process_s'], figures['process_over_grep'])
+    )
     if 'ansible_s' in figures:
         print('  ansible-playbook task           %8.3f s' % figures['ansible_s'])
-    print('  goal (work <= 2x grep): %s   load average before/after: %s / %s'
-          % ('met' if figures['goal_met'] else 'MISSED', figures['loadavg_before'], figures['loadavg_after']))
+    print(
+        '  goal (work <= 2x grep): %s   load average before/after: %s / %s'
+        % ('met' if figures['goal_met'] else 'MISSED', figures['loadavg_before'], figures['loadavg_after'])
+    )
     path = write_results('info.json', figures)
     print('  figures written to %s' % path)
     return 0

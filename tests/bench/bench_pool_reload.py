@@ -21,6 +21,7 @@ was still there, the pool's bytes before and after, and the shm filesystem's pea
 Run from the collection copy (make collection; build/ansible_collections/tritonops/shm), as root.
 Usage: python tests/bench/bench_pool_reload.py [--rounds 5] [--threads 2] [--large 32m] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,14 +34,13 @@ import threading
 import time
 
 import benchenv  # noqa: F401  pylint: disable=unused-import
-
 import numpy as np  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
-
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
+from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
+
 from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
-from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 MODEL = 'grow'
 
@@ -114,9 +114,14 @@ def one_round(server: tritonrig.TritonServer, args: argparse.Namespace) -> dict:
         time.sleep(args.lead)
         t0 = time.monotonic()
         if args.method == 'unload-load':
-            tritonrig.http_json(f'{server.url}/v2/repository/models/{MODEL}/unload', method='POST', body={}, timeout=120)
-            while any(m['state'] == 'READY' for m in tritonrig.http_json(f'{server.url}/v2/repository/index', method='POST',
-                                                                         body={})[1] if m['name'] == MODEL):
+            tritonrig.http_json(
+                f'{server.url}/v2/repository/models/{MODEL}/unload', method='POST', body={}, timeout=120
+            )
+            while any(
+                m['state'] == 'READY'
+                for m in tritonrig.http_json(f'{server.url}/v2/repository/index', method='POST', body={})[1]
+                if m['name'] == MODEL
+            ):
                 time.sleep(0.01)
             tritonrig.http_json(f'{server.url}/v2/repository/models/{MODEL}/load', method='POST', body={}, timeout=120)
         else:
@@ -170,14 +175,37 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(r)
     finally:
         server.cleanup()
-    med = {k: statistics.median(r[k] for r in rounds) for k in
-           ('load_s', 'old_file_left_s', 'before_bytes', 'after_bytes', 'peak_used_bytes', 'requests', 'failed',
-            'window_requests', 'window_failed')}
-    figures = {'version': version, 'method': args.method, 'threads': args.threads, 'large': args.large, 'small': args.small,
-               'rounds': rounds, 'median': med, 'failed_total': sum(r['failed'] for r in rounds),
-               'old_file_gone_all': all(r['old_file_gone'] for r in rounds)}
-    print(json.dumps({'median': med, 'failed_total': figures['failed_total'],
-                      'old_file_gone_all': figures['old_file_gone_all']}, indent=1))
+    med = {
+        k: statistics.median(r[k] for r in rounds)
+        for k in (
+            'load_s',
+            'old_file_left_s',
+            'before_bytes',
+            'after_bytes',
+            'peak_used_bytes',
+            'requests',
+            'failed',
+            'window_requests',
+            'window_failed',
+        )
+    }
+    figures = {
+        'version': version,
+        'method': args.method,
+        'threads': args.threads,
+        'large': args.large,
+        'small': args.small,
+        'rounds': rounds,
+        'median': med,
+        'failed_total': sum(r['failed'] for r in rounds),
+        'old_file_gone_all': all(r['old_file_gone'] for r in rounds),
+    }
+    print(
+        json.dumps(
+            {'median': med, 'failed_total': figures['failed_total'], 'old_file_gone_all': figures['old_file_gone_all']},
+            indent=1,
+        )
+    )
     path = write_results('pool_reload.json' if args.method == 'reload' else 'pool_reload_unload.json', figures)
     print(f'figures: {path}')
     return 0

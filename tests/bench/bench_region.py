@@ -24,6 +24,7 @@ and medians are printed beside them. Prints the figures and writes
 bench-results/bench_region.json.
 Usage: python tests/bench/bench_region.py [--count 1000] [--uri-count 10] [--repeat 5] [--uri-repeat 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,6 @@ import time
 
 # benchenv puts the rig, the integration helpers and the collection on sys.path
 import benchenv  # noqa: F401  pylint: disable=unused-import
-
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_helpers import ansible_playbook  # noqa: E402  pylint: disable=wrong-import-position
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
@@ -85,8 +85,10 @@ def module_run(server, names):
     elapsed, res = play([{'name': 'clean', MODULE: dict(url=server.url, state='absent', stale=True)}])
     result = res.task('clean')
     if sorted(result['unregistered']) != sorted(names) or len(result['removed_files']) != len(names):
-        raise RuntimeError('module did not clean exactly the leaked regions: %d unregistered, %d removed, expected %d'
-                           % (len(result['unregistered']), len(result['removed_files']), len(names)))
+        raise RuntimeError(
+            'module did not clean exactly the leaked regions: %d unregistered, %d removed, expected %d'
+            % (len(result['unregistered']), len(result['removed_files']), len(names))
+        )
     check_clean(server, names, 'module')
     return elapsed
 
@@ -96,11 +98,16 @@ def module_process(server, names, workdir, url=None):
     args_path = os.path.join(workdir, 'args.json')
     with open(args_path, 'w') as f:
         json.dump(dict(ANSIBLE_MODULE_ARGS=dict(url=url or server.url, state='absent', stale=True)), f)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))),
+    )
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, '-m', MODULE_PY, args_path], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, '-m', MODULE_PY, args_path], capture_output=True, text=True, env=env, check=False
+    )
     elapsed = time.perf_counter() - started
-    result = json.loads(proc.stdout[proc.stdout.index('{'):])
+    result = json.loads(proc.stdout[proc.stdout.index('{') :])
     if result.get('failed') or sorted(result['unregistered']) != sorted(names):
         raise RuntimeError('module process did not clean exactly the leaked regions: %s' % proc.stdout[:2000])
     check_clean(server, names, 'module process')
@@ -110,7 +117,7 @@ def module_process(server, names, workdir, url=None):
 def module_work(server, names, client=None):
     """RegionOps in this process, with its parts timed through a wrapping client (default: HTTP to server.url)."""
     client = client or TritonClient(server.url)
-    client.use_keep_alive()   # as the module does
+    client.use_keep_alive()  # as the module does
     spent = dict(unregister=0.0)
     real_unregister = client.unregister
 
@@ -120,9 +127,23 @@ def module_work(server, names, client=None):
             return real_unregister(kind, name)
         finally:
             spent['unregister'] += time.perf_counter() - started
+
     client.unregister = timed_unregister
-    params = dict(state='absent', kind='system', name=[], stale=True, all=False, orphan_files=False, orphan_patterns=[],
-                  min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=None, shm_dir=None)
+    params = dict(
+        state='absent',
+        kind='system',
+        name=[],
+        stale=True,
+        all=False,
+        orphan_files=False,
+        orphan_patterns=[],
+        min_age=300,
+        exclude=[],
+        remove_file=True,
+        in_use_timeout=10,
+        server_pid=None,
+        shm_dir=None,
+    )
     ops = region_ops.RegionOps(client, params)
     marks = {}
     real_remove = ops._remove_files  # pylint: disable=protected-access
@@ -133,6 +154,7 @@ def module_work(server, names, client=None):
             return real_remove(*a)
         finally:
             marks['remove_end'] = time.perf_counter()
+
     ops._remove_files = timed_remove  # pylint: disable=protected-access
     real_read = ops.read
 
@@ -141,6 +163,7 @@ def module_work(server, names, client=None):
         snap = real_read(*a, **kw)
         marks['plan_inventory'] = time.perf_counter() - started
         return snap
+
     ops.read = timed_read
     started = time.perf_counter()
     ops.absent()
@@ -149,17 +172,24 @@ def module_work(server, names, client=None):
     if sorted(ops.unregistered) != sorted(names) or len(ops.removed_files) != len(names):
         raise RuntimeError('RegionOps did not clean exactly the leaked regions')
     check_clean(server, names, 'RegionOps')
-    return dict(total_s=total, inventory_s=marks['plan_inventory'], unregister_s=spent['unregister'],
-                recheck_and_unlink_s=marks['remove_end'] - marks['remove_start'], requests=client.requests_made)
+    return dict(
+        total_s=total,
+        inventory_s=marks['plan_inventory'],
+        unregister_s=spent['unregister'],
+        recheck_and_unlink_s=marks['remove_end'] - marks['remove_start'],
+        requests=client.requests_made,
+    )
 
 
 def tritonclient_loop(server, names, grpc=False):
     """NVIDIA's tritonclient (tritonclient.grpc with grpc=True, at server.grpc_url), unregister + unlink per region."""
     if grpc:
         import tritonclient.grpc as api  # pylint: disable=import-outside-toplevel
+
         client = api.InferenceServerClient(server.grpc_url)
     else:
         import tritonclient.http as api  # pylint: disable=import-outside-toplevel
+
         client = api.InferenceServerClient(server.url.split('://', 1)[1])
     paths = [server.shm_path(n) for n in names]
     started = time.perf_counter()
@@ -174,11 +204,20 @@ def tritonclient_loop(server, names, grpc=False):
 
 def uri_loop(server, names):
     tasks = [
-        {'name': 'unregister', 'ansible.builtin.uri': {'url': server.url + '/v2/systemsharedmemory/region/{{ item }}/unregister',
-                                                       'method': 'POST', 'status_code': 200},
-         'loop': names},
-        {'name': 'remove the file', 'ansible.builtin.file': {'path': server.shm_dir + '/{{ item }}', 'state': 'absent'},
-         'loop': names},
+        {
+            'name': 'unregister',
+            'ansible.builtin.uri': {
+                'url': server.url + '/v2/systemsharedmemory/region/{{ item }}/unregister',
+                'method': 'POST',
+                'status_code': 200,
+            },
+            'loop': names,
+        },
+        {
+            'name': 'remove the file',
+            'ansible.builtin.file': {'path': server.shm_dir + '/{{ item }}', 'state': 'absent'},
+            'loop': names,
+        },
     ]
     elapsed, _res = play(tasks)
     check_clean(server, names, 'uri loop')
@@ -203,21 +242,35 @@ def main(argv=None):
     parser.add_argument('--region-bytes', type=int, default=4096)
     parser.add_argument('--repeat', type=int, default=5)
     parser.add_argument('--uri-repeat', type=int, default=3, help='rounds that also time the (slow) uri loop')
-    parser.add_argument('--process-repeat', type=int, default=10, help='rounds of the module-process pair (N=0, N), the noisiest figure')
+    parser.add_argument(
+        '--process-repeat', type=int, default=10, help='rounds of the module-process pair (N=0, N), the noisiest figure'
+    )
     args = parser.parse_args(argv)
 
     workdir = tempfile.mkdtemp(prefix='bench-region-')
     shm_mib = max(64, 2 * args.count * max(args.region_bytes, 4096) // (1 << 20) + 32)
     server = tritonrig.TritonServer(workdir=workdir, shm_size='%dm' % shm_mib, models=())
-    figures = dict(benchmark='region', count=args.count, uri_count=args.uri_count, region_bytes=args.region_bytes,
-                   repeat=args.repeat, host=dict(cpus=os.cpu_count(), kernel=platform.release(), python=platform.python_version(),
-                                                 loadavg_start=os.getloadavg()[0]))
+    figures = dict(
+        benchmark='region',
+        count=args.count,
+        uri_count=args.uri_count,
+        region_bytes=args.region_bytes,
+        repeat=args.repeat,
+        host=dict(
+            cpus=os.cpu_count(),
+            kernel=platform.release(),
+            python=platform.python_version(),
+            loadavg_start=os.getloadavg()[0],
+        ),
+    )
     runs = dict(module_0=[], module_n=[], process_0=[], process_n=[], tritonclient=[], uri_0=[], uri_m=[], work=[])
     try:
         server.start()
         for rnd in range(1, args.repeat + 1):
+
             def leak(tag, count):
                 return leak_many(server, '%s%d' % (tag, rnd), count, args.region_bytes)  # pylint: disable=cell-var-from-loop
+
             runs['module_0'].append(module_run(server, []))
             runs['module_n'].append(module_run(server, leak('m', args.count)))
             for sub in range(max(1, args.process_repeat // args.repeat)):
@@ -250,32 +303,51 @@ def main(argv=None):
         fig['uri_over_module_task'] = fig['uri_per_region_ms'] / mod if mod > 0 else None
         fig['uri_over_module_process'] = fig['uri_per_region_ms'] / fig['module_process_per_region_ms']
         for level in ('task', 'process', 'work'):
-            fig['module_%s_over_tritonclient' % level] = fig['module_%s_per_region_ms' % level] / fig['tritonclient_per_region_ms']
+            fig['module_%s_over_tritonclient' % level] = (
+                fig['module_%s_per_region_ms' % level] / fig['tritonclient_per_region_ms']
+            )
         figures[label] = dict((k, round(v, 4) if isinstance(v, float) else v) for k, v in fig.items())
     best = figures['best']
     med = figures['median']
     figures['host']['loadavg_end'] = os.getloadavg()[0]
     figures['goals'] = {
         'uri loop per region >= 100 x module process per region (median)': med['uri_over_module_process'] >= 100,
-        'module process per region <= 1.5 x tritonclient per region (median)': med['module_process_over_tritonclient'] <= 1.5,
+        'module process per region <= 1.5 x tritonclient per region (median)': med['module_process_over_tritonclient']
+        <= 1.5,
         'module work per region <= 1.5 x tritonclient per region (best)': best['module_work_over_tritonclient'] <= 1.5,
     }
 
-    print('cleaning leaked regions (%d per run, %d B each), %d rounds (uri: %d, process pairs: %d), load average %.1f -> %.1f;'
-          % (n, args.region_bytes, args.repeat, args.uri_repeat, len(runs['process_n']), figures['host']['loadavg_start'],
-             figures['host']['loadavg_end']))
+    print(
+        'cleaning leaked regions (%d per run, %d B each), %d rounds (uri: %d, process pairs: %d), load average %.1f -> %.1f;'
+        % (
+            n,
+            args.region_bytes,
+            args.repeat,
+            args.uri_repeat,
+            len(runs['process_n']),
+            figures['host']['loadavg_start'],
+            figures['host']['loadavg_end'],
+        )
+    )
     print('  figures: best run (median; differences paired per round)')
 
     def row(label, key, unit='ms', fmt='%9.3f'):
         def show(value):
             return (fmt % value) if value is not None else '      n/a'
+
         print('  %-44s %s %s  (%s)' % (label, show(best[key]), unit, show(med[key]).strip()))
+
     row('module, ansible task, (T_N - T_0) / N', 'module_task_per_region_ms')
     row('module, its own process, (T_N - T_0) / N', 'module_process_per_region_ms')
     row('module work in process, per region', 'module_work_per_region_ms')
-    print('    parts (best): plan %.3f s, unregister loop %.3f s, re-check + unlink %.3f s'
-          % (best['module_work_parts_s']['inventory_s'], best['module_work_parts_s']['unregister_s'],
-             best['module_work_parts_s']['recheck_and_unlink_s']))
+    print(
+        '    parts (best): plan %.3f s, unregister loop %.3f s, re-check + unlink %.3f s'
+        % (
+            best['module_work_parts_s']['inventory_s'],
+            best['module_work_parts_s']['unregister_s'],
+            best['module_work_parts_s']['recheck_and_unlink_s'],
+        )
+    )
     row('tritonclient loop (unregister + unlink)', 'tritonclient_per_region_ms')
     row('uri + file loop, (T_M - T_0) / M', 'uri_per_region_ms', fmt='%9.1f')
     row('uri loop / module process', 'uri_over_module_process', unit='x', fmt='%9.1f')

@@ -4,6 +4,7 @@ Benchmarks run as scripts from the collection copy (``make bench`` runs them fro
 build/ansible_collections/tritonops/shm), so ``ansible_collections.tritonops.shm``
 is importable from the copy's grandparent's parent.
 """
+
 from __future__ import annotations
 
 import os

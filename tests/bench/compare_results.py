@@ -19,6 +19,7 @@ also compared with its own second run, so a difference that is only noise shows 
 the candidate defaults to the tree this script runs from. Exit status 1 when the results differ.
 Needs root (a private /dev/shm for the server).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,6 @@ import tempfile
 
 # benchenv puts the rig, the integration helpers and the collection on sys.path
 import benchenv  # noqa: F401  pylint: disable=unused-import
-
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_helpers import COLLECTIONS_PATH, run_module  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -45,25 +45,27 @@ OLD = 3600
 
 def build_scene(server: tritonrig.TritonServer) -> dict:
     """Every region state and file category on one server; returns the live processes to keep."""
-    keep = {'live': server.client('live_region', byte_size=MIB)}                       # healthy
-    server.leak('stale_region', byte_size=2 * MIB)                                       # stale
-    server.leak('leaked_unlinked', keep_file=False)                                      # dangling
-    keep['unlinked_live'] = server.client('unlinked_live')                               # dangling, still mapped
+    keep = {'live': server.client('live_region', byte_size=MIB)}  # healthy
+    server.leak('stale_region', byte_size=2 * MIB)  # stale
+    server.leak('leaked_unlinked', keep_file=False)  # dangling
+    keep['unlinked_live'] = server.client('unlinked_live')  # dangling, still mapped
     os.unlink(server.shm_path('unlinked_live'))
-    server.write_file('warm', MIB)                                                       # reserved
+    server.write_file('warm', MIB)  # reserved
     server.api('/v2/systemsharedmemory/region/warm/register', 'POST', {'key': '/warm', 'offset': 0, 'byte_size': MIB})
     os.setxattr(server.shm_path('warm'), MARK, b'warm')
-    server.write_file('replaced', 4096)                                                  # unknown: a directory now
-    server.api('/v2/systemsharedmemory/region/replaced/register', 'POST', {'key': '/replaced', 'offset': 0, 'byte_size': 4096})
+    server.write_file('replaced', 4096)  # unknown: a directory now
+    server.api(
+        '/v2/systemsharedmemory/region/replaced/register', 'POST', {'key': '/replaced', 'offset': 0, 'byte_size': 4096}
+    )
     os.unlink(server.shm_path('replaced'))
     os.mkdir(server.shm_path('replaced'))
-    keep['held'] = server.client('client_held', register=False)                         # in_use
-    server.write_file('client_old', 64 * 1024, age=OLD)                                  # orphan
-    server.write_file('client_young', 4096)                                              # foreign: too young
-    server.write_file('PostgreSQL.1234', 8192, age=OLD)                                  # foreign: no pattern
-    os.mkfifo(server.shm_path('client_fifo'))                                            # foreign: not a file
+    keep['held'] = server.client('client_held', register=False)  # in_use
+    server.write_file('client_old', 64 * 1024, age=OLD)  # orphan
+    server.write_file('client_young', 4096)  # foreign: too young
+    server.write_file('PostgreSQL.1234', 8192, age=OLD)  # foreign: no pattern
+    os.mkfifo(server.shm_path('client_fifo'))  # foreign: not a file
     os.symlink('client_old', server.shm_path('client_link'))
-    server.write_file('triton_python_backend_shm_region_test', 4096, age=OLD)           # backend
+    server.write_file('triton_python_backend_shm_region_test', 4096, age=OLD)  # backend
     return keep
 
 
@@ -86,8 +88,20 @@ def run(collections: str, name: str, url: str) -> dict:
     env = {'ANSIBLE_COLLECTIONS_PATH': collections}
     if name == 'info':
         return run_module(INFO, {'url': url, 'orphan_patterns': PATTERNS}, env=env)
-    return run_module(REGION, {'url': url, 'state': 'absent', 'stale': True, 'orphan_files': True,
-                               'orphan_patterns': PATTERNS, 'inventory': True}, check=True, diff=True, env=env)
+    return run_module(
+        REGION,
+        {
+            'url': url,
+            'state': 'absent',
+            'stale': True,
+            'orphan_files': True,
+            'orphan_patterns': PATTERNS,
+            'inventory': True,
+        },
+        check=True,
+        diff=True,
+        env=env,
+    )
 
 
 def text(result: dict) -> list[str]:
@@ -111,13 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build_scene(server)
         for name in ('info', 'region'):
-            base, cand, base2, cand2 = (run(root, name, server.url) for root in
-                                        (args.baseline, args.candidate, args.baseline, args.candidate))
+            base, cand, base2, cand2 = (
+                run(root, name, server.url) for root in (args.baseline, args.candidate, args.baseline, args.candidate)
+            )
             states = sorted({r['state'] for r in (base.get('system_regions') or base['before']['system_regions'])})
             cats = sorted({f['category'] for f in (base.get('files') or base['before']['files'])})
             print(f'{name}: states {states}, categories {cats}')
-            for label, one, other in (('baseline run 1 vs 2', base, base2), ('candidate run 1 vs 2', cand, cand2),
-                                      ('baseline vs candidate', base, cand), ('baseline vs candidate (2nd)', base2, cand2)):
+            for label, one, other in (
+                ('baseline run 1 vs 2', base, base2),
+                ('candidate run 1 vs 2', cand, cand2),
+                ('baseline vs candidate', base, cand),
+                ('baseline vs candidate (2nd)', base2, cand2),
+            ):
                 diff = list(difflib.unified_diff(text(one), text(other), 'a', 'b', lineterm='', n=2))
                 print(f'  {label}: {"identical" if not diff else f"{len(diff)} diff lines"}')
                 if diff:

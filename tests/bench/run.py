@@ -3,6 +3,7 @@
 Benchmarks are not tests: they measure and report, they do not pass or fail on a time.
 Usage: python tests/bench/run.py [NAME ...]   (NAME: bench_NAME.py, e.g. ``info``; default all)
 """
+
 from __future__ import annotations
 
 import glob
@@ -57,8 +58,13 @@ def print_goals():
     info = _load('info.json')
     rows = []
     if info:
-        rows.append(('triton_shm_info work vs grep -l /dev/shm /proc/*/maps (median of %d)' % info['repeat'],
-                     info['work_over_grep'], 2.0))
+        rows.append(
+            (
+                'triton_shm_info work vs grep -l /dev/shm /proc/*/maps (median of %d)' % info['repeat'],
+                info['work_over_grep'],
+                2.0,
+            )
+        )
     if rows:
         print('== goals')
         for what, ratio, goal in rows:
@@ -66,8 +72,11 @@ def print_goals():
 
 
 # issue 22: each benchmark writes its goals as rows {goal, value, met} under 'issue22' in its JSON
-ISSUE_22 = (('bench_bulk.json', 'bulk cleanup (bench_bulk.py)'), ('bench_poller.json', 'poller at fleet size (bench_poller.py)'),
-            ('bench_discovery_load.json', 'discovery under load (bench_discovery_load.py)'))
+ISSUE_22 = (
+    ('bench_bulk.json', 'bulk cleanup (bench_bulk.py)'),
+    ('bench_poller.json', 'poller at fleet size (bench_poller.py)'),
+    ('bench_discovery_load.json', 'discovery under load (bench_discovery_load.py)'),
+)
 
 
 def print_issue22_goals(since: float | None = None) -> None:
@@ -79,13 +88,16 @@ def print_issue22_goals(since: float | None = None) -> None:
             print(f'  {what}: not measured in this run')
             continue
         for row in figures['issue22']:
-            print(f"  {row['goal']:104} {row['value']:>14}  {'PASS' if row['met'] else 'MISS'}")
+            print(f'  {row["goal"]:104} {row["value"]:>14}  {"PASS" if row["met"] else "MISS"}')
 
 
 # issue 28: the cost goals (bench_cost.py: CPU per host of a play / a one-task triton_shm_info play, textfile directory
 # present) and bulk HTTP unregister vs tritonclient.http's loop per region at 3,000 regions (bench_bulk.py)
-ISSUE_28_COST = (('cleanup-noop', 'cleanup with nothing to do', 1.3), ('cleanup-leaks', 'cleanup with 3 leaks', 1.5),
-                 ('report', 'report', 1.2))
+ISSUE_28_COST = (
+    ('cleanup-noop', 'cleanup with nothing to do', 1.3),
+    ('cleanup-leaks', 'cleanup with 3 leaks', 1.5),
+    ('report', 'report', 1.2),
+)
 ISSUE_28_BULK_GOAL = 1.0
 
 
@@ -103,25 +115,38 @@ def issue28_rows(since: float | None = None) -> list[GoalRow]:
     rows = []
     cost = _load('cost.json', since) or {}
     ratios = cost.get('ratio_vs_info') or {}
-    how = (f"bench_cost: {cost.get('hosts')} servers, {cost.get('leaks_per_host')} leaks/host, median of "
-           f"{cost.get('repeat')}, textfile {cost.get('textfile')}" if cost else 'bench_cost.py did not write cost.json')
+    how = (
+        f'bench_cost: {cost.get("hosts")} servers, {cost.get("leaks_per_host")} leaks/host, median of '
+        f'{cost.get("repeat")}, textfile {cost.get("textfile")}'
+        if cost
+        else 'bench_cost.py did not write cost.json'
+    )
     for play, what, goal in ISSUE_28_COST:
         rows.append(GoalRow(f'{what}: CPU per host / a one-task triton_shm_info play', ratios.get(play), goal, how))
     bulk = _load('bench_bulk.json', since) or {}
     ratio = (bulk.get('median') or {}).get('http_ratio')
     if isinstance(ratio, float) and math.isnan(ratio):
         ratio = None
-    how = (f"bench_bulk: {bulk.get('count')} regions, median of {bulk.get('repeat')} rounds" if bulk
-           else 'bench_bulk.py did not write bench_bulk.json')
-    rows.append(GoalRow(f"bulk HTTP unregister / tritonclient.http's loop, per region at {bulk.get('count', 3000):,} regions",
-                        ratio, ISSUE_28_BULK_GOAL, how))
+    how = (
+        f'bench_bulk: {bulk.get("count")} regions, median of {bulk.get("repeat")} rounds'
+        if bulk
+        else 'bench_bulk.py did not write bench_bulk.json'
+    )
+    rows.append(
+        GoalRow(
+            f"bulk HTTP unregister / tritonclient.http's loop, per region at {bulk.get('count', 3000):,} regions",
+            ratio,
+            ISSUE_28_BULK_GOAL,
+            how,
+        )
+    )
     return rows
 
 
 def print_issue28_goals(since: float | None = None) -> None:
     """The summary table `make bench` ends with: each issue-28 ratio next to its goal, met or MISSED."""
     print('== issue 28 goals (figures of this run)')
-    print(f"  {'ratio':78} {'now':>6}  {'goal':>7}  {'':12}  measured by")
+    print(f'  {"ratio":78} {"now":>6}  {"goal":>7}  {"":12}  measured by')
     for row in issue28_rows(since):
         now = 'n/a' if row.ratio is None else f'{row.ratio:.2f}x'
         verdict = 'not measured' if row.ratio is None else 'met' if row.ratio <= row.goal else 'MISSED'
@@ -132,7 +157,7 @@ def main(argv):
     wanted = set(argv)
     benches = sorted(glob.glob(os.path.join(HERE, 'bench_*.py')))
     if wanted:
-        benches = [b for b in benches if os.path.basename(b)[len('bench_'):-len('.py')] in wanted]
+        benches = [b for b in benches if os.path.basename(b)[len('bench_') : -len('.py')] in wanted]
         if not benches:
             print('no benchmark named %s in %s' % (', '.join(sorted(wanted)), HERE), file=sys.stderr)
             return 2

@@ -20,6 +20,7 @@ regions left after the last run (goal 0). Stops by itself.
 
 (`make soak` runs it from the collection copy.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,14 +47,24 @@ KIB = 1024
 
 
 def cleanup_play(server):
-    return [{
-        'name': 'soak cleanup', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
-        'roles': [{'role': 'tritonops.shm.shm_cleanup', 'vars': {
-            'shm_cleanup_url': server.url,
-            'shm_cleanup_mode': 'stale',
-            'shm_cleanup_in_use_timeout': 5,
-        }}],
-    }]
+    return [
+        {
+            'name': 'soak cleanup',
+            'hosts': 'localhost',
+            'connection': 'local',
+            'gather_facts': False,
+            'roles': [
+                {
+                    'role': 'tritonops.shm.shm_cleanup',
+                    'vars': {
+                        'shm_cleanup_url': server.url,
+                        'shm_cleanup_mode': 'stale',
+                        'shm_cleanup_in_use_timeout': 5,
+                    },
+                }
+            ],
+        }
+    ]
 
 
 def _final_stats(client):
@@ -77,7 +88,7 @@ class Leaker(threading.Thread):
         self.byte_size = byte_size
         self.interval = interval
         self.stop_event = threading.Event()
-        self.leaked = []   # region names leaked
+        self.leaked = []  # region names leaked
         self.errors = []
 
     def run(self):
@@ -95,14 +106,37 @@ class Leaker(threading.Thread):
             self.stop_event.wait(self.interval)
 
 
-def soak(duration=120.0, max_runs=30, live=3, byte_size=64 * KIB, leak_interval=0.5, pause=0.01, shm_size='64m', workdir=None, log=print):
+def soak(
+    duration=120.0,
+    max_runs=30,
+    live=3,
+    byte_size=64 * KIB,
+    leak_interval=0.5,
+    pause=0.01,
+    shm_size='64m',
+    workdir=None,
+    log=print,
+):
     """Run the soak; return the figures (a dict)."""
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix='soak-')
     server = tritonrig.TritonServer(workdir=workdir, shm_size=shm_size)
-    figures = dict(duration_s=None, pause_s=pause, cleanup_runs=0, cleanup_failed_runs=0, cleanup_run_s=[], live_clients=live,
-                   inferences_attempted=0, inferences_failed=0, live_regions_removed=0, leaked_regions=0,
-                   leaked_unregistered_by_cleanup=0, leaked_regions_left=0, leaked_files_left=0, failures=[])
+    figures = dict(
+        duration_s=None,
+        pause_s=pause,
+        cleanup_runs=0,
+        cleanup_failed_runs=0,
+        cleanup_run_s=[],
+        live_clients=live,
+        inferences_attempted=0,
+        inferences_failed=0,
+        live_regions_removed=0,
+        leaked_regions=0,
+        leaked_unregistered_by_cleanup=0,
+        leaked_regions_left=0,
+        leaked_files_left=0,
+        failures=[],
+    )
     started = time.monotonic()
     try:
         server.start()
@@ -125,17 +159,23 @@ def soak(duration=120.0, max_runs=30, live=3, byte_size=64 * KIB, leak_interval=
             for _name, result in res.tasks():
                 host = (result.get('ansible_facts') or {}).get('shm_cleanup_result', host)
             done = host.get('done') or {}
-            figures['leaked_unregistered_by_cleanup'] += len([n for n in done.get('unregistered', []) if n.startswith('leak')])
+            figures['leaked_unregistered_by_cleanup'] += len(
+                [n for n in done.get('unregistered', []) if n.startswith('leak')]
+            )
             if res.rc != 0:
                 figures['cleanup_failed_runs'] += 1
                 failed = ['%s: %s' % (n, r.get('msg')) for n, r in res.tasks() if r.get('failed')]
-                figures['failures'].append('%s: rc=%s %s' % (label, res.rc, json.dumps(host.get('error') or failed or res.stderr[-500:])[:800]))
+                figures['failures'].append(
+                    '%s: rc=%s %s' % (label, res.rc, json.dumps(host.get('error') or failed or res.stderr[-500:])[:800])
+                )
             regions = server.system_regions()
             files = set(server.shm_files())
             gone = set(n for n in live_names if n not in regions or n not in files)
             removed_live.update(gone)
-            log('run %-6s %5.1fs rc=%s unregistered=%-3d registered now=%-3d live regions missing=%d'
-                % (label, elapsed, res.rc, len(done.get('unregistered', [])), len(regions), len(gone)))
+            log(
+                'run %-6s %5.1fs rc=%s unregistered=%-3d registered now=%-3d live regions missing=%d'
+                % (label, elapsed, res.rc, len(done.get('unregistered', [])), len(regions), len(gone))
+            )
 
         while time.monotonic() - started < duration and figures['cleanup_runs'] < max_runs:
             one_run(str(figures['cleanup_runs'] + 1))
@@ -171,10 +211,16 @@ def soak(duration=120.0, max_runs=30, live=3, byte_size=64 * KIB, leak_interval=
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--duration', type=float, default=120.0, help='seconds of traffic and cleanup runs (default 120)')
-    parser.add_argument('--max-runs', type=int, default=30, help='at most this many cleanup runs before the last one (default 30)')
+    parser.add_argument(
+        '--duration', type=float, default=120.0, help='seconds of traffic and cleanup runs (default 120)'
+    )
+    parser.add_argument(
+        '--max-runs', type=int, default=30, help='at most this many cleanup runs before the last one (default 30)'
+    )
     parser.add_argument('--live', type=int, default=3, help='live inference clients (default 3)')
-    parser.add_argument('--pause', type=float, default=0.01, help='seconds each client waits between inferences (default 0.01)')
+    parser.add_argument(
+        '--pause', type=float, default=0.01, help='seconds each client waits between inferences (default 0.01)'
+    )
     parser.add_argument('--json', help='also write the figures to this file')
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -185,11 +231,25 @@ def main(argv=None):
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(figures, f, indent=2)
-    goals = (figures['inferences_failed'] == 0 and figures['live_regions_removed'] == 0
-             and figures['leaked_regions_left'] == 0 and figures['inferences_attempted'] > 0)
-    print('SOAK %s: %d inferences, %d failed; %d regions leaked, %d left; %d live regions removed; %d cleanup runs (median %ss)'
-          % ('OK' if goals else 'FAILED', figures['inferences_attempted'], figures['inferences_failed'], figures['leaked_regions'],
-             figures['leaked_regions_left'], figures['live_regions_removed'], figures['cleanup_runs'], figures['cleanup_run_s_median']))
+    goals = (
+        figures['inferences_failed'] == 0
+        and figures['live_regions_removed'] == 0
+        and figures['leaked_regions_left'] == 0
+        and figures['inferences_attempted'] > 0
+    )
+    print(
+        'SOAK %s: %d inferences, %d failed; %d regions leaked, %d left; %d live regions removed; %d cleanup runs (median %ss)'
+        % (
+            'OK' if goals else 'FAILED',
+            figures['inferences_attempted'],
+            figures['inferences_failed'],
+            figures['leaked_regions'],
+            figures['leaked_regions_left'],
+            figures['live_regions_removed'],
+            figures['cleanup_runs'],
+            figures['cleanup_run_s_median'],
+        )
+    )
     return 0 if goals else 1
 
 

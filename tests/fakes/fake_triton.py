@@ -21,33 +21,37 @@ answers, idle and per-answer closes) and lets a test put any answer, hostile one
 ``GrpcFront`` serves it with grpcio and tritonclient's messages, with scripted codes, slow, missing and
 malformed methods. The collection's real clients talk to both; each records what reached it.
 """
+
 from __future__ import annotations
 
 import base64
 import json
 import os
 import threading
-
 from concurrent import futures
 from typing import Callable, NamedTuple
 
 from ansible_collections.tritonops.shm.tests.fakes import loopback
 
 KIB = 1024
-SIZE_MAX = 2 ** 64 - 1
+SIZE_MAX = 2**64 - 1
 PREFIX = 'triton_python_backend_shm_region_'
 EXTENSIONS = ('system_shared_memory', 'cuda_shared_memory')
 
 # The servers' own texts, byte for byte (the version that introduced each in the comment).
-IN_USE = "Cannot unregister shared memory region '{}', it is currently in use."                      # 2.50
-DEFERRED_LOG = "Shared memory region '{}' will be unregistered after in-flight requests complete."     # 2.53, log
-OVERFLOW = ("Integer overflow detected: byte_size ({}) + offset ({}) exceeds maximum value ({}) "     # 2.58
-            "for region '{}'")
-RESERVED = ("cannot register shared memory region '{}' with key '{}' as the key contains the reserved "  # 2.60
-            f"prefix '{PREFIX}'")
-INVALID_KEY = "cannot register shared memory region '{}' - invalid shm key '{}'"                     # 2.61
+IN_USE = "Cannot unregister shared memory region '{}', it is currently in use."  # 2.50
+DEFERRED_LOG = "Shared memory region '{}' will be unregistered after in-flight requests complete."  # 2.53, log
+OVERFLOW = (
+    'Integer overflow detected: byte_size ({}) + offset ({}) exceeds maximum value ({}) '  # 2.58
+    "for region '{}'"
+)
+RESERVED = (
+    "cannot register shared memory region '{}' with key '{}' as the key contains the reserved "  # 2.60
+    f"prefix '{PREFIX}'"
+)
+INVALID_KEY = "cannot register shared memory region '{}' - invalid shm key '{}'"  # 2.61
 CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."  # 2.68
-UNSUPPORTED = "Shared memory is not supported in this server configuration."                         # 2.73 frontend
+UNSUPPORTED = 'Shared memory is not supported in this server configuration.'  # 2.73 frontend
 ALREADY = "shared memory region '{}' already in manager"
 RESTRICTED_HTTP = "This API is restricted, expecting header '{}'"
 RESTRICTED_GRPC = "This protocol is restricted, expecting header '{}'"
@@ -89,13 +93,20 @@ class Triton:
     unregister came), with ``shm_dir``), ``peers`` (who unregistered), ``loads`` ((model, config)).
     """
 
-    def __init__(self, version: str = '2.51.0', client_shm: bool = True, frontend: bool = False,
-                 restricted: tuple[str, str] | None = None, extensions: tuple[str, ...] = EXTENSIONS,
-                 shm_dir: str | None = None, model_control: str = 'explicit') -> None:
+    def __init__(
+        self,
+        version: str = '2.51.0',
+        client_shm: bool = True,
+        frontend: bool = False,
+        restricted: tuple[str, str] | None = None,
+        extensions: tuple[str, ...] = EXTENSIONS,
+        shm_dir: str | None = None,
+        model_control: str = 'explicit',
+    ) -> None:
         self.version = version
-        self.client_shm = client_shm        # 2.68+: --allow-client-shm=true given
-        self.frontend = frontend            # 2.73+: started through the tritonfrontend bindings
-        self.restricted = restricted        # (header, value) the shared-memory API needs
+        self.client_shm = client_shm  # 2.68+: --allow-client-shm=true given
+        self.frontend = frontend  # 2.73+: started through the tritonfrontend bindings
+        self.restricted = restricted  # (header, value) the shared-memory API needs
         self.extensions = list(extensions)
         self.shm_dir = shm_dir
         self.model_control = model_control  # 'explicit' accepts loads; 'poll' and 'none' refuse them
@@ -103,7 +114,7 @@ class Triton:
         self.ready = True
         self.regions: dict[str, dict] = {}
         self.cuda: dict[str, dict] = {}
-        self.models: dict[str, dict] = {}   # name -> config
+        self.models: dict[str, dict] = {}  # name -> config
         self.in_flight: dict[str, int] = {}
         self.drop_after: int | None = None
         self.answered = 0
@@ -159,11 +170,11 @@ class Triton:
             if kind == 'cuda':
                 return [dict(r) for _n, r in sorted(self.cuda.items())]
             leaving = [n for n, r in self.regions.items() if r.get('leaving')]
-            for name in leaving:            # its requests finished: gone
+            for name in leaving:  # its requests finished: gone
                 if self.in_flight.get(name) == 0:
                     del self.regions[name], self.in_flight[name]
             out = [{k: v for k, v in r.items() if k != 'leaving'} for r in self.regions.values()]
-            for name in leaving:            # one status read later, one step closer (-1: never)
+            for name in leaving:  # one status read later, one step closer (-1: never)
                 if self.in_flight.get(name, 0) > 0:
                     self.in_flight[name] -= 1
             return sorted(out, key=lambda r: r['name'])
@@ -207,11 +218,11 @@ class Triton:
                 self.regions.pop(name, None)
                 self.in_flight.pop(name, None)
                 return
-            if self.v >= (2, 53):          # accepted; the region stays listed until its requests finish
+            if self.v >= (2, 53):  # accepted; the region stays listed until its requests finish
                 self.regions[name]['leaving'] = True
                 self.log.append(DEFERRED_LOG.format(name))
                 return
-            if busy > 0:                   # 2.50 - 2.52: refused while busy
+            if busy > 0:  # 2.50 - 2.52: refused while busy
                 self.in_flight[name] = busy - 1
             raise Refusal(INTERNAL, IN_USE.format(name))
 
@@ -231,12 +242,14 @@ class Triton:
 
 # -- HTTP ------------------------------------------------------------------------------------------------------
 
+
 class Reply(NamedTuple):
     """A scripted HTTP answer for one route (what Triton never sends, or sends only on a bad day)."""
+
     status: int
     body: bytes | str = b''
     content_type: str | None = 'application/json'
-    close: bool = False      # answer with Connection: close, then close
+    close: bool = False  # answer with Connection: close, then close
 
     @classmethod
     def json(cls, body: object, status: int = 200) -> Reply:
@@ -253,14 +266,21 @@ class HttpFront(loopback.Closing):
     with every answer.
     """
 
-    def __init__(self, model: Triton, tls: object = None, chunks: int = 0, close_after_each: bool = False,
-                 idle: float | None = None, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: Triton,
+        tls: object = None,
+        chunks: int = 0,
+        close_after_each: bool = False,
+        idle: float | None = None,
+        delay: float = 0.0,
+    ) -> None:
         self.model = model
         self.chunks = chunks
         self.close_after_each = close_after_each
         self.delay = delay
         self.answers: dict[tuple[str, str], Reply | loopback.Respond] = {}
-        self.headers: dict[str, str] = {}      # sent with every answer (a Location, a Server, ...)
+        self.headers: dict[str, str] = {}  # sent with every answer (a Location, a Server, ...)
         self.busy = 0
         self.most_busy = 0
         self.server = loopback.Peer(self._respond, tls=tls, idle=idle)
@@ -304,8 +324,11 @@ class HttpFront(loopback.Closing):
         finally:
             with self.model.lock:
                 self.busy -= 1
-        keep = (request.version == 'HTTP/1.1' and (request.header('Connection') or '').lower() != 'close'
-                and not answer.close)
+        keep = (
+            request.version == 'HTTP/1.1'
+            and (request.header('Connection') or '').lower() != 'close'
+            and not answer.close
+        )
         body = answer.body.encode() if isinstance(answer.body, str) else answer.body
         headers = [f'{name}: {value}' for name, value in self.headers.items()] + ([] if keep else ['Connection: close'])
         conn.send(loopback.http_answer(answer.status, body, answer.content_type, tuple(headers), self.chunks))
@@ -342,8 +365,9 @@ class HttpFront(loopback.Closing):
             return json.dumps([{k: v for k, v in r.items() if k != 'raw_handle'} for r in model.status(kind)]).encode()
         if method == 'POST' and len(rest) == 3 and rest[0] == 'region' and rest[2] == 'register':
             if kind == 'cuda':
-                model.register_cuda(rest[1], base64.b64decode(body['raw_handle']['b64']), body['device_id'],
-                                    body['byte_size'])
+                model.register_cuda(
+                    rest[1], base64.b64decode(body['raw_handle']['b64']), body['device_id'], body['byte_size']
+                )
             else:
                 model.register(rest[1], body['key'], body.get('offset', 0), body['byte_size'])
             return b''
@@ -355,15 +379,23 @@ class HttpFront(loopback.Closing):
 
 # -- gRPC ------------------------------------------------------------------------------------------------------
 
+
 class Call(NamedTuple):
     """One gRPC call as it reached the server: the method, the request message, its metadata."""
+
     method: str
     request: object
     metadata: dict
 
 
-SHM_METHODS = ('SystemSharedMemoryStatus', 'SystemSharedMemoryRegister', 'SystemSharedMemoryUnregister',
-               'CudaSharedMemoryStatus', 'CudaSharedMemoryRegister', 'CudaSharedMemoryUnregister')
+SHM_METHODS = (
+    'SystemSharedMemoryStatus',
+    'SystemSharedMemoryRegister',
+    'SystemSharedMemoryUnregister',
+    'CudaSharedMemoryStatus',
+    'CudaSharedMemoryRegister',
+    'CudaSharedMemoryUnregister',
+)
 GARBAGE = b'\xff\xff\xff\xff not a protobuf message'
 
 
@@ -378,6 +410,7 @@ class GrpcFront(loopback.Closing):
     def __init__(self, model: Triton) -> None:
         import grpc  # pylint: disable=import-outside-toplevel
         from tritonclient.grpc import service_pb2  # pylint: disable=import-outside-toplevel
+
         self.model = model
         self.grpc = grpc
         self.pb = service_pb2
@@ -392,8 +425,10 @@ class GrpcFront(loopback.Closing):
         for name, answer in self._methods().items():
             request_type = getattr(service_pb2, service.methods_by_name[name].input_type.name)
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                self._wrap(name, answer), request_deserializer=request_type.FromString,
-                response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString())
+                self._wrap(name, answer),
+                request_deserializer=request_type.FromString,
+                response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+            )
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
         self.port = self.server.add_insecure_port('127.0.0.1:0')
@@ -429,6 +464,7 @@ class GrpcFront(loopback.Closing):
             except Drop:
                 context.abort(codes.UNAVAILABLE, 'Socket closed')
             return None
+
         return call
 
     def _methods(self) -> dict[str, Callable]:
@@ -466,6 +502,7 @@ class GrpcFront(loopback.Closing):
             def answer(request, context):
                 work(request, context)
                 return message()
+
             return answer
 
         return {
@@ -473,15 +510,21 @@ class GrpcFront(loopback.Closing):
             'ServerReady': lambda _r, _c: pb.ServerReadyResponse(ready=model.ready),
             'ServerMetadata': lambda _r, _c: pb.ServerMetadataResponse(**model.metadata()),
             'SystemSharedMemoryStatus': system_status,
-            'SystemSharedMemoryRegister': done(pb.SystemSharedMemoryRegisterResponse, lambda r, _c: model.register(
-                r.name, r.key, r.offset, r.byte_size)),
-            'SystemSharedMemoryUnregister': done(pb.SystemSharedMemoryUnregisterResponse, lambda r, c: model.unregister(
-                'system', r.name, c.peer())),
+            'SystemSharedMemoryRegister': done(
+                pb.SystemSharedMemoryRegisterResponse,
+                lambda r, _c: model.register(r.name, r.key, r.offset, r.byte_size),
+            ),
+            'SystemSharedMemoryUnregister': done(
+                pb.SystemSharedMemoryUnregisterResponse, lambda r, c: model.unregister('system', r.name, c.peer())
+            ),
             'CudaSharedMemoryStatus': cuda_status,
-            'CudaSharedMemoryRegister': done(pb.CudaSharedMemoryRegisterResponse, lambda r, _c: model.register_cuda(
-                r.name, r.raw_handle, r.device_id, r.byte_size)),
-            'CudaSharedMemoryUnregister': done(pb.CudaSharedMemoryUnregisterResponse, lambda r, c: model.unregister(
-                'cuda', r.name, c.peer())),
+            'CudaSharedMemoryRegister': done(
+                pb.CudaSharedMemoryRegisterResponse,
+                lambda r, _c: model.register_cuda(r.name, r.raw_handle, r.device_id, r.byte_size),
+            ),
+            'CudaSharedMemoryUnregister': done(
+                pb.CudaSharedMemoryUnregisterResponse, lambda r, c: model.unregister('cuda', r.name, c.peer())
+            ),
             'RepositoryIndex': index,
             'ModelConfig': config,
             'RepositoryModelLoad': load,
@@ -491,6 +534,7 @@ class GrpcFront(loopback.Closing):
 def status_response(regions: list[dict]) -> object:
     """Triton's SystemSharedMemoryStatusResponse for region dicts (name, key, offset, byte_size)."""
     from tritonclient.grpc import service_pb2  # pylint: disable=import-outside-toplevel
+
     resp = service_pb2.SystemSharedMemoryStatusResponse()
     for r in regions:
         resp.regions[r['name']].name = r['name']

@@ -9,6 +9,7 @@ answers below: a trickle, a body or a chunk that never ends, canned bytes, silen
 Standard library only: the integration tests import it by path (their conftest puts tests/fakes on sys.path),
 the unit tests as ``ansible_collections.tritonops.shm.tests.fakes.loopback``.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,17 +17,27 @@ import socket
 import ssl
 import threading
 import time
-
 from typing import Callable, NamedTuple, TypeVar
 
 HEAD_LIMIT = 65536
-REASONS = {200: 'OK', 301: 'Moved', 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found',
-           409: 'Conflict', 500: 'Internal Server Error', 501: 'Not Implemented', 502: 'Bad Gateway',
-           503: 'Service Unavailable'}
+REASONS = {
+    200: 'OK',
+    301: 'Moved',
+    400: 'Bad Request',
+    401: 'Unauthorized',
+    403: 'Forbidden',
+    404: 'Not Found',
+    409: 'Conflict',
+    500: 'Internal Server Error',
+    501: 'Not Implemented',
+    502: 'Bad Gateway',
+    503: 'Service Unavailable',
+}
 
 
 class Request(NamedTuple):
     """One request as it came: the head's lines (request line first), its headers as sent, its body, the peer."""
+
     method: str
     path: str
     version: str
@@ -122,7 +133,7 @@ class Peer(Closing):
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f'{"https" if self.tls else "http"}://127.0.0.1:{self.port}'
 
     def _accept(self) -> None:
         while not self.stop.is_set():
@@ -172,8 +183,14 @@ class Peer(Closing):
 
 # -- answers: what to write ----------------------------------------------------------------------------------
 
-def http_answer(status: int = 200, body: bytes = b'', content_type: str | None = 'application/json',
-                headers: tuple = (), chunks: int = 0) -> bytes:
+
+def http_answer(
+    status: int = 200,
+    body: bytes = b'',
+    content_type: str | None = 'application/json',
+    headers: tuple = (),
+    chunks: int = 0,
+) -> bytes:
     """An HTTP/1.1 answer; chunks > 0 sends the body in that many chunks (Transfer-Encoding: chunked)."""
     head = [f'HTTP/1.1 {status} {REASONS.get(status, "Status")}']
     if content_type:
@@ -181,7 +198,7 @@ def http_answer(status: int = 200, body: bytes = b'', content_type: str | None =
     head.extend(headers)
     if chunks:
         step = max(1, -(-len(body) // chunks))
-        parts = [body[i:i + step] for i in range(0, len(body), step)]
+        parts = [body[i : i + step] for i in range(0, len(body), step)]
         head.append('Transfer-Encoding: chunked')
         data = b''.join(b'%x\r\n%s\r\n' % (len(p), p) for p in parts) + b'0\r\n\r\n'
     else:
@@ -196,27 +213,33 @@ def http_json(body: object, status: int = 200) -> bytes:
 
 # -- answers: hostile ways to write them ---------------------------------------------------------------------
 
+
 def canned(data: bytes, keep: bool = False) -> Respond:
     """Write data; close the connection after it unless keep."""
+
     def respond(conn: Conn, _request: Request) -> bool:
         conn.send(data)
         return keep
+
     return respond
 
 
 def trickle(data: bytes, every: float) -> Respond:
     """Write data one byte every `every` seconds: each wait is short, the whole never ends in time."""
+
     def respond(conn: Conn, _request: Request) -> bool:
         for byte in data:
             if conn.stop.wait(every):
                 break
             conn.send(bytes([byte]))
         return False
+
     return respond
 
 
 def endless(first: bytes, block: bytes = b'x' * 65536, limit: int = 0) -> Respond:
     """Write first, then block until the server stops (or until limit bytes; then, or with no block, stall)."""
+
     def respond(conn: Conn, _request: Request) -> bool:
         conn.send(first)
         sent = 0
@@ -225,21 +248,26 @@ def endless(first: bytes, block: bytes = b'x' * 65536, limit: int = 0) -> Respon
             sent += len(block)
         conn.stop.wait()
         return False
+
     return respond
 
 
 def silent(seconds: float | None = None) -> Respond:
     """Answer nothing: hold the connection for seconds (or until the server stops), then close it."""
+
     def respond(conn: Conn, _request: Request) -> bool:
         conn.stop.wait(seconds)
         return False
+
     return respond
 
 
 def routed(routes: dict[str, Respond], default: Respond) -> Respond:
     """routes[path] answers that path, default every other."""
+
     def respond(conn: Conn, request: Request) -> bool:
         return routes.get(request.path, default)(conn, request)
+
     return respond
 
 

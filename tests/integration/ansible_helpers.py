@@ -4,6 +4,7 @@ Every call is a real subprocess of the venv's ansible, with the collection
 taken from build/ (ANSIBLE_COLLECTIONS_PATH, set by the Makefile or below) and
 results read through the ansible.posix.json callback.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,19 +23,21 @@ BIN = os.path.dirname(PYTHON)
 
 def ansible_env(extra=None):
     env = dict(os.environ)
-    env.update({
-        'ANSIBLE_COLLECTIONS_PATH': COLLECTIONS_PATH,
-        'ANSIBLE_STDOUT_CALLBACK': 'ansible.posix.json',
-        'ANSIBLE_LOAD_CALLBACK_PLUGINS': '1',
-        'ANSIBLE_PYTHON_INTERPRETER': PYTHON,
-        'ANSIBLE_HOST_KEY_CHECKING': 'False',
-        'ANSIBLE_RETRY_FILES_ENABLED': 'False',
-        'ANSIBLE_NOCOLOR': '1',
-        'ANSIBLE_DEPRECATION_WARNINGS': 'False',
-        'ANSIBLE_LOCALHOST_WARNING': 'False',
-        'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'False',
-        'PATH': BIN + os.pathsep + env.get('PATH', ''),
-    })
+    env.update(
+        {
+            'ANSIBLE_COLLECTIONS_PATH': COLLECTIONS_PATH,
+            'ANSIBLE_STDOUT_CALLBACK': 'ansible.posix.json',
+            'ANSIBLE_LOAD_CALLBACK_PLUGINS': '1',
+            'ANSIBLE_PYTHON_INTERPRETER': PYTHON,
+            'ANSIBLE_HOST_KEY_CHECKING': 'False',
+            'ANSIBLE_RETRY_FILES_ENABLED': 'False',
+            'ANSIBLE_NOCOLOR': '1',
+            'ANSIBLE_DEPRECATION_WARNINGS': 'False',
+            'ANSIBLE_LOCALHOST_WARNING': 'False',
+            'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'False',
+            'PATH': BIN + os.pathsep + env.get('PATH', ''),
+        }
+    )
     env.pop('TRITON_URL', None)
     if extra:
         env.update(extra)
@@ -68,8 +71,18 @@ class PlaybookResult:
         return 'PlaybookResult(rc=%s, stats=%s, stderr=%s)' % (self.rc, self.stats, self.stderr[-2000:])
 
 
-def ansible_playbook(playbook, inventory=None, extra_vars=None, check=False, diff=False,
-                     env=None, args=(), timeout=900, cwd=None, prefix=()):
+def ansible_playbook(
+    playbook,
+    inventory=None,
+    extra_vars=None,
+    check=False,
+    diff=False,
+    env=None,
+    args=(),
+    timeout=900,
+    cwd=None,
+    prefix=(),
+):
     """Run a playbook (a path, or a list of plays which is written to a temp file); prefix wraps the command."""
     with tempfile.TemporaryDirectory(prefix='tritonops-pb-') as tmp:
         if not isinstance(playbook, str):
@@ -95,7 +108,9 @@ def ansible_playbook(playbook, inventory=None, extra_vars=None, check=False, dif
         if diff:
             cmd.append('--diff')
         cmd += list(args)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env(env), timeout=timeout, cwd=cwd or tmp, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=ansible_env(env), timeout=timeout, cwd=cwd or tmp, check=False
+        )
     data = None
     try:
         start = proc.stdout.index('{')
@@ -107,14 +122,16 @@ def ansible_playbook(playbook, inventory=None, extra_vars=None, check=False, dif
 
 def run_module(module, args=None, check=False, diff=False, env=None, host_vars=None, prefix=()):
     """Run one module on localhost (connection local) and return its result dict."""
-    play = [{
-        'name': 'run %s' % module,
-        'hosts': 'localhost',
-        'connection': 'local',
-        'gather_facts': False,
-        'vars': dict(host_vars or {}),
-        'tasks': [{'name': 'the module', module: args or {}, 'register': 'result', 'ignore_errors': True}],
-    }]
+    play = [
+        {
+            'name': 'run %s' % module,
+            'hosts': 'localhost',
+            'connection': 'local',
+            'gather_facts': False,
+            'vars': dict(host_vars or {}),
+            'tasks': [{'name': 'the module', module: args or {}, 'register': 'result', 'ignore_errors': True}],
+        }
+    ]
     res = ansible_playbook(play, check=check, diff=diff, env=env, inventory='localhost,', prefix=prefix)
     try:
         return res.task('the module')

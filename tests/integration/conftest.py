@@ -1,4 +1,5 @@
 """Fixtures for integration tests: real tritonserver processes with private /dev/shm."""
+
 from __future__ import annotations
 
 import os
@@ -12,9 +13,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'con
 # tests/fakes/loopback.py: the loopback socket peers (hostile servers), shared with the unit tests
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'fakes'))
 
-import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 import engines  # noqa: E402  pylint: disable=wrong-import-position
-
+import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 
 # The fixtures of the container harness. Tests that use them (or whose module imports the harness) run one after
 # the other in one pytest-xdist worker: one dockerd at a time per machine (engines.LOCK_FILE), one podman.
@@ -48,15 +48,20 @@ def _with_group_suffix(item: pytest.Item) -> None:
     groups were silently ignored (pytest-dev/pytest-xdist#1386; #1388 proposes this same fix). A pytest-xdist that
     has the suffix on the id already is left alone.
     """
-    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get('name', 'default'))
-                    for mark in item.iter_markers('xdist_group')})
+    names = sorted(
+        {
+            str(mark.args[0] if mark.args else mark.kwargs.get('name', 'default'))
+            for mark in item.iter_markers('xdist_group')
+        }
+    )
     if not names or '@' in item.nodeid.rpartition(']')[2]:
         return
     from _pytest.nodeid import NodeId  # pylint: disable=import-outside-toplevel
-    item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # pylint: disable=protected-access
+
+    item._id = NodeId.parse(f'{item.nodeid}@{"_".join(names)}')  # pylint: disable=protected-access
 
 
-@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's worker reads the marks
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the marks
 def pytest_collection_modifyitems(config, items):
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason='integration tests need root: mount namespaces for private /dev/shm')
@@ -66,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
         group = xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-        if getattr(config.option, 'loadgroup', False) and hasattr(item, '_id'):   # an xdist worker, --dist loadgroup
+        if getattr(config.option, 'loadgroup', False) and hasattr(item, '_id'):  # an xdist worker, --dist loadgroup
             _with_group_suffix(item)
 
 
@@ -103,6 +108,7 @@ def make_triton(tmp_path):
         server = tritonrig.TritonServer(**kwargs)
         servers.append(server)
         return server.start()
+
     try:
         yield factory
     finally:
@@ -111,6 +117,7 @@ def make_triton(tmp_path):
 
 
 # --- real container engines (tests/integration/containers/engines.py) ---
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
@@ -181,6 +188,7 @@ def forwarder():
         fwd = engines.Forwarder(url, **kwargs)
         started.append(fwd)
         return fwd.start()
+
     try:
         yield factory
     finally:

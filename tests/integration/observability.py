@@ -4,6 +4,7 @@ Each service is a process this module starts on a loopback port it chose, with i
 file, and stops by pid (its own session). The binaries come from PROMETHEUS_BIN (the Makefile sets build/bin,
 filled by .ci/get-prometheus).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import pytest
-import yaml
+from typing import Any, Callable
 
 import engines  # tests/integration/containers (conftest puts it on sys.path)
+import pytest
 import tritonrig
+import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLLECTION = os.path.dirname(os.path.dirname(HERE))
@@ -44,8 +44,13 @@ def http_get(url: str, timeout: float = 5.0) -> Any:
     return json.loads(body) if body[:1] in (b'{', b'[') else body.decode()
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.25,
-             log: Optional[Callable[[], str]] = None) -> Any:
+def wait_for(
+    what: str,
+    predicate: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.25,
+    log: Callable[[], str] | None = None,
+) -> Any:
     """predicate()'s first truthy value within timeout seconds, else an AssertionError naming what."""
     value = engines._wait(predicate, timeout, interval)  # pylint: disable=protected-access
     if not value:
@@ -65,15 +70,21 @@ class Service:
         self.port = tritonrig.free_port()
         self.url = f'http://127.0.0.1:{self.port}'
         self.log = self.dir / f'{self.name}.log'
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
 
     def command(self) -> list:
         raise NotImplementedError
 
-    def start(self) -> 'Service':
+    def start(self) -> Service:
         with open(self.log, 'wb') as out:
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         cwd=str(self.dir), start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.dir),
+                start_new_session=True,
+            )
         return self
 
     def output(self) -> str:
@@ -87,7 +98,7 @@ class Service:
         except (urllib.error.URLError, ConnectionError, OSError):
             return False
 
-    def wait_ready(self, timeout: float = 30) -> 'Service':
+    def wait_ready(self, timeout: float = 30) -> Service:
         wait_for(f'{self.name} ready on {self.url}', self.ready, timeout, log=self.output)
         return self
 
@@ -106,9 +117,13 @@ class NodeExporter(Service):
         self.textfile_dir = Path(textfile_dir)
 
     def command(self) -> list:
-        return [binary('prometheus-node-exporter'), f'--web.listen-address=127.0.0.1:{self.port}',
-                '--collector.disable-defaults', '--collector.textfile',
-                f'--collector.textfile.directory={self.textfile_dir}']
+        return [
+            binary('prometheus-node-exporter'),
+            f'--web.listen-address=127.0.0.1:{self.port}',
+            '--collector.disable-defaults',
+            '--collector.textfile',
+            f'--collector.textfile.directory={self.textfile_dir}',
+        ]
 
     def metrics(self) -> str:
         return http_get(self.url + '/metrics')
@@ -122,11 +137,25 @@ class Alertmanager(Service):
     def __init__(self, workdir: Path, webhook_url: str, token: str) -> None:
         super().__init__(workdir)
         config = {
-            'route': {'receiver': 'tritonops', 'group_by': ['alertname', 'host', 'triton_url'],
-                      'group_wait': '0s', 'group_interval': '1s', 'repeat_interval': '1h'},
-            'receivers': [{'name': 'tritonops', 'webhook_configs': [{
-                'url': webhook_url, 'send_resolved': True,
-                'http_config': {'authorization': {'type': 'Bearer', 'credentials': token}}}]}],
+            'route': {
+                'receiver': 'tritonops',
+                'group_by': ['alertname', 'host', 'triton_url'],
+                'group_wait': '0s',
+                'group_interval': '1s',
+                'repeat_interval': '1h',
+            },
+            'receivers': [
+                {
+                    'name': 'tritonops',
+                    'webhook_configs': [
+                        {
+                            'url': webhook_url,
+                            'send_resolved': True,
+                            'http_config': {'authorization': {'type': 'Bearer', 'credentials': token}},
+                        }
+                    ],
+                }
+            ],
         }
         self.config = self.dir / 'alertmanager.yml'
         self.config.write_text(yaml.safe_dump(config))
@@ -138,12 +167,18 @@ class Alertmanager(Service):
         def total(name: str) -> float:
             found = re.search(r'^%s\{[^}]*integration="webhook"[^}]*\} (\S+)$' % name, text, re.M)
             return float(found.group(1)) if found else 0.0
+
         return total('alertmanager_notifications_total'), total('alertmanager_notifications_failed_total')
 
     def command(self) -> list:
         am = binary('prometheus-alertmanager')
-        cmd = [am, f'--config.file={self.config}', f'--storage.path={self.dir / "data"}',
-               f'--web.listen-address=127.0.0.1:{self.port}', '--cluster.listen-address=']
+        cmd = [
+            am,
+            f'--config.file={self.config}',
+            f'--storage.path={self.dir / "data"}',
+            f'--web.listen-address=127.0.0.1:{self.port}',
+            '--cluster.listen-address=',
+        ]
         if os.path.exists(DEBIAN_TEMPLATES + '/default.tmpl'):
             return cmd
         # Debian's build reads its templates from /usr/share/prometheus/alertmanager, which a package
@@ -168,14 +203,22 @@ class Prometheus(Service):
             'rule_files': [str(p) for p in rule_files],
         }
         if alertmanager_urls:
-            config['alerting'] = {'alertmanagers': [{'static_configs': [
-                {'targets': [urllib.parse.urlsplit(u).netloc for u in alertmanager_urls]}]}]}
+            config['alerting'] = {
+                'alertmanagers': [
+                    {'static_configs': [{'targets': [urllib.parse.urlsplit(u).netloc for u in alertmanager_urls]}]}
+                ]
+            }
         self.config = self.dir / 'prometheus.yml'
         self.config.write_text(yaml.safe_dump(config))
 
     def command(self) -> list:
-        return [binary('prometheus'), f'--config.file={self.config}', f'--storage.tsdb.path={self.dir / "data"}',
-                f'--web.listen-address=127.0.0.1:{self.port}', '--rules.alert.resend-delay=1s']
+        return [
+            binary('prometheus'),
+            f'--config.file={self.config}',
+            f'--storage.tsdb.path={self.dir / "data"}',
+            f'--web.listen-address=127.0.0.1:{self.port}',
+            '--rules.alert.resend-delay=1s',
+        ]
 
     def api(self, path: str, **params: str) -> Any:
         answer = http_get(f'{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}')
@@ -207,6 +250,7 @@ def services():
             service.start()
         started.append(service)
         return service
+
     try:
         yield start
     finally:
@@ -229,6 +273,7 @@ def rules_with_short_for(workdir: Path, seconds: int = 1) -> Path:
 
 def dashboard_queries(dashboard: dict, substitutions: dict) -> list:
     """[(panel title, expr with Grafana's variables substituted)] of every panel target, rows included."""
+
     def panels(items: list) -> list:
         out = []
         for panel in items:
@@ -238,4 +283,5 @@ def dashboard_queries(dashboard: dict, substitutions: dict) -> list:
 
     def substitute(expr: str) -> str:
         return re.sub(r'\$\{?(\w+)\}?', lambda m: substitutions.get(m.group(1), m.group(0)), expr)
+
     return [(p['title'], substitute(t['expr'])) for p in panels(dashboard['panels']) for t in p.get('targets') or ()]

@@ -8,6 +8,7 @@
 - make_ca / make_cert: a self-made CA and certificates signed by it (the
   ``cryptography`` package), written as PEM files.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -46,8 +47,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             conn.request(self.command, self.path, body=body, headers=headers)  # path as received: byte for byte
             resp = conn.getresponse()
             payload = resp.read()
-            self._answer(resp.status, [(k, v) for k, v in resp.getheaders()
-                                       if k.lower() not in HOP_HEADERS + ('content-length',)], payload)
+            self._answer(
+                resp.status,
+                [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP_HEADERS + ('content-length',)],
+                payload,
+            )
         except OSError as exc:
             self._answer(502, [('Content-Type', 'text/plain')], ('502 Bad Gateway: %s' % exc).encode())
         finally:
@@ -113,7 +117,11 @@ def server_tls_context(cert, key, client_ca=None):
 
 def _write_key(key, path):
     with open(path, 'wb') as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
     os.chmod(path, 0o600)
 
 
@@ -127,15 +135,32 @@ def make_ca(directory, name):
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                                         encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     paths = dict(cert=os.path.join(directory, name + '.crt'), key=os.path.join(directory, name + '.key'))
     _write_cert(cert, paths['cert'])
     _write_key(key, paths['key'])
@@ -148,11 +173,17 @@ def make_cert(directory, name, ca, server=True, hosts=('localhost', '127.0.0.1')
     ca_cert, ca_key = ca['obj']
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-               .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+    )
     if server:
         names = []
         for host in hosts:

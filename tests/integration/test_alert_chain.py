@@ -7,18 +7,24 @@ each `for` shortened to 1 s) and scrapes and evaluates every second; a real Aler
 alert with its bearer token to the webhook of the rulebook tritonops.shm.self_heal_alertmanager, which runs the
 cleanup playbook. Every service is on a loopback port the test chose, with its own data directory, stopped by pid.
 """
+
 from __future__ import annotations
 
 import secrets
 import socket
 import time
 
-from ansible_helpers import PYTHON, ansible_playbook
-from observability import Alertmanager, NodeExporter, Prometheus, rules_with_short_for, wait_for
-from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
-from test_self_healing import Rulebook
-
 import tritonrig
+from ansible_helpers import PYTHON, ansible_playbook
+from observability import (  # pylint: disable=unused-import  (services: the fixture)
+    Alertmanager,
+    NodeExporter,
+    Prometheus,
+    rules_with_short_for,
+    services,  # noqa: F401  (the fixture)
+    wait_for,
+)
+from test_self_healing import Rulebook
 
 MiB = 1 << 20
 
@@ -33,17 +39,35 @@ def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_trit
     live = server.client('live', byte_size=2 * MiB)
     prom_dir = tmp_path / 'textfile'
     prom_dir.mkdir()
-    hosts = {'t1': dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=server.url,
-                        prometheus_textfile_dir=str(prom_dir))}
+    hosts = {
+        't1': dict(
+            ansible_connection='local',
+            ansible_python_interpreter=PYTHON,
+            triton_url=server.url,
+            prometheus_textfile_dir=str(prom_dir),
+        )
+    }
     inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
     token = secrets.token_hex(16)
     webhook = tritonrig.free_port()
-    rulebook = services(Rulebook(tmp_path, 'tritonops.shm.self_heal_alertmanager', hosts, {
-        'self_heal_hosts': ['t1'], 'self_heal_webhook_port': webhook, 'self_heal_webhook_token': token}))
+    rulebook = services(
+        Rulebook(
+            tmp_path,
+            'tritonops.shm.self_heal_alertmanager',
+            hosts,
+            {'self_heal_hosts': ['t1'], 'self_heal_webhook_port': webhook, 'self_heal_webhook_token': token},
+        )
+    )
     alertmanager = services(Alertmanager(tmp_path, f'http://127.0.0.1:{webhook}/alerts', token))
     node = services(NodeExporter(tmp_path, prom_dir))
-    prometheus = services(Prometheus(tmp_path, [f'127.0.0.1:{node.port}'], rule_files=(rules_with_short_for(tmp_path),),
-                                     alertmanager_urls=(alertmanager.url,)))
+    prometheus = services(
+        Prometheus(
+            tmp_path,
+            [f'127.0.0.1:{node.port}'],
+            rule_files=(rules_with_short_for(tmp_path),),
+            alertmanager_urls=(alertmanager.url,),
+        )
+    )
     for service in (alertmanager, node, prometheus):
         service.wait_ready()
     rulebook.wait('the webhook listens', lambda: listening(webhook), 90)
@@ -59,36 +83,57 @@ def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_trit
     assert res.rc == 0, res
     reported = time.monotonic()
 
-    firing = wait_for('TritonShmStaleRegions fires', lambda: prometheus.alerts('TritonShmStaleRegions'), 60,
-                      log=prometheus.output)
+    firing = wait_for(
+        'TritonShmStaleRegions fires', lambda: prometheus.alerts('TritonShmStaleRegions'), 60, log=prometheus.output
+    )
     assert firing[0]['labels']['host'] == 't1' and firing[0]['labels']['triton_url'] == server.url
     fired = time.monotonic()
-    rulebook.wait('the stale regions and their files are gone',
-                  lambda: not {'dead1', 'dead2'} & (set(server.system_regions()) | set(server.shm_files())), 120)
+    rulebook.wait(
+        'the stale regions and their files are gone',
+        lambda: not {'dead1', 'dead2'} & (set(server.system_regions()) | set(server.shm_files())),
+        120,
+    )
     healed = time.monotonic()
     rulebook.wait('the cleanup run finished', lambda: rulebook.cleanups('t1') == 1, 60)
     # the live client's region and file are kept, and the client still works
     assert 'live' in server.system_regions() and 'live' in server.shm_files() and live.alive
     # the cleanup's outcome reaches Prometheus through the same textfile directory
-    wait_for('the cleanup outcome scraped', lambda: prometheus.query(
-        'tritonops_shm_cleanup_last_success{host="t1"} == 1 and tritonops_shm_cleanup_last_freed_bytes >= 8 * 1048576'), 30)
+    wait_for(
+        'the cleanup outcome scraped',
+        lambda: prometheus.query(
+            'tritonops_shm_cleanup_last_success{host="t1"} == 1 and tritonops_shm_cleanup_last_freed_bytes >= 8 * 1048576'
+        ),
+        30,
+    )
 
     sent_firing = alertmanager.notifications()[0]
     assert sent_firing >= 1, 'the firing alert was notified'
     # the next report shows it, and the alert resolves: in Prometheus, and as Alertmanager's resolved notification
     res = ansible_playbook('tritonops.shm.report', inventory=inventory)
     assert res.rc == 0, res
-    wait_for('the report without stale regions scraped',
-             lambda: prometheus.query('tritonops_shm_regions{host="t1",state="stale"} == 0'), 30)
-    wait_for('TritonShmStaleRegions resolves', lambda: not prometheus.alerts('TritonShmStaleRegions')
-             and not prometheus.alerts('TritonShmStaleRegions', 'pending'), 30)
+    wait_for(
+        'the report without stale regions scraped',
+        lambda: prometheus.query('tritonops_shm_regions{host="t1",state="stale"} == 0'),
+        30,
+    )
+    wait_for(
+        'TritonShmStaleRegions resolves',
+        lambda: (
+            not prometheus.alerts('TritonShmStaleRegions') and not prometheus.alerts('TritonShmStaleRegions', 'pending')
+        ),
+        30,
+    )
     # Alertmanager delivers its resolved notification to the webhook (the rulebook's alertmanager_alerts filter
     # drops resolved alerts before any rule: they clean nothing)
-    wait_for("Alertmanager's resolved notification delivered", lambda: alertmanager.notifications()[0] > sent_firing, 30)
+    wait_for(
+        "Alertmanager's resolved notification delivered", lambda: alertmanager.notifications()[0] > sent_firing, 30
+    )
     assert alertmanager.notifications()[1] == 0, 'every notification reached the webhook'
     resolved = time.monotonic()
-    assert rulebook.cleanups('t1') == 1 and rulebook.events('t1', 'resolved') == 0   # one alert, one cleanup
+    assert rulebook.cleanups('t1') == 1 and rulebook.events('t1', 'resolved') == 0  # one alert, one cleanup
     assert 'live' in server.system_regions() and live.alive
-    print(f'leak -> healed {healed - leaked:.1f}s (clients killed {killed - leaked:.1f}s, report playbook '
-          f'{reported - killed:.1f}s, alert firing {fired - reported:.1f}s after it, cleaned {healed - fired:.1f}s later); '
-          f'leak -> resolved {resolved - leaked:.1f}s')
+    print(
+        f'leak -> healed {healed - leaked:.1f}s (clients killed {killed - leaked:.1f}s, report playbook '
+        f'{reported - killed:.1f}s, alert firing {fired - reported:.1f}s after it, cleaned {healed - fired:.1f}s later); '
+        f'leak -> resolved {resolved - leaked:.1f}s'
+    )

@@ -5,6 +5,7 @@ AWX shows: job status and rc, job events (per task and host, with results), the
 artifacts directory (job_events/, stdout, status, rc) and the set_stats data it stores
 as job artifacts (playbook_on_stats -> artifact_data).
 """
+
 from __future__ import annotations
 
 import glob
@@ -13,7 +14,6 @@ import os
 
 import ansible_runner
 import pytest
-
 from ansible_helpers import BIN, COLLECTIONS_PATH, PYTHON
 
 # ansible-runner's pexpect mode forks from the (threaded) pytest process, as it does in AWX
@@ -24,9 +24,18 @@ REGION = 'tritonops.shm.triton_shm_region'
 
 
 def _inventory(hosts):
-    return {'all': {'children': {'triton': {'hosts': {
-        name: {'ansible_connection': 'local', 'ansible_python_interpreter': PYTHON, 'triton_url': url}
-        for name, url in hosts.items()}}}}}
+    return {
+        'all': {
+            'children': {
+                'triton': {
+                    'hosts': {
+                        name: {'ansible_connection': 'local', 'ansible_python_interpreter': PYTHON, 'triton_url': url}
+                        for name, url in hosts.items()
+                    }
+                }
+            }
+        }
+    }
 
 
 def _run(tmp_path, ident, playbook, hosts, extravars):
@@ -40,9 +49,16 @@ def _run(tmp_path, ident, playbook, hosts, extravars):
         'ANSIBLE_RETRY_FILES_ENABLED': 'False',
         'ANSIBLE_NOCOLOR': '1',
     }
-    runner = ansible_runner.run(private_data_dir=str(private), ident=ident, playbook=playbook,
-                                inventory=_inventory(hosts), extravars=extravars, envvars=envvars,
-                                quiet=True, timeout=600)
+    runner = ansible_runner.run(
+        private_data_dir=str(private),
+        ident=ident,
+        playbook=playbook,
+        inventory=_inventory(hosts),
+        extravars=extravars,
+        envvars=envvars,
+        quiet=True,
+        timeout=600,
+    )
     return runner, private / 'artifacts' / ident
 
 
@@ -82,8 +98,13 @@ def test_report_then_cleanup_through_ansible_runner(triton, tmp_path):
     report_dir = tmp_path / 'report'
 
     # report: read-only, one table, per-host module results in the events
-    runner, artifacts = _run(tmp_path, 'report', 'tritonops.shm.report', {'h1': triton.url},
-                             {'target': 'triton', 'report_dir': str(report_dir), 'prometheus_textfile_dir': ''})
+    runner, artifacts = _run(
+        tmp_path,
+        'report',
+        'tritonops.shm.report',
+        {'h1': triton.url},
+        {'target': 'triton', 'report_dir': str(report_dir), 'prometheus_textfile_dir': ''},
+    )
     assert (runner.status, runner.rc) == ('successful', 0), runner.stdout.read()[-4000:]
     stdout = _check_artifacts(runner, artifacts, 'successful', 0)
     info = _events(runner, 'runner_on_ok', host='h1', action=INFO)
@@ -91,7 +112,10 @@ def test_report_then_cleanup_through_ansible_runner(triton, tmp_path):
     res = info[0]['event_data']['res']
     assert res['changed'] is False
     assert res['summary']['stale_regions'] == 1
-    assert {r['name']: r['state'] for r in res['system_regions']} == {'live_client': 'healthy', 'leaked_runner': 'stale'}
+    assert {r['name']: r['state'] for r in res['system_regions']} == {
+        'live_client': 'healthy',
+        'leaked_runner': 'stale',
+    }
     assert runner.stats['failures'] == {} and 'h1' not in runner.stats['changed']  # localhost writes the report files
     table = [line for line in stdout.splitlines() if 'h1' in line and 'ok' in line and '2.51' in line]
     assert table, stdout[-3000:]
@@ -99,8 +123,13 @@ def test_report_then_cleanup_through_ansible_runner(triton, tmp_path):
     assert 'leaked_runner' in triton.system_regions()
 
     # cleanup: the stale region and its file go, the live client's stay; AWX artifacts carry the outcome
-    runner, artifacts = _run(tmp_path, 'cleanup', 'tritonops.shm.cleanup', {'h1': triton.url},
-                             {'target': 'triton', 'prometheus_textfile_dir': ''})
+    runner, artifacts = _run(
+        tmp_path,
+        'cleanup',
+        'tritonops.shm.cleanup',
+        {'h1': triton.url},
+        {'target': 'triton', 'prometheus_textfile_dir': ''},
+    )
     assert (runner.status, runner.rc) == ('successful', 0), runner.stdout.read()[-4000:]
     _check_artifacts(runner, artifacts, 'successful', 0)
     region = _events(runner, 'runner_on_ok', host='h1', action=REGION)
@@ -127,8 +156,9 @@ def test_a_down_server_fails_its_host_in_the_job(triton, tmp_path):
     triton.leak('leaked_fleet', byte_size=1 << 20)
     down = 'http://127.0.0.1:%d' % _closed_port()
     hosts = {'up': triton.url, 'down': down}
-    runner, artifacts = _run(tmp_path, 'cleanup', 'tritonops.shm.cleanup', hosts,
-                             {'target': 'triton', 'prometheus_textfile_dir': ''})
+    runner, artifacts = _run(
+        tmp_path, 'cleanup', 'tritonops.shm.cleanup', hosts, {'target': 'triton', 'prometheus_textfile_dir': ''}
+    )
     assert (runner.status, runner.rc) == ('failed', 2)
     _check_artifacts(runner, artifacts, 'failed', 2)
     assert set(runner.stats['failures']) == {'down'}
@@ -142,6 +172,7 @@ def test_a_down_server_fails_its_host_in_the_job(triton, tmp_path):
 
 def _closed_port():
     import socket  # pylint: disable=import-outside-toplevel
+
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]

@@ -4,6 +4,7 @@ Real tritonservers (the rig), a real rootless tritonserver (``unshare -Ur`` as n
 unprivileged user (nobody) running a fake "tritonserver" in its own user and mount namespaces, real clients.
 Each test fails on the code before issue 26 (see the report of the change) and passes after.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,8 @@ import tempfile
 import textwrap
 import time
 
-import pytest
-
 import ansible_helpers
+import pytest
 import tritonrig
 
 INFO = 'tritonops.shm.triton_shm_info'
@@ -30,8 +30,11 @@ def run(module, **args):
 
 def register(server, name, key, byte_size=4096):
     """Register a region from outside (an unauthenticated client's call)."""
-    status, _body = server.api(f'/v2/systemsharedmemory/region/{name}/register', method='POST',
-                               body={'key': key, 'offset': 0, 'byte_size': byte_size})
+    status, _body = server.api(
+        f'/v2/systemsharedmemory/region/{name}/register',
+        method='POST',
+        body={'key': key, 'offset': 0, 'byte_size': byte_size},
+    )
     assert status == 200
 
 
@@ -57,7 +60,7 @@ def open_dir():
 
 # -- finding 1: a fake "tritonserver" in an unprivileged user namespace lends root nothing --------------------
 
-FAKE_SERVER = textwrap.dedent('''
+FAKE_SERVER = textwrap.dedent("""
     import ctypes, json, sys
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     ctypes.CDLL(None).prctl(15, b'tritonserver', 0, 0, 0)
@@ -93,7 +96,7 @@ FAKE_SERVER = textwrap.dedent('''
 
     print('READY', flush=True)
     ThreadingHTTPServer(('127.0.0.1', port), H).serve_forever()
-''')
+""")
 
 VICTIMS = ('important.conf', 'id_ed25519', 'app.db')
 
@@ -122,15 +125,24 @@ def fake_server(open_dir):
     port = tritonrig.free_port()
     nobody = ['setpriv', '--reuid', NOBODY, '--regid', NOBODY, '--clear-groups']
     shell = 'mount --bind /dev/shm/victims /dev/shm && exec /usr/bin/python3 "$0" "$@"'
-    proc = subprocess.Popen(['nsenter', '--mount', '--target', str(ns.pid)] + nobody +
-                            ['unshare', '--user', '--map-root-user', '--mount', 'sh', '-c', shell, script, str(port), *VICTIMS],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ['nsenter', '--mount', '--target', str(ns.pid)]
+        + nobody
+        + ['unshare', '--user', '--map-root-user', '--mount', 'sh', '-c', shell, script, str(port), *VICTIMS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line == 'READY', proc.stderr.read()
         # nobody's own rm is refused: the directory is root's
-        rm = subprocess.run(['nsenter', '--mount', '--target', str(ns.pid)] + nobody + ['rm', '-f', '/dev/shm/victims/app.db'],
-                            capture_output=True, text=True, check=False)
+        rm = subprocess.run(
+            ['nsenter', '--mount', '--target', str(ns.pid)] + nobody + ['rm', '-f', '/dev/shm/victims/app.db'],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert rm.returncode != 0 and os.path.exists(os.path.join(victims, 'app.db')), rm
         yield dict(url=f'http://127.0.0.1:{port}', pid=proc.pid, victims=victims)
     finally:
@@ -140,15 +152,16 @@ def fake_server(open_dir):
 
 
 def test_a_fake_server_in_a_user_namespace_gets_root_to_remove_nothing(fake_server):
-    res = run(REGION, url=fake_server['url'], state='absent', stale=True, orphan_files=True, orphan_patterns=['*'],
-              min_age=0)
+    res = run(
+        REGION, url=fake_server['url'], state='absent', stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0
+    )
     assert not res.get('failed'), res
     left = sorted(os.listdir(fake_server['victims']))
-    assert left == sorted(VICTIMS), f'root removed files on an unprivileged user\'s word: {res.get("removed_files")}'
+    assert left == sorted(VICTIMS), f"root removed files on an unprivileged user's word: {res.get('removed_files')}"
     assert res['removed_files'] == []
     why = {os.path.basename(k): v for k, v in reasons(res).items()}
     for name in VICTIMS:
-        assert "no borrowed authority" in why.get(name, ""), res
+        assert 'no borrowed authority' in why.get(name, ''), res
     # the info module says the same: nothing there is the fake's to remove
     info = run(INFO, url=fake_server['url'], orphan_patterns=['*'], min_age=0)
     assert info['server']['pid'] == fake_server['pid']
@@ -161,8 +174,10 @@ def test_a_rootless_server_still_gets_its_own_leaks_cleaned(open_dir):
     server = tritonrig.TritonServer(workdir=open_dir, models=(), run_as=NOBODY, shm_size='16m')
     server.start()
     try:
-        make = ('head -c 65536 /dev/zero > /dev/shm/rootless_leak && head -c 4096 /dev/zero > /dev/shm/client_old '
-                '&& touch -d "1 day ago" /dev/shm/client_old')
+        make = (
+            'head -c 65536 /dev/zero > /dev/shm/rootless_leak && head -c 4096 /dev/zero > /dev/shm/client_old '
+            '&& touch -d "1 day ago" /dev/shm/client_old'
+        )
         subprocess.run(['nsenter', '--user', '--mount', '--target', str(server.pid), 'sh', '-c', make], check=True)
         assert os.stat(server.shm_path('rootless_leak')).st_uid == int(NOBODY)
         register(server, 'rl', '/rootless_leak', 65536)
@@ -177,15 +192,20 @@ def test_a_rootless_server_still_gets_its_own_leaks_cleaned(open_dir):
 
 # -- finding 2: two servers on one port ---------------------------------------------------------------------
 
+
 def two_on_one_port(make_triton):
     """Two real servers with --reuse-http-port on one port, each listening (the second one's readiness is answered
     by the first: wait until it holds its own listening socket)."""
     port = tritonrig.free_port()
-    servers = [make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
-               for _server in range(2)]
+    servers = [
+        make_triton(models=(), http_port=port, extra_args=('--reuse-http-port', 'true'), shm_size='16m')
+        for _server in range(2)
+    ]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        listing = subprocess.run(['ss', '-ltnpH', f'sport = :{port}'], capture_output=True, text=True, check=False).stdout
+        listing = subprocess.run(
+            ['ss', '-ltnpH', f'sport = :{port}'], capture_output=True, text=True, check=False
+        ).stdout
         if all(f'pid={s.pid},' in listing for s in servers):
             return servers
         time.sleep(0.2)
@@ -210,11 +230,12 @@ def test_two_servers_sharing_a_port_are_refused_unless_server_pid_says_which(mak
 
 # -- finding 4: unlinked-but-mapped files are matched by (device, inode) ------------------------------------
 
+
 def test_a_live_clients_unlinked_file_is_not_judged_by_a_new_file_of_its_name(triton):
     live = triton.client('live', key='/k', byte_size=4096)
-    os.unlink(triton.shm_path('k'))             # the live client unlinks its file right after registering it
-    triton.write_file('k', 4096, age=DAY)       # a dead client's file under the same name ...
-    register(triton, 'dead', '//k')             # ... registered as //k (Triton 2.51 opens /dev/shm/k)
+    os.unlink(triton.shm_path('k'))  # the live client unlinks its file right after registering it
+    triton.write_file('k', 4096, age=DAY)  # a dead client's file under the same name ...
+    register(triton, 'dead', '//k')  # ... registered as //k (Triton 2.51 opens /dev/shm/k)
     res = run(REGION, url=triton.url, state='absent', stale=True)
     assert not res.get('failed'), res
     assert 'live' in triton.system_regions(), 'the live client lost its region'
@@ -229,7 +250,7 @@ def test_a_file_literally_named_deleted_is_not_the_live_clients(triton):
     triton.write_file('k (deleted)', 4096, age=DAY)
     register(triton, 'dead', '/k (deleted)')
     live = triton.client('live', key='/k', byte_size=4096)
-    os.unlink(triton.shm_path('k'))             # the live client unlinks its file right after registering it
+    os.unlink(triton.shm_path('k'))  # the live client unlinks its file right after registering it
     res = run(REGION, url=triton.url, state='absent', stale=True)
     assert not res.get('failed'), res
     regions = triton.system_regions()
@@ -253,11 +274,11 @@ def _plant_pg(triton):
 
 def test_a_file_of_another_user_is_kept_unless_client_users_names_it(triton):
     path = _plant_pg(triton)
-    triton.leak('normal', byte_size=4096)       # a normal leak: the client ran as the server's user (root)
+    triton.leak('normal', byte_size=4096)  # a normal leak: the client ran as the server's user (root)
     res = run(REGION, url=triton.url, state='absent', stale=True)
     assert not res.get('failed'), res
-    assert sorted(res['unregistered']) == ['normal', 'pg']   # unregistering is harmless: Triton only unmaps it
-    assert os.path.exists(path), 'another program\'s file was removed on a client\'s word'
+    assert sorted(res['unregistered']) == ['normal', 'pg']  # unregistering is harmless: Triton only unmaps it
+    assert os.path.exists(path), "another program's file was removed on a client's word"
     assert 'owned by uid 999' in reasons(res)[path]
     assert [os.path.basename(p) for p in res['removed_files']] == ['normal']
     # the operator says uid 999 runs clients: now it goes
@@ -270,8 +291,15 @@ def test_a_file_of_another_user_is_kept_unless_client_users_names_it(triton):
 
 # -- finding 8: well-known families of other software are never orphans --------------------------------------
 
-OTHERS = ('.org.chromium.Chromium.Xy12', 'sem.mp-7f3a', 'pulse-shm-1234567', 'vader_segment.node1.1a2b.0',
-          'PostgreSQL.42', 'nccl-AbCdEf', 'torch_123_456')
+OTHERS = (
+    '.org.chromium.Chromium.Xy12',
+    'sem.mp-7f3a',
+    'pulse-shm-1234567',
+    'vader_segment.node1.1a2b.0',
+    'PostgreSQL.42',
+    'nccl-AbCdEf',
+    'torch_123_456',
+)
 
 
 def test_other_softwares_files_are_never_orphans_even_under_a_bare_star(triton):
@@ -284,7 +312,7 @@ def test_other_softwares_files_are_never_orphans_even_under_a_bare_star(triton):
     assert not res.get('failed'), res
     assert [os.path.basename(p) for p in res['removed_files']] == ['client_left']
     assert client_files(triton) == sorted(OTHERS + ('someone_elses',))
-    assert any("matches every file name" in w for w in res.get('warnings', [])), res.get('warnings')
+    assert any('matches every file name' in w for w in res.get('warnings', [])), res.get('warnings')
     info = run(INFO, url=triton.url, orphan_patterns=['*'], min_age=0)
     files = {f['name']: f for f in info['files']}
     assert all(files[n]['category'] == 'foreign' and 'never an orphan' in files[n]['category_reason'] for n in OTHERS)
@@ -299,15 +327,17 @@ def _mapped_shm_names(pid):
 def test_with_server_pid_on_a_shared_port_the_other_servers_regions_are_never_touched(make_triton):
     x, y = two_on_one_port(make_triton)
     names = [f'shared_{i}' for i in range(8)]
-    for name in names:      # the same file name in both servers' /dev/shm; each register lands on either server
+    for name in names:  # the same file name in both servers' /dev/shm; each register lands on either server
         x.write_file(name, 4096)
         y.write_file(name, 4096)
         register(x, 'r_' + name, '/' + name)
     on_y = _mapped_shm_names(y.pid) & set(names)
     assert on_y and on_y != set(names), 'the kernel spread the registers over both servers'
-    for _attempt in range(4):   # each run's calls reach one server or the other
+    for _attempt in range(4):  # each run's calls reach one server or the other
         res = run(REGION, url=x.url, server_pid=x.pid, state='absent', stale=True)
         assert not res.get('failed'), res
         assert any('judged only by the regions whose files it maps' in w for w in res.get('warnings', [])), res
-        assert _mapped_shm_names(y.pid) & set(names) == on_y, f'a region of server Y was unregistered: {res["unregistered"]}'
+        assert _mapped_shm_names(y.pid) & set(names) == on_y, (
+            f'a region of server Y was unregistered: {res["unregistered"]}'
+        )
     assert set(os.listdir(y.shm_dir)) >= on_y

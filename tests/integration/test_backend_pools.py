@@ -6,13 +6,13 @@ its python stub and its pool file ``triton_python_backend_shm_region_<uuid>``. A
 (tritonrig.ShmNamespace); a new server in the same /dev/shm makes new ones. The cleanup playbook removes the old pools
 only, the new server keeps serving.
 """
+
 from __future__ import annotations
 
 import os
 import time
 
 import pytest
-
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook, run_module
 
@@ -39,8 +39,13 @@ def cleanup(server, check=False, **extra):
     host = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=server.url)
     inventory = {'all': {'children': {'triton': {'hosts': {'triton1': host}}}}}
     extra.setdefault('prometheus_textfile_dir', '')
-    return ansible_playbook('tritonops.shm.cleanup', inventory=inventory, extra_vars=extra, check=check,
-                            env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    return ansible_playbook(
+        'tritonops.shm.cleanup',
+        inventory=inventory,
+        extra_vars=extra,
+        check=check,
+        env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+    )
 
 
 def host_result(res):
@@ -62,8 +67,9 @@ def crashed(tmp_path):
             then = time.time() - HOUR
             for name in old:
                 os.utime(os.path.join(ns.shm_dir, name), (then, then))
-            second = tritonrig.TritonServer(workdir=str(tmp_path), namespace=ns, name='second', models=MODELS,
-                                            http_port=first.http_port).start()
+            second = tritonrig.TritonServer(
+                workdir=str(tmp_path), namespace=ns, name='second', models=MODELS, http_port=first.http_port
+            ).start()
             new = sorted(set(pools(ns)) - set(old))
             assert len(new) == len(MODELS), 'the new server neither reuses nor cleans the old pools'
             yield dict(ns=ns, server=second, old=old, new=new)
@@ -97,7 +103,9 @@ def test_the_cleanup_removes_the_pools_of_a_crashed_server_and_keeps_the_new_ser
     ns, server, old, new = crashed['ns'], crashed['server'], crashed['old'], crashed['new']
     info = run_module(INFO, dict(url=server.url))
     by_name = {p['name']: p for p in info['backend_pools']}
-    assert [(by_name[n]['state'], by_name[n]['model'], by_name[n]['holders']) for n in old] == [('leftover', None, [])] * 2
+    assert [(by_name[n]['state'], by_name[n]['model'], by_name[n]['holders']) for n in old] == [
+        ('leftover', None, [])
+    ] * 2
     assert sorted(by_name[n]['model'] for n in new) == list(MODELS)
     assert {by_name[n]['state'] for n in new} == {'live'}
     assert 'held by no process and older than min_age' in by_name[old[0]]['reason']
@@ -115,7 +123,9 @@ def test_the_cleanup_removes_the_pools_of_a_crashed_server_and_keeps_the_new_ser
     assert res.stats['triton1']['failures'] == 0 and res.stats['triton1']['changed'] >= 1, res
     r = host_result(res)
     assert sorted(os.path.basename(p) for p in r['done']['removed_files']) == old, r
-    assert r['done']['freed_bytes'] == 2 << 20 and r['before']['leftover_files'] == 2 and r['after']['leftover_files'] == 0
+    assert (
+        r['done']['freed_bytes'] == 2 << 20 and r['before']['leftover_files'] == 2 and r['after']['leftover_files'] == 0
+    )
     assert pools(ns) == new
     for model in MODELS:
         assert infer(server, model) == [1, 2, 3, 4], 'the new server still serves through its pools'

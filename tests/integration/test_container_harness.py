@@ -7,15 +7,15 @@ namespace; client containers share its IPC and network namespaces, and one
 killed with `docker kill` / `podman kill` leaves its region registered and its
 file in place; Docker runs with and without its userland proxy; socat forwards.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 import time
 
-import pytest
-
 import engines
+import pytest
 
 MIB = 1 << 20
 
@@ -45,8 +45,11 @@ def _docker_proxies(port):
                     args = f.read().decode(errors='replace').split('\0')
             except OSError:
                 continue
-            if os.path.basename(args[0]) == 'docker-proxy' and '-host-port' in args and \
-                    args[args.index('-host-port') + 1] == str(port):
+            if (
+                os.path.basename(args[0]) == 'docker-proxy'
+                and '-host-port' in args
+                and args[args.index('-host-port') + 1] == str(port)
+            ):
                 found.append(int(entry))
     return found
 
@@ -92,8 +95,9 @@ def test_infer_client_container_runs_inferences_through_its_regions(container_en
     triton = engines.run_triton(container_engine, models=('echo',))
     client = engines.run_client(triton, 'busy', MIB, mode='infer')
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(line.startswith('STATS ok=') and not line.startswith('STATS ok=0 ')
-                                                  for line in client.lines):
+    while time.monotonic() < deadline and not any(
+        line.startswith('STATS ok=') and not line.startswith('STATS ok=0 ') for line in client.lines
+    ):
         time.sleep(0.5)
     stats = [line for line in client.lines if line.startswith('STATS')]
     assert stats and ' failed=0' in stats[-1] and not stats[-1].startswith('STATS ok=0 '), client.lines[-5:]
@@ -157,5 +161,6 @@ def test_a_triton_that_exits_fails_with_its_log_and_is_removed(container_engine)
     assert 'is not ready at http://127.0.0.1:' in str(err.value)
     assert "unrecognized option '--no-such-flag=1'" in str(err.value)
     assert container_engine.created == before
-    assert container_engine.run('ps', '-aq', '--filter', 'label=' + engines.LABEL).stdout.split() == \
-        [cid[:12] for cid in before]
+    assert container_engine.run('ps', '-aq', '--filter', 'label=' + engines.LABEL).stdout.split() == [
+        cid[:12] for cid in before
+    ]

@@ -6,17 +6,23 @@ and a fourth inventory host whose server answers but cannot be located (Ansible 
 processes are invisible, as from an execution environment). Grafana itself is not installable here: the
 test reads the dashboard JSON and evaluates each panel query with Grafana's variables substituted.
 """
+
 from __future__ import annotations
 
 import json
 import time
 
 import pytest
-
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
-from observability import DASHBOARD, NodeExporter, Prometheus, dashboard_queries, wait_for
-from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
+from observability import (  # pylint: disable=unused-import  (services: the fixture)
+    DASHBOARD,
+    NodeExporter,
+    Prometheus,
+    dashboard_queries,
+    services,  # noqa: F401  (the fixture)
+    wait_for,
+)
 
 MiB = 1 << 20
 BLIND = ('unshare', '--pid', '--fork', '--mount-proc')
@@ -61,17 +67,30 @@ def test_every_panel_query_returns_series_for_a_fleet_with_leaks(fleet, services
     prometheus.wait_ready()
 
     def host(url):
-        return dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=url,
-                    prometheus_textfile_dir=str(prom_dir))
-    hosts = {'triton1': host(t1.url), 'triton2': host(t2.url), 'tdown': host(f'http://127.0.0.1:{tritonrig.free_port()}'),
-             'tblind': host(t1.url)}
+        return dict(
+            ansible_connection='local',
+            ansible_python_interpreter=PYTHON,
+            triton_url=url,
+            prometheus_textfile_dir=str(prom_dir),
+        )
+
+    hosts = {
+        'triton1': host(t1.url),
+        'triton2': host(t2.url),
+        'tdown': host(f'http://127.0.0.1:{tritonrig.free_port()}'),
+        'tblind': host(t1.url),
+    }
     inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
 
     # two cleanups of triton2 (the counter seen by Prometheus before and after the second) and a failed one of tdown
     res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, extra_vars={'target': 'triton2:tdown'})
     assert res.stats['triton2']['failures'] == 0 and res.stats['tdown']['failures'] == 1, res
-    wait_for('the first cleanup scraped', lambda: prometheus.query('tritonops_shm_cleanup_freed_bytes_total{host="triton2"}'),
-             30, log=node.output)
+    wait_for(
+        'the first cleanup scraped',
+        lambda: prometheus.query('tritonops_shm_cleanup_freed_bytes_total{host="triton2"}'),
+        30,
+        log=node.output,
+    )
     time.sleep(2)
     t2.leak('dead2', byte_size=3 * MiB)
     res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, extra_vars={'target': 'triton2'})
@@ -80,16 +99,26 @@ def test_every_panel_query_returns_series_for_a_fleet_with_leaks(fleet, services
     res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'target': 'triton1:triton2:tdown'})
     assert res.stats['triton1']['failures'] == 0 and res.stats['tdown']['failures'] == 1, res
     res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'target': 'tblind'}, prefix=BLIND)
-    assert res.stats['tblind']['failures'] == 1, res   # unlocated: reported, then failed
+    assert res.stats['tblind']['failures'] == 1, res  # unlocated: reported, then failed
     assert live.alive and 'dead' in t1.system_regions()
 
     # one file per inventory host and URL: four reports, and the cleanups of triton2 and tdown
     assert sorted(p.name.split('.')[0] + '.' + p.name.split('.')[1] for p in prom_dir.iterdir()) == [
-        'tritonops_shm.tblind', 'tritonops_shm.tdown', 'tritonops_shm.triton1', 'tritonops_shm.triton2',
-        'tritonops_shm_cleanup.tdown', 'tritonops_shm_cleanup.triton2']
-    wait_for('every report and the second cleanup scraped',
-             lambda: len(prometheus.query('tritonops_shm_up')) == 4
-             and by_host(prometheus.query('tritonops_shm_cleanup_freed_bytes_total')).get('triton2') == 5 * MiB, 30)
+        'tritonops_shm.tblind',
+        'tritonops_shm.tdown',
+        'tritonops_shm.triton1',
+        'tritonops_shm.triton2',
+        'tritonops_shm_cleanup.tdown',
+        'tritonops_shm_cleanup.triton2',
+    ]
+    wait_for(
+        'every report and the second cleanup scraped',
+        lambda: (
+            len(prometheus.query('tritonops_shm_up')) == 4
+            and by_host(prometheus.query('tritonops_shm_cleanup_freed_bytes_total')).get('triton2') == 5 * MiB
+        ),
+        30,
+    )
     assert by_host(prometheus.query('node_textfile_scrape_error')) == {None: 0.0}
 
     with open(DASHBOARD) as f:
@@ -101,7 +130,7 @@ def test_every_panel_query_returns_series_for_a_fleet_with_leaks(fleet, services
     label_query = variables['host']['definition']
     assert label_query == 'label_values(tritonops_shm_up, host)'
     assert set(prometheus.api('label/host/values', **{'match[]': 'tritonops_shm_up'})) == set(hosts)
-    assert datasources(dashboard) == {'${datasource}'}   # no data source of the author's Grafana
+    assert datasources(dashboard) == {'${datasource}'}  # no data source of the author's Grafana
     ids = [p['id'] for p in dashboard['panels']]
     assert len(ids) == len(set(ids)) and dashboard['uid'] == 'tritonops-shm'
 
@@ -110,8 +139,8 @@ def test_every_panel_query_returns_series_for_a_fleet_with_leaks(fleet, services
     results = {}
     for title, expr in queries:
         assert '$' not in expr, expr
-        assert 'host=~".+"' in expr, (title, expr)   # every query follows the host variable
-        result = prometheus.query(expr)             # a query error raises
+        assert 'host=~".+"' in expr, (title, expr)  # every query follows the host variable
+        result = prometheus.query(expr)  # a query error raises
         assert result, f'panel {title!r}: no series for {expr}'
         results.setdefault(title, []).append(result)
     # what a user reads on the panels
@@ -130,5 +159,5 @@ def test_every_panel_query_returns_series_for_a_fleet_with_leaks(fleet, services
     pools, leftover = results['Python backend pool bytes per model']
     per_model = {(s['metric']['host'], s['metric']['model']): float(s['value'][1]) for s in pools}
     assert set(per_model) == {(h, m) for h in ('triton1', 'triton2') for m in ('echo', 'mirror')}, per_model
-    assert all(v >= MiB for v in per_model.values()), per_model   # a pool starts at shm-default-byte-size (1 MiB)
+    assert all(v >= MiB for v in per_model.values()), per_model  # a pool starts at shm-default-byte-size (1 MiB)
     assert by_host(leftover) == {'triton1': 0, 'triton2': 0}

@@ -7,6 +7,7 @@
   ansible-builder's introspection (what builds an EE that includes this collection)
   finds the collection's Python requirements.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -19,7 +20,6 @@ import tarfile
 
 import pytest
 import yaml
-
 from ansible_helpers import BIN, COLLECTIONS_PATH, PYTHON, REPO
 
 ANSIBLE_CORE = 'ansible-core==2.21.5'
@@ -44,7 +44,12 @@ SHIPPED_DIRS = ('plugins', 'roles', 'playbooks', 'meta', 'docs', 'changelogs')
 
 def _run(cmd, env=None, cwd=None, timeout=600):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout, check=False)
-    assert proc.returncode == 0, '%s failed (rc %s):\n%s\n%s' % (' '.join(cmd), proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0, '%s failed (rc %s):\n%s\n%s' % (
+        ' '.join(cmd),
+        proc.returncode,
+        proc.stdout[-3000:],
+        proc.stderr[-3000:],
+    )
     return proc
 
 
@@ -68,8 +73,11 @@ def _source_files():
 
 def _forbidden(member):
     parts = member.split('/')
-    return (set(parts) & {'.venv', 'build', '__pycache__', '.pytest_cache', '.git', 'bench-results', '.ansible', '.ci'}
-            or member.startswith('tests/output') or member.endswith(('.pyc', '.tar.gz', '.plugin-cache.yaml')))
+    return (
+        set(parts) & {'.venv', 'build', '__pycache__', '.pytest_cache', '.git', 'bench-results', '.ansible', '.ci'}
+        or member.startswith('tests/output')
+        or member.endswith(('.pyc', '.tar.gz', '.plugin-cache.yaml'))
+    )
 
 
 def _fresh_venv(requirements):
@@ -83,8 +91,19 @@ def _fresh_venv(requirements):
         if not os.path.exists(os.path.join(venv, '.complete')):
             shutil.rmtree(venv, ignore_errors=True)
             _run([base, '-m', 'venv', venv])
-            _run([os.path.join(venv, 'bin', 'python'), '-m', 'pip', 'install', '--quiet', '--disable-pip-version-check',
-                  ANSIBLE_CORE] + requirements, timeout=900)
+            _run(
+                [
+                    os.path.join(venv, 'bin', 'python'),
+                    '-m',
+                    'pip',
+                    'install',
+                    '--quiet',
+                    '--disable-pip-version-check',
+                    ANSIBLE_CORE,
+                ]
+                + requirements,
+                timeout=900,
+            )
             open(os.path.join(venv, '.complete'), 'w').close()
     return venv
 
@@ -137,23 +156,53 @@ def test_built_tarball_installs_and_runs(triton, tmp_path):
     home = tmp_path / 'home'
     home.mkdir()
     env = _fresh_env(venv, str(installed), str(home))
-    _run([os.path.join(venv, 'bin', 'ansible-galaxy'), 'collection', 'install', '--offline', '-p', str(installed), str(tarball)],
-         env=env)
-    listed = _run([os.path.join(venv, 'bin', 'ansible-galaxy'), 'collection', 'list', 'tritonops.shm', '--format', 'json'],
-                  env=env).stdout
+    _run(
+        [
+            os.path.join(venv, 'bin', 'ansible-galaxy'),
+            'collection',
+            'install',
+            '--offline',
+            '-p',
+            str(installed),
+            str(tarball),
+        ],
+        env=env,
+    )
+    listed = _run(
+        [os.path.join(venv, 'bin', 'ansible-galaxy'), 'collection', 'list', 'tritonops.shm', '--format', 'json'],
+        env=env,
+    ).stdout
     assert json.loads(listed)[str(installed / 'ansible_collections')]['tritonops.shm']['version'] == version
 
     # ansible-doc renders the module from the install
-    doc = json.loads(_run([os.path.join(venv, 'bin', 'ansible-doc'), '--json', 'tritonops.shm.triton_shm_info'], env=env).stdout)
+    doc = json.loads(
+        _run([os.path.join(venv, 'bin', 'ansible-doc'), '--json', 'tritonops.shm.triton_shm_info'], env=env).stdout
+    )
     entry = doc['tritonops.shm.triton_shm_info']
     assert entry['doc']['filename'].startswith(str(installed))
     assert 'url' in entry['doc']['options']
 
     # the module runs from the install against a real server with a leaked region
     triton.leak('leaked_install', byte_size=2 << 20)
-    proc = _run([os.path.join(venv, 'bin', 'ansible'), 'localhost', '-i', 'localhost,', '-c', 'local', '-o',
-                 '-e', 'ansible_python_interpreter=%s' % vpython,
-                 '-m', 'tritonops.shm.triton_shm_info', '-a', 'url=%s' % triton.url], env=env, cwd=str(tmp_path))
+    proc = _run(
+        [
+            os.path.join(venv, 'bin', 'ansible'),
+            'localhost',
+            '-i',
+            'localhost,',
+            '-c',
+            'local',
+            '-o',
+            '-e',
+            'ansible_python_interpreter=%s' % vpython,
+            '-m',
+            'tritonops.shm.triton_shm_info',
+            '-a',
+            'url=%s' % triton.url,
+        ],
+        env=env,
+        cwd=str(tmp_path),
+    )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith('localhost |')][-1]
     assert ' | SUCCESS => ' in line, proc.stdout
     result = json.loads(line.split(' => ', 1)[1])
@@ -188,8 +237,18 @@ def test_execution_environment_definition_is_valid(tmp_path):
     for rel in files.values():
         shutil.copy(os.path.join(REPO, rel), root / rel)
     context = tmp_path / 'context'
-    _run([os.path.join(BIN, 'ansible-builder'), 'create', '-f', str(root / 'execution-environment.yml'),
-          '-c', str(context), '--output-filename', 'Containerfile'])
+    _run(
+        [
+            os.path.join(BIN, 'ansible-builder'),
+            'create',
+            '-f',
+            str(root / 'execution-environment.yml'),
+            '-c',
+            str(context),
+            '--output-filename',
+            'Containerfile',
+        ]
+    )
 
     containerfile = (context / 'Containerfile').read_text()
     assert 'ARG EE_BASE_IMAGE="%s"' % definition['images']['base_image']['name'] in containerfile

@@ -5,6 +5,7 @@ playbooks at -vvv with the invocation injected and a log file; every output file
 the role's JSON, summary.md and report.html, the node_exporter textfiles) is read back. The planted
 report_dir is a real symlink made by the user ``nobody``.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,12 +14,11 @@ import shutil
 import subprocess
 import tempfile
 
+import proxy_helpers
 import pytest
 import tritonclient.grpc as grpcclient
-from markdown_it import MarkdownIt
-
 from ansible_helpers import PYTHON, REPO, ansible_playbook
-import proxy_helpers
+from markdown_it import MarkdownIt
 
 MiB = 1 << 20
 REPORT = os.path.join(REPO, 'playbooks', 'report.yml')
@@ -48,32 +48,58 @@ def outputs(*dirs) -> dict:
 
 # -- 10: a header value with a line break, a URL with user:password@ ------------------------------------
 
+
 def test_bad_header_values_and_url_credentials_are_refused_and_never_shown(make_triton, tmp_path):
     server = make_triton(models=(), grpc=True, shm_size='16m')
     server.leak('stale_one', byte_size=MiB)
     host, port = server.url.split('://', 1)[1].rsplit(':', 1)
-    base = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_server_pid=server.pid,
-                prometheus_textfile_dir=str(tmp_path / 'textfiles'))
+    base = dict(
+        ansible_connection='local',
+        ansible_python_interpreter=PYTHON,
+        triton_server_pid=server.pid,
+        prometheus_textfile_dir=str(tmp_path / 'textfiles'),
+    )
     (tmp_path / 'textfiles').mkdir()
     with proxy_helpers.ForwardingProxy(server.url, fault=require_token) as proxy:
         # a YAML block scalar ("|") ends in a newline: the value the HTTP library refused and echoed
-        hosts = {'http_header': dict(base, triton_url=proxy.url(), triton_headers={'Authorization': f'Bearer {TOKEN}\n'}),
-                 'grpc_header': dict(base, triton_url=server.grpc_scheme_url, triton_headers={'authorization': f'Bearer {TOKEN}\n'}),
-                 'userinfo': dict(base, triton_url=f'http://admin:{PASSWORD}@{host}:{port}'),
-                 'grpc_userinfo': dict(base, triton_url=f'grpc://admin:{PASSWORD}@{server.grpc_url}')}
+        hosts = {
+            'http_header': dict(base, triton_url=proxy.url(), triton_headers={'Authorization': f'Bearer {TOKEN}\n'}),
+            'grpc_header': dict(
+                base, triton_url=server.grpc_scheme_url, triton_headers={'authorization': f'Bearer {TOKEN}\n'}
+            ),
+            'userinfo': dict(base, triton_url=f'http://admin:{PASSWORD}@{host}:{port}'),
+            'grpc_userinfo': dict(base, triton_url=f'grpc://admin:{PASSWORD}@{server.grpc_url}'),
+        }
         inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
         log = tmp_path / 'ansible.log'
         env = dict(VERBOSE, ANSIBLE_LOG_PATH=str(log))
-        report = ansible_playbook(REPORT, inventory=inventory, extra_vars={'report_dir': str(tmp_path / 'report')},
-                                  env=env, args=['-vvv'])
-        cleanup = ansible_playbook(CLEANUP, inventory=inventory, env=env, args=['-vvv'],
-                                   extra_vars={'shm_cleanup_report_dir': str(tmp_path / 'cleanup')})
+        report = ansible_playbook(
+            REPORT, inventory=inventory, extra_vars={'report_dir': str(tmp_path / 'report')}, env=env, args=['-vvv']
+        )
+        cleanup = ansible_playbook(
+            CLEANUP,
+            inventory=inventory,
+            env=env,
+            args=['-vvv'],
+            extra_vars={'shm_cleanup_report_dir': str(tmp_path / 'cleanup')},
+        )
         sent = [r['headers'].get('Authorization') for r in proxy.requests]
-    texts = {'report stdout': report.stdout, 'report stderr': report.stderr, 'cleanup stdout': cleanup.stdout,
-             'cleanup stderr': cleanup.stderr, 'log': log.read_text()}
+    texts = {
+        'report stdout': report.stdout,
+        'report stderr': report.stderr,
+        'cleanup stdout': cleanup.stdout,
+        'cleanup stderr': cleanup.stderr,
+        'log': log.read_text(),
+    }
     files = outputs(tmp_path / 'report', tmp_path / 'cleanup', tmp_path / 'textfiles')
-    assert {os.path.basename(p) for p in files} >= {'report.json', 'report.md', 'report.html', 'summary.md',
-                                                    'http_header.json', 'userinfo.json'}
+    assert {os.path.basename(p) for p in files} >= {
+        'report.json',
+        'report.md',
+        'report.html',
+        'summary.md',
+        'http_header.json',
+        'userinfo.json',
+    }
     texts.update(files)
     for where, text in texts.items():
         assert TOKEN not in text, f'the header value leaked into {where}'
@@ -90,8 +116,15 @@ def test_bad_header_values_and_url_credentials_are_refused_and_never_shown(make_
 
 # -- 12: names, versions and error texts in report.md and summary.md -------------------------------------
 
-HOSTILE = ['<img src=x onerror=alert(1)>', 'a|b|c', '[click](javascript:alert(1))', '# heading', '\x1b[31mred\x1b]0;pwn\x07',
-           'line\nbreak', '**bold**_em_`code`']
+HOSTILE = [
+    '<img src=x onerror=alert(1)>',
+    'a|b|c',
+    '[click](javascript:alert(1))',
+    '# heading',
+    '\x1b[31mred\x1b]0;pwn\x07',
+    'line\nbreak',
+    '**bold**_em_`code`',
+]
 SERVER_ERROR = b'{"error": "<script>alert(1)</script> | [x](http://evil.example) \\u001b[2J\\n# pwned"}'
 
 
@@ -125,19 +158,24 @@ def test_hostile_names_and_server_errors_are_plain_text_in_report_md_and_summary
     server = make_triton(models=(), grpc=True, shm_size='32m')
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         for i, name in enumerate(HOSTILE):
-            server.write_file(f'/hostile{i}', MiB)        # a client's file left behind: nobody holds it, stale
+            server.write_file(f'/hostile{i}', MiB)  # a client's file left behind: nobody holds it, stale
             client.register_system_shared_memory(name, f'/hostile{i}', MiB)
     assert sorted(server.system_regions()) == sorted(HOSTILE)
 
     def hostile_500(method, path, headers):
         return 500, 'application/json', SERVER_ERROR
+
     base = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, prometheus_textfile_dir='')
     with proxy_helpers.ForwardingProxy(server.url, fault=hostile_500) as liar:
-        hosts = {'seen': dict(base, triton_url=server.url, triton_server_pid=server.pid),
-                 'liar': dict(base, triton_url=liar.url())}
+        hosts = {
+            'seen': dict(base, triton_url=server.url, triton_server_pid=server.pid),
+            'liar': dict(base, triton_url=liar.url()),
+        }
         inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
         report = ansible_playbook(REPORT, inventory=inventory, extra_vars={'report_dir': str(tmp_path / 'report')})
-        cleanup = ansible_playbook(CLEANUP, inventory=inventory, extra_vars={'shm_cleanup_report_dir': str(tmp_path / 'cleanup')})
+        cleanup = ansible_playbook(
+            CLEANUP, inventory=inventory, extra_vars={'shm_cleanup_report_dir': str(tmp_path / 'cleanup')}
+        )
     assert report.rc != 0 and cleanup.rc != 0, 'the liar fails'
     report_md = (tmp_path / 'report' / 'report.md').read_text()
     summary_md = (tmp_path / 'cleanup' / 'summary.md').read_text()
@@ -145,12 +183,21 @@ def test_hostile_names_and_server_errors_are_plain_text_in_report_md_and_summary
     assert markdown_problems(summary_md) == []
     # the names are there, as text a reader sees whole (escapes shown for control characters)
     rendered = MarkdownIt('commonmark').enable('table').render(report_md + '\n' + summary_md)
-    for shown in ('&lt;img src=x onerror=alert(1)&gt;', 'a|b|c', '[click](javascript:alert(1))', '# heading',
-                  '\\x1b[31mred\\x1b]0;pwn\\x07', 'line\\nbreak', '**bold**_em_`code`', '&lt;script&gt;alert(1)&lt;/script&gt;'):
+    for shown in (
+        '&lt;img src=x onerror=alert(1)&gt;',
+        'a|b|c',
+        '[click](javascript:alert(1))',
+        '# heading',
+        '\\x1b[31mred\\x1b]0;pwn\\x07',
+        'line\\nbreak',
+        '**bold**_em_`code`',
+        '&lt;script&gt;alert(1)&lt;/script&gt;',
+    ):
         assert shown in rendered, shown
 
 
 # -- 9: a report_dir that another user planted as a symlink ---------------------------------------------
+
 
 def as_nobody(*cmd):
     subprocess.run(['setpriv', '--reuid', 'nobody', '--regid', 'nogroup', '--clear-groups', '--', *cmd], check=True)
@@ -178,9 +225,23 @@ def test_a_report_dir_planted_as_a_symlink_by_another_user_is_refused(make_trito
     planted = shared / 'reports'
     as_nobody('ln', '-s', str(victim), str(planted))
     assert planted.is_symlink() and os.lstat(planted).st_uid != 0
-    inventory = {'all': {'children': {'triton': {'hosts': {'h1': dict(
-        ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=server.url, triton_server_pid=server.pid,
-        prometheus_textfile_dir='')}}}}}
+    inventory = {
+        'all': {
+            'children': {
+                'triton': {
+                    'hosts': {
+                        'h1': dict(
+                            ansible_connection='local',
+                            ansible_python_interpreter=PYTHON,
+                            triton_url=server.url,
+                            triton_server_pid=server.pid,
+                            prometheus_textfile_dir='',
+                        )
+                    }
+                }
+            }
+        }
+    }
     res = ansible_playbook(playbook, inventory=inventory, extra_vars={var: str(planted)})
     assert res.rc != 0
     assert f'{var} {planted} is a symlink to {victim} (not followed; give the real directory)' in res.stdout

@@ -6,6 +6,7 @@ are not Triton, a really full /dev/shm. Connection refused and timeout of
 triton_shm_info are in test_triton_shm_info.py; here the region module, which
 changes things, meets the same faults.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -18,10 +19,9 @@ import sys
 import threading
 import time
 
-import pytest
-
 import ansible_helpers
 import proxy_helpers
+import pytest
 import tritonrig
 
 INFO = 'tritonops.shm.triton_shm_info'
@@ -42,6 +42,7 @@ def basenames(paths):
 
 
 # -- endpoints that are not a healthy Triton ---------------------------------------------------
+
 
 class _CannedHandler(http.server.BaseHTTPRequestHandler):
     """Answers every request with the server's canned (status, content type, body)."""
@@ -106,10 +107,18 @@ class Endpoint:
             self.sock.close()
 
 
-@pytest.mark.parametrize('module,fault', [
-    (REGION, 'refused'), (REGION, 'timeout'), (REGION, 'http500'), (REGION, 'http503'), (REGION, 'not_json'),
-    (INFO, 'http500'), (INFO, 'http503'),
-])
+@pytest.mark.parametrize(
+    'module,fault',
+    [
+        (REGION, 'refused'),
+        (REGION, 'timeout'),
+        (REGION, 'http500'),
+        (REGION, 'http503'),
+        (REGION, 'not_json'),
+        (INFO, 'http500'),
+        (INFO, 'http503'),
+    ],
+)
 def test_fault_gives_a_clear_error_naming_the_server_and_touches_nothing(module, fault, tmp_path):
     shm = tmp_path / 'shm'
     shm.mkdir()
@@ -133,6 +142,7 @@ def test_fault_gives_a_clear_error_naming_the_server_and_touches_nothing(module,
 
 
 # -- a proxy in front of Triton that starts failing part-way --------------------------------
+
 
 class FailAfter:
     """Forward the first `allowed` unregister requests, then answer 503 to every unregister."""
@@ -190,6 +200,7 @@ def test_proxy_failing_part_way_reports_what_was_done_and_a_rerun_converges(make
 
 # -- tritonserver SIGKILLed in the middle of a 1,000-region bulk unregister ----------------------
 
+
 def _run_and_kill_when(server, args, remaining_at_most):
     """Run the module in a thread; SIGKILL the server once it has unregistered some regions.
 
@@ -229,8 +240,10 @@ def test_server_sigkilled_mid_bulk_unregister_then_a_rerun_converges(tmp_path):
             res, left, killed_after = _run_and_kill_when(server, args, remaining_at_most=995)
             assert_clean_failure(res, server.url, 'cannot connect')
             done = res['unregistered']
-            print('FIGURE sigkill_mid_bulk: killed after %.2fs with %d registered; module reported %d unregistered, %d files removed'
-                  % (killed_after, left, len(done), len(res['removed_files'])))
+            print(
+                'FIGURE sigkill_mid_bulk: killed after %.2fs with %d registered; module reported %d unregistered, %d files removed'  # noqa: E501
+                % (killed_after, left, len(done), len(res['removed_files']))
+            )
             assert 0 < len(done) < 1000 and set(done) <= set(leaked)
             # a region the server has confirmed unregistered may lose its file; no other file was touched
             assert basenames(res['removed_files']) <= set(done)
@@ -240,8 +253,9 @@ def test_server_sigkilled_mid_bulk_unregister_then_a_rerun_converges(tmp_path):
 
             # "converges": the restarted server has no registrations (Triton keeps them in memory), so the
             # leftover files are no region's: not stale, never removed without a pattern ...
-            restarted = tritonrig.TritonServer(workdir=str(tmp_path), models=(), namespace=ns, name='restarted',
-                                               http_port=server.http_port).start()
+            restarted = tritonrig.TritonServer(
+                workdir=str(tmp_path), models=(), namespace=ns, name='restarted', http_port=server.http_port
+            ).start()
             args = dict(url=restarted.url, state='absent', stale=True)
             rerun = ansible_helpers.run_module(REGION, args)
             assert not rerun.get('failed') and rerun['changed'] is False, rerun
@@ -269,7 +283,9 @@ def test_server_and_its_private_shm_gone_mid_bulk_the_error_names_the_server(mak
     """A container's private /dev/shm dies with it: the error is the server's, the files that could not go are listed."""
     server = make_triton(models=())
     leaked = server.leak_many('bulk', 1000, byte_size=4096)
-    res, left, _killed_after = _run_and_kill_when(server, dict(url=server.url, state='absent', stale=True), remaining_at_most=995)
+    res, left, _killed_after = _run_and_kill_when(
+        server, dict(url=server.url, state='absent', stale=True), remaining_at_most=995
+    )
     assert_clean_failure(res, server.url, 'unregister system region', 'cannot connect')
     assert 0 < len(res['unregistered']) < 1000 and set(res['unregistered']) <= set(leaked)
     assert res['removed_files'] == []
@@ -279,6 +295,7 @@ def test_server_and_its_private_shm_gone_mid_bulk_the_error_names_the_server(mak
 
 
 # -- tritonserver restarted between info and action ------------------------------------------
+
 
 def test_server_restarted_between_info_and_action_leaves_orphans_cleaned_only_by_pattern(tmp_path):
     with tritonrig.ShmNamespace('64m') as ns:
@@ -290,14 +307,17 @@ def test_server_restarted_between_info_and_action_leaves_orphans_cleaned_only_by
             info = ansible_helpers.run_module(INFO, dict(url=server.url))
             assert info['summary']['stale_regions'] == 5
             server.kill()
-            restarted = tritonrig.TritonServer(workdir=str(tmp_path), models=(), namespace=ns, name='after',
-                                               http_port=server.http_port).start()
+            restarted = tritonrig.TritonServer(
+                workdir=str(tmp_path), models=(), namespace=ns, name='after', http_port=server.http_port
+            ).start()
             assert restarted.system_regions() == {}
             base = dict(url=restarted.url, state='absent', stale=True)
             no_pattern = ansible_helpers.run_module(REGION, base)
             young = ansible_helpers.run_module(REGION, dict(base, orphan_files=True, orphan_patterns=['client_*']))
             after = ansible_helpers.run_module(INFO, dict(url=restarted.url, orphan_patterns=['client_*'], min_age=0))
-            pattern = ansible_helpers.run_module(REGION, dict(base, orphan_files=True, orphan_patterns=['client_*'], min_age=0))
+            pattern = ansible_helpers.run_module(
+                REGION, dict(base, orphan_files=True, orphan_patterns=['client_*'], min_age=0)
+            )
             files_left = set(os.listdir(ns.shm_dir))
             assert live.alive
         finally:
@@ -315,14 +335,29 @@ def test_server_restarted_between_info_and_action_leaves_orphans_cleaned_only_by
 
 # -- the shm filesystem full -----------------------------------------------------------------
 
+
 def test_shm_full_new_client_fails_info_works_cleanup_frees_and_the_client_succeeds(make_triton):
     server = make_triton(models=(), shm_size='16m')
     live = server.client('live', byte_size=2 * MIB)
     leaked = server.leak_many('leak', 14, byte_size=MIB)
     assert server.shm_usage()['used_bytes'] == 16 * MIB
     # a real new client: tritonclient creates the region (sparse), then writes its tensor into a full tmpfs
-    cmd = ['nsenter', '--mount', '--target', str(server.pid), sys.executable, tritonrig.CLIENT_SCRIPT,
-           '--url', server.url, '--name', 'newcomer', '--key', '/newcomer', '--byte-size', str(2 * MIB)]
+    cmd = [
+        'nsenter',
+        '--mount',
+        '--target',
+        str(server.pid),
+        sys.executable,
+        tritonrig.CLIENT_SCRIPT,
+        '--url',
+        server.url,
+        '--name',
+        'newcomer',
+        '--key',
+        '/newcomer',
+        '--byte-size',
+        str(2 * MIB),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, start_new_session=True, check=False)
     assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stdout, proc.stderr)
     assert 'newcomer' not in server.system_regions()
@@ -330,13 +365,17 @@ def test_shm_full_new_client_fails_info_works_cleanup_frees_and_the_client_succe
     assert not info.get('failed'), info
     assert info['shm_fs']['used_percent'] >= 99.0
     assert info['summary']['stale_regions'] == 14 and info['summary']['stale_bytes'] == 14 * MIB
-    clean = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True,
-                                                    orphan_files=True, orphan_patterns=['newcomer*'], min_age=0))
+    clean = ansible_helpers.run_module(
+        REGION,
+        dict(url=server.url, state='absent', stale=True, orphan_files=True, orphan_patterns=['newcomer*'], min_age=0),
+    )
     assert not clean.get('failed'), clean
     assert set(clean['unregistered']) == set(leaked)
     assert clean['freed_bytes'] >= 14 * MIB
-    print('FIGURE shm_full: used %.1f%% before, freed %d bytes, used %d bytes after'
-          % (info['shm_fs']['used_percent'], clean['freed_bytes'], clean['shm_used_bytes_after']))
+    print(
+        'FIGURE shm_full: used %.1f%% before, freed %d bytes, used %d bytes after'
+        % (info['shm_fs']['used_percent'], clean['freed_bytes'], clean['shm_used_bytes_after'])
+    )
     newcomer = server.client('newcomer', byte_size=2 * MIB)
     assert newcomer.alive and 'newcomer' in server.system_regions()
     assert live.alive and 'live' in server.system_regions()

@@ -10,20 +10,26 @@ creates a region literally named `a%20b`. Names a URL path segment cannot carry
 (space, `#`, `?`, `/`, non-ASCII) can only come from gRPC clients; the collection
 reports them and never sends them.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
+import ansible_helpers
 import pytest
 import tritonclient.grpc as grpcclient
-
-import ansible_helpers
 import tritonrig
 
 INFO = 'tritonops.shm.triton_shm_info'
 REGION = 'tritonops.shm.triton_shm_region'
-UNADDRESSABLE = {'a b': '/bad_space', 'x#y': '/bad_hash', 'q?z': '/bad_query', 's/l': '/bad_slash', 'ünï': '/bad_unicode'}
+UNADDRESSABLE = {
+    'a b': '/bad_space',
+    'x#y': '/bad_hash',
+    'q?z': '/bad_query',
+    's/l': '/bad_slash',
+    'ünï': '/bad_unicode',
+}
 
 
 def no_traceback(result):
@@ -36,11 +42,19 @@ def by_name(items):
 
 
 def play(tasks):
-    return [{'name': 'hostile input', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
-             'tasks': [dict(t, register='r', ignore_errors=True) for t in tasks]}]
+    return [
+        {
+            'name': 'hostile input',
+            'hosts': 'localhost',
+            'connection': 'local',
+            'gather_facts': False,
+            'tasks': [dict(t, register='r', ignore_errors=True) for t in tasks],
+        }
+    ]
 
 
 # -- `%` names are sent byte for byte and round-trip ---------------------------------------------
+
 
 def test_percent_names_round_trip_byte_for_byte(make_triton):
     server = make_triton(models=())
@@ -68,7 +82,9 @@ def test_percent_names_round_trip_byte_for_byte(make_triton):
 @pytest.mark.parametrize('name', sorted(UNADDRESSABLE))
 def test_names_http_cannot_carry_are_refused_before_anything(make_triton, name):
     server = make_triton(models=())
-    res = ansible_helpers.run_module(REGION, dict(url=server.url, name=name, key='/created', byte_size=4096, create_file=True))
+    res = ansible_helpers.run_module(
+        REGION, dict(url=server.url, name=name, key='/created', byte_size=4096, create_file=True)
+    )
     assert res.get('failed') is True, res
     assert repr(name) in res['msg'] and "cannot be addressed over Triton's HTTP API" in res['msg']
     no_traceback(res)
@@ -77,6 +93,7 @@ def test_names_http_cannot_carry_are_refused_before_anything(make_triton, name):
 
 
 # -- regions that only gRPC clients can name ----------------------------------------------------
+
 
 @pytest.fixture
 def grpc_scene(tmp_path):
@@ -101,12 +118,16 @@ def grpc_scene(tmp_path):
 def test_grpc_named_regions_are_reported_and_skipped_others_cleaned(grpc_scene):
     server, plain = grpc_scene
     url = server.url
-    res = ansible_helpers.ansible_playbook(play([
-        {'name': 'info', INFO: dict(url=url)},
-        {'name': 'stale', REGION: dict(url=url, state='absent', stale=True)},
-        {'name': 'all', REGION: dict(url=url, state='absent', all=True)},
-        {'name': 'named', REGION: dict(url=url, state='absent', name=['a b'])},
-    ]))
+    res = ansible_helpers.ansible_playbook(
+        play(
+            [
+                {'name': 'info', INFO: dict(url=url)},
+                {'name': 'stale', REGION: dict(url=url, state='absent', stale=True)},
+                {'name': 'all', REGION: dict(url=url, state='absent', all=True)},
+                {'name': 'named', REGION: dict(url=url, state='absent', name=['a b'])},
+            ]
+        )
+    )
     info, stale, every, named = (res.task(n) for n in ('info', 'stale', 'all', 'named'))
     for r in (info, stale, every, named):
         assert not r.get('failed'), r
@@ -130,12 +151,17 @@ def test_grpc_named_regions_are_reported_and_skipped_others_cleaned(grpc_scene):
 
 # -- byte_size huge --------------------------------------------------------------------------
 
-@pytest.mark.parametrize('byte_size,offset', [(1 << 40, 0), (1 << 63, 0), (1 << 64, 0), (4096, 1 << 62), (65 << 20, 0)],
-                         ids=['1TiB', '2**63', '2**64', 'offset-2**62', 'past-tmpfs'])
+
+@pytest.mark.parametrize(
+    'byte_size,offset',
+    [(1 << 40, 0), (1 << 63, 0), (1 << 64, 0), (4096, 1 << 62), (65 << 20, 0)],
+    ids=['1TiB', '2**63', '2**64', 'offset-2**62', 'past-tmpfs'],
+)
 def test_huge_byte_size_is_refused_before_anything(make_triton, byte_size, offset):
     server = make_triton(models=(), shm_size='64m')
-    res = ansible_helpers.run_module(REGION, dict(url=server.url, name='huge', key='/huge', byte_size=byte_size,
-                                                  offset=offset, create_file=True))
+    res = ansible_helpers.run_module(
+        REGION, dict(url=server.url, name='huge', key='/huge', byte_size=byte_size, offset=offset, create_file=True)
+    )
     assert res.get('failed') is True, res
     no_traceback(res)
     assert 'larger than the whole shm filesystem' in res['msg'] and str(byte_size + offset) in res['msg']
@@ -155,33 +181,62 @@ def test_huge_byte_size_past_an_existing_file_is_refused(make_triton):
 # -- wrong types for every option of both modules ---------------------------------------------------
 
 CONNECTION = [
-    ('url', ['http://x'], 'url'), ('url', {'a': 1}, 'url'),
-    ('timeout', 'soon', "argument 'timeout'"), ('timeout', [1], "argument 'timeout'"), ('timeout', -1, 'timeout must be a positive'),
-    ('validate_certs', 'maybe', "argument 'validate_certs'"), ('validate_certs', [True], "argument 'validate_certs'"),
-    ('ca_path', {'a': 1}, 'ca_path'), ('ca_path', ['/etc/ssl'], 'ca_path'),
-    ('headers', 'not-a-dict', "argument 'headers'"), ('headers', [1, 2], "argument 'headers'"), ('headers', 7, "argument 'headers'"),
-    ('client_cert', {'a': 1}, 'client_cert'), ('client_key', {'a': 1}, 'client_key'),
-    ('server_pid', 'init', "argument 'server_pid'"), ('server_pid', 1.5, "argument 'server_pid'"),
-    ('shm_dir', {'a': 1}, 'shm_dir'), ('shm_dir', 17, 'shm_dir'),
+    ('url', ['http://x'], 'url'),
+    ('url', {'a': 1}, 'url'),
+    ('timeout', 'soon', "argument 'timeout'"),
+    ('timeout', [1], "argument 'timeout'"),
+    ('timeout', -1, 'timeout must be a positive'),
+    ('validate_certs', 'maybe', "argument 'validate_certs'"),
+    ('validate_certs', [True], "argument 'validate_certs'"),
+    ('ca_path', {'a': 1}, 'ca_path'),
+    ('ca_path', ['/etc/ssl'], 'ca_path'),
+    ('headers', 'not-a-dict', "argument 'headers'"),
+    ('headers', [1, 2], "argument 'headers'"),
+    ('headers', 7, "argument 'headers'"),
+    ('client_cert', {'a': 1}, 'client_cert'),
+    ('client_key', {'a': 1}, 'client_key'),
+    ('server_pid', 'init', "argument 'server_pid'"),
+    ('server_pid', 1.5, "argument 'server_pid'"),
+    ('shm_dir', {'a': 1}, 'shm_dir'),
+    ('shm_dir', 17, 'shm_dir'),
 ]
 INFO_ONLY = [
-    ('orphan_patterns', {'a': 1}, "argument 'orphan_patterns'"), ('min_age', 'old', "argument 'min_age'"),
-    ('min_age', [1], "argument 'min_age'"), ('query', {'a': 1}, 'query'), ('query', 42, 'query'),
+    ('orphan_patterns', {'a': 1}, "argument 'orphan_patterns'"),
+    ('min_age', 'old', "argument 'min_age'"),
+    ('min_age', [1], "argument 'min_age'"),
+    ('query', {'a': 1}, 'query'),
+    ('query', 42, 'query'),
 ]
 REGION_ONLY = [
-    ('state', 'sideways', 'value of state must be one of'), ('state', ['absent'], 'value of state must be one of'),
-    ('kind', 'gpu', 'value of kind must be one of'), ('name', {'a': 1}, "argument 'name'"),
-    ('key', {'a': 1}, 'key'), ('key', ['/k'], 'key'),
-    ('offset', 'zero', "argument 'offset'"), ('offset', 1.5, "argument 'offset'"),
-    ('byte_size', 'big', "argument 'byte_size'"), ('byte_size', 1.5, "argument 'byte_size'"), ('byte_size', {}, "argument 'byte_size'"),
-    ('create_file', 'maybe', "argument 'create_file'"), ('raw_handle', {'a': 1}, 'raw_handle'), ('device_id', 'gpu0', "argument 'device_id'"),
-    ('stale', 'maybe', "argument 'stale'"), ('stale', [1], "argument 'stale'"), ('all', 'everything', "argument 'all'"),
-    ('orphan_files', 'maybe', "argument 'orphan_files'"), ('orphan_patterns', {'a': 1}, "argument 'orphan_patterns'"),
-    ('min_age', 'old', "argument 'min_age'"), ('min_age', -5, 'min_age must be 0 or more'),
-    ('exclude', {'a': 1}, "argument 'exclude'"), ('remove_file', 'maybe', "argument 'remove_file'"),
-    ('in_use_timeout', 'soon', "argument 'in_use_timeout'"), ('in_use_timeout', -1, 'in_use_timeout must be 0 or more'),
+    ('state', 'sideways', 'value of state must be one of'),
+    ('state', ['absent'], 'value of state must be one of'),
+    ('kind', 'gpu', 'value of kind must be one of'),
+    ('name', {'a': 1}, "argument 'name'"),
+    ('key', {'a': 1}, 'key'),
+    ('key', ['/k'], 'key'),
+    ('offset', 'zero', "argument 'offset'"),
+    ('offset', 1.5, "argument 'offset'"),
+    ('byte_size', 'big', "argument 'byte_size'"),
+    ('byte_size', 1.5, "argument 'byte_size'"),
+    ('byte_size', {}, "argument 'byte_size'"),
+    ('create_file', 'maybe', "argument 'create_file'"),
+    ('raw_handle', {'a': 1}, 'raw_handle'),
+    ('device_id', 'gpu0', "argument 'device_id'"),
+    ('stale', 'maybe', "argument 'stale'"),
+    ('stale', [1], "argument 'stale'"),
+    ('all', 'everything', "argument 'all'"),
+    ('orphan_files', 'maybe', "argument 'orphan_files'"),
+    ('orphan_patterns', {'a': 1}, "argument 'orphan_patterns'"),
+    ('min_age', 'old', "argument 'min_age'"),
+    ('min_age', -5, 'min_age must be 0 or more'),
+    ('exclude', {'a': 1}, "argument 'exclude'"),
+    ('remove_file', 'maybe', "argument 'remove_file'"),
+    ('in_use_timeout', 'soon', "argument 'in_use_timeout'"),
+    ('in_use_timeout', -1, 'in_use_timeout must be 0 or more'),
 ]
-CASES = ([('info', o, v, n) for o, v, n in CONNECTION + INFO_ONLY] + [('region', o, v, n) for o, v, n in CONNECTION + REGION_ONLY])
+CASES = [('info', o, v, n) for o, v, n in CONNECTION + INFO_ONLY] + [
+    ('region', o, v, n) for o, v, n in CONNECTION + REGION_ONLY
+]
 
 
 def _case_id(case):
@@ -218,12 +273,28 @@ def wrong_types(tmp_path_factory):
             module, option, value, _needle = case
             args = _base_args(module, option, server.url)
             args[option] = value
-            hosts['case%d' % i] = dict(ansible_connection='local', ansible_python_interpreter=ansible_helpers.PYTHON,
-                                       case_module=module, case_args=args)
-        plays = [{'name': 'wrong types', 'hosts': 'all', 'gather_facts': False, 'tasks': [
-            {'name': 'info', INFO: '{{ case_args }}', 'when': "case_module == 'info'", 'ignore_errors': True},
-            {'name': 'region', REGION: '{{ case_args }}', 'when': "case_module == 'region'", 'ignore_errors': True},
-        ]}]
+            hosts['case%d' % i] = dict(
+                ansible_connection='local',
+                ansible_python_interpreter=ansible_helpers.PYTHON,
+                case_module=module,
+                case_args=args,
+            )
+        plays = [
+            {
+                'name': 'wrong types',
+                'hosts': 'all',
+                'gather_facts': False,
+                'tasks': [
+                    {'name': 'info', INFO: '{{ case_args }}', 'when': "case_module == 'info'", 'ignore_errors': True},
+                    {
+                        'name': 'region',
+                        REGION: '{{ case_args }}',
+                        'when': "case_module == 'region'",
+                        'ignore_errors': True,
+                    },
+                ],
+            }
+        ]
         res = ansible_helpers.ansible_playbook(plays, inventory={'all': {'hosts': hosts}}, args=['--forks', '16'])
         after = (server.system_regions(), server.shm_files())
         assert leaked.proc.returncode is not None
@@ -245,12 +316,17 @@ def test_wrong_type_is_a_clear_error_not_a_traceback(wrong_types, case):
 
 # -- NUL bytes through a real playbook ----------------------------------------------------------
 
-@pytest.mark.parametrize('option,value,why', [
-    # AnsibleModule itself refuses a NUL in a string option before the module runs (it cannot log the invocation);
-    # the module's own check (test_shm_fs.py) says 'NUL'
-    ('key', '/a\x00b', ('NUL', 'embedded null character')),
-    ('name', 'a\x00b', ("cannot be addressed over Triton's HTTP API", 'embedded null character')),
-], ids=['key', 'name'])
+
+@pytest.mark.parametrize(
+    'option,value,why',
+    [
+        # AnsibleModule itself refuses a NUL in a string option before the module runs (it cannot log the invocation);
+        # the module's own check (test_shm_fs.py) says 'NUL'
+        ('key', '/a\x00b', ('NUL', 'embedded null character')),
+        ('name', 'a\x00b', ("cannot be addressed over Triton's HTTP API", 'embedded null character')),
+    ],
+    ids=['key', 'name'],
+)
 def test_nul_bytes_are_refused_before_anything(make_triton, option, value, why):
     server = make_triton(models=())
     args = dict(url=server.url, name='nul', key='/nul', byte_size=4096, create_file=True)

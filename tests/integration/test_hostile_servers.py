@@ -5,6 +5,7 @@ one byte every 0.5 s, a chunk declared 0x7fffffff bytes long followed by bytes f
 never ends, malformed JSON statuses. Each task must fail with a message naming the URL, no traceback,
 within its timeout (plus Ansible's start-up), however long the server would go on.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,17 +31,26 @@ def bad(body: object) -> loopback.Respond:
 
 
 CASES = {
-    'trickle': (trickle(b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]' + b' ' * 10000, 0.5),
-                'no answer within 3.0s (timeout)'),
-    'huge_chunk': (endless(b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7fffffff\r\n'),
-                   'larger than 67108864 bytes'),
-    'endless_body': (endless(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[  '),
-                     'larger than 67108864 bytes'),
-    'name_5': (bad([{'name': 5, 'key': '/a', 'offset': 0, 'byte_size': 4096}]), 'region 0 has name 5, expected a string'),
+    'trickle': (
+        trickle(b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]' + b' ' * 10000, 0.5),
+        'no answer within 3.0s (timeout)',
+    ),
+    'huge_chunk': (
+        endless(b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7fffffff\r\n'),
+        'larger than 67108864 bytes',
+    ),
+    'endless_body': (
+        endless(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n[  '),
+        'larger than 67108864 bytes',
+    ),
+    'name_5': (
+        bad([{'name': 5, 'key': '/a', 'offset': 0, 'byte_size': 4096}]),
+        'region 0 has name 5, expected a string',
+    ),
     'no_name': (bad([{'key': '/a', 'offset': 0, 'byte_size': 4096}]), 'region 0 has name missing'),
     'not_dicts': (bad(['a', 1]), 'expected a JSON list of regions'),
     'byte_size_str': (bad([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': '4k'}]), "has byte_size '4k'"),
-    'byte_size_401': (bad([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 10 ** 400}]), 'has byte_size 1000'),
+    'byte_size_401': (bad([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 10**400}]), 'has byte_size 1000'),
     'offset_bool': (bad([{'name': 'a', 'key': '/a', 'offset': False, 'byte_size': 1}]), 'has offset False'),
 }
 
@@ -48,10 +58,19 @@ CASES = {
 def test_hostile_status_answers_fail_cleanly_and_in_time():
     servers = {name: hostile(status) for name, (status, _why) in CASES.items()}
     try:
-        tasks = [{'name': name, INFO: {'url': srv.url, 'timeout': 3}, 'register': 'r', 'ignore_errors': True}
-                 for name, srv in servers.items()]
-        play = [{'name': 'hostile servers', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
-                 'tasks': tasks}]
+        tasks = [
+            {'name': name, INFO: {'url': srv.url, 'timeout': 3}, 'register': 'r', 'ignore_errors': True}
+            for name, srv in servers.items()
+        ]
+        play = [
+            {
+                'name': 'hostile servers',
+                'hosts': 'localhost',
+                'connection': 'local',
+                'gather_facts': False,
+                'tasks': tasks,
+            }
+        ]
         start = time.monotonic()
         res = ansible_helpers.ansible_playbook(play, timeout=600)
         took = time.monotonic() - start

@@ -9,6 +9,7 @@ does not share the host's process table); a third that is down. Chromium parses 
 a screenshot, kept under tests/output/ops-panel/ of the collection copy (build/...); with
 TRITONOPS_DOCS_IMAGES=DIR the report's and the cleanup's are also copied to DIR (docs/images/).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,6 @@ from html.parser import HTMLParser
 
 import pytest
 import tritonclient.grpc as grpcclient
-
 from ansible_helpers import PYTHON, REPO, ansible_playbook
 
 MiB = 1 << 20
@@ -26,7 +26,7 @@ HOSTILE = '<img src=x onerror=alert(1)>'
 ORPHAN = 'client_' + HOSTILE
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
 OUT = os.path.join(REPO, 'tests', 'output', 'ops-panel')
-DOCS_IMAGES = ('report', 'cleanup')   # the screenshots docs/ops-panel.md shows
+DOCS_IMAGES = ('report', 'cleanup')  # the screenshots docs/ops-panel.md shows
 VOID = {'area', 'base', 'br', 'col', 'embed', 'hr', 'img', 'input', 'link', 'meta', 'source', 'track', 'wbr'}
 
 
@@ -85,8 +85,13 @@ def chromium(page: str, name: str) -> Node:
     url = 'file://' + page
     dom = subprocess.run(cmd + ['--dump-dom', url], capture_output=True, text=True, timeout=120, check=True).stdout
     png = os.path.join(OUT, f'{name}.png')
-    subprocess.run(cmd + [f'--screenshot={png}', '--window-size=1280,1600', '--hide-scrollbars', url],
-                   capture_output=True, text=True, timeout=120, check=True)
+    subprocess.run(
+        cmd + [f'--screenshot={png}', '--window-size=1280,1600', '--hide-scrollbars', url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     shutil.rmtree(profile, ignore_errors=True)
     with open(png, 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
@@ -106,7 +111,7 @@ def fleet(make_triton, tmp_path):
     live = seen.client('live', byte_size=2 * MiB)
     seen.leak('dead', byte_size=8 * MiB)
     seen.leak('gone', byte_size=MiB, keep_file=False)
-    seen.write_file('/hostile', MiB)    # a client's file, left behind: nobody holds it
+    seen.write_file('/hostile', MiB)  # a client's file, left behind: nobody holds it
     with grpcclient.InferenceServerClient(seen.grpc_url) as client:
         client.register_system_shared_memory(HOSTILE, '/hostile', MiB)
     seen.write_file(ORPHAN, MiB, age=3600)
@@ -119,8 +124,11 @@ def fleet(make_triton, tmp_path):
     wrapper.write_text(f'#!/bin/sh\nexec unshare --pid --fork --mount-proc {PYTHON} "$@"\n')
     wrapper.chmod(0o755)
     base = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, prometheus_textfile_dir='')
-    hosts = {'seen': dict(base, triton_url=seen.url), 'blind': dict(base, triton_url=blind.url, ansible_python_interpreter=str(wrapper)),
-             'down': dict(base, triton_url=down.url)}
+    hosts = {
+        'seen': dict(base, triton_url=seen.url),
+        'blind': dict(base, triton_url=blind.url, ansible_python_interpreter=str(wrapper)),
+        'down': dict(base, triton_url=down.url),
+    }
     inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
     assert sorted(seen.system_regions()) == sorted(['live', 'dead', 'gone', HOSTILE])
     yield inventory, seen, live
@@ -132,12 +140,19 @@ def host_section(dom: Node, host: str) -> Node:
 
 
 def states(section: Node) -> dict:
-    return {tr.attrs['data-region']: tr.attrs['data-state'] for tr in section.one('table', **{'class': 'regions'}).all('tr')
-            if 'data-region' in tr.attrs}
+    return {
+        tr.attrs['data-region']: tr.attrs['data-state']
+        for tr in section.one('table', **{'class': 'regions'}).all('tr')
+        if 'data-region' in tr.attrs
+    }
 
 
 def counts(section: Node) -> dict:
-    return {div.attrs['data-state']: int(div.one('dd').text()) for div in section.one('dl').all('div') if 'data-state' in div.attrs}
+    return {
+        div.attrs['data-state']: int(div.one('dd').text())
+        for div in section.one('dl').all('div')
+        if 'data-state' in div.attrs
+    }
 
 
 def open_page(page, name: str, title: str) -> Node:
@@ -161,8 +176,11 @@ def attention(dom: Node) -> dict:
 
 def outcomes(section: Node) -> dict:
     """region -> what the cleanup did with it."""
-    return {tr.attrs['data-region']: tr.one('td', **{'class': 'outcome'}).text() for tr in section.all('tr')
-            if 'data-region' in tr.attrs}
+    return {
+        tr.attrs['data-region']: tr.one('td', **{'class': 'outcome'}).text()
+        for tr in section.all('tr')
+        if 'data-region' in tr.attrs
+    }
 
 
 def assert_self_contained(dom: Node, raw: str) -> None:
@@ -179,8 +197,11 @@ def test_report_html_in_chromium(fleet, tmp_path):
     inventory, seen, live = fleet
     before = (seen.system_regions(), seen.shm_files())
     report_dir = tmp_path / 'report'
-    res = ansible_playbook('tritonops.shm.report', inventory=inventory,
-                           extra_vars={'report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']})
+    res = ansible_playbook(
+        'tritonops.shm.report',
+        inventory=inventory,
+        extra_vars={'report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']},
+    )
     assert res.stats['seen']['failures'] == 0 and res.stats['blind']['failures'] == 1, res
     assert res.stats['down']['failures'] == 1 and res.stats['localhost']['changed'] == 0, res
     assert (seen.system_regions(), seen.shm_files()) == before and live.alive
@@ -211,8 +232,10 @@ def test_report_html_in_chromium(fleet, tmp_path):
     assert int(legend.attrs['data-total']) == 32 * MiB
     assert '32.0 MiB' in legend.text() and 'stale 9.0 MiB' in legend.text() and 'orphan 1.0 MiB' in legend.text()
     usage = ok.one('div', **{'class': 'bar'})
-    parts = {span.attrs['class']: float(span.attrs['style'][len('width:'):-1]) for span in usage.all('span')}
-    assert parts['seg-stale'] == pytest.approx(100.0 * 9 / 32, abs=0.2) and parts['seg-orphan'] == pytest.approx(100 / 32, abs=0.2)
+    parts = {span.attrs['class']: float(span.attrs['style'][len('width:') : -1]) for span in usage.all('span')}
+    assert parts['seg-stale'] == pytest.approx(100.0 * 9 / 32, abs=0.2) and parts['seg-orphan'] == pytest.approx(
+        100 / 32, abs=0.2
+    )
     assert parts['seg-live'] >= 100.0 * 2 / 32 - 0.2
 
     blind = host_section(dom, 'blind')
@@ -233,12 +256,16 @@ def test_cleanup_html_in_chromium(fleet, tmp_path):
     res = ansible_playbook('tritonops.shm.cleanup', inventory=inventory, extra_vars=extra, check=True, diff=True)
     assert res.stats['seen']['failures'] == 0 and res.stats['blind']['failures'] == 1, res
     page_diff = res.task('tritonops.shm.shm_cleanup : Write the fleet report.html', host='seen').get('diff')
-    assert not page_diff, str(page_diff)[:300]   # no page-long diff in --diff output
+    assert not page_diff, str(page_diff)[:300]  # no page-long diff in --diff output
     assert (seen.system_regions(), seen.shm_files()) == before
     dom = open_page(report_dir / 'report.html', 'cleanup-check', 'Triton shared memory cleanup')
     assert 'check mode: nothing was changed' in dom.one('header').text()
     outcome = outcomes(host_section(dom, 'seen'))
-    assert outcome['dead'] == 'would be unregistered' and outcome['gone'] == 'would be unregistered' and outcome['live'] == 'kept'
+    assert (
+        outcome['dead'] == 'would be unregistered'
+        and outcome['gone'] == 'would be unregistered'
+        and outcome['live'] == 'kept'
+    )
 
     res = ansible_playbook('tritonops.shm.cleanup', inventory=inventory, extra_vars=extra)
     assert res.stats['seen']['failures'] == 0 and res.stats['seen']['changed'] >= 1, res
@@ -260,7 +287,10 @@ def test_cleanup_html_in_chromium(fleet, tmp_path):
     assert outcome['dead'] == 'unregistered' and outcome['gone'] == 'unregistered' and outcome['live'] == 'kept'
     assert outcome[HOSTILE].startswith('skipped: ') and 'gRPC' in outcome[HOSTILE]
     orphan = ok.one('tr', data_file=ORPHAN)
-    assert orphan.one('td', **{'class': 'path'}).text() == ORPHAN and orphan.one('td', **{'class': 'outcome'}).text() == 'removed'
+    assert (
+        orphan.one('td', **{'class': 'path'}).text() == ORPHAN
+        and orphan.one('td', **{'class': 'outcome'}).text() == 'removed'
+    )
     done = ok.one('p', **{'class': 'done'}).text()
     assert '2 region(s) unregistered' in done and '2 file(s) removed' in done and 'freed 9.0 MiB' in done
     bars = [b.attrs['data-bar'] for b in ok.all('div', **{'class': 'bar'})]

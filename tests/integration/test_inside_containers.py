@@ -18,15 +18,15 @@ The rig image carries ``requests`` (the modules' HTTP library) for this: tritonc
 (tests/integration/containers/build_image.py). The pod scenarios (a sidecar with and without the pod's PID namespace)
 are in test_pod_sidecar.py.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import time
 
-import pytest
-
 import engines
+import pytest
 from ansible_helpers import ansible_playbook
 
 MIB = 1 << 20
@@ -44,17 +44,27 @@ def _connection_vars(engine, triton, tmp_path) -> tuple[dict, dict]:
         wrapper = tmp_path / 'podman'
         wrapper.write_text('#!/bin/sh\nexec ' + ' '.join(engine.cli) + ' "$@"\n')
         wrapper.chmod(0o755)
-        return dict(ansible_connection='containers.podman.podman', ansible_host=triton.id,
-                    ansible_podman_executable=str(wrapper), ansible_podman_mount_detection=False,
-                    ansible_python_interpreter=python), {}
+        return dict(
+            ansible_connection='containers.podman.podman',
+            ansible_host=triton.id,
+            ansible_podman_executable=str(wrapper),
+            ansible_podman_mount_detection=False,
+            ansible_python_interpreter=python,
+        ), {}
     # community.docker.docker runs the first `docker` on PATH: the harness's Debian CLI, against the private daemon
     bindir = tmp_path / 'bin'
     if not bindir.exists():
         bindir.mkdir()
         os.symlink(engine.cli[0], bindir / 'docker')
-    return (dict(ansible_connection='community.docker.docker', ansible_host=triton.id,
-                 ansible_docker_extra_args=' '.join(engine.cli[1:]), ansible_python_interpreter=python),
-            {'PATH': f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"})
+    return (
+        dict(
+            ansible_connection='community.docker.docker',
+            ansible_host=triton.id,
+            ansible_docker_extra_args=' '.join(engine.cli[1:]),
+            ansible_python_interpreter=python,
+        ),
+        {'PATH': f'{bindir}{os.pathsep}{os.environ.get("PATH", "")}'},
+    )
 
 
 def _playbook(name, engine, triton, tmp_path, check=False, **host_vars):
@@ -63,8 +73,13 @@ def _playbook(name, engine, triton, tmp_path, check=False, **host_vars):
     # the rig image has /bin/sh and Python but no coreutils (no mkdir for Ansible's remote temp directory):
     # pipelining sends each module on stdin instead (a Triton image from NGC has both)
     env.update(ANSIBLE_SHOW_CUSTOM_STATS='1', ANSIBLE_PIPELINING='1')
-    return ansible_playbook(f'tritonops.shm.{name}', inventory=inv, env=env, check=check,
-                            extra_vars={'prometheus_textfile_dir': '', 'report_dir': str(tmp_path / 'report')})
+    return ansible_playbook(
+        f'tritonops.shm.{name}',
+        inventory=inv,
+        env=env,
+        check=check,
+        extra_vars={'prometheus_textfile_dir': '', 'report_dir': str(tmp_path / 'report')},
+    )
 
 
 def _state(triton):
@@ -98,7 +113,7 @@ def kept_inside_with_the_reason(engine, tmp_path):
 
     # the report: the row is incomplete, with the reason, never ok
     res = _playbook('report', engine, triton, tmp_path)
-    assert res.rc == 0, (res, res.stdout[-4000:])   # reported as incomplete, with the reason: not a failure
+    assert res.rc == 0, (res, res.stdout[-4000:])  # reported as incomplete, with the reason: not a failure
     report = (tmp_path / 'report' / 'report.json').read_text()
     assert '"status": "incomplete"' in report, report[:3000]
     assert "outside the host's initial PID namespace" in report
@@ -122,11 +137,27 @@ def test_inside_the_triton_container_through_docker_nothing_is_removed(container
 
 # -- every client inside the one container: clients_share_pid_namespace --------------------------------------------
 
+
 def _exec_client(engine, triton, name):
     """The rig's client started inside triton's own container (podman exec): the same PID namespace as the modules."""
     image = engine.image('rig')
-    engine.run('exec', '-d', triton.id, image.python, engines.build_image.CLIENT_PATH, '--url', INSIDE_URL,
-               '--name', name, '--key', '/' + name, '--byte-size', str(8 * MIB), '--mode', 'hold')
+    engine.run(
+        'exec',
+        '-d',
+        triton.id,
+        image.python,
+        engines.build_image.CLIENT_PATH,
+        '--url',
+        INSIDE_URL,
+        '--name',
+        name,
+        '--key',
+        '/' + name,
+        '--byte-size',
+        str(8 * MIB),
+        '--mode',
+        'hold',
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if name in triton.system_regions() and name in triton.shm_files():
@@ -148,8 +179,14 @@ def _host_pid(triton, name):
             same = os.stat(f'/proc/{entry}/ns/pid').st_ino == namespace
         except OSError:
             continue
-        if (same and os.path.basename(args[0]).startswith(b'python') and len(args) > 1 and args[1].endswith(b'client.py')
-                and b'--name' in args and args[args.index(b'--name') + 1:][:1] == [name.encode()]):
+        if (
+            same
+            and os.path.basename(args[0]).startswith(b'python')
+            and len(args) > 1
+            and args[1].endswith(b'client.py')
+            and b'--name' in args
+            and args[args.index(b'--name') + 1 :][:1] == [name.encode()]
+        ):
             return int(entry)
     raise AssertionError(f'no process of client {name}')
 

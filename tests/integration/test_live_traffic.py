@@ -6,6 +6,7 @@ python-backend echo model, SIGKILLed clients keep leaking, and the role
 tritonops.shm.shm_cleanup runs repeatedly. Nothing live may be lost, nothing
 leaked may be left.
 """
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ Real tritonservers, two of them as two inventory hosts on one machine sharing on
 cleanup playbooks and a plain module task write one file per host and URL, through the module call itself (no task of its
 own), never as a change and never in check mode; a missing directory is one warning per call and the run goes on.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,16 +12,22 @@ import shutil
 import stat
 import subprocess
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from ansible_helpers import PYTHON, ansible_playbook, run_module
+from prometheus_client.parser import text_string_to_metric_families
 
 MiB = 1 << 20
 
 
 def inventory(fleet, textfile_dir) -> dict:
-    hosts = {s.name: dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=s.url,
-                          prometheus_textfile_dir=str(textfile_dir)) for s in fleet.servers}
+    hosts = {
+        s.name: dict(
+            ansible_connection='local',
+            ansible_python_interpreter=PYTHON,
+            triton_url=s.url,
+            prometheus_textfile_dir=str(textfile_dir),
+        )
+        for s in fleet.servers
+    }
     return {'all': {'children': {'triton': {'hosts': hosts}}}}
 
 
@@ -43,8 +50,14 @@ def promtool_check(directory) -> None:
     promtool = os.environ.get('PROMTOOL') or shutil.which('promtool')
     assert promtool, 'promtool not found (PROMTOOL)'
     for path in directory.iterdir():
-        proc = subprocess.run([promtool, 'check', 'metrics'], input=path.read_text(), capture_output=True, text=True,
-                              timeout=60, check=False)
+        proc = subprocess.run(
+            [promtool, 'check', 'metrics'],
+            input=path.read_text(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), (path, proc.stdout, proc.stderr)
 
 
@@ -71,9 +84,15 @@ def test_two_servers_on_one_machine_keep_their_own_files_and_series(fleet, tmp_p
     res = ansible_playbook('tritonops.shm.report', inventory=inv)
     assert all(res.stats[s.name]['failures'] == 0 and res.stats[s.name]['changed'] == 0 for s in fleet.servers), res
     # written by the query itself: the report play has no task of its own for the metrics
-    assert task_names(res, 'triton1') == ['Read regions, files and /dev/shm use', "Keep this host's row", 'Fail with the reason']
+    assert task_names(res, 'triton1') == [
+        'Read regions, files and /dev/shm use',
+        "Keep this host's row",
+        'Fail with the reason',
+    ]
     info = res.task('Read regions, files and /dev/shm use', 'triton1')
-    assert info['metrics_files'] == [str(p) for p in textfiles.glob('tritonops_shm.triton1.*.prom')] and not info.get('warnings')
+    assert info['metrics_files'] == [str(p) for p in textfiles.glob('tritonops_shm.triton1.*.prom')] and not info.get(
+        'warnings'
+    )
     got = series(textfiles)
     assert sorted(got) == [('tritonops_shm', 'triton1'), ('tritonops_shm', 'triton2')]
     assert got[('tritonops_shm', 'triton1')]['tritonops_shm_regions{state=stale}'] == 1
@@ -84,11 +103,18 @@ def test_two_servers_on_one_machine_keep_their_own_files_and_series(fleet, tmp_p
     assert all(res.stats[s.name]['failures'] == 0 and res.stats[s.name]['changed'] == 1 for s in fleet.servers), res
     assert not [n for n in task_names(res, 'triton1') if 'etric' in n or 'textfile' in n], task_names(res, 'triton1')
     got = series(textfiles)
-    assert sorted(got) == [('tritonops_shm', 'triton1'), ('tritonops_shm', 'triton2'),
-                           ('tritonops_shm_cleanup', 'triton1'), ('tritonops_shm_cleanup', 'triton2')]
+    assert sorted(got) == [
+        ('tritonops_shm', 'triton1'),
+        ('tritonops_shm', 'triton2'),
+        ('tritonops_shm_cleanup', 'triton1'),
+        ('tritonops_shm_cleanup', 'triton2'),
+    ]
     c1, c2 = got[('tritonops_shm_cleanup', 'triton1')], got[('tritonops_shm_cleanup', 'triton2')]
     assert c1['tritonops_shm_cleanup_last_success'] == 1 and c1['tritonops_shm_cleanup_last_unregistered_regions'] == 1
-    assert c2['tritonops_shm_cleanup_last_unregistered_regions'] == 2 and c2['tritonops_shm_cleanup_last_removed_files'] == 2
+    assert (
+        c2['tritonops_shm_cleanup_last_unregistered_regions'] == 2
+        and c2['tritonops_shm_cleanup_last_removed_files'] == 2
+    )
     assert c1['tritonops_shm_cleanup_freed_bytes_total'] == c1['tritonops_shm_cleanup_last_freed_bytes'] >= 4 * MiB
     assert c2['tritonops_shm_cleanup_freed_bytes_total'] >= 3 * MiB
     # the report file is the report's: the cleanup leaves it as the report wrote it
@@ -96,17 +122,24 @@ def test_two_servers_on_one_machine_keep_their_own_files_and_series(fleet, tmp_p
 
     # a plain module task writes its files too; the region module's counter goes on from the cleanup's file
     t1.leak('dead3', byte_size=2 * MiB)
-    res = run_module('tritonops.shm.triton_shm_region', dict(url=t1.url, state='absent', stale=True,
-                                                             metrics_dir=str(textfiles), metrics_host='triton1'))
+    res = run_module(
+        'tritonops.shm.triton_shm_region',
+        dict(url=t1.url, state='absent', stale=True, metrics_dir=str(textfiles), metrics_host='triton1'),
+    )
     assert res['changed'] and res['unregistered'] == ['dead3'], res
     assert res['metrics_files'] == [str(p) for p in textfiles.glob('tritonops_shm_cleanup.triton1.*.prom')], res
     c1_after = series(textfiles)[('tritonops_shm_cleanup', 'triton1')]
     assert c1_after['tritonops_shm_cleanup_freed_bytes_total'] == (
-        c1['tritonops_shm_cleanup_freed_bytes_total'] + c1_after['tritonops_shm_cleanup_last_freed_bytes'])
+        c1['tritonops_shm_cleanup_freed_bytes_total'] + c1_after['tritonops_shm_cleanup_last_freed_bytes']
+    )
     assert c1_after['tritonops_shm_cleanup_last_freed_bytes'] >= 2 * MiB
-    res = run_module('tritonops.shm.triton_shm_info', dict(url=t2.url, metrics_dir=str(textfiles), metrics_host='triton2'))
-    assert not res['changed'] and res['metrics_files'] == [str(p) for p in textfiles.glob('tritonops_shm.triton2.*.prom')]
-    assert len(list(textfiles.iterdir())) == 4   # still one file per host and kind
+    res = run_module(
+        'tritonops.shm.triton_shm_info', dict(url=t2.url, metrics_dir=str(textfiles), metrics_host='triton2')
+    )
+    assert not res['changed'] and res['metrics_files'] == [
+        str(p) for p in textfiles.glob('tritonops_shm.triton2.*.prom')
+    ]
+    assert len(list(textfiles.iterdir())) == 4  # still one file per host and kind
     promtool_check(textfiles)
 
 
@@ -124,7 +157,11 @@ def test_a_failing_call_writes_its_outcome_and_a_missing_directory_is_one_warnin
     got = series(textfiles)
     # the down server: written by the failing module calls themselves
     down = got[('tritonops_shm', 'triton2')]
-    assert sorted(down) == ['tritonops_shm_report_timestamp_seconds', 'tritonops_shm_server_located', 'tritonops_shm_up']
+    assert sorted(down) == [
+        'tritonops_shm_report_timestamp_seconds',
+        'tritonops_shm_server_located',
+        'tritonops_shm_up',
+    ]
     assert down['tritonops_shm_up'] == 0 and down['tritonops_shm_server_located'] == 0
     assert got[('tritonops_shm_cleanup', 'triton2')]['tritonops_shm_cleanup_last_success'] == 0
     assert got[('tritonops_shm_cleanup', 'triton2')]['tritonops_shm_cleanup_last_success_timestamp_seconds'] == 0
@@ -136,7 +173,9 @@ def test_a_failing_call_writes_its_outcome_and_a_missing_directory_is_one_warnin
     inv = inventory(fleet, missing)
     res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, extra_vars={'target': 'triton1'})
     assert res.stats['triton1']['failures'] == 0, res
-    call = res.task('tritonops.shm.shm_cleanup : Query, unregister stale regions and remove their files and orphan files', 'triton1')
+    call = res.task(
+        'tritonops.shm.shm_cleanup : Query, unregister stale regions and remove their files and orphan files', 'triton1'
+    )
     assert call['metrics_files'] == [] and len(call['warnings']) == 1, call
     assert call['warnings'][0].startswith(f'{missing} does not exist on this host: no metrics written'), call
     res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'target': 'triton1'})

@@ -13,6 +13,7 @@ host_vars/ next to the inventory give the hosts a local connection and the venv'
 inventory says about its hosts). The venv is cached under build/ keyed by its interpreter, the ansible-core
 requirement and requirements.txt (make collection keeps build/, so only the first run pays for PyPI).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,12 +29,11 @@ import sys
 import tempfile
 
 import pytest
-import yaml
-
 import tritonrig
+import yaml
 from ansible_helpers import COLLECTIONS_PATH, REPO
 
-BUILD = COLLECTIONS_PATH   # make's BUILD, which holds ansible_collections/ (`make collection` keeps the rest)
+BUILD = COLLECTIONS_PATH  # make's BUILD, which holds ansible_collections/ (`make collection` keeps the rest)
 README_URL = 'http://127.0.0.1:8000'
 NOBODY = pwd.getpwnam('nobody')
 SETPRIV = ['setpriv', '--reuid', str(NOBODY.pw_uid), '--regid', str(NOBODY.pw_gid), '--clear-groups', '--']
@@ -52,8 +52,12 @@ def readme() -> dict:
     fleet inventory."""
     docs = _doc_sources()
     blocks = docs.fenced_blocks(os.path.join(REPO, 'README.md'))
-    lines = [re.split(r'(?:^|\s+)#(?:\s|$)', line, maxsplit=1)[0]
-             for block in blocks if block.lang == 'sh' for line in block.text.splitlines()]
+    lines = [
+        re.split(r'(?:^|\s+)#(?:\s|$)', line, maxsplit=1)[0]
+        for block in blocks
+        if block.lang == 'sh'
+        for line in block.text.splitlines()
+    ]
 
     def command(*words: str) -> str:
         found = [line for line in lines if all(w in shlex.split(line) for w in words)]
@@ -62,19 +66,26 @@ def readme() -> dict:
 
     inventories = [b.text for b in blocks if b.lang == 'yaml' and b.text.startswith('# inventory.yml')]
     assert len(inventories) == 1
-    return dict(install=command('ansible-galaxy', 'install'), pip=command('pip', 'requirements.txt'),
-                report=command('ansible-playbook', 'tritonops.shm.report'),
-                check=command('ansible-playbook', 'tritonops.shm.cleanup', '--check'),
-                cleanup=command('ansible-playbook', 'tritonops.shm.cleanup', '-e'),
-                inventory=inventories[0])
+    return dict(
+        install=command('ansible-galaxy', 'install'),
+        pip=command('pip', 'requirements.txt'),
+        report=command('ansible-playbook', 'tritonops.shm.report'),
+        check=command('ansible-playbook', 'tritonops.shm.cleanup', '--check'),
+        cleanup=command('ansible-playbook', 'tritonops.shm.cleanup', '-e'),
+        inventory=inventories[0],
+    )
 
 
 def newcomer_python() -> tuple[str, str]:
     """An interpreter the user nobody can run too (the test venv's base Python may sit under /root), and the
     ansible-core a newcomer gets with it (2.19 on Python 3.11, the newest otherwise)."""
     for python in (getattr(sys, '_base_executable', sys.executable), '/usr/bin/python3'):
-        probe = subprocess.run(SETPRIV + [python, '-c', 'import sys, venv; print("%d.%d" % sys.version_info[:2])'],
-                               capture_output=True, text=True, check=False)
+        probe = subprocess.run(
+            SETPRIV + [python, '-c', 'import sys, venv; print("%d.%d" % sys.version_info[:2])'],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if probe.returncode == 0 and tuple(map(int, probe.stdout.split('.'))) >= (3, 11):
             return python, 'ansible-core>=2.19,<2.20' if probe.stdout.strip() == '3.11' else 'ansible-core>=2.19'
     pytest.fail('no Python >= 3.11 that the user nobody can run (the non-root half of the test needs one)')
@@ -90,25 +101,35 @@ def venv() -> str:
     if not os.path.exists(os.path.join(path, '.installed')):
         shutil.rmtree(path, ignore_errors=True)
         subprocess.run([python, '-m', 'venv', path], check=True)
-        subprocess.run([os.path.join(path, 'bin', 'pip'), 'install', '--quiet', '--disable-pip-version-check', core],
-                       check=True, timeout=600)
+        subprocess.run(
+            [os.path.join(path, 'bin', 'pip'), 'install', '--quiet', '--disable-pip-version-check', core],
+            check=True,
+            timeout=600,
+        )
         open(os.path.join(path, '.installed'), 'w').close()
     return path
 
 
 def env_of(venv: str, home: str, collections: str) -> dict:
     """What a newcomer's shell has: the venv's bin first, a home; nothing of the test venv's Ansible settings."""
-    return {'PATH': f'{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME': home,
-            'LANG': 'C.UTF-8', 'ANSIBLE_COLLECTIONS_PATH': collections, 'ANSIBLE_NOCOLOR': '1'}
+    return {
+        'PATH': f'{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+        'HOME': home,
+        'LANG': 'C.UTF-8',
+        'ANSIBLE_COLLECTIONS_PATH': collections,
+        'ANSIBLE_NOCOLOR': '1',
+    }
 
 
-def run(cmd: list[str] | str, cwd: str, env: dict, prefix: tuple = (),
-        timeout: int = 600) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str] | str, cwd: str, env: dict, prefix: tuple = (), timeout: int = 600
+) -> subprocess.CompletedProcess:
     """A command, or a line of shell (run by sh -c, with PWD as a shell sets it)."""
     if isinstance(cmd, str):
         cmd, env = ['sh', '-c', cmd], dict(env, PWD=cwd)
-    return subprocess.run(list(prefix) + cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        list(prefix) + cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def workdir(base: str, name: str, owner: pwd.struct_passwd, inventory: str, python: str) -> str:
@@ -136,12 +157,22 @@ def test_the_readme_as_written_from_the_built_tarball(venv, tmp_path):
     steps = readme()
     assert README_URL in steps['inventory']
     base = tempfile.mkdtemp(prefix='tritonops-newcomer-', dir='/tmp')
-    os.chmod(base, 0o755)   # nobody reaches its own directory, the installed collection and the venv
+    os.chmod(base, 0o755)  # nobody reaches its own directory, the installed collection and the venv
     server = tritonrig.TritonServer(workdir=str(tmp_path), shm_size='32m', models=())
     try:
         # the tarball, built as the README's `make build` does, installed with the README's command
-        built = run([os.path.join(os.path.dirname(sys.executable), 'ansible-galaxy'), 'collection', 'build', '--force',
-                     '--output-path', base], cwd=REPO, env=dict(os.environ))
+        built = run(
+            [
+                os.path.join(os.path.dirname(sys.executable), 'ansible-galaxy'),
+                'collection',
+                'build',
+                '--force',
+                '--output-path',
+                base,
+            ],
+            cwd=REPO,
+            env=dict(os.environ),
+        )
         assert built.returncode == 0, built.stdout + built.stderr
         collections = os.path.join(base, 'collections')
         env = env_of(venv, os.path.join(base, 'home'), collections)
@@ -188,8 +219,9 @@ def test_the_readme_as_written_from_the_built_tarball(venv, tmp_path):
             out = res.stdout + res.stderr
             assert res.returncode != 0, f'{step} as nobody without become succeeded:\n{out[-4000:]}'
             assert 'become: true' in out, f'{step}: the failure does not say to run as root:\n{out[-4000:]}'
-            assert 'newcomer' in server.system_regions() and os.path.exists(leaked), \
+            assert 'newcomer' in server.system_regions() and os.path.exists(leaked), (
                 f'{step} as nobody touched the leak'
+            )
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)

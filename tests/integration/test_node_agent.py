@@ -8,15 +8,15 @@ and connection local: ``ansible-playbook -i NODE, tritonops.shm.node_agent``. Th
 tritonservers too: the agent is narrowed to this test's pod by ``node_agent_select`` (a pattern on each server's
 name), and the listing assertions look at this test's servers only.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 
-import pytest
-
 import engines
+import pytest
 import tritonrig
 from ansible_helpers import COLLECTIONS_PATH, PYTHON, run_module
 
@@ -36,18 +36,34 @@ def _agent_cmd(engine, args, pid_host=True, pod=None, caps=None, env=None, name=
     caps: the capabilities (every other one dropped; None: the node agent manifest's), or 'default' (the engine's).
     """
     caps = sorted(CAPABILITIES) if caps is None else caps
-    opts = ['run', '--rm', '--name', engine.unique_name(name), '--label', f'{engines.LABEL}={os.getpid()}',
-            '--security-opt', 'no-new-privileges']
-    if caps != 'default':   # 'default': the engine's default capabilities (a sidecar as users run one)
+    opts = [
+        'run',
+        '--rm',
+        '--name',
+        engine.unique_name(name),
+        '--label',
+        f'{engines.LABEL}={os.getpid()}',
+        '--security-opt',
+        'no-new-privileges',
+    ]
+    if caps != 'default':  # 'default': the engine's default capabilities (a sidecar as users run one)
         opts += ['--cap-drop', 'ALL'] + [f'--cap-add={cap}' for cap in caps]
     if pid_host:
         opts += ['--pid', 'host']
     if pod is not None:
         opts += ['--pod', pod.id]
-    full_env = {'ANSIBLE_COLLECTIONS_PATH': COLLECTIONS_PATH, 'ANSIBLE_STDOUT_CALLBACK': 'ansible.posix.json',
-                'ANSIBLE_LOAD_CALLBACK_PLUGINS': '1', 'ANSIBLE_PYTHON_INTERPRETER': PYTHON, 'HOME': '/tmp',
-                'ANSIBLE_LOCAL_TEMP': '/tmp/ansible', 'ANSIBLE_NOCOLOR': '1', 'ANSIBLE_LOCALHOST_WARNING': 'False',
-                'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'False', 'ANSIBLE_DEPRECATION_WARNINGS': 'False'}
+    full_env = {
+        'ANSIBLE_COLLECTIONS_PATH': COLLECTIONS_PATH,
+        'ANSIBLE_STDOUT_CALLBACK': 'ansible.posix.json',
+        'ANSIBLE_LOAD_CALLBACK_PLUGINS': '1',
+        'ANSIBLE_PYTHON_INTERPRETER': PYTHON,
+        'HOME': '/tmp',
+        'ANSIBLE_LOCAL_TEMP': '/tmp/ansible',
+        'ANSIBLE_NOCOLOR': '1',
+        'ANSIBLE_LOCALHOST_WARNING': 'False',
+        'ANSIBLE_INVENTORY_UNPARSED_WARNING': 'False',
+        'ANSIBLE_DEPRECATION_WARNINGS': 'False',
+    }
     full_env.update(env or {})
     for key, value in full_env.items():
         opts += ['-e', f'{key}={value}']
@@ -61,7 +77,7 @@ def parse(proc):
     """The json callback's document (or None) and the whole output."""
     text = proc.stdout
     try:
-        return json.loads(text[text.index('{'):]), text + proc.stderr
+        return json.loads(text[text.index('{') :]), text + proc.stderr
     except ValueError:
         return None, text + proc.stderr
 
@@ -74,10 +90,12 @@ def run_agent(engine, select, pid_host=True, caps=None, check=False, metrics_dir
     if metrics_dir is not None:
         extra['prometheus_textfile_dir'] = '/metrics'
         volumes.append(f'{metrics_dir}:/metrics')
-    args = ['-i', 'node1,', '-e', 'target=node1', '-e', json.dumps(extra),
-            'tritonops.shm.node_agent'] + (['--check'] if check else [])
-    proc = _agent_cmd(engine, args, pid_host=pid_host, caps=caps, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
-                      volumes=volumes)
+    args = ['-i', 'node1,', '-e', 'target=node1', '-e', json.dumps(extra), 'tritonops.shm.node_agent'] + (
+        ['--check'] if check else []
+    )
+    proc = _agent_cmd(
+        engine, args, pid_host=pid_host, caps=caps, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'}, volumes=volumes
+    )
     data, text = parse(proc)
     return proc.returncode, data, text
 
@@ -110,7 +128,7 @@ def test_server_info_lists_a_host_server_and_a_podman_server(container_engine, t
         assert theirs['container']['runtime'] == 'podman' and theirs['container']['container_id'] == container.id
         assert theirs['name'] == f'podman {container.id[:12]}'
         assert theirs['http_port'] == 8000 and theirs['host_network'] is False
-        assert theirs['url'] == container.container_url, theirs   # the container's own address, found in its namespace
+        assert theirs['url'] == container.container_url, theirs  # the container's own address, found in its namespace
         assert engines.http_status(theirs['url']) == 200
         assert os.stat(theirs['shm_dir']).st_dev == os.stat(container.shm_dir).st_dev
         # check mode: the same listing
@@ -185,8 +203,10 @@ def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod,
     assert 'live_client' in regions and 'live_client' in files and live.alive
     # the node's metrics name the pod's server and the live sidecar's container, not only pids
     report = ''.join(p.read_text() for p in metrics_dir.glob('tritonops_shm.node1.*.prom'))
-    assert f'tritonops_shm_server_container_info{{host="node1",triton_url="http://{pod.ip}:8000",container="{pod_name}"' \
-        in report, report
+    assert (
+        f'tritonops_shm_server_container_info{{host="node1",triton_url="http://{pod.ip}:8000",container="{pod_name}"'
+        in report
+    ), report
     assert f'holder="podman pod {pod.id[:12]} container {live.id[:12]}"}} {4 * MIB}' in report, report
     # a second round has nothing to do
     rc, data, text = run_agent(container_engine, select)
@@ -197,13 +217,19 @@ def test_the_manifest_playbook_writes_manifests_that_validate(tmp_path):
     """tritonops.shm.node_agent_manifest: check mode writes nothing, the file validates, a second run is changed=0."""
     import kubernetes_validate
     import yaml
-
     from ansible_helpers import ansible_playbook
+
     path = tmp_path / 'agent.yml'
-    extra = {'node_agent_image': 'registry.example.com/tritonops/shm-agent:0.2.0', 'node_agent_manifest': str(path),
-             'node_agent_kinds': ['DaemonSet', 'CronJob'], 'node_agent_nodes': ['gpu-1'],
-             'node_agent_options': {'interval': 120, 'extra_vars': {'shm_cleanup_exclude': ['keep_*']}}}
-    play = os.path.join(COLLECTIONS_PATH, 'ansible_collections', 'tritonops', 'shm', 'playbooks', 'node_agent_manifest.yml')
+    extra = {
+        'node_agent_image': 'registry.example.com/tritonops/shm-agent:0.2.0',
+        'node_agent_manifest': str(path),
+        'node_agent_kinds': ['DaemonSet', 'CronJob'],
+        'node_agent_nodes': ['gpu-1'],
+        'node_agent_options': {'interval': 120, 'extra_vars': {'shm_cleanup_exclude': ['keep_*']}},
+    }
+    play = os.path.join(
+        COLLECTIONS_PATH, 'ansible_collections', 'tritonops', 'shm', 'playbooks', 'node_agent_manifest.yml'
+    )
     res = ansible_playbook(play, extra_vars=extra, check=True, inventory='localhost,')
     assert res.rc == 0 and res.stats['localhost']['changed'] == 1 and not path.exists(), res
     res = ansible_playbook(play, extra_vars=extra, inventory='localhost,')

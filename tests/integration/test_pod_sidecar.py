@@ -13,15 +13,15 @@ the pod's /dev/shm (shm_dir, what a sidecar user writes) it called the live clie
 the scan is incomplete, nothing is removed, and the results say why. With ``--share pid,ipc,net`` and
 ``clients_share_pid_namespace: true`` it cleans the dead client's region and keeps the live one.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
+import engines
 import pytest
 import yaml
-
-import engines
 from test_node_agent import _agent_cmd, parse
 
 PODMAN = pytest.mark.parametrize('container_engine', ['podman'], indirect=True)
@@ -33,12 +33,12 @@ REASON = "outside the host's initial PID namespace"
 def _pod_with_a_leak(engine, share):
     pod = engines.create_pod(engine, shm_size='64m', share=share)
     triton = engines.run_triton(engine, pod=pod)
-    init = 'pid' not in share.split(',')   # in a shared PID namespace the pod's infra is PID 1 (no --init)
+    init = 'pid' not in share.split(',')  # in a shared PID namespace the pod's infra is PID 1 (no --init)
     live = engines.run_client(triton, 'live_client', 4 * MIB, init=init)
     dead = engines.run_client(triton, 'dead_client', 4 * MIB, init=init)
     dead_pids = [int(p) for p in engine.run('top', dead.id, '-eo', 'hpid', check=False).stdout.split() if p.isdigit()]
     dead.kill()
-    for pid in dead_pids:   # the whole container died, also in a shared PID namespace
+    for pid in dead_pids:  # the whole container died, also in a shared PID namespace
         assert not os.path.exists(f'/proc/{pid}'), pid
     assert {'live_client', 'dead_client'} <= set(triton.system_regions())
     # without an init the client's resource tracker may unlink the file first (engines.run_client): stale or dangling
@@ -49,14 +49,25 @@ def _pod_with_a_leak(engine, share):
 def _sidecar(engine, pod, tmp_path, **module_args):
     """The modules in a sidecar of pod: triton_shm_info, then triton_shm_region state=absent stale=true."""
     args = dict({'url': URL}, **module_args)
-    play = [{'name': 'sidecar', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False, 'tasks': [
-        {'name': 'info', 'tritonops.shm.triton_shm_info': args, 'register': 'info', 'ignore_errors': True},
-        {'name': 'clean', 'tritonops.shm.triton_shm_region': dict(args, state='absent', stale=True), 'ignore_errors': True},
-    ]}]
+    play = [
+        {
+            'name': 'sidecar',
+            'hosts': 'localhost',
+            'connection': 'local',
+            'gather_facts': False,
+            'tasks': [
+                {'name': 'info', 'tritonops.shm.triton_shm_info': args, 'register': 'info', 'ignore_errors': True},
+                {
+                    'name': 'clean',
+                    'tritonops.shm.triton_shm_region': dict(args, state='absent', stale=True),
+                    'ignore_errors': True,
+                },
+            ],
+        }
+    ]
     path = tmp_path / f'sidecar-{len(list(tmp_path.iterdir()))}.yml'
     path.write_text(yaml.safe_dump(play, sort_keys=False))
-    proc = _agent_cmd(engine, ['-i', 'localhost,', str(path)], pid_host=False, pod=pod, caps='default',
-                      name='sidecar')
+    proc = _agent_cmd(engine, ['-i', 'localhost,', str(path)], pid_host=False, pod=pod, caps='default', name='sidecar')
     data, text = parse(proc)
     assert data is not None, text[-4000:]
     tasks = {t['task']['name']: t['hosts']['localhost'] for t in data['plays'][0]['tasks']}

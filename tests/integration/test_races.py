@@ -10,6 +10,7 @@ system call (``-e inject=SYSCALL:delay_enter=…:when=N``): the module stops at 
 does what the adversary does, and the module goes on. The same run against the code before the fix
 stops at the same place of its work (the first unlink), so each test fails on it.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,8 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 import ansible_helpers
+import pytest
 
 INFO = 'tritonops.shm.triton_shm_info'
 REGION = 'tritonops.shm.triton_shm_region'
@@ -58,17 +58,38 @@ class ModuleRun:
         args_file = os.path.join(str(workdir), 'args-%d.json' % time.monotonic_ns())
         with open(args_file, 'w') as f:
             json.dump({'ANSIBLE_MODULE_ARGS': args}, f)
-        cmd = [ansible_helpers.PYTHON, '-m', 'ansible_collections.tritonops.shm.plugins.modules.' + module.split('.')[-1],
-               args_file]
+        cmd = [
+            ansible_helpers.PYTHON,
+            '-m',
+            'ansible_collections.tritonops.shm.plugins.modules.' + module.split('.')[-1],
+            args_file,
+        ]
         self.traced = bool(delay_in)
         if delay_in:
             calls = ','.join(delay_in)
-            cmd = ['strace', '-f', '-qq', '--seccomp-bpf', '-o', '/dev/null', '-e', 'trace=' + calls,
-                   '-e', 'inject=%s:delay_enter=%d:when=%s' % (calls, int(delay_s * 1e6), when)] + cmd
+            cmd = [
+                'strace',
+                '-f',
+                '-qq',
+                '--seccomp-bpf',
+                '-o',
+                '/dev/null',
+                '-e',
+                'trace=' + calls,
+                '-e',
+                'inject=%s:delay_enter=%d:when=%s' % (calls, int(delay_s * 1e6), when),
+            ] + cmd
         env = dict(os.environ, PYTHONPATH=ansible_helpers.COLLECTIONS_PATH, PYTHONDONTWRITEBYTECODE='1')
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=str(workdir), start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=str(workdir),
+            start_new_session=True,
+        )
 
     @property
     def pid(self):
@@ -107,9 +128,11 @@ class ModuleRun:
     def result(self, timeout=300):
         out, err = self.proc.communicate(timeout=timeout)
         try:
-            return json.loads(out[out.index('{'):])
+            return json.loads(out[out.index('{') :])
         except ValueError:
-            raise AssertionError('no module result: rc=%s out=%r err=%r' % (self.proc.returncode, out[-2000:], err[-2000:]))
+            raise AssertionError(
+                'no module result: rc=%s out=%r err=%r' % (self.proc.returncode, out[-2000:], err[-2000:])
+            )
 
     def kill(self):
         """SIGKILL the module process (and strace)."""
@@ -128,7 +151,7 @@ class ModuleRun:
 # tritonclient does when it starts again with the same key:
 # create_shared_memory_region(create_only=False) attaches to the existing file (open + mmap, no truncate),
 # or creates a new one when there is none; it registers REGION again and prints ATTACHED <inode> <new|old>.
-RESTARTING = textwrap.dedent('''
+RESTARTING = textwrap.dedent("""
     import json, os, sys, time, urllib.request
     import tritonclient.utils.shared_memory as shm
     url, region, key, size, trigger = sys.argv[1:6]
@@ -159,15 +182,32 @@ RESTARTING = textwrap.dedent('''
         print('ATTACHED %d %s' % (mine, 'old' if before else 'new'), flush=True)
     while True:
         time.sleep(1)
-''')
+""")
 
 
 class Restarting:
     def __init__(self, server, region, key, size, trigger):
-        self.proc = subprocess.Popen(['nsenter', '--mount', '--target', str(server.pid), sys.executable, '-c', RESTARTING,
-                                      server.url, region, key, str(size), trigger],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                'nsenter',
+                '--mount',
+                '--target',
+                str(server.pid),
+                sys.executable,
+                '-c',
+                RESTARTING,
+                server.url,
+                region,
+                key,
+                str(size),
+                trigger,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         assert self.proc.stdout.readline().strip() == 'READY', self.proc.stderr.read()
 
     def go(self):
@@ -195,6 +235,7 @@ class Restarting:
 
 # -- finding 3: a client that re-attaches between the re-check and the unlink ---------------------
 
+
 def test_a_client_re_attaching_in_the_window_keeps_its_file_under_load(make_triton, load, tmp_path):
     """The module is held at its first rename (the fix) or unlink (before it), after the unregister and the re-scan
     it made before; the client attaches then and registers again. Its file must survive."""
@@ -205,16 +246,23 @@ def test_a_client_re_attaching_in_the_window_keeps_its_file_under_load(make_trit
     other = server.leak_many('other', 20)
     client = Restarting(server, 'reattach', leaked.key, MIB, 'stdin')
     try:
-        run = ModuleRun(REGION, dict(url=server.url, state='absent', stale=True), tmp_path,
-                        delay_in=('renameat2', 'unlinkat'), delay_s=4)
+        run = ModuleRun(
+            REGION,
+            dict(url=server.url, state='absent', stale=True),
+            tmp_path,
+            delay_in=('renameat2', 'unlinkat'),
+            delay_s=4,
+        )
         stopped = run.wait_stopped(('renameat2', 'unlinkat'))
         assert stopped, 'the module never reached a rename or unlink'
         assert 'reattach' not in server.system_regions()
         client.go()
         got_ino, how = client.attached()
         res = run.result()
-        print('FIGURE reattach_window: stopped in %s; client attached to the %s file; removed %d files; %d processes'
-              % (stopped, how, len(res['removed_files']), len(os.listdir('/proc'))))
+        print(
+            'FIGURE reattach_window: stopped in %s; client attached to the %s file; removed %d files; %d processes'
+            % (stopped, how, len(res['removed_files']), len(os.listdir('/proc')))
+        )
         assert not res.get('failed'), res
         assert how == 'old' and got_ino == ino
         # the client's file is still there, under its name, and Triton serves the client's region from it
@@ -252,8 +300,10 @@ def test_re_attach_rate_under_load(make_triton, load, tmp_path):
             outcomes.append(how)
         finally:
             client.stop()
-    print('FIGURE reattach_rate: %d of %d re-attached clients lost their file (outcomes %s; %d processes)'
-          % (lost, tries, ', '.join(outcomes), len(os.listdir('/proc'))))
+    print(
+        'FIGURE reattach_rate: %d of %d re-attached clients lost their file (outcomes %s; %d processes)'
+        % (lost, tries, ', '.join(outcomes), len(os.listdir('/proc')))
+    )
     assert lost == 0
 
 
@@ -263,10 +313,10 @@ def test_re_attach_rate_under_load(make_triton, load, tmp_path):
 #  the delay in seconds, and when to kill: None = once stopped in the Nth call, else once at most that many of
 #  the 400 stale regions are still registered)
 KILL_POINTS = {
-    'recording': (('fsetxattr',), '1', 30, None),           # writing the record of the files: nothing unregistered yet
-    'unregistering': (('sendto',), '1+', 0.02, 245),        # the issue's case: "SIGKILLed at about 245 left"
-    'before_unlink': (('renameat2', 'unlinkat'), '1', 30, None),   # every region unregistered, no file removed yet
-    'mid_unlink': (('unlinkat',), '300', 30, None),         # part-way through the unlinks (after ~150 other unlinkat calls)
+    'recording': (('fsetxattr',), '1', 30, None),  # writing the record of the files: nothing unregistered yet
+    'unregistering': (('sendto',), '1+', 0.02, 245),  # the issue's case: "SIGKILLed at about 245 left"
+    'before_unlink': (('renameat2', 'unlinkat'), '1', 30, None),  # every region unregistered, no file removed yet
+    'mid_unlink': (('unlinkat',), '300', 30, None),  # part-way through the unlinks (after ~150 other unlinkat calls)
 }
 SYSCALL_NUMBERS['sendto'] = 44
 
@@ -277,11 +327,16 @@ def test_a_module_sigkilled_part_way_then_one_rerun_converges(make_triton, tmp_p
     live = server.client('live', byte_size=MIB)
     stale = server.leak_many('stale', 400)
     calls, when, delay_s, kill_at = KILL_POINTS[point]
-    run = ModuleRun(REGION, dict(url=server.url, state='absent', stale=True), tmp_path, delay_in=calls, delay_s=delay_s,
-                    when=when)
+    run = ModuleRun(
+        REGION, dict(url=server.url, state='absent', stale=True), tmp_path, delay_in=calls, delay_s=delay_s, when=when
+    )
     try:
         if kill_at is None:
-            assert run.wait_stopped(calls, timeout=120), 'the module never reached %s #%s: %s' % (calls, when, run.proc.poll())
+            assert run.wait_stopped(calls, timeout=120), 'the module never reached %s #%s: %s' % (
+                calls,
+                when,
+                run.proc.poll(),
+            )
         else:
             deadline = time.monotonic() + 120
             while len(set(server.system_regions()) & set(stale)) > kill_at:
@@ -291,13 +346,17 @@ def test_a_module_sigkilled_part_way_then_one_rerun_converges(make_triton, tmp_p
         run.kill()
     left_registered = set(server.system_regions()) & set(stale)
     left_files = set(server.shm_files()) - {'live'}
-    print('FIGURE sigkill_%s: killed with %d of 400 stale regions registered, %d files left'
-          % (point, len(left_registered), len(left_files)))
+    print(
+        'FIGURE sigkill_%s: killed with %d of 400 stale regions registered, %d files left'
+        % (point, len(left_registered), len(left_files))
+    )
     # what info shows between the kill and the rerun: the killed run's files are its own, with their reason
     info = ansible_helpers.run_module(INFO, dict(url=server.url))
     files = {f['name']: f for f in info['files']}
     leftovers = [f for n, f in files.items() if n != 'live' and not f['regions']]
-    assert all(f['category'] == 'orphan' and 'stopped before removing' in f['category_reason'] for f in leftovers), leftovers
+    assert all(f['category'] == 'orphan' and 'stopped before removing' in f['category_reason'] for f in leftovers), (
+        leftovers
+    )
     # one rerun converges
     rerun = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True))
     again = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True))
@@ -312,21 +371,38 @@ def test_a_module_sigkilled_part_way_then_one_rerun_converges(make_triton, tmp_p
 
 # -- finding 9: another user holding the lock ---------------------------------------------------------
 
-HOLD_FLOCK = textwrap.dedent('''
+HOLD_FLOCK = textwrap.dedent("""
     import fcntl, os, sys
     fd = os.open("/dev/shm", os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     print("LOCKED", flush=True)
     sys.stdin.read()
-''')
+""")
 
 
 def test_nobody_holding_the_lock_does_not_stall_the_cleanup(make_triton, tmp_path):
     server = make_triton(models=())
     stale = server.leak_many('stale', 5)
-    squatter = subprocess.Popen(['nsenter', '--mount', '--target', str(server.pid), 'setpriv', '--reuid', '65534',
-                                 '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c', HOLD_FLOCK],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    squatter = subprocess.Popen(
+        [
+            'nsenter',
+            '--mount',
+            '--target',
+            str(server.pid),
+            'setpriv',
+            '--reuid',
+            '65534',
+            '--regid',
+            '65534',
+            '--clear-groups',
+            '/usr/bin/python3',
+            '-c',
+            HOLD_FLOCK,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert squatter.stdout.readline().strip() == 'LOCKED'
         started = time.monotonic()
@@ -343,14 +419,14 @@ def test_nobody_holding_the_lock_does_not_stall_the_cleanup(make_triton, tmp_pat
     print('FIGURE lock_squatter: cleanup done in %.1fs with nobody holding the lock' % took)
     assert not res.get('failed'), res
     assert sorted(os.path.basename(p) for p in res['removed_files']) == sorted(stale)
-    warnings = json.dumps(res.get('warnings', []))   # strings, or Ansible's warning records
+    warnings = json.dumps(res.get('warnings', []))  # strings, or Ansible's warning records
     assert 'uid 65534' in warnings and 'not waiting' in warnings, warnings
     assert took < 60
 
 
 # -- finding 9: a thread with its own fd table -------------------------------------------------------
 
-THREAD_HOLDER = '''
+THREAD_HOLDER = """
 import ctypes, os, sys, threading
 libc = ctypes.CDLL(None, use_errno=True)
 ready, done = threading.Event(), threading.Event()
@@ -364,19 +440,35 @@ threading.Thread(target=own_table, daemon=True).start()
 ready.wait()
 print('HOLDING', flush=True)
 sys.stdin.read()
-'''
+"""
 
 
 def test_a_thread_with_its_own_fd_table_holding_the_file_is_seen(make_triton, tmp_path):
     server = make_triton(models=())
     leaked = server.leak('threaded', byte_size=MIB)
     path = server.shm_path(leaked.key)
-    holder = subprocess.Popen(['nsenter', '--mount', '--target', str(server.pid), '/usr/bin/python3', '-c', THREAD_HOLDER,
-                               '/dev/shm' + leaked.key], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            'nsenter',
+            '--mount',
+            '--target',
+            str(server.pid),
+            '/usr/bin/python3',
+            '-c',
+            THREAD_HOLDER,
+            '/dev/shm' + leaked.key,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == 'HOLDING'
-        assert not [n for n in os.listdir('/proc/%d/fd' % holder.pid)
-                    if os.path.realpath('/proc/%d/fd/%s' % (holder.pid, n)).endswith(leaked.key)]
+        assert not [
+            n
+            for n in os.listdir('/proc/%d/fd' % holder.pid)
+            if os.path.realpath('/proc/%d/fd/%s' % (holder.pid, n)).endswith(leaked.key)
+        ]
         info = ansible_helpers.run_module(INFO, dict(url=server.url))
         res = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True))
     finally:

@@ -1,4 +1,5 @@
 """The read-only report playbook on a real fleet: the table, report.json, report.md and metrics."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +7,8 @@ import os
 import sys
 import time
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from ansible_helpers import COLLECTIONS_PATH, PYTHON, ansible_playbook
+from prometheus_client.parser import text_string_to_metric_families
 
 MiB = 1 << 20
 
@@ -37,13 +37,26 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
     prom = {s.name: tmp_path / ('prom-' + s.name) for s in fleet.servers}
     for d in prom.values():
         d.mkdir()
-    hosts = dict((s.name, dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=s.url,
-                               prometheus_textfile_dir=str(prom[s.name]))) for s in fleet.servers)
+    hosts = dict(
+        (
+            s.name,
+            dict(
+                ansible_connection='local',
+                ansible_python_interpreter=PYTHON,
+                triton_url=s.url,
+                prometheus_textfile_dir=str(prom[s.name]),
+            ),
+        )
+        for s in fleet.servers
+    )
     inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
     report_dir = tmp_path / 'report'
 
-    res = ansible_playbook('tritonops.shm.report', inventory=inv,
-                           extra_vars={'report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']})
+    res = ansible_playbook(
+        'tritonops.shm.report',
+        inventory=inv,
+        extra_vars={'report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']},
+    )
 
     # read-only: nothing changed on the server
     assert (up.system_regions(), up.shm_files()) == before and live.alive
@@ -51,7 +64,17 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
     assert res.stats['triton2']['failures'] == 1 and res.stats['triton1']['failures'] == 0, res
 
     lines = res.task("Show the fleet's shared memory")['msg']
-    assert lines[0].split() == ['HOST', 'STATUS', 'TRITON', '/DEV/SHM', 'USED', 'REGIONS', 'STALE', 'DANGLING', 'ORPHAN']
+    assert lines[0].split() == [
+        'HOST',
+        'STATUS',
+        'TRITON',
+        '/DEV/SHM',
+        'USED',
+        'REGIONS',
+        'STALE',
+        'DANGLING',
+        'ORPHAN',
+    ]
     row = [line for line in lines if line.startswith('triton1 ')][0].split()
     # triton1  ok  2.51.0  11.0 MiB/32.0 MiB 34%  2  1 (8.0 MiB)  0  1 (1.0 MiB)
     assert row[1] == 'ok' and row[2].startswith('2.')
@@ -84,7 +107,9 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
 
     # the cleanup playbook writes the last cleanup's time and outcome next to it
     start = time.time()
-    res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, extra_vars={'shm_cleanup_orphan_patterns': ['client_*']})
+    res = ansible_playbook(
+        'tritonops.shm.cleanup', inventory=inv, extra_vars={'shm_cleanup_orphan_patterns': ['client_*']}
+    )
     assert res.stats['triton1']['failures'] == 0 and res.stats['triton2']['failures'] == 1, res
     m = metrics(prom['triton1'], 'tritonops_shm_cleanup', 'triton1')
     assert m['tritonops_shm_cleanup_last_success'][0] == 1
@@ -100,11 +125,20 @@ def test_an_unreachable_host_is_shown_not_run_and_the_others_reported(fleet, tmp
     """A host Ansible cannot reach sets no fact: the fleet table, JSON and HTML still come, with it marked 'not run'."""
     up = fleet.servers[0]
     up.leak('dead', byte_size=MiB)
-    hosts = {up.name: dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=up.url,
-                           prometheus_textfile_dir=''),
-             # nothing listens on port 1 of this machine's loopback: the connection is refused, the host unreachable
-             'ghost': dict(ansible_connection='ssh', ansible_host='127.0.0.1', ansible_port=1, ansible_user='nobody',
-                           ansible_ssh_common_args='-o BatchMode=yes -o ConnectTimeout=5', triton_url='http://127.0.0.1:1')}
+    hosts = {
+        up.name: dict(
+            ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=up.url, prometheus_textfile_dir=''
+        ),
+        # nothing listens on port 1 of this machine's loopback: the connection is refused, the host unreachable
+        'ghost': dict(
+            ansible_connection='ssh',
+            ansible_host='127.0.0.1',
+            ansible_port=1,
+            ansible_user='nobody',
+            ansible_ssh_common_args='-o BatchMode=yes -o ConnectTimeout=5',
+            triton_url='http://127.0.0.1:1',
+        ),
+    }
     inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
     report_dir = tmp_path / 'report'
 
@@ -121,6 +155,7 @@ def test_an_unreachable_host_is_shown_not_run_and_the_others_reported(fleet, tmp
 
 # -- issue 29: down, unlocated, unsupported and misconfigured told apart --------------------------------------------
 
+
 def unsupported_server():
     """Triton 2.73 through tritonfrontend: answers /v2, and 503 with its text on every shared-memory route.
 
@@ -129,7 +164,10 @@ def unsupported_server():
     if COLLECTIONS_PATH not in sys.path:
         sys.path.insert(0, COLLECTIONS_PATH)
     from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_newer_servers import (  # pylint: disable=import-outside-toplevel
-        Versioned, _HttpFront)
+        Versioned,
+        _HttpFront,
+    )
+
     return _HttpFront(Versioned('2.73.0', frontend=True))
 
 
@@ -140,21 +178,38 @@ def test_report_tells_down_unlocated_unsupported_and_misconfigured_apart(fleet, 
     front = unsupported_server()
     try:
         local = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, prometheus_textfile_dir='')
-        hosts = {'ok1': dict(local, triton_url=up.url), 'down1': dict(local, triton_url=down.url),
-                 'unsupported1': dict(local, triton_url=front.url), 'nourl1': dict(local),
-                 'badurl1': dict(local, triton_url='127.0.0.1:8000')}
+        hosts = {
+            'ok1': dict(local, triton_url=up.url),
+            'down1': dict(local, triton_url=down.url),
+            'unsupported1': dict(local, triton_url=front.url),
+            'nourl1': dict(local),
+            'badurl1': dict(local, triton_url='127.0.0.1:8000'),
+        }
         inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
         report_dir = tmp_path / 'report'
         res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'report_dir': str(report_dir)})
     finally:
         front.close()
 
-    want = {'ok1': 'ok', 'down1': 'down', 'unsupported1': 'unsupported', 'nourl1': 'misconfigured', 'badurl1': 'misconfigured'}
+    want = {
+        'ok1': 'ok',
+        'down1': 'down',
+        'unsupported1': 'unsupported',
+        'nourl1': 'misconfigured',
+        'badurl1': 'misconfigured',
+    }
     # an unsupported server is not a leak: it does not fail a scheduled report; the others fail after the table
-    assert {h: res.stats[h]['failures'] for h in want} == {'ok1': 0, 'down1': 1, 'unsupported1': 0, 'nourl1': 1, 'badurl1': 1}, res
+    assert {h: res.stats[h]['failures'] for h in want} == {
+        'ok1': 0,
+        'down1': 1,
+        'unsupported1': 0,
+        'nourl1': 1,
+        'badurl1': 1,
+    }, res
     lines = res.task("Show the fleet's shared memory")['msg']
     assert {h: [line for line in lines if line.startswith(f'{h} ')][0].split()[1] for h in want} == {
-        h: s if s == 'ok' else s.upper() for h, s in want.items()}, lines
+        h: s if s == 'ok' else s.upper() for h, s in want.items()
+    }, lines
     rows = {r['host']: r for r in json.loads((report_dir / 'report.json').read_text())['hosts']}
     assert {h: rows[h]['status'] for h in want} == want
     assert 'cannot connect' in rows['down1']['error']
@@ -162,7 +217,11 @@ def test_report_tells_down_unlocated_unsupported_and_misconfigured_apart(fleet, 
     assert 'is not an http, https, grpc or grpcs URL' in rows['badurl1']['error']
     assert 'not supported in this server configuration' in rows['unsupported1']['error']
     md = (report_dir / 'report.md').read_text()
-    assert '| nourl1 | **misconfigured** |' in md and '| unsupported1 | **unsupported** |' in md and '| down1 | **down** |' in md
+    assert (
+        '| nourl1 | **misconfigured** |' in md
+        and '| unsupported1 | **unsupported** |' in md
+        and '| down1 | **down** |' in md
+    )
     page = (report_dir / 'report.html').read_text()
     for host, status in want.items():
         assert f'data-host="{host}" data-status="{status}"' in page or status == 'ok', (host, status)
@@ -171,11 +230,18 @@ def test_report_tells_down_unlocated_unsupported_and_misconfigured_apart(fleet, 
 def test_report_calls_a_server_it_cannot_see_unlocated_and_fails_it(fleet, tmp_path):
     """Ansible where the server's processes are invisible (a container without the host's process table)."""
     up = fleet.servers[0]
-    hosts = {'blind1': dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=up.url,
-                            prometheus_textfile_dir='')}
+    hosts = {
+        'blind1': dict(
+            ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=up.url, prometheus_textfile_dir=''
+        )
+    }
     inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
-    res = ansible_playbook('tritonops.shm.report', inventory=inv, extra_vars={'report_dir': str(tmp_path / 'r')},
-                           prefix=('unshare', '--pid', '--fork', '--mount-proc'))
+    res = ansible_playbook(
+        'tritonops.shm.report',
+        inventory=inv,
+        extra_vars={'report_dir': str(tmp_path / 'r')},
+        prefix=('unshare', '--pid', '--fork', '--mount-proc'),
+    )
     assert res.stats['blind1']['failures'] == 1, res
     row = json.loads((tmp_path / 'r' / 'report.json').read_text())['hosts'][0]
     assert row['status'] == 'unlocated' and row['error'], row

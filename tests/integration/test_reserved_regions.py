@@ -5,13 +5,14 @@ ansible-playbook runs of the modules and of the cleanup playbook. What is checke
 what a user sees: the server's regions, the files in its /dev/shm, the module results,
 the play recap and the report files.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-from ansible_helpers import PYTHON, ansible_playbook, run_module
 import proxy_helpers
+from ansible_helpers import PYTHON, ansible_playbook, run_module
 from test_shm_cleanup import cleanup, host_result, inventory
 
 INFO = 'tritonops.shm.triton_shm_info'
@@ -64,7 +65,9 @@ def test_a_registered_region_is_reserved_survives_stale_cleanup_and_goes_only_wh
     # only the explicit selector (or a name, or all) removes it: check mode first, then for real
     before = (triton.system_regions(), triton.shm_files())
     dry = run_module(REGION, dict(conn, state='absent', reserved=True), check=True)
-    assert dry['changed'] is True and dry['unregistered'] == ['warm'] and dry['removed_files'] == [triton.shm_path('warm')]
+    assert (
+        dry['changed'] is True and dry['unregistered'] == ['warm'] and dry['removed_files'] == [triton.shm_path('warm')]
+    )
     assert (triton.system_regions(), triton.shm_files()) == before
     gone = run_module(REGION, dict(conn, state='absent', reserved=True))
     assert gone['unregistered'] == ['warm'] and gone['removed_files'] == [triton.shm_path('warm')]
@@ -75,7 +78,10 @@ def test_a_registered_region_is_reserved_survives_stale_cleanup_and_goes_only_wh
 def test_named_and_all_unregisters_take_reserved_regions(triton):
     conn = dict(url=triton.url)
     for name in ('r1', 'r2'):
-        assert run_module(REGION, dict(conn, name=name, key='/' + name, byte_size=MIB, create_file=True))['changed'] is True
+        assert (
+            run_module(REGION, dict(conn, name=name, key='/' + name, byte_size=MIB, create_file=True))['changed']
+            is True
+        )
     named = run_module(REGION, dict(conn, state='absent', name='r1'))
     assert named['unregistered'] == ['r1'] and 'r1' not in triton.shm_files()
     every = run_module(REGION, dict(conn, state='absent', all=True))
@@ -85,8 +91,11 @@ def test_named_and_all_unregisters_take_reserved_regions(triton):
 def test_a_region_registered_before_the_mark_existed_gets_it_on_the_next_present(triton):
     # registered by hand (as by an older version of this collection): stale, no mark
     triton.write_file('old_warm', MIB)
-    triton.api('/v2/systemsharedmemory/region/old_warm/register', method='POST',
-               body={'key': '/old_warm', 'offset': 0, 'byte_size': MIB})
+    triton.api(
+        '/v2/systemsharedmemory/region/old_warm/register',
+        method='POST',
+        body={'key': '/old_warm', 'offset': 0, 'byte_size': MIB},
+    )
     conn = dict(url=triton.url)
     assert regions_by_name(run_module(INFO, conn))['old_warm']['state'] == 'stale'
     args = dict(conn, name='old_warm', key='/old_warm', byte_size=MIB)
@@ -95,18 +104,27 @@ def test_a_region_registered_before_the_mark_existed_gets_it_on_the_next_present
     assert regions_by_name(run_module(INFO, conn))['old_warm']['state'] == 'stale'
     first = run_module(REGION, args)
     second = run_module(REGION, args)
-    assert first['changed'] is True and first['registered'] == [] and first['marked_files'] == [triton.shm_path('old_warm')]
+    assert (
+        first['changed'] is True
+        and first['registered'] == []
+        and first['marked_files'] == [triton.shm_path('old_warm')]
+    )
     assert second['changed'] is False
     assert regions_by_name(run_module(INFO, conn))['old_warm']['state'] == 'reserved'
 
 
-def test_cleanup_rerun_with_reports_is_unchanged_and_the_rebuilt_region_survives_a_bare_stale_cleanup(make_triton, tmp_path):
+def test_cleanup_rerun_with_reports_is_unchanged_and_the_rebuilt_region_survives_a_bare_stale_cleanup(
+    make_triton, tmp_path
+):
     servers = [make_triton(models=(), host='127.0.1.%d' % (i + 1), name='triton%d' % (i + 1)) for i in range(2)]
     for s in servers:
         s.leak('dead', byte_size=MIB)
     report_dir = str(tmp_path / 'report')
-    args = dict(shm_cleanup_reregister=[{'name': 'warm', 'key': '/warm', 'byte_size': MIB}], shm_cleanup_report_dir=report_dir,
-                prometheus_textfile_dir=str(tmp_path / 'prom'))
+    args = dict(
+        shm_cleanup_reregister=[{'name': 'warm', 'key': '/warm', 'byte_size': MIB}],
+        shm_cleanup_report_dir=report_dir,
+        prometheus_textfile_dir=str(tmp_path / 'prom'),
+    )
     os.makedirs(str(tmp_path / 'prom'))
     first = cleanup(servers, **args)
     assert first.rc == 0, first
@@ -152,7 +170,7 @@ def test_verify_fails_when_a_client_leaks_a_cleaned_region_again_during_the_run(
     answers the module.
     """
     server = make_triton(models=(), host='127.0.1.1', name='triton1')
-    calm = make_triton(models=(), host='127.0.1.2', name='triton2')   # a host where nothing happens meanwhile
+    calm = make_triton(models=(), host='127.0.1.2', name='triton2')  # a host where nothing happens meanwhile
     for s in (server, calm):
         s.leak('dead', byte_size=MIB)
     releaker = server.client('releak', key='/releak', byte_size=MIB, register=False, register_when_gone='dead')
@@ -160,16 +178,22 @@ def test_verify_fails_when_a_client_leaks_a_cleaned_region_again_during_the_run(
     def releak_during_unregister(method, path, _headers):
         if method != 'POST' or path != '/v2/systemsharedmemory/region/dead/unregister':
             return None
-        server.api(path, 'POST')                # the real unregister ...
-        releaker.proc.wait(timeout=30)           # ... the client re-registers 'dead' on /releak and dies ...
-        return 200, 'application/json', b''      # ... and only then the module gets its answer
+        server.api(path, 'POST')  # the real unregister ...
+        releaker.proc.wait(timeout=30)  # ... the client re-registers 'dead' on /releak and dies ...
+        return 200, 'application/json', b''  # ... and only then the module gets its answer
 
     report_dir = str(tmp_path / 'report')
     with proxy_helpers.ForwardingProxy(server.url, fault=releak_during_unregister) as proxy:
         inv = inventory([server, calm])
-        inv['all']['children']['triton']['hosts']['triton1'].update(triton_url=proxy.url(), triton_server_pid=server.pid)
-        res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
-                               extra_vars=dict(prometheus_textfile_dir='', shm_cleanup_report_dir=report_dir))
+        inv['all']['children']['triton']['hosts']['triton1'].update(
+            triton_url=proxy.url(), triton_server_pid=server.pid
+        )
+        res = ansible_playbook(
+            'tritonops.shm.cleanup',
+            inventory=inv,
+            env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+            extra_vars=dict(prometheus_textfile_dir='', shm_cleanup_report_dir=report_dir),
+        )
     assert 'REGISTERED' in releaker.lines, releaker.lines
     # what the user sees: the host failed at the verify step, with the region named ...
     assert res.rc != 0 and res.stats['triton1']['failures'] == 1, res
@@ -201,16 +225,24 @@ def test_two_concurrent_stale_cleanups_report_together_exactly_what_leaked(make_
     server = make_triton(models=(), shm_size='64m')
     live = server.client('live', byte_size=MIB)
     hosts = dict((h, dict(ansible_connection='local', ansible_python_interpreter=PYTHON)) for h in ('job_a', 'job_b'))
-    play = [{'name': 'two jobs', 'hosts': 'all', 'gather_facts': False, 'tasks': [
-        {'name': 'clean', REGION: dict(url=server.url, state='absent', stale=True), 'register': 'r'}]}]
+    play = [
+        {
+            'name': 'two jobs',
+            'hosts': 'all',
+            'gather_facts': False,
+            'tasks': [{'name': 'clean', REGION: dict(url=server.url, state='absent', stale=True), 'register': 'r'}],
+        }
+    ]
     for round_ in range(3):
         leaked = server.leak_many('leak%d' % round_, 300, byte_size=64 * 1024)
         leaked_bytes = sum(os.lstat(server.shm_path(n)).st_blocks * 512 for n in leaked)
         res = ansible_playbook(play, inventory={'all': {'hosts': hosts}}, args=('--forks', '2'))
         assert res.rc == 0, res
         a, b = res.task('clean', 'job_a'), res.task('clean', 'job_b')
-        print('FIGURE concurrent_stale_cleanup round %d: run A unregistered %d, removed %d; run B unregistered %d, removed %d'
-              % (round_, len(a['unregistered']), len(a['removed_files']), len(b['unregistered']), len(b['removed_files'])))
+        print(
+            'FIGURE concurrent_stale_cleanup round %d: run A unregistered %d, removed %d; run B unregistered %d, removed %d'
+            % (round_, len(a['unregistered']), len(a['removed_files']), len(b['unregistered']), len(b['removed_files']))
+        )
         # each run reports only its own work: together exactly the leak, nothing twice
         assert not set(a['unregistered']) & set(b['unregistered'])
         assert sorted(a['unregistered'] + b['unregistered']) == sorted(leaked)

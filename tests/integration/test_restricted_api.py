@@ -13,6 +13,7 @@ client leaves them: a file in the server's /dev/shm that nobody holds, registere
 - the EDA poller (loaded as ansible-rulebook loads it, runpy.run_path) over http:// and grpc://: ``up``
   with the header, ``down`` without, its error naming ``headers`` and the key.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +23,8 @@ import runpy
 import urllib.error
 import urllib.request
 
-import pytest
-
 import ansible_helpers
+import pytest
 import tritonrig
 
 INFO = 'tritonops.shm.triton_shm_info'
@@ -37,17 +37,27 @@ SOURCE = os.path.join(ansible_helpers.REPO, 'extensions', 'eda', 'plugins', 'eve
 
 @pytest.fixture(scope='module')
 def server(tmp_path_factory):
-    srv = tritonrig.TritonServer(workdir=str(tmp_path_factory.mktemp('restricted')), models=(), grpc=True,
-                                 extra_args=(f'--http-restricted-api=shared-memory:{KEY}={VALUE}',
-                                             f'--grpc-restricted-protocol=shared-memory:{KEY}={VALUE}'))
+    srv = tritonrig.TritonServer(
+        workdir=str(tmp_path_factory.mktemp('restricted')),
+        models=(),
+        grpc=True,
+        extra_args=(
+            f'--http-restricted-api=shared-memory:{KEY}={VALUE}',
+            f'--grpc-restricted-protocol=shared-memory:{KEY}={VALUE}',
+        ),
+    )
     srv.start()
     yield srv
     srv.cleanup()
 
 
 def api(server, path, method='GET', headers=None):
-    req = urllib.request.Request(server.url + path, method=method, data=b'{}' if method == 'POST' else None,
-                                 headers=dict(headers or {}, **{'Content-Type': 'application/json'}))
+    req = urllib.request.Request(
+        server.url + path,
+        method=method,
+        data=b'{}' if method == 'POST' else None,
+        headers=dict(headers or {}, **{'Content-Type': 'application/json'}),
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read() or b'null')
@@ -65,14 +75,21 @@ def leak(server, name):
     """A region as a SIGKILLed client leaves it: its file (nobody holds it), registered under the header."""
     server.write_file(name, 4096)
     body = json.dumps({'key': f'/{name}', 'offset': 0, 'byte_size': 4096}).encode()
-    req = urllib.request.Request(f'{server.url}/v2/systemsharedmemory/region/{name}/register', data=body, method='POST',
-                                 headers={KEY: VALUE, 'Content-Type': 'application/json'})
+    req = urllib.request.Request(
+        f'{server.url}/v2/systemsharedmemory/region/{name}/register',
+        data=body,
+        method='POST',
+        headers={KEY: VALUE, 'Content-Type': 'application/json'},
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
 
 
 def test_the_server_refuses_the_shm_api_without_the_header(server):
-    assert api(server, '/v2/systemsharedmemory/status') == (403, {'error': f"This API is restricted, expecting header '{KEY}'"})
+    assert api(server, '/v2/systemsharedmemory/status') == (
+        403,
+        {'error': f"This API is restricted, expecting header '{KEY}'"},
+    )
     assert api(server, '/v2/systemsharedmemory/status', headers={KEY: 'wrong'})[0] == 403
     assert api(server, '/v2')[0] == 200, 'only shared-memory is restricted'
 
@@ -87,8 +104,12 @@ def test_both_modules_work_with_the_header_and_fail_naming_it_without(server, tr
     for module, args in ((INFO, {}), (REGION, {'state': 'absent', 'stale': True})):
         refused = ansible_helpers.run_module(module, dict(args, url=url))
         assert refused.get('failed') is True, refused
-        assert 'This ' in refused['msg'] and f"is restricted, expecting header '{key}'" in refused['msg'], refused['msg']
-        assert flag in refused['msg'] and f'give it in the headers option, headers: {{{key}: <the value' in refused['msg']
+        assert 'This ' in refused['msg'] and f"is restricted, expecting header '{key}'" in refused['msg'], refused[
+            'msg'
+        ]
+        assert (
+            flag in refused['msg'] and f'give it in the headers option, headers: {{{key}: <the value' in refused['msg']
+        )
         assert refused['failure']['status'] == (403 if transport == 'http' else 'UNAVAILABLE'), refused['failure']
         assert 'cannot connect' not in refused['msg'] and VALUE not in json.dumps(refused)
         wrong = ansible_helpers.run_module(module, dict(args, url=url, headers={key: 'wrong'}))
@@ -97,25 +118,46 @@ def test_both_modules_work_with_the_header_and_fail_naming_it_without(server, tr
     info = ansible_helpers.run_module(INFO, {'url': url, 'headers': HEADERS[transport]})
     assert not info.get('failed'), info
     assert {r['name']: r['state'] for r in info['system_regions']}[name] == 'stale'
-    clean = ansible_helpers.run_module(REGION, {'url': url, 'headers': HEADERS[transport], 'state': 'absent', 'stale': True})
+    clean = ansible_helpers.run_module(
+        REGION, {'url': url, 'headers': HEADERS[transport], 'state': 'absent', 'stale': True}
+    )
     assert not clean.get('failed') and clean['changed'] is True and clean['unregistered'] == [name], clean
     assert name not in regions(server) and name not in server.shm_files()
-    again = ansible_helpers.run_module(REGION, {'url': url, 'headers': HEADERS[transport], 'state': 'absent', 'stale': True})
+    again = ansible_helpers.run_module(
+        REGION, {'url': url, 'headers': HEADERS[transport], 'state': 'absent', 'stale': True}
+    )
     assert not again.get('failed') and again['changed'] is False, again
     assert VALUE not in json.dumps([info, clean, again]), 'the header value is never shown'
 
 
 def test_the_cleanup_playbook_with_shm_cleanup_headers(server):
     leak(server, 'stale_playbook')
-    inventory = {'all': {'children': {'triton': {'hosts': {'node': dict(
-        ansible_connection='local', ansible_python_interpreter=ansible_helpers.PYTHON, triton_url=server.url)}}}}}
-    refused = ansible_helpers.ansible_playbook('tritonops.shm.cleanup', inventory=inventory,
-                                               extra_vars={'prometheus_textfile_dir': ''})
+    inventory = {
+        'all': {
+            'children': {
+                'triton': {
+                    'hosts': {
+                        'node': dict(
+                            ansible_connection='local',
+                            ansible_python_interpreter=ansible_helpers.PYTHON,
+                            triton_url=server.url,
+                        )
+                    }
+                }
+            }
+        }
+    }
+    refused = ansible_helpers.ansible_playbook(
+        'tritonops.shm.cleanup', inventory=inventory, extra_vars={'prometheus_textfile_dir': ''}
+    )
     assert refused.rc != 0, refused.stdout[-3000:]
     assert f"expecting header '{KEY}'" in refused.stdout and 'give it in the headers option' in refused.stdout
     assert 'stale_playbook' in regions(server) and 'stale_playbook' in server.shm_files()
-    done = ansible_helpers.ansible_playbook('tritonops.shm.cleanup', inventory=inventory,
-                                            extra_vars={'prometheus_textfile_dir': '', 'shm_cleanup_headers': {KEY: VALUE}})
+    done = ansible_helpers.ansible_playbook(
+        'tritonops.shm.cleanup',
+        inventory=inventory,
+        extra_vars={'prometheus_textfile_dir': '', 'shm_cleanup_headers': {KEY: VALUE}},
+    )
     assert done.rc == 0, done.stdout[-4000:]
     assert 'stale_playbook' not in regions(server) and 'stale_playbook' not in server.shm_files()
     assert VALUE not in done.stdout + done.stderr + refused.stdout + refused.stderr
@@ -137,18 +179,21 @@ def poll_once(servers: list[dict]) -> dict:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         return events
+
     return asyncio.run(scenario())
 
 
 def test_the_poller_over_http_and_grpc_with_and_without_the_header(server):
     leak(server, 'stale_poller')
     count = len(regions(server))
-    events = poll_once([
-        {'host': 'http-key', 'url': server.url, 'headers': {KEY: VALUE}},
-        {'host': 'http-none', 'url': server.url},
-        {'host': 'grpc-key', 'url': server.grpc_scheme_url, 'headers': {GRPC_KEY: VALUE}},
-        {'host': 'grpc-none', 'url': server.grpc_scheme_url},
-    ])
+    events = poll_once(
+        [
+            {'host': 'http-key', 'url': server.url, 'headers': {KEY: VALUE}},
+            {'host': 'http-none', 'url': server.url},
+            {'host': 'grpc-key', 'url': server.grpc_scheme_url, 'headers': {GRPC_KEY: VALUE}},
+            {'host': 'grpc-none', 'url': server.grpc_scheme_url},
+        ]
+    )
     for host in ('http-key', 'grpc-key'):
         assert events[host]['status'] == 'up' and events[host]['regions'] == count, events[host]
         assert events[host]['registered_bytes'] >= 4096

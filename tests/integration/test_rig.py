@@ -1,4 +1,5 @@
 """The rig itself: a real server with a private /dev/shm, a leaked region seen through the real API."""
+
 import os
 import signal
 

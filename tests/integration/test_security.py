@@ -5,6 +5,7 @@ from CAs made in the test; the modules under strace. The not-root fail-safe (not
 stale when /proc is not fully readable) is in test_triton_shm_info.py and
 test_triton_shm_region.py.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,10 +15,9 @@ import re
 import subprocess
 import tempfile
 
-import pytest
-
 import ansible_helpers
 import proxy_helpers
+import pytest
 import tritonrig
 
 INFO = 'tritonops.shm.triton_shm_info'
@@ -61,6 +61,7 @@ def no_traceback(result):
 
 # -- secrets never appear in output, logs or report files ---------------------------------------
 
+
 def _key_material(path):
     """The base64 lines of a PEM private key: any of them in a log means the key leaked."""
     with open(path) as f:
@@ -72,25 +73,48 @@ def test_headers_and_client_key_never_appear_in_output_logs_or_reports(backend, 
     log = tmp_path / 'ansible.log'
     report_dir = tmp_path / 'reports'
     with proxy_helpers.ForwardingProxy(backend.url, tls=tls, fault=require_token) as proxy:
-        conn = dict(url=proxy.url(), server_pid=backend.pid, ca_path=pki['ca']['cert'], headers={'Authorization': SECRET},
-                    client_cert=pki['client']['cert'], client_key=pki['client']['key'])
+        conn = dict(
+            url=proxy.url(),
+            server_pid=backend.pid,
+            ca_path=pki['ca']['cert'],
+            headers={'Authorization': SECRET},
+            client_cert=pki['client']['cert'],
+            client_key=pki['client']['key'],
+        )
         wrong = dict(conn, headers={'Authorization': SECRET + '-but-wrong'})
-        plays = [{
-            'name': 'secrets', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
-            'tasks': [
-                {'name': 'info', INFO: conn, 'register': 'info'},
-                {'name': 'clean', REGION: dict(conn, state='absent', stale=True), 'register': 'clean'},
-                {'name': 'wrong token', INFO: wrong, 'register': 'wrong', 'ignore_errors': True},
-                {'name': 'show', 'ansible.builtin.debug': {'var': 'info'}},
-                {'name': 'role', 'ansible.builtin.include_role': {'name': 'tritonops.shm.shm_cleanup'},
-                 'vars': {'shm_cleanup_url': proxy.url(), 'shm_cleanup_server_pid': backend.pid,
-                          'shm_cleanup_ca_path': pki['ca']['cert'], 'shm_cleanup_headers': {'Authorization': SECRET},
-                          'shm_cleanup_client_cert': pki['client']['cert'], 'shm_cleanup_client_key': pki['client']['key'],
-                          'shm_cleanup_report_dir': str(report_dir)}},
-            ],
-        }]
+        plays = [
+            {
+                'name': 'secrets',
+                'hosts': 'localhost',
+                'connection': 'local',
+                'gather_facts': False,
+                'tasks': [
+                    {'name': 'info', INFO: conn, 'register': 'info'},
+                    {'name': 'clean', REGION: dict(conn, state='absent', stale=True), 'register': 'clean'},
+                    {'name': 'wrong token', INFO: wrong, 'register': 'wrong', 'ignore_errors': True},
+                    {'name': 'show', 'ansible.builtin.debug': {'var': 'info'}},
+                    {
+                        'name': 'role',
+                        'ansible.builtin.include_role': {'name': 'tritonops.shm.shm_cleanup'},
+                        'vars': {
+                            'shm_cleanup_url': proxy.url(),
+                            'shm_cleanup_server_pid': backend.pid,
+                            'shm_cleanup_ca_path': pki['ca']['cert'],
+                            'shm_cleanup_headers': {'Authorization': SECRET},
+                            'shm_cleanup_client_cert': pki['client']['cert'],
+                            'shm_cleanup_client_key': pki['client']['key'],
+                            'shm_cleanup_report_dir': str(report_dir),
+                        },
+                    },
+                ],
+            }
+        ]
         # the human output at -vvv, with the module's invocation (its arguments) injected into every result
-        env = {'ANSIBLE_STDOUT_CALLBACK': 'ansible.builtin.default', 'ANSIBLE_LOG_PATH': str(log), 'ANSIBLE_INJECT_INVOCATION': '1'}
+        env = {
+            'ANSIBLE_STDOUT_CALLBACK': 'ansible.builtin.default',
+            'ANSIBLE_LOG_PATH': str(log),
+            'ANSIBLE_INJECT_INVOCATION': '1',
+        }
         res = ansible_helpers.ansible_playbook(plays, env=env, args=['-vvv'])
         sent = [r['headers'].get('Authorization') for r in proxy.requests]
     assert res.rc == 0, res.stdout[-4000:]
@@ -114,6 +138,7 @@ def test_headers_and_client_key_never_appear_in_output_logs_or_reports(backend, 
 
 # -- https: certificates verified by default ------------------------------------------------
 
+
 @pytest.fixture(scope='module')
 def tls_proxy(backend, pki):
     tls = proxy_helpers.server_tls_context(pki['server']['cert'], pki['server']['key'])
@@ -125,7 +150,9 @@ def tls_proxy(backend, pki):
 def elsewhere_proxy(backend, pki):
     """A proxy whose certificate (from our CA) names another host only."""
     cert = proxy_helpers.make_cert(pki['dir'], 'elsewhere', pki['ca'], hosts=('triton.elsewhere.example',))
-    with proxy_helpers.ForwardingProxy(backend.url, tls=proxy_helpers.server_tls_context(cert['cert'], cert['key'])) as proxy:
+    with proxy_helpers.ForwardingProxy(
+        backend.url, tls=proxy_helpers.server_tls_context(cert['cert'], cert['key'])
+    ) as proxy:
         yield proxy
 
 
@@ -140,8 +167,15 @@ def tls_results(tls_proxy, elsewhere_proxy, backend, pki):
         'no verify': dict(base, validate_certs=False),
         'wrong host': dict(base, url=elsewhere_proxy.url(), ca_path=pki['ca']['cert']),
     }
-    plays = [{'name': 'tls', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
-              'tasks': [{'name': n, INFO: a, 'ignore_errors': True} for n, a in cases.items()]}]
+    plays = [
+        {
+            'name': 'tls',
+            'hosts': 'localhost',
+            'connection': 'local',
+            'gather_facts': False,
+            'tasks': [{'name': n, INFO: a, 'ignore_errors': True} for n, a in cases.items()],
+        }
+    ]
     return ansible_helpers.ansible_playbook(plays)
 
 
@@ -155,7 +189,10 @@ def test_https_verified_with_ca_path(tls_results, backend):
 def test_https_refused_without_the_right_ca_or_host(tls_results, tls_proxy, elsewhere_proxy, case):
     res = tls_results.task(case)
     assert res.get('failed') is True, res
-    assert 'TLS verification failed' in res['msg'] and (elsewhere_proxy if case == 'wrong host' else tls_proxy).url() in res['msg']
+    assert (
+        'TLS verification failed' in res['msg']
+        and (elsewhere_proxy if case == 'wrong host' else tls_proxy).url() in res['msg']
+    )
     # the reason names what was wrong: the issuer for an unknown CA, the name for the wrong host
     assert 'CERTIFICATE_VERIFY_FAILED' in res['msg'], res['msg']
     if case == 'wrong host':
@@ -169,17 +206,31 @@ def test_https_refused_without_the_right_ca_or_host(tls_results, tls_proxy, else
 def test_validate_certs_false_works_and_warns(tls_results, tls_proxy):
     res = tls_results.task('no verify')
     assert not res.get('failed'), res
-    assert any('validate_certs is false' in w and tls_proxy.url() in w for w in res.get('warnings', [])), res.get('warnings')
+    assert any('validate_certs is false' in w and tls_proxy.url() in w for w in res.get('warnings', [])), res.get(
+        'warnings'
+    )
 
 
 def test_mtls_client_certificate_required_and_accepted(backend, pki):
     tls = proxy_helpers.server_tls_context(pki['server']['cert'], pki['server']['key'], client_ca=pki['ca']['cert'])
     with proxy_helpers.ForwardingProxy(backend.url, tls=tls) as proxy:
         base = dict(url=proxy.url(), server_pid=backend.pid, ca_path=pki['ca']['cert'])
-        plays = [{'name': 'mtls', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False, 'tasks': [
-            {'name': 'without', INFO: base, 'ignore_errors': True},
-            {'name': 'with', INFO: dict(base, client_cert=pki['client']['cert'], client_key=pki['client']['key']), 'ignore_errors': True},
-        ]}]
+        plays = [
+            {
+                'name': 'mtls',
+                'hosts': 'localhost',
+                'connection': 'local',
+                'gather_facts': False,
+                'tasks': [
+                    {'name': 'without', INFO: base, 'ignore_errors': True},
+                    {
+                        'name': 'with',
+                        INFO: dict(base, client_cert=pki['client']['cert'], client_key=pki['client']['key']),
+                        'ignore_errors': True,
+                    },
+                ],
+            }
+        ]
         res = ansible_helpers.ansible_playbook(plays)
     without, with_cert = res.task('without'), res.task('with')
     assert without.get('failed') is True and proxy.url() in without['msg'], without
@@ -191,8 +242,27 @@ def test_mtls_client_certificate_required_and_accepted(backend, pki):
 # -- no shell, and only paths inside the shm dir ----------------------------------------------
 
 # os.<name> calls that start a program or a shell, and calls of that kind on any object (module.run_command, Popen, ...)
-OS_SPAWN = {'system', 'popen', 'spawnl', 'spawnle', 'spawnlp', 'spawnv', 'spawnve', 'spawnvp', 'execl', 'execle', 'execlp', 'execv',
-            'execve', 'execvp', 'execvpe', 'fork', 'forkpty', 'posix_spawn', 'posix_spawnp'}
+OS_SPAWN = {
+    'system',
+    'popen',
+    'spawnl',
+    'spawnle',
+    'spawnlp',
+    'spawnv',
+    'spawnve',
+    'spawnvp',
+    'execl',
+    'execle',
+    'execlp',
+    'execv',
+    'execve',
+    'execvp',
+    'execvpe',
+    'fork',
+    'forkpty',
+    'posix_spawn',
+    'posix_spawnp',
+}
 ANY_SPAWN = {'run_command', 'Popen', 'check_call', 'check_output', 'getoutput', 'getstatusoutput'}
 FORBIDDEN_MODULES = {'subprocess', 'pty', 'commands', 'multiprocessing', 'asyncio.subprocess'}
 
@@ -216,8 +286,10 @@ def test_plugins_contain_no_shell_or_process_spawning():
                 offenders += ['%s: import %s' % (path, a.name) for a in node.names if a.name in FORBIDDEN_MODULES]
             elif isinstance(node, ast.ImportFrom) and node.module in FORBIDDEN_MODULES:
                 offenders.append('%s: from %s import' % (path, node.module))
-            elif isinstance(node, ast.Attribute) and (node.attr in ANY_SPAWN or (
-                    node.attr in OS_SPAWN and isinstance(node.value, ast.Name) and node.value.id == 'os')):
+            elif isinstance(node, ast.Attribute) and (
+                node.attr in ANY_SPAWN
+                or (node.attr in OS_SPAWN and isinstance(node.value, ast.Name) and node.value.id == 'os')
+            ):
                 offenders.append('%s:%d: .%s' % (path, node.lineno, node.attr))
             elif isinstance(node, ast.Name) and node.id in ANY_SPAWN | OS_SPAWN - {'system', 'fork'}:
                 offenders.append('%s:%d: %s' % (path, node.lineno, node.id))
@@ -227,9 +299,36 @@ def test_plugins_contain_no_shell_or_process_spawning():
 
 
 WRITE_FLAGS = ('O_WRONLY', 'O_RDWR', 'O_CREAT', 'O_TRUNC', 'O_APPEND')
-MUTATING = {'unlink', 'unlinkat', 'rmdir', 'rename', 'renameat', 'renameat2', 'mkdir', 'mkdirat', 'creat', 'truncate', 'link',
-            'linkat', 'symlink', 'symlinkat', 'chmod', 'fchmodat', 'chown', 'lchown', 'fchownat', 'mknod', 'mknodat',
-            'utime', 'utimes', 'utimensat', 'setxattr', 'lsetxattr', 'removexattr', 'lremovexattr'}
+MUTATING = {
+    'unlink',
+    'unlinkat',
+    'rmdir',
+    'rename',
+    'renameat',
+    'renameat2',
+    'mkdir',
+    'mkdirat',
+    'creat',
+    'truncate',
+    'link',
+    'linkat',
+    'symlink',
+    'symlinkat',
+    'chmod',
+    'fchmodat',
+    'chown',
+    'lchown',
+    'fchownat',
+    'mknod',
+    'mknodat',
+    'utime',
+    'utimes',
+    'utimensat',
+    'setxattr',
+    'lsetxattr',
+    'removexattr',
+    'lremovexattr',
+}
 LINE = re.compile(r'^(?:(\d+) +)?(\w+)\((.*)\) += (-?\d+|\?)')
 
 
@@ -297,7 +396,7 @@ def traced_effects(trace):
         elif call in MUTATING:
             if call.endswith('at') or call == 'renameat2':
                 effects.append((call, resolve(args[0], _unquote(args[1]))))
-                if call in ('renameat', 'renameat2'):   # where it went is a change too
+                if call in ('renameat', 'renameat2'):  # where it went is a change too
                     effects.append((call + ' to', resolve(args[2], _unquote(args[3]))))
             else:
                 effects.append((call, resolve(None, _unquote(args[0]))))
@@ -311,9 +410,27 @@ def run_traced(module, args, workdir):
         json.dump({'ANSIBLE_MODULE_ARGS': args}, f)
     trace = os.path.join(workdir, 'strace.log')
     env = dict(os.environ, PYTHONPATH=ansible_helpers.COLLECTIONS_PATH, PYTHONDONTWRITEBYTECODE='1')
-    proc = subprocess.run(['strace', '-f', '-qq', '-e', 'trace=file,process,close,getcwd', '-o', trace,
-                           ansible_helpers.PYTHON, '-m', 'ansible_collections.tritonops.shm.plugins.modules.%s' % module.split('.')[-1],
-                           args_file], capture_output=True, text=True, env=env, timeout=120, cwd=workdir, check=False)
+    proc = subprocess.run(
+        [
+            'strace',
+            '-f',
+            '-qq',
+            '-e',
+            'trace=file,process,close,getcwd',
+            '-o',
+            trace,
+            ansible_helpers.PYTHON,
+            '-m',
+            'ansible_collections.tritonops.shm.plugins.modules.%s' % module.split('.')[-1],
+            args_file,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=workdir,
+        check=False,
+    )
     result = json.loads(proc.stdout)
     with open(trace) as f:
         return result, traced_effects(f.read())
@@ -364,7 +481,9 @@ def test_modules_exec_nothing_and_only_touch_paths_inside_the_shm_dir(traced_sce
     assert sorted(p for c, p in c_effects if c == 'renameat2') == removed
     quarantined = sorted(p for c, p in c_effects if c == 'renameat2 to')
     assert sorted(p for c, p in c_effects if c == 'unlinkat') == quarantined and len(quarantined) == len(removed)
-    assert all(os.path.dirname(p) == shm and os.path.basename(p).startswith('.tritonops_shm.quarantine.') for p in quarantined)
+    assert all(
+        os.path.dirname(p) == shm and os.path.basename(p).startswith('.tritonops_shm.quarantine.') for p in quarantined
+    )
     assert len(c_effects) == 3 * len(removed), c_effects
     assert sorted(os.path.basename(p) for p in clean['removed_files']) == sorted(stale + ['old_orphan'])
     # creating: one exclusive create (and its chmod/size) of the backing file inside the shm dir
@@ -378,7 +497,8 @@ def test_modules_exec_nothing_and_only_touch_paths_inside_the_shm_dir(traced_sce
 # -- not root: the region module removes nothing it cannot prove unheld ------------------------
 
 from test_triton_shm_info import (  # noqa: E402  pylint: disable=wrong-import-position,unused-import
-    _interpreter_wrapper, run_plays_wrapped, unprivileged_user,
+    _interpreter_wrapper,
+    run_plays_wrapped,
 )
 
 
@@ -405,14 +525,29 @@ def test_not_root_region_module_unregisters_and_removes_nothing(tmp_path, unpriv
         os.utime(orphan, (0, 0))
         prefix, cleanup = _interpreter_wrapper(workdir)
         prefix = ['nsenter', '--mount', '--target', str(server.pid)] + prefix
-        args = dict(url=server.url, server_pid=server.pid, shm_dir='/dev/shm', state='absent', stale=True,
-                    orphan_files=True, orphan_patterns=['*'], min_age=0)
+        args = dict(
+            url=server.url,
+            server_pid=server.pid,
+            shm_dir='/dev/shm',
+            state='absent',
+            stale=True,
+            orphan_files=True,
+            orphan_patterns=['*'],
+            min_age=0,
+        )
         become = dict(become=True, become_user=unprivileged_user, become_method='ansible.builtin.su')
-        plays = [{'name': 'region as a user who is not root, then as root', 'hosts': 'localhost', 'connection': 'local',
-                  'gather_facts': False, 'tasks': [
-                      dict({REGION: args, 'name': 'user', 'ignore_errors': True}, **become),
-                      {REGION: args, 'name': 'root'},
-                  ]}]
+        plays = [
+            {
+                'name': 'region as a user who is not root, then as root',
+                'hosts': 'localhost',
+                'connection': 'local',
+                'gather_facts': False,
+                'tasks': [
+                    dict({REGION: args, 'name': 'user', 'ignore_errors': True}, **become),
+                    {REGION: args, 'name': 'root'},
+                ],
+            }
+        ]
         res = run_plays_wrapped(prefix, plays, workdir)
         assert live.alive
     finally:

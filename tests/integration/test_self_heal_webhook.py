@@ -4,15 +4,17 @@ A wrong configuration ends the rulebook at start with the reason (it used to sta
 every alert without a word); an expired or resolved alert cleans nothing; what the sender wrote besides the
 alert's name and host never reaches a rule or the cleanup playbook.
 """
+
 from __future__ import annotations
 
 import datetime
 import socket
 import time
 
+import tritonrig
+
 # rulebooks and servers are fixtures
 from test_self_healing import Rulebook, alert, host_vars, post, rulebooks, servers  # noqa: F401  pylint: disable=unused-import
-import tritonrig
 
 MiB = 1 << 20
 RULEBOOK = 'tritonops.shm.self_heal_alertmanager'
@@ -35,12 +37,19 @@ def test_a_wrong_configuration_ends_the_rulebook_with_the_reason(servers, rulebo
     hosts = {'h1': host_vars(h1, tmp_path / 'prom-h1')}
     port = tritonrig.free_port()
     cases = [
-        ({'self_heal_hosts': 'h1', 'self_heal_webhook_token': TOKEN},
-         "self_heal_hosts must be a list of inventory host names, got the string 'h1': write [h1]"),
+        (
+            {'self_heal_hosts': 'h1', 'self_heal_webhook_token': TOKEN},
+            "self_heal_hosts must be a list of inventory host names, got the string 'h1': write [h1]",
+        ),
         ({'self_heal_hosts': ['h1']}, 'self_heal_webhook_token is not set'),
-        ({'self_heal_hosts': ['h1'], 'self_heal_webhook_token': 'short'},
-         'self_heal_webhook_token must be a string of at least 16 characters'),
-        ({'self_heal_hosts': ['all'], 'self_heal_webhook_token': TOKEN}, "not all, not a pattern or a group), got 'all'"),
+        (
+            {'self_heal_hosts': ['h1'], 'self_heal_webhook_token': 'short'},
+            'self_heal_webhook_token must be a string of at least 16 characters',
+        ),
+        (
+            {'self_heal_hosts': ['all'], 'self_heal_webhook_token': TOKEN},
+            "not all, not a pattern or a group), got 'all'",
+        ),
     ]
     for variables, reason in cases:
         rb = rulebooks(tmp_path, RULEBOOK, hosts, dict(variables, self_heal_webhook_port=port))
@@ -52,7 +61,7 @@ def test_a_wrong_configuration_ends_the_rulebook_with_the_reason(servers, rulebo
 
 def rfc3339(delta_seconds: float) -> str:
     when = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delta_seconds)
-    return when.strftime('%Y-%m-%dT%H:%M:%S.%f') + '123Z'     # Go writes nanoseconds
+    return when.strftime('%Y-%m-%dT%H:%M:%S.%f') + '123Z'  # Go writes nanoseconds
 
 
 def test_expired_and_resolved_alerts_clean_nothing_and_only_name_and_host_get_through(servers, rulebooks, tmp_path):  # noqa: F811
@@ -61,13 +70,26 @@ def test_expired_and_resolved_alerts_clean_nothing_and_only_name_and_host_get_th
         s.leak('dead', byte_size=2 * MiB)
     port = tritonrig.free_port()
     hosts = {'h1': host_vars(h1, tmp_path / 'prom-h1'), 'h2': host_vars(h2, tmp_path / 'prom-h2')}
-    rb = rulebooks(tmp_path, RULEBOOK, hosts, {'self_heal_hosts': ['h1', 'h2'], 'self_heal_webhook_port': port,
-                                               'self_heal_webhook_token': TOKEN})
+    rb = rulebooks(
+        tmp_path,
+        RULEBOOK,
+        hosts,
+        {'self_heal_hosts': ['h1', 'h2'], 'self_heal_webhook_port': port, 'self_heal_webhook_token': TOKEN},
+    )
     url = f'http://127.0.0.1:{port}/alerts'
     rb.wait('the webhook listens', lambda: listening(port), 90)
-    group = {'version': '4', 'groupKey': '{}:{}', 'status': 'firing', 'receiver': 'tritonops', 'groupLabels': {},
-             'commonLabels': {}, 'commonAnnotations': {}, 'externalURL': 'http://alertmanager:9093', 'truncatedAlerts': 0}
-    expired = dict(alert('TritonShmStaleRegions', 'h2'), endsAt=rfc3339(-2 * 3600))   # ended two hours ago, replayed
+    group = {
+        'version': '4',
+        'groupKey': '{}:{}',
+        'status': 'firing',
+        'receiver': 'tritonops',
+        'groupLabels': {},
+        'commonLabels': {},
+        'commonAnnotations': {},
+        'externalURL': 'http://alertmanager:9093',
+        'truncatedAlerts': 0,
+    }
+    expired = dict(alert('TritonShmStaleRegions', 'h2'), endsAt=rfc3339(-2 * 3600))  # ended two hours ago, replayed
     resolved = dict(alert('TritonShmNearlyFull', 'h2', status='resolved'), endsAt=rfc3339(-5))
     unreadable = dict(alert('TritonShmStaleRegions', 'h2'), endsAt='yesterday')
     # a live alert whose sender adds what a rule or playbook must never trust

@@ -5,6 +5,7 @@ Each test starts `ansible-rulebook -i INVENTORY -r tritonops.shm.self_heal[_aler
 user would check (regions and /dev/shm files, the rulebook's output), and stops it by pid.
 Cleanup runs are counted from the PLAY RECAP lines of the cleanup playbook the rulebook runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,13 @@ import urllib.error
 import urllib.request
 
 import pytest
-import yaml
-
 import tritonrig
+import yaml
 from ansible_helpers import BIN, COLLECTIONS_PATH, PYTHON, ansible_env
-from observability import NodeExporter
-from observability import services  # noqa: F401  pylint: disable=unused-import  # the fixture
+from observability import (  # pylint: disable=unused-import  (services: the fixture)
+    NodeExporter,
+    services,  # noqa: F401  (the fixture)
+)
 
 MiB = 1 << 20
 SHM = 32 * MiB
@@ -45,11 +47,26 @@ class Rulebook:
         # unbuffered: ansible-rulebook prints each received event without flushing, and a block-buffered
         # log would hold an event back until the buffer fills (a resolved notification never showed)
         env = ansible_env({'ANSIBLE_STDOUT_CALLBACK': 'default', 'PYTHONUNBUFFERED': '1'})
-        cmd = [os.path.join(BIN, 'ansible-rulebook'), '-i', str(inventory), '-r', rulebook,
-               '--vars', str(var_file), '--print-events']
+        cmd = [
+            os.path.join(BIN, 'ansible-rulebook'),
+            '-i',
+            str(inventory),
+            '-r',
+            rulebook,
+            '--vars',
+            str(var_file),
+            '--print-events',
+        ]
         with open(self.log, 'wb') as out:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         env=env, cwd=str(self.dir), start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(self.dir),
+                start_new_session=True,
+            )
 
     def output(self):
         return self.log.read_text(errors='replace')
@@ -69,7 +86,9 @@ class Rulebook:
             if predicate():
                 return
             assert self.proc.poll() is None, 'ansible-rulebook exited with %s:\n%s' % (
-                self.proc.returncode, self.output()[-4000:])
+                self.proc.returncode,
+                self.output()[-4000:],
+            )
             time.sleep(0.5)
         raise AssertionError('not within %ss: %s\n%s' % (timeout, what, self.output()[-4000:]))
 
@@ -95,6 +114,7 @@ def rulebooks():
     def start(*args):
         started.append(Rulebook(*args))
         return started[-1]
+
     try:
         yield start
     finally:
@@ -114,8 +134,13 @@ def servers(tmp_path):
 
 def host_vars(server, prom_dir, **extra):
     prom_dir.mkdir(exist_ok=True)
-    return dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=server.url,
-                prometheus_textfile_dir=str(prom_dir), **extra)
+    return dict(
+        ansible_connection='local',
+        ansible_python_interpreter=PYTHON,
+        triton_url=server.url,
+        prometheus_textfile_dir=str(prom_dir),
+        **extra,
+    )
 
 
 def closed_url():
@@ -126,17 +151,26 @@ def closed_url():
 def test_self_heal_cleans_a_host_over_the_threshold_and_never_a_down_one(servers, rulebooks, tmp_path):
     t1 = servers[0]
     live = t1.client('live', byte_size=4 * MiB)
-    t1.leak('dead1', byte_size=4 * MiB)           # 8 MiB of 32 registered: 25%, below 50%
+    t1.leak('dead1', byte_size=4 * MiB)  # 8 MiB of 32 registered: 25%, below 50%
     down_url = closed_url()
     hosts = {
         # shm_cleanup_mode: all in the inventory: self-healing must still clean only stale regions
         't1': host_vars(t1, tmp_path / 'prom-t1', shm_cleanup_mode='all'),
         'tdown': dict(host_vars(t1, tmp_path / 'prom-tdown'), triton_url=down_url),
     }
-    rb = rulebooks(tmp_path, 'tritonops.shm.self_heal', hosts, {
-        'triton_shm_servers': [{'host': 't1', 'url': t1.url, 'shm_bytes': SHM},
-                               {'host': 'tdown', 'url': down_url, 'shm_bytes': SHM}],
-        'self_heal_percent': 50, 'self_heal_interval': 1})
+    rb = rulebooks(
+        tmp_path,
+        'tritonops.shm.self_heal',
+        hosts,
+        {
+            'triton_shm_servers': [
+                {'host': 't1', 'url': t1.url, 'shm_bytes': SHM},
+                {'host': 'tdown', 'url': down_url, 'shm_bytes': SHM},
+            ],
+            'self_heal_percent': 50,
+            'self_heal_interval': 1,
+        },
+    )
 
     # below the threshold: polled several times, nothing runs
     rb.wait('3 polls of t1 and tdown', lambda: rb.events('t1') >= 3 and rb.events('tdown', 'down') >= 3, 90)
@@ -147,8 +181,11 @@ def test_self_heal_cleans_a_host_over_the_threshold_and_never_a_down_one(servers
     t1.leak('dead2', byte_size=4 * MiB)
     t1.leak('dead3', byte_size=4 * MiB)
     started = time.monotonic()
-    rb.wait('the stale regions and their files are gone',
-            lambda: not {'dead1', 'dead2', 'dead3'} & (set(t1.system_regions()) | set(t1.shm_files())), 120)
+    rb.wait(
+        'the stale regions and their files are gone',
+        lambda: not {'dead1', 'dead2', 'dead3'} & (set(t1.system_regions()) | set(t1.shm_files())),
+        120,
+    )
     healed_after = time.monotonic() - started
     rb.wait('the cleanup run finished', lambda: rb.cleanups('t1') == 1, 60)
 
@@ -168,10 +205,19 @@ def test_cooldown_one_cleanup_per_host_while_it_stays_over_the_threshold(servers
     # (grouped by host) lets it run once per host and not again every poll
     clients = [s.client('busy', byte_size=20 * MiB) for s in servers]
     hosts = {'a': host_vars(servers[0], tmp_path / 'prom-a'), 'b': host_vars(servers[1], tmp_path / 'prom-b')}
-    rb = rulebooks(tmp_path, 'tritonops.shm.self_heal', hosts, {
-        'triton_shm_servers': [{'host': 'a', 'url': servers[0].url, 'shm_bytes': SHM},
-                               {'host': 'b', 'url': servers[1].url, 'shm_bytes': SHM}],
-        'self_heal_percent': 50, 'self_heal_interval': 1})
+    rb = rulebooks(
+        tmp_path,
+        'tritonops.shm.self_heal',
+        hosts,
+        {
+            'triton_shm_servers': [
+                {'host': 'a', 'url': servers[0].url, 'shm_bytes': SHM},
+                {'host': 'b', 'url': servers[1].url, 'shm_bytes': SHM},
+            ],
+            'self_heal_percent': 50,
+            'self_heal_interval': 1,
+        },
+    )
     rb.wait('one cleanup of each host', lambda: rb.cleanups('a') >= 1 and rb.cleanups('b') >= 1, 150)
     seen = rb.events('a')
     rb.wait('8 more polls over the threshold', lambda: rb.events('a') >= seen + 8, 60)
@@ -186,8 +232,9 @@ def test_cooldown_one_cleanup_per_host_while_it_stays_over_the_threshold(servers
 
 
 def post(url, payload, token=None):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method='POST',
-                                 headers={'Content-Type': 'application/json'})
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), method='POST', headers={'Content-Type': 'application/json'}
+    )
     if token:
         req.add_header('Authorization', 'Bearer ' + token)
     try:
@@ -201,9 +248,15 @@ def alert(name, host, status='firing'):
     labels = {'alertname': name, 'instance': '%s:9100' % host, 'job': 'node', 'severity': 'warning'}
     if host is not None:
         labels['host'] = host
-    return {'status': status, 'labels': labels, 'annotations': {'summary': name},
-            'startsAt': '2026-01-01T00:00:00Z', 'endsAt': '0001-01-01T00:00:00Z',
-            'generatorURL': 'http://prometheus:9090/graph', 'fingerprint': '%016x' % abs(hash((name, host)))}
+    return {
+        'status': status,
+        'labels': labels,
+        'annotations': {'summary': name},
+        'startsAt': '2026-01-01T00:00:00Z',
+        'endsAt': '0001-01-01T00:00:00Z',
+        'generatorURL': 'http://prometheus:9090/graph',
+        'fingerprint': '%016x' % abs(hash((name, host))),
+    }
 
 
 def test_alertmanager_webhook_cleans_only_the_alerting_host(servers, rulebooks, tmp_path):
@@ -213,30 +266,46 @@ def test_alertmanager_webhook_cleans_only_the_alerting_host(servers, rulebooks, 
     port = tritonrig.free_port()
     token = 'tok-%d' % time.monotonic_ns()
     hosts = {'h1': host_vars(h1, tmp_path / 'prom-h1'), 'h2': host_vars(h2, tmp_path / 'prom-h2')}
-    rb = rulebooks(tmp_path, 'tritonops.shm.self_heal_alertmanager', hosts, {
-        'self_heal_hosts': ['h1', 'h2'], 'self_heal_webhook_port': port, 'self_heal_webhook_token': token})
+    rb = rulebooks(
+        tmp_path,
+        'tritonops.shm.self_heal_alertmanager',
+        hosts,
+        {'self_heal_hosts': ['h1', 'h2'], 'self_heal_webhook_port': port, 'self_heal_webhook_token': token},
+    )
     url = 'http://127.0.0.1:%d/alerts' % port
 
     def listening():
         with socket.socket() as sock:
             return sock.connect_ex(('127.0.0.1', port)) == 0
+
     rb.wait('the webhook listens', listening, 90)
 
-    group = {'version': '4', 'groupKey': '{}:{}', 'status': 'firing', 'receiver': 'tritonops', 'groupLabels': {},
-             'commonLabels': {}, 'commonAnnotations': {}, 'externalURL': 'http://alertmanager:9093',
-             'truncatedAlerts': 0}
+    group = {
+        'version': '4',
+        'groupKey': '{}:{}',
+        'status': 'firing',
+        'receiver': 'tritonops',
+        'groupLabels': {},
+        'commonLabels': {},
+        'commonAnnotations': {},
+        'externalURL': 'http://alertmanager:9093',
+        'truncatedAlerts': 0,
+    }
     # without the token: refused
     assert post(url, dict(group, alerts=[alert('TritonShmStaleRegions', 'h2')])) == 401
     # in one payload, in this order: alerts that must clean nothing, then the one for h1
-    alerts = [alert('TritonShmStaleRegions', 'h2', status='resolved'),   # resolved
-              alert('TritonShmMetricsStale', 'h2'),                      # not a cleanup alert
-              alert('TritonShmStaleRegions', 'all'),                     # not an allowed host
-              alert('TritonShmStaleRegions', 'h*'),                      # a pattern
-              alert('TritonShmStaleRegions', None),                      # no host label
-              alert('TritonShmNearlyFull', 'h1')]
+    alerts = [
+        alert('TritonShmStaleRegions', 'h2', status='resolved'),  # resolved
+        alert('TritonShmMetricsStale', 'h2'),  # not a cleanup alert
+        alert('TritonShmStaleRegions', 'all'),  # not an allowed host
+        alert('TritonShmStaleRegions', 'h*'),  # a pattern
+        alert('TritonShmStaleRegions', None),  # no host label
+        alert('TritonShmNearlyFull', 'h1'),
+    ]
     assert post(url, dict(group, alerts=alerts), token) == 200
-    rb.wait('the alerting host h1 is clean', lambda: 'dead' not in h1.system_regions() and 'dead' not in h1.shm_files(),
-            120)
+    rb.wait(
+        'the alerting host h1 is clean', lambda: 'dead' not in h1.system_regions() and 'dead' not in h1.shm_files(), 120
+    )
     rb.wait('the cleanup run finished', lambda: rb.cleanups('h1') == 1, 60)
     time.sleep(2)
     # rules run in event order: every earlier alert was decided before h1's cleanup ran
@@ -254,28 +323,44 @@ def test_a_host_whose_cleanup_cannot_see_every_holder_is_never_healed(servers, r
     if COLLECTIONS_PATH not in sys.path:
         sys.path.insert(0, COLLECTIONS_PATH)
     from ansible_collections.tritonops.shm.plugins.module_utils import metrics  # pylint: disable=import-outside-toplevel
+
     t1, t2 = servers
     prom = tmp_path / 'prom'
     prom.mkdir()
     for server, host, complete in ((t1, 't1', False), (t2, 't2', True)):
-        inv = {'reachable': True, 'holders_complete': complete, 'pid_namespace': 'initial' if complete else 'other',
-               'holders_incomplete_reason': None if complete else "outside the host's initial PID namespace",
-               'server': {'pid': 1, 'shm_dir': '/dev/shm'}}
-        metrics.write_textfile(str(prom), metrics.file_name(metrics.REPORT, host, server.url),
-                               metrics.report_text(inv, host, server.url))
+        inv = {
+            'reachable': True,
+            'holders_complete': complete,
+            'pid_namespace': 'initial' if complete else 'other',
+            'holders_incomplete_reason': None if complete else "outside the host's initial PID namespace",
+            'server': {'pid': 1, 'shm_dir': '/dev/shm'},
+        }
+        metrics.write_textfile(
+            str(prom), metrics.file_name(metrics.REPORT, host, server.url), metrics.report_text(inv, host, server.url)
+        )
     node = services(NodeExporter(tmp_path, prom)).wait_ready()
     assert 'tritonops_shm_holders_complete{host="t1"' in node.metrics()
     for server in servers:
         server.client('live', byte_size=4 * MiB)
         for name in ('dead1', 'dead2', 'dead3'):
-            server.leak(name, byte_size=4 * MiB)          # 16 MiB of 32: 50%
+            server.leak(name, byte_size=4 * MiB)  # 16 MiB of 32: 50%
     hosts = {'t1': host_vars(t1, prom), 't2': host_vars(t2, prom)}
-    rb = rulebooks(tmp_path, 'tritonops.shm.self_heal', hosts, {
-        'triton_shm_servers': [{'host': 't1', 'url': t1.url, 'shm_bytes': SHM, 'metrics_url': node.url},
-                               {'host': 't2', 'url': t2.url, 'shm_bytes': SHM, 'metrics_url': node.url + '/metrics'}],
-        'self_heal_percent': 50, 'self_heal_interval': 1})
-    rb.wait('t2 healed', lambda: not {'dead1', 'dead2', 'dead3'} & (set(t2.system_regions()) | set(t2.shm_files())),
-            120)
+    rb = rulebooks(
+        tmp_path,
+        'tritonops.shm.self_heal',
+        hosts,
+        {
+            'triton_shm_servers': [
+                {'host': 't1', 'url': t1.url, 'shm_bytes': SHM, 'metrics_url': node.url},
+                {'host': 't2', 'url': t2.url, 'shm_bytes': SHM, 'metrics_url': node.url + '/metrics'},
+            ],
+            'self_heal_percent': 50,
+            'self_heal_interval': 1,
+        },
+    )
+    rb.wait(
+        't2 healed', lambda: not {'dead1', 'dead2', 'dead3'} & (set(t2.system_regions()) | set(t2.shm_files())), 120
+    )
     rb.wait('the cleanup run of t2 finished', lambda: rb.cleanups('t2') == 1, 60)
     seen = rb.events('t1')
     rb.wait('5 more polls of t1 over the threshold', lambda: rb.events('t1') >= seen + 5, 60)
@@ -285,4 +370,4 @@ def test_a_host_whose_cleanup_cannot_see_every_holder_is_never_healed(servers, r
     assert 'live' in t2.system_regions() and 'live' in t2.shm_files()
     assert "'holders_complete': False" in out and "'holders_incomplete_reason': 'pid_namespace'" in out
     assert re.search(r't1: the cleanup there cannot see every process .*\(pid_namespace\), no cleanup', out)
-    assert len(re.findall(r't1: the cleanup there cannot see every process', out)) == 1   # throttled
+    assert len(re.findall(r't1: the cleanup there cannot see every process', out)) == 1  # throttled

@@ -6,14 +6,14 @@ as from a container that does not share the host's process table (an AWX executi
 environment on the Triton host, say): `unshare --pid --fork --mount-proc`. The server
 answers on its URL, but nothing on the host can be checked.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from ansible_helpers import PYTHON, ansible_playbook, run_module
+from prometheus_client.parser import text_string_to_metric_families
 
 INFO = 'tritonops.shm.triton_shm_info'
 REGION = 'tritonops.shm.triton_shm_region'
@@ -42,11 +42,18 @@ def _blind_playbook(playbook, triton, tmp_path, report_var):
     report_dir = tmp_path / 'report'
     prom = tmp_path / 'prom'
     prom.mkdir()
-    res = ansible_playbook(playbook, inventory=_inventory(triton, prometheus_textfile_dir=str(prom)),
-                           extra_vars={report_var: str(report_dir)}, prefix=BLIND, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    res = ansible_playbook(
+        playbook,
+        inventory=_inventory(triton, prometheus_textfile_dir=str(prom)),
+        extra_vars={report_var: str(report_dir)},
+        prefix=BLIND,
+        env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+    )
     metrics = {}
     for path in prom.iterdir():
-        metrics.update((s.name, s.value) for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples)
+        metrics.update(
+            (s.name, s.value) for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples
+        )
     return res, report_dir, metrics
 
 
@@ -67,8 +74,10 @@ def test_region_stale_cleanup_fails_with_the_reason_and_touches_nothing(scene):
     triton, _live, before = scene
     res = run_module(REGION, dict(url=triton.url, state='absent', stale=True), prefix=BLIND)
     assert res.get('failed') is True, res
-    assert res['msg'].startswith('stale cleanup needs the tritonserver process behind %s and its shm directory, '
-                                 'and the process was not found: the tritonserver process behind' % triton.url), res['msg']
+    assert res['msg'].startswith(
+        'stale cleanup needs the tritonserver process behind %s and its shm directory, '
+        'and the process was not found: the tritonserver process behind' % triton.url
+    ), res['msg']
     assert 'set server_pid or shm_dir' in res['msg']
     assert (triton.system_regions(), triton.shm_files()) == before
     # the same call where the server can be seen does the work: the scene was real
@@ -86,14 +95,18 @@ def test_cleanup_playbook_fails_the_host_with_the_reason_everywhere(scene, tmp_p
         report = json.load(f)
     assert report['status'] == 'failed' and report['changed'] is False
     assert report['error']['step'] == 'Locate the Triton server process'
-    assert 'nothing on t1 could be checked: the tritonserver process behind 127.0.0.1:%d was not found' % triton.http_port \
+    assert (
+        'nothing on t1 could be checked: the tritonserver process behind 127.0.0.1:%d was not found' % triton.http_port
         in report['error']['msg']
+    )
     assert report['done']['unregistered'] == [] and report['done']['removed_files'] == []
     summary = (report_dir / 'summary.md').read_text()
     assert '| t1 | failed |' in summary and 'Locate the Triton server process' in summary
     failed = res.task('tritonops.shm.shm_cleanup : Fail the host with the reason', host='t1')
     assert failed['failed'] is True
-    assert failed['msg'].startswith("shm_cleanup failed on t1 at 'Locate the Triton server process': nothing on t1 could be checked")
+    assert failed['msg'].startswith(
+        "shm_cleanup failed on t1 at 'Locate the Triton server process': nothing on t1 could be checked"
+    )
     stats = res.data['global_custom_stats']['tritonops_shm_cleanup']['t1']
     assert stats['status'] == 'failed' and 'could be checked' in stats['error']['msg']
     assert metrics['tritonops_shm_cleanup_last_success'] == 0
@@ -107,7 +120,7 @@ def test_report_playbook_shows_the_host_unlocated_and_fails_it(scene, tmp_path):
     with open(report_dir / 'report.json') as f:
         row = json.load(f)['hosts'][0]
     assert row['status'] == 'unlocated' and 'was not found' in row['error']
-    table = '\n'.join(res.task('Show the fleet\'s shared memory', host='localhost')['msg'])
+    table = '\n'.join(res.task("Show the fleet's shared memory", host='localhost')['msg'])
     assert 'UNLOCATED' in table and 'was not found' in table
     md = (report_dir / 'report.md').read_text()
     assert '| t1 | **unlocated** |' in md and 'whose server process was not found' in md

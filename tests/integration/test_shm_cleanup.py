@@ -4,13 +4,13 @@ Three real tritonservers on 127.0.1.1-3, each its own inventory host with a
 private /dev/shm; real tritonclient processes leak regions (SIGKILLed), others
 stay alive; one server is stopped (the down host).
 """
+
 from __future__ import annotations
 
 import json
 import os
 
 import pytest
-
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
 
@@ -23,15 +23,21 @@ SUMMARY_TASK = "Show the fleet's cleanup"
 def inventory(servers, **host_vars):
     hosts = {}
     for server in servers:
-        hosts[server.name] = dict(ansible_connection='local', ansible_python_interpreter=PYTHON,
-                                  triton_url=server.url, **host_vars)
+        hosts[server.name] = dict(
+            ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=server.url, **host_vars
+        )
     return {'all': {'children': {'triton': {'hosts': hosts}}}}
 
 
 def cleanup(servers, check=False, **extra):
     extra.setdefault('prometheus_textfile_dir', '')
-    return ansible_playbook('tritonops.shm.cleanup', inventory=inventory(servers), extra_vars=extra, check=check,
-                            env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    return ansible_playbook(
+        'tritonops.shm.cleanup',
+        inventory=inventory(servers),
+        extra_vars=extra,
+        check=check,
+        env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+    )
 
 
 def state(server):
@@ -79,7 +85,9 @@ def test_cleanup_fleet_with_a_down_host(fleet, tmp_path):
     backend = {s.name: s.backend_files() for s in (h1, h2)}
     assert all(backend.values())
     report_dir = str(tmp_path / 'report')
-    args = dict(shm_cleanup_orphan_patterns=ORPHANS, shm_cleanup_reregister=REREGISTER, shm_cleanup_report_dir=report_dir)
+    args = dict(
+        shm_cleanup_orphan_patterns=ORPHANS, shm_cleanup_reregister=REREGISTER, shm_cleanup_report_dir=report_dir
+    )
 
     # --- check mode: the whole role runs, says what it would do, touches nothing ---------
     before = {s.name: state(s) for s in (h1, h2)}
@@ -136,7 +144,13 @@ def test_cleanup_fleet_with_a_down_host(fleet, tmp_path):
     assert sorted(stats['triton2']['done']['unregistered']) == ['dangling', 'dead_a', 'dead_b']
 
     # report files on the controller: one JSON per host, the fleet summary and the fleet's HTML page
-    assert sorted(os.listdir(report_dir)) == ['report.html', 'summary.md', 'triton1.json', 'triton2.json', 'triton3.json']
+    assert sorted(os.listdir(report_dir)) == [
+        'report.html',
+        'summary.md',
+        'triton1.json',
+        'triton2.json',
+        'triton3.json',
+    ]
     with open(os.path.join(report_dir, 'report.html')) as f:
         page = f.read()
     assert 'triton3' in page and 'cannot connect' in page
@@ -170,7 +184,9 @@ def test_threshold_above_use_changes_nothing(make_triton, tmp_path):
     server.write_file('client_old', 2 * MiB, age=3600)
     server.leak('excluded_dead', byte_size=1 * MiB)
     before = state(server)
-    args = dict(shm_cleanup_orphan_patterns=ORPHANS, shm_cleanup_reregister=REREGISTER, shm_cleanup_exclude=['excluded_*'])
+    args = dict(
+        shm_cleanup_orphan_patterns=ORPHANS, shm_cleanup_reregister=REREGISTER, shm_cleanup_exclude=['excluded_*']
+    )
 
     # about 6% used, threshold 50%: the only stale region is excluded, so nothing is done
     res = cleanup([server], shm_cleanup_threshold_percent=50, **args)
@@ -230,14 +246,23 @@ def test_without_root_the_run_says_so_and_removes_nothing(make_triton):
     server.leak('dead', byte_size=MiB)
     before = state(server)
     inv = inventory([server])
-    res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, prefix=UNPRIVILEGED,
-                           extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''}, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'})
+    res = ansible_playbook(
+        'tritonops.shm.cleanup',
+        inventory=inv,
+        prefix=UNPRIVILEGED,
+        extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''},
+        env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+    )
     r = host_result(res, 'triton1')
     assert r['status'] in ('incomplete', 'failed') and r['changed'] is False, r
     why = r['server']['holders_incomplete_reason'] if r['status'] == 'incomplete' else r['error']['msg']
     assert 'root' in why, r
     assert res.stats['triton1']['changed'] == 0 and state(server) == before
-    res = ansible_playbook('tritonops.shm.report', inventory=inv, prefix=UNPRIVILEGED,
-                           extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''})
+    res = ansible_playbook(
+        'tritonops.shm.report',
+        inventory=inv,
+        prefix=UNPRIVILEGED,
+        extra_vars={'triton_become': False, 'prometheus_textfile_dir': ''},
+    )
     [line] = [line for line in res.task("Show the fleet's shared memory")['msg'] if line.startswith('triton1 ')]
     assert line.split()[1] in ('incomplete', 'UNLOCATED'), res.task("Show the fleet's shared memory")['msg']

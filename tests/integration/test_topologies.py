@@ -11,14 +11,14 @@ listening socket). The end-to-end case is the seed deployment itself:
 
 cleaned by the cleanup playbook given only http://127.0.0.1:P.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-import pytest
-
 import engines
+import pytest
 from ansible_helpers import PYTHON, ansible_playbook, run_module
 
 MIB = 1 << 20
@@ -42,29 +42,37 @@ def located(url, triton, shm_size):
 
 # -- topologies 3, 4, 6: published ports and container IPs --------------------------------------
 
+
 @DOCKER
 def test_docker_published_port_through_docker_proxy_and_the_container_ip(container_engine):
     triton = engines.run_triton(container_engine, shm_size='48m')
     how = located(triton.published_url, triton, 48 * MIB)
     assert how.startswith('connection via docker-proxy (pid '), how
-    assert how.endswith(') to tritonserver (pid %d) at %s:8000 in another network namespace; shm_dir from /proc/%d/root'
-                        % (triton.pid, triton.ip, triton.pid)), how
+    assert how.endswith(
+        ') to tritonserver (pid %d) at %s:8000 in another network namespace; shm_dir from /proc/%d/root'
+        % (triton.pid, triton.ip, triton.pid)
+    ), how
     how = located(triton.container_url, triton, 48 * MIB)
-    assert how == ('connection to tritonserver (pid %d) at %s:8000 in another network namespace; shm_dir from /proc/%d/root'
-                   % (triton.pid, triton.ip, triton.pid))
+    assert how == (
+        'connection to tritonserver (pid %d) at %s:8000 in another network namespace; shm_dir from /proc/%d/root'
+        % (triton.pid, triton.ip, triton.pid)
+    )
 
 
 @PODMAN
 def test_podman_published_port_through_nat_and_the_container_ip(container_engine):
     triton = engines.run_triton(container_engine, shm_size='40m')
     how = located(triton.published_url, triton, 40 * MIB)
-    assert how.startswith('connection via NAT 127.0.0.1:%d -> %s:8000 to tritonserver (pid %d)'
-                          % (triton.host_port, triton.ip, triton.pid)), how
+    assert how.startswith(
+        'connection via NAT 127.0.0.1:%d -> %s:8000 to tritonserver (pid %d)'
+        % (triton.host_port, triton.ip, triton.pid)
+    ), how
     how = located(triton.container_url, triton, 40 * MIB)
     assert how.startswith('connection to tritonserver (pid %d) at %s:8000' % (triton.pid, triton.ip)), how
 
 
 # -- topology 5: Docker without its userland proxy (iptables DNAT only) ------------------------------
+
 
 @DOCKER
 def test_docker_without_userland_proxy_through_nat(container_engine):
@@ -72,13 +80,16 @@ def test_docker_without_userland_proxy_through_nat(container_engine):
         container_engine.set_userland_proxy(False)
         triton = engines.run_triton(container_engine, shm_size='40m')
         how = located(triton.published_url, triton, 40 * MIB)
-        assert how.startswith('connection via NAT 127.0.0.1:%d -> %s:8000 to tritonserver (pid %d)'
-                              % (triton.host_port, triton.ip, triton.pid)), how
+        assert how.startswith(
+            'connection via NAT 127.0.0.1:%d -> %s:8000 to tritonserver (pid %d)'
+            % (triton.host_port, triton.ip, triton.pid)
+        ), how
     finally:
         container_engine.set_userland_proxy(True)
 
 
 # -- topology 2: host networking ------------------------------------------------------------------
+
 
 @PODMAN
 def test_host_network_container_by_its_listening_socket(container_engine):
@@ -88,6 +99,7 @@ def test_host_network_container_by_its_listening_socket(container_engine):
 
 
 # -- topology 7: several servers on one host -------------------------------------------------------
+
 
 @pytest.mark.parametrize('container_engine', ['docker', 'podman'], indirect=True)
 def test_several_containers_each_url_finds_its_own_server(container_engine):
@@ -101,6 +113,7 @@ def test_several_containers_each_url_finds_its_own_server(container_engine):
 
 # -- topology 8: a TCP forwarder in front --------------------------------------------------------------
 
+
 @DOCKER
 def test_socat_in_front_of_a_published_port(container_engine, forwarder):
     """Two hops: socat's child, then docker-proxy, then the container."""
@@ -113,6 +126,7 @@ def test_socat_in_front_of_a_published_port(container_engine, forwarder):
 
 # -- the seed deployment, end to end, with only the URL -------------------------------------------------
 
+
 def _used(triton):
     fs = os.statvfs(triton.shm_dir)
     return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
@@ -121,8 +135,13 @@ def _used(triton):
 def _cleanup(url, host='t1', **kwargs):
     host_vars = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, triton_url=url)
     inv = {'all': {'children': {'triton': {'hosts': {host: host_vars}}}}}
-    return ansible_playbook('tritonops.shm.cleanup', inventory=inv, env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
-                            extra_vars={'prometheus_textfile_dir': ''}, **kwargs)
+    return ansible_playbook(
+        'tritonops.shm.cleanup',
+        inventory=inv,
+        env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
+        extra_vars={'prometheus_textfile_dir': ''},
+        **kwargs,
+    )
 
 
 def clean_a_killed_client_given_only_the_url(triton, url, live_clients, host='t1'):

@@ -3,16 +3,16 @@
 The rig's ``grow`` model answers SIZE zero bytes: one large request grows its instance's pool, which never shrinks.
 Live clients (tritonclient.http) keep sending small requests to it while the module reloads it.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 
+import ansible_helpers
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-
-import ansible_helpers
 import tritonrig
 
 MODULE = 'tritonops.shm.triton_backend_pool'
@@ -87,7 +87,7 @@ def test_reload_reclaims_the_grown_pool_under_live_traffic(grown):
     assert checked['changed'] is True, checked
     assert [r['model'] for r in checked['reloaded']] == ['grow']
     assert checked['reloaded'][0]['after_bytes'] is None
-    assert pools(grown) == before                        # check mode reloads nothing
+    assert pools(grown) == before  # check mode reloads nothing
     actions = {m['model']: m['action'] for m in checked['models']}
     assert actions == {'grow': 'reload', 'echo': 'keep'}, checked['models']
 
@@ -99,12 +99,12 @@ def test_reload_reclaims_the_grown_pool_under_live_traffic(grown):
     assert done['model'] == 'grow' and done['old_pools'] == big and done['old_gone'] is True, done
     assert done['before_bytes'] > 16 * MIB and done['after_bytes'] <= 2 * MIB, done
     after = pools(grown)
-    assert big[0] not in after                           # the old file is gone
+    assert big[0] not in after  # the old file is gone
     assert set(done['new_pools']) <= set(after) and done['new_pools']
     assert traffic.ok > 0 and traffic.failed == [], traffic.failed[:3]
 
     client = httpclient.InferenceServerClient(grown.url.split('://', 1)[1])
-    assert infer(client, 1000) == 1000                   # inference works after
+    assert infer(client, 1000) == 1000  # inference works after
     again = ansible_helpers.run_module(MODULE, args)
     assert again['changed'] is False and again['reloaded'] == [], again
 
@@ -118,7 +118,9 @@ def test_reload_reclaims_the_grown_pool_under_live_traffic(grown):
 def test_reload_over_grpc(make_triton):
     server = make_triton(models=('grow',), shm_size='128m', grpc=True)
     grow(server)
-    result = ansible_helpers.run_module(MODULE, {'url': server.grpc_scheme_url, 'max_bytes': 8 * MIB, 'models': ['grow']})
+    result = ansible_helpers.run_module(
+        MODULE, {'url': server.grpc_scheme_url, 'max_bytes': 8 * MIB, 'models': ['grow']}
+    )
     assert result['changed'] is True, result
     assert result['reloaded'][0]['old_gone'] is True and result['reloaded'][0]['after_bytes'] <= 2 * MIB
 
@@ -145,10 +147,12 @@ def test_under_the_limit_changes_nothing(make_triton):
 
 def test_rig_grow_model_pool_grows_and_never_shrinks(make_triton):
     """The rig's grow model: the pool starts at shm-default-byte-size, grows in shm-growth-byte-size steps, never shrinks."""
-    server = make_triton(models=('grow',), shm_size='128m',
-                         backend_config=('python,shm-default-byte-size=%d' % (2 * MIB),
-                                         'python,shm-growth-byte-size=%d' % (4 * MIB)))
-    (name, size), = [(n, os.stat(os.path.join(server.shm_dir, n)).st_size) for n in pools(server)]
+    server = make_triton(
+        models=('grow',),
+        shm_size='128m',
+        backend_config=('python,shm-default-byte-size=%d' % (2 * MIB), 'python,shm-growth-byte-size=%d' % (4 * MIB)),
+    )
+    ((name, size),) = [(n, os.stat(os.path.join(server.shm_dir, n)).st_size) for n in pools(server)]
     assert size == 2 * MIB
     client = httpclient.InferenceServerClient(server.url.split('://', 1)[1])
     infer(client, 10 * MIB)
@@ -161,7 +165,7 @@ def test_rig_grow_model_pool_grows_and_never_shrinks(make_triton):
 
 def test_cleanup_playbook_reloads_a_grown_pool_only_when_asked(make_triton):
     """The role's opt-in (shm_cleanup_reload_pools_over_*): off by default; check mode reloads nothing; a rerun is no change."""
-    from test_shm_cleanup import cleanup, host_result   # pylint: disable=import-outside-toplevel
+    from test_shm_cleanup import cleanup, host_result  # pylint: disable=import-outside-toplevel
 
     server = make_triton(models=('grow', 'echo'), shm_size='128m', name='pools')
     grow(server)
@@ -179,7 +183,7 @@ def test_cleanup_playbook_reloads_a_grown_pool_only_when_asked(make_triton):
 
     done = cleanup([server], shm_cleanup_reload_pools_over_percent=10, shm_cleanup_reload_pools_models='grow')
     assert done.rc == 0, done
-    reloaded, = host_result(done, 'pools')['done']['reloaded']
+    (reloaded,) = host_result(done, 'pools')['done']['reloaded']
     assert reloaded['model'] == 'grow' and reloaded['old_gone'] is True and reloaded['after_bytes'] <= 2 * MIB
     assert not set(reloaded['old_pools']) & set(pools(server))
 
@@ -189,7 +193,7 @@ def test_cleanup_playbook_reloads_a_grown_pool_only_when_asked(make_triton):
 
 
 def test_cleanup_playbook_fails_the_host_with_the_reason_without_explicit_model_control(make_triton):
-    from test_shm_cleanup import cleanup, host_result   # pylint: disable=import-outside-toplevel
+    from test_shm_cleanup import cleanup, host_result  # pylint: disable=import-outside-toplevel
 
     server = make_triton(models=('grow',), shm_size='128m', name='polling', model_control='none')
     grow(server)
@@ -202,9 +206,10 @@ def test_cleanup_playbook_fails_the_host_with_the_reason_without_explicit_model_
 def test_the_pools_rulebook_reloads_the_alerting_model_only(make_triton, tmp_path):
     """A real ansible-rulebook (tritonops.shm.self_heal_pools) gets Alertmanager's POST: only a firing
     TritonShmBackendPoolLarge for an allowed host reloads, and only the model of the alert."""
-    import socket   # pylint: disable=import-outside-toplevel
-    import time     # pylint: disable=import-outside-toplevel
-    from test_self_healing import Rulebook, alert, host_vars, post   # pylint: disable=import-outside-toplevel
+    import socket  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+
+    from test_self_healing import Rulebook, alert, host_vars, post  # pylint: disable=import-outside-toplevel
 
     server = make_triton(models=('grow', 'echo'), shm_size='128m', name='h1')
     grow(server)
@@ -212,30 +217,52 @@ def test_the_pools_rulebook_reloads_the_alerting_model_only(make_triton, tmp_pat
     echo = [n for n in pools(server) if n not in big]
     port = tritonrig.free_port()
     token = 'tok-%d' % time.monotonic_ns()
-    rb = Rulebook(tmp_path, 'tritonops.shm.self_heal_pools', {'h1': host_vars(server, tmp_path / 'prom')}, {
-        'self_heal_hosts': ['h1'], 'self_heal_webhook_port': port, 'self_heal_webhook_token': token,
-        'self_heal_reload_pools_percent': 10})
+    rb = Rulebook(
+        tmp_path,
+        'tritonops.shm.self_heal_pools',
+        {'h1': host_vars(server, tmp_path / 'prom')},
+        {
+            'self_heal_hosts': ['h1'],
+            'self_heal_webhook_port': port,
+            'self_heal_webhook_token': token,
+            'self_heal_reload_pools_percent': 10,
+        },
+    )
     try:
+
         def listening():
             with socket.socket() as sock:
                 return sock.connect_ex(('127.0.0.1', port)) == 0
+
         rb.wait('the webhook listens', listening, 90)
 
         def pool_alert(model, name='TritonShmBackendPoolLarge', host='h1', status='firing'):
             a = alert(name, host, status=status)
             a['labels']['model'] = model
             return a
-        group = {'version': '4', 'groupKey': '{}:{}', 'status': 'firing', 'receiver': 'pools', 'groupLabels': {},
-                 'commonLabels': {}, 'commonAnnotations': {}, 'externalURL': 'http://alertmanager:9093', 'truncatedAlerts': 0}
-        alerts = [pool_alert('grow', status='resolved'),              # resolved
-                  pool_alert('grow', name='TritonShmNearlyFull'),     # another alert
-                  pool_alert('grow', host='h2'),                      # not an allowed host
-                  pool_alert('grow')]
+
+        group = {
+            'version': '4',
+            'groupKey': '{}:{}',
+            'status': 'firing',
+            'receiver': 'pools',
+            'groupLabels': {},
+            'commonLabels': {},
+            'commonAnnotations': {},
+            'externalURL': 'http://alertmanager:9093',
+            'truncatedAlerts': 0,
+        }
+        alerts = [
+            pool_alert('grow', status='resolved'),  # resolved
+            pool_alert('grow', name='TritonShmNearlyFull'),  # another alert
+            pool_alert('grow', host='h2'),  # not an allowed host
+            pool_alert('grow'),
+        ]
         assert post(f'http://127.0.0.1:{port}/alerts', dict(group, alerts=alerts), token) == 200
         rb.wait('the grown pool is gone', lambda: not set(big) & set(pools(server)), 180)
         rb.wait('the cleanup run finished', lambda: rb.cleanups('h1') == 1, 60)
         assert max(pools(server).values()) <= 2 * MIB
-        assert set(echo) <= set(pools(server))                        # the other model was not reloaded
+        assert set(echo) <= set(pools(server))  # the other model was not reloaded
         assert rb.output().count('PLAY [Clean up Triton shared memory]') == 1
     finally:
         rb.stop()

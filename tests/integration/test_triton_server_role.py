@@ -10,6 +10,7 @@ container's /dev/shm as tritonops.shm.triton_shm_info sees it from the URL
 alone, readiness, `changed=0` on a rerun, check mode, recreation on a changed
 plan and removal.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,10 +24,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-import yaml
-
-from ansible_helpers import PYTHON, REPO, ansible_playbook, run_module
 import tritonrig
+import yaml
+from ansible_helpers import PYTHON, REPO, ansible_playbook, run_module
 
 MIB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,12 +35,18 @@ ROLE = 'tritonops.shm.triton_server'
 NVIDIA_ULIMITS = ['memlock=-1', 'stack=67108864']
 
 # 4 x 16 MiB client regions + 2 python instances x 8 MiB = 80 MiB, +25 % = 100 MiB
-PLAN = {'client_regions': [{'byte_size': '16m', 'count': 4}],
-        'python_backend_instances': 2, 'python_backend_peak_byte_size': '8m'}
+PLAN = {
+    'client_regions': [{'byte_size': '16m', 'count': 4}],
+    'python_backend_instances': 2,
+    'python_backend_peak_byte_size': '8m',
+}
 PLAN_BYTES = 100 * MIB
 # one more 16 MiB region: 96 MiB + 25 % = 120 MiB
-BIGGER_PLAN = {'client_regions': [{'byte_size': '16m', 'count': 5}],
-               'python_backend_instances': 2, 'python_backend_peak_byte_size': '8m'}
+BIGGER_PLAN = {
+    'client_regions': [{'byte_size': '16m', 'count': 5}],
+    'python_backend_instances': 2,
+    'python_backend_peak_byte_size': '8m',
+}
 BIGGER_PLAN_BYTES = 120 * MIB
 
 # with the container harness's tests in one pytest-xdist worker (conftest.ENGINES_GROUP): the engine parameter
@@ -57,7 +63,9 @@ def image():
     """The local tritonserver image (built once, cached by content hash)."""
     proc = subprocess.run([SETUP, PYTHON], capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode == 3:
-        pytest.skip('container tests need podman, which is missing and cannot be installed here: %s' % proc.stderr.strip())
+        pytest.skip(
+            'container tests need podman, which is missing and cannot be installed here: %s' % proc.stderr.strip()
+        )
     if proc.returncode != 0:
         pytest.fail('container setup failed (%s):\n%s\n%s' % (proc.returncode, proc.stdout, proc.stderr))
     return proc.stdout.strip().splitlines()[-1]
@@ -71,12 +79,19 @@ def ulimits(image):
     also replace Podman's default nofile/nproc, so those are set as well.
     """
     probe = ['run', '--rm', '--network=none']
-    if _podman(*(probe + ['--ulimit=%s' % u for u in NVIDIA_ULIMITS] + [image, '/bin/sh', '-c', 'true']),
-               check=False).returncode == 0:
+    if (
+        _podman(
+            *(probe + ['--ulimit=%s' % u for u in NVIDIA_ULIMITS] + [image, '/bin/sh', '-c', 'true']), check=False
+        ).returncode
+        == 0
+    ):
         return NVIDIA_ULIMITS
-    fallback = ['memlock=%d' % resource.getrlimit(resource.RLIMIT_MEMLOCK)[1], 'stack=67108864',
-                'nofile=%d:%d' % ((resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2),
-                'nproc=%d:%d' % ((min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768),) * 2)]
+    fallback = [
+        'memlock=%d' % resource.getrlimit(resource.RLIMIT_MEMLOCK)[1],
+        'stack=67108864',
+        'nofile=%d:%d' % ((resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2),
+        'nproc=%d:%d' % ((min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768),) * 2),
+    ]
     proc = _podman(*(probe + ['--ulimit=%s' % u for u in fallback] + [image, '/bin/sh', '-c', 'true']), check=False)
     assert proc.returncode == 0, 'podman cannot run a container with %s either: %s' % (fallback, proc.stderr)
     return fallback
@@ -86,8 +101,12 @@ def ulimits(image):
 def docker_host(image, tmp_path_factory):
     """Podman's Docker-compatible API on a private socket (stopped by pid afterwards)."""
     sock = str(tmp_path_factory.mktemp('podman-api') / 'podman.sock')
-    proc = subprocess.Popen(['podman', 'system', 'service', '--time=0', 'unix://' + sock],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ['podman', 'system', 'service', '--time=0', 'unix://' + sock],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 30
         while not os.path.exists(sock):
@@ -129,6 +148,7 @@ def container():
         name = 'tritonops-test-%s-%d-%d' % (label, os.getpid(), len(names))
         names.append((name, via))
         return name
+
     try:
         yield make
     finally:
@@ -173,7 +193,9 @@ def role_play(values, tasks_from=None):
         'tasks': [],
     }
     if tasks_from:
-        play['tasks'].append({'name': 'the role', 'ansible.builtin.include_role': {'name': ROLE, 'tasks_from': tasks_from}})
+        play['tasks'].append(
+            {'name': 'the role', 'ansible.builtin.include_role': {'name': ROLE, 'tasks_from': tasks_from}}
+        )
     else:
         play['roles'] = [{'role': ROLE}]
     play['tasks'].append({'name': 'result', 'ansible.builtin.debug': {'var': 'triton_server_result'}})
@@ -276,7 +298,9 @@ def test_deploy_rerun_recreate_absent(engine, image, ulimits, container, tmp_pat
         assert inspect(name, via)['HostConfig']['ShmSize'] == PLAN_BYTES
 
     # a bigger plan recreates the container, and says so
-    res, result, new_state = deploy_and_check(dict(values, triton_server_shm_plan=BIGGER_PLAN), name, BIGGER_PLAN_BYTES, '120m', via)
+    res, result, new_state = deploy_and_check(
+        dict(values, triton_server_shm_plan=BIGGER_PLAN), name, BIGGER_PLAN_BYTES, '120m', via
+    )
     said = role_task(res, 'Say that the container is recreated for its /dev/shm size')
     assert 'changes from %d to %d bytes' % (PLAN_BYTES, BIGGER_PLAN_BYTES) in said['msg']
     assert result['recreated_for_shm_size'] is True
@@ -302,9 +326,17 @@ def test_not_ready_shows_the_log(engine, image, ulimits, container, tmp_path, re
         pytest.skip('the docker CLI (used to read the log of a docker-engine container) is not installed')
     role_engine, docker, via = engine_setup(engine, request)
     name = container('bad-' + engine, via)
-    values = role_vars(image, ulimits, name, tmp_path, role_engine, docker_host=docker,
-                       triton_server_extra_args=['--no-such-flag=1'], triton_server_ready_timeout=4,
-                       triton_server_restart_policy='no')
+    values = role_vars(
+        image,
+        ulimits,
+        name,
+        tmp_path,
+        role_engine,
+        docker_host=docker,
+        triton_server_extra_args=['--no-such-flag=1'],
+        triton_server_ready_timeout=4,
+        triton_server_restart_policy='no',
+    )
     res = run_role(values)
     assert res.rc != 0
     fail = role_task(res, "Fail with the container's log")
@@ -339,8 +371,16 @@ def test_check_mode_with_a_missing_image(engine, image, ulimits, container, tmp_
     role_engine, docker, via = engine_setup(engine, request)
     name = container('check-' + engine, via)
     missing = 'localhost/tritonops-test/not-pulled:26.04-py3'
-    values = role_vars(image, ulimits, name, tmp_path, role_engine, docker_host=docker,
-                       triton_server_image=missing, triton_server_image_pull='missing')
+    values = role_vars(
+        image,
+        ulimits,
+        name,
+        tmp_path,
+        role_engine,
+        docker_host=docker,
+        triton_server_image=missing,
+        triton_server_image_pull='missing',
+    )
     res = run_role(values, check=True)
     assert res.rc == 0 and failed(res) == 0, res
     result = result_of(res)
@@ -360,41 +400,96 @@ def test_client_shm_flag_and_addresses():
         'ngc-24.10': ({'triton_server_image': 'nvcr.io/nvidia/tritonserver:24.10-py3'}, False),
         'ngc-26.03': ({'triton_server_image': 'nvcr.io/nvidia/tritonserver:26.03-py3'}, False),
         'ngc-26.04': ({'triton_server_image': 'nvcr.io/nvidia/tritonserver:26.04-py3'}, True),
-        'ngc-27.01-digest': ({'triton_server_image': 'registry:5000/tritonserver:27.01-py3-min@sha256:' + '0' * 64}, True),
+        'ngc-27.01-digest': (
+            {'triton_server_image': 'registry:5000/tritonserver:27.01-py3-min@sha256:' + '0' * 64},
+            True,
+        ),
         'server-2.51': ({'triton_server_image': 'localhost/tritonops-test/tritonserver:2.51.0-0123abcd'}, False),
         'server-2.68': ({'triton_server_image': 'localhost/x/tritonserver:2.68.0'}, True),
         'latest-unknown': ({'triton_server_image': 'nvcr.io/nvidia/tritonserver:latest'}, False),
         'untagged-registry-port': ({'triton_server_image': 'registry:5000/tritonserver'}, False),
-        'latest-with-version': ({'triton_server_image': 'x/tritonserver:latest', 'triton_server_version': '26.05'}, True),
-        'version-wins-over-tag': ({'triton_server_image': 'x/tritonserver:26.04-py3', 'triton_server_version': '2.51.0'}, False),
-        'forced-true': ({'triton_server_image': 'x/tritonserver:24.10-py3', 'triton_server_allow_client_shm': True}, True),
-        'forced-true-string': ({'triton_server_image': 'x/tritonserver:24.10-py3', 'triton_server_allow_client_shm': 'true'}, True),
-        'forced-false': ({'triton_server_image': 'x/tritonserver:26.04-py3', 'triton_server_allow_client_shm': False}, False),
+        'latest-with-version': (
+            {'triton_server_image': 'x/tritonserver:latest', 'triton_server_version': '26.05'},
+            True,
+        ),
+        'version-wins-over-tag': (
+            {'triton_server_image': 'x/tritonserver:26.04-py3', 'triton_server_version': '2.51.0'},
+            False,
+        ),
+        'forced-true': (
+            {'triton_server_image': 'x/tritonserver:24.10-py3', 'triton_server_allow_client_shm': True},
+            True,
+        ),
+        'forced-true-string': (
+            {'triton_server_image': 'x/tritonserver:24.10-py3', 'triton_server_allow_client_shm': 'true'},
+            True,
+        ),
+        'forced-false': (
+            {'triton_server_image': 'x/tritonserver:26.04-py3', 'triton_server_allow_client_shm': False},
+            False,
+        ),
     }
     tasks = []
     for case, (values, dummy) in cases.items():
-        tasks.append({'name': 'include ' + case, 'ansible.builtin.include_role': {'name': ROLE, 'tasks_from': 'args'},
-                      'vars': values})
+        tasks.append(
+            {
+                'name': 'include ' + case,
+                'ansible.builtin.include_role': {'name': ROLE, 'tasks_from': 'args'},
+                'vars': values,
+            }
+        )
         tasks.append({'name': case, 'ansible.builtin.debug': {'var': '_triton_server_args'}})
-    host = {'triton_server_network_mode': 'host', 'triton_server_listen_address': '127.0.0.2',
-            'triton_server_grpc_port': 0, 'triton_server_http_port': 18000, 'triton_server_metrics_port': 18002,
-            'triton_server_load_models': ['a', 'b'], 'triton_server_command': ['numactl', '--cpunodebind=0', 'tritonserver'],
-            'triton_server_extra_args': ['--log-verbose=1']}
-    tasks.append({'name': 'include host', 'ansible.builtin.include_role': {'name': ROLE, 'tasks_from': 'args', 'public': True},
-                  'vars': host})
+    host = {
+        'triton_server_network_mode': 'host',
+        'triton_server_listen_address': '127.0.0.2',
+        'triton_server_grpc_port': 0,
+        'triton_server_http_port': 18000,
+        'triton_server_metrics_port': 18002,
+        'triton_server_load_models': ['a', 'b'],
+        'triton_server_command': ['numactl', '--cpunodebind=0', 'tritonserver'],
+        'triton_server_extra_args': ['--log-verbose=1'],
+    }
+    tasks.append(
+        {
+            'name': 'include host',
+            'ansible.builtin.include_role': {'name': ROLE, 'tasks_from': 'args', 'public': True},
+            'vars': host,
+        }
+    )
     tasks.append({'name': 'host', 'ansible.builtin.debug': {'var': '_triton_server_args'}})
-    tasks.append({'name': 'host ports', 'ansible.builtin.debug': {'var': '_triton_server_published_ports'}, 'vars': host})
-    play = [{'name': 'flags', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
-             'vars': {'ansible_python_interpreter': PYTHON}, 'tasks': tasks}]
+    tasks.append(
+        {'name': 'host ports', 'ansible.builtin.debug': {'var': '_triton_server_published_ports'}, 'vars': host}
+    )
+    play = [
+        {
+            'name': 'flags',
+            'hosts': 'localhost',
+            'connection': 'local',
+            'gather_facts': False,
+            'vars': {'ansible_python_interpreter': PYTHON},
+            'tasks': tasks,
+        }
+    ]
     res = ansible_playbook(play)
     assert res.rc == 0, res
     for case, (dummy, expected) in cases.items():
         args = res.task(case)['_triton_server_args']
         assert ('--allow-client-shm=true' in args) is expected, (case, args)
     assert res.task('host')['_triton_server_args'] == [
-        'numactl', '--cpunodebind=0', 'tritonserver', '--model-repository=/models', '--model-control-mode=explicit',
-        '--load-model=a', '--load-model=b', '--http-port=18000', '--allow-grpc=false', '--metrics-port=18002',
-        '--http-address=127.0.0.2', '--metrics-address=127.0.0.2', '--log-verbose=1']
+        'numactl',
+        '--cpunodebind=0',
+        'tritonserver',
+        '--model-repository=/models',
+        '--model-control-mode=explicit',
+        '--load-model=a',
+        '--load-model=b',
+        '--http-port=18000',
+        '--allow-grpc=false',
+        '--metrics-port=18002',
+        '--http-address=127.0.0.2',
+        '--metrics-address=127.0.0.2',
+        '--log-verbose=1',
+    ]
     assert res.task('host ports')['_triton_server_published_ports'] == []
 
 
@@ -426,14 +521,18 @@ def test_missing_engine_collection_is_explained(tmp_path):
 def test_engine_collection_found_on_the_collections_path(tmp_path):
     """The check finds the engine's collection where Ansible does (ANSIBLE_COLLECTIONS_PATH), and only that one."""
     env = only_collections(tmp_path, 'containers.podman')
-    res = ansible_playbook(role_play({'triton_server_engine': 'podman', 'triton_server_state': 'absent'},
-                                     tasks_from='collection'), env=env)
+    res = ansible_playbook(
+        role_play({'triton_server_engine': 'podman', 'triton_server_state': 'absent'}, tasks_from='collection'), env=env
+    )
     assert res.rc == 0 and failed(res) == 0, res
     assert role_task(res, "Fail when the engine's collection is missing")['msg'] == 'All assertions passed'
-    res = ansible_playbook(role_play({'triton_server_engine': 'docker', 'triton_server_state': 'absent'},
-                                     tasks_from='collection'), env=env)
+    res = ansible_playbook(
+        role_play({'triton_server_engine': 'docker', 'triton_server_state': 'absent'}, tasks_from='collection'), env=env
+    )
     assert res.rc != 0, res
-    assert 'needs the community.docker collection' in role_task(res, "Fail when the engine's collection is missing")['msg']
+    assert (
+        'needs the community.docker collection' in role_task(res, "Fail when the engine's collection is missing")['msg']
+    )
 
 
 def test_deploy_playbook_serial(image, ulimits, docker_host, container, tmp_path):
@@ -441,24 +540,31 @@ def test_deploy_playbook_serial(image, ulimits, docker_host, container, tmp_path
     hosts = {}
     for label, engine in (('pb-podman', 'podman'), ('pb-docker', 'docker')):
         name = container(label)
-        values = role_vars(image, ulimits, name, tmp_path, engine,
-                           docker_host=docker_host if engine == 'docker' else None)
+        values = role_vars(
+            image, ulimits, name, tmp_path, engine, docker_host=docker_host if engine == 'docker' else None
+        )
         values.update({'ansible_connection': 'local', 'ansible_python_interpreter': PYTHON})
         hosts[label] = values
     inventory = {'all': {'children': {'tritonfleet': {'hosts': hosts}}}}
     playbook = os.path.join(REPO, 'playbooks', 'deploy.yml')
-    res = ansible_playbook(playbook, inventory=inventory,
-                           extra_vars={'target': 'tritonfleet', 'triton_deploy_serial': 1})
+    res = ansible_playbook(
+        playbook, inventory=inventory, extra_vars={'target': 'tritonfleet', 'triton_deploy_serial': 1}
+    )
     assert res.rc == 0, res
     for label, values in hosts.items():
         assert res.stats[label]['failures'] == 0 and res.stats[label]['changed'] >= 1, res.stats
         shown = res.task('Show what was deployed', host=label)['msg']
         assert shown == '%s: present at http://127.0.0.1:%d, /dev/shm 100m (plan)' % (
-            values['triton_server_name'], values['triton_server_http_port'])
+            values['triton_server_name'],
+            values['triton_server_http_port'],
+        )
         assert inspect(values['triton_server_name'])['HostConfig']['ShmSize'] == PLAN_BYTES
         assert ready_status('http://127.0.0.1:%d' % values['triton_server_http_port']) == 200
-    res = ansible_playbook(playbook, inventory=inventory,
-                           extra_vars={'target': 'tritonfleet', 'triton_server_state': 'absent', 'triton_deploy_serial': '50%'})
+    res = ansible_playbook(
+        playbook,
+        inventory=inventory,
+        extra_vars={'target': 'tritonfleet', 'triton_server_state': 'absent', 'triton_deploy_serial': '50%'},
+    )
     assert res.rc == 0, res
     for label, values in hosts.items():
         assert res.stats[label]['changed'] == 1, res.stats

@@ -4,6 +4,7 @@ One scene (a server with every region state and file category) is built once
 and read by the module with real ansible-playbook runs; each test checks what
 an operator would look at. Error cases use real sockets on loopback ports.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,17 +21,16 @@ import tempfile
 import threading
 import time
 
-import pytest
-import yaml
-
 import ansible_helpers
+import pytest
 import tritonrig
+import yaml
 
 INFO = 'tritonops.shm.triton_shm_info'
 PATTERNS = ['client_*']
 MIB = 1 << 20
 OLD = 3600  # seconds: well past the default min_age of 300
-QUERY = "{stale: system_regions[?state=='stale'].name, orphans: files[?category=='orphan'].name, dangling: summary.dangling_regions}"
+QUERY = "{stale: system_regions[?state=='stale'].name, orphans: files[?category=='orphan'].name, dangling: summary.dangling_regions}"  # noqa: E501
 
 
 def _age(path, seconds):
@@ -48,7 +48,14 @@ def snapshot(server):
     files = {}
     for name in os.listdir(server.shm_dir):
         st = os.lstat(os.path.join(server.shm_dir, name))
-        files[name] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_ino, st.st_size, st.st_mtime_ns, st.st_uid)
+        files[name] = (
+            stat.S_IFMT(st.st_mode),
+            stat.S_IMODE(st.st_mode),
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_uid,
+        )
     return dict(regions=server.system_regions(), files=files)
 
 
@@ -81,6 +88,7 @@ def assert_clean_failure(result, *needles):
 
 
 # -- the scene: every state and category on one real server ---------------------------------
+
 
 @pytest.fixture(scope='module')
 def scene(tmp_path_factory):
@@ -241,7 +249,9 @@ def test_check_mode_gives_the_identical_result(scene):
 def test_info_changes_nothing_on_the_server_or_in_dev_shm(scene):
     assert scene['after']['regions'] == scene['before']['regions']
     assert scene['after']['files'] == scene['before']['files']
-    assert set(scene['before']['regions']) == set(['live_region', 'stale_region', 'leaked_unlinked', 'unlinked_live', 'unlinked_by_test'])
+    assert set(scene['before']['regions']) == set(
+        ['live_region', 'stale_region', 'leaked_unlinked', 'unlinked_live', 'unlinked_by_test']
+    )
 
 
 def test_summary_counts_and_bytes(scene):
@@ -262,11 +272,20 @@ def test_summary_counts_and_bytes(scene):
     assert summary['orphan_files'] == 1
     assert summary['orphan_bytes'] == 64 * 1024
     assert summary['foreign_files'] == 5  # client_young, PostgreSQL.1234, fifo, dir, symlink
-    assert len(files) == sum(summary[k] for k in ('registered_files', 'backend_files', 'in_use_files', 'orphan_files', 'foreign_files'))
+    assert len(files) == sum(
+        summary[k] for k in ('registered_files', 'backend_files', 'in_use_files', 'orphan_files', 'foreign_files')
+    )
     assert summary['total_bytes'] == info['shm_fs']['total_bytes'] == 64 * MIB
     assert summary['used_bytes'] == info['shm_fs']['used_bytes'] == scene['usage_after']['used_bytes']
-    assert summary['used_percent'] == info['shm_fs']['used_percent'] == round(100.0 * summary['used_bytes'] / summary['total_bytes'], 2)
-    assert info['shm_fs']['free_bytes'] == os.statvfs(scene['server'].shm_dir).f_bavail * os.statvfs(scene['server'].shm_dir).f_frsize
+    assert (
+        summary['used_percent']
+        == info['shm_fs']['used_percent']
+        == round(100.0 * summary['used_bytes'] / summary['total_bytes'], 2)
+    )
+    assert (
+        info['shm_fs']['free_bytes']
+        == os.statvfs(scene['server'].shm_dir).f_bavail * os.statvfs(scene['server'].shm_dir).f_frsize
+    )
 
 
 def test_query_returns_the_jmespath_value(scene):
@@ -289,7 +308,7 @@ def _return_docs():
 def _undocumented(value, spec, where, allowed_extra=()):
     """Keys of value (a dict, or a list of dicts) that spec does not document, recursing where spec has contains."""
     out = []
-    for item in (value if isinstance(value, list) else [value]):
+    for item in value if isinstance(value, list) else [value]:
         if not isinstance(item, dict):
             continue
         for key, sub in item.items():
@@ -304,8 +323,16 @@ def _undocumented(value, spec, where, allowed_extra=()):
 def test_return_docs_match_the_result(scene, tmp_path):
     docs = _return_docs()
     # the same query writing its node_exporter textfile (metrics_files is returned only then)
-    fed = ansible_helpers.run_module(INFO, dict(url=scene['server'].url, orphan_patterns=PATTERNS, query=QUERY,
-                                                metrics_dir=str(tmp_path), metrics_host='triton1'))
+    fed = ansible_helpers.run_module(
+        INFO,
+        dict(
+            url=scene['server'].url,
+            orphan_patterns=PATTERNS,
+            query=QUERY,
+            metrics_dir=str(tmp_path),
+            metrics_host='triton1',
+        ),
+    )
     assert not fed.get('failed'), fed
     assert fed['metrics_files'] and all(os.path.dirname(p) == str(tmp_path) for p in fed['metrics_files'])
     results = [scene['info'], scene['plain'], fed]
@@ -318,17 +345,25 @@ def test_return_docs_match_the_result(scene, tmp_path):
     server_fields = set(k for r in scene['before']['regions'].values() for k in r)
     top = dict((k, v) for k, v in docs.items())
     for res in results:
-        assert _undocumented(dict((k, v) for k, v in res.items() if k not in ANSIBLE_KEYS), top, 'result',
-                             allowed_extra=server_fields) == []
+        assert (
+            _undocumented(
+                dict((k, v) for k, v in res.items() if k not in ANSIBLE_KEYS),
+                top,
+                'result',
+                allowed_extra=server_fields,
+            )
+            == []
+        )
     # every documented nested key is really returned somewhere in the scene (no stale docs)
     seen = set()
 
     def collect(value, where):
-        for item in (value if isinstance(value, list) else [value]):
+        for item in value if isinstance(value, list) else [value]:
             if isinstance(item, dict):
                 for key, sub in item.items():
                     seen.add('%s.%s' % (where, key))
                     collect(sub, '%s.%s' % (where, key))
+
     collect(dict(scene['info']), 'result')
     collect(dict(fed), 'result')
 
@@ -340,6 +375,7 @@ def test_return_docs_match_the_result(scene, tmp_path):
                 continue
             yield '%s.%s' % (where, key)
             yield from documented(sub.get('contains') or {}, '%s.%s' % (where, key))
+
     assert sorted(set(documented(top, 'result')) - seen) == []
 
 
@@ -361,6 +397,7 @@ def test_nonexistent_server_pid_fails_clearly(scene):
 
 
 # -- connection errors: real sockets on loopback --------------------------------------------------
+
 
 def test_connection_refused_names_the_url():
     url = 'http://127.0.0.1:%d' % tritonrig.free_port()
@@ -417,8 +454,12 @@ def test_http_error_reports_the_servers_own_error_and_headers_get_through(tmp_pa
     server.start()
     try:
         res = ansible_helpers.run_module(INFO, dict(url=server.url))
-        assert_clean_failure(res, server.url + '/v2/systemsharedmemory/status', 'HTTP 403',
-                             "This API is restricted, expecting header 'admin-key'")
+        assert_clean_failure(
+            res,
+            server.url + '/v2/systemsharedmemory/status',
+            'HTTP 403',
+            "This API is restricted, expecting header 'admin-key'",
+        )
         assert res['failure']['status'] == 403
         ok = ansible_helpers.run_module(INFO, dict(url=server.url, headers={'admin-key': 's3cret-token'}))
     finally:
@@ -430,11 +471,15 @@ def test_http_error_reports_the_servers_own_error_and_headers_get_through(tmp_pa
 
 # -- not root: the unreadable-processes fail-safe -------------------------------------------------
 
+
 @pytest.fixture
 def unprivileged_user():
     name = 'tritonops-t%d' % os.getpid()
-    subprocess.run(['useradd', '--system', '--no-create-home', '--home-dir', '/nonexistent', '--shell', '/bin/sh', name],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ['useradd', '--system', '--no-create-home', '--home-dir', '/nonexistent', '--shell', '/bin/sh', name],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield name
     finally:
@@ -451,16 +496,19 @@ def _interpreter_wrapper(workdir):
     the collection copy), so root's controller and the other user both reach them.
     Returns (prefix, cleanup).
     """
-    needed = [os.path.realpath(ansible_helpers.PYTHON), sys.base_prefix,
-              os.path.dirname(os.path.dirname(os.path.abspath(ansible_helpers.PYTHON))),  # the venv itself
-              ansible_helpers.COLLECTIONS_PATH]
-    blocked = {}   # parent directory others cannot enter -> its entries on the way to a needed path
+    needed = [
+        os.path.realpath(ansible_helpers.PYTHON),
+        sys.base_prefix,
+        os.path.dirname(os.path.dirname(os.path.abspath(ansible_helpers.PYTHON))),  # the venv itself
+        ansible_helpers.COLLECTIONS_PATH,
+    ]
+    blocked = {}  # parent directory others cannot enter -> its entries on the way to a needed path
     for target in needed:
         target = os.path.realpath(target)
         path = os.path.dirname(target)
         while path != '/':
             if not os.stat(path).st_mode & stat.S_IXOTH:
-                blocked.setdefault(path, set()).add(target[len(path) + 1:].split('/')[0])
+                blocked.setdefault(path, set()).add(target[len(path) + 1 :].split('/')[0])
             path = os.path.dirname(path)
     if not blocked:
         return [], lambda: None
@@ -486,6 +534,7 @@ def _interpreter_wrapper(workdir):
             for child in children:
                 os.rmdir(os.path.join(view, child))
             os.rmdir(view)
+
     return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell], cleanup
 
 
@@ -494,10 +543,12 @@ def run_plays_wrapped(prefix, plays, workdir):
     with open(path, 'w') as f:
         yaml.safe_dump(plays, f, sort_keys=False)
     cmd = prefix + [os.path.join(ansible_helpers.BIN, 'ansible-playbook'), '-i', 'localhost,', path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_helpers.ansible_env(), timeout=300, cwd=workdir, check=False)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=ansible_helpers.ansible_env(), timeout=300, cwd=workdir, check=False
+    )
     data = None
     try:
-        data = json.loads(proc.stdout[proc.stdout.index('{'):])
+        data = json.loads(proc.stdout[proc.stdout.index('{') :])
     except ValueError:
         pass
     return ansible_helpers.PlaybookResult(proc, data)
@@ -521,15 +572,26 @@ def test_not_root_nothing_is_stale_and_a_warning_says_why(tmp_path, unprivileged
         prefix = ['nsenter', '--mount', '--target', str(server.pid)] + prefix
         common = dict(url=server.url, server_pid=server.pid, orphan_patterns=PATTERNS)
         become = dict(become=True, become_user=unprivileged_user, become_method='ansible.builtin.su')
-        plays = [{
-            'name': 'info as root and as a user who is not',
-            'hosts': 'localhost', 'connection': 'local', 'gather_facts': False,
-            'tasks': [
-                dict({INFO: dict(common, shm_dir='/dev/shm'), 'name': 'user'}, **become),
-                dict({INFO: dict(common, shm_dir=server.shm_dir), 'name': 'user private shm_dir', 'ignore_errors': True}, **become),
-                {'name': 'root', INFO: dict(common, shm_dir='/dev/shm')},
-            ],
-        }]
+        plays = [
+            {
+                'name': 'info as root and as a user who is not',
+                'hosts': 'localhost',
+                'connection': 'local',
+                'gather_facts': False,
+                'tasks': [
+                    dict({INFO: dict(common, shm_dir='/dev/shm'), 'name': 'user'}, **become),
+                    dict(
+                        {
+                            INFO: dict(common, shm_dir=server.shm_dir),
+                            'name': 'user private shm_dir',
+                            'ignore_errors': True,
+                        },
+                        **become,
+                    ),
+                    {'name': 'root', INFO: dict(common, shm_dir='/dev/shm')},
+                ],
+            }
+        ]
         res = run_plays_wrapped(prefix, plays, workdir)
         assert live.alive
     finally:
@@ -541,17 +603,23 @@ def test_not_root_nothing_is_stale_and_a_warning_says_why(tmp_path, unprivileged
     root, user, private = res.task('root'), res.task('user'), res.task('user private shm_dir')
     # as root the scene really has a stale region, a healthy one and an orphan
     assert root['holders_complete'] is True, root.get('warnings')
-    assert dict((r['name'], r['state']) for r in root['system_regions']) == dict(root_live='healthy', root_stale='stale')
+    assert dict((r['name'], r['state']) for r in root['system_regions']) == dict(
+        root_live='healthy', root_stale='stale'
+    )
     assert by_name(root['files'])['client_old']['category'] == 'orphan'
     # as a user who cannot read root's processes: nothing is stale, nothing orphan, and it says why
     assert not user.get('failed'), user
     assert user['unreadable_processes'] > 0
     assert user['holders_complete'] is False
-    assert dict((r['name'], r['state']) for r in user['system_regions']) == dict(root_live='unknown', root_stale='unknown')
+    assert dict((r['name'], r['state']) for r in user['system_regions']) == dict(
+        root_live='unknown', root_stale='unknown'
+    )
     assert user['summary']['stale_regions'] == 0
     assert by_name(user['files'])['client_old']['category'] == 'foreign'
     assert user['summary']['orphan_files'] == 0
-    assert any('run the module as root' in w and 'could not be inspected' in w for w in user.get('warnings', [])), user.get('warnings')
+    assert any('run the module as root' in w and 'could not be inspected' in w for w in user.get('warnings', [])), (
+        user.get('warnings')
+    )
     # the server's /dev/shm seen from outside (behind /proc/PID/root) is not readable for that user: a clear failure
     assert_clean_failure(private, server.shm_dir, 'Permission denied')
 
@@ -569,23 +637,42 @@ def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp
         server.start()
         server.leak('leaked', byte_size=4 << 20)
         prefix, cleanup = _interpreter_wrapper(workdir)
-        host = dict(ansible_connection='local', ansible_python_interpreter=ansible_helpers.PYTHON, triton_url=server.url,
-                    triton_server_pid=server.pid, ansible_become=True, ansible_become_user=unprivileged_user,
-                    ansible_become_method='ansible.builtin.su')
+        host = dict(
+            ansible_connection='local',
+            ansible_python_interpreter=ansible_helpers.PYTHON,
+            triton_url=server.url,
+            triton_server_pid=server.pid,
+            ansible_become=True,
+            ansible_become_user=unprivileged_user,
+            ansible_become_method='ansible.builtin.su',
+        )
         inventory = os.path.join(workdir, 'inventory.yml')
         with open(inventory, 'w') as f:
             yaml.safe_dump({'all': {'children': {'triton': {'hosts': {'t1': host}}}}}, f)
-        cmd = prefix + [os.path.join(ansible_helpers.BIN, 'ansible-playbook'), '-i', inventory, 'tritonops.shm.report',
-                        '-e', json.dumps({'report_dir': report_dir, 'prometheus_textfile_dir': ''})]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=ansible_helpers.ansible_env(), timeout=300, cwd=workdir,
-                              check=False)
+        cmd = prefix + [
+            os.path.join(ansible_helpers.BIN, 'ansible-playbook'),
+            '-i',
+            inventory,
+            'tritonops.shm.report',
+            '-e',
+            json.dumps({'report_dir': report_dir, 'prometheus_textfile_dir': ''}),
+        ]
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=ansible_helpers.ansible_env(),
+            timeout=300,
+            cwd=workdir,
+            check=False,
+        )
         with open(os.path.join(report_dir, 'report.json')) as f:
             rows = json.load(f)['hosts']
         with open(os.path.join(report_dir, 'report.md')) as f:
             markdown = f.read()
         with open(os.path.join(report_dir, 'report.html')) as f:
             page = f.read()
-        assert 'leaked' in server.system_regions()   # the leak was there all along
+        assert 'leaked' in server.system_regions()  # the leak was there all along
     finally:
         if cleanup is not None:
             cleanup()
@@ -598,4 +685,6 @@ def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp
     assert '| t1 | **incomplete** |' in markdown and 'is not readable' in markdown
     assert 'data-status="incomplete"' in page and 'is not readable' in page
     # the fleet table (in the json callback's output): the row's numbers under status incomplete, never ok
-    assert any(line.strip().strip('",').split()[:2] == ['t1', 'incomplete'] for line in proc.stdout.splitlines()), proc.stdout
+    assert any(line.strip().strip('",').split()[:2] == ['t1', 'incomplete'] for line in proc.stdout.splitlines()), (
+        proc.stdout
+    )

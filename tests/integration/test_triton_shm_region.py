@@ -5,6 +5,7 @@ Every test runs the module through ansible-playbook on a real server with a priv
 (stale and dangling regions) and foreign files beside them, and checks what a user would:
 the server's regions, the files and their mtimes, /dev/shm usage, and the task results.
 """
+
 from __future__ import annotations
 
 import base64
@@ -16,7 +17,6 @@ import threading
 import time
 
 import pytest
-
 import tritonrig
 from ansible_helpers import COLLECTIONS_PATH, ansible_playbook, run_module
 
@@ -27,10 +27,13 @@ BACKEND = 'triton_python_backend_shm_region_'
 
 # -- helpers --------------------------------------------------------------------------------------
 
+
 def steps(*task_args, check=False, diff=False):
     """Run the module once per args dict in one playbook; return the results in order."""
-    tasks = [{'name': 'step %d' % i, MODULE: args, 'register': 'r%d' % i, 'ignore_errors': True}
-             for i, args in enumerate(task_args)]
+    tasks = [
+        {'name': 'step %d' % i, MODULE: args, 'register': 'r%d' % i, 'ignore_errors': True}
+        for i, args in enumerate(task_args)
+    ]
     play = [{'name': 'steps', 'hosts': 'localhost', 'connection': 'local', 'gather_facts': False, 'tasks': tasks}]
     res = ansible_playbook(play, check=check, diff=diff)
     try:
@@ -67,12 +70,15 @@ def conn(server, **kw):
 
 # -- register -------------------------------------------------------------------------------------
 
+
 def test_register_with_create_file_is_changed_then_not_changed(triton):
     other = foreign(triton)
     backend = triton.backend_files()
     assert backend
-    first, second = steps(conn(triton, name='in0', key='/in0', byte_size=MIB, offset=4096, create_file=True),
-                          conn(triton, name='in0', key='/in0', byte_size=MIB, offset=4096, create_file=True))
+    first, second = steps(
+        conn(triton, name='in0', key='/in0', byte_size=MIB, offset=4096, create_file=True),
+        conn(triton, name='in0', key='/in0', byte_size=MIB, offset=4096, create_file=True),
+    )
     assert first['changed'] is True and not first.get('failed'), first
     assert first['registered'] == ['in0']
     assert first['created_files'] == [os.path.join(triton.shm_dir, 'in0')]
@@ -86,22 +92,27 @@ def test_register_with_create_file_is_changed_then_not_changed(triton):
 
 
 def test_register_a_clients_existing_file(triton):
-    client = triton.client('feeder', byte_size=2 * MIB, register=False)   # a live client's file, not registered
+    client = triton.client('feeder', byte_size=2 * MIB, register=False)  # a live client's file, not registered
     assert 'feeder' not in triton.system_regions()
     inode = os.lstat(triton.shm_path('feeder')).st_ino
-    first, second = steps(conn(triton, name='feeder', key='/feeder', byte_size=2 * MIB),
-                          conn(triton, name='feeder', key='/feeder', byte_size=2 * MIB))
+    first, second = steps(
+        conn(triton, name='feeder', key='/feeder', byte_size=2 * MIB),
+        conn(triton, name='feeder', key='/feeder', byte_size=2 * MIB),
+    )
     assert first['changed'] is True and first['registered'] == ['feeder'] and first['created_files'] == []
     assert triton.system_regions()['feeder']['byte_size'] == 2 * MIB
-    assert os.lstat(triton.shm_path('feeder')).st_ino == inode     # used, never recreated
+    assert os.lstat(triton.shm_path('feeder')).st_ino == inode  # used, never recreated
     assert second['changed'] is False
     assert client.alive
 
 
 def test_re_register_a_changed_spec_shows_before_and_after(triton):
     triton.client('in0', byte_size=2 * MIB)
-    first, second = steps(conn(triton, name='in0', key='/in0', byte_size=MIB, offset=MIB),
-                          conn(triton, name='in0', key='/in0', byte_size=MIB, offset=MIB), diff=True)
+    first, second = steps(
+        conn(triton, name='in0', key='/in0', byte_size=MIB, offset=MIB),
+        conn(triton, name='in0', key='/in0', byte_size=MIB, offset=MIB),
+        diff=True,
+    )
     assert first['changed'] is True and first['unregistered'] == ['in0'] and first['registered'] == ['in0']
     assert first['diff']['before']['regions'] == [{'name': 'in0', 'key': '/in0', 'offset': 0, 'byte_size': 2 * MIB}]
     assert first['diff']['after']['regions'] == [{'name': 'in0', 'key': '/in0', 'offset': MIB, 'byte_size': MIB}]
@@ -112,22 +123,27 @@ def test_re_register_a_changed_spec_shows_before_and_after(triton):
 def test_register_check_mode_touches_nothing(triton):
     triton.client('in0', byte_size=MIB)
     before = snapshot(triton)
-    new, changed = steps(conn(triton, name='fresh', key='/fresh', byte_size=MIB, create_file=True),
-                         conn(triton, name='in0', key='/in0', byte_size=MIB // 2), check=True, diff=True)
+    new, changed = steps(
+        conn(triton, name='fresh', key='/fresh', byte_size=MIB, create_file=True),
+        conn(triton, name='in0', key='/in0', byte_size=MIB // 2),
+        check=True,
+        diff=True,
+    )
     assert new['changed'] is True and new['registered'] == ['fresh']
     assert new['created_files'] == [os.path.join(triton.shm_dir, 'fresh')]
     assert changed['changed'] is True and changed['registered'] == ['in0']
     assert changed['diff']['after']['regions'][0]['byte_size'] == MIB // 2
-    assert [r['byte_size'] for r in changed['regions'] if r['name'] == 'in0'] == [MIB // 2]   # predicted
+    assert [r['byte_size'] for r in changed['regions'] if r['name'] == 'in0'] == [MIB // 2]  # predicted
     assert snapshot(triton) == before
 
 
 # -- unregister -----------------------------------------------------------------------------------
 
+
 def test_stale_cleanup_spares_live_backend_and_foreign_and_frees_memory(triton):
     live = triton.client('live', byte_size=MIB)
     triton.leak('dead', byte_size=4 * MIB)
-    triton.leak('gone', byte_size=4 * MIB, keep_file=False)         # dangling: file unlinked, memory still mapped
+    triton.leak('gone', byte_size=4 * MIB, keep_file=False)  # dangling: file unlinked, memory still mapped
     assert 'gone' not in triton.shm_files() and 'gone' in triton.system_regions()
     other = foreign(triton)
     backend = triton.backend_files()
@@ -158,8 +174,11 @@ def test_inventory_is_what_queries_right_before_and_after_see(triton):
     first = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*']))
     checked = steps(args, check=True)[0]
     assert 'after' not in checked and checked['unregistered'] == ['dead', 'gone']
-    assert [(r['name'], r['state']) for r in checked['before']['system_regions']] == [
-        (r['name'], r['state']) for r in first['system_regions']] == [('dead', 'stale'), ('gone', 'dangling'), ('live', 'healthy')]
+    assert (
+        [(r['name'], r['state']) for r in checked['before']['system_regions']]
+        == [(r['name'], r['state']) for r in first['system_regions']]
+        == [('dead', 'stale'), ('gone', 'dangling'), ('live', 'healthy')]
+    )
     assert checked['before']['summary'] == first['summary'] and checked['before']['summary']['orphan_files'] == 1
     acted, nothing = steps(args, args)
     assert acted['before']['summary'] == first['summary']
@@ -187,15 +206,17 @@ def test_threshold_percent_gates_orphans_but_not_stale_regions(triton):
     orphan = triton.write_file('client_old', MIB, age=3600)
     usage = triton.shm_usage()
     used = 100.0 * usage['used_bytes'] / usage['total_bytes']
-    gate = round(used + 20.0, 1)   # 64 MiB: 20% is about 13 MiB above what is used now
-    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], threshold_percent=gate)
+    gate = round(used + 20.0, 1)  # 64 MiB: 20% is about 13 MiB above what is used now
+    args = conn(
+        triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], threshold_percent=gate
+    )
     below = one(args)
     assert below['changed'] is True and below['unregistered'] == ['dead'], below
     assert below['removed_files'] == [triton.shm_path('dead')] and os.path.exists(orphan)
     assert below['threshold']['percent'] == gate and below['threshold']['over'] is False
     assert below['threshold']['used_percent'] == pytest.approx(used, abs=0.5)
     assert 'kept below the threshold' in skipped(below, 'path')[orphan]
-    foreign(triton, 'postgres_fill', size=24 * MIB)   # the use climbs past the gate
+    foreign(triton, 'postgres_fill', size=24 * MIB)  # the use climbs past the gate
     over, again = steps(args, args)
     assert over['changed'] is True and over['removed_files'] == [orphan] and not os.path.exists(orphan), over
     assert over['threshold']['over'] is True and over['threshold']['used_percent'] >= gate
@@ -209,7 +230,7 @@ def test_absent_check_mode_reports_exactly_what_the_real_run_does(triton):
     foreign(triton, 'client_input_old', age=3600)
     before = snapshot(triton)
     args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_input_*'], min_age=60)
-    check, = steps(args, check=True, diff=True)
+    (check,) = steps(args, check=True, diff=True)
     assert snapshot(triton) == before
     assert check['changed'] is True
     assert check['unregistered'] == ['dead', 'gone']
@@ -219,7 +240,7 @@ def test_absent_check_mode_reports_exactly_what_the_real_run_does(triton):
     assert [r['name'] for r in check['diff']['before']['regions']] == ['dead', 'gone', 'live']
     assert [r['name'] for r in check['diff']['after']['regions']] == ['live']
     assert sorted(check['diff']['before']['files']) == sorted(check['removed_files'])
-    real, = steps(args, diff=True)
+    (real,) = steps(args, diff=True)
     assert real['unregistered'] == check['unregistered']
     assert sorted(real['removed_files']) == sorted(check['removed_files'])
     assert real['freed_bytes'] == check['freed_bytes']
@@ -228,8 +249,11 @@ def test_absent_check_mode_reports_exactly_what_the_real_run_does(triton):
 
 def test_named_absent_is_changed_then_not_changed(triton):
     triton.leak('dead', byte_size=MIB)
-    first, second, never = steps(conn(triton, state='absent', name='dead'), conn(triton, state='absent', name='dead'),
-                                 conn(triton, state='absent', name=['never_registered']))
+    first, second, never = steps(
+        conn(triton, state='absent', name='dead'),
+        conn(triton, state='absent', name='dead'),
+        conn(triton, state='absent', name=['never_registered']),
+    )
     assert first['changed'] is True and first['unregistered'] == ['dead']
     assert first['removed_files'] == [triton.shm_path('dead')]
     assert 'dead' not in triton.system_regions() and 'dead' not in triton.shm_files()
@@ -255,8 +279,10 @@ def test_all_is_explicit_and_respects_exclude(triton):
     for res in (no_selector, only_exclude):
         assert res.get('failed') and 'needs a selector' in res['msg'], res
     assert sorted(triton.system_regions()) == ['dead', 'live', 'warmup_0']
-    first, second = steps(conn(triton, state='absent', all=True, exclude=['warmup_*']),
-                          conn(triton, state='absent', all=True, exclude=['warmup_*']))
+    first, second = steps(
+        conn(triton, state='absent', all=True, exclude=['warmup_*']),
+        conn(triton, state='absent', all=True, exclude=['warmup_*']),
+    )
     assert first['changed'] is True and first['unregistered'] == ['dead', 'live']
     assert first['removed_files'] == [triton.shm_path('dead')]
     assert skipped(first, 'name') == {'warmup_0': 'excluded by pattern'}
@@ -268,8 +294,10 @@ def test_all_is_explicit_and_respects_exclude(triton):
 
 def test_remove_file_false_then_orphan_cleanup(triton):
     triton.leak('dead', byte_size=MIB)
-    kept, kept_again = steps(conn(triton, state='absent', stale=True, remove_file=False),
-                             conn(triton, state='absent', stale=True, remove_file=False))
+    kept, kept_again = steps(
+        conn(triton, state='absent', stale=True, remove_file=False),
+        conn(triton, state='absent', stale=True, remove_file=False),
+    )
     assert kept['changed'] is True and kept['unregistered'] == ['dead'] and kept['removed_files'] == []
     assert 'dead' in triton.shm_files() and 'dead' not in triton.system_regions()
     assert kept_again['changed'] is False
@@ -277,7 +305,8 @@ def test_remove_file_false_then_orphan_cleanup(triton):
     young, first, second = steps(
         conn(triton, state='absent', orphan_files=True, orphan_patterns=['dead'], min_age=3600),
         conn(triton, state='absent', orphan_files=True, orphan_patterns=['dead'], min_age=0),
-        conn(triton, state='absent', orphan_files=True, orphan_patterns=['dead'], min_age=0))
+        conn(triton, state='absent', orphan_files=True, orphan_patterns=['dead'], min_age=0),
+    )
     assert young['changed'] is False
     assert first['changed'] is True and first['removed_files'] == [triton.shm_path('dead')]
     assert 'dead' not in triton.shm_files()
@@ -301,9 +330,10 @@ def test_bulk_many_regions_in_one_call(triton):
 
 # -- safety invariants ----------------------------------------------------------------------------
 
+
 def test_orphan_patterns_never_take_backend_foreign_young_held_or_odd_files(triton):
     backend = triton.backend_files()
-    for name in backend:      # even an old backend file is Triton's own
+    for name in backend:  # even an old backend file is Triton's own
         past = time.time() - 3600
         os.utime(triton.shm_path(name), (past, past))
     old = foreign(triton, 'client_input_old', age=3600)
@@ -316,8 +346,10 @@ def test_orphan_patterns_never_take_backend_foreign_young_held_or_odd_files(trit
     for name in ('old_fifo', 'old_dir'):
         os.utime(triton.shm_path(name), (past, past))
     triton.client('registered', byte_size=MIB)
-    first, second = steps(conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=600),
-                          conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=600))
+    first, second = steps(
+        conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=600),
+        conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=600),
+    )
     assert first['changed'] is True and first['removed_files'] == [old], first
     assert first['unregistered'] == []
     assert triton.backend_files() == backend
@@ -334,10 +366,12 @@ def test_a_symlinked_backing_file_is_never_followed(triton, tmp_path):
     triton.leak('victim', byte_size=MIB)
     os.unlink(triton.shm_path('victim'))
     os.symlink(str(target), triton.shm_path('victim'))
-    stale, named, again = steps(conn(triton, state='absent', stale=True),
-                                conn(triton, state='absent', name='victim'),
-                                conn(triton, state='absent', all=True, orphan_files=True, orphan_patterns=['*'], min_age=0))
-    assert stale['changed'] is False and [r['name'] for r in stale['regions']] == ['victim']   # unknown: not stale
+    stale, named, again = steps(
+        conn(triton, state='absent', stale=True),
+        conn(triton, state='absent', name='victim'),
+        conn(triton, state='absent', all=True, orphan_files=True, orphan_patterns=['*'], min_age=0),
+    )
+    assert stale['changed'] is False and [r['name'] for r in stale['regions']] == ['victim']  # unknown: not stale
     assert named['changed'] is True and named['unregistered'] == ['victim'] and named['removed_files'] == []
     assert 'not a regular file' in skipped(named, 'path')[triton.shm_path('victim')]
     assert again['removed_files'] == []
@@ -385,12 +419,15 @@ def test_present_errors_say_why_and_touch_nothing(triton, tmp_path):
 
 def test_real_in_use_text_is_recognised_and_retried(triton):
     if tuple(int(p) for p in triton.version().split('.')[:2]) < (2, 50):
-        pytest.skip('Triton %s has no "in use" refusal: unregistering a busy region can crash it '
-                    '(server#3207; 2.48 did in this test)' % triton.version())
+        pytest.skip(
+            'Triton %s has no "in use" refusal: unregistering a busy region can crash it '
+            '(server#3207; 2.48 did in this test)' % triton.version()
+        )
     if COLLECTIONS_PATH not in sys.path:
         sys.path.insert(0, COLLECTIONS_PATH)
     from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
     from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+
     busy = triton.client('busy', byte_size=64 * 1024, mode='infer')
     api = TritonClient(triton.url)
     seen = None
@@ -400,16 +437,16 @@ def test_real_in_use_text_is_recognised_and_retried(triton):
         except TritonError as exc:
             seen = exc
             break
-        api.register_system('busy', '/busy', 0, 64 * 1024)    # it was idle this time: put it back
+        api.register_system('busy', '/busy', 0, 64 * 1024)  # it was idle this time: put it back
     assert seen is not None, 'the server never reported the busy region in use'
     assert seen.in_use, seen.server_error
     assert seen.server_error == "Cannot unregister shared memory region 'busy', it is currently in use."
     res = one(conn(triton, state='absent', name='busy', in_use_timeout=10))
     assert res['changed'] is True and res['unregistered'] == ['busy']
     assert 'busy' not in triton.system_regions()
-    assert os.path.exists(triton.shm_path('busy')) and busy.alive     # held: kept
+    assert os.path.exists(triton.shm_path('busy')) and busy.alive  # held: kept
     busy.stop()
-    triton.kill()     # a server whose busy region was pulled from under a client can take long to stop
+    triton.kill()  # a server whose busy region was pulled from under a client can take long to stop
 
 
 def _server_maps(server, prefix):
@@ -426,7 +463,7 @@ def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(triton):
     stopped = False
     try:
         while worker.is_alive():
-            if _server_maps(triton, 'part_') < len(names):        # the module is unregistering: the server goes away
+            if _server_maps(triton, 'part_') < len(names):  # the module is unregistering: the server goes away
                 os.kill(triton.pid, signal.SIGSTOP)
                 stopped = True
                 break
@@ -461,7 +498,7 @@ def test_a_restarted_server_leaves_orphans_that_patterns_clean(tmp_path):
         servers.append(first)
         first.start()
         leaked = first.leak_many('client_input', 3, byte_size=MIB)
-        first.kill()                                    # a crash: nothing unregistered, the files stay
+        first.kill()  # a crash: nothing unregistered, the files stay
         second = tritonrig.TritonServer(workdir=str(tmp_path), namespace=ns, name='second')
         servers.append(second)
         second.start()
@@ -471,14 +508,27 @@ def test_a_restarted_server_leaves_orphans_that_patterns_clean(tmp_path):
         assert set(leaked) <= set(second.shm_files())
         stale, orphans, again = steps(
             conn(second, state='absent', stale=True),
-            conn(second, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_input_*', BACKEND + '*'],
-                 min_age=0),
-            conn(second, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_input_*', BACKEND + '*'],
-                 min_age=0))
+            conn(
+                second,
+                state='absent',
+                stale=True,
+                orphan_files=True,
+                orphan_patterns=['client_input_*', BACKEND + '*'],
+                min_age=0,
+            ),
+            conn(
+                second,
+                state='absent',
+                stale=True,
+                orphan_files=True,
+                orphan_patterns=['client_input_*', BACKEND + '*'],
+                min_age=0,
+            ),
+        )
         assert stale['changed'] is False
         assert orphans['changed'] is True
         assert sorted(orphans['removed_files']) == sorted(second.shm_path(n) for n in leaked)
-        assert second.backend_files() == backend      # Triton's own files: never removed, whatever the patterns
+        assert second.backend_files() == backend  # Triton's own files: never removed, whatever the patterns
         assert again['changed'] is False
     finally:
         for server in servers:

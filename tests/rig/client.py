@@ -22,6 +22,7 @@ that leaks a region again while a cleanup runs.
 keys ``KEY_i`` (i = 0..N-1) instead of one, over one connection: a quick
 way to leak many regions at once (benchmarks, bulk tests).
 """
+
 import argparse
 import os
 import signal
@@ -37,6 +38,7 @@ def connect(url):
     """(client, the tritonclient module it comes from): gRPC for grpc:// URLs, HTTP otherwise."""
     if url.startswith('grpc://'):
         import tritonclient.grpc as grpcclient  # pylint: disable=import-outside-toplevel
+
         return grpcclient.InferenceServerClient(url.split('://', 1)[-1]), grpcclient
     return httpclient.InferenceServerClient(url.split('://', 1)[-1]), httpclient
 
@@ -50,10 +52,20 @@ def main():
     parser.add_argument('--offset', type=int, default=0)
     parser.add_argument('--mode', choices=('hold', 'infer'), default='hold')
     parser.add_argument('--no-register', action='store_true')
-    parser.add_argument('--no-fill', action='store_true', help='leave the region sparse (default: write it, as a real client writes tensors)')
-    parser.add_argument('--count', type=int, default=0, help='hold mode: create and register COUNT regions NAME_i / KEY_i')
-    parser.add_argument('--pause', type=float, default=0.0, help='infer mode: seconds to wait between inferences (default 0: flat out)')
-    parser.add_argument('--register-when-gone', metavar='REGION', help='register as REGION once it is gone from the status, then die')
+    parser.add_argument(
+        '--no-fill',
+        action='store_true',
+        help='leave the region sparse (default: write it, as a real client writes tensors)',
+    )
+    parser.add_argument(
+        '--count', type=int, default=0, help='hold mode: create and register COUNT regions NAME_i / KEY_i'
+    )
+    parser.add_argument(
+        '--pause', type=float, default=0.0, help='infer mode: seconds to wait between inferences (default 0: flat out)'
+    )
+    parser.add_argument(
+        '--register-when-gone', metavar='REGION', help='register as REGION once it is gone from the status, then die'
+    )
     args = parser.parse_args()
     if args.count:
         return hold_many(args)

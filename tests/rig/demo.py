@@ -13,6 +13,7 @@ and the new client works again, without restarting Triton, while the live
 clients keep their regions. Everything started here is stopped again, also on
 Ctrl-C or failure.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,26 +49,39 @@ def mib(n):
 
 def usage(server):
     u = server.shm_usage()
-    return '/dev/shm %s of %s used (%.0f%%)' % (mib(u['used_bytes']), mib(u['total_bytes']), 100.0 * u['used_bytes'] / u['total_bytes'])
+    return '/dev/shm %s of %s used (%.0f%%)' % (
+        mib(u['used_bytes']),
+        mib(u['total_bytes']),
+        100.0 * u['used_bytes'] / u['total_bytes'],
+    )
 
 
 def playbook(name, inventory, extra):
     """Run a collection playbook; return (rc, the final table lines, recap)."""
     cmd = [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, 'tritonops.shm.' + name]
     cmd += ['-e', json.dumps(extra)]
-    say('$ ansible-playbook -i inventory.yml tritonops.shm.%s -e \'%s\'' % (name, cmd[-1]))
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK='ansible.posix.json', ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
-               ANSIBLE_COLLECTIONS_PATH=os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))),
-               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_LOCALHOST_WARNING='False',
-               ANSIBLE_INVENTORY_UNPARSED_WARNING='False', ANSIBLE_SHOW_CUSTOM_STATS='1',
-               PATH=BIN + os.pathsep + os.environ.get('PATH', ''))
+    say("$ ansible-playbook -i inventory.yml tritonops.shm.%s -e '%s'" % (name, cmd[-1]))
+    env = dict(
+        os.environ,
+        ANSIBLE_STDOUT_CALLBACK='ansible.posix.json',
+        ANSIBLE_LOAD_CALLBACK_PLUGINS='1',
+        ANSIBLE_COLLECTIONS_PATH=os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))),
+        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+        ANSIBLE_LOCALHOST_WARNING='False',
+        ANSIBLE_INVENTORY_UNPARSED_WARNING='False',
+        ANSIBLE_SHOW_CUSTOM_STATS='1',
+        PATH=BIN + os.pathsep + os.environ.get('PATH', ''),
+    )
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     took = time.monotonic() - t0
     try:
-        data = json.loads(proc.stdout[proc.stdout.index('{'):])
+        data = json.loads(proc.stdout[proc.stdout.index('{') :])
     except ValueError:
-        raise SystemExit('playbook %s gave no JSON result (rc %s):\n%s\n%s' % (name, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
+        raise SystemExit(
+            'playbook %s gave no JSON result (rc %s):\n%s\n%s'
+            % (name, proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+        )
     lines = []
     for play in data['plays']:
         for task in play['tasks']:
@@ -82,8 +96,11 @@ def playbook(name, inventory, extra):
                 for host, res in task['hosts'].items():
                     if res.get('failed') and not res.get('ignore_errors'):
                         say('  failed: %s: %s' % (host, res.get('msg')))
-    recap = ', '.join('%s: ok=%d changed=%d failed=%d' % (h, s['ok'], s['changed'], s['failures'])
-                      for h, s in sorted(data['stats'].items()) if h != 'localhost')
+    recap = ', '.join(
+        '%s: ok=%d changed=%d failed=%d' % (h, s['ok'], s['changed'], s['failures'])
+        for h, s in sorted(data['stats'].items())
+        if h != 'localhost'
+    )
     say('  (rc %d in %.1fs; %s)' % (proc.returncode, took, recap))
     return proc.returncode, data
 
@@ -130,7 +147,10 @@ def story(server, workdir):
     step('3. Clients crash (SIGKILL) without unregistering: their regions leak')
     for i in range(4):
         c = server.leak('batch_%d' % i, byte_size=10 * MiB)
-        say('killed client %d: region batch_%d (%s) stays registered, file stays in /dev/shm' % (c.pid, i, mib(c.byte_size)))
+        say(
+            'killed client %d: region batch_%d (%s) stays registered, file stays in /dev/shm'
+            % (c.pid, i, mib(c.byte_size))
+        )
     c = server.leak('crashed', byte_size=6 * MiB, keep_file=False)
     say('killed client %d: region crashed (6.0 MiB) - file unlinked, Triton still maps the memory (dangling)' % c.pid)
     for i in range(2):
@@ -150,14 +170,16 @@ def story(server, workdir):
     errors = [line for line in lines if line.startswith('ERROR')]
     if not errors:
         raise SystemExit('expected the new client to fail with /dev/shm full, but it did not: %s' % lines[-3:])
-    say('new client pid %d registered new_client (4.0 MiB), every inference fails with Triton\'s own error:' % new.pid)
-    say('  ' + errors[0][len('ERROR '):])
+    say("new client pid %d registered new_client (4.0 MiB), every inference fails with Triton's own error:" % new.pid)
+    say('  ' + errors[0][len('ERROR ') :])
     say(usage(server))
 
     inventory = os.path.join(workdir, 'inventory.yml')
     with open(inventory, 'w') as f:
-        f.write('triton:\n  hosts:\n    local-triton:\n      ansible_connection: local\n'
-                '      ansible_python_interpreter: %s\n      triton_url: %s\n' % (sys.executable, server.url))
+        f.write(
+            'triton:\n  hosts:\n    local-triton:\n      ansible_connection: local\n'
+            '      ansible_python_interpreter: %s\n      triton_url: %s\n' % (sys.executable, server.url)
+        )
     extra = {'shm_cleanup_orphan_patterns': 'client_tmp_*', 'prometheus_textfile_dir': ''}
 
     step('5. Report (read-only)')
@@ -167,8 +189,11 @@ def story(server, workdir):
 
     step('6. Clean up: unregister stale and dangling regions, remove their files and orphans, re-register "warmup"')
     reg = [{'name': 'warmup', 'key': '/warmup', 'byte_size': MiB}]
-    rc, data = playbook('cleanup', inventory, dict(extra, shm_cleanup_reregister=reg,
-                                                   shm_cleanup_report_dir=os.path.join(workdir, 'cleanup')))
+    rc, data = playbook(
+        'cleanup',
+        inventory,
+        dict(extra, shm_cleanup_reregister=reg, shm_cleanup_report_dir=os.path.join(workdir, 'cleanup')),
+    )
     if rc != 0:
         raise SystemExit('cleanup failed')
     result = data.get('global_custom_stats', {}).get('tritonops_shm_cleanup', {}).get('local-triton')
@@ -178,9 +203,15 @@ def story(server, workdir):
     say(usage(server))
 
     step('7. The same new client works again, Triton was never restarted')
-    lines = wait_for(new, lambda ls: len([line for line in ls if line.startswith('STATS')]) >= 2
-                     and stats([line for line in ls if line.startswith('STATS')][-1:])['ok'] != stats(
-                         [line for line in ls if line.startswith('STATS')][:1])['ok'], 20)
+    lines = wait_for(
+        new,
+        lambda ls: (
+            len([line for line in ls if line.startswith('STATS')]) >= 2
+            and stats([line for line in ls if line.startswith('STATS')][-1:])['ok']
+            != stats([line for line in ls if line.startswith('STATS')][:1])['ok']
+        ),
+        20,
+    )
     first = stats([line for line in lines if line.startswith('STATS')][:1]) or {}
     last = stats(lines) or {}
     ok = int(last.get('ok', 0)) - int(first.get('ok', 0))
@@ -201,7 +232,10 @@ def story(server, workdir):
         say('live client %-13s pid %d: region %s, file %s' % (c.name, c.pid, region, backing))
         if not kept:
             raise SystemExit('live client %s lost its region' % c.name)
-    say('python backend file kept: %s; foreign file kept: %s' % (bool(server.backend_files()), 'other_app.lock' in files))
+    say(
+        'python backend file kept: %s; foreign file kept: %s'
+        % (bool(server.backend_files()), 'other_app.lock' in files)
+    )
     say('registered now: %s' % ', '.join(sorted(regions)))
     say(usage(server))
     written = [os.path.join(d, f) for d in ('report', 'cleanup') for f in sorted(os.listdir(os.path.join(workdir, d)))]

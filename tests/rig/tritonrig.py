@@ -14,6 +14,7 @@ CLI::
 
     python tests/rig/tritonrig.py serve [--shm-size 64m] [--host 127.0.0.1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,13 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_SCRIPT = os.path.join(HERE, 'client.py')
 
-ECHO_CONFIG = '''name: "echo"
+ECHO_CONFIG = """name: "echo"
 backend: "python"
 max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
 
 def model_config(name):
@@ -53,37 +54,46 @@ def model_config(name):
 # include this venv: put the venv's site-packages first so numpy imports.
 def python_model(answer, imports=''):
     """model.py of a rig python model (a template with {sites}): answer appends one response per request."""
-    return ('import sys\nsys.path[:0] = {sites!r}\n' + imports
-            + 'import triton_python_backend_utils as pb_utils  # noqa: E402\n\n\n'
-            'class TritonPythonModel:\n    def execute(self, requests):\n        responses = []\n'
-            '        for request in requests:\n' + answer + '        return responses\n')
+    return (
+        'import sys\nsys.path[:0] = {sites!r}\n'
+        + imports
+        + 'import triton_python_backend_utils as pb_utils  # noqa: E402\n\n\n'
+        'class TritonPythonModel:\n    def execute(self, requests):\n        responses = []\n'
+        '        for request in requests:\n' + answer + '        return responses\n'
+    )
 
 
 ECHO_MODEL = python_model(
     '            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")\n'
-    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))\n')
+    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))\n'
+)
 
 
 # A model whose python backend pool grows: it answers each request with SIZE zero bytes. One large
 # request grows the instance's pool (triton_python_backend_shm_region_*) to hold the output; the pool
 # never shrinks afterwards, whatever the later, small requests ask (docs/backend-pools.md).
-GROW_CONFIG = '''name: "grow"
+GROW_CONFIG = """name: "grow"
 backend: "python"
 max_batch_size: 0
 input [ { name: "SIZE" data_type: TYPE_INT64 dims: [ 1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+"""
 
 GROW_MODEL = python_model(
     '            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])\n'
     '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.zeros(size, dtype=np.uint8))]))\n',
-    imports='import numpy as np  # noqa: E402\n')
+    imports='import numpy as np  # noqa: E402\n',
+)
 
 # Python models the rig can serve, name -> (config.pbtxt, model.py template with {sites}): 'echo' and 'mirror'
 # are the same echo code under each name, so that a server runs several python models, each with its own stub
 # and backend pool (issue 27: pools are named for their model); 'grow' grows its pool on demand.
-MODELS = {'echo': (ECHO_CONFIG, ECHO_MODEL), 'mirror': (model_config('mirror'), ECHO_MODEL), 'grow': (GROW_CONFIG, GROW_MODEL)}
+MODELS = {
+    'echo': (ECHO_CONFIG, ECHO_MODEL),
+    'mirror': (model_config('mirror'), ECHO_MODEL),
+    'grow': (GROW_CONFIG, GROW_MODEL),
+}
 PYTHON_MODELS = tuple(MODELS)
 
 
@@ -103,6 +113,7 @@ def _site_packages():
             raise ImportError('%s=%s has no pytriton package' % (SITE_ENV, site))
         return site
     import pytriton  # pylint: disable=import-outside-toplevel
+
     return os.path.dirname(os.path.dirname(os.path.abspath(pytriton.__file__)))
 
 
@@ -121,7 +132,9 @@ def triton_paths():
         'binary': os.path.join(root, 'bin', 'tritonserver'),
         'backends': os.path.join(root, 'backends'),
         'libs': os.path.join(site, 'nvidia_pytriton.libs'),
-        'stub_src': os.path.join(root, 'python_backend_stubs', '%d.%d' % sys.version_info[:2], 'triton_python_backend_stub'),
+        'stub_src': os.path.join(
+            root, 'python_backend_stubs', '%d.%d' % sys.version_info[:2], 'triton_python_backend_stub'
+        ),
         'stub': os.path.join(root, 'backends', 'python', 'triton_python_backend_stub'),
     }
     if not os.path.exists(paths['binary']):
@@ -134,7 +147,9 @@ def ensure_python_stub(paths):
     if os.path.exists(paths['stub']):
         return
     if not os.path.exists(paths['stub_src']):
-        raise RigError('no python backend stub for Python %d.%d in the wheel (%s)' % (sys.version_info[:2] + (paths['stub_src'],)))
+        raise RigError(
+            'no python backend stub for Python %d.%d in the wheel (%s)' % (sys.version_info[:2] + (paths['stub_src'],))
+        )
     tmp = paths['stub'] + '.%d.tmp' % os.getpid()
     shutil.copy2(paths['stub_src'], tmp)
     os.chmod(tmp, 0o755)
@@ -237,16 +252,44 @@ def _kill(proc, grace=10.0):
 class Client:
     """A real tritonclient process inside a server's mount namespace."""
 
-    def __init__(self, server, name, key, byte_size, register=True, mode='hold', offset=0, count=0, pause=0.0,
-                 register_when_gone=None):
+    def __init__(
+        self,
+        server,
+        name,
+        key,
+        byte_size,
+        register=True,
+        mode='hold',
+        offset=0,
+        count=0,
+        pause=0.0,
+        register_when_gone=None,
+    ):
         self.server = server
         self.name = name
         self.key = key
         self.byte_size = byte_size
         self.offset = offset
-        cmd = ['nsenter', '--mount', '--target', str(server.pid), sys.executable, CLIENT_SCRIPT,
-               '--url', server.url, '--name', name, '--key', key, '--byte-size', str(byte_size),
-               '--offset', str(offset), '--mode', mode]
+        cmd = [
+            'nsenter',
+            '--mount',
+            '--target',
+            str(server.pid),
+            sys.executable,
+            CLIENT_SCRIPT,
+            '--url',
+            server.url,
+            '--name',
+            name,
+            '--key',
+            key,
+            '--byte-size',
+            str(byte_size),
+            '--offset',
+            str(offset),
+            '--mode',
+            mode,
+        ]
         if not register:
             cmd.append('--no-register')
         if count:
@@ -257,8 +300,14 @@ class Client:
             cmd += ['--register-when-gone', register_when_gone]
         # own session: the client and the resource tracker multiprocessing starts for its
         # SharedMemory form one process group, like a client container's processes
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.pid = self.proc.pid
         self.lines = []
         line = self._readline(timeout=30 + count * 0.05)
@@ -276,6 +325,7 @@ class Client:
 
         def read():
             result.append(self.proc.stdout.readline())
+
         t = threading.Thread(target=read, daemon=True)
         t.start()
         t.join(timeout)
@@ -340,9 +390,16 @@ class ShmNamespace:
     def start(self, timeout=10.0):
         if os.geteuid() != 0:
             raise RigError('the rig needs root (mount namespaces and tmpfs mounts)')
-        shell = 'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && touch /dev/shm/.rig-ns-ready && exec sleep infinity' % self.shm_size
-        self.proc = subprocess.Popen(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        shell = (
+            'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && touch /dev/shm/.rig-ns-ready && exec sleep infinity'
+            % self.shm_size
+        )
+        self.proc = subprocess.Popen(
+            ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         marker = os.path.join(self.shm_dir, '.rig-ns-ready')
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -387,9 +444,23 @@ class TritonServer:
     whole repository and refuses the repository API's load and unload).
     """
 
-    def __init__(self, workdir=None, shm_size='64m', host='127.0.0.1', http_port=None,
-                 models=('echo',), name='triton', grpc=False, namespace=None, http=True, grpc_tls=None,
-                 backend_config=(), extra_args=(), run_as=None, model_control='explicit'):
+    def __init__(
+        self,
+        workdir=None,
+        shm_size='64m',
+        host='127.0.0.1',
+        http_port=None,
+        models=('echo',),
+        name='triton',
+        grpc=False,
+        namespace=None,
+        http=True,
+        grpc_tls=None,
+        backend_config=(),
+        extra_args=(),
+        run_as=None,
+        model_control='explicit',
+    ):
         self.name = name
         self.extra_args = list(extra_args)
         self.run_as = run_as
@@ -450,11 +521,19 @@ class TritonServer:
         return repo
 
     def command(self):
-        args = [self.paths['binary'],
-                '--model-repository', self._model_repository(),
-                '--backend-directory', self.paths['backends'],
-                '--allow-metrics', 'false',
-                '--model-control-mode', self.model_control, '--log-verbose', '0']
+        args = [
+            self.paths['binary'],
+            '--model-repository',
+            self._model_repository(),
+            '--backend-directory',
+            self.paths['backends'],
+            '--allow-metrics',
+            'false',
+            '--model-control-mode',
+            self.model_control,
+            '--log-verbose',
+            '0',
+        ]
         if self.http:
             args += ['--http-address', self.host, '--http-port', str(self.http_port)]
         else:
@@ -462,13 +541,19 @@ class TritonServer:
         if self.grpc_port:
             args += ['--allow-grpc', 'true', '--grpc-address', self.host, '--grpc-port', str(self.grpc_port)]
             if self.grpc_tls:
-                args += ['--grpc-use-ssl', 'true', '--grpc-server-cert', self.grpc_tls['cert'],
-                         '--grpc-server-key', self.grpc_tls['key']]
+                args += [
+                    '--grpc-use-ssl',
+                    'true',
+                    '--grpc-server-cert',
+                    self.grpc_tls['cert'],
+                    '--grpc-server-key',
+                    self.grpc_tls['key'],
+                ]
                 if self.grpc_tls.get('root'):
                     args += ['--grpc-root-cert', self.grpc_tls['root'], '--grpc-use-ssl-mutual', 'true']
         else:
             args += ['--allow-grpc', 'false']
-        if self.model_control == 'explicit':   # other modes load every model of the repository themselves
+        if self.model_control == 'explicit':  # other modes load every model of the repository themselves
             for model in self.models:
                 args += ['--load-model', model]
         for value in self.backend_config:
@@ -476,8 +561,23 @@ class TritonServer:
         args += self.extra_args
         if self.run_as is not None:
             shell = 'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && exec "$0" "$@"' % self.shm_size
-            return ['setpriv', '--reuid', self.run_as, '--regid', self.run_as, '--clear-groups',
-                    'unshare', '--user', '--map-root-user', '--mount', '--propagation', 'private', 'sh', '-c', shell] + args
+            return [
+                'setpriv',
+                '--reuid',
+                self.run_as,
+                '--regid',
+                self.run_as,
+                '--clear-groups',
+                'unshare',
+                '--user',
+                '--map-root-user',
+                '--mount',
+                '--propagation',
+                'private',
+                'sh',
+                '-c',
+                shell,
+            ] + args
         if self.namespace is not None:
             # nsenter execs the server: its pid is the server's
             return ['nsenter', '--mount', '--target', str(self.namespace.pid)] + args
@@ -490,21 +590,30 @@ class TritonServer:
         if self.models:
             ensure_python_stub(self.paths)
         log = open(self.log_path, 'wb')
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, env=server_env(self.paths),
-                                     cwd=self.workdir)
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(self.paths),
+            cwd=self.workdir,
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RigError('tritonserver %s exited with %s before it was ready; log %s:\n%s'
-                               % (self.name, self.proc.returncode, self.log_path, self.log_tail()))
+                raise RigError(
+                    'tritonserver %s exited with %s before it was ready; log %s:\n%s'
+                    % (self.name, self.proc.returncode, self.log_path, self.log_tail())
+                )
             if self._ready():
                 return self
             time.sleep(0.2)
         self.stop()
-        raise RigError('tritonserver %s not ready at %s within %ss; log %s:\n%s'
-                       % (self.name, self.url, timeout, self.log_path, self.log_tail()))
+        raise RigError(
+            'tritonserver %s not ready at %s within %ss; log %s:\n%s'
+            % (self.name, self.url, timeout, self.log_path, self.log_tail())
+        )
 
     def _ready(self):
         if self.http:
@@ -513,6 +622,7 @@ class TritonServer:
             except (urllib.error.URLError, ConnectionError, OSError):
                 return False
         from tritonclient.utils import InferenceServerException  # pylint: disable=import-outside-toplevel
+
         try:
             with self.grpc_client() as client:
                 return client.is_server_ready(client_timeout=2)
@@ -522,9 +632,15 @@ class TritonServer:
     def grpc_client(self):
         """A tritonclient.grpc client of this server (TLS and client certificate as the server requires)."""
         import tritonclient.grpc as grpcclient  # pylint: disable=import-outside-toplevel
+
         tls = self.grpc_tls or {}
-        return grpcclient.InferenceServerClient(self.grpc_url, ssl=bool(tls), root_certificates=tls.get('ca'),
-                                                private_key=tls.get('client_key'), certificate_chain=tls.get('client_cert'))
+        return grpcclient.InferenceServerClient(
+            self.grpc_url,
+            ssl=bool(tls),
+            root_certificates=tls.get('ca'),
+            private_key=tls.get('client_key'),
+            certificate_chain=tls.get('client_cert'),
+        )
 
     def log_tail(self, lines=40):
         try:
@@ -533,16 +649,34 @@ class TritonServer:
         except OSError:
             return '(no log)'
 
-    def client(self, name, key=None, byte_size=1 << 20, register=True, mode='hold', offset=0, pause=0.0,
-               register_when_gone=None):
+    def client(
+        self,
+        name,
+        key=None,
+        byte_size=1 << 20,
+        register=True,
+        mode='hold',
+        offset=0,
+        pause=0.0,
+        register_when_gone=None,
+    ):
         """Start a live tritonclient process that creates (and registers) a region (pause: seconds between inferences).
 
         register_when_gone=REGION: the client creates its region unregistered, waits until REGION is not in the
         server's status, registers its region under the name REGION and SIGKILLs its own process group (a client
         that re-leaks a region while a cleanup runs).
         """
-        client = Client(self, name, key or '/' + name, byte_size, register=register, mode=mode, offset=offset, pause=pause,
-                        register_when_gone=register_when_gone)
+        client = Client(
+            self,
+            name,
+            key or '/' + name,
+            byte_size,
+            register=register,
+            mode=mode,
+            offset=offset,
+            pause=pause,
+            register_when_gone=register_when_gone,
+        )
         self.clients.append(client)
         return client
 
@@ -569,7 +703,9 @@ class TritonServer:
         if not self.http:
             with self.grpc_client() as client:
                 regions = client.get_system_shared_memory_status().regions.values()
-            return {r.name: dict(name=r.name, key=r.key, offset=int(r.offset), byte_size=int(r.byte_size)) for r in regions}
+            return {
+                r.name: dict(name=r.name, key=r.key, offset=int(r.offset), byte_size=int(r.byte_size)) for r in regions
+            }
         return {r['name']: r for r in self.api('/v2/systemsharedmemory/status')[1]}
 
     def shm_files(self):
@@ -594,8 +730,7 @@ class TritonServer:
 
     def shm_usage(self):
         st = os.statvfs(self.shm_dir)
-        return {'total_bytes': st.f_blocks * st.f_frsize,
-                'used_bytes': (st.f_blocks - st.f_bfree) * st.f_frsize}
+        return {'total_bytes': st.f_blocks * st.f_frsize, 'used_bytes': (st.f_blocks - st.f_bfree) * st.f_frsize}
 
     def backend_files(self):
         return [f for f in self.shm_files() if f.startswith('triton_python_backend_shm_region_')]
@@ -629,9 +764,17 @@ class Fleet:
 
     def __init__(self, count, workdir=None, shm_size='64m', base='127.0.1.', models=('echo',), port=None):
         self.workdir = workdir or tempfile.mkdtemp(prefix='tritonfleet-')
-        self.servers = [TritonServer(workdir=self.workdir, shm_size=shm_size, host='%s%d' % (base, i + 1),
-                                     http_port=port, models=models, name='triton%d' % (i + 1))
-                        for i in range(count)]
+        self.servers = [
+            TritonServer(
+                workdir=self.workdir,
+                shm_size=shm_size,
+                host='%s%d' % (base, i + 1),
+                http_port=port,
+                models=models,
+                name='triton%d' % (i + 1),
+            )
+            for i in range(count)
+        ]
 
     def start(self):
         try:
@@ -660,11 +803,15 @@ def main(argv=None):
     serve.add_argument('--port', type=int, default=None)
     serve.add_argument('--no-models', action='store_true')
     args = parser.parse_args(argv)
-    server = TritonServer(shm_size=args.shm_size, host=args.host, http_port=args.port,
-                          models=() if args.no_models else ('echo',))
+    server = TritonServer(
+        shm_size=args.shm_size, host=args.host, http_port=args.port, models=() if args.no_models else ('echo',)
+    )
     try:
         server.start()
-        print(json.dumps({'url': server.url, 'pid': server.pid, 'shm_dir': server.shm_dir, 'log': server.log_path}), flush=True)
+        print(
+            json.dumps({'url': server.url, 'pid': server.pid, 'shm_dir': server.shm_dir, 'log': server.log_path}),
+            flush=True,
+        )
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         server.cleanup()

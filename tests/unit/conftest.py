@@ -5,6 +5,7 @@
 to sys.path lets this collection's plugins be imported next to the ones the
 ``ansible`` package installs. ansible-test sets this up itself.
 """
+
 from __future__ import annotations
 
 import os

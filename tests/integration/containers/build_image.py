@@ -31,6 +31,7 @@ Usage::
 
 Prints the image reference on the last line of stdout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,17 @@ CLIENT_PATH = '/opt/tritonops/client.py'
 # connection plugin as they would in a Triton image with Python (tests/integration/test_inside_containers.py)
 CLIENT_REQUIREMENTS = ('tritonclient[http]', 'numpy', 'requests')
 # standard library parts a client never imports
-STDLIB_SKIP = {'test', 'idlelib', 'tkinter', 'turtledemo', 'ensurepip', 'lib2to3', 'pydoc_data',
-               'site-packages', '__pycache__'}
+STDLIB_SKIP = {
+    'test',
+    'idlelib',
+    'tkinter',
+    'turtledemo',
+    'ensurepip',
+    'lib2to3',
+    'pydoc_data',
+    'site-packages',
+    '__pycache__',
+}
 MTIME = 1700000000
 PASSWD = 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n'
 GROUP = 'root:x:0:\nnogroup:x:65534:\n'
@@ -104,8 +114,9 @@ def _walk(top, arc_top, skip_dirs=(), skip=lambda name: False):
     files = []
     for dirpath, dirnames, filenames in os.walk(top):
         rel = os.path.relpath(dirpath, top)
-        dirnames[:] = sorted(d for d in dirnames if d != '__pycache__' and
-                             not (rel == '.' and d in skip_dirs) and d != 'tests')
+        dirnames[:] = sorted(
+            d for d in dirnames if d != '__pycache__' and not (rel == '.' and d in skip_dirs) and d != 'tests'
+        )
         for name in sorted(filenames):
             src = os.path.join(dirpath, name)
             if os.path.isfile(src) and not os.path.islink(src) and not name.endswith('.pyc') and not skip(name):
@@ -187,15 +198,24 @@ def collect_rig(paths):
     files.append(('%s/bin/%s' % (PY_PREFIX, version), os.path.realpath(os.path.join(base, 'bin', version))))
     if libpython and os.path.exists(os.path.join(libdir, libpython)):
         files.append(('%s/lib/%s' % (PY_PREFIX, libpython), os.path.realpath(os.path.join(libdir, libpython))))
-    files += _walk(stdlib, '%s/lib/%s' % (PY_PREFIX, version), skip_dirs=STDLIB_SKIP | {n for n in os.listdir(stdlib) if n.startswith('config-')},
-                   skip=lambda name: name.startswith(('_test', '_xxtest', '_ctypes_test', '_tkinter')))
+    files += _walk(
+        stdlib,
+        '%s/lib/%s' % (PY_PREFIX, version),
+        skip_dirs=STDLIB_SKIP | {n for n in os.listdir(stdlib) if n.startswith('config-')},
+        skip=lambda name: name.startswith(('_test', '_xxtest', '_ctypes_test', '_tkinter')),
+    )
     site_arc = '%s/lib/%s/site-packages' % (PY_PREFIX, version)
     for dist in client_distributions():
         for rel in dist.files or []:
             src = os.path.normpath(os.path.join(site, str(rel)))
             parts = str(rel).split('/')
-            if (src.startswith(site + os.sep) and os.path.isfile(src) and not src.endswith('.pyc')
-                    and '__pycache__' not in parts and 'tests' not in parts):
+            if (
+                src.startswith(site + os.sep)
+                and os.path.isfile(src)
+                and not src.endswith('.pyc')
+                and '__pycache__' not in parts
+                and 'tests' not in parts
+            ):
                 files.append((os.path.join(site_arc, str(rel)), src))
     files.append((CLIENT_PATH.lstrip('/'), tritonrig.CLIENT_SCRIPT))
     env = dict(os.environ, LD_LIBRARY_PATH=':'.join([paths['libs'], libdir]))
@@ -205,7 +225,10 @@ def collect_rig(paths):
 def rig_texts():
     """In-memory files of the rig image: the rig's echo model."""
     site = '/%s/lib/python%d.%d/site-packages' % ((PY_PREFIX,) + sys.version_info[:2])
-    return [('models/echo/config.pbtxt', tritonrig.ECHO_CONFIG), ('models/echo/1/model.py', tritonrig.ECHO_MODEL.format(sites=[site]))]
+    return [
+        ('models/echo/config.pbtxt', tritonrig.ECHO_CONFIG),
+        ('models/echo/1/model.py', tritonrig.ECHO_MODEL.format(sites=[site])),
+    ]
 
 
 def content_hash(files, texts=()):
@@ -225,12 +248,29 @@ def content_hash(files, texts=()):
 def server_version(paths):
     """The server's own version, from the option table it prints before it fails on a missing repository."""
     env = dict(os.environ, LD_LIBRARY_PATH=paths['libs'])
-    proc = subprocess.run([paths['binary'], '--model-repository', '/nonexistent-tritonops-probe',
-                           '--allow-http', 'false', '--allow-grpc', 'false', '--allow-metrics', 'false'],
-                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    proc = subprocess.run(
+        [
+            paths['binary'],
+            '--model-repository',
+            '/nonexistent-tritonops-probe',
+            '--allow-http',
+            'false',
+            '--allow-grpc',
+            'false',
+            '--allow-metrics',
+            'false',
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
     match = re.search(r'server_version\s*\|\s*([0-9]+\.[0-9]+\.[0-9]+)', proc.stdout + proc.stderr)
     if not match:
-        raise BuildError('could not read the server version from %s:\n%s' % (paths['binary'], (proc.stdout + proc.stderr)[-2000:]))
+        raise BuildError(
+            'could not read the server version from %s:\n%s' % (paths['binary'], (proc.stdout + proc.stderr)[-2000:])
+        )
     return match.group(1)
 
 
@@ -296,7 +336,8 @@ class Image:
         self.changes = [('ENV', '%s=%s' % item) for item in sorted(env.items())] + [
             ('WORKDIR', '/'),
             ('CMD', '["tritonserver","--model-repository=/models"]'),
-            ('LABEL', 'org.opencontainers.image.title=tritonops.shm-test-%s' % kind)]
+            ('LABEL', 'org.opencontainers.image.title=tritonops.shm-test-%s' % kind),
+        ]
         repository = repository or (RIG_REPOSITORY if kind == 'rig' else DEFAULT_REPOSITORY)
         self.ref = '%s:%s-%s' % (repository, server_version(paths), content_hash(self.files, self.texts)[:12])
 
@@ -339,7 +380,12 @@ def _import_missing(image, targets):
         rootfs = os.path.join(tmp, 'rootfs.tar')
         write_rootfs(image.files, rootfs, image.texts)
         for engine, cli in missing:
-            cmd = ([cli] if isinstance(cli, str) else list(cli)) + ['import'] + image.change_args(engine) + [rootfs, image.ref]
+            cmd = (
+                ([cli] if isinstance(cli, str) else list(cli))
+                + ['import']
+                + image.change_args(engine)
+                + [rootfs, image.ref]
+            )
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
             if proc.returncode != 0:
                 raise BuildError('%s import failed (%s): %s' % (engine, proc.returncode, proc.stderr.strip()[-2000:]))
@@ -361,7 +407,11 @@ def main(argv=None):
     parser.add_argument('--docker', default='/usr/bin/docker')
     parser.add_argument('--docker-host', default=None, help='the Docker daemon, e.g. unix:///run/x/docker.sock')
     args = parser.parse_args(argv)
-    cli = [args.podman] if args.engine == 'podman' else [args.docker] + (['-H', args.docker_host] if args.docker_host else [])
+    cli = (
+        [args.podman]
+        if args.engine == 'podman'
+        else [args.docker] + (['-H', args.docker_host] if args.docker_host else [])
+    )
     try:
         image = Image(args.image, args.repository)
         built = ensure(image, [(args.engine, cli)])

@@ -28,6 +28,7 @@ rig's client) and the plain ``tritonserver`` image, imported into each engine
 and cached by content hash. Everything waits with a bound, and every failure
 message carries the container's log tail.
 """
+
 from __future__ import annotations
 
 import errno
@@ -88,7 +89,9 @@ def _run(cmd, timeout=120, check=True, input_text=None):
     except subprocess.TimeoutExpired as exc:
         raise EngineError('%s timed out after %ss: %s' % (shlex.join(cmd), timeout, _tail(str(exc.stderr or ''))))
     if check and proc.returncode != 0:
-        raise EngineError('%s failed (%s): %s' % (shlex.join(cmd), proc.returncode, _tail(proc.stderr + proc.stdout, 20)))
+        raise EngineError(
+            '%s failed (%s): %s' % (shlex.join(cmd), proc.returncode, _tail(proc.stderr + proc.stdout, 20))
+        )
     return proc
 
 
@@ -186,7 +189,9 @@ class Engine:
         When the container is created but does not start (a port taken meanwhile), it is removed.
         """
         try:
-            proc = self.run('run', '-d', '--name', name, '--label', '%s=%d' % (LABEL, os.getpid()), *args, timeout=timeout)
+            proc = self.run(
+                'run', '-d', '--name', name, '--label', '%s=%d' % (LABEL, os.getpid()), *args, timeout=timeout
+            )
         except EngineError:
             self.run('rm', '--force', name, check=False, timeout=60)
             raise
@@ -231,11 +236,19 @@ class Podman(Engine):
         if not self.podman:
             raise EngineUnavailable('podman is not installed (.ci/deps installs it)')
         if self.holder is None:
-            self.holder = subprocess.Popen(['unshare', '--mount', '--propagation', 'slave', 'sleep', 'infinity'],
-                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self.holder = subprocess.Popen(
+                ['unshare', '--mount', '--propagation', 'slave', 'sleep', 'infinity'],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             # the namespace exists once unshare has exec'ed sleep
-            if not _wait(lambda: _cmdline(self.holder.pid)[:1] == [b'sleep'] or self.holder.poll() is not None, 10, 0.02) \
-                    or self.holder.poll() is not None:
+            if (
+                not _wait(
+                    lambda: _cmdline(self.holder.pid)[:1] == [b'sleep'] or self.holder.poll() is not None, 10, 0.02
+                )
+                or self.holder.poll() is not None
+            ):
                 err = self.holder.stderr.read().decode() if self.holder.poll() is not None else ''
                 self.holder = None
                 raise EngineError('could not start the mount namespace holder for podman: %s' % err)
@@ -312,7 +325,9 @@ class DockerDaemon(Engine):
             if time.monotonic() > deadline:
                 self._lock.close()
                 self._lock = None
-                raise EngineError('another test session holds the private dockerd (%s) for more than %ss' % (LOCK_FILE, timeout))
+                raise EngineError(
+                    'another test session holds the private dockerd (%s) for more than %ss' % (LOCK_FILE, timeout)
+                )
             time.sleep(1)
 
     def _release(self):
@@ -348,8 +363,10 @@ class DockerDaemon(Engine):
                 except OSError:
                     continue
                 if comm == 'dockerd':
-                    raise EngineUnavailable('a dockerd (pid %s) already runs on this host; the private test dockerd would '
-                                            'recreate its iptables chains: run the Docker tests where no other dockerd runs' % entry)
+                    raise EngineUnavailable(
+                        'a dockerd (pid %s) already runs on this host; the private test dockerd would '
+                        'recreate its iptables chains: run the Docker tests where no other dockerd runs' % entry
+                    )
 
     def _ensure_bridge(self):
         shown = _run(['ip', '-o', '-4', 'addr', 'show', 'dev', self.bridge], check=False)
@@ -383,19 +400,40 @@ class DockerDaemon(Engine):
             self._stop_stale()
             self._refuse_foreign_dockerd()
             self._ensure_bridge()
-            cmd = ['unshare', '--mount', '--propagation', 'slave', self.dockerd,
-                   '--host', self.host, '--data-root', self.data_root, '--exec-root', self.exec_root,
-                   '--pidfile', self.pidfile, '--bridge', self.bridge,
-                   # ip_forward stays as it is: dockerd would set it and FORWARD policy DROP for the whole host
-                   '--ip-forward=false',
-                   '--userland-proxy=%s' % ('true' if userland_proxy else 'false')]
+            cmd = [
+                'unshare',
+                '--mount',
+                '--propagation',
+                'slave',
+                self.dockerd,
+                '--host',
+                self.host,
+                '--data-root',
+                self.data_root,
+                '--exec-root',
+                self.exec_root,
+                '--pidfile',
+                self.pidfile,
+                '--bridge',
+                self.bridge,
+                # ip_forward stays as it is: dockerd would set it and FORWARD policy DROP for the whole host
+                '--ip-forward=false',
+                '--userland-proxy=%s' % ('true' if userland_proxy else 'false'),
+            ]
             with open(self.logfile, 'ab') as log:
                 # unshare execs dockerd: this pid is dockerd's
-                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+                self.proc = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             self.userland_proxy = userland_proxy
-            ok = _wait(lambda: self.proc.poll() is not None or
-                       (os.path.exists(self.socket) and self.run('version', check=False, timeout=20).returncode == 0), timeout, 0.5)
+            ok = _wait(
+                lambda: (
+                    self.proc.poll() is not None
+                    or (os.path.exists(self.socket) and self.run('version', check=False, timeout=20).returncode == 0)
+                ),
+                timeout,
+                0.5,
+            )
             if not ok or self.proc.poll() is not None:
                 log = self.log_tail()
                 self._terminate()
@@ -484,7 +522,8 @@ class Pod:
         state = self.engine.inspect(self.infra_id) or {}
         settings = state.get('NetworkSettings', {})
         self.ip = settings.get('IPAddress') or next(
-            (n.get('IPAddress') for n in (settings.get('Networks') or {}).values() if n.get('IPAddress')), None)
+            (n.get('IPAddress') for n in (settings.get('Networks') or {}).values() if n.get('IPAddress')), None
+        )
         if not self.ip:
             raise EngineError(f'pod {self.name} has no IP address: {settings}')
         return self
@@ -504,8 +543,19 @@ def create_pod(engine: Podman, shm_size: str = '64m', name: str | None = None, s
     if engine.name != 'podman':
         raise EngineUnavailable(f'pods need podman, not {engine.name}')
     name = name or engine.unique_name('pod')
-    proc = engine.run('pod', 'create', '--name', name, '--share', share, '--shm-size', shm_size,
-                      '--label', f'{LABEL}={os.getpid()}', timeout=120)
+    proc = engine.run(
+        'pod',
+        'create',
+        '--name',
+        name,
+        '--share',
+        share,
+        '--shm-size',
+        shm_size,
+        '--label',
+        f'{LABEL}={os.getpid()}',
+        timeout=120,
+    )
     pod_id = proc.stdout.strip().splitlines()[-1]
     engine.pods.append(pod_id)
     try:
@@ -552,8 +602,18 @@ class Container:
 class TritonContainer(Container):
     """A Triton container: where it answers, its host pid and its /dev/shm seen from the host."""
 
-    def __init__(self, engine: Engine, cid: str, name: str, image: str, shm_size: str, network: str | None,
-                 host_port: int | None, http_port: int, pod: Pod | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        cid: str,
+        name: str,
+        image: str,
+        shm_size: str,
+        network: str | None,
+        host_port: int | None,
+        http_port: int,
+        pod: Pod | None = None,
+    ) -> None:
         super().__init__(engine, cid, name)
         self.image = image
         self.shm_size = shm_size
@@ -567,7 +627,8 @@ class TritonContainer(Container):
         if network != 'host' and pod is None:
             settings = state.get('NetworkSettings', {})
             self.ip = settings.get('IPAddress') or next(
-                (n.get('IPAddress') for n in (settings.get('Networks') or {}).values() if n.get('IPAddress')), None)
+                (n.get('IPAddress') for n in (settings.get('Networks') or {}).values() if n.get('IPAddress')), None
+            )
 
     @property
     def published_url(self):
@@ -611,16 +672,30 @@ class TritonContainer(Container):
             if not self.alive:
                 break
             time.sleep(0.3)
-        raise EngineError('%s container %s is not ready at %s/v2/health/ready (running: %s); log:\n%s'
-                          % (self.engine.name, self.name, url, self.alive, self.log_tail()))
+        raise EngineError(
+            '%s container %s is not ready at %s/v2/health/ready (running: %s); log:\n%s'
+            % (self.engine.name, self.name, url, self.alive, self.log_tail())
+        )
 
     def __repr__(self):
         return 'TritonContainer(%s %s pid=%s url=%s ip=%s)' % (self.engine.name, self.name, self.pid, self.url, self.ip)
 
 
-def run_triton(engine: Engine, shm_size: str = '64m', publish: bool = True, network: str | None = None, models=(),
-               name: str | None = None, image: str = 'rig', args=(), command: list | None = None, ipc: str = 'shareable',
-               extra=(), ready_timeout: float = 120.0, pod: Pod | None = None) -> TritonContainer:
+def run_triton(
+    engine: Engine,
+    shm_size: str = '64m',
+    publish: bool = True,
+    network: str | None = None,
+    models=(),
+    name: str | None = None,
+    image: str = 'rig',
+    args=(),
+    command: list | None = None,
+    ipc: str = 'shareable',
+    extra=(),
+    ready_timeout: float = 120.0,
+    pod: Pod | None = None,
+) -> TritonContainer:
     """Start a Triton container and wait until it is ready.
 
     shm_size: ``--shm-size``; publish: publish the HTTP port on 127.0.0.1 at a free
@@ -650,8 +725,14 @@ def run_triton(engine: Engine, shm_size: str = '64m', publish: bool = True, netw
             host_port = tritonrig.free_port()
             opts += ['-p', f'127.0.0.1:{host_port}:{TRITON_HTTP_PORT}']
     if command is None:
-        command = ['tritonserver', '--model-repository=/models', '--model-control-mode=explicit',
-                   '--allow-grpc=false', '--allow-metrics=false', f'--http-port={http_port}']
+        command = [
+            'tritonserver',
+            '--model-repository=/models',
+            '--model-control-mode=explicit',
+            '--allow-grpc=false',
+            '--allow-metrics=false',
+            f'--http-port={http_port}',
+        ]
         if network == 'host':
             command.append('--http-address=127.0.0.1')
         command += [f'--load-model={m}' for m in models] + list(args)
@@ -689,8 +770,10 @@ class ClientContainer(Container):
             if not self.alive:
                 break
             time.sleep(0.3)
-        raise EngineError('client container %s did not print READY (running: %s); log:\n%s\nserver log:\n%s'
-                          % (self.name, self.alive, self.log_tail(), self.triton.log_tail(15)))
+        raise EngineError(
+            'client container %s did not print READY (running: %s); log:\n%s\nserver log:\n%s'
+            % (self.name, self.alive, self.log_tail(), self.triton.log_tail(15))
+        )
 
     def kill(self, timeout=30.0):
         """`docker kill` / `podman kill` (SIGKILL to the whole container): the region and its file stay."""
@@ -707,9 +790,20 @@ class ClientContainer(Container):
         return 'ClientContainer(%s %s region=%s key=%s)' % (self.engine.name, self.name, self.region, self.key)
 
 
-def run_client(triton: TritonContainer, name: str, byte_size: int, mode: str = 'hold', key: str | None = None,
-               count: int = 0, pause: float = 0.0, register: bool = True, fill: bool = True, init: bool = True, extra=(),
-               ready_timeout: float = 90.0) -> ClientContainer:
+def run_client(
+    triton: TritonContainer,
+    name: str,
+    byte_size: int,
+    mode: str = 'hold',
+    key: str | None = None,
+    count: int = 0,
+    pause: float = 0.0,
+    register: bool = True,
+    fill: bool = True,
+    init: bool = True,
+    extra=(),
+    ready_timeout: float = 90.0,
+) -> ClientContainer:
     """Start the rig's client in a container sharing triton's IPC and network namespaces.
 
     It creates system shm region ``name`` (key ``/name`` unless given) of
@@ -738,8 +832,20 @@ def run_client(triton: TritonContainer, name: str, byte_size: int, mode: str = '
         opts += ['--network', 'host']
     else:
         opts += ['--network', 'container:' + triton.id]
-    cmd = [image.python, build_image.CLIENT_PATH, '--url', f'http://127.0.0.1:{triton.http_port}',
-           '--name', name, '--key', key, '--byte-size', str(byte_size), '--mode', mode]
+    cmd = [
+        image.python,
+        build_image.CLIENT_PATH,
+        '--url',
+        f'http://127.0.0.1:{triton.http_port}',
+        '--name',
+        name,
+        '--key',
+        key,
+        '--byte-size',
+        str(byte_size),
+        '--mode',
+        mode,
+    ]
     if count:
         cmd += ['--count', str(count)]
     if pause:
@@ -780,11 +886,15 @@ class Forwarder:
         return self.proc.pid if self.proc else None
 
     def start(self, timeout=15.0):
-        cmd = [self.socat, 'TCP-LISTEN:%d,bind=%s,fork,reuseaddr' % (self.port, self.host),
-               'TCP:%s:%s' % (self.target_host, self.target_port)]
+        cmd = [
+            self.socat,
+            'TCP-LISTEN:%d,bind=%s,fork,reuseaddr' % (self.port, self.host),
+            'TCP:%s:%s' % (self.target_host, self.target_port),
+        ]
         # own session: its forked children are stopped with it
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
 
         def listening():
             if self.proc.poll() is not None:
@@ -792,6 +902,7 @@ class Forwarder:
             with socket.socket() as sock:
                 sock.settimeout(1)
                 return sock.connect_ex((self.host, self.port)) == 0
+
         if not _wait(listening, timeout, 0.05) or self.proc.poll() is not None:
             err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ''
             self.stop()

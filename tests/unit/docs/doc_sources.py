@@ -2,6 +2,7 @@
 (README, docs/, the roles' READMEs) with their fenced blocks, the EXAMPLES of every plugin, and what the
 code accepts (the modules' argument specs, the roles' argument specs, the event source's options, the
 playbooks' variables). Shared by test_doc_examples.py and test_doc_options.py."""
+
 from __future__ import annotations
 
 import ast
@@ -20,7 +21,8 @@ NAMESPACE = 'tritonops.shm'
 
 class Block(NamedTuple):
     """One piece of YAML (or shell) a user may copy: where it is, its language and its text."""
-    where: str   # path:line, relative to the collection
+
+    where: str  # path:line, relative to the collection
     lang: str
     text: str
 
@@ -42,15 +44,18 @@ def read(path: str) -> str:
         return f.read()
 
 
-FENCE = re.compile(r'^(?P<indent>[ \t]*)```(?P<lang>[A-Za-z0-9_+-]*)[ \t]*\n(?P<body>.*?)^[ \t]*```[ \t]*$',
-                   re.M | re.S)
+FENCE = re.compile(
+    r'^(?P<indent>[ \t]*)```(?P<lang>[A-Za-z0-9_+-]*)[ \t]*\n(?P<body>.*?)^[ \t]*```[ \t]*$', re.M | re.S
+)
 
 
 def fenced_blocks(path: str) -> list[Block]:
     """The fenced code blocks of a Markdown page, dedented (a block inside a list item is indented)."""
     text = read(path)
-    return [Block(f'{rel(path)}:{text.count(chr(10), 0, m.start()) + 2}', m.group('lang'),
-                  textwrap.dedent(m.group('body'))) for m in FENCE.finditer(text)]
+    return [
+        Block(f'{rel(path)}:{text.count(chr(10), 0, m.start()) + 2}', m.group('lang'), textwrap.dedent(m.group('body')))
+        for m in FENCE.finditer(text)
+    ]
 
 
 def prose(path: str) -> str:
@@ -61,8 +66,11 @@ def prose(path: str) -> str:
 def python_constant(path: str, name: str) -> str | None:
     """A module-level string constant (DOCUMENTATION, EXAMPLES) of a Python file, without running it."""
     for node in ast.parse(read(path)).body:
-        if (isinstance(node, ast.Assign) and [getattr(t, 'id', None) for t in node.targets] == [name]
-                and isinstance(node.value, ast.Constant)):
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(t, 'id', None) for t in node.targets] == [name]
+            and isinstance(node.value, ast.Constant)
+        ):
             return node.value.value
     return None
 
@@ -112,6 +120,7 @@ def shell_blocks() -> list[Block]:
 
 # What the code accepts ---------------------------------------------------------------------------------------------
 
+
 class _Captured(Exception):
     pass
 
@@ -137,8 +146,11 @@ def module_options(name: str) -> set[str]:
 
 
 def modules() -> list[str]:
-    return sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(COLLECTION, 'plugins', 'modules', '*.py'))
-                  if not os.path.basename(p).startswith('__'))
+    return sorted(
+        os.path.basename(p)[:-3]
+        for p in glob.glob(os.path.join(COLLECTION, 'plugins', 'modules', '*.py'))
+        if not os.path.basename(p).startswith('__')
+    )
 
 
 def role_options() -> dict[str, set[str]]:
@@ -151,9 +163,11 @@ def role_options() -> dict[str, set[str]]:
 
 
 def event_source_options() -> dict[str, set[str]]:
-    return {os.path.basename(path)[:-3]: set((doc.get('options') or {}))
-            for path in glob.glob(os.path.join(COLLECTION, 'extensions', 'eda', 'plugins', 'event_source', '*.py'))
-            if (doc := plugin_doc(path, 'DOCUMENTATION'))}
+    return {
+        os.path.basename(path)[:-3]: set(doc.get('options') or {})
+        for path in glob.glob(os.path.join(COLLECTION, 'extensions', 'eda', 'plugins', 'event_source', '*.py'))
+        if (doc := plugin_doc(path, 'DOCUMENTATION'))
+    }
 
 
 def event_source_server_keys() -> set[str]:

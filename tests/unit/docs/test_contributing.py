@@ -1,4 +1,5 @@
 """CONTRIBUTING.md stays a ten-minute read, and its layout table stays current."""
+
 from __future__ import annotations
 
 import os
@@ -39,6 +40,9 @@ def test_every_path_of_the_layout_table_exists():
 
 def test_every_module_utils_file_is_in_the_layout_table():
     listed = set(_layout_paths())
-    files = {f'plugins/module_utils/{f}' for f in os.listdir(os.path.join(ROOT, 'plugins', 'module_utils'))
-             if f.endswith('.py') and f != '__init__.py'}
+    files = {
+        f'plugins/module_utils/{f}'
+        for f in os.listdir(os.path.join(ROOT, 'plugins', 'module_utils'))
+        if f.endswith('.py') and f != '__init__.py'
+    }
     assert files - listed == set()

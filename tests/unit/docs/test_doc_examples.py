@@ -1,6 +1,7 @@
 """Every piece of YAML a user may copy parses: each plugin's EXAMPLES (modules, filters and tests with their
 sidecar docs, event sources) and each ```yaml block of README.md, README.zh.md, docs/**/*.md and the roles'
 READMEs. Jinja inside is fine as long as it is valid YAML (quoted where YAML needs it)."""
+
 from __future__ import annotations
 
 import ast
@@ -9,7 +10,6 @@ import re
 
 import pytest
 import yaml
-
 from doc_sources import COLLECTION, Block, examples, markdown_pages, plugin_files, read, yaml_blocks
 
 BLOCKS = yaml_blocks()
@@ -20,8 +20,11 @@ def test_every_source_is_read():
     pages = [p.rsplit('/', 1)[-1] for p in markdown_pages()]
     assert {'README.md', 'README.zh.md', 'runbook.md', 'awx.md'} <= set(pages)
     assert len([p for p in plugin_files() if '/modules/' in p]) >= 4
-    wanted = {'plugins/filter/shm_size.yml', 'plugins/modules/triton_shm_region.py',
-              'extensions/eda/plugins/event_source/triton_shm.py'}
+    wanted = {
+        'plugins/filter/shm_size.yml',
+        'plugins/modules/triton_shm_region.py',
+        'extensions/eda/plugins/event_source/triton_shm.py',
+    }
     assert {b.where for b in examples()} >= wanted
     assert len(BLOCKS) > 100
 
@@ -49,7 +52,7 @@ def test_alertmanager_examples_are_the_tested_config():
         if not (isinstance(loaded, dict) and 'receivers' in loaded):
             continue
         for route in loaded['route'].get('routes', [loaded['route']]):
-            assert route['group_by'][:len(group_by)] == group_by, block.where
+            assert route['group_by'][: len(group_by)] == group_by, block.where
         for receiver in loaded['receivers']:
             for hook in receiver['webhook_configs']:
                 assert hook.get('send_resolved', True) is send_resolved, block.where

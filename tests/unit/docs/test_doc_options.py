@@ -22,19 +22,34 @@
 4. in plugin docs: every `O(name)` / `O(name=value)` / `O(a.b)` / `O(a[].b)` -> an option of that plugin (its first
    part), and every `O(…)` in a role's argument_specs -> an option of that role.
 """
+
 from __future__ import annotations
 
 import glob
 import os
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
-
 from doc_sources import (
-    COLLECTION, NAMESPACE, event_source_options, event_source_server_keys, markdown_pages, module_options, modules,
-    playbook_variables, plugin_doc, plugin_files, prose, read, rel, role_options, shell_blocks, yaml_blocks,
+    COLLECTION,
+    NAMESPACE,
+    event_source_options,
+    event_source_server_keys,
+    markdown_pages,
+    module_options,
+    modules,
+    playbook_variables,
+    plugin_doc,
+    plugin_files,
+    prose,
+    read,
+    rel,
+    role_options,
+    shell_blocks,
+    yaml_blocks,
 )
 
 ROLE_PREFIXES = {'shm_cleanup_': 'shm_cleanup', 'triton_server_': 'triton_server'}
@@ -46,6 +61,7 @@ OTHER_WORDS = {
     'triton_python_backend_stub': "the python backend's stub process (its comm and command line)",
     'triton_region': "the rig client's region helper (tests/rig/client.py), named in prevention.md",
     'triton_python_backend_shm_region_planted': 'a file name in a test scene (reliability.md)',
+    'triton_python_b': "the stub's comm: the kernel keeps 15 characters of triton_python_backend_stub",
 }
 
 MODULE_OPTIONS = {name: module_options(name) for name in modules()}
@@ -81,8 +97,9 @@ def walk(node: Any) -> Iterator[dict]:
 ROLE_FACTS = role_facts()
 ACTION_GROUP_MEMBERS = yaml.safe_load(read(os.path.join(COLLECTION, 'meta', 'runtime.yml')))['action_groups']['triton']
 PLUGIN_NAMES = {os.path.basename(p).rsplit('.', 1)[0] for p in plugin_files()}
-PLUGIN_NAMES |= {os.path.basename(p)[:-3]
-                 for p in glob.glob(os.path.join(COLLECTION, 'plugins', 'module_utils', '*.py'))}
+PLUGIN_NAMES |= {
+    os.path.basename(p)[:-3] for p in glob.glob(os.path.join(COLLECTION, 'plugins', 'module_utils', '*.py'))
+}
 PLUGIN_NAMES |= set(ROLE_OPTIONS)
 
 
@@ -100,7 +117,7 @@ def named_in_yaml(loaded: Any) -> Iterator[tuple[str, str]]:
         for key, value in mapping.items():
             if not isinstance(key, str):
                 continue
-            short = key[len(NAMESPACE) + 1:] if key.startswith(f'{NAMESPACE}.') else None
+            short = key[len(NAMESPACE) + 1 :] if key.startswith(f'{NAMESPACE}.') else None
             if short in MODULE_OPTIONS and isinstance(value, dict):
                 yield from ((f'module {short}', option) for option in value)
             elif short in SOURCE_OPTIONS and isinstance(value, dict):
@@ -110,7 +127,7 @@ def named_in_yaml(loaded: Any) -> Iterator[tuple[str, str]]:
                 yield from server_keys(value)
             elif key == 'module_defaults' and isinstance(value, dict):
                 for target, options in value.items():
-                    members = ACTION_GROUP_MEMBERS if target == ACTION_GROUP else [target[len(NAMESPACE) + 1:]]
+                    members = ACTION_GROUP_MEMBERS if target == ACTION_GROUP else [target[len(NAMESPACE) + 1 :]]
                     for option in options or {}:
                         if not all(option in MODULE_OPTIONS.get(m, set()) for m in members):
                             yield f'module_defaults {target}', option
@@ -141,7 +158,7 @@ def yaml_cases() -> list[tuple[str, str, str]]:
         try:
             loaded = yaml.safe_load(block.text)
         except yaml.YAMLError:
-            continue   # test_doc_examples.py::test_yaml_parses names it
+            continue  # test_doc_examples.py::test_yaml_parses names it
         cases += [(block.where, what, name) for what, name in named_in_yaml(loaded)]
     return sorted(set(cases))
 
@@ -156,7 +173,7 @@ def shell_cases() -> list[tuple[str, str]]:
         for span in re.findall(r'`([^`]+)`', prose(page)):
             if 'ansible-playbook' in span or 'ansible-rulebook' in span:
                 cases |= {(rel(page), name) for name in EXTRA_VAR.findall(span)}
-            elif span.startswith(('-e ', '--extra-vars')):   # strace's -e trace=, inject= have no _
+            elif span.startswith(('-e ', '--extra-vars')):  # strace's -e trace=, inject= have no _
                 cases |= {(rel(page), name) for name in EXTRA_VAR.findall(span) if '_' in name}
     return sorted(cases)
 
@@ -179,6 +196,7 @@ OPTION_REFERENCE = re.compile(r'\bO\((?:tritonops\.shm\.([a-z0-9_]+)#(module|rol
 def plugin_reference_cases() -> list[tuple[str, str, frozenset]]:
     """(where, reference, options of the plugin or role it refers to): its own, or the one it names in
     O(tritonops.shm.NAME#module:option) / O(tritonops.shm.ROLE#role:ENTRY:option)."""
+
     def options_of(owner: str, kind: str, own: frozenset) -> frozenset:
         if not owner:
             return own
@@ -189,7 +207,7 @@ def plugin_reference_cases() -> list[tuple[str, str, frozenset]]:
         try:
             doc = plugin_doc(path, 'DOCUMENTATION') or {}
         except yaml.YAMLError:
-            continue   # test_doc_examples.py::test_yaml_parses names the file
+            continue  # test_doc_examples.py::test_yaml_parses names the file
         name = os.path.basename(path).rsplit('.', 1)[0]
         # a module's options from its argument_spec (its doc fragments' options included)
         own = frozenset(MODULE_OPTIONS[name] if '/modules/' in path else (doc.get('options') or {}))
@@ -213,8 +231,11 @@ def test_the_sources_are_found():
 
 @pytest.mark.parametrize('where, what, name', yaml_cases())
 def test_yaml_names_exist(where, what, name):
-    assert accepted(what, name), (f'{where}: no playbook, rulebook or role reads {name!r}' if what == 'variable'
-                                  else f'{where}: {what} has no option {name!r}')
+    assert accepted(what, name), (
+        f'{where}: no playbook, rulebook or role reads {name!r}'
+        if what == 'variable'
+        else f'{where}: {what} has no option {name!r}'
+    )
 
 
 @pytest.mark.parametrize('where, name', shell_cases())
@@ -224,8 +245,9 @@ def test_extra_vars_exist(where, name):
 
 @pytest.mark.parametrize('where, name', prose_cases())
 def test_prose_names_exist(where, name):
-    assert known_variable(name) or name in PLUGIN_NAMES or name in OTHER_WORDS, \
+    assert known_variable(name) or name in PLUGIN_NAMES or name in OTHER_WORDS, (
         f'{where}: `{name}` is no role option, role fact, playbook or rulebook variable, nor a plugin'
+    )
 
 
 @pytest.mark.parametrize('where, ref, options', plugin_reference_cases())

@@ -1,5 +1,6 @@
 """The node agent's execution-environment definition (docs/ee/execution-environment.yml), checked with
 ``ansible-builder create``: the build context it writes. No base image can be pulled here, so nothing is built."""
+
 from __future__ import annotations
 
 import os
@@ -20,12 +21,21 @@ def test_ansible_builder_creates_the_agents_build_context(tmp_path):
     shutil.copy(EE, work)
     (work / 'tritonops-shm-0.2.0.tar.gz').write_bytes(b'the collection tarball (ansible-galaxy collection build)')
     context = tmp_path / 'context'
-    proc = subprocess.run([BUILDER, 'create', '-f', 'execution-environment.yml', '-c', str(context)], cwd=work,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [BUILDER, 'create', '-f', 'execution-environment.yml', '-c', str(context)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     containerfile = (context / 'Containerfile').read_text()
-    assert 'FROM quay.io/fedora/fedora-minimal:41' in containerfile.replace('$EE_BASE_IMAGE', 'quay.io/fedora/fedora-minimal:41') \
+    assert (
+        'FROM quay.io/fedora/fedora-minimal:41'
+        in containerfile.replace('$EE_BASE_IMAGE', 'quay.io/fedora/fedora-minimal:41')
         or 'quay.io/fedora/fedora-minimal:41' in containerfile
+    )
     assert 'ansible-galaxy collection install --offline -p /usr/share/ansible/collections' in containerfile
     assert containerfile.rstrip().splitlines()[-3] == 'USER root'
     assert (context / '_build' / 'collections' / 'tritonops-shm-0.2.0.tar.gz').exists()

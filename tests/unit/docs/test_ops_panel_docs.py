@@ -1,5 +1,6 @@
 """docs/ops-panel.md and .zh.md: the screenshots exist and are the tests' size, every YAML block parses, the
 two languages show the same images and link the same pages, and the docs index links both."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,11 @@ def images(text: str) -> list:
 
 
 def links(text: str) -> set:
-    return {target.split('#')[0] for target in re.findall(r'(?<!!)\[[^\]]*\]\(([^)]+)\)', text)
-            if '://' not in target and not target.startswith('#')}
+    return {
+        target.split('#')[0]
+        for target in re.findall(r'(?<!!)\[[^\]]*\]\(([^)]+)\)', text)
+        if '://' not in target and not target.startswith('#')
+    }
 
 
 @pytest.mark.parametrize('name', PAGES)
@@ -36,7 +40,7 @@ def test_screenshots_are_the_tests_pngs(name):
         with open(os.path.join(DOCS, path), 'rb') as f:
             head = f.read(24)
         assert head[:8] == b'\x89PNG\r\n\x1a\n'
-        assert struct.unpack('>II', head[16:24]) == (1280, 1600)   # --window-size=1280,1600
+        assert struct.unpack('>II', head[16:24]) == (1280, 1600)  # --window-size=1280,1600
 
 
 @pytest.mark.parametrize('name', PAGES)
@@ -55,6 +59,8 @@ def test_both_languages_say_the_same_and_are_indexed():
     en, zh = page('ops-panel.md'), page('ops-panel.zh.md')
     assert images(en) == images(zh)
     assert {t.replace('.zh.md', '.md') for t in links(zh)} == {t.replace('.zh.md', '.md') for t in links(en)}
-    assert re.findall(r'`[a-z_]+\.[a-z_.]+`', en) == re.findall(r'`[a-z_]+\.[a-z_.]+`', zh)   # FQCNs and file names
-    assert '[ops-panel.md](ops-panel.md)' in page('README.md') and '[ops-panel.zh.md](ops-panel.zh.md)' in page('README.md')
+    assert re.findall(r'`[a-z_]+\.[a-z_.]+`', en) == re.findall(r'`[a-z_]+\.[a-z_.]+`', zh)  # FQCNs and file names
+    assert '[ops-panel.md](ops-panel.md)' in page('README.md') and '[ops-panel.zh.md](ops-panel.zh.md)' in page(
+        'README.md'
+    )
     assert '[ops-panel.zh.md](ops-panel.zh.md)' in page('README.zh.md')

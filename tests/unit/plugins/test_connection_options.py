@@ -12,6 +12,7 @@ they have them:
   shm_dir or backend_patterns, and url is per server).
 A failure names the copy and the option that drifted.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,14 +24,23 @@ import yaml
 
 from ansible_collections.tritonops.shm.plugins.doc_fragments.triton import ModuleDocFragment
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
-    backend_argument_spec, connection_argument_spec, shm_dir_argument_spec)
+    backend_argument_spec,
+    connection_argument_spec,
+    shm_dir_argument_spec,
+)
 
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ROLE = os.path.join(COLLECTION, 'roles', 'shm_cleanup')
 EDA_SOURCE = os.path.join(COLLECTION, 'extensions', 'eda', 'plugins', 'event_source', 'triton_shm.py')
 
 CONNECTION = connection_argument_spec()
-GROUP = {**shm_dir_argument_spec(), **backend_argument_spec()}   # what module_defaults of the action group can set
+# the connection and shm options of the doc fragment. What module_defaults of the action group can set is
+# GROUP_WIDE, the options every member takes. client_users is not one:
+# triton_backend_pool removes no file and refuses it (a group default of it failed the role's reload), so the
+# role gives it to the two modules that judge files, each by name
+PER_MODULE = ('client_users',)
+GROUP = {**shm_dir_argument_spec(), **backend_argument_spec()}
+GROUP_WIDE = {k: v for k, v in GROUP.items() if k not in PER_MODULE}
 # a Jinja default as written in the playbooks
 _LITERALS = {'none': None, 'true': True, 'false': False, '{}': {}, '[]': []}
 _VAR = re.compile(r'^\{\{ (?P<var>[a-z_]+)(?: \| default\((?P<default>[^,)]*)(?P<omit_empty>, true)?\))? \}\}$')
@@ -76,8 +86,13 @@ def _eda_options() -> dict:
 def test_the_source_is_what_this_test_expects():
     """The names this test maps to role variables and host variables; a new option must be added to every copy."""
     assert list(CONNECTION) == ['url', 'timeout', 'validate_certs', 'ca_path', 'headers', 'client_cert', 'client_key']
-    assert list(GROUP) == list(CONNECTION) + ['server_pid', 'shm_dir', 'clients_share_pid_namespace', 'backend_patterns',
-                                              'client_users']
+    assert list(GROUP) == list(CONNECTION) + [
+        'server_pid',
+        'shm_dir',
+        'clients_share_pid_namespace',
+        'backend_patterns',
+        'client_users',
+    ]
 
 
 @pytest.mark.parametrize('name', list(GROUP))
@@ -86,7 +101,9 @@ def test_doc_fragment(name):
     assert doc is not None, f'doc fragment tritonops.shm.triton: {name} is not documented'
     assert doc['type'] == spec['type'], f'doc fragment: {name} is {doc["type"]}, the argument spec says {spec["type"]}'
     assert doc.get('elements') == spec.get('elements'), f'doc fragment: elements of {name}'
-    assert _default(doc) == _default(spec), f'doc fragment: {name} defaults to {_default(doc)!r}, base to {_default(spec)!r}'
+    assert _default(doc) == _default(spec), (
+        f'doc fragment: {name} defaults to {_default(doc)!r}, base to {_default(spec)!r}'
+    )
     assert bool(doc.get('required')) == bool(spec.get('required')), f'doc fragment: required of {name}'
 
 
@@ -101,15 +118,21 @@ def test_role_defaults_and_argument_specs(name):
     options = _load(ROLE, 'meta', 'argument_specs.yml')['argument_specs']['main']['options']
     assert var in options, f'meta/argument_specs.yml: {var} is missing'
     option = options[var]
-    assert option['type'] == spec['type'], f'meta/argument_specs.yml: {var} is {option["type"]}, base says {spec["type"]}'
+    assert option['type'] == spec['type'], (
+        f'meta/argument_specs.yml: {var} is {option["type"]}, base says {spec["type"]}'
+    )
     assert option.get('elements') == spec.get('elements'), f'meta/argument_specs.yml: elements of {var}'
     assert bool(option.get('required')) == bool(spec.get('required')), f'meta/argument_specs.yml: required of {var}'
     if spec.get('required'):
         assert var not in defaults, f'defaults/main.yml: {var} is required and has no default'
         return
     assert var in defaults, f'defaults/main.yml: {var} is missing'
-    assert defaults[var] == _default(spec), f'defaults/main.yml: {var} is {defaults[var]!r}, base defaults to {_default(spec)!r}'
-    assert option.get('default') == _default(spec), f'meta/argument_specs.yml: {var} defaults to {option.get("default")!r}'
+    assert defaults[var] == _default(spec), (
+        f'defaults/main.yml: {var} is {defaults[var]!r}, base defaults to {_default(spec)!r}'
+    )
+    assert option.get('default') == _default(spec), (
+        f'meta/argument_specs.yml: {var} defaults to {option.get("default")!r}'
+    )
 
 
 def _role_module_defaults() -> dict:
@@ -118,10 +141,17 @@ def _role_module_defaults() -> dict:
 
 
 def test_role_module_defaults_set_every_option_of_the_group():
-    assert list(_role_module_defaults()) == list(GROUP)
+    assert list(_role_module_defaults()) == list(GROUP_WIDE)
 
 
-@pytest.mark.parametrize('name', list(GROUP))
+@pytest.mark.parametrize('module', ['triton_shm_info', 'triton_shm_region'])
+def test_role_gives_client_users_to_the_modules_that_judge_files(module):
+    defaults = _load(ROLE, 'tasks', 'main.yml')[0]['module_defaults']
+    assert defaults[f'tritonops.shm.{module}']['client_users'] == '{{ shm_cleanup_client_users }}'
+    assert 'client_users' not in defaults.get('tritonops.shm.triton_backend_pool', {})
+
+
+@pytest.mark.parametrize('name', list(GROUP_WIDE))
 def test_role_module_defaults(name):
     var, default, has_default = _expression('roles/shm_cleanup/tasks/main.yml', name, _role_module_defaults()[name])
     assert var == f'shm_cleanup_{name}'
@@ -147,7 +177,7 @@ def _host_var(name: str) -> str:
 ROLE_ONLY = ('backend_patterns', 'client_users')
 # (copy, the option's value there)
 PLAYBOOK_COPIES = [
-    ('playbooks/cleanup.yml', lambda: {k[len('shm_cleanup_'):]: v for k, v in _cleanup_role_vars().items()}),
+    ('playbooks/cleanup.yml', lambda: {k[len('shm_cleanup_') :]: v for k, v in _cleanup_role_vars().items()}),
     ('playbooks/report.yml', _report_module_defaults),
 ]
 
@@ -185,7 +215,9 @@ def test_eda_source(name):
     option = options[name]
     assert option['type'] == spec['type'], f'EDA source: {name} is {option["type"]}, base says {spec["type"]}'
     if 'default' in option:
-        assert option['default'] == _default(spec), f'EDA source: {name} defaults to {option["default"]!r}, base to {_default(spec)!r}'
+        assert option['default'] == _default(spec), (
+            f'EDA source: {name} defaults to {option["default"]!r}, base to {_default(spec)!r}'
+        )
 
 
 def test_eda_source_takes_the_url_per_server():

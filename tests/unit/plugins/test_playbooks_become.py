@@ -3,6 +3,7 @@
 Every play of a fleet playbook that runs on the Triton hosts says ``become: "{{ triton_become | default(true) }}"``;
 plays on the controller (the fleet table, the report files) do not become.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,9 @@ def plays(name: str) -> list[dict]:
 @pytest.mark.parametrize('name', FLEET)
 def test_the_plays_on_the_triton_hosts_become_root_by_default(name):
     on_hosts = [p for p in plays(name) if p['hosts'] != 'localhost' and not p['name'].startswith('Fail the hosts')]
-    assert on_hosts and all(p.get('become') == BECOME for p in on_hosts), [(p['name'], p.get('become')) for p in on_hosts]
+    assert on_hosts and all(p.get('become') == BECOME for p in on_hosts), [
+        (p['name'], p.get('become')) for p in on_hosts
+    ]
 
 
 @pytest.mark.parametrize('name', FLEET)

@@ -7,6 +7,7 @@ YAML of roles/ and playbooks/ (tasks, vars, defaults, meta, playbooks) as writte
 - no ``for`` inside an expression (outside its string literals).
 Templates (``templates/*.j2``) render documents and may loop; they are not scanned.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def problems(text: str) -> list[tuple[int, str]]:
         if end < 0:
             out.append((line, 'an expression that is never closed'))
             break
-        body = text[start + 2:end]
+        body = text[start + 2 : end]
         if '\n' in body:
             out.append((line, 'an expression longer than one line'))
         if _FOR.search(_STRING.sub("''", body.replace('\\"', '').replace("\\'", ''))):
@@ -44,15 +45,30 @@ def problems(text: str) -> list[tuple[int, str]]:
     return out
 
 
-@pytest.mark.parametrize('text, expected', [
-    ('a: "{{ x | y }}"\nb: "{{ z }}"\n', []),
-    ("msg: >-\n  waiting for {{ name }}\n  on {{ 'for' ~ x }} and {{ \"a for b\" }}\n", []),
-    ('a: >-\n  {{ x\n     + y }}\n', [(2, 'an expression longer than one line')]),
-    ('a: |-\n  {% for i in x %}\n  {{ i }}\n  {% endfor %}\n', [(2, 'a Jinja statement {% ... %}'), (4, 'a Jinja statement {% ... %}')]),
-    ('a: "{%- set out = [] -%}{{ out }}"\n', [(1, 'a Jinja statement {% ... %}')]),
-    ('a: "{{ [1, 2] | map(\'string\') | list }}"\nb: "{{ x if y for z }}"\n', [(2, 'a loop in an expression')]),
-    ('a: "{{ x"\n', [(1, 'an expression that is never closed')]),
-], ids=['one-line', 'for-in-text-and-strings', 'two-lines', 'for-statement', 'set-statement', 'for-in-expression', 'unclosed'])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('a: "{{ x | y }}"\nb: "{{ z }}"\n', []),
+        ('msg: >-\n  waiting for {{ name }}\n  on {{ \'for\' ~ x }} and {{ "a for b" }}\n', []),
+        ('a: >-\n  {{ x\n     + y }}\n', [(2, 'an expression longer than one line')]),
+        (
+            'a: |-\n  {% for i in x %}\n  {{ i }}\n  {% endfor %}\n',
+            [(2, 'a Jinja statement {% ... %}'), (4, 'a Jinja statement {% ... %}')],
+        ),
+        ('a: "{%- set out = [] -%}{{ out }}"\n', [(1, 'a Jinja statement {% ... %}')]),
+        ('a: "{{ [1, 2] | map(\'string\') | list }}"\nb: "{{ x if y for z }}"\n', [(2, 'a loop in an expression')]),
+        ('a: "{{ x"\n', [(1, 'an expression that is never closed')]),
+    ],
+    ids=[
+        'one-line',
+        'for-in-text-and-strings',
+        'two-lines',
+        'for-statement',
+        'set-statement',
+        'for-in-expression',
+        'unclosed',
+    ],
+)
 def test_the_checker(text, expected):
     assert problems(text) == expected
 
@@ -62,7 +78,11 @@ def yaml_files() -> list[str]:
     for top in SCANNED:
         for root, dirs, files in os.walk(os.path.join(COLLECTION, top)):
             dirs[:] = sorted(d for d in dirs if d != 'templates')
-            found += [os.path.relpath(os.path.join(root, f), COLLECTION) for f in sorted(files) if f.endswith(('.yml', '.yaml'))]
+            found += [
+                os.path.relpath(os.path.join(root, f), COLLECTION)
+                for f in sorted(files)
+                if f.endswith(('.yml', '.yaml'))
+            ]
     return found
 
 

@@ -1,8 +1,8 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """ansible-rulebook event filter: keep only firing, unexpired Alertmanager alerts, and only what a rule may trust."""
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -39,14 +39,14 @@ EXAMPLES = r"""
 import datetime
 import logging
 import re
-from typing import Any, Optional
+from typing import Any
 
 LOGGER = logging.getLogger(__name__)
 TRUSTED_LABELS = ('alertname', 'host')
 _TIME = re.compile(r'^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$')
 
 
-def parse_time(text: Any) -> Optional[datetime.datetime]:
+def parse_time(text: Any) -> datetime.datetime | None:
     """An RFC 3339 time (Go writes up to nanoseconds) as an aware datetime; None for the zero time; ValueError otherwise."""
     found = _TIME.match(text) if isinstance(text, str) else None
     if not found:
@@ -54,14 +54,18 @@ def parse_time(text: Any) -> Optional[datetime.datetime]:
     year, month, day, hour, minute, second, fraction, zone = found.groups()
     if int(year) <= 1:
         return None
-    offset = datetime.timedelta(0) if zone == 'Z' else (
-        (1 if zone[0] == '+' else -1) * datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
+    offset = (
+        datetime.timedelta(0)
+        if zone == 'Z'
+        else ((1 if zone[0] == '+' else -1) * datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
+    )
     micro = int((fraction or '0')[:6].ljust(6, '0'))
-    return datetime.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micro,
-                             tzinfo=datetime.timezone(offset))
+    return datetime.datetime(
+        int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=datetime.timezone(offset)
+    )
 
 
-def main(event: dict, grace: int = 60, now: Optional[datetime.datetime] = None) -> list:
+def main(event: dict, grace: int = 60, now: datetime.datetime | None = None) -> list:
     """[the reduced alert] when it is firing and not expired, else []."""
     if not isinstance(event, dict) or event.get('status') != 'firing':
         return []
@@ -75,8 +79,9 @@ def main(event: dict, grace: int = 60, now: Optional[datetime.datetime] = None) 
     if ends is not None and (now - ends).total_seconds() > grace:
         LOGGER.info('alert %r dropped: it expired at %s', str(labels.get('alertname'))[:80], ends.isoformat())
         return []
-    reduced = {key: event[key] for key in ('status', 'startsAt', 'endsAt', 'fingerprint')
-               if isinstance(event.get(key), str)}
+    reduced = {
+        key: event[key] for key in ('status', 'startsAt', 'endsAt', 'fingerprint') if isinstance(event.get(key), str)
+    }
     reduced['labels'] = {key: labels[key] for key in TRUSTED_LABELS if isinstance(labels.get(key), str)}
     if isinstance(event.get('meta'), dict):
         reduced['meta'] = event['meta']

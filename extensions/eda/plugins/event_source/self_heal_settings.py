@@ -1,8 +1,8 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """ansible-rulebook event source that only checks the self-healing rulebooks' variables, at start."""
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -65,22 +65,30 @@ def check(args: dict) -> None:
     if hosts is None:
         raise ConfigError('self_heal_hosts is not set: give the list of inventory hosts that may be cleaned')
     if isinstance(hosts, str):
-        raise ConfigError(f'self_heal_hosts must be a list of inventory host names, got the string {hosts!r}: write '
-                          f'[{hosts}] (a string would match no alert at all)')
+        raise ConfigError(
+            f'self_heal_hosts must be a list of inventory host names, got the string {hosts!r}: write '
+            f'[{hosts}] (a string would match no alert at all)'
+        )
     if not isinstance(hosts, list) or not hosts:
         raise ConfigError(f'self_heal_hosts must be a non-empty list of inventory host names, got {hosts!r}')
     for host in hosts:
         if not isinstance(host, str) or not HOST_RE.match(host) or host == 'all':
-            raise ConfigError(f'self_heal_hosts: each item must be one inventory host name (not all, not a pattern or '
-                              f'a group), got {host!r}')
+            raise ConfigError(
+                f'self_heal_hosts: each item must be one inventory host name (not all, not a pattern or '
+                f'a group), got {host!r}'
+            )
     if args.get('token_required'):
         token = args.get('token')
         if token is None or token == '':
-            raise ConfigError('self_heal_webhook_token is not set: the webhook would refuse every alert; give the bearer '
-                              'token Alertmanager sends (http_config.authorization.credentials)')
+            raise ConfigError(
+                'self_heal_webhook_token is not set: the webhook would refuse every alert; give the bearer '
+                'token Alertmanager sends (http_config.authorization.credentials)'
+            )
         if not isinstance(token, str) or len(token) < MIN_TOKEN or token != token.strip():
-            raise ConfigError(f'self_heal_webhook_token must be a string of at least {MIN_TOKEN} characters without '
-                              f'surrounding blanks (its value is not shown)')
+            raise ConfigError(
+                f'self_heal_webhook_token must be a string of at least {MIN_TOKEN} characters without '
+                f'surrounding blanks (its value is not shown)'
+            )
 
 
 async def main(queue: asyncio.Queue, args: dict) -> None:

@@ -4,6 +4,7 @@ Every YAML block parses; the vars.yml examples are accepted by the source's own 
 checks; every variable a rulebook reads is documented in both languages, and nothing
 else is documented as a variable.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,6 @@ import re
 
 import pytest
 import yaml
-
 from test_triton_shm_source import COLLECTION, make_ca, source
 
 RULEBOOKS = os.path.join(COLLECTION, 'extensions', 'eda', 'rulebooks')
@@ -39,11 +39,15 @@ def test_yaml_examples_parse_and_the_poller_accepts_them(name, tmp_path):
     documents = [yaml.safe_load(b) for b in blocks]
     poller_vars = [d for d in documents if isinstance(d, dict) and 'triton_shm_servers' in d]
     assert len(poller_vars) == 1
-    ca = make_ca(str(tmp_path), 'ca')['cert']   # the page's CA file does not exist here
+    ca = make_ca(str(tmp_path), 'ca')['cert']  # the page's CA file does not exist here
     documented = [dict(s, ca_path=ca) if 'ca_path' in s else s for s in poller_vars[0]['triton_shm_servers']]
-    servers, interval = source.parse_args({'servers': documented,
-                                           'interval': poller_vars[0]['self_heal_interval'],
-                                           'threshold_percent': poller_vars[0]['self_heal_percent']})
+    servers, interval = source.parse_args(
+        {
+            'servers': documented,
+            'interval': poller_vars[0]['self_heal_interval'],
+            'threshold_percent': poller_vars[0]['self_heal_percent'],
+        }
+    )
     assert [s['host'] for s in servers] == ['gpu-node-1', 'gpu-node-2'] and interval == 30
 
 
@@ -57,6 +61,13 @@ def textwrap_dedent(block):
 def test_every_rulebook_variable_is_documented(name):
     documented = set(re.findall(r'^\| `([a-z_]+)` \|', page(name), re.M))
     variables = rulebook_variables()
-    assert variables == {'triton_shm_servers', 'self_heal_percent', 'self_heal_interval', 'self_heal_hosts',
-                         'self_heal_webhook_token', 'self_heal_webhook_host', 'self_heal_webhook_port'}
+    assert variables == {
+        'triton_shm_servers',
+        'self_heal_percent',
+        'self_heal_interval',
+        'self_heal_hosts',
+        'self_heal_webhook_token',
+        'self_heal_webhook_host',
+        'self_heal_webhook_port',
+    }
     assert variables == documented

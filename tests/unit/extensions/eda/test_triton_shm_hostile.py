@@ -6,6 +6,7 @@ and then streams, a chunk-size line or a trailer that never ends, a byte_size of
 codes, figures that cannot be true. main() runs as a task, as
 ansible-rulebook runs it; memory is measured with tracemalloc, CPU with the process clock.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ import time
 import tracemalloc
 
 import pytest
-
 from test_triton_shm_source import MiB, collect, loopback, run, source  # noqa: E402  pylint: disable=import-error
 
 HEAD_CHUNKED = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n'
@@ -22,12 +22,14 @@ HEAD_CHUNKED = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-E
 
 def one_event(first: bytes, block: bytes = b'', limit: int = 0, timeout: float = 3.0, shm_bytes: int | None = None):
     """(the first event for a server that sends first then block, tracemalloc peak bytes, CPU seconds, wall seconds)."""
+
     async def scenario():
         with loopback.Peer(loopback.endless(first, block, limit)) as srv:
             server = {'host': 'evil', 'url': srv.url}
             if shm_bytes:
                 server['shm_bytes'] = shm_bytes
             return await collect({'servers': [server], 'interval': 60, 'timeout': timeout}, 1, timeout=timeout + 10)
+
     tracemalloc.start()
     cpu, wall = time.process_time(), time.monotonic()
     try:
@@ -43,7 +45,7 @@ def test_a_huge_declared_chunk_streamed_forever_is_refused_at_its_size_line():
     data, peak, _cpu, wall = one_event(HEAD_CHUNKED + b'7fffffff\r\n', b'x' * 65536, limit=200 * MiB)
     assert data['status'] == 'down' and 'larger than %d bytes' % source.MAX_ANSWER_BYTES in data['error'], data
     assert peak < 8 * MiB, peak
-    assert wall < 2.5, wall       # refused at once, not at the 3 s timeout
+    assert wall < 2.5, wall  # refused at once, not at the 3 s timeout
 
 
 def test_many_small_chunks_past_the_cap_hold_no_more_than_the_cap(monkeypatch):
@@ -51,14 +53,25 @@ def test_many_small_chunks_past_the_cap_hold_no_more_than_the_cap(monkeypatch):
     chunk = b'10000\r\n' + b'x' * 65536 + b'\r\n'
     data, peak, _cpu, _wall = one_event(HEAD_CHUNKED, chunk, limit=64 * MiB, timeout=5)
     assert data['status'] == 'down' and 'larger than %d bytes' % (4 * MiB) in data['error'], data
-    assert peak < 4 * MiB + 4 * MiB, peak     # the cap, plus the chunks joined once and a read or two
+    assert peak < 4 * MiB + 4 * MiB, peak  # the cap, plus the chunks joined once and a read or two
 
 
-@pytest.mark.parametrize('first, block, why', [
-    (HEAD_CHUNKED, b'1' * 65536, 'a chunk-size line is longer than 1024 bytes'),
-    (HEAD_CHUNKED + b'2\r\n[]\r\n0\r\n', b'X-Trailer: ' + b'y' * 65536, 'the trailers of the answer is longer than'),
-    (b'HTTP/1.1 200 OK\r\nX-Header: ', b'z' * 65536, 'the head of the answer (status line and headers) is longer than'),
-])
+@pytest.mark.parametrize(
+    'first, block, why',
+    [
+        (HEAD_CHUNKED, b'1' * 65536, 'a chunk-size line is longer than 1024 bytes'),
+        (
+            HEAD_CHUNKED + b'2\r\n[]\r\n0\r\n',
+            b'X-Trailer: ' + b'y' * 65536,
+            'the trailers of the answer is longer than',
+        ),
+        (
+            b'HTTP/1.1 200 OK\r\nX-Header: ',
+            b'z' * 65536,
+            'the head of the answer (status line and headers) is longer than',
+        ),
+    ],
+)
 def test_lines_that_never_end_are_cut_at_their_bound_without_burning_a_cpu(first, block, why):
     # finding 11: a chunk-size line that never ends burned a CPU (each read searched the whole line again)
     data, peak, cpu, wall = one_event(first, block, limit=256 * MiB, timeout=5)
@@ -68,8 +81,10 @@ def test_lines_that_never_end_are_cut_at_their_bound_without_burning_a_cpu(first
 
 
 def test_bare_lf_and_a_chunk_without_its_crlf_are_refused():
-    for first, why in ((b'HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\n[]', 'not HTTP'),
-                       (HEAD_CHUNKED + b'2\r\n[]XX0\r\n\r\n', 'a chunk does not end where its size says')):
+    for first, why in (
+        (b'HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\n[]', 'not HTTP'),
+        (HEAD_CHUNKED + b'2\r\n[]XX0\r\n\r\n', 'a chunk does not end where its size says'),
+    ):
         data, _peak, _cpu, _wall = one_event(first)
         assert data['status'] == 'down' and why in data['error'], data
 
@@ -80,7 +95,7 @@ def _status(body: bytes, status: bytes = b'200 OK') -> bytes:
 
 def test_a_401_digit_byte_size_gives_a_down_event_every_poll(caplog):
     # finding 11: OverflowError, no event at all ("Task exception was never retrieved" at every poll)
-    body = json.dumps([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 10 ** 400}]).encode()
+    body = json.dumps([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 10**400}]).encode()
     caplog.set_level(logging.DEBUG)
     data, _peak, _cpu, _wall = one_event(_status(body), shm_bytes=64 * MiB)
     assert data['status'] == 'down' and 'expected regions with a name and a byte_size' in data['error'], data

@@ -5,6 +5,7 @@ and loopback peers (tests/fakes/loopback.py) what a real tritonserver cannot be 
 here: garbage, errors, silence. main() runs as a task, as ansible-rulebook runs it; the tests
 read the queue, then cancel it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,10 @@ _SPEC.loader.exec_module(source)
 
 MiB = 1 << 20
 STATUS = '/v2/systemsharedmemory/status'
-REGIONS = [{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 4 * MiB},
-           {'name': 'b', 'key': '/b', 'offset': 0, 'byte_size': 2 * MiB}]
+REGIONS = [
+    {'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 4 * MiB},
+    {'name': 'b', 'key': '/b', 'offset': 0, 'byte_size': 2 * MiB},
+]
 
 
 def closed_port():
@@ -66,9 +69,11 @@ def raw_server(reply: bytes | None) -> loopback.Peer:
 
 def echo(status: int, text_of) -> loopback.Respond:
     """Answer status with text_of(request) as its body (a server echoing the request back)."""
+
     def respond(conn: loopback.Conn, request: loopback.Request) -> bool:
         conn.send(loopback.http_answer(status, text_of(request).encode(), 'text/plain'))
         return True
+
     return respond
 
 
@@ -100,16 +105,28 @@ def run(coro):
 def test_up_server_event_with_percent_polled_every_interval():
     async def scenario():
         with triton() as fake:
-            args = {'servers': [{'host': 't1', 'url': fake.url, 'shm_bytes': 16 * MiB,
-                                 'headers': {'X-Token': 'abc'}}],
-                    'interval': 0.05, 'threshold_percent': 80}
+            args = {
+                'servers': [{'host': 't1', 'url': fake.url, 'shm_bytes': 16 * MiB, 'headers': {'X-Token': 'abc'}}],
+                'interval': 0.05,
+                'threshold_percent': 80,
+            }
             return fake, await collect(args, 3)
+
     fake, events = run(scenario())
-    assert events[0] == {'triton_shm': {'host': 't1', 'url': fake.url, 'status': 'up', 'regions': 2,
-                                        'registered_bytes': 6 * MiB, 'registered_percent': 37.5,
-                                        'shm_bytes': 16 * MiB, 'threshold_percent': 80.0,
-                                        'holders_complete': None},
-                         'meta': {'hosts': 't1'}}
+    assert events[0] == {
+        'triton_shm': {
+            'host': 't1',
+            'url': fake.url,
+            'status': 'up',
+            'regions': 2,
+            'registered_bytes': 6 * MiB,
+            'registered_percent': 37.5,
+            'shm_bytes': 16 * MiB,
+            'threshold_percent': 80.0,
+            'holders_complete': None,
+        },
+        'meta': {'hosts': 't1'},
+    }
     assert events[1] == events[2] == events[0]
     # read-only: only GETs of the status, with the configured header
     assert [(r.method, r.path) for r in fake.requests] == [('GET', STATUS)] * len(fake.requests)
@@ -118,12 +135,14 @@ def test_up_server_event_with_percent_polled_every_interval():
 
 
 def test_a_long_answer_is_read_whole():
-    regions = [{'name': 'client_%05d' % i, 'key': '/client_%05d' % i, 'offset': 0, 'byte_size': 4096}
-               for i in range(20000)]   # about 1.5 MB: many reads
+    regions = [
+        {'name': 'client_%05d' % i, 'key': '/client_%05d' % i, 'offset': 0, 'byte_size': 4096} for i in range(20000)
+    ]  # about 1.5 MB: many reads
 
     async def scenario():
         with triton(regions) as fake:
             return await collect({'servers': [{'host': 'big', 'url': fake.url}], 'interval': 60}, 1)
+
     data = run(scenario())[0]['triton_shm']
     assert (data['status'], data['regions'], data['registered_bytes']) == ('up', 20000, 20000 * 4096), data
 
@@ -134,6 +153,7 @@ def test_an_endless_answer_is_cut_at_the_limit(monkeypatch):
     async def scenario():
         with triton(answer=Reply.json(['x' * 1000] * 200)) as fake:
             return await collect({'servers': [{'host': 'huge', 'url': fake.url}], 'interval': 60}, 1)
+
     data = run(scenario())[0]['triton_shm']
     assert data['status'] == 'down' and 'larger than 100000 bytes' in data['error']
 
@@ -141,16 +161,29 @@ def test_an_endless_answer_is_cut_at_the_limit(monkeypatch):
 def test_percent_only_with_shm_bytes_and_threshold_only_with_percent():
     async def scenario():
         with triton([]) as empty, triton() as fake:
-            args = {'servers': [{'host': 'nosize', 'url': fake.url},
-                                {'host': 'empty', 'url': empty.url + '/', 'shm_bytes': MiB, 'threshold_percent': 10}],
-                    'interval': 60}
+            args = {
+                'servers': [
+                    {'host': 'nosize', 'url': fake.url},
+                    {'host': 'empty', 'url': empty.url + '/', 'shm_bytes': MiB, 'threshold_percent': 10},
+                ],
+                'interval': 60,
+            }
             return await collect(args, 2)
+
     by_host = dict((e['triton_shm']['host'], e['triton_shm']) for e in run(scenario()))
     assert 'registered_percent' not in by_host['nosize'] and 'threshold_percent' not in by_host['nosize']
     assert by_host['nosize']['registered_bytes'] == 6 * MiB
-    assert by_host['empty'] == {'host': 'empty', 'url': by_host['empty']['url'], 'status': 'up', 'regions': 0,
-                                'registered_bytes': 0, 'registered_percent': 0.0, 'shm_bytes': MiB,
-                                'threshold_percent': 10.0, 'holders_complete': None}
+    assert by_host['empty'] == {
+        'host': 'empty',
+        'url': by_host['empty']['url'],
+        'status': 'up',
+        'regions': 0,
+        'registered_bytes': 0,
+        'registered_percent': 0.0,
+        'shm_bytes': MiB,
+        'threshold_percent': 10.0,
+        'holders_complete': None,
+    }
 
 
 def test_down_server_gives_a_down_event_every_poll_and_one_warning(caplog):
@@ -160,32 +193,43 @@ def test_down_server_gives_a_down_event_every_poll_and_one_warning(caplog):
     for event in events:
         data = event['triton_shm']
         assert data['status'] == 'down' and 'cannot connect to Triton' in data['error'] and url in data['error']
-        assert set(data) == {'host', 'url', 'status', 'error', 'holders_complete'} and event['meta'] == {'hosts': 'gone'}
+        assert set(data) == {'host', 'url', 'status', 'error', 'holders_complete'} and event['meta'] == {
+            'hosts': 'gone'
+        }
         assert data['holders_complete'] is None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and 'gone: Triton is down' in warnings[0].getMessage()
 
 
 def http(body, status='200 OK', length=None):
-    return b'HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s' % (status.encode(), len(body) if length is None else length, body)
+    return b'HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s' % (
+        status.encode(),
+        len(body) if length is None else length,
+        body,
+    )
 
 
-@pytest.mark.parametrize('reply, reason', [
-    (b'\x00\x01garbage that is not HTTP\r\n\r\n', 'not HTTP'),
-    (b'SSH-2.0-OpenSSH_9.2\r\n', 'not HTTP'),
-    (http(b'<html>hello, nginx!</html>\n'), 'not Triton JSON'),
-    (http(b'{"a": 1}'), 'expected a JSON list of regions'),
-    (http(b'["a", 1]'), 'expected regions with a name and a byte_size'),
-    (http(b'[{"name": "a", "byte_size": -1}]'), 'expected regions with a name and a byte_size'),
-    (http(b'[{"name": "a", "byte_size": true}]'), 'expected regions with a name and a byte_size'),
-    (http(b'{"error": "boom"}', status='500 Internal Server Error'), 'HTTP 500: {"error": "boom"}'),
-    (http(b'[{"name"', length=1000), 'the answer was cut short'),
-])
+@pytest.mark.parametrize(
+    'reply, reason',
+    [
+        (b'\x00\x01garbage that is not HTTP\r\n\r\n', 'not HTTP'),
+        (b'SSH-2.0-OpenSSH_9.2\r\n', 'not HTTP'),
+        (http(b'<html>hello, nginx!</html>\n'), 'not Triton JSON'),
+        (http(b'{"a": 1}'), 'expected a JSON list of regions'),
+        (http(b'["a", 1]'), 'expected regions with a name and a byte_size'),
+        (http(b'[{"name": "a", "byte_size": -1}]'), 'expected regions with a name and a byte_size'),
+        (http(b'[{"name": "a", "byte_size": true}]'), 'expected regions with a name and a byte_size'),
+        (http(b'{"error": "boom"}', status='500 Internal Server Error'), 'HTTP 500: {"error": "boom"}'),
+        (http(b'[{"name"', length=1000), 'the answer was cut short'),
+    ],
+)
 def test_garbage_answers_are_down_with_the_reason(reply, reason):
     async def scenario():
         with raw_server(reply) as raw:
-            return raw, await collect({'servers': [{'host': 'odd', 'url': raw.url, 'shm_bytes': MiB}],
-                                       'interval': 60, 'timeout': 2}, 1)
+            return raw, await collect(
+                {'servers': [{'host': 'odd', 'url': raw.url, 'shm_bytes': MiB}], 'interval': 60, 'timeout': 2}, 1
+            )
+
     raw, events = run(scenario())
     data = events[0]['triton_shm']
     assert data['status'] == 'down' and reason in data['error'] and raw.url in data['error'], data
@@ -200,13 +244,18 @@ def test_silent_server_times_out_without_blocking_the_loop():
             while True:
                 ticks.append(1)
                 await asyncio.sleep(0.01)
+
         tick = asyncio.create_task(ticker())
         with raw_server(None) as silent, triton() as fake:
-            args = {'servers': [{'host': 'silent', 'url': silent.url}, {'host': 'ok', 'url': fake.url}],
-                    'interval': 60, 'timeout': 1}
+            args = {
+                'servers': [{'host': 'silent', 'url': silent.url}, {'host': 'ok', 'url': fake.url}],
+                'interval': 60,
+                'timeout': 1,
+            }
             events = await collect(args, 2)
         tick.cancel()
         return events, len(ticks)
+
     events, ticks = run(scenario())
     by_host = dict((e['triton_shm']['host'], e['triton_shm']) for e in events)
     assert by_host['silent']['status'] == 'down' and 'no answer within 1.0s (timeout)' in by_host['silent']['error']
@@ -224,8 +273,10 @@ def test_secrets_never_reach_events_or_logs(caplog):
     async def scenario():
         with triton(answer=echo_headers) as fake:
             url = fake.url.replace('://', '://admin:%s@' % password)
-            return fake, await collect({'servers': [{'host': 'h', 'url': url}], 'interval': 60,
-                                        'headers': {'X-Api-Key': secret}}, 1)
+            return fake, await collect(
+                {'servers': [{'host': 'h', 'url': url}], 'interval': 60, 'headers': {'X-Api-Key': secret}}, 1
+            )
+
     caplog.set_level(logging.DEBUG)
     fake, events = run(scenario())
     text = json.dumps(events) + '\n'.join(r.getMessage() for r in caplog.records)
@@ -235,28 +286,37 @@ def test_secrets_never_reach_events_or_logs(caplog):
     assert first.header('X-Api-Key') == secret and first.header('Authorization').startswith('Basic ')
 
 
-@pytest.mark.parametrize('args, message', [
-    ({}, 'servers must be a non-empty list'),
-    ({'servers': []}, 'servers must be a non-empty list'),
-    ({'servers': ['t1']}, 'must be a dict'),
-    ({'servers': [{'host': 'all', 'url': 'http://a:1'}]}, "not 'all', not a pattern"),
-    ({'servers': [{'host': 'web*', 'url': 'http://a:1'}]}, 'not a pattern'),
-    ({'servers': [{'host': 'a,b', 'url': 'http://a:1'}]}, 'not a pattern'),
-    ({'servers': [{'host': '!a', 'url': 'http://a:1'}]}, 'not a pattern'),
-    ({'servers': [{'url': 'http://a:1'}]}, 'host must be one inventory host name'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1'}, {'host': 'a', 'url': 'http://b:1'}]}, 'listed twice'),
-    ({'servers': [{'host': 'a'}]}, 'url is required'),
-    ({'servers': [{'host': 'a', 'url': 'ftp://a:1'}]}, 'not an http(s) URL'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:99999'}]}, 'invalid port'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm_bytes': -1}]}, 'shm_bytes must be greater than 0'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm_bytes': 'lots'}]}, 'shm_bytes must be a number'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm': 1}]}, 'unknown keys shm'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 0}, 'interval must be greater than 0'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 'nan'}, 'interval must be a finite number'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'timeout': 'x'}, 'timeout must be a number'),
-    ({'servers': [{'host': 'a', 'url': 'http://a:1', 'validate_certs': 'maybe'}]}, 'validate_certs must be a boolean'),
-    ({'servers': [{'host': 'a', 'url': 'https://a:1', 'ca_path': '/nonexistent/ca.pem'}]}, 'cannot load the TLS files'),
-])
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        ({}, 'servers must be a non-empty list'),
+        ({'servers': []}, 'servers must be a non-empty list'),
+        ({'servers': ['t1']}, 'must be a dict'),
+        ({'servers': [{'host': 'all', 'url': 'http://a:1'}]}, "not 'all', not a pattern"),
+        ({'servers': [{'host': 'web*', 'url': 'http://a:1'}]}, 'not a pattern'),
+        ({'servers': [{'host': 'a,b', 'url': 'http://a:1'}]}, 'not a pattern'),
+        ({'servers': [{'host': '!a', 'url': 'http://a:1'}]}, 'not a pattern'),
+        ({'servers': [{'url': 'http://a:1'}]}, 'host must be one inventory host name'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:1'}, {'host': 'a', 'url': 'http://b:1'}]}, 'listed twice'),
+        ({'servers': [{'host': 'a'}]}, 'url is required'),
+        ({'servers': [{'host': 'a', 'url': 'ftp://a:1'}]}, 'not an http(s) URL'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:99999'}]}, 'invalid port'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm_bytes': -1}]}, 'shm_bytes must be greater than 0'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm_bytes': 'lots'}]}, 'shm_bytes must be a number'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:1', 'shm': 1}]}, 'unknown keys shm'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 0}, 'interval must be greater than 0'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'interval': 'nan'}, 'interval must be a finite number'),
+        ({'servers': [{'host': 'a', 'url': 'http://a:1'}], 'timeout': 'x'}, 'timeout must be a number'),
+        (
+            {'servers': [{'host': 'a', 'url': 'http://a:1', 'validate_certs': 'maybe'}]},
+            'validate_certs must be a boolean',
+        ),
+        (
+            {'servers': [{'host': 'a', 'url': 'https://a:1', 'ca_path': '/nonexistent/ca.pem'}]},
+            'cannot load the TLS files',
+        ),
+    ],
+)
 def test_bad_arguments_fail_before_polling(args, message):
     with pytest.raises(source.ConfigError, match=message.replace('(', r'\(').replace(')', r'\)').replace('*', r'\*')):
         source.parse_args(args)
@@ -269,13 +329,29 @@ def test_header_with_a_line_break_is_refused_without_echoing_its_value():
 
 
 def test_per_server_options_override_the_global_ones():
-    servers, interval = source.parse_args({
-        'servers': [{'host': 'a', 'url': '127.0.0.1:8000', 'timeout': 3, 'headers': {'X': '1'}},
-                    {'host': 'b', 'url': 'http://u:p@127.0.0.2:8000/', 'threshold_percent': '90'}],
-        'interval': '5', 'timeout': 7, 'headers': {'X': 'global'}, 'threshold_percent': 80})
+    servers, interval = source.parse_args(
+        {
+            'servers': [
+                {'host': 'a', 'url': '127.0.0.1:8000', 'timeout': 3, 'headers': {'X': '1'}},
+                {'host': 'b', 'url': 'http://u:p@127.0.0.2:8000/', 'threshold_percent': '90'},
+            ],
+            'interval': '5',
+            'timeout': 7,
+            'headers': {'X': 'global'},
+            'threshold_percent': 80,
+        }
+    )
     assert interval == 5.0
-    assert (servers[0]['url'], servers[0]['timeout'], servers[0]['headers']) == ('http://127.0.0.1:8000', 3.0, {'X': '1'})
-    assert (servers[1]['timeout'], servers[1]['headers'], servers[1]['threshold_percent']) == (7.0, {'X': 'global'}, 90.0)
+    assert (servers[0]['url'], servers[0]['timeout'], servers[0]['headers']) == (
+        'http://127.0.0.1:8000',
+        3.0,
+        {'X': '1'},
+    )
+    assert (servers[1]['timeout'], servers[1]['headers'], servers[1]['threshold_percent']) == (
+        7.0,
+        {'X': 'global'},
+        90.0,
+    )
     assert servers[1]['shown_url'] == 'http://***@127.0.0.2:8000' and servers[0]['ssl'] is None
 
 
@@ -298,13 +374,18 @@ def test_tls_options_work_as_in_the_modules(tmp_path):
                 'ca_dir': {'url': fake.url, 'ca_path': str(tmp_path)},
                 'no_verify': {'url': fake.url, 'validate_certs': False},
                 'no_client_cert': {'url': strict.url, 'ca_path': ca['cert']},
-                'client_cert': {'url': strict.url, 'ca_path': ca['cert'], 'client_cert': client['cert'],
-                                'client_key': client['key']},
+                'client_cert': {
+                    'url': strict.url,
+                    'ca_path': ca['cert'],
+                    'client_cert': client['cert'],
+                    'client_key': client['key'],
+                },
             }
             # a CA directory needs the hashed names openssl rehash makes
             subprocess.run(['openssl', 'rehash', str(tmp_path)], check=True, capture_output=True)
             servers = [dict(host=name, **opts) for name, opts in cases.items()]
             return await collect({'servers': servers, 'interval': 60, 'timeout': 5}, len(servers))
+
     by_host = dict((e['triton_shm']['host'], e['triton_shm']) for e in run(scenario()))
     assert 'TLS verification failed' in by_host['untrusted']['error']
     assert by_host['no_client_cert']['status'] == 'down'
@@ -315,8 +396,9 @@ def test_tls_options_work_as_in_the_modules(tmp_path):
 def test_runs_alone_with_a_mock_queue():
     """python triton_shm.py URL SHM_BYTES prints events (the source's __main__)."""
     url = 'http://127.0.0.1:%d' % closed_port()
-    proc = subprocess.Popen([sys.executable, SOURCE_PATH, url, '1024'], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, SOURCE_PATH, url, '1024'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline()
     finally:
@@ -326,6 +408,7 @@ def test_runs_alone_with_a_mock_queue():
 
 
 # ---- fleet size: spreading, keep-alive, slow servers (issue 22) ----
+
 
 def counting(delay: float = 0.0, chunked: bool = False, keepalive_timeout: float | None = None) -> HttpFront:
     """The fake Triton listing REGIONS, each answer held delay seconds, chunked, idle connections closed."""
@@ -366,9 +449,12 @@ def test_slow_and_dead_servers_delay_no_one_and_every_server_keeps_its_place():
     async def scenario():
         with counting() as fast, raw_server(None) as silent:
             servers = [{'host': 'fast%02d' % i, 'url': fast.url} for i in range(30)]
-            servers[5:5] = [{'host': 'silent', 'url': silent.url, 'timeout': 3},
-                            {'host': 'dead', 'url': 'http://127.0.0.1:%d' % closed_port()}]
+            servers[5:5] = [
+                {'host': 'silent', 'url': silent.url, 'timeout': 3},
+                {'host': 'dead', 'url': 'http://127.0.0.1:%d' % closed_port()},
+            ]
             return fast, await run_for({'servers': servers, 'interval': interval, 'timeout': 1}, 2.1)
+
     fast, events = run(scenario())
     hosts = by_host(events)
     for i in range(30):
@@ -390,6 +476,7 @@ def test_a_timeout_longer_than_the_interval_never_polls_one_server_twice_at_once
     async def scenario():
         with counting(delay=0.25) as slow:
             return slow, await run_for({'servers': [{'host': 'slow', 'url': slow.url}], 'interval': 0.1}, 1.2)
+
     slow, events = run(scenario())
     polls = by_host(events)['slow']
     assert slow.most_busy == 1
@@ -401,15 +488,23 @@ def test_a_timeout_longer_than_the_interval_never_polls_one_server_twice_at_once
 def test_chunked_answers_and_a_server_closing_idle_connections_are_read_up():
     async def scenario():
         with counting(chunked=True) as chunked, counting(keepalive_timeout=0.05) as closing:
-            args = {'servers': [{'host': 'chunked', 'url': chunked.url, 'shm_bytes': 16 * MiB},
-                                {'host': 'closing', 'url': closing.url, 'shm_bytes': 16 * MiB}], 'interval': 0.2}
+            args = {
+                'servers': [
+                    {'host': 'chunked', 'url': chunked.url, 'shm_bytes': 16 * MiB},
+                    {'host': 'closing', 'url': closing.url, 'shm_bytes': 16 * MiB},
+                ],
+                'interval': 0.2,
+            }
             return closing, await run_for(args, 0.9)
+
     closing, events = run(scenario())
     hosts = by_host(events)
     for name in ('chunked', 'closing'):
         assert len(hosts[name]) >= 4, hosts
-        assert all((d['status'], d['registered_bytes'], d['registered_percent']) == ('up', 6 * MiB, 37.5)
-                   for _t, d in hosts[name]), hosts[name]
+        assert all(
+            (d['status'], d['registered_bytes'], d['registered_percent']) == ('up', 6 * MiB, 37.5)
+            for _t, d in hosts[name]
+        ), hosts[name]
     assert len(closing.by_connection()) == len(hosts['closing'])  # it closed each one: a new one every poll
 
 
@@ -428,22 +523,27 @@ def test_a_kept_alive_connection_closed_under_the_request_is_sent_again_on_a_new
     async def scenario():
         with loopback.Peer(first_only) as server:
             return await run_for({'servers': [{'host': 'h', 'url': server.url}], 'interval': 0.1}, 0.55)
+
     polls = by_host(run(scenario()))['h']
     assert len(polls) >= 4 and all(d['status'] == 'up' and d['regions'] == 2 for _t, d in polls), polls
     assert len(seen) >= len(polls)
 
 
-@pytest.mark.parametrize('reply, status', [
-    (b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n' + json.dumps(REGIONS).encode(), 'up'),
-    (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx', 'transfer encoding this source does not read'),
-    (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n[]', 'cut short'),
-    (b'HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n[]', 'bad Content-Length'),
-    (b'HTTP/1.1 301 Moved\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n', 'HTTP 301: Moved'),
-])
+@pytest.mark.parametrize(
+    'reply, status',
+    [
+        (b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n' + json.dumps(REGIONS).encode(), 'up'),
+        (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx', 'transfer encoding this source does not read'),
+        (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n[]', 'cut short'),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n[]', 'bad Content-Length'),
+        (b'HTTP/1.1 301 Moved\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n', 'HTTP 301: Moved'),
+    ],
+)
 def test_answers_read_to_the_end_of_the_connection_and_odd_framings(reply, status):
     async def scenario():
         with raw_server(reply) as raw:
             return await collect({'servers': [{'host': 'h', 'url': raw.url}], 'interval': 60, 'timeout': 2}, 1)
+
     data = run(scenario())[0]['triton_shm']
     if status == 'up':
         assert (data['status'], data['regions'], data['registered_bytes']) == ('up', 2, 6 * MiB), data
@@ -456,10 +556,11 @@ def test_basic_credentials_are_sent_and_never_shown(caplog):
         with triton(answer=echo(401, lambda request: 'who is %s?' % request.header('Authorization'))) as fake:
             url = fake.url.replace('://', '://us%40er:p%3Ass@')
             return fake, await collect({'servers': [{'host': 'h', 'url': url}], 'interval': 60}, 1)
+
     caplog.set_level(logging.DEBUG)
     fake, events = run(scenario())
     sent = fake.requests[0].header('Authorization')
-    assert sent == 'Basic dXNAZXI6cDpzcw=='   # base64 of the decoded us@er:p:ss
+    assert sent == 'Basic dXNAZXI6cDpzcw=='  # base64 of the decoded us@er:p:ss
     text = json.dumps(events) + '\n'.join(r.getMessage() for r in caplog.records)
     assert 'HTTP 401' in text and 'dXNAZXI6cDpzcw' not in text and 'p%3Ass' not in text
 
@@ -476,14 +577,16 @@ def test_beyond_the_open_file_limit_servers_get_a_new_connection_per_poll(monkey
         @classmethod
         def setrlimit(cls, _which, limits):
             cls.set_to.append(limits)
+
     monkeypatch.setattr(source, 'resource', Limits)
 
     async def scenario():
         with counting() as fast:
             servers = [{'host': 'h%d' % i, 'url': fast.url} for i in range(6)]
             return fast, await run_for({'servers': servers, 'interval': 0.3, 'timeout': 0.2}, 1.0)
+
     fast, events = run(scenario())
-    assert Limits.set_to == [(261, 261)]   # raised to the hard limit, not beyond (6 servers + 256 wanted)
+    assert Limits.set_to == [(261, 261)]  # raised to the hard limit, not beyond (6 servers + 256 wanted)
     assert all(d['status'] == 'up' for _t, d in sum(by_host(events).values(), []))
     # 261 - 256 reserved - at most 6 in flight: no server keeps its connection
     assert all(len(reqs) == 1 and reqs[0].header('Connection') == 'close' for reqs in fast.by_connection().values())
@@ -492,37 +595,50 @@ def test_beyond_the_open_file_limit_servers_get_a_new_connection_per_poll(monkey
 def test_rules_that_fall_behind_get_each_servers_latest_event_not_a_backlog():
     async def scenario():
         with counting() as fast:
-            queue = asyncio.Queue(1)   # as ansible-rulebook gives it; nobody takes from it for 20 intervals
-            task = asyncio.create_task(source.main(queue, {'servers': [{'host': 'h%d' % i, 'url': fast.url}
-                                                                       for i in range(3)], 'interval': 0.05}))
+            queue = asyncio.Queue(1)  # as ansible-rulebook gives it; nobody takes from it for 20 intervals
+            task = asyncio.create_task(
+                source.main(
+                    queue, {'servers': [{'host': 'h%d' % i, 'url': fast.url} for i in range(3)], 'interval': 0.05}
+                )
+            )
             await asyncio.sleep(1.0)
-            fast.delay = 60    # hold the answers while the queue drains: this fake answers from its own threads
+            fast.delay = 60  # hold the answers while the queue drains: this fake answers from its own threads
             backlog = []
             while not queue.empty():
                 backlog.append(queue.get_nowait())
-                await asyncio.sleep(0)   # let the source hand over what it holds
+                await asyncio.sleep(0)  # let the source hand over what it holds
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             return fast, backlog
+
     fast, backlog = run(scenario())
-    assert sum(len(reqs) for reqs in fast.by_connection().values()) >= 30   # the polls went on
+    assert sum(len(reqs) for reqs in fast.by_connection().values()) >= 30  # the polls went on
     # one event in the queue, one on its way to it, then at most the newest of each server: no backlog of 60
     assert 3 <= len(backlog) <= 5, backlog
     assert len({e['triton_shm']['host'] for e in backlog[2:]}) == len(backlog) - 2
 
 
 def test_grpc_urls_are_accepted_as_in_the_modules_and_their_options_checked(tmp_path):
-    servers, _interval = source.parse_args({'servers': [
-        {'host': 'g1', 'url': 'grpc://127.0.0.1:8001', 'headers': {'Triton-GRPC-Protocol-Shm-Key': 'v'}},
-        {'host': 'g2', 'url': 'grpcs://triton.example', 'ca_path': make_ca(str(tmp_path), 'ca')['cert']},
-        {'host': 'h1', 'url': 'http://127.0.0.1:8000'}]})
+    servers, _interval = source.parse_args(
+        {
+            'servers': [
+                {'host': 'g1', 'url': 'grpc://127.0.0.1:8001', 'headers': {'Triton-GRPC-Protocol-Shm-Key': 'v'}},
+                {'host': 'g2', 'url': 'grpcs://triton.example', 'ca_path': make_ca(str(tmp_path), 'ca')['cert']},
+                {'host': 'h1', 'url': 'http://127.0.0.1:8000'},
+            ]
+        }
+    )
     g1, g2, h1 = servers
-    assert g1['grpc']['target'] == '127.0.0.1:8001' and g1['grpc']['metadata'] == (('triton-grpc-protocol-shm-key', 'v'),)
+    assert g1['grpc']['target'] == '127.0.0.1:8001' and g1['grpc']['metadata'] == (
+        ('triton-grpc-protocol-shm-key', 'v'),
+    )
     assert g1['grpc']['credentials'] is None and g2['grpc']['target'] == 'triton.example:8001'
     assert g2['grpc']['credentials'] is not None and h1['grpc'] is None
-    for item, why in (({'url': 'grpc://a:1/v2'}, 'a gRPC URL is grpc://HOST:PORT'),
-                      ({'url': 'grpcs://a:1', 'validate_certs': False}, 'validate_certs false is not possible'),
-                      ({'url': 'grpc://a:1', 'headers': {'x-bin': 'v'}}, 'cannot be sent as gRPC metadata'),
-                      ({'url': 'grpcs://a:1', 'ca_path': str(tmp_path / 'missing.pem')}, 'cannot load the TLS files')):
+    for item, why in (
+        ({'url': 'grpc://a:1/v2'}, 'a gRPC URL is grpc://HOST:PORT'),
+        ({'url': 'grpcs://a:1', 'validate_certs': False}, 'validate_certs false is not possible'),
+        ({'url': 'grpc://a:1', 'headers': {'x-bin': 'v'}}, 'cannot be sent as gRPC metadata'),
+        ({'url': 'grpcs://a:1', 'ca_path': str(tmp_path / 'missing.pem')}, 'cannot load the TLS files'),
+    ):
         with pytest.raises(source.ConfigError, match=why):
             source.parse_args({'servers': [dict(item, host='g')]})

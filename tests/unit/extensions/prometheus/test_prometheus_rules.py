@@ -4,6 +4,7 @@ to the metrics the collection writes and to the Alertmanager rulebook.
 promtool is never optional here: `make units` puts it in build/bin (.ci/get-promtool);
 elsewhere set PROMTOOL=/path/to/promtool.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,10 @@ POOLS_RULEBOOK = os.path.join(COLLECTION, 'extensions', 'eda', 'rulebooks', 'sel
 def promtool() -> str:
     path = os.environ.get('PROMTOOL') or shutil.which('promtool')
     if not path or not os.access(path, os.X_OK):
-        pytest.fail(f"promtool not found (PROMTOOL={os.environ.get('PROMTOOL')!r}): run `make promtool` (.ci/get-promtool "
-                    "extracts it from Debian's prometheus package into build/bin) or set PROMTOOL=/path/to/promtool")
+        pytest.fail(
+            f'promtool not found (PROMTOOL={os.environ.get("PROMTOOL")!r}): run `make promtool` (.ci/get-promtool '
+            "extracts it from Debian's prometheus package into build/bin) or set PROMTOOL=/path/to/promtool"
+        )
     return path
 
 
@@ -87,7 +90,7 @@ def test_the_pool_alert_leaves_out_the_model_values_that_are_no_one_model():
 
 def test_the_pools_rulebook_reloads_the_alerting_model_only_for_the_pool_alert():
     with open(POOLS_RULEBOOK) as f:
-        rule, = yaml.safe_load(f)[0]['rules']
+        (rule,) = yaml.safe_load(f)[0]['rules']
     name = re.search(r'alertname == "([A-Za-z]+)"', rule['condition']).group(1)
     assert name == 'TritonShmBackendPoolLarge' and name in alerts()
     extra = rule['action']['run_playbook']['extra_vars']

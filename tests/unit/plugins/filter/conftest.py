@@ -1,4 +1,5 @@
 """The Kubernetes versions the manifests are validated for: a test asking for ``k8s_version`` runs once per version."""
+
 from __future__ import annotations
 
 from kubernetes_validate import utils as kubernetes_validate_utils
@@ -9,8 +10,10 @@ def _minor(version: str) -> tuple:
 
 
 # Every Kubernetes minor from 1.30 to 1.37 that the pinned kubernetes-validate bundles schemas for.
-K8S_VERSIONS = sorted({'.'.join(v.split('.')[:2]) for v in kubernetes_validate_utils.all_versions()
-                       if (1, 30) <= _minor(v) <= (1, 37)}, key=_minor)
+K8S_VERSIONS = sorted(
+    {'.'.join(v.split('.')[:2]) for v in kubernetes_validate_utils.all_versions() if (1, 30) <= _minor(v) <= (1, 37)},
+    key=_minor,
+)
 
 
 def pytest_generate_tests(metafunc):

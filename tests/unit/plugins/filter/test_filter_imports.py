@@ -6,6 +6,7 @@ filters of the collection and the collection's standard-library-only module_util
 the standard library and other such module_utils, nothing else (never requests, grpc or tritonclient). Every import
 statement counts, at the top, in a function or under try.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,7 +17,7 @@ import pytest
 
 PLUGINS = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins')
 PREFIX = 'ansible_collections.tritonops.shm.plugins.'
-CORE = {'ansible', 'jinja2', 'yaml'}   # ansible-core and what it requires
+CORE = {'ansible', 'jinja2', 'yaml'}  # ansible-core and what it requires
 STDLIB = set(sys.stdlib_module_names) | {'__future__'}
 
 
@@ -32,7 +33,7 @@ def _imports(path: str) -> list[tuple[str, int]]:
             if node.level:
                 out.append(('.' * node.level + (node.module or ''), node.lineno))
             elif node.module + '.' == PREFIX + 'module_utils.' or node.module + '.' == PREFIX + 'filter.':
-                out += [(f'{node.module}.{a.name}', node.lineno) for a in node.names]   # from ...module_utils import x
+                out += [(f'{node.module}.{a.name}', node.lineno) for a in node.names]  # from ...module_utils import x
             else:
                 out.append((node.module, node.lineno))
     return out
@@ -54,9 +55,9 @@ def violations(plugins: str) -> list[str]:
             if module.startswith('.'):
                 found.append(f'{where}: relative import {module!r}{via}')
             elif module.startswith(PREFIX + 'module_utils.'):
-                visit('module_utils', module[len(PREFIX + 'module_utils.'):].split('.')[0], f' (through {where})')
+                visit('module_utils', module[len(PREFIX + 'module_utils.') :].split('.')[0], f' (through {where})')
             elif module.startswith(PREFIX + 'filter.') and kind != 'module_utils':
-                visit('filter', module[len(PREFIX + 'filter.'):].split('.')[0], via)
+                visit('filter', module[len(PREFIX + 'filter.') :].split('.')[0], via)
             elif top in STDLIB:
                 continue
             elif kind != 'module_utils' and top in CORE:
@@ -85,23 +86,41 @@ def _tree(tmp_path, files: dict) -> str:
     return str(tmp_path / 'plugins')
 
 
-@pytest.mark.parametrize('files, wanted', [
-    ({'filter/f.py': 'import requests\n'}, "plugins/filter/f.py:1: imports 'requests'"),
-    ({'filter/f.py': 'def f():\n    try:\n        import grpc\n    except ImportError:\n        pass\n'},
-     "plugins/filter/f.py:3: imports 'grpc'"),
-    ({'filter/f.py': f'from {PREFIX}module_utils import m\n', 'module_utils/m.py': 'import os\nimport requests\n'},
-     "plugins/module_utils/m.py:2: imports 'requests' (through plugins/filter/f.py:1)"),
-    ({'filter/f.py': f'from {PREFIX}module_utils.a import x\n', 'module_utils/a.py': f'from {PREFIX}module_utils.b import y\n',
-      'module_utils/b.py': 'from ansible.module_utils.basic import AnsibleModule\n'},
-     "plugins/module_utils/b.py:1: imports 'ansible.module_utils.basic' (through plugins/module_utils/a.py:1)"),
-    ({'test/t.py': 'from ..module_utils import m\n'}, "plugins/test/t.py:1: relative import '..module_utils'"),
-])
+@pytest.mark.parametrize(
+    'files, wanted',
+    [
+        ({'filter/f.py': 'import requests\n'}, "plugins/filter/f.py:1: imports 'requests'"),
+        (
+            {'filter/f.py': 'def f():\n    try:\n        import grpc\n    except ImportError:\n        pass\n'},
+            "plugins/filter/f.py:3: imports 'grpc'",
+        ),
+        (
+            {
+                'filter/f.py': f'from {PREFIX}module_utils import m\n',
+                'module_utils/m.py': 'import os\nimport requests\n',
+            },
+            "plugins/module_utils/m.py:2: imports 'requests' (through plugins/filter/f.py:1)",
+        ),
+        (
+            {
+                'filter/f.py': f'from {PREFIX}module_utils.a import x\n',
+                'module_utils/a.py': f'from {PREFIX}module_utils.b import y\n',
+                'module_utils/b.py': 'from ansible.module_utils.basic import AnsibleModule\n',
+            },
+            "plugins/module_utils/b.py:1: imports 'ansible.module_utils.basic' (through plugins/module_utils/a.py:1)",
+        ),
+        ({'test/t.py': 'from ..module_utils import m\n'}, "plugins/test/t.py:1: relative import '..module_utils'"),
+    ],
+)
 def test_the_check_finds_each_kind_of_violation(tmp_path, files, wanted):
     assert violations(_tree(tmp_path, files)) == [wanted]
 
 
 def test_the_check_allows_what_the_rule_allows(tmp_path):
-    files = {'filter/f.py': f'import json\nfrom jinja2 import Environment\nimport yaml\nfrom ansible.errors import AnsibleFilterError\n'
-                            f'from {PREFIX}filter.g import h\nfrom {PREFIX}module_utils import m\n',
-             'filter/g.py': 'import re\n', 'module_utils/m.py': 'import re\n'}
+    files = {
+        'filter/f.py': f'import json\nfrom jinja2 import Environment\nimport yaml\nfrom ansible.errors import AnsibleFilterError\n'  # noqa: E501
+        f'from {PREFIX}filter.g import h\nfrom {PREFIX}module_utils import m\n',
+        'filter/g.py': 'import re\n',
+        'module_utils/m.py': 'import re\n',
+    }
     assert violations(_tree(tmp_path, files)) == []

@@ -3,6 +3,7 @@
 A filter that only a role or playbook of the collection calls is named ``_name``: its documentation says "Private",
 carries no version_added (the release notes do not announce it) and the collection itself uses it.
 """
+
 from __future__ import annotations
 
 import glob
@@ -13,15 +14,29 @@ import yaml
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 FILTERS = os.path.join(ROOT, 'plugins', 'filter')
-PUBLIC = {'shm_dir_refusal', 'shm_html_report', 'shm_list', 'shm_md', 'shm_metrics',
-          'shm_metrics_file', 'shm_redact_url', 'shm_size', 'triton_endpoints', 'triton_gpus', 'triton_kubernetes',
-          'triton_node_agent', 'triton_version'}
+PUBLIC = {
+    'shm_dir_refusal',
+    'shm_html_report',
+    'shm_list',
+    'shm_md',
+    'shm_metrics',
+    'shm_metrics_file',
+    'shm_redact_url',
+    'shm_size',
+    'triton_endpoints',
+    'triton_gpus',
+    'triton_kubernetes',
+    'triton_node_agent',
+    'triton_version',
+}
 
 
 def _names() -> set[str]:
     names = set()
     for path in glob.glob(os.path.join(FILTERS, '*.py')):
-        module = importlib.import_module(f'ansible_collections.tritonops.shm.plugins.filter.{os.path.basename(path)[:-3]}')
+        module = importlib.import_module(
+            f'ansible_collections.tritonops.shm.plugins.filter.{os.path.basename(path)[:-3]}'
+        )
         names |= set(module.FilterModule().filters())
     return names
 

@@ -1,11 +1,11 @@
 """Unit tests for the tritonops.shm.shm_html_report filter: the page's structure, escaping and choices, as tables."""
+
 from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
 
 import pytest
-
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_html_report import FilterModule, shm_html_report
@@ -13,23 +13,52 @@ from ansible_collections.tritonops.shm.plugins.filter.shm_html_report import Fil
 MIB = 1 << 20
 HOSTILE = '<img src=x onerror=alert(1)>'
 ESCAPED = '&lt;img src=x onerror=alert(1)&gt;'
-SUMMARY = dict(system_regions=3, cuda_regions=1, healthy_regions=1, stale_regions=1, reserved_regions=0, dangling_regions=1,
-               unknown_regions=0, stale_bytes=8 * MIB, orphan_files=1, orphan_bytes=MIB, registered_files=2, in_use_files=0,
-               backend_files=0, foreign_files=1, used_bytes=16 * MIB, total_bytes=64 * MIB, used_percent=25.0)
+SUMMARY = dict(
+    system_regions=3,
+    cuda_regions=1,
+    healthy_regions=1,
+    stale_regions=1,
+    reserved_regions=0,
+    dangling_regions=1,
+    unknown_regions=0,
+    stale_bytes=8 * MIB,
+    orphan_files=1,
+    orphan_bytes=MIB,
+    registered_files=2,
+    in_use_files=0,
+    backend_files=0,
+    foreign_files=1,
+    used_bytes=16 * MIB,
+    total_bytes=64 * MIB,
+    used_percent=25.0,
+)
 
 
 def info(**over):
     base = dict(
-        server=dict(pid=42, shm_dir='/proc/42/root/dev/shm', located_by='listener', not_found_reason=None, version='2.51.0',
-                    ready=True),
-        holders_complete=True, unreadable_processes=0, summary=dict(SUMMARY),
-        system_regions=[dict(name='live', key='/live', byte_size=2 * MIB, state='healthy', holders=[dict(pid=7, comm='python')]),
-                        dict(name='dead', key='/dead', byte_size=8 * MIB, state='stale', holders=[], state_reason='no holder'),
-                        dict(name='gone', key='/gone', byte_size=MIB, state='dangling', holders=[])],
-        files=[dict(name='live', path='/s/live', category='registered', allocated_bytes=2 * MIB),
-               dict(name='dead', path='/s/dead', category='registered', allocated_bytes=8 * MIB),
-               dict(name='client_x', path='/s/client_x', category='orphan', allocated_bytes=MIB, age_s=3600),
-               dict(name='other', path='/s/other', category='foreign', allocated_bytes=MIB)])
+        server=dict(
+            pid=42,
+            shm_dir='/proc/42/root/dev/shm',
+            located_by='listener',
+            not_found_reason=None,
+            version='2.51.0',
+            ready=True,
+        ),
+        holders_complete=True,
+        unreadable_processes=0,
+        summary=dict(SUMMARY),
+        system_regions=[
+            dict(name='live', key='/live', byte_size=2 * MIB, state='healthy', holders=[dict(pid=7, comm='python')]),
+            dict(name='dead', key='/dead', byte_size=8 * MIB, state='stale', holders=[], state_reason='no holder'),
+            dict(name='gone', key='/gone', byte_size=MIB, state='dangling', holders=[]),
+        ],
+        files=[
+            dict(name='live', path='/s/live', category='registered', allocated_bytes=2 * MIB),
+            dict(name='dead', path='/s/dead', category='registered', allocated_bytes=8 * MIB),
+            dict(name='client_x', path='/s/client_x', category='orphan', allocated_bytes=MIB, age_s=3600),
+            dict(name='other', path='/s/other', category='foreign', allocated_bytes=MIB),
+        ],
+    )
     base.update(over)
     return base
 
@@ -38,10 +67,13 @@ def row(host='t1', status='ok', error=None):
     return dict(host=host, url=f'http://{host}:8000', status=status, error=error)
 
 
-UNLOCATED = info(server=dict(pid=None, shm_dir=None, located_by=None, not_found_reason='no process owns 10.0.0.7:8000'),
-                 holders_complete=False, summary=dict(SUMMARY, stale_regions=0, unknown_regions=3, total_bytes=None, used_bytes=None),
-                 system_regions=[dict(name='a', state='unknown', state_reason='the shm directory of the server is not known')],
-                 files=[])
+UNLOCATED = info(
+    server=dict(pid=None, shm_dir=None, located_by=None, not_found_reason='no process owns 10.0.0.7:8000'),
+    holders_complete=False,
+    summary=dict(SUMMARY, stale_regions=0, unknown_regions=3, total_bytes=None, used_bytes=None),
+    system_regions=[dict(name='a', state='unknown', state_reason='the shm directory of the server is not known')],
+    files=[],
+)
 
 
 class Dom(HTMLParser):
@@ -68,20 +100,25 @@ class Dom(HTMLParser):
 
 def sections(page):
     """host -> its section's HTML, in page order."""
-    return dict(re.findall(r'<section class="host[^"]*" id="host-\d+" data-host="([^"]*)"[^>]*>(.*?)</section>', page, re.S))
+    return dict(
+        re.findall(r'<section class="host[^"]*" id="host-\d+" data-host="([^"]*)"[^>]*>(.*?)</section>', page, re.S)
+    )
 
 
 def test_registered_as_a_filter():
     assert FilterModule().filters() == {'shm_html_report': shm_html_report}
 
 
-@pytest.mark.parametrize('kind, data, kwargs', [
-    ('report', [row()], dict(details=[info()])),
-    ('report', [row(status='down', error='cannot connect')], {}),
-    ('cleanup', [None], dict(hosts=['t1'])),
-    ('cleanup', [], dict(hosts=[])),
-    ('report', [], {}),
-])
+@pytest.mark.parametrize(
+    'kind, data, kwargs',
+    [
+        ('report', [row()], dict(details=[info()])),
+        ('report', [row(status='down', error='cannot connect')], {}),
+        ('cleanup', [None], dict(hosts=['t1'])),
+        ('cleanup', [], dict(hosts=[])),
+        ('report', [], {}),
+    ],
+)
 def test_every_page_is_self_contained(kind, data, kwargs):
     page = shm_html_report(data, kind, **kwargs)
     dom = Dom(page)
@@ -97,9 +134,18 @@ def test_every_page_is_self_contained(kind, data, kwargs):
 
 HOSTILE_PLACES = [
     ('region name', dict(system_regions=[dict(name=HOSTILE, key='/k', byte_size=1, state='stale', holders=[])])),
-    ('region key and reason', dict(system_regions=[dict(name='r', key='/' + HOSTILE, byte_size=1, state='unknown',
-                                                        state_reason=HOSTILE, holders=[])])),
-    ('holder comm', dict(system_regions=[dict(name='r', key='/r', state='healthy', holders=[dict(pid=1, comm=HOSTILE)])])),
+    (
+        'region key and reason',
+        dict(
+            system_regions=[
+                dict(name='r', key='/' + HOSTILE, byte_size=1, state='unknown', state_reason=HOSTILE, holders=[])
+            ]
+        ),
+    ),
+    (
+        'holder comm',
+        dict(system_regions=[dict(name='r', key='/r', state='healthy', holders=[dict(pid=1, comm=HOSTILE)])]),
+    ),
     ('orphan file', dict(files=[dict(name=HOSTILE, path='/s/' + HOSTILE, category='orphan', allocated_bytes=1)])),
     ('located_by', dict(server=dict(pid=1, shm_dir='/x', located_by=HOSTILE, version=HOSTILE))),
     ('not_found_reason', dict(server=dict(pid=None, not_found_reason=HOSTILE))),
@@ -121,12 +167,15 @@ def test_row_strings_are_text(field):
     assert HOSTILE not in page and ESCAPED in page and not Dom(page).find('img')
 
 
-@pytest.mark.parametrize('field, value', [
-    ('decision', HOSTILE),
-    ('error', dict(step=HOSTILE, msg=HOSTILE)),
-    ('skipped', [dict(name=HOSTILE, reason=HOSTILE), dict(path='/s/' + HOSTILE, reason=HOSTILE)]),
-    ('url', HOSTILE),
-])
+@pytest.mark.parametrize(
+    'field, value',
+    [
+        ('decision', HOSTILE),
+        ('error', dict(step=HOSTILE, msg=HOSTILE)),
+        ('skipped', [dict(name=HOSTILE, reason=HOSTILE), dict(path='/s/' + HOSTILE, reason=HOSTILE)]),
+        ('url', HOSTILE),
+    ],
+)
 def test_cleanup_strings_are_text(field, value):
     result = dict(status='ok', url='u', decision='d', done=dict(unregistered=[HOSTILE]), before=None, after=None)
     result[field] = value
@@ -134,13 +183,24 @@ def test_cleanup_strings_are_text(field, value):
     assert HOSTILE not in page and ESCAPED in page and not Dom(page).find('img')
 
 
-@pytest.mark.parametrize('rows, details, order, attention', [
-    ([row('a'), row('b', 'down', 'cannot connect'), row('c', 'unlocated', 'why')], [info(), None, UNLOCATED],
-     ['b', 'c', 'a'], ['b', 'c']),
-    ([row('a'), row('b')], [info(), info()], ['a', 'b'], []),
-    ([row('a', 'not run', 'no result'), row('b', 'unlocated', 'why'), row('c', 'down', 'x')], [None, UNLOCATED, None],
-     ['c', 'b', 'a'], ['c', 'b', 'a']),
-])
+@pytest.mark.parametrize(
+    'rows, details, order, attention',
+    [
+        (
+            [row('a'), row('b', 'down', 'cannot connect'), row('c', 'unlocated', 'why')],
+            [info(), None, UNLOCATED],
+            ['b', 'c', 'a'],
+            ['b', 'c'],
+        ),
+        ([row('a'), row('b')], [info(), info()], ['a', 'b'], []),
+        (
+            [row('a', 'not run', 'no result'), row('b', 'unlocated', 'why'), row('c', 'down', 'x')],
+            [None, UNLOCATED, None],
+            ['c', 'b', 'a'],
+            ['c', 'b', 'a'],
+        ),
+    ],
+)
 def test_hosts_that_need_attention_come_first(rows, details, order, attention):
     page = shm_html_report(rows, 'report', details=details)
     assert list(sections(page)) == order
@@ -148,10 +208,15 @@ def test_hosts_that_need_attention_come_first(rows, details, order, attention):
     assert [a['data-host'] for a in Dom(box.group(1)).find('li')] == attention if box else attention == []
 
 
-@pytest.mark.parametrize('status, tone', [('ok', 'host'), ('down', 'host bad'), ('unlocated', 'host bad'), ('not run', 'host warn')])
+@pytest.mark.parametrize(
+    'status, tone', [('ok', 'host'), ('down', 'host bad'), ('unlocated', 'host bad'), ('not run', 'host warn')]
+)
 def test_status_is_marked(status, tone):
-    page = shm_html_report([row(status=status, error=None if status == 'ok' else 'e')], 'report',
-                           details=[info() if status == 'ok' else UNLOCATED if status == 'unlocated' else None])
+    page = shm_html_report(
+        [row(status=status, error=None if status == 'ok' else 'e')],
+        'report',
+        details=[info() if status == 'ok' else UNLOCATED if status == 'unlocated' else None],
+    )
     assert Dom(page).find('section', data_host='t1')[0]['class'] == tone
     assert Dom(page).find('section', data_host='t1')[0]['data-status'] == status
 
@@ -159,7 +224,11 @@ def test_status_is_marked(status, tone):
 def test_ok_host_bar_counts_regions_and_orphans():
     page = shm_html_report([row()], 'report', details=[info()])
     dom = Dom(page)
-    widths = {a['class']: float(a['style'][6:-1]) for a in dom.find('span') if a.get('class', '').startswith('seg-') and 'style' in a}
+    widths = {
+        a['class']: float(a['style'][6:-1])
+        for a in dom.find('span')
+        if a.get('class', '').startswith('seg-') and 'style' in a
+    }
     # 64 MiB: stale 8 (12.5 %), registered not stale 2 (3.125 %), orphan 1 (1.5625 %), the rest of the 16 used is other use
     assert widths == {'seg-stale': 12.5, 'seg-live': 3.125, 'seg-orphan': 1.562, 'seg-other': 7.812}
     legend = dom.find('div', class_='legend')[0]
@@ -170,17 +239,26 @@ def test_ok_host_bar_counts_regions_and_orphans():
     assert [a['data-state'] for a in dom.find('div', class_='hot')] == ['stale', 'dangling']
     # regions: the ones that need attention first; holders by name and pid
     assert [(a['data-region'], a['data-state']) for a in dom.find('tr') if 'data-region' in a] == [
-        ('dead', 'stale'), ('gone', 'dangling'), ('live', 'healthy')]
+        ('dead', 'stale'),
+        ('gone', 'dangling'),
+        ('live', 'healthy'),
+    ]
     assert '<td class="holders">python (pid 7)</td>' in page
-    assert [a['data-file'] for a in dom.find('tr') if 'data-file' in a] == ['client_x']   # orphans only, not foreign
-    assert '<b>Server found: </b>listener' in page and 'pid 42 · shm directory /proc/42/root/dev/shm · Triton 2.51.0 (ready)' in page
+    assert [a['data-file'] for a in dom.find('tr') if 'data-file' in a] == ['client_x']  # orphans only, not foreign
+    assert (
+        '<b>Server found: </b>listener' in page
+        and 'pid 42 · shm directory /proc/42/root/dev/shm · Triton 2.51.0 (ready)' in page
+    )
 
 
-@pytest.mark.parametrize('summary, files, widths', [
-    (dict(SUMMARY, used_bytes=64 * MIB), None, {'seg-stale': 12.5, 'seg-orphan': 1.562, 'seg-other': 85.938}),
-    (dict(SUMMARY, stale_bytes=80 * MIB, used_bytes=32 * MIB), [], {'seg-stale': 50.0}),   # never past used
-    (dict(SUMMARY, stale_bytes=0, orphan_bytes=0, used_bytes=0), [], {}),
-])
+@pytest.mark.parametrize(
+    'summary, files, widths',
+    [
+        (dict(SUMMARY, used_bytes=64 * MIB), None, {'seg-stale': 12.5, 'seg-orphan': 1.562, 'seg-other': 85.938}),
+        (dict(SUMMARY, stale_bytes=80 * MIB, used_bytes=32 * MIB), [], {'seg-stale': 50.0}),  # never past used
+        (dict(SUMMARY, stale_bytes=0, orphan_bytes=0, used_bytes=0), [], {}),
+    ],
+)
 def test_bar_parts_never_exceed_used(summary, files, widths):
     page = shm_html_report([row()], 'report', details=[info(summary=summary, files=files)])
     got = {a['class']: float(a['style'][6:-1]) for a in Dom(page).find('span') if 'style' in a}
@@ -188,7 +266,9 @@ def test_bar_parts_never_exceed_used(summary, files, widths):
 
 
 def test_unlocated_host_says_why_once_and_nothing_is_stale():
-    page = shm_html_report([row(status='unlocated', error='no process owns 10.0.0.7:8000')], 'report', details=[UNLOCATED])
+    page = shm_html_report(
+        [row(status='unlocated', error='no process owns 10.0.0.7:8000')], 'report', details=[UNLOCATED]
+    )
     host = sections(page)['t1']
     assert host.count('no process owns 10.0.0.7:8000') == 1
     assert 'data-located="false"' in host and 'size unknown' in host
@@ -201,21 +281,57 @@ def test_incomplete_holders_are_said():
 
 
 def test_row_without_details_shows_its_own_numbers():
-    r = dict(row(), shm_used_bytes=8 * MIB, shm_total_bytes=32 * MIB, stale_bytes=MIB, orphan_bytes=0, stale_regions=2,
-             healthy_regions=1, cuda_regions=0)
+    r = dict(
+        row(),
+        shm_used_bytes=8 * MIB,
+        shm_total_bytes=32 * MIB,
+        stale_bytes=MIB,
+        orphan_bytes=0,
+        stale_regions=2,
+        healthy_regions=1,
+        cuda_regions=0,
+    )
     page = shm_html_report([r], 'report')
     assert '8.0 MiB used of 32.0 MiB (25.0%)' in page and '<dt>stale</dt><dd>2</dd>' in page and '<table' not in page
 
 
 def cleanup_record(**over):
-    before = {k: SUMMARY[k] for k in ('system_regions', 'healthy_regions', 'stale_regions', 'stale_bytes', 'reserved_regions',
-                                      'dangling_regions', 'unknown_regions', 'orphan_files', 'orphan_bytes', 'used_bytes',
-                                      'total_bytes', 'used_percent')}
-    rec = dict(host='t1', url='http://t1:8000', status='ok', changed=True, check_mode=False, decision='threshold 0%: always act',
-               before=before, after=dict(before, stale_regions=0, stale_bytes=0, used_bytes=7 * MIB, used_percent=10.9),
-               done=dict(unregistered=['dead', 'gone'], removed_files=['/s/dead', '/s/client_x'], freed_bytes=9 * MIB,
-                         registered=[], created_files=[]),
-               skipped=[dict(name='live', reason='held by 7')], error=None)
+    before = {
+        k: SUMMARY[k]
+        for k in (
+            'system_regions',
+            'healthy_regions',
+            'stale_regions',
+            'stale_bytes',
+            'reserved_regions',
+            'dangling_regions',
+            'unknown_regions',
+            'orphan_files',
+            'orphan_bytes',
+            'used_bytes',
+            'total_bytes',
+            'used_percent',
+        )
+    }
+    rec = dict(
+        host='t1',
+        url='http://t1:8000',
+        status='ok',
+        changed=True,
+        check_mode=False,
+        decision='threshold 0%: always act',
+        before=before,
+        after=dict(before, stale_regions=0, stale_bytes=0, used_bytes=7 * MIB, used_percent=10.9),
+        done=dict(
+            unregistered=['dead', 'gone'],
+            removed_files=['/s/dead', '/s/client_x'],
+            freed_bytes=9 * MIB,
+            registered=[],
+            created_files=[],
+        ),
+        skipped=[dict(name='live', reason='held by 7')],
+        error=None,
+    )
     rec.update(over)
     return rec
 
@@ -223,13 +339,16 @@ def cleanup_record(**over):
 DIRECT = dict(changed=True, before=info(), after=info(summary=dict(SUMMARY, stale_regions=0)))
 
 
-@pytest.mark.parametrize('region_result, shown', [
-    (DIRECT, True),                                         # the region module's call of this run: its before
-    (dict(DIRECT, failed=True, msg='boom'), True),          # also when it failed after reading
-    (dict(skipped=True), False),
-    (dict(failed=True, msg='cannot connect'), False),       # nothing read: counts only
-    (None, False),
-])
+@pytest.mark.parametrize(
+    'region_result, shown',
+    [
+        (DIRECT, True),  # the region module's call of this run: its before
+        (dict(DIRECT, failed=True, msg='boom'), True),  # also when it failed after reading
+        (dict(skipped=True), False),
+        (dict(failed=True, msg='cannot connect'), False),  # nothing read: counts only
+        (None, False),
+    ],
+)
 def test_cleanup_shows_the_inventory_its_record_was_made_from(region_result, shown):
     page = shm_html_report([cleanup_record()], 'cleanup', hosts=['t1'], details=[region_result])
     assert ('<table class="regions">' in page) is shown
@@ -243,9 +362,12 @@ def test_cleanup_shows_the_inventory_its_record_was_made_from(region_result, sho
 
 def test_cleanup_shows_pending_regions_as_pending():
     """Triton 24.12+: an unregister accepted but still listed (requests in flight) is pending, not unregistered."""
-    rec = cleanup_record(done=dict(unregistered=['gone'], pending=['dead'], removed_files=[], freed_bytes=0, registered=[],
-                                   created_files=[]),
-                         skipped=[dict(name='dead', reason='pending: unregistered, but still listed by the server after 10s')])
+    rec = cleanup_record(
+        done=dict(
+            unregistered=['gone'], pending=['dead'], removed_files=[], freed_bytes=0, registered=[], created_files=[]
+        ),
+        skipped=[dict(name='dead', reason='pending: unregistered, but still listed by the server after 10s')],
+    )
     page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[DIRECT])
     assert '<b>Done: </b>1 region(s) unregistered, 1 pending, 0 file(s) removed' in page
     outcome = dict(re.findall(r'data-region="(\w+)".*?<td class="outcome">([^<]*)</td>', page))
@@ -257,15 +379,30 @@ def test_cleanup_check_mode_says_would():
     rec = cleanup_record(check_mode=True, after=None)
     page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[DIRECT], check_mode=True)
     assert 'cleanup playbook, check mode: nothing was changed' in page and '(check mode: nothing was changed)' in page
-    assert '<td class="outcome">would be unregistered</td>' in page and '<td class="outcome">would be removed</td>' in page
+    assert (
+        '<td class="outcome">would be unregistered</td>' in page and '<td class="outcome">would be removed</td>' in page
+    )
     assert 'would free 9.0 MiB' in page and 'data-bar="/dev/shm after"' not in page
 
 
-@pytest.mark.parametrize('rec, status, text', [
-    (None, 'not run', 'no result (unreachable, limited out or stopped early)'),
-    (cleanup_record(status='failed', before=None, after=None, decision='', done=dict(unregistered=[], removed_files=[]),
-                    error=dict(step='Query', msg='cannot connect')), 'failed', "failed at 'Query': cannot connect"),
-])
+@pytest.mark.parametrize(
+    'rec, status, text',
+    [
+        (None, 'not run', 'no result (unreachable, limited out or stopped early)'),
+        (
+            cleanup_record(
+                status='failed',
+                before=None,
+                after=None,
+                decision='',
+                done=dict(unregistered=[], removed_files=[]),
+                error=dict(step='Query', msg='cannot connect'),
+            ),
+            'failed',
+            "failed at 'Query': cannot connect",
+        ),
+    ],
+)
 def test_cleanup_host_that_did_not_finish(rec, status, text):
     page = shm_html_report([cleanup_record(host='t0'), rec], 'cleanup', hosts=['t0', 't1'], details=[DIRECT, None])
     assert list(sections(page)) == ['t1', 't0']
@@ -276,42 +413,96 @@ def test_cleanup_host_that_did_not_finish(rec, status, text):
 
 def test_cleanup_unlocated_failure_says_the_reason_once_in_its_section():
     reason = 'no process owns 10.0.0.7:8000'
-    rec = cleanup_record(status='failed', decision='', after=None, done=dict(unregistered=[], removed_files=[]),
-                         before={k: v for k, v in UNLOCATED['summary'].items() if k != 'registered_files'},
-                         error=dict(step='Locate the Triton server process', msg=f'nothing on t1 could be checked: {reason}'))
+    rec = cleanup_record(
+        status='failed',
+        decision='',
+        after=None,
+        done=dict(unregistered=[], removed_files=[]),
+        before={k: v for k, v in UNLOCATED['summary'].items() if k != 'registered_files'},
+        error=dict(step='Locate the Triton server process', msg=f'nothing on t1 could be checked: {reason}'),
+    )
     page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[dict(failed=True, before=UNLOCATED)])
     host = sections(page)['t1']
     assert host.count(reason) == 1 and 'data-located="false"' in host
     assert "failed at 'Locate the Triton server process'" in page.split('<section id="attention">')[1]
 
 
-@pytest.mark.parametrize('size, text', [(0, '0 B'), (1023, '1023 B'), (1024, '1.0 KiB'), (9 * MIB, '9.0 MiB'),
-                                        (3 << 40, '3.0 TiB'), (1 << 60, '1024.0 PiB')])
+@pytest.mark.parametrize(
+    'size, text',
+    [
+        (0, '0 B'),
+        (1023, '1023 B'),
+        (1024, '1.0 KiB'),
+        (9 * MIB, '9.0 MiB'),
+        (3 << 40, '3.0 TiB'),
+        (1 << 60, '1024.0 PiB'),
+    ],
+)
 def test_sizes(size, text):
-    page = shm_html_report([row()], 'report', details=[info(system_regions=[dict(name='r', byte_size=size, state='stale')])])
+    page = shm_html_report(
+        [row()], 'report', details=[info(system_regions=[dict(name='r', byte_size=size, state='stale')])]
+    )
     assert f'<td class="num">{text}</td>' in page
 
 
-@pytest.mark.parametrize('data, kind, kwargs, message', [
-    ([row()], 'table', {}, "kind must be 'report' or 'cleanup', got 'table'"),
-    ([None], 'cleanup', dict(hosts=['a', 'b']), 'cleanup needs one result (or null) per host in hosts'),
-    ([row()], 'report', dict(details=[None, None]), 'details needs one entry (or null) per row'),
-    ({'host': 't1'}, 'report', {}, 'the input must be a list, got dict'),
-    ('rows', 'report', {}, 'the input must be a list, got str'),
-    ([row()], 'report', dict(details=[dict(summary=dict(SUMMARY), system_regions='nope')]), 'unexpected report data'),
-])
+@pytest.mark.parametrize(
+    'data, kind, kwargs, message',
+    [
+        ([row()], 'table', {}, "kind must be 'report' or 'cleanup', got 'table'"),
+        ([None], 'cleanup', dict(hosts=['a', 'b']), 'cleanup needs one result (or null) per host in hosts'),
+        ([row()], 'report', dict(details=[None, None]), 'details needs one entry (or null) per row'),
+        ({'host': 't1'}, 'report', {}, 'the input must be a list, got dict'),
+        ('rows', 'report', {}, 'the input must be a list, got str'),
+        (
+            [row()],
+            'report',
+            dict(details=[dict(summary=dict(SUMMARY), system_regions='nope')]),
+            'unexpected report data',
+        ),
+    ],
+)
 def test_wrong_input_is_a_clear_error(data, kind, kwargs, message):
     with pytest.raises(AnsibleFilterError, match=re.escape(message)):
         shm_html_report(data, kind, **kwargs)
 
 
 POOLS = [
-    dict(path='/s/p_echo', name='p_echo', backend='python', model='echo', instance='echo_0_0', bytes=3 * MIB, size=3 * MIB,
-         holders=[dict(pid=42, comm='tritonserver'), dict(pid=43, comm='triton_python_b')], state='live', reason='held'),
-    dict(path='/s/p_mirror', name='p_mirror', backend='python', model='mirror', instance='mirror_0_0', bytes=MIB, size=MIB,
-         holders=[dict(pid=42, comm='tritonserver'), dict(pid=44, comm='triton_python_b')], state='live', reason='held'),
-    dict(path='/s/p_dead', name='p_dead', backend='vllm', model=None, instance=None, bytes=2 * MIB, size=2 * MIB, holders=[],
-         state='leftover', reason='held by no process ' + HOSTILE),
+    dict(
+        path='/s/p_echo',
+        name='p_echo',
+        backend='python',
+        model='echo',
+        instance='echo_0_0',
+        bytes=3 * MIB,
+        size=3 * MIB,
+        holders=[dict(pid=42, comm='tritonserver'), dict(pid=43, comm='triton_python_b')],
+        state='live',
+        reason='held',
+    ),
+    dict(
+        path='/s/p_mirror',
+        name='p_mirror',
+        backend='python',
+        model='mirror',
+        instance='mirror_0_0',
+        bytes=MIB,
+        size=MIB,
+        holders=[dict(pid=42, comm='tritonserver'), dict(pid=44, comm='triton_python_b')],
+        state='live',
+        reason='held',
+    ),
+    dict(
+        path='/s/p_dead',
+        name='p_dead',
+        backend='vllm',
+        model=None,
+        instance=None,
+        bytes=2 * MIB,
+        size=2 * MIB,
+        holders=[],
+        state='leftover',
+        reason='held by no process ' + HOSTILE,
+    ),
 ]
 
 
@@ -327,8 +518,9 @@ def test_the_pools_are_shown_per_model_with_the_leftovers_first_and_the_categori
 
 
 def test_a_cleanup_says_which_leftover_pools_it_removed():
-    rec = cleanup_record(done=dict(unregistered=[], removed_files=['/s/p_dead'], freed_bytes=2 * MIB, registered=[],
-                                   created_files=[]))
+    rec = cleanup_record(
+        done=dict(unregistered=[], removed_files=['/s/p_dead'], freed_bytes=2 * MIB, registered=[], created_files=[])
+    )
     direct = dict(DIRECT, before=info(backend_pools=POOLS))
     page = shm_html_report([rec], 'cleanup', hosts=['t1'], details=[direct])
     outcome = dict(re.findall(r'data-pool="(\w+)".*?<td class="outcome">([^<]*)</td>', page))
@@ -338,8 +530,11 @@ def test_a_cleanup_says_which_leftover_pools_it_removed():
 def test_an_incomplete_host_is_not_ok_and_says_why():
     """Issue 25 / issue 26 finding 7: the reason, a warning tone, counted apart from ok."""
     reason = "the module runs outside the host's initial PID namespace (...)"
-    page = shm_html_report([row(status='incomplete', error=reason)], 'report',
-                           details=[info(holders_complete=False, holders_incomplete_reason=reason, pid_namespace='other')])
+    page = shm_html_report(
+        [row(status='incomplete', error=reason)],
+        'report',
+        details=[info(holders_complete=False, holders_incomplete_reason=reason, pid_namespace='other')],
+    )
     assert 'data-status="incomplete"' in page and 'class="host warn"' in page and 'data-fleet="incomplete"' in page
     assert 'data-incomplete="true"' in page and 'initial PID namespace (...)' in page
     assert '<b>0</b> ok' in page

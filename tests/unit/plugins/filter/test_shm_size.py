@@ -1,15 +1,19 @@
 """Unit tests for the tritonops.shm.shm_size filter (the shm-size planner): tables of cases."""
+
 from __future__ import annotations
 
-import pytest
-
-from ansible.errors import AnsibleFilterError
-
 import kubernetes_validate
+import pytest
+from ansible.errors import AnsibleFilterError
 from kubernetes_validate import utils as kubernetes_validate_utils
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_size import (
-    FilterModule, docker_size, kubernetes_quantity, pool_bytes, shm_size)
+    FilterModule,
+    docker_size,
+    kubernetes_quantity,
+    pool_bytes,
+    shm_size,
+)
 from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import quantity_bytes
 
 MIB = 1 << 20
@@ -18,62 +22,139 @@ GIB = 1 << 30
 # (id, workload, keyword overrides, expected bytes, expected docker, expected capped)
 PLANS = [
     # the issue's test vectors, exactly
-    ('8x64MiB-clients-4x16MiB-python-16GiB-host',
-     {'client_regions': [{'byte_size': 64 * MIB, 'count': 8}], 'python_backend_instances': 4,
-      'python_backend_peak_byte_size': 16 * MIB, 'headroom': 0.25, 'host_memory_bytes': 16 * GIB},
-     {}, 720 * MIB, '720m', False),
-    ('1GiB-client-1GiB-host-capped',
-     {'client_regions': [{'byte_size': GIB, 'count': 1}], 'headroom': 0.25, 'host_memory_bytes': GIB},
-     {}, 512 * MIB, '512m', True),
-    ('1MiB-client-floor',
-     {'client_regions': [{'byte_size': MIB, 'count': 1}]},
-     {}, 64 * MIB, '64m', False),
+    (
+        '8x64MiB-clients-4x16MiB-python-16GiB-host',
+        {
+            'client_regions': [{'byte_size': 64 * MIB, 'count': 8}],
+            'python_backend_instances': 4,
+            'python_backend_peak_byte_size': 16 * MIB,
+            'headroom': 0.25,
+            'host_memory_bytes': 16 * GIB,
+        },
+        {},
+        720 * MIB,
+        '720m',
+        False,
+    ),
+    (
+        '1GiB-client-1GiB-host-capped',
+        {'client_regions': [{'byte_size': GIB, 'count': 1}], 'headroom': 0.25, 'host_memory_bytes': GIB},
+        {},
+        512 * MIB,
+        '512m',
+        True,
+    ),
+    ('1MiB-client-floor', {'client_regions': [{'byte_size': MIB, 'count': 1}]}, {}, 64 * MIB, '64m', False),
     # the same vectors written with size strings
-    ('vector1-size-strings',
-     {'client_regions': [{'byte_size': '64m', 'count': 8}], 'python_backend_instances': 4,
-      'python_backend_peak_byte_size': '16M', 'host_memory_bytes': '16G'},
-     {}, 720 * MIB, '720m', False),
-    ('vector2-size-strings',
-     {'client_regions': [{'byte_size': '1g'}], 'host_memory_bytes': '1G'},
-     {}, 512 * MIB, '512m', True),
+    (
+        'vector1-size-strings',
+        {
+            'client_regions': [{'byte_size': '64m', 'count': 8}],
+            'python_backend_instances': 4,
+            'python_backend_peak_byte_size': '16M',
+            'host_memory_bytes': '16G',
+        },
+        {},
+        720 * MIB,
+        '720m',
+        False,
+    ),
+    (
+        'vector2-size-strings',
+        {'client_regions': [{'byte_size': '1g'}], 'host_memory_bytes': '1G'},
+        {},
+        512 * MIB,
+        '512m',
+        True,
+    ),
     # defaults and edges
     ('empty-plan-is-the-floor', {}, {}, 64 * MIB, '64m', False),
     ('no-input-is-the-floor', None, {}, 64 * MIB, '64m', False),
     ('count-defaults-to-1', {'client_regions': [{'byte_size': '100m'}]}, {}, 125 * MIB, '125m', False),
     ('python-default-peak-1MiB', {'python_backend_instances': 80}, {}, 100 * MIB, '100m', False),
     ('ceil-to-whole-MiB', {'extra_bytes': 100 * MIB + 1, 'headroom': 0}, {}, 101 * MIB, '101m', False),
-    ('zero-headroom', {'client_regions': [{'byte_size': '96m', 'count': 1}], 'headroom': 0}, {}, 96 * MIB, '96m', False),
+    (
+        'zero-headroom',
+        {'client_regions': [{'byte_size': '96m', 'count': 1}], 'headroom': 0},
+        {},
+        96 * MIB,
+        '96m',
+        False,
+    ),
     ('headroom-0.1-exact', {'extra_bytes': 100 * MIB, 'headroom': 0.1}, {}, 110 * MIB, '110m', False),
     ('headroom-as-string', {'extra_bytes': 100 * MIB, 'headroom': '0.5'}, {}, 150 * MIB, '150m', False),
-    ('several-region-sizes',
-     {'client_regions': [{'byte_size': '8m', 'count': 10}, {'byte_size': '4m', 'count': 5}]},
-     {}, 125 * MIB, '125m', False),
+    (
+        'several-region-sizes',
+        {'client_regions': [{'byte_size': '8m', 'count': 10}, {'byte_size': '4m', 'count': 5}]},
+        {},
+        125 * MIB,
+        '125m',
+        False,
+    ),
     ('count-zero', {'client_regions': [{'byte_size': '1g', 'count': 0}]}, {}, 64 * MIB, '64m', False),
     ('floor-not-whole-MiB', {'floor_bytes': 1000}, {}, 1000, '1000b', False),
     ('floor-raised', {'floor_bytes': '1g'}, {}, GIB, '1024m', False),
     ('just-under-the-cap', {'extra_bytes': 400 * MIB, 'host_memory_bytes': GIB}, {}, 500 * MIB, '500m', False),
-    ('exactly-the-cap', {'extra_bytes': 512 * MIB, 'headroom': 0, 'host_memory_bytes': GIB}, {}, 512 * MIB, '512m', False),
+    (
+        'exactly-the-cap',
+        {'extra_bytes': 512 * MIB, 'headroom': 0, 'host_memory_bytes': GIB},
+        {},
+        512 * MIB,
+        '512m',
+        False,
+    ),
     ('cap-rounded-down-to-MiB', {'extra_bytes': GIB, 'host_memory_bytes': 1001 * MIB}, {}, 500 * MIB, '500m', True),
     ('floor-above-the-cap-is-capped', {'host_memory_bytes': 100 * MIB}, {}, 50 * MIB, '50m', True),
-    ('max-host-fraction', {'extra_bytes': GIB, 'host_memory_bytes': GIB, 'max_host_fraction': 0.75}, {}, 768 * MIB, '768m', True),
-    ('fraction-1', {'extra_bytes': 2 * GIB, 'headroom': 0, 'host_memory_bytes': GIB, 'max_host_fraction': 1}, {}, GIB, '1024m', True),
-    ('kwargs-override-input',
-     {'client_regions': [{'byte_size': GIB}], 'host_memory_bytes': 64 * GIB},
-     {'host_memory_bytes': GIB}, 512 * MIB, '512m', True),
+    (
+        'max-host-fraction',
+        {'extra_bytes': GIB, 'host_memory_bytes': GIB, 'max_host_fraction': 0.75},
+        {},
+        768 * MIB,
+        '768m',
+        True,
+    ),
+    (
+        'fraction-1',
+        {'extra_bytes': 2 * GIB, 'headroom': 0, 'host_memory_bytes': GIB, 'max_host_fraction': 1},
+        {},
+        GIB,
+        '1024m',
+        True,
+    ),
+    (
+        'kwargs-override-input',
+        {'client_regions': [{'byte_size': GIB}], 'host_memory_bytes': 64 * GIB},
+        {'host_memory_bytes': GIB},
+        512 * MIB,
+        '512m',
+        True,
+    ),
     ('kwargs-only', {}, {'extra_bytes': '200m', 'headroom': 0}, 200 * MIB, '200m', False),
     ('none-means-default', {'headroom': None, 'extra_bytes': 100 * MIB}, {}, 125 * MIB, '125m', False),
     ('host-none-no-cap', {'extra_bytes': 10 * GIB, 'host_memory_bytes': None}, {}, 12800 * MIB, '12800m', False),
     # Kubernetes' binary quantities, as a node's allocatable memory is given
-    ('kubernetes-binary-quantities',
-     {'client_regions': [{'byte_size': '64Mi', 'count': 8}], 'python_backend_instances': 4,
-      'python_backend_peak_byte_size': '16Mi', 'host_memory_bytes': f'{16 * 1024 * 1024}Ki'},
-     {}, 720 * MIB, '720m', False),
+    (
+        'kubernetes-binary-quantities',
+        {
+            'client_regions': [{'byte_size': '64Mi', 'count': 8}],
+            'python_backend_instances': 4,
+            'python_backend_peak_byte_size': '16Mi',
+            'host_memory_bytes': f'{16 * 1024 * 1024}Ki',
+        },
+        {},
+        720 * MIB,
+        '720m',
+        False,
+    ),
     ('float-whole-bytes', {'extra_bytes': float(100 * MIB), 'headroom': 0}, {}, 100 * MIB, '100m', False),
 ]
 
 
-@pytest.mark.parametrize('workload, overrides, expected_bytes, expected_docker, expected_capped',
-                         [case[1:] for case in PLANS], ids=[case[0] for case in PLANS])
+@pytest.mark.parametrize(
+    'workload, overrides, expected_bytes, expected_docker, expected_capped',
+    [case[1:] for case in PLANS],
+    ids=[case[0] for case in PLANS],
+)
 def test_plan(workload, overrides, expected_bytes, expected_docker, expected_capped):
     plan = shm_size(workload, **overrides)
     assert plan['bytes'] == expected_bytes
@@ -83,8 +164,15 @@ def test_plan(workload, overrides, expected_bytes, expected_docker, expected_cap
 
 
 def test_breakdown_of_the_first_vector():
-    plan = shm_size({'client_regions': [{'byte_size': 64 * MIB, 'count': 8}], 'python_backend_instances': 4,
-                     'python_backend_peak_byte_size': 16 * MIB, 'headroom': 0.25, 'host_memory_bytes': 16 * GIB})
+    plan = shm_size(
+        {
+            'client_regions': [{'byte_size': 64 * MIB, 'count': 8}],
+            'python_backend_instances': 4,
+            'python_backend_peak_byte_size': 16 * MIB,
+            'headroom': 0.25,
+            'host_memory_bytes': 16 * GIB,
+        }
+    )
     assert plan['breakdown'] == {
         'client_regions_bytes': 512 * MIB,
         'python_backend_bytes': 64 * MIB,
@@ -117,18 +205,33 @@ def test_input_is_not_modified():
 # (id, workload, keyword overrides, words the error must contain)
 ERRORS = [
     ('not-a-dict', ['64m'], {}, 'must be a dict'),
-    ('unknown-key-typo', {'client_region': []}, {}, "unknown key(s) client_region"),
+    ('unknown-key-typo', {'client_region': []}, {}, 'unknown key(s) client_region'),
     ('unknown-kwarg', {}, {'headrom': 0.1}, 'unknown key(s) headrom'),
     ('regions-not-a-list', {'client_regions': {'byte_size': 1}}, {}, 'client_regions must be a list'),
     ('region-not-a-dict', {'client_regions': ['64m']}, {}, 'client_regions[0] must be a dict'),
     ('region-without-byte-size', {'client_regions': [{'count': 2}]}, {}, 'client_regions[0]: byte_size is required'),
-    ('region-unknown-key', {'client_regions': [{'byte_size': 1, 'size': 2}]}, {}, 'client_regions[0]: unknown key(s) size'),
-    ('bad-size-string', {'client_regions': [{'byte_size': '64 MiB'}]}, {}, "client_regions[0].byte_size: cannot read '64 MiB'"),
+    (
+        'region-unknown-key',
+        {'client_regions': [{'byte_size': 1, 'size': 2}]},
+        {},
+        'client_regions[0]: unknown key(s) size',
+    ),
+    (
+        'bad-size-string',
+        {'client_regions': [{'byte_size': '64 MiB'}]},
+        {},
+        "client_regions[0].byte_size: cannot read '64 MiB'",
+    ),
     ('negative-size-string', {'extra_bytes': '-1m'}, {}, 'extra_bytes: cannot read'),
     ('negative-bytes', {'extra_bytes': -1}, {}, 'extra_bytes must not be negative'),
     ('bool-bytes', {'floor_bytes': True}, {}, 'floor_bytes must be a byte count'),
     ('fractional-bytes', {'extra_bytes': 1.5}, {}, 'extra_bytes must be a whole number of bytes'),
-    ('negative-count', {'client_regions': [{'byte_size': 1, 'count': -1}]}, {}, 'client_regions[0].count must be a whole number >= 0, got -1'),
+    (
+        'negative-count',
+        {'client_regions': [{'byte_size': 1, 'count': -1}]},
+        {},
+        'client_regions[0].count must be a whole number >= 0, got -1',
+    ),
     ('count-not-int', {'client_regions': [{'byte_size': 1, 'count': 1.5}]}, {}, 'count must be a whole number'),
     ('instances-not-int', {'python_backend_instances': 'four'}, {}, 'python_backend_instances must be a whole number'),
     ('negative-headroom', {'headroom': -0.1}, {}, 'headroom must not be negative'),
@@ -156,9 +259,16 @@ def test_bad_size_string_keeps_the_cause():
     assert isinstance(info.value.orig_exc, ValueError)
 
 
-@pytest.mark.parametrize('num_bytes, expected', [
-    (MIB, '1m'), (720 * MIB, '720m'), (GIB, '1024m'), (1000, '1000b'), (MIB + 1, '1048577b'),
-])
+@pytest.mark.parametrize(
+    'num_bytes, expected',
+    [
+        (MIB, '1m'),
+        (720 * MIB, '720m'),
+        (GIB, '1024m'),
+        (1000, '1000b'),
+        (MIB + 1, '1048577b'),
+    ],
+)
 def test_docker_size(num_bytes, expected):
     assert docker_size(num_bytes) == expected
 
@@ -169,8 +279,12 @@ def test_filter_is_registered():
 
 # -- the pod spec fragment (Kubernetes) -------------------------------------------------------------
 
-VECTOR1 = {'client_regions': [{'byte_size': '64m', 'count': 8}], 'python_backend_instances': 4,
-           'python_backend_peak_byte_size': '16m', 'host_memory_bytes': '16G'}
+VECTOR1 = {
+    'client_regions': [{'byte_size': '64m', 'count': 8}],
+    'python_backend_instances': 4,
+    'python_backend_peak_byte_size': '16m',
+    'host_memory_bytes': '16G',
+}
 
 
 def test_the_schemas_cover_kubernetes_1_30_to_1_37():
@@ -188,21 +302,24 @@ def test_the_fragment_of_the_first_vector():
     notes = ' '.join(k8s['notes'])
     assert 'count against the memory limit' in notes
     assert 'the kubelet evicts the pod' in notes and 'kubernetes/kubernetes#28272' in notes
-    assert 'at least 4816Mi: the 720Mi of /dev/shm plus the server\'s own 4096Mi' in notes
+    assert "at least 4816Mi: the 720Mi of /dev/shm plus the server's own 4096Mi" in notes
 
 
 def test_without_the_server_memory_the_limit_is_only_the_floor_and_says_so():
     k8s = shm_size(VECTOR1)['kubernetes']
     assert (k8s['memory_limit'], k8s['memory_limit_includes_server']) == ('720Mi', False)
-    assert 'PLUS the server\'s own memory' in k8s['notes'][1] and 'OOM-killed' in k8s['notes'][1]
+    assert "PLUS the server's own memory" in k8s['notes'][1] and 'OOM-killed' in k8s['notes'][1]
 
 
-@pytest.mark.parametrize('workload, size_limit', [
-    ({}, '64Mi'),
-    ({'floor_bytes': 1000}, '1000'),
-    ({'extra_bytes': GIB, 'host_memory_bytes': GIB}, '512Mi'),  # capped: the fragment is the capped size
-    ({'floor_bytes': '1g'}, '1024Mi'),
-])
+@pytest.mark.parametrize(
+    'workload, size_limit',
+    [
+        ({}, '64Mi'),
+        ({'floor_bytes': 1000}, '1000'),
+        ({'extra_bytes': GIB, 'host_memory_bytes': GIB}, '512Mi'),  # capped: the fragment is the capped size
+        ({'floor_bytes': '1g'}, '1024Mi'),
+    ],
+)
 def test_the_size_limit_is_the_planned_bytes_as_a_quantity(workload, size_limit):
     plan = shm_size(workload)
     assert plan['kubernetes']['size_limit'] == size_limit
@@ -210,7 +327,9 @@ def test_the_size_limit_is_the_planned_bytes_as_a_quantity(workload, size_limit)
     assert quantity_bytes(size_limit) == plan['bytes']
 
 
-@pytest.mark.parametrize('num_bytes, expected', [(MIB, '1Mi'), (720 * MIB, '720Mi'), (1000, '1000'), (MIB + 1, '1048577')])
+@pytest.mark.parametrize(
+    'num_bytes, expected', [(MIB, '1Mi'), (720 * MIB, '720Mi'), (1000, '1000'), (MIB + 1, '1048577')]
+)
 def test_kubernetes_quantity(num_bytes, expected):
     assert kubernetes_quantity(num_bytes) == expected
     assert quantity_bytes(expected) == num_bytes
@@ -226,10 +345,13 @@ def _pod_spec(k8s):
     mount = k8s['volume_mount']
     return {
         'containers': [
-            {'name': 'tritonserver', 'image': 'nvcr.io/nvidia/tritonserver:26.04-py3',
-             'args': ['tritonserver', '--model-repository=/models', '--allow-client-shm=true'],
-             'resources': {'limits': {'memory': k8s['memory_limit']}, 'requests': {'memory': k8s['memory_limit']}},
-             'volumeMounts': [mount]},
+            {
+                'name': 'tritonserver',
+                'image': 'nvcr.io/nvidia/tritonserver:26.04-py3',
+                'args': ['tritonserver', '--model-repository=/models', '--allow-client-shm=true'],
+                'resources': {'limits': {'memory': k8s['memory_limit']}, 'requests': {'memory': k8s['memory_limit']}},
+                'volumeMounts': [mount],
+            },
             {'name': 'client', 'image': 'registry.example/client:1', 'volumeMounts': [mount]},
         ],
         'volumes': [k8s['volume']],
@@ -240,9 +362,16 @@ def test_the_fragment_validates_in_a_pod_and_a_deployment(k8s_version):
     k8s = shm_size(VECTOR1, server_memory_bytes='4G')['kubernetes']
     pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 'triton'}, 'spec': _pod_spec(k8s)}
     labels = {'app': 'triton'}
-    deployment = {'apiVersion': 'apps/v1', 'kind': 'Deployment', 'metadata': {'name': 'triton'},
-                  'spec': {'replicas': 1, 'selector': {'matchLabels': labels},
-                           'template': {'metadata': {'labels': labels}, 'spec': _pod_spec(k8s)}}}
+    deployment = {
+        'apiVersion': 'apps/v1',
+        'kind': 'Deployment',
+        'metadata': {'name': 'triton'},
+        'spec': {
+            'replicas': 1,
+            'selector': {'matchLabels': labels},
+            'template': {'metadata': {'labels': labels}, 'spec': _pod_spec(k8s)},
+        },
+    }
     for resource in (pod, deployment):
         assert kubernetes_validate.validate(resource, k8s_version, strict=True) == k8s_version
 
@@ -252,13 +381,15 @@ def test_the_validation_can_fail(k8s_version):
     spec = _pod_spec(shm_size(VECTOR1)['kubernetes'])
     spec['volumes'][0]['emptyDir']['sizeLimt'] = '1Gi'
     with pytest.raises(kubernetes_validate.ValidationError, match='sizeLimt'):
-        kubernetes_validate.validate({'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 't'}, 'spec': spec},
-                                     k8s_version, strict=True)
+        kubernetes_validate.validate(
+            {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 't'}, 'spec': spec}, k8s_version, strict=True
+        )
     spec = _pod_spec(shm_size(VECTOR1)['kubernetes'])
     spec['volumes'][0]['emptyDir']['sizeLimit'] = ['1Gi']
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate({'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 't'}, 'spec': spec},
-                                     k8s_version, strict=True)
+        kubernetes_validate.validate(
+            {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': 't'}, 'spec': spec}, k8s_version, strict=True
+        )
 
 
 # -- the python backend's pools (issue 27): growth settings, largest tensor and instances per model -------------
@@ -283,27 +414,60 @@ def test_pool_bytes(largest, default, growth, pool):
 
 # (id, workload, expected python_models_bytes, expected growth bytes, expected reload bytes, expected planned bytes)
 PYTHON_PLANS = [
-    ('one-model-two-instances', {'python_models': [{'name': 'llm', 'instances': 2, 'largest_tensor_bytes': '32m'}]},
-     68 * MIB, 66 * MIB, 0, 85 * MIB),
+    (
+        'one-model-two-instances',
+        {'python_models': [{'name': 'llm', 'instances': 2, 'largest_tensor_bytes': '32m'}]},
+        68 * MIB,
+        66 * MIB,
+        0,
+        85 * MIB,
+    ),
     ('instances-default-to-1', {'python_models': [{'largest_tensor_bytes': '32m'}]}, 34 * MIB, 33 * MIB, 0, 64 * MIB),
-    ('growth-settings-change-the-pool',
-     {'python_models': [{'name': 'llm', 'instances': 4, 'largest_tensor_bytes': '20m'}],
-      'python_backend_shm_default_byte_size': '4m', 'python_backend_shm_growth_byte_size': '8m'},
-     112 * MIB, 96 * MIB, 0, 140 * MIB),
-    ('a-reload-adds-one-model-s-default-pools',
-     {'python_models': [{'name': 'a', 'instances': 3, 'largest_tensor_bytes': '32m'},
-                        {'name': 'b', 'instances': 1, 'largest_tensor_bytes': 100}],
-      'python_backend_reloads': True, 'python_backend_shm_default_byte_size': '2m'},
-     3 * 35 * MIB + 2 * MIB, 3 * 33 * MIB, 3 * 2 * MIB, 142 * MIB),
-    ('added-to-clients-and-the-old-inputs',
-     {'client_regions': [{'byte_size': '64m', 'count': 2}], 'python_backend_instances': 1,
-      'python_models': [{'name': 'm', 'largest_tensor_bytes': '8m'}]},
-     10 * MIB, 9 * MIB, 0, 174 * MIB),
+    (
+        'growth-settings-change-the-pool',
+        {
+            'python_models': [{'name': 'llm', 'instances': 4, 'largest_tensor_bytes': '20m'}],
+            'python_backend_shm_default_byte_size': '4m',
+            'python_backend_shm_growth_byte_size': '8m',
+        },
+        112 * MIB,
+        96 * MIB,
+        0,
+        140 * MIB,
+    ),
+    (
+        'a-reload-adds-one-model-s-default-pools',
+        {
+            'python_models': [
+                {'name': 'a', 'instances': 3, 'largest_tensor_bytes': '32m'},
+                {'name': 'b', 'instances': 1, 'largest_tensor_bytes': 100},
+            ],
+            'python_backend_reloads': True,
+            'python_backend_shm_default_byte_size': '2m',
+        },
+        3 * 35 * MIB + 2 * MIB,
+        3 * 33 * MIB,
+        3 * 2 * MIB,
+        142 * MIB,
+    ),
+    (
+        'added-to-clients-and-the-old-inputs',
+        {
+            'client_regions': [{'byte_size': '64m', 'count': 2}],
+            'python_backend_instances': 1,
+            'python_models': [{'name': 'm', 'largest_tensor_bytes': '8m'}],
+        },
+        10 * MIB,
+        9 * MIB,
+        0,
+        174 * MIB,
+    ),
 ]
 
 
-@pytest.mark.parametrize('workload, models_bytes, growth, reload, planned', [c[1:] for c in PYTHON_PLANS],
-                         ids=[c[0] for c in PYTHON_PLANS])
+@pytest.mark.parametrize(
+    'workload, models_bytes, growth, reload, planned', [c[1:] for c in PYTHON_PLANS], ids=[c[0] for c in PYTHON_PLANS]
+)
 def test_python_pools_plan(workload, models_bytes, growth, reload, planned):
     plan = shm_size(workload)
     assert plan['breakdown']['python_models_bytes'] == models_bytes
@@ -314,8 +478,15 @@ def test_python_pools_plan(workload, models_bytes, growth, reload, planned):
 
 
 def test_the_plan_explains_the_growth_headroom_per_model():
-    plan = shm_size({'python_models': [{'name': 'llm', 'instances': 2, 'largest_tensor_bytes': '32m'},
-                                       {'name': 'pre', 'largest_tensor_bytes': '1k'}], 'python_backend_reloads': True})
+    plan = shm_size(
+        {
+            'python_models': [
+                {'name': 'llm', 'instances': 2, 'largest_tensor_bytes': '32m'},
+                {'name': 'pre', 'largest_tensor_bytes': '1k'},
+            ],
+            'python_backend_reloads': True,
+        }
+    )
     llm, pre = plan['python_backend']['models']
     assert (llm['pool_bytes'], llm['bytes'], llm['growth_bytes']) == (34 * MIB, 68 * MIB, 66 * MIB)
     assert 'grows by 1048576 x (33554432 // 1048576 + 1) = 34603008 bytes' in llm['explanation']
@@ -328,9 +499,17 @@ def test_the_plan_explains_the_growth_headroom_per_model():
 def test_growth_settings_become_the_server_arguments_in_both_fragments():
     default = shm_size({'python_models': [{'largest_tensor_bytes': '1m'}]})
     assert default['python_backend']['server_args'] == [] and default['kubernetes']['server_args'] == []
-    plan = shm_size({'python_models': [{'largest_tensor_bytes': '1m'}],
-                     'python_backend_shm_default_byte_size': '4m', 'python_backend_shm_growth_byte_size': '16m'})
-    args = ['--backend-config=python,shm-default-byte-size=4194304', '--backend-config=python,shm-growth-byte-size=16777216']
+    plan = shm_size(
+        {
+            'python_models': [{'largest_tensor_bytes': '1m'}],
+            'python_backend_shm_default_byte_size': '4m',
+            'python_backend_shm_growth_byte_size': '16m',
+        }
+    )
+    args = [
+        '--backend-config=python,shm-default-byte-size=4194304',
+        '--backend-config=python,shm-growth-byte-size=16777216',
+    ]
     assert plan['python_backend']['server_args'] == args and plan['kubernetes']['server_args'] == args
 
 
@@ -341,15 +520,21 @@ def test_the_kubernetes_fragment_warns_that_pools_outlive_a_container_restart():
     assert '81001' not in without
 
 
-@pytest.mark.parametrize('workload, words', [
-    ({'python_models': {'largest_tensor_bytes': 1}}, 'python_models must be a list'),
-    ({'python_models': [{'instances': 2}]}, 'python_models[0]: largest_tensor_bytes is required'),
-    ({'python_models': [{'largest_tensor_bytes': 1, 'count': 2}]}, "python_models[0]: unknown key(s) count"),
-    ({'python_models': [{'largest_tensor_bytes': '1x'}]}, 'python_models[0].largest_tensor_bytes'),
-    ({'python_models': [{'largest_tensor_bytes': 1, 'instances': -1}]}, 'python_models[0].instances must be a whole number'),
-    ({'python_backend_shm_growth_byte_size': 0}, 'must be > 0'),
-    ({'python_backend_reloads': 'yes'}, 'python_backend_reloads must be true or false'),
-])
+@pytest.mark.parametrize(
+    'workload, words',
+    [
+        ({'python_models': {'largest_tensor_bytes': 1}}, 'python_models must be a list'),
+        ({'python_models': [{'instances': 2}]}, 'python_models[0]: largest_tensor_bytes is required'),
+        ({'python_models': [{'largest_tensor_bytes': 1, 'count': 2}]}, 'python_models[0]: unknown key(s) count'),
+        ({'python_models': [{'largest_tensor_bytes': '1x'}]}, 'python_models[0].largest_tensor_bytes'),
+        (
+            {'python_models': [{'largest_tensor_bytes': 1, 'instances': -1}]},
+            'python_models[0].instances must be a whole number',
+        ),
+        ({'python_backend_shm_growth_byte_size': 0}, 'must be > 0'),
+        ({'python_backend_reloads': 'yes'}, 'python_backend_reloads must be true or false'),
+    ],
+)
 def test_python_pool_errors(workload, words):
     with pytest.raises(AnsibleFilterError) as err:
         shm_size(workload)

@@ -1,4 +1,5 @@
 """Unit tests for the tritonops.shm.shm_md and shm_redact_url filters, rendered by a real CommonMark + GFM-table parser."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,9 +8,21 @@ from markdown_it import MarkdownIt
 from ansible_collections.tritonops.shm.plugins.filter.shm_text import FilterModule, shm_md, shm_redact_url
 
 HOSTILE = [
-    '<img src=x onerror=alert(1)>', '<script>alert(1)</script>', '[click](http://evil.example)', '![i](http://e/x.png)',
-    '# heading', 'a|b|c', '**bold** _em_ `code` ~~s~~', '\x1b[31mred\x1b[0m\x1b]0;title\x07', 'line\nbreak\r\n## two',
-    'x\u202etxt.exe', '&lt;entity&gt; &amp;', 'back\\slash\\|', '<http://auto.link>', ' padded ', 'plain-name_1.0',
+    '<img src=x onerror=alert(1)>',
+    '<script>alert(1)</script>',
+    '[click](http://evil.example)',
+    '![i](http://e/x.png)',
+    '# heading',
+    'a|b|c',
+    '**bold** _em_ `code` ~~s~~',
+    '\x1b[31mred\x1b[0m\x1b]0;title\x07',
+    'line\nbreak\r\n## two',
+    'x\u202etxt.exe',
+    '&lt;entity&gt; &amp;',
+    'back\\slash\\|',
+    '<http://auto.link>',
+    ' padded ',
+    'plain-name_1.0',
 ]
 
 
@@ -25,7 +38,7 @@ def test_hostile_text_stays_one_plain_table_cell(value):
     inline = cell_tokens(shm_md(value))
     assert [t.content for t in inline][-1] == 'end', 'the row still has its two cells'
     children = inline[-2].children
-    assert {c.type for c in children} <= {'text'}, [c.type for c in children]   # no html_inline, link, image, em, code
+    assert {c.type for c in children} <= {'text'}, [c.type for c in children]  # no html_inline, link, image, em, code
     shown = ''.join(c.content for c in children)
     assert '\x1b' not in shown and '\n' not in shown and '\r' not in shown and '\u202e' not in shown
     if all(ord(c) >= 32 and c != '\u202e' for c in value) and value == value.strip():

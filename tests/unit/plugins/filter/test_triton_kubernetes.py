@@ -3,6 +3,7 @@
 Every manifest is validated offline with kubernetes-validate (strict schemas) for each Kubernetes minor from 1.30
 to 1.37 that it bundles.
 """
+
 from __future__ import annotations
 
 import copy
@@ -11,25 +12,36 @@ import re
 import kubernetes_validate
 import pytest
 import yaml
-
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_size import shm_size
 from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import (
-    FilterModule, quantity_bytes, triton_kubernetes)
+    FilterModule,
+    quantity_bytes,
+    triton_kubernetes,
+)
 from ansible_collections.tritonops.shm.plugins.filter.triton_server import triton_version
 
 MIB = 1 << 20
 GIB = 1 << 30
 IMAGE = 'nvcr.io/nvidia/tritonserver:26.04-py3'
-ARGS = ['tritonserver', '--model-repository=/models', '--model-control-mode=explicit', '--http-port=8000',
-        '--grpc-port=8001', '--metrics-port=8002', '--allow-client-shm=true']
+ARGS = [
+    'tritonserver',
+    '--model-repository=/models',
+    '--model-control-mode=explicit',
+    '--http-port=8000',
+    '--grpc-port=8001',
+    '--metrics-port=8002',
+    '--allow-client-shm=true',
+]
 
 
 def manifest(**kwargs):
     kwargs.setdefault('shm_bytes', 720 * MIB)
     kwargs.setdefault('model_repository', '/var/lib/triton_server/triton/models')
-    return triton_kubernetes(kwargs.pop('name', 'triton'), kwargs.pop('image', IMAGE), kwargs.pop('args', ARGS), **kwargs)
+    return triton_kubernetes(
+        kwargs.pop('name', 'triton'), kwargs.pop('image', IMAGE), kwargs.pop('args', ARGS), **kwargs
+    )
 
 
 def pod_spec(result):
@@ -56,12 +68,15 @@ def test_the_args_are_the_roles_command_line():
     assert 'command' not in container(manifest())  # the image's entrypoint stays, as with docker/podman
 
 
-@pytest.mark.parametrize('image, flag', [
-    ('nvcr.io/nvidia/tritonserver:26.04-py3', True),
-    ('nvcr.io/nvidia/tritonserver:24.10-py3', False),
-    ('localhost/x/tritonserver:2.68.0', True),
-    ('localhost/x/tritonserver:2.51.0', False),
-])
+@pytest.mark.parametrize(
+    'image, flag',
+    [
+        ('nvcr.io/nvidia/tritonserver:26.04-py3', True),
+        ('nvcr.io/nvidia/tritonserver:24.10-py3', False),
+        ('localhost/x/tritonserver:2.68.0', True),
+        ('localhost/x/tritonserver:2.51.0', False),
+    ],
+)
 def test_the_allow_client_shm_rule_is_the_version_filters(image, flag):
     args = ['tritonserver'] + (['--allow-client-shm=true'] if triton_version(image)['allow_client_shm'] else [])
     result = manifest(image=image, args=args)
@@ -77,7 +92,10 @@ def test_the_service_selects_the_pods_and_names_the_ports():
     labels = deployment['spec']['template']['metadata']['labels']
     assert all(labels[k] == v for k, v in service['spec']['selector'].items())
     assert [(p['name'], p['port'], p['targetPort']) for p in service['spec']['ports']] == [
-        ('http', 8000, 'http'), ('grpc', 8001, 'grpc'), ('metrics', 8002, 'metrics')]
+        ('http', 8000, 'http'),
+        ('grpc', 8001, 'grpc'),
+        ('metrics', 8002, 'metrics'),
+    ]
     assert result['url'] == 'http://triton.inference.svc:8000'
     assert deployment['metadata']['namespace'] == service['metadata']['namespace'] == 'inference'
 
@@ -92,7 +110,7 @@ def test_without_server_memory_no_limit_is_set_and_a_warning_says_why():
     result = manifest()
     assert 'resources' in container(result) and container(result)['resources'] == {}
     assert result['memory_limit'] is None
-    assert result['warnings'] and 'PLUS the server\'s own memory' in result['warnings'][0]
+    assert result['warnings'] and "PLUS the server's own memory" in result['warnings'][0]
 
 
 def test_an_explicit_memory_limit_is_kept():
@@ -103,13 +121,19 @@ def test_an_explicit_memory_limit_is_kept():
 
 @pytest.mark.parametrize('limit', ['720Mi', '512Mi', '754974720'])
 def test_a_memory_limit_not_above_the_dev_shm_is_refused(limit):
-    with pytest.raises(AnsibleFilterError, match=r'resources.limits.memory .* is not more than the /dev/shm sizeLimit 720Mi'):
+    with pytest.raises(
+        AnsibleFilterError, match=r'resources.limits.memory .* is not more than the /dev/shm sizeLimit 720Mi'
+    ):
         manifest(resources={'limits': {'memory': limit}})
 
 
 def test_gpus_host_ipc_share_process_namespace_and_a_pvc():
-    result = manifest(gpus=2, ipc_mode='host', share_process_namespace=True,
-                      model_volume={'persistentVolumeClaim': {'claimName': 'models', 'readOnly': True}})
+    result = manifest(
+        gpus=2,
+        ipc_mode='host',
+        share_process_namespace=True,
+        model_volume={'persistentVolumeClaim': {'claimName': 'models', 'readOnly': True}},
+    )
     spec = pod_spec(result)
     assert spec['hostIPC'] is True and spec['shareProcessNamespace'] is True
     assert [v['name'] for v in spec['volumes']] == ['models']  # host IPC: the node's /dev/shm, no emptyDir
@@ -147,9 +171,16 @@ CASES = {
     'gpus-pvc-host-ipc': {'gpus': 1, 'ipc_mode': 'host', 'model_volume': {'persistentVolumeClaim': {'claimName': 'm'}}},
     'share-process-namespace-nodeport': {'share_process_namespace': True, 'service_type': 'NodePort', 'grpc_port': 0},
     'odd-size': {'shm_bytes': 1000, 'resources': {'limits': {'memory': '2G'}}, 'env': {'X': 1}},
-    'secret-env-yes-no-labels': {'env': {'TOKEN': {'secretKeyRef': {'name': 'triton-secrets', 'key': 'token'}},
-                                         'NODE': {'fieldRef': {'fieldPath': 'spec.nodeName'}}, 'A': 'y', 'B': 'n', 'C': '1e3'},
-                                 'labels': {'tier': 'y', 'n': 'n', 'ver': '1e3', 'on': 'off'}},
+    'secret-env-yes-no-labels': {
+        'env': {
+            'TOKEN': {'secretKeyRef': {'name': 'triton-secrets', 'key': 'token'}},
+            'NODE': {'fieldRef': {'fieldPath': 'spec.nodeName'}},
+            'A': 'y',
+            'B': 'n',
+            'C': '1e3',
+        },
+        'labels': {'tier': 'y', 'n': 'n', 'ver': '1e3', 'on': 'off'},
+    },
 }
 
 
@@ -170,7 +201,9 @@ class KubectlLoader(yaml.SafeLoader):
 
 YAML11_BOOL = re.compile(r'^(?:y|Y|n|N|yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$')
 KubectlLoader.add_implicit_resolver('tag:yaml.org,2002:bool', YAML11_BOOL, list('yYnNtTfFoO'))
-KubectlLoader.add_implicit_resolver('tag:yaml.org,2002:float', re.compile(r'^[-+]?[0-9]+[eE][-+]?[0-9]+$'), list('-+0123456789'))
+KubectlLoader.add_implicit_resolver(
+    'tag:yaml.org,2002:float', re.compile(r'^[-+]?[0-9]+[eE][-+]?[0-9]+$'), list('-+0123456789')
+)
 
 
 def test_every_string_is_quoted_so_y_n_and_1e3_keep_their_meaning():
@@ -190,7 +223,11 @@ def test_every_string_is_quoted_so_y_n_and_1e3_keep_their_meaning():
 
 # (id, env, words the error must contain); a value is never shown
 ENV_ERRORS = [
-    ('two-sources', {'T': {'secretKeyRef': {'name': 's', 'key': 'k'}, 'fieldRef': {'fieldPath': 'x'}}}, 'env T: a dict value'),
+    (
+        'two-sources',
+        {'T': {'secretKeyRef': {'name': 's', 'key': 'k'}, 'fieldRef': {'fieldPath': 'x'}}},
+        'env T: a dict value',
+    ),
     ('unknown-source', {'T': {'secretRef': {'name': 's'}}}, "got the keys ['secretRef']"),
     ('plain-dict', {'T': {'value': 's3cret'}}, "got the keys ['value']"),
     ('list', {'T': ['s3cret']}, 'env T: a value is a string or a valueFrom dict'),
@@ -209,7 +246,7 @@ def test_env_errors_name_the_variable_never_the_value(env, words):
 ERRORS = [
     ('name-not-dns', {'name': 'Triton_1'}, 'the name must be a DNS-1123 label'),
     ('namespace-not-dns', {'namespace': 'A B'}, 'namespace must be a DNS-1123 label'),
-    ('ipc-container', {'ipc_mode': 'container:other'}, "ipc_mode must be one of private, shareable, host"),
+    ('ipc-container', {'ipc_mode': 'container:other'}, 'ipc_mode must be one of private, shareable, host'),
     ('pull', {'image_pull': 'sometimes'}, 'image_pull must be one of missing, always, never'),
     ('service-type', {'service_type': 'ExternalName'}, 'service_type must be one of'),
     ('gpus-all', {'gpus': 'all'}, 'gpus must be a whole number'),
@@ -229,10 +266,21 @@ def test_errors(kwargs, words):
     assert words in str(info.value)
 
 
-@pytest.mark.parametrize('text, expected', [
-    ('4Gi', 4 * GIB), ('4096Mi', 4 * GIB), ('4G', 4 * 10 ** 9), ('1.5Gi', 3 * GIB // 2), ('1e9', 10 ** 9),
-    ('1000', 1000), (1000, 1000), ('500m', 1), ('128k', 128000), ('0.5Ki', 512),
-])
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('4Gi', 4 * GIB),
+        ('4096Mi', 4 * GIB),
+        ('4G', 4 * 10**9),
+        ('1.5Gi', 3 * GIB // 2),
+        ('1e9', 10**9),
+        ('1000', 1000),
+        (1000, 1000),
+        ('500m', 1),
+        ('128k', 128000),
+        ('0.5Ki', 512),
+    ],
+)
 def test_quantity_bytes(text, expected):
     assert quantity_bytes(text) == expected
 

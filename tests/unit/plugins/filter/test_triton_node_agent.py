@@ -1,27 +1,32 @@
 """Unit tests for the triton_node_agent filter: the node agent's DaemonSet and CronJobs, validated against Kubernetes
 1.30-1.37 (kubernetes-validate, strict; conftest.py gives the versions)."""
+
 from __future__ import annotations
 
 import json
 
 import kubernetes_validate
 import pytest
-
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import (
-    CAPABILITIES, FilterModule, triton_node_agent,
+    CAPABILITIES,
+    FilterModule,
+    triton_node_agent,
 )
 
 IMAGE = 'registry.example.com/tritonops/shm-agent:0.2.0'
 CASES = {
     'daemonset': dict(),
     'cronjobs': dict(kinds=['CronJob'], nodes=['gpu-1', 'gpu-2.example.com'], schedule='*/5 * * * *'),
-    'both, no metrics, AppArmor unconfined': dict(kinds=['DaemonSet', 'CronJob'], nodes=['gpu-1'],
-                                                  prometheus_textfile_dir='', apparmor_profile='Unconfined',
-                                                  node_selector={'nvidia.com/gpu.present': 'true'},
-                                                  tolerations=[{'key': 'nvidia.com/gpu', 'operator': 'Exists',
-                                                                'effect': 'NoSchedule'}]),
+    'both, no metrics, AppArmor unconfined': dict(
+        kinds=['DaemonSet', 'CronJob'],
+        nodes=['gpu-1'],
+        prometheus_textfile_dir='',
+        apparmor_profile='Unconfined',
+        node_selector={'nvidia.com/gpu.present': 'true'},
+        tolerations=[{'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSchedule'}],
+    ),
 }
 
 
@@ -61,15 +66,20 @@ def test_the_daemonset_sees_the_whole_node_with_the_least_privileges():
     assert script.endswith('sleep 300; done')
     env = {e['name']: e for e in container['env']}
     assert env['NODE_NAME']['valueFrom'] == {'fieldRef': {'fieldPath': 'spec.nodeName'}}
-    assert json.loads(env['AGENT_VARS']['value']) == {'prometheus_textfile_dir': '/var/lib/node_exporter/textfile_collector'}
-    assert {'name': 'textfile', 'hostPath': {'path': '/var/lib/node_exporter/textfile_collector',
-                                             'type': 'DirectoryOrCreate'}} in spec['volumes']
+    assert json.loads(env['AGENT_VARS']['value']) == {
+        'prometheus_textfile_dir': '/var/lib/node_exporter/textfile_collector'
+    }
+    assert {
+        'name': 'textfile',
+        'hostPath': {'path': '/var/lib/node_exporter/textfile_collector', 'type': 'DirectoryOrCreate'},
+    } in spec['volumes']
     assert spec['tolerations'] == [{'operator': 'Exists'}]
 
 
 def test_a_cronjob_per_node_pinned_by_node_affinity():
-    out = triton_node_agent(IMAGE, kinds='CronJob', nodes=['gpu-1', 'gpu-2.example.com'],
-                            extra_vars={'shm_cleanup_exclude': ['keep_*']})
+    out = triton_node_agent(
+        IMAGE, kinds='CronJob', nodes=['gpu-1', 'gpu-2.example.com'], extra_vars={'shm_cleanup_exclude': ['keep_*']}
+    )
     names = ['tritonops-shm-agent-gpu-1', 'tritonops-shm-agent-gpu-2-example-com']
     assert [c['metadata']['name'] for c in out['cronjobs']] == names
     for node, job in zip(['gpu-1', 'gpu-2.example.com'], out['cronjobs']):
@@ -83,8 +93,14 @@ def test_a_cronjob_per_node_pinned_by_node_affinity():
 
 
 def test_options():
-    out = triton_node_agent(IMAGE, interval=60, capabilities=['sys_ptrace'], prometheus_textfile_dir='',
-                            apparmor_profile='Unconfined', image_pull='always')
+    out = triton_node_agent(
+        IMAGE,
+        interval=60,
+        capabilities=['sys_ptrace'],
+        prometheus_textfile_dir='',
+        apparmor_profile='Unconfined',
+        image_pull='always',
+    )
     (spec,) = _pods(out)
     container = spec['containers'][0]
     assert container['securityContext']['capabilities']['add'] == ['SYS_PTRACE']
@@ -93,18 +109,21 @@ def test_options():
     assert [v['name'] for v in spec['volumes']] == ['tmp']
 
 
-@pytest.mark.parametrize('kwargs, words', [
-    (dict(image=''), 'image must be'),
-    (dict(name='Bad_Name'), 'name must be'),
-    (dict(kinds=['Deployment']), 'kinds must list'),
-    (dict(kinds=['CronJob']), 'give nodes'),
-    (dict(kinds=['CronJob'], nodes=['Bad Node']), 'is not a node name'),
-    (dict(kinds=['CronJob'], nodes=['n'], schedule='every minute'), 'cron schedule'),
-    (dict(interval=5), 'interval must be >= 10'),
-    (dict(interval=True), 'whole number'),
-    (dict(apparmor_profile='Localhost'), 'apparmor_profile'),
-    (dict(image_pull='sometimes'), 'image_pull'),
-])
+@pytest.mark.parametrize(
+    'kwargs, words',
+    [
+        (dict(image=''), 'image must be'),
+        (dict(name='Bad_Name'), 'name must be'),
+        (dict(kinds=['Deployment']), 'kinds must list'),
+        (dict(kinds=['CronJob']), 'give nodes'),
+        (dict(kinds=['CronJob'], nodes=['Bad Node']), 'is not a node name'),
+        (dict(kinds=['CronJob'], nodes=['n'], schedule='every minute'), 'cron schedule'),
+        (dict(interval=5), 'interval must be >= 10'),
+        (dict(interval=True), 'whole number'),
+        (dict(apparmor_profile='Localhost'), 'apparmor_profile'),
+        (dict(image_pull='sometimes'), 'image_pull'),
+    ],
+)
 def test_errors(kwargs, words):
     kwargs = dict({'image': IMAGE}, **kwargs)
     with pytest.raises(AnsibleFilterError, match=words):

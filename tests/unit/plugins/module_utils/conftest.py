@@ -4,6 +4,7 @@ The tests run from the collection copy (``build/ansible_collections/tritonops/sh
 the collections root to sys.path lets this collection's module_utils be imported next to the
 collections the ``ansible`` package installs. ansible-test sets this up itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,10 +69,12 @@ def as_nobody():
 
     def run(func, *args, **kwargs):
         return _run_as(NOBODY, func, args, setns_pid=kwargs.get('setns_pid'))
+
     return run
 
 
 # -- RegionOps on real files: a stand-in server process, a shm directory, a complete /proc scan ----------------
+
 
 @pytest.fixture
 def server_proc():
@@ -101,6 +104,7 @@ def complete_scan(monkeypatch):
     unreadable-process rule itself belongs to holders.py and its tests.
     """
     from ansible_collections.tritonops.shm.plugins.module_utils import holders  # after sys.path is set above
+
     real = holders.scan
 
     def scan(targets, **kwargs):
@@ -108,4 +112,5 @@ def complete_scan(monkeypatch):
         result.unreadable_ignored.extend(result.unreadable)
         result.unreadable = []
         return result
+
     monkeypatch.setattr(holders, 'scan', scan)

@@ -1,4 +1,5 @@
 """Unit tests for module_utils/authority.py: the server's own DAC rights and the owner rule, and their use in inventory."""
+
 from __future__ import annotations
 
 import os
@@ -13,27 +14,35 @@ import pytest
 from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders
 from ansible_collections.tritonops.shm.plugins.module_utils.authority import Authority
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Criteria, Snapshot, broad_pattern_warnings, classify
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
+    Criteria,
+    Snapshot,
+    broad_pattern_warnings,
+    classify,
+)
 
-STATUS = '''Name:\ttritonserver
+STATUS = """Name:\ttritonserver
 Uid:\t{uid}\t{uid}\t{uid}\t{uid}
 Gid:\t{gid}\t{gid}\t{gid}\t{gid}
 Groups:\t{groups}
 CapEff:\t{caps}
-'''
+"""
 
 
 def status(uid=0, gid=0, groups='', caps='000001ffffffffff'):
     return STATUS.format(uid=uid, gid=gid, groups=groups, caps=caps)
 
 
-@pytest.mark.parametrize('text, same_userns, expected', [
-    (status(), True, (0, frozenset([0]), True)),
-    (status(), False, (0, frozenset([0]), False)),                   # root of another user namespace: not ours
-    (status(caps='0000000000000000'), True, (0, frozenset([0]), False)),
-    (status(caps='0000000000000002'), True, (0, frozenset([0]), False)),   # DAC_OVERRIDE without FOWNER
-    (status(65534, 65534, '65534 27'), False, (65534, frozenset([65534, 27]), False)),
-])
+@pytest.mark.parametrize(
+    'text, same_userns, expected',
+    [
+        (status(), True, (0, frozenset([0]), True)),
+        (status(), False, (0, frozenset([0]), False)),  # root of another user namespace: not ours
+        (status(caps='0000000000000000'), True, (0, frozenset([0]), False)),
+        (status(caps='0000000000000002'), True, (0, frozenset([0]), False)),  # DAC_OVERRIDE without FOWNER
+        (status(65534, 65534, '65534 27'), False, (65534, frozenset([65534, 27]), False)),
+    ],
+)
 def test_parse_status(text, same_userns, expected):
     assert authority.parse_status(text, same_userns) == expected
 
@@ -44,21 +53,32 @@ def test_parse_status_refuses_a_text_without_ids():
 
 
 def server(uid, dir_uid=0, dir_gid=0, dir_mode=0o41777, gids=(), privileged=False):
-    return Authority(uid=uid, gids=frozenset(gids or [uid]), privileged=privileged, dir_uid=dir_uid, dir_gid=dir_gid,
-                     dir_mode=dir_mode, owner_uid=uid, described=f'uid {uid}')
+    return Authority(
+        uid=uid,
+        gids=frozenset(gids or [uid]),
+        privileged=privileged,
+        dir_uid=dir_uid,
+        dir_gid=dir_gid,
+        dir_mode=dir_mode,
+        owner_uid=uid,
+        described=f'uid {uid}',
+    )
 
 
-@pytest.mark.parametrize('who, file_uid, allowed', [
-    (server(0, privileged=True), 999, True),                        # root on the host: anything
-    (server(65534, dir_uid=0, dir_mode=0o40755), 0, False),          # the fake: a root-owned 0755 directory
-    (server(65534, dir_uid=0, dir_mode=0o40755), 65534, False),      # not even its own file there
-    (server(65534, dir_uid=65534, dir_mode=0o41777), 0, True),       # rootless: its own sticky /dev/shm, any file
-    (server(1000, dir_uid=0, dir_mode=0o41777), 1000, True),         # a user in the host's /dev/shm: its own file
-    (server(1000, dir_uid=0, dir_mode=0o41777), 0, False),           # ... not root's (sticky)
-    (server(1000, dir_uid=0, dir_mode=0o40777), 0, True),            # no sticky bit: the kernel allows it
-    (server(1000, dir_uid=0, dir_gid=50, dir_mode=0o40770, gids=(1000, 50)), 0, True),    # group-writable, its group
-    (server(1000, dir_uid=0, dir_gid=50, dir_mode=0o40775, gids=(1000,)), 1000, False),  # not its group: other bits
-])
+@pytest.mark.parametrize(
+    'who, file_uid, allowed',
+    [
+        (server(0, privileged=True), 999, True),  # root on the host: anything
+        (server(65534, dir_uid=0, dir_mode=0o40755), 0, False),  # the fake: a root-owned 0755 directory
+        (server(65534, dir_uid=0, dir_mode=0o40755), 65534, False),  # not even its own file there
+        (server(65534, dir_uid=65534, dir_mode=0o41777), 0, True),  # rootless: its own sticky /dev/shm, any file
+        (server(1000, dir_uid=0, dir_mode=0o41777), 1000, True),  # a user in the host's /dev/shm: its own file
+        (server(1000, dir_uid=0, dir_mode=0o41777), 0, False),  # ... not root's (sticky)
+        (server(1000, dir_uid=0, dir_mode=0o40777), 0, True),  # no sticky bit: the kernel allows it
+        (server(1000, dir_uid=0, dir_gid=50, dir_mode=0o40770, gids=(1000, 50)), 0, True),  # group-writable, its group
+        (server(1000, dir_uid=0, dir_gid=50, dir_mode=0o40775, gids=(1000,)), 1000, False),  # not its group: other bits
+    ],
+)
 def test_unlink_refusal_follows_the_kernels_dac_rule(who, file_uid, allowed):
     why = who.unlink_refusal(file_uid)
     assert (why is None) == allowed, why
@@ -91,13 +111,15 @@ def test_read_authority_of_this_process(tmp_path):
     assert who.reason is None and who.uid == os.geteuid() and who.owner_uid == os.geteuid()
     assert who.privileged == (os.geteuid() == 0)
     assert authority.read_authority(os.getpid(), str(tmp_path / 'missing')).reason.startswith('the shm directory')
-    assert 'cannot be read' in authority.read_authority(2 ** 22 + 7, str(tmp_path)).reason
-    given = authority.read_authority(None, str(tmp_path))   # shm_dir given, no server: the directory's owner
+    assert 'cannot be read' in authority.read_authority(2**22 + 7, str(tmp_path)).reason
+    given = authority.read_authority(None, str(tmp_path))  # shm_dir given, no server: the directory's owner
     assert given.owner_uid == os.stat(tmp_path).st_uid and given.unlink_refusal(12345) is None
 
 
-@pytest.mark.parametrize('patterns, warned', [(['*'], 1), (['**', 'client_*'], 1), (['client_*', '?*'], 1),
-                                              (['client_*'], 0), ([], 0), (None, 0)])
+@pytest.mark.parametrize(
+    'patterns, warned',
+    [(['*'], 1), (['**', 'client_*'], 1), (['client_*', '?*'], 1), (['client_*'], 0), ([], 0), (None, 0)],
+)
 def test_a_pattern_matching_every_name_is_warned(patterns, warned):
     assert len(broad_pattern_warnings(patterns)) == warned
 
@@ -109,7 +131,7 @@ def test_parse_deleted_all_keeps_every_file_of_a_name():
         b'7f0000002000-7f0000003000 rw-s 00000000 00:2d 12 /dev/shm/k (deleted)',
         b'7f0000003000-7f0000004000 rw-s 00000000 00:2d 13 /dev/shm/other',
     ]
-    dev = os.makedev(0, 0x2d)
+    dev = os.makedev(0, 0x2D)
     assert holders.parse_deleted_all(b'\n'.join(lines)) == {'k': [(dev, 11), (dev, 12)]}
     assert holders.parse_deleted(b'\n'.join(lines)) == {'k': (dev, 12)}
 
@@ -121,8 +143,20 @@ SHM = '/proc/100/root/dev/shm'
 
 
 def entry(name, ino, uid=0, age=3600.0):
-    return {'name': name, 'path': f'{SHM}/{name}', 'type': 'file', 'size': 4096, 'allocated_bytes': 4096, 'uid': uid,
-            'mode': '0600', 'mtime': 1000.0, 'age_s': age, 'inode': ino, 'dev': DEV, 'ctime_ns': 1}
+    return {
+        'name': name,
+        'path': f'{SHM}/{name}',
+        'type': 'file',
+        'size': 4096,
+        'allocated_bytes': 4096,
+        'uid': uid,
+        'mode': '0600',
+        'mtime': 1000.0,
+        'age_s': age,
+        'inode': ino,
+        'dev': DEV,
+        'ctime_ns': 1,
+    }
 
 
 def snapshot(system, entries, held, deleted_all, who=server(0, privileged=True), shared=None):
@@ -132,8 +166,17 @@ def snapshot(system, entries, held, deleted_all, who=server(0, privileged=True),
     scan.deleted_all = {n: [(DEV, i) for i in inos] for n, inos in deleted_all.items()}
     scan.deleted = {n: ks[-1] for n, ks in scan.deleted_all.items()}
     location = discovery.Location(SERVER, SHM, 'server_pid', [], None, shared)
-    return Snapshot(url='http://127.0.0.1:8000', metadata={'version': '2.51.0'}, system=system, cuda=[], location=location,
-                    shm_dir=SHM, entries=entries, scan=scan, authority=who)
+    return Snapshot(
+        url='http://127.0.0.1:8000',
+        metadata={'version': '2.51.0'},
+        system=system,
+        cuda=[],
+        location=location,
+        shm_dir=SHM,
+        entries=entries,
+        scan=scan,
+        authority=who,
+    )
 
 
 def region(name, key):
@@ -157,8 +200,12 @@ def test_two_unlinked_files_of_one_name_make_the_region_unknown():
 
 def test_a_listed_file_literally_named_deleted_is_not_an_unlinked_one():
     # maps: inode 1 (the live client's unlinked k) and inode 3 (a file named "k (deleted)", still listed)
-    snap = snapshot([region('live', '/k'), region('dead', '/k (deleted)')], [entry('k (deleted)', 3)],
-                    {1: [SERVER, CLIENT], 3: [SERVER]}, {'k': [1, 3]})
+    snap = snapshot(
+        [region('live', '/k'), region('dead', '/k (deleted)')],
+        [entry('k (deleted)', 3)],
+        {1: [SERVER, CLIENT], 3: [SERVER]},
+        {'k': [1, 3]},
+    )
     assert states(snap) == {'live': ('dangling', False), 'dead': ('stale', True)}
 
 
@@ -167,7 +214,9 @@ def test_orphans_of_another_owner_or_beyond_the_servers_rights_are_foreign():
     files = {f['name']: f for f in classify(snapshot([], entries, {}, {}), Criteria.of(['*'], min_age=0)).files}
     assert files['client_a']['category'] == 'orphan'
     assert files['client_b']['category'] == 'foreign' and 'owned by uid 999' in files['client_b']['category_reason']
-    assert files['sem.mp-1']['category'] == 'foreign' and 'POSIX named semaphore' in files['sem.mp-1']['category_reason']
+    assert (
+        files['sem.mp-1']['category'] == 'foreign' and 'POSIX named semaphore' in files['sem.mp-1']['category_reason']
+    )
     with_999 = classify(snapshot([], entries, {}, {}), Criteria.of(['*'], min_age=0, client_users=['999'])).files
     assert {f['name']: f['category'] for f in with_999}['client_b'] == 'orphan'
     fake = server(65534, dir_uid=0, dir_mode=0o40755)
@@ -179,7 +228,7 @@ def test_orphans_of_another_owner_or_beyond_the_servers_rights_are_foreign():
 
 # -- one server per port ---------------------------------------------------------------------------------------------
 
-LISTENER = '''
+LISTENER = """
 import ctypes, os, socket, sys, time
 ctypes.CDLL(None).prctl(15, b'tritonserver', 0, 0, 0)
 s = socket.socket()
@@ -190,12 +239,13 @@ if sys.argv[2] == 'fork' and os.fork() == 0:
     time.sleep(60)
 print('READY', flush=True)
 time.sleep(60)
-'''
+"""
 
 
 def _listen(port, mode='one'):
-    proc = subprocess.Popen([sys.executable, '-c', LISTENER, str(port), mode], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, '-c', LISTENER, str(port), mode], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert proc.stdout.readline().strip() == 'READY'
     return proc
 
@@ -228,7 +278,10 @@ def test_a_forked_child_sharing_the_socket_is_the_same_server():
     port = _port()
     procs = [_listen(port, 'fork')]
     try:
-        assert discovery.shared_port('127.0.0.1', port, '/proc', discovery._listening_inodes('127.0.0.1', port, '/proc')) is None
+        assert (
+            discovery.shared_port('127.0.0.1', port, '/proc', discovery._listening_inodes('127.0.0.1', port, '/proc'))
+            is None
+        )
         assert discovery.find_server('127.0.0.1', port).pid == procs[0].pid
     finally:
         _stop(procs)
@@ -240,8 +293,12 @@ def test_on_a_shared_port_only_regions_whose_files_the_named_server_maps_are_jud
     held = {1: [SERVER], 2: [], 3: [SERVER]}
     shared = '2 processes listen on 127.0.0.1:8000 each with a socket of its own'
     snap = snapshot(system, entries, held, {'c': [3]}, shared=shared)
-    assert states(snap) == {'mine': ('stale', True), 'theirs': ('unknown', False), 'gone': ('dangling', True),
-                            'elsewhere': ('unknown', False)}
+    assert states(snap) == {
+        'mine': ('stale', True),
+        'theirs': ('unknown', False),
+        'gone': ('dangling', True),
+        'elsewhere': ('unknown', False),
+    }
     # the same regions on a port of its own: judged as before
     assert states(snapshot(system, entries, held, {'c': [3]}))['theirs'] == ('stale', True)
 

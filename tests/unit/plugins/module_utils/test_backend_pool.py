@@ -3,6 +3,7 @@
 plan() is pure: literal backend_pools records (inventory.pool_records' shape) in, one ModelPlan per model out.
 The reload is asked of a fake client that records its calls; wait_gone runs on real files.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,13 +18,23 @@ MIB = 1 << 20
 
 
 def pool(model, instance, mib, state='live', name=None):
-    return {'path': f'/dev/shm/{name or instance}', 'name': name or f'triton_python_backend_shm_region_{instance}',
-            'backend': 'python', 'model': model, 'instance': instance, 'bytes': mib * MIB, 'size': mib * MIB,
-            'holders': [], 'state': state, 'reason': ''}
+    return {
+        'path': f'/dev/shm/{name or instance}',
+        'name': name or f'triton_python_backend_shm_region_{instance}',
+        'backend': 'python',
+        'model': model,
+        'instance': instance,
+        'bytes': mib * MIB,
+        'size': mib * MIB,
+        'holders': [],
+        'state': state,
+        'reason': '',
+    }
 
 
 POOLS = [
-    pool('grow', 'grow_0_0', 20), pool('grow', 'grow_0_1', 12),      # 32 MiB over two instances
+    pool('grow', 'grow_0_0', 20),
+    pool('grow', 'grow_0_1', 12),  # 32 MiB over two instances
     pool('echo', 'echo_0_0', 1),
     pool(None, None, 50, name='triton_python_backend_shm_region_x'),  # no stub maps it: no model to reload
     pool(None, None, 80, state='leftover', name='triton_python_backend_shm_region_dead'),
@@ -35,23 +46,45 @@ CASES = [
     ('at-the-limit-is-not-over', Threshold(max_bytes=32 * MIB), None, (), None, {'grow': KEEP, 'echo': KEEP}),
     ('percent-of-the-fs', Threshold(max_percent=20), 128 * MIB, (), None, {'grow': RELOAD, 'echo': KEEP}),
     ('percent-under', Threshold(max_percent=30), 128 * MIB, (), None, {'grow': KEEP, 'echo': KEEP}),
-    ('smaller-limit-wins', Threshold(max_bytes=MIB // 2, max_percent=90), 128 * MIB, (), None, {'grow': RELOAD, 'echo': RELOAD}),
+    (
+        'smaller-limit-wins',
+        Threshold(max_bytes=MIB // 2, max_percent=90),
+        128 * MIB,
+        (),
+        None,
+        {'grow': RELOAD, 'echo': RELOAD},
+    ),
     ('percent-without-fs-size', Threshold(max_percent=1), None, (), None, {'grow': SKIP, 'echo': SKIP}),
     ('only-named-models', Threshold(max_bytes=0), None, ('echo',), None, {'echo': RELOAD}),
-    ('not-ready-in-the-index', Threshold(max_bytes=MIB), None, (), [{'name': 'grow', 'state': 'UNAVAILABLE'}],
-     {'grow': SKIP, 'echo': KEEP}),
-    ('ready-in-the-index', Threshold(max_bytes=MIB), None, (), [{'name': 'grow', 'state': 'READY'}], {'grow': RELOAD, 'echo': KEEP}),
+    (
+        'not-ready-in-the-index',
+        Threshold(max_bytes=MIB),
+        None,
+        (),
+        [{'name': 'grow', 'state': 'UNAVAILABLE'}],
+        {'grow': SKIP, 'echo': KEEP},
+    ),
+    (
+        'ready-in-the-index',
+        Threshold(max_bytes=MIB),
+        None,
+        (),
+        [{'name': 'grow', 'state': 'READY'}],
+        {'grow': RELOAD, 'echo': KEEP},
+    ),
 ]
 
 
-@pytest.mark.parametrize('threshold, fs_total, models, index, expected', [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    'threshold, fs_total, models, index, expected', [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_plan(threshold, fs_total, models, index, expected):
     plans = backend_pool.plan(POOLS, fs_total, threshold, models, index)
     assert {p.model: p.action for p in plans} == expected
 
 
 def test_a_plan_sums_the_instances_and_names_its_pools_and_why():
-    grow, = [p for p in backend_pool.plan(POOLS, None, Threshold(max_bytes=30 * MIB)) if p.model == 'grow']
+    (grow,) = [p for p in backend_pool.plan(POOLS, None, Threshold(max_bytes=30 * MIB)) if p.model == 'grow']
     assert grow.bytes == 32 * MIB and grow.limit == 30 * MIB
     assert grow.instances == ['grow_0_0', 'grow_0_1']
     assert grow.pools == ['triton_python_backend_shm_region_grow_0_0', 'triton_python_backend_shm_region_grow_0_1']
@@ -64,14 +97,17 @@ def test_leftovers_and_pools_of_no_model_are_never_planned():
     assert [p.model for p in plans] == ['echo', 'grow']
 
 
-@pytest.mark.parametrize('argv, mode', [
-    (['tritonserver', '--model-repository', '/m'], 'none'),
-    (['tritonserver', '--model-control-mode=explicit'], 'explicit'),
-    (['tritonserver', '--model-control-mode', 'EXPLICIT', '--load-model', 'a'], 'explicit'),
-    (['tritonserver', '--model-control-mode=poll', '--repository-poll-secs', '5'], 'poll'),
-    (['tritonserver', '--model-control-mode=explicit', '--model-control-mode=none'], 'none'),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    'argv, mode',
+    [
+        (['tritonserver', '--model-repository', '/m'], 'none'),
+        (['tritonserver', '--model-control-mode=explicit'], 'explicit'),
+        (['tritonserver', '--model-control-mode', 'EXPLICIT', '--load-model', 'a'], 'explicit'),
+        (['tritonserver', '--model-control-mode=poll', '--repository-poll-secs', '5'], 'poll'),
+        (['tritonserver', '--model-control-mode=explicit', '--model-control-mode=none'], 'none'),
+        (None, None),
+    ],
+)
 def test_model_control_from_the_command_line(argv, mode):
     assert backend_pool.model_control(argv) == mode
 
@@ -85,7 +121,7 @@ def test_refusal_says_the_mode_and_the_way_out():
 def test_server_argv_reads_the_command_line_of_a_real_process():
     assert backend_pool.server_argv(os.getpid())[0].endswith(('python', 'python3', 'python3.12', 'pytest'))
     assert backend_pool.server_argv(None) is None
-    assert backend_pool.server_argv(2 ** 22 + 7) is None
+    assert backend_pool.server_argv(2**22 + 7) is None
 
 
 class FakeClient:
@@ -108,14 +144,19 @@ def test_a_reload_sends_the_model_s_own_config_with_a_new_parameter_each_time():
     first_call, second_call = [c for c in client.calls if c[0] == 'load_model']
     first, second = first_call[2], second_call[2]
     assert first_call[3] == 60
-    assert first['parameters'] == {'own': {'string_value': 'kept'}, backend_pool.RELOAD_PARAMETER: {'string_value': '1'}}
+    assert first['parameters'] == {
+        'own': {'string_value': 'kept'},
+        backend_pool.RELOAD_PARAMETER: {'string_value': '1'},
+    }
     assert second['parameters'][backend_pool.RELOAD_PARAMETER] != first['parameters'][backend_pool.RELOAD_PARAMETER]
     assert first['name'] == 'grow' and first['backend'] == 'python'
 
 
 def test_reload_config_does_not_change_the_config_it_was_given():
     config = {'name': 'grow'}
-    assert backend_pool.reload_config(config, 's')['parameters'] == {backend_pool.RELOAD_PARAMETER: {'string_value': 's'}}
+    assert backend_pool.reload_config(config, 's')['parameters'] == {
+        backend_pool.RELOAD_PARAMETER: {'string_value': 's'}
+    }
     assert config == {'name': 'grow'}
 
 

@@ -4,6 +4,7 @@ What a module call writes (the report file, the cleanup outcome with its counter
 warning and nothing written: a missing directory, a symlink, a directory nobody may write, a read-only bind mount; check mode
 writes nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,11 +37,15 @@ class FakeModule:
 
 
 def info_result() -> dict:
-    return dict(server=dict(url=URL, version='2.51.0', pid=42, shm_dir='/dev/shm'),
-                shm_fs=dict(total_bytes=64 * MIB, used_bytes=3 * MIB),
-                system_regions=[dict(name='dead', byte_size=MIB, state='stale')], cuda_regions=[],
-                files=[dict(name='dead', category='registered', allocated_bytes=MIB)],
-                summary=dict(stale_bytes=MIB, orphan_bytes=0), scanned_at=1764760000.0)
+    return dict(
+        server=dict(url=URL, version='2.51.0', pid=42, shm_dir='/dev/shm'),
+        shm_fs=dict(total_bytes=64 * MIB, used_bytes=3 * MIB),
+        system_regions=[dict(name='dead', byte_size=MIB, state='stale')],
+        cuda_regions=[],
+        files=[dict(name='dead', category='registered', allocated_bytes=MIB)],
+        summary=dict(stale_bytes=MIB, orphan_bytes=0),
+        scanned_at=1764760000.0,
+    )
 
 
 def values(path: str) -> dict:
@@ -78,9 +83,9 @@ def test_the_cleanup_counter_goes_on_from_the_previous_file(tmp_path):
     module = FakeModule(str(tmp_path))
     name = metrics.file_name(metrics.CLEANUP, 'gpu1', URL)
     base.write_metrics(module, outcome=cleanup_outcome(3 * MIB))
-    base.write_metrics(module, outcome=cleanup_outcome(2 * MIB, failed=True))   # a call that failed part-way
+    base.write_metrics(module, outcome=cleanup_outcome(2 * MIB, failed=True))  # a call that failed part-way
     got = values(str(tmp_path / name))
-    assert got[('tritonops_shm_cleanup_freed_bytes_total', None)] == 5 * MIB   # the counter: 3 + 2
+    assert got[('tritonops_shm_cleanup_freed_bytes_total', None)] == 5 * MIB  # the counter: 3 + 2
     assert got[('tritonops_shm_cleanup_last_freed_bytes', None)] == 2 * MIB
     assert got[('tritonops_shm_cleanup_last_success', None)] == 0
     assert got[('tritonops_shm_cleanup_last_success_timestamp_seconds', None)] == 1764760100.0
@@ -89,10 +94,14 @@ def test_the_cleanup_counter_goes_on_from_the_previous_file(tmp_path):
 
 def test_both_files_in_one_call(tmp_path):
     module = FakeModule(str(tmp_path))
-    out = base.write_metrics(module, report={'after': info_result(), 'unregistered': []}, with_report=True,
-                             outcome=cleanup_outcome(0))
-    assert sorted(os.path.basename(p) for p in out['metrics_files']) == sorted(os.listdir(tmp_path)) == sorted(
-        [metrics.file_name(metrics.REPORT, 'gpu1', URL), metrics.file_name(metrics.CLEANUP, 'gpu1', URL)])
+    out = base.write_metrics(
+        module, report={'after': info_result(), 'unregistered': []}, with_report=True, outcome=cleanup_outcome(0)
+    )
+    assert (
+        sorted(os.path.basename(p) for p in out['metrics_files'])
+        == sorted(os.listdir(tmp_path))
+        == sorted([metrics.file_name(metrics.REPORT, 'gpu1', URL), metrics.file_name(metrics.CLEANUP, 'gpu1', URL)])
+    )
 
 
 def test_two_servers_on_one_machine_keep_their_own_files(tmp_path):
@@ -104,7 +113,8 @@ def test_two_servers_on_one_machine_keep_their_own_files(tmp_path):
 def test_check_mode_writes_nothing(tmp_path):
     module = FakeModule(str(tmp_path), check_mode=True)
     assert base.write_metrics(module, report=info_result(), with_report=True, outcome=cleanup_outcome(MIB)) == {
-        'metrics_files': []}
+        'metrics_files': []
+    }
     assert os.listdir(tmp_path) == [] and module.warnings == []
 
 
@@ -119,7 +129,9 @@ def test_a_missing_directory_is_one_warning_for_both_files(tmp_path):
     out = base.write_metrics(module, report=info_result(), with_report=True, outcome=cleanup_outcome(MIB))
     assert out == {'metrics_files': []} and not (tmp_path / 'textfile_collector').exists()
     assert len(module.warnings) == 1
-    assert module.warnings[0].startswith(f'{tmp_path}/textfile_collector does not exist on this host: no metrics written')
+    assert module.warnings[0].startswith(
+        f'{tmp_path}/textfile_collector does not exist on this host: no metrics written'
+    )
 
 
 def test_a_symlinked_directory_is_one_warning_and_nothing_written(tmp_path):
@@ -139,13 +151,15 @@ def _write_as_nobody(directory: str) -> list:
 
 
 def test_a_directory_nobody_may_write_is_one_warning(as_nobody):
-    directory = tempfile.mkdtemp(prefix='tritonops-metrics-')   # pytest's tmp_path is 0700: nobody could not reach it
+    directory = tempfile.mkdtemp(prefix='tritonops-metrics-')  # pytest's tmp_path is 0700: nobody could not reach it
     try:
         os.chmod(directory, 0o755)
         written, warnings = as_nobody(_write_as_nobody, directory)
         assert written == [] and os.listdir(directory) == []
-        assert warnings == [f'{directory} is not writable (Permission denied): no metrics written '
-                            f"({metrics.file_name(metrics.REPORT, 'gpu1', URL)})"]
+        assert warnings == [
+            f'{directory} is not writable (Permission denied): no metrics written '
+            f'({metrics.file_name(metrics.REPORT, "gpu1", URL)})'
+        ]
     finally:
         shutil.rmtree(directory)
 
@@ -156,17 +170,27 @@ def test_a_read_only_bind_mount_is_one_warning(tmp_path):
         pytest.skip('needs root and unshare for a private mount namespace')
     directory = tmp_path / 'textfile_collector'
     directory.mkdir()
-    code = ('import json, sys\n'
-            'from ansible_collections.tritonops.shm.plugins.module_utils import base\n'
-            f'sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n'
-            'import test_base_metrics as t\n'
-            f'print(json.dumps(t._write_as_nobody({str(directory)!r})))\n')
-    script = (f'mount --bind {directory} {directory} && mount -o remount,bind,ro {directory} '
-              f'&& exec {sys.executable} -c "$0"')
-    proc = subprocess.run(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', script, code],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    code = (
+        'import json, sys\n'
+        'from ansible_collections.tritonops.shm.plugins.module_utils import base\n'
+        f'sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n'
+        'import test_base_metrics as t\n'
+        f'print(json.dumps(t._write_as_nobody({str(directory)!r})))\n'
+    )
+    script = (
+        f'mount --bind {directory} {directory} && mount -o remount,bind,ro {directory} && exec {sys.executable} -c "$0"'
+    )
+    proc = subprocess.run(
+        ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', script, code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+    )
     assert proc.returncode == 0, proc.stderr
     written, warnings = json.loads(proc.stdout.strip().splitlines()[-1])
     assert written == [] and os.listdir(directory) == []
-    assert len(warnings) == 1 and warnings[0].startswith(f'{directory} is not writable (Read-only file system): no metrics written')
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f'{directory} is not writable (Read-only file system): no metrics written'
+    )

@@ -5,6 +5,7 @@ one channel), against the unit tests' fake Triton (tests/fakes/fake_triton.py, a
 for what a real server cannot do on demand: refuse one region as in use among many, drop the
 connection part-way through a batch. Files are real, holders come from the real /proc scan (see test_region_ops).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,11 +14,13 @@ import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import Triton, serve
-from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # fixtures server_proc, shm, complete_scan: conftest
-    FakeClock, make_file, run,
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # fixtures: conftest
+    FakeClock,
+    make_file,
+    run,
 )
 
 COUNT = 60
@@ -32,6 +35,7 @@ def http_triton():
     def start(model: Triton, transport: str = 'http') -> str:
         fronts.append(serve(model, transport))
         return fronts[-1].url
+
     yield start
     for front in fronts:
         front.close()
@@ -66,13 +70,13 @@ def test_many_unregisters_go_out_at_once_and_each_file_goes_only_after_its_own_u
     kind, start = transport
     shared, names = _scene(shm)
     res = run(_client(kind, start(shared)), shm, server_proc.pid, stale=True)
-    assert res['unregistered'] == names                      # in the order selected, whatever order the answers came in
+    assert res['unregistered'] == names  # in the order selected, whatever order the answers came in
     assert sorted(os.path.basename(p) for p in res['removed_files']) == names
     assert os.listdir(shm) == [] and shared.status() == []
-    assert sorted(n for n, _existed in shared.seen) == names   # one unregister per region
-    assert all(existed for _n, existed in shared.seen)         # no file unlinked before its region's unregister
+    assert sorted(n for n, _existed in shared.seen) == names  # one unregister per region
+    assert all(existed for _n, existed in shared.seen)  # no file unlinked before its region's unregister
     if kind == 'http':
-        assert len(shared.peers) == 1   # one kept-alive connection for the whole batch
+        assert len(shared.peers) == 1  # one kept-alive connection for the whole batch
 
 
 def test_an_in_use_region_among_many_is_retried_with_backoff_and_the_others_go_on(transport, shm, server_proc):
@@ -87,7 +91,7 @@ def test_an_in_use_region_among_many_is_retried_with_backoff_and_the_others_go_o
 
 def test_an_always_in_use_region_among_many_is_kept_with_its_file(transport, shm, server_proc):
     kind, start = transport
-    shared, names = _scene(shm, in_use={'r005': 10 ** 6})
+    shared, names = _scene(shm, in_use={'r005': 10**6})
     res = run(_client(kind, start(shared)), shm, server_proc.pid, stale=True, in_use_timeout=2)
     assert res['unregistered'] == [n for n in names if n != 'r005']
     assert os.listdir(shm) == ['r005']
@@ -101,7 +105,7 @@ def test_a_connection_dropped_mid_batch_reports_what_was_done_and_a_rerun_conver
     url = start(shared)
     with pytest.raises(TritonError) as failed:
         run(_client(kind, url), shm, server_proc.pid, stale=True)
-    assert failed.value.status is None                        # no answer: the transport failed
+    assert failed.value.status is None  # no answer: the transport failed
     gone = set(names) - {r['name'] for r in shared.status()}
     assert len(gone) == 25
     # each file is there exactly when its region still is: removed for the 25 answered, kept for the rest
@@ -116,6 +120,7 @@ def test_a_failure_part_way_through_a_batch_keeps_the_work_done_in_the_result(ht
     """What RegionOps returns after a failure: the result of the work done (the module's failure carries it)."""
     from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # pylint: disable=import-outside-toplevel
     from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import params  # pylint: disable=import-outside-toplevel
+
     shared, names = _scene(shm, drop_after=30)
     ops = RegionOps(_client('http', http_triton(shared)), params(shm, server_proc.pid, stale=True), serialise=False)
     with pytest.raises(TritonError):
@@ -126,13 +131,22 @@ def test_a_failure_part_way_through_a_batch_keeps_the_work_done_in_the_result(ht
     assert done['unregistered'] == sorted(done['unregistered'])
 
 
-@pytest.mark.parametrize('data,expected', [
-    (b'HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n', (200, 'OK', b'', False)),
-    (b'HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}', (400, 'Bad Request', b'{}', True)),
-    (b'HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n', (400, 'Bad Request', b'{}', False)),
-    (b'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab', None),       # incomplete: wait for more
-    (b'HTTP/1.1 200 OK\r\nContent-', None),
-])
+@pytest.mark.parametrize(
+    'data,expected',
+    [
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n', (200, 'OK', b'', False)),
+        (
+            b'HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}',
+            (400, 'Bad Request', b'{}', True),
+        ),
+        (
+            b'HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n',
+            (400, 'Bad Request', b'{}', False),
+        ),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab', None),  # incomplete: wait for more
+        (b'HTTP/1.1 200 OK\r\nContent-', None),
+    ],
+)
 def test_answers_are_parsed_as_http_says(data, expected):
     # a complete answer uses the whole buffer (the one reader of every HTTP path: http_reader)
     resp, used = http_reader.read_one(data, triton_http.MAX_ANSWER_BYTES)

@@ -4,6 +4,7 @@ The helpers are pure and tested on literal values. The interface is tested on th
 transports (constructed, never connected: their calls are tested against servers in
 test_triton_http.py and test_triton_grpc.py) and on a minimal implementation written here.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -11,20 +12,54 @@ import inspect
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
-    CLIENT_SHM_HINT, Client, Library, check_headers, check_health, check_kind, check_url, error_from_answer, has_userinfo,
-    host_port, is_grpc_url, redact_url, short, snippet, split_url, url_scheme, url_secrets,
+    CLIENT_SHM_HINT,
+    Client,
+    Library,
+    check_headers,
+    check_health,
+    check_kind,
+    check_url,
+    error_from_answer,
+    has_userinfo,
+    host_port,
+    is_grpc_url,
+    redact_url,
+    short,
+    snippet,
+    split_url,
+    url_scheme,
+    url_secrets,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, RegionNotFound, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ParameterError,
+    RegionInUse,
+    RegionNotFound,
+    TritonError,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 
 # what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)
-INTERFACE = {'library', 'server_metadata', '_health', 'status', 'register_system', 'register_cuda', 'unregister',
-             'unaddressable', 'use_keep_alive', 'close', 'repository_index', 'model_config', 'load_model'}
+INTERFACE = {
+    'library',
+    'server_metadata',
+    '_health',
+    'status',
+    'register_system',
+    'register_cuda',
+    'unregister',
+    'unaddressable',
+    'use_keep_alive',
+    'close',
+    'repository_index',
+    'model_config',
+    'load_model',
+}
 CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
 
 
 # -- the interface ----------------------------------------------------------------------------------
+
 
 def test_the_interface_is_declared_once_as_abstract_methods():
     assert Client.__abstractmethods__ == frozenset(INTERFACE)
@@ -32,30 +67,36 @@ def test_the_interface_is_declared_once_as_abstract_methods():
         Client()  # pylint: disable=abstract-class-instantiated
 
 
-@pytest.mark.parametrize('transport,url,name', [
-    (TritonClient, 'http://127.0.0.1:8000', 'http'),
-    (TritonGrpcClient, 'grpc://127.0.0.1:8001', 'grpc'),
-])
+@pytest.mark.parametrize(
+    'transport,url,name',
+    [
+        (TritonClient, 'http://127.0.0.1:8000', 'http'),
+        (TritonGrpcClient, 'grpc://127.0.0.1:8001', 'grpc'),
+    ],
+)
 def test_both_transports_implement_all_of_it(transport, url, name):
     if transport is TritonGrpcClient:
         pytest.importorskip('grpc')
     assert issubclass(transport, Client) and not transport.__abstractmethods__
     assert transport.transport == name and transport.library().ok
-    for method in INTERFACE:   # the same parameters as declared, so callers cannot depend on one transport
-        assert (inspect.signature(getattr(transport, method)).parameters.keys()
-                == inspect.signature(getattr(Client, method)).parameters.keys()), method
+    for method in INTERFACE:  # the same parameters as declared, so callers cannot depend on one transport
+        assert (
+            inspect.signature(getattr(transport, method)).parameters.keys()
+            == inspect.signature(getattr(Client, method)).parameters.keys()
+        ), method
     with transport.from_params(dict(url=url, timeout=None)) as client:
         assert (client.timeout, client.requests_made, client.scheme) == (10.0, 0, name)
         assert client.base == url and client.host == '127.0.0.1'
-    client.close()   # idempotent
+    client.close()  # idempotent
 
 
 def test_an_implementation_missing_a_call_cannot_be_built():
-    class Partial(Client):   # pylint: disable=abstract-method
+    class Partial(Client):  # pylint: disable=abstract-method
         transport = 'http'
 
         def server_metadata(self):
             return {}
+
     with pytest.raises(TypeError, match='abstract'):
         Partial()  # pylint: disable=abstract-class-instantiated
 
@@ -114,19 +155,24 @@ class Minimal(Client):
         self.closed += 1
 
 
-@pytest.mark.parametrize('answer,healthy', [
-    (True, True),
-    (False, False),
-    (TritonError('health ready at test://h:1: HTTP 503: not ready', status=503), False),
-    (TritonError('health ready at test://h:1: gRPC INTERNAL: shutting down', status='INTERNAL'), False),
-])
+@pytest.mark.parametrize(
+    'answer,healthy',
+    [
+        (True, True),
+        (False, False),
+        (TritonError('health ready at test://h:1: HTTP 503: not ready', status=503), False),
+        (TritonError('health ready at test://h:1: gRPC INTERNAL: shutting down', status='INTERNAL'), False),
+    ],
+)
 def test_health_is_false_for_an_error_answer(answer, healthy):
     assert Minimal(answer).health('ready') is healthy
 
 
 def test_health_without_an_answer_raises_and_refuses_unknown_checks():
     with pytest.raises(TritonError, match='refused'):
-        Minimal(TritonError('health live at test://h:1: cannot connect to Triton (refused or unreachable)')).health('live')
+        Minimal(TritonError('health live at test://h:1: cannot connect to Triton (refused or unreachable)')).health(
+            'live'
+        )
     with pytest.raises(ValueError, match="unknown health check 'started'"):
         Minimal(True).health('started')
 
@@ -155,42 +201,53 @@ def test_the_library_check_is_one_value():
 
 # -- the helpers ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('url,scheme,grpc', [
-    ('grpc://127.0.0.1:8001', 'grpc', True),
-    ('  GRPCS://triton:8001', 'grpcs', True),
-    ('http://127.0.0.1:8000', 'http', False),
-    ('127.0.0.1:8001', '', False),
-    ('', '', False),
-    (None, '', False),
-])
+
+@pytest.mark.parametrize(
+    'url,scheme,grpc',
+    [
+        ('grpc://127.0.0.1:8001', 'grpc', True),
+        ('  GRPCS://triton:8001', 'grpcs', True),
+        ('http://127.0.0.1:8000', 'http', False),
+        ('127.0.0.1:8001', '', False),
+        ('', '', False),
+        (None, '', False),
+    ],
+)
 def test_the_scheme_picks_the_transport(url, scheme, grpc):
     assert url_scheme(url) == scheme
     assert is_grpc_url(url) is grpc
 
 
-@pytest.mark.parametrize('url,expected', [
-    ('http://127.0.0.1:8000/x', ('http', '127.0.0.1', 8000)),
-    ('HTTPS://[::1]', ('https', '::1', None)),
-])
+@pytest.mark.parametrize(
+    'url,expected',
+    [
+        ('http://127.0.0.1:8000/x', ('http', '127.0.0.1', 8000)),
+        ('HTTPS://[::1]', ('https', '::1', None)),
+    ],
+)
 def test_split_url(url, expected):
     parsed = split_url(url, ('http', 'https'), 'refused')
     assert (parsed.scheme, parsed.host, parsed.port) == expected
 
 
-@pytest.mark.parametrize('url,why', [
-    ('ftp://h:1', 'not one of ours'),
-    ('http://', 'not one of ours'),
-    ('http://h:99999', "url 'http://h:99999' has an invalid port"),
-    ('http://h:port', "url 'http://h:port' has an invalid port"),
-])
+@pytest.mark.parametrize(
+    'url,why',
+    [
+        ('ftp://h:1', 'not one of ours'),
+        ('http://', 'not one of ours'),
+        ('http://h:99999', "url 'http://h:99999' has an invalid port"),
+        ('http://h:port', "url 'http://h:port' has an invalid port"),
+    ],
+)
 def test_split_url_refuses_with_a_message_that_names_the_url(url, why):
     with pytest.raises(TritonError) as err:
         split_url(url, ('http', 'https'), 'not one of ours')
     assert why in err.value.msg and err.value.url == url
 
 
-@pytest.mark.parametrize('host,port,target', [('127.0.0.1', 8001, '127.0.0.1:8001'), ('::1', 8001, '[::1]:8001'),
-                                              ('triton', 1, 'triton:1')])
+@pytest.mark.parametrize(
+    'host,port,target', [('127.0.0.1', 8001, '127.0.0.1:8001'), ('::1', 8001, '[::1]:8001'), ('triton', 1, 'triton:1')]
+)
 def test_host_port(host, port, target):
     assert host_port(host, port) == target
 
@@ -210,37 +267,63 @@ def test_kind_checks():
 
 # -- the server's own text, the same decision for both transports ----------------------------------
 
+
 @pytest.mark.parametrize('code,status,transport', [('HTTP 400', 400, 'http'), ('gRPC INTERNAL', 'INTERNAL', 'grpc')])
-@pytest.mark.parametrize('server_error,cls', [
-    ("Cannot unregister shared memory region 'r', it is currently in use.", RegionInUse),
-    ("Unable to find system shared memory region: 'r'", RegionNotFound),
-    ('failed to register shared memory region: invalid args', TritonError),
-    (None, TritonError),
-])
+@pytest.mark.parametrize(
+    'server_error,cls',
+    [
+        ("Cannot unregister shared memory region 'r', it is currently in use.", RegionInUse),
+        ("Unable to find system shared memory region: 'r'", RegionNotFound),
+        ('failed to register shared memory region: invalid args', TritonError),
+        (None, TritonError),
+    ],
+)
 def test_error_from_answer_decides_the_condition_from_the_servers_text(code, status, transport, server_error, cls):
-    err = error_from_answer("unregister system region 'r' at U", code, server_error or 'Bad Gateway', server_error,
-                            url='U', status=status, transport=transport, hint=' (a hint)')
-    assert type(err) is cls   # pylint: disable=unidiomatic-typecheck
+    err = error_from_answer(
+        "unregister system region 'r' at U",
+        code,
+        server_error or 'Bad Gateway',
+        server_error,
+        url='U',
+        status=status,
+        transport=transport,
+        hint=' (a hint)',
+    )
+    assert type(err) is cls  # pylint: disable=unidiomatic-typecheck
     assert err.msg == f"unregister system region 'r' at U: {code}: {server_error or 'Bad Gateway'} (a hint)"
     assert err.failure() == dict(url='U', status=status, server_error=server_error, transport=transport)
 
 
-@pytest.mark.parametrize('code,status', [('HTTP 400', 400), ('gRPC UNIMPLEMENTED', 'UNIMPLEMENTED'), ('gRPC INTERNAL', 'INTERNAL')])
+@pytest.mark.parametrize(
+    'code,status', [('HTTP 400', 400), ('gRPC UNIMPLEMENTED', 'UNIMPLEMENTED'), ('gRPC INTERNAL', 'INTERNAL')]
+)
 def test_client_shm_disabled_gets_the_way_out_instead_of_the_transports_hint(code, status):
-    err = error_from_answer('read system shared memory status at U', code, CLIENT_SHM_OFF, CLIENT_SHM_OFF,
-                            url='U', status=status, transport='x', hint=" (is this Triton's gRPC port?)")
+    err = error_from_answer(
+        'read system shared memory status at U',
+        code,
+        CLIENT_SHM_OFF,
+        CLIENT_SHM_OFF,
+        url='U',
+        status=status,
+        transport='x',
+        hint=" (is this Triton's gRPC port?)",
+    )
     assert err.msg == f'read system shared memory status at U: {code}: {CLIENT_SHM_OFF}; {CLIENT_SHM_HINT}'
     assert 'triton_server_allow_client_shm' in err.msg and '--allow-client-shm=true' in CLIENT_SHM_HINT
 
 
 # -- credentials: never in a URL, never echoed from a header (issue 26, finding 10) ----------------
 
-@pytest.mark.parametrize('url, shown', [
-    ('http://user:s3cret@h:8000', 'http://***@h:8000'),
-    ('https://tok3n@h:8443/prefix?x=1#f', 'https://***@h:8443/prefix?x=1#f'),
-    ('grpc://u:p%40ss@[::1]:8001', 'grpc://***@[::1]:8001'),
-    ('http://a@b@h:1/p@q', 'http://***@h:1/p@q'),
-])
+
+@pytest.mark.parametrize(
+    'url, shown',
+    [
+        ('http://user:s3cret@h:8000', 'http://***@h:8000'),
+        ('https://tok3n@h:8443/prefix?x=1#f', 'https://***@h:8443/prefix?x=1#f'),
+        ('grpc://u:p%40ss@[::1]:8001', 'grpc://***@[::1]:8001'),
+        ('http://a@b@h:1/p@q', 'http://***@h:1/p@q'),
+    ],
+)
 def test_a_url_with_credentials_is_refused_and_shown_without_them(url, shown):
     assert has_userinfo(url) and redact_url(url) == shown
     with pytest.raises(ParameterError) as exc:
@@ -264,16 +347,19 @@ def test_url_secrets_are_the_password_as_written_and_decoded():
 SECRET = 'Bearer s3cr3t-value'
 
 
-@pytest.mark.parametrize('headers, named', [
-    ({'Authorization': SECRET + '\n'}, 'Authorization'),        # a YAML block scalar "|"
-    ({'Authorization': SECRET + '\r\nX-Evil: 1'}, 'Authorization'),
-    ({'X-Token': 's3cr3t\x00-value'}, 'X-Token'),
-    ({'X-Token': ' s3cr3t-value'}, 'X-Token'),
-    ({'X-Token': 's3cr3t-value\x1b[2J'}, 'X-Token'),
-    ({'Bad Name': 's3cr3t-value'}, "'Bad?Name'"),
-    ({'X-Tok:en': 's3cr3t-value'}, "'X-Tok?en'"),
-    ({'': 's3cr3t-value'}, "''"),
-])
+@pytest.mark.parametrize(
+    'headers, named',
+    [
+        ({'Authorization': SECRET + '\n'}, 'Authorization'),  # a YAML block scalar "|"
+        ({'Authorization': SECRET + '\r\nX-Evil: 1'}, 'Authorization'),
+        ({'X-Token': 's3cr3t\x00-value'}, 'X-Token'),
+        ({'X-Token': ' s3cr3t-value'}, 'X-Token'),
+        ({'X-Token': 's3cr3t-value\x1b[2J'}, 'X-Token'),
+        ({'Bad Name': 's3cr3t-value'}, "'Bad?Name'"),
+        ({'X-Tok:en': 's3cr3t-value'}, "'X-Tok?en'"),
+        ({'': 's3cr3t-value'}, "''"),
+    ],
+)
 def test_a_bad_header_is_refused_by_name_and_its_value_never_shown(headers, named):
     with pytest.raises(ParameterError) as exc:
         check_headers(headers)

@@ -1,4 +1,5 @@
 """Unit tests for module_utils/containers.py: a process's container or pod from its cgroup (a table of real formats)."""
+
 from __future__ import annotations
 
 import os
@@ -13,51 +14,110 @@ UID = '5c1e2d4a-9b7f-4e31-8a0c-1f2e3d4c5b6a'
 UID_ = UID.replace('-', '_')
 
 
-@pytest.mark.parametrize('text, runtime, cid, pod_uid, qos, podman_pod', [
-    # the host itself (cgroup v1 hybrid as on this machine, and v2)
-    ('12:memory:/user.slice\n0::/user.slice/user-0.slice/session-1.scope\n', None, None, None, None, None),
-    ('0::/\n', None, None, None, None, None),
-    # docker: systemd and cgroupfs drivers
-    (f'0::/system.slice/docker-{CID}.scope\n', 'docker', CID, None, None, None),
-    (f'4:memory:/docker/{CID}\n0::/docker/{CID}\n', 'docker', CID, None, None, None),
-    # podman: cgroupfs (what this machine's podman 4.3 writes, v1 lines first), systemd, in a pod
-    (f'9:name=systemd:/libpod_parent/libpod-{CID}\n0::/libpod_parent/libpod-{CID}\n', 'podman', CID, None, None, None),
-    (f'9:name=systemd:/libpod_parent/{POD}/libpod-{CID}\n0::/libpod_parent/{POD}/libpod-{CID}\n',
-     'podman', CID, None, None, POD),
-    (f'0::/machine.slice/machine-libpod_pod_{POD}.slice/libpod-{CID}.scope\n', 'podman', CID, None, None, POD),
-    (f'0::/machine.slice/libpod-{CID}.scope/container\n', 'podman', CID, None, None, None),
-    # conmon is not the container
-    (f'0::/machine.slice/libpod-conmon-{CID}.scope\n', None, None, None, None, None),
-    # kubelet, systemd driver: containerd and cri-o, the three QoS classes
-    (f'0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n',
-     'containerd', CID, UID, 'burstable', None),
-    (f'0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/crio-{CID}.scope\n',
-     'cri-o', CID, UID, 'besteffort', None),
-    (f'0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n', 'containerd', CID, UID, 'guaranteed', None),
-    # kubelet, cgroupfs driver (v1): the bare id
-    (f'11:memory:/kubepods/burstable/pod{UID}/{CID}\n', 'kubernetes', CID, UID, 'burstable', None),
-    (f'11:memory:/kubepods/pod{UID}/{CID}\n', 'kubernetes', CID, UID, 'guaranteed', None),
-    # read from an agent pod with its own cgroup namespace: other processes' paths are relative (/..)
-    (f'0::/../../kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n', 'containerd', CID, UID, 'besteffort',
-     None),
-    # a pod's sandbox (pause) without a container id: the pod still shows
-    (f'0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice\n', None, None, UID, 'burstable', None),
-])
+@pytest.mark.parametrize(
+    'text, runtime, cid, pod_uid, qos, podman_pod',
+    [
+        # the host itself (cgroup v1 hybrid as on this machine, and v2)
+        ('12:memory:/user.slice\n0::/user.slice/user-0.slice/session-1.scope\n', None, None, None, None, None),
+        ('0::/\n', None, None, None, None, None),
+        # docker: systemd and cgroupfs drivers
+        (f'0::/system.slice/docker-{CID}.scope\n', 'docker', CID, None, None, None),
+        (f'4:memory:/docker/{CID}\n0::/docker/{CID}\n', 'docker', CID, None, None, None),
+        # podman: cgroupfs (what this machine's podman 4.3 writes, v1 lines first), systemd, in a pod
+        (
+            f'9:name=systemd:/libpod_parent/libpod-{CID}\n0::/libpod_parent/libpod-{CID}\n',
+            'podman',
+            CID,
+            None,
+            None,
+            None,
+        ),
+        (
+            f'9:name=systemd:/libpod_parent/{POD}/libpod-{CID}\n0::/libpod_parent/{POD}/libpod-{CID}\n',
+            'podman',
+            CID,
+            None,
+            None,
+            POD,
+        ),
+        (f'0::/machine.slice/machine-libpod_pod_{POD}.slice/libpod-{CID}.scope\n', 'podman', CID, None, None, POD),
+        (f'0::/machine.slice/libpod-{CID}.scope/container\n', 'podman', CID, None, None, None),
+        # conmon is not the container
+        (f'0::/machine.slice/libpod-conmon-{CID}.scope\n', None, None, None, None, None),
+        # kubelet, systemd driver: containerd and cri-o, the three QoS classes
+        (
+            f'0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n',
+            'containerd',
+            CID,
+            UID,
+            'burstable',
+            None,
+        ),
+        (
+            f'0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/crio-{CID}.scope\n',
+            'cri-o',
+            CID,
+            UID,
+            'besteffort',
+            None,
+        ),
+        (
+            f'0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n',
+            'containerd',
+            CID,
+            UID,
+            'guaranteed',
+            None,
+        ),
+        # kubelet, cgroupfs driver (v1): the bare id
+        (f'11:memory:/kubepods/burstable/pod{UID}/{CID}\n', 'kubernetes', CID, UID, 'burstable', None),
+        (f'11:memory:/kubepods/pod{UID}/{CID}\n', 'kubernetes', CID, UID, 'guaranteed', None),
+        # read from an agent pod with its own cgroup namespace: other processes' paths are relative (/..)
+        (
+            f'0::/../../kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n',
+            'containerd',
+            CID,
+            UID,
+            'besteffort',
+            None,
+        ),
+        # a pod's sandbox (pause) without a container id: the pod still shows
+        (
+            f'0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice\n',
+            None,
+            None,
+            UID,
+            'burstable',
+            None,
+        ),
+    ],
+)
 def test_parse_cgroup(text, runtime, cid, pod_uid, qos, podman_pod):
     found = containers.parse_cgroup(text)
     assert (found.runtime, found.container_id, found.pod_uid, found.qos, found.podman_pod) == (
-        runtime, cid, pod_uid, qos, podman_pod)
+        runtime,
+        cid,
+        pod_uid,
+        qos,
+        podman_pod,
+    )
     assert found.found is (cid is not None or pod_uid is not None)
 
 
-@pytest.mark.parametrize('ident, label', [
-    (containers.Identity(), 'host'),
-    (containers.Identity('docker', CID), f'docker {CID[:12]}'),
-    (containers.Identity('podman', CID, podman_pod=POD), f'podman pod {POD[:12]} container {CID[:12]}'),
-    (containers.Identity('containerd', CID, UID, 'burstable'), f'pod {UID}'),
-    (containers.Identity('containerd', CID, UID, 'burstable', pod_name='triton-0'), 'pod triton-0'),
-    (containers.Identity('containerd', CID, UID, 'burstable', pod_name='triton-0', pod_namespace='ml'), 'pod ml/triton-0'),
-])
+@pytest.mark.parametrize(
+    'ident, label',
+    [
+        (containers.Identity(), 'host'),
+        (containers.Identity('docker', CID), f'docker {CID[:12]}'),
+        (containers.Identity('podman', CID, podman_pod=POD), f'podman pod {POD[:12]} container {CID[:12]}'),
+        (containers.Identity('containerd', CID, UID, 'burstable'), f'pod {UID}'),
+        (containers.Identity('containerd', CID, UID, 'burstable', pod_name='triton-0'), 'pod triton-0'),
+        (
+            containers.Identity('containerd', CID, UID, 'burstable', pod_name='triton-0', pod_namespace='ml'),
+            'pod ml/triton-0',
+        ),
+    ],
+)
 def test_label(ident, label):
     assert ident.label == label
     assert ident.as_dict()['name'] == label

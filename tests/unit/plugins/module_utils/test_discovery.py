@@ -6,6 +6,7 @@ is), iptables DNAT with its conntrack entries. Only the parsers also get small t
 The namespaces, links and rules are the tests' own, made on addresses of this machine only,
 and removed afterwards; every process is stopped by pid.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,7 +30,7 @@ ROOT = pytest.mark.skipif(os.geteuid() != 0, reason='network namespaces, veth an
 # connection open one to each backend (one process, as docker-proxy).  pool: connect to
 # every backend first and keep those connections (a load balancer's upstream pool).
 # listen: listen only, never accept.
-PEER = textwrap.dedent('''
+PEER = textwrap.dedent("""
     import ctypes, socket, sys, time
     mode, comm, addr = sys.argv[1], sys.argv[2], sys.argv[3]
     backends = [b.rsplit(':', 1) for b in sys.argv[4:]]
@@ -50,7 +51,7 @@ PEER = textwrap.dedent('''
         keep.append(c)
         for h, p in (backends if mode == 'forward' else ()):
             keep.append(socket.create_connection((h, int(p)), timeout=5))
-''')
+""")
 
 
 def free_port(host='127.0.0.1'):
@@ -114,8 +115,23 @@ class Host:
         return name, host_ip, ns_ip
 
     def dnat(self, address, port, target):
-        rule = ['OUTPUT', '-p', 'tcp', '-d', address, '--dport', str(port), '-j', 'DNAT', '--to-destination', target,
-                '-m', 'comment', '--comment', f'tritonops-test-{self.tag}']
+        rule = [
+            'OUTPUT',
+            '-p',
+            'tcp',
+            '-d',
+            address,
+            '--dport',
+            str(port),
+            '-j',
+            'DNAT',
+            '--to-destination',
+            target,
+            '-m',
+            'comment',
+            '--comment',
+            f'tritonops-test-{self.tag}',
+        ]
         _run('iptables', '-t', 'nat', '-A', *rule)
         self.rules.append(rule)
 
@@ -139,27 +155,38 @@ def host():
 
 # -- parsers ------------------------------------------------------------------------------------
 
-TCP = '''  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0
    1: 00000000:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2222 1 0000000000000000 100 0 0 10 0
    2: 0100007F:1F40 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3333 1 0000000000000000 20 4 30 10 -1
    3: 0101007F:1F42 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000000000000000 100 0 0 10 0
-'''
-_TAIL6 = ' 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {} 1 0000000000000000 100 0 0 10 0'
-TCP6 = '\n'.join([
-    '  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode',
-    '   0: 00000000000000000000000001000000:1F40' + _TAIL6.format(5555),
-    '   1: 0000000000000000FFFF00000100007F:1F43' + _TAIL6.format(6666),
-    '   2: 00000000000000000000000000000000:1F44' + _TAIL6.format(7777),
-]) + '\n'
+"""
+_TAIL6 = ' 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {} 1 0000000000000000 100 0 0 10 0'  # noqa: E501
+TCP6 = (
+    '\n'.join(
+        [
+            '  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode',  # noqa: E501
+            '   0: 00000000000000000000000001000000:1F40' + _TAIL6.format(5555),
+            '   1: 0000000000000000FFFF00000100007F:1F43' + _TAIL6.format(6666),
+            '   2: 00000000000000000000000000000000:1F44' + _TAIL6.format(7777),
+        ]
+    )
+    + '\n'
+)
 
 
 def test_listening_sockets_parses_tcp_and_tcp6_lines(tmp_path):
     (tmp_path / 'tcp').write_text(TCP)
     (tmp_path / 'tcp6').write_text(TCP6)
     got = discovery.listening_sockets(str(tmp_path))
-    assert got == [('127.0.0.1', 8000, 1111), ('0.0.0.0', 8001, 2222), ('127.0.1.1', 8002, 4444),
-                   ('::1', 8000, 5555), ('127.0.0.1', 8003, 6666), ('::', 8004, 7777)]
+    assert got == [
+        ('127.0.0.1', 8000, 1111),
+        ('0.0.0.0', 8001, 2222),
+        ('127.0.1.1', 8002, 4444),
+        ('::1', 8000, 5555),
+        ('127.0.0.1', 8003, 6666),
+        ('::', 8004, 7777),
+    ]
 
 
 def test_tcp_sockets_lists_every_socket_with_both_ends(tmp_path):
@@ -174,7 +201,9 @@ def test_listening_sockets_of_a_missing_net_dir_is_empty(tmp_path):
     assert discovery.tcp_sockets(str(tmp_path / 'nope')) == []
 
 
-@pytest.mark.parametrize('family,host', [(socket.AF_INET, '127.0.0.1'), (socket.AF_INET, '127.0.0.3'), (socket.AF_INET6, '::1')])
+@pytest.mark.parametrize(
+    'family,host', [(socket.AF_INET, '127.0.0.1'), (socket.AF_INET, '127.0.0.3'), (socket.AF_INET6, '::1')]
+)
 def test_listening_sockets_sees_a_real_listener_with_its_inode(family, host):
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -193,9 +222,15 @@ def _diag_msg(family, state, ip, port, inode):
 
 
 def test_parse_diag_listeners_reads_listeners_and_the_end_of_the_dump():
-    answer = (_diag_msg(socket.AF_INET6, 10, '::ffff:127.0.0.1', 8003, 6666) + _diag_msg(socket.AF_INET6, 10, '::', 8004, 7777)
-              + _diag_msg(socket.AF_INET6, 1, '::1', 8005, 8888))
-    assert discovery.parse_diag_listeners(answer, socket.AF_INET6) == ([('127.0.0.1', 8003, 6666), ('::', 8004, 7777)], False)
+    answer = (
+        _diag_msg(socket.AF_INET6, 10, '::ffff:127.0.0.1', 8003, 6666)
+        + _diag_msg(socket.AF_INET6, 10, '::', 8004, 7777)
+        + _diag_msg(socket.AF_INET6, 1, '::1', 8005, 8888)
+    )
+    assert discovery.parse_diag_listeners(answer, socket.AF_INET6) == (
+        [('127.0.0.1', 8003, 6666), ('::', 8004, 7777)],
+        False,
+    )
     done = struct.pack('=IHHII', 20, 3, 2, 1, 0) + b'\0' * 4
     got = discovery.parse_diag_listeners(_diag_msg(socket.AF_INET, 10, '127.0.1.1', 8002, 4444) + done, socket.AF_INET)
     assert got == ([('127.0.1.1', 8002, 4444)], True)
@@ -218,8 +253,9 @@ def test_own_listeners_from_sock_diag_equal_those_of_the_tables():
             sock.listen(1)
         for name in ('tcp', 'tcp6'):
             assert discovery._diag_listeners(discovery._FAMILIES[name]) is not None
-            assert sorted(discovery.listening_sockets('/proc/self/net', (name,))) == \
-                sorted(discovery._listening_in_table('/proc/self/net', (name,)))
+            assert sorted(discovery.listening_sockets('/proc/self/net', (name,))) == sorted(
+                discovery._listening_in_table('/proc/self/net', (name,))
+            )
     finally:
         for sock in socks:
             sock.close()
@@ -233,34 +269,42 @@ def test_own_listeners_come_from_the_tables_when_sock_diag_cannot_be_asked(monke
 
         def refused(*_args):
             raise OSError(errno.EPROTONOSUPPORT, 'no netlink here')
+
         monkeypatch.setattr(discovery.socket, 'socket', refused)
         assert want in discovery.listening_sockets('/proc/self/net', ('tcp',))
 
 
-CONNTRACK = '\n'.join([
-    'ipv4     2 udp      17 20 src=10.0.0.1 dst=10.0.0.2 sport=5353 dport=5353 src=10.0.0.2 dst=10.0.0.1 sport=5353 dport=5353 mark=0 use=2',
-    # with accounting on, packets= and bytes= follow each tuple
-    'ipv4     2 tcp      6 431999 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=41000 dport=18000 packets=3 bytes=180 '
-    'src=10.88.0.5 dst=10.88.0.1 sport=8000 dport=41000 packets=2 bytes=112 [ASSURED] mark=0 zone=0 use=2',
-    'ipv4     2 tcp      6 431999 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=41001 dport=18000 '
-    'src=10.88.0.6 dst=10.88.0.1 sport=8000 dport=41001 [ASSURED] mark=0 zone=0 use=2',
-    'ipv6     10 tcp      6 431999 ESTABLISHED src=0000:0000:0000:0000:0000:0000:0000:0001 '
-    'dst=0000:0000:0000:0000:0000:0000:0000:0001 sport=41002 dport=18000 src=fd00:0000:0000:0000:0000:0000:0000:0005 '
-    'dst=fd00:0000:0000:0000:0000:0000:0000:0001 sport=8000 dport=41002 [ASSURED] mark=0 zone=0 use=2',
-]) + '\n'
+CONNTRACK = (
+    '\n'.join(
+        [
+            'ipv4     2 udp      17 20 src=10.0.0.1 dst=10.0.0.2 sport=5353 dport=5353 src=10.0.0.2 dst=10.0.0.1 sport=5353 dport=5353 mark=0 use=2',  # noqa: E501
+            # with accounting on, packets= and bytes= follow each tuple
+            'ipv4     2 tcp      6 431999 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=41000 dport=18000 packets=3 bytes=180 '
+            'src=10.88.0.5 dst=10.88.0.1 sport=8000 dport=41000 packets=2 bytes=112 [ASSURED] mark=0 zone=0 use=2',
+            'ipv4     2 tcp      6 431999 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=41001 dport=18000 '
+            'src=10.88.0.6 dst=10.88.0.1 sport=8000 dport=41001 [ASSURED] mark=0 zone=0 use=2',
+            'ipv6     10 tcp      6 431999 ESTABLISHED src=0000:0000:0000:0000:0000:0000:0000:0001 '
+            'dst=0000:0000:0000:0000:0000:0000:0000:0001 sport=41002 dport=18000 src=fd00:0000:0000:0000:0000:0000:0000:0005 '
+            'dst=fd00:0000:0000:0000:0000:0000:0000:0001 sport=8000 dport=41002 [ASSURED] mark=0 zone=0 use=2',
+        ]
+    )
+    + '\n'
+)
 
 
 def test_conntrack_replies_give_what_the_other_end_sees(tmp_path):
     (tmp_path / 'nf_conntrack').write_text(CONNTRACK)
     net = str(tmp_path)
-    assert discovery.conntrack_replies(net, ('127.0.0.1', 41000), ('127.0.0.1', 18000)) == \
-        [(('10.88.0.5', 8000), ('10.88.0.1', 41000))]
+    assert discovery.conntrack_replies(net, ('127.0.0.1', 41000), ('127.0.0.1', 18000)) == [
+        (('10.88.0.5', 8000), ('10.88.0.1', 41000))
+    ]
     assert discovery.conntrack_replies(net, ('::1', 41002), ('::1', 18000)) == [(('fd00::5', 8000), ('fd00::1', 41002))]
     assert discovery.conntrack_replies(net, ('127.0.0.1', 41000), ('127.0.0.1', 18001)) == []
     assert discovery.conntrack_replies(str(tmp_path / 'none'), ('127.0.0.1', 41000), ('127.0.0.1', 18000)) == []
 
 
 # -- the listening socket -----------------------------------------------------------------------
+
 
 def test_find_server_by_its_listening_socket(host):
     server, port = host.peer('serve', 'tritonserver', '127.0.0.1:0')
@@ -280,7 +324,10 @@ def test_find_server_refuses_a_port_held_by_another_program(host):
     found = discovery.find_server('127.0.0.1', port)
     assert (found.pid, found.located_by) == (None, None)
     assert f'port {port} on 127.0.0.1 is held by nginx (pid {other.pid}), not by a tritonserver process' in found.reason
-    assert f'nginx (pid {other.pid}) accepts the connection but is not tritonserver and forwards it nowhere visible' in found.reason
+    assert (
+        f'nginx (pid {other.pid}) accepts the connection but is not tritonserver and forwards it nowhere visible'
+        in found.reason
+    )
     assert 'set server_pid or shm_dir' in found.reason
 
 
@@ -288,19 +335,33 @@ def test_find_server_when_nobody_listens():
     port = free_port()
     found = discovery.find_server('127.0.0.1', port, timeout=1)
     assert (found.pid, found.located_by) == (None, None)
-    assert f'cannot open a TCP connection to 127.0.0.1:{port}' in found.reason and 'set server_pid or shm_dir' in found.reason
+    assert (
+        f'cannot open a TCP connection to 127.0.0.1:{port}' in found.reason
+        and 'set server_pid or shm_dir' in found.reason
+    )
 
 
 def test_each_step_answers_with_one_location(host):
     server, port = host.peer('serve', 'tritonserver', '127.0.0.1:0')
     other, other_port = host.peer('serve', 'nginx', '127.0.0.1:0')
     assert discovery._by_listener('127.0.0.1', port, '/proc') == discovery.Location(
-        server.pid, None, f'listener: tritonserver (pid {server.pid}) owns the listening socket 127.0.0.1:{port}', [], None)
+        server.pid,
+        None,
+        f'listener: tritonserver (pid {server.pid}) owns the listening socket 127.0.0.1:{port}',
+        [],
+        None,
+    )
     assert discovery._by_listener('127.0.0.1', other_port, '/proc') == discovery.Location(
-        None, None, None, [], f'port {other_port} on 127.0.0.1 is held by nginx (pid {other.pid}), not by a tritonserver process')
+        None,
+        None,
+        None,
+        [],
+        f'port {other_port} on 127.0.0.1 is held by nginx (pid {other.pid}), not by a tritonserver process',
+    )
     assert discovery._by_listener('127.0.0.1', free_port(), '/proc') == discovery.Location(None, None, None, [], None)
     assert discovery._by_connection('127.0.0.1', port, '/proc', 2.0, discovery.MAX_HOPS, 6) == discovery.Location(
-        server.pid, None, f'connection to tritonserver (pid {server.pid})', [], None)
+        server.pid, None, f'connection to tritonserver (pid {server.pid})', [], None
+    )
 
 
 def test_a_connection_nobody_accepted_yet_is_traced_again_with_backoff(host, monkeypatch):
@@ -310,11 +371,14 @@ def test_a_connection_nobody_accepted_yet_is_traced_again_with_backoff(host, mon
     real = discovery.Backoff
     monkeypatch.setattr(discovery, 'Backoff', lambda **kwargs: real(sleep=sleeps.append, **kwargs))
     found = discovery._by_connection('127.0.0.1', port, '/proc', 2.0, discovery.MAX_HOPS, 6)
-    assert found == discovery.Location(None, None, None, [], f'the connection to 127.0.0.1:{port} could not be followed')
+    assert found == discovery.Location(
+        None, None, None, [], f'the connection to 127.0.0.1:{port} could not be followed'
+    )
     assert sleeps == [0.02, 0.04, 0.08, 0.16, 0.3]
 
 
 # -- following the connection ------------------------------------------------------------------------
+
 
 @ROOT
 def test_a_server_in_another_namespace_reached_by_its_own_address(host):
@@ -323,7 +387,10 @@ def test_a_server_in_another_namespace_reached_by_its_own_address(host):
     server, port = host.peer('serve', 'tritonserver', '0.0.0.0:8000', netns=ns)
     found = discovery.find_server(ns_ip, port)
     assert (found.pid, found.reason) == (server.pid, None)
-    assert found.located_by == f'connection to tritonserver (pid {server.pid}) at {ns_ip}:8000 in another network namespace'
+    assert (
+        found.located_by
+        == f'connection to tritonserver (pid {server.pid}) at {ns_ip}:8000 in another network namespace'
+    )
 
 
 @ROOT
@@ -333,8 +400,10 @@ def test_a_one_process_forwarder_like_docker_proxy(host):
     proxy, port = host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=[f'{ns_ip}:8000'])
     found = discovery.find_server('127.0.0.1', port)
     assert (found.pid, found.reason) == (server.pid, None)
-    assert found.located_by == (f'connection via docker-proxy (pid {proxy.pid}) to tritonserver (pid {server.pid}) '
-                                f'at {ns_ip}:8000 in another network namespace')
+    assert found.located_by == (
+        f'connection via docker-proxy (pid {proxy.pid}) to tritonserver (pid {server.pid}) '
+        f'at {ns_ip}:8000 in another network namespace'
+    )
 
 
 @ROOT
@@ -348,7 +417,8 @@ def test_a_forking_forwarder_socat(host):
     found = discovery.find_server('127.0.0.1', port)
     assert (found.pid, found.reason) == (server.pid, None)
     assert found.located_by.startswith('connection via socat (pid ') and found.located_by.endswith(
-        f') to tritonserver (pid {server.pid}) at {ns_ip}:8000 in another network namespace')
+        f') to tritonserver (pid {server.pid}) at {ns_ip}:8000 in another network namespace'
+    )
 
 
 @ROOT
@@ -360,8 +430,10 @@ def test_nat_is_followed_through_conntrack(host):
     host.dnat(host_ip, port, f'{ns_ip}:8000')
     found = discovery.find_server(host_ip, port)
     assert (found.pid, found.reason) == (server.pid, None)
-    assert found.located_by == (f'connection via NAT {host_ip}:{port} -> {ns_ip}:8000 to tritonserver (pid {server.pid}) '
-                                f'at {ns_ip}:8000 in another network namespace')
+    assert found.located_by == (
+        f'connection via NAT {host_ip}:{port} -> {ns_ip}:8000 to tritonserver (pid {server.pid}) '
+        f'at {ns_ip}:8000 in another network namespace'
+    )
 
 
 @ROOT
@@ -375,8 +447,12 @@ def test_several_servers_each_url_finds_its_own(host):
         port = free_port()
         host.dnat(host_ip, port, f'{ns_ip}:8000')
         urls.append((host_ip, port))
-    got = [discovery.find_server('127.0.0.1', urls[0]).pid, discovery.find_server(*urls[1]).pid,
-           discovery.find_server('127.0.0.1', urls[2]).pid, discovery.find_server(*urls[3]).pid]
+    got = [
+        discovery.find_server('127.0.0.1', urls[0]).pid,
+        discovery.find_server(*urls[1]).pid,
+        discovery.find_server('127.0.0.1', urls[2]).pid,
+        discovery.find_server(*urls[3]).pid,
+    ]
     assert got == [servers[0].pid, servers[0].pid, servers[1].pid, servers[1].pid]
 
 
@@ -419,12 +495,15 @@ def test_not_root_cannot_follow_into_other_namespaces(host, as_nobody):
 
 # -- locate_server -------------------------------------------------------------------------------
 
+
 def test_locate_server_explicit_values():
     me = os.getpid()
-    assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me) == \
-        discovery.Location(me, f'/proc/{me}/root/dev/shm', f'server_pid; shm_dir from /proc/{me}/root', [], None)
-    assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me, shm_dir='/x') == \
-        discovery.Location(me, '/x', 'server_pid; shm_dir given', [], None)
+    assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me) == discovery.Location(
+        me, f'/proc/{me}/root/dev/shm', f'server_pid; shm_dir from /proc/{me}/root', [], None
+    )
+    assert discovery.locate_server(
+        '127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me, shm_dir='/x'
+    ) == discovery.Location(me, '/x', 'server_pid; shm_dir given', [], None)
 
 
 def test_locate_server_not_found_says_why():
@@ -432,11 +511,15 @@ def test_locate_server_not_found_says_why():
     loc = discovery.locate_server('127.0.0.1', port, f'http://127.0.0.1:{port}')
     assert (loc.pid, loc.shm_dir, loc.located_by) == (None, None, None)
     assert 'cannot open a TCP connection' in loc.reason
-    assert loc.warnings == [f'tritonserver process for http://127.0.0.1:{port} not found ({loc.reason}): file and holder data are missing']
+    assert loc.warnings == [
+        f'tritonserver process for http://127.0.0.1:{port} not found ({loc.reason}): file and holder data are missing'
+    ]
 
 
 def test_locate_server_refuses_a_server_pid_that_does_not_exist():
-    with pytest.raises(discovery.DiscoveryError, match='server_pid 99999999 .given for http://x. does not exist on this host') as err:
+    with pytest.raises(
+        discovery.DiscoveryError, match='server_pid 99999999 .given for http://x. does not exist on this host'
+    ) as err:
         discovery.locate_server('127.0.0.1', 1, 'http://x', server_pid=99999999)
     # why, and what to do (issue 29)
     assert 'another PID namespace' in err.value.msg and 'pgrep -x tritonserver' in err.value.msg
@@ -444,6 +527,7 @@ def test_locate_server_refuses_a_server_pid_that_does_not_exist():
 
 
 # -- sock_diag: this namespace's sockets without reading its tables -------------------------------------
+
 
 def _inode(sock):
     return os.fstat(sock.fileno()).st_ino
@@ -505,7 +589,7 @@ def test_diag_sockets_of_one_process_equal_its_lines_of_the_tables(connection):
 def test_parse_diag_picks_by_inode_the_same_sockets_as_reading_every_message():
     run = [_diag_msg(socket.AF_INET, 1, '127.0.0.1', 9000 + i, 100 + i) for i in range(50)]
     done = struct.pack('=IHHII', 20, 3, 2, 1, 0) + b'\0' * 4
-    longer = _diag_msg(socket.AF_INET6, 1, '::1', 8999, 120)   # with one attribute more: a message of another length
+    longer = _diag_msg(socket.AF_INET6, 1, '::1', 8999, 120)  # with one attribute more: a message of another length
     odd = struct.pack('=I', len(longer) + 8) + longer[4:] + struct.pack('=HH', 5, 8) + b'\0' * 4
     wanted = {101, 120, 149, 555}
     for answer in (b''.join(run) + done, b''.join(run[:10]) + odd + b''.join(run[10:]) + done, b''.join(run)):
@@ -525,6 +609,7 @@ def _refuse_netlink(monkeypatch):
             refused.append(family)
             raise OSError(errno.EPROTONOSUPPORT, 'no netlink here')
         return real(family, *args, **kwargs)
+
     monkeypatch.setattr(discovery.socket, 'socket', no_netlink)
     return refused
 
@@ -532,8 +617,9 @@ def _refuse_netlink(monkeypatch):
 def test_a_forwarder_is_followed_the_same_way_when_sock_diag_cannot_be_asked(host, monkeypatch):
     server, server_port = host.peer('serve', 'tritonserver', '127.0.0.1:0')
     proxy, port = host.peer('forward', 'docker-proxy', '127.0.0.1:0', backends=[f'127.0.0.1:{server_port}'])
-    want = discovery.Location(server.pid, None, f'connection via docker-proxy (pid {proxy.pid}) to tritonserver (pid {server.pid})',
-                              [], None)
+    want = discovery.Location(
+        server.pid, None, f'connection via docker-proxy (pid {proxy.pid}) to tritonserver (pid {server.pid})', [], None
+    )
     assert discovery.find_server('127.0.0.1', port) == want
     refused = _refuse_netlink(monkeypatch)
     assert discovery.find_server('127.0.0.1', port) == want
@@ -543,9 +629,14 @@ def test_a_forwarder_is_followed_the_same_way_when_sock_diag_cannot_be_asked(hos
 def test_a_port_held_by_a_process_found_late_in_the_walk_is_still_named(host, monkeypatch):
     """The walk stops at a socket's first owner; nothing is missed when the owner comes last."""
     other, port = host.peer('serve', 'nginx', '127.0.0.1:0')
-    monkeypatch.setattr(discovery, 'list_pids', lambda proc='/proc': sorted(procfs.list_pids(proc), key=lambda p: p == other.pid))
+    monkeypatch.setattr(
+        discovery, 'list_pids', lambda proc='/proc': sorted(procfs.list_pids(proc), key=lambda p: p == other.pid)
+    )
     monkeypatch.setattr(discovery, 'PROBE_SECONDS', 0.0)
     found = discovery.find_server('127.0.0.1', port)
     assert found.pid is None
     assert f'port {port} on 127.0.0.1 is held by nginx (pid {other.pid}), not by a tritonserver process' in found.reason
-    assert f'nginx (pid {other.pid}) accepts the connection but is not tritonserver and forwards it nowhere visible' in found.reason
+    assert (
+        f'nginx (pid {other.pid}) accepts the connection but is not tritonserver and forwards it nowhere visible'
+        in found.reason
+    )

@@ -5,6 +5,7 @@ and children it starts). Only the unreadable-process decision also uses a small
 proc-like tree, because as root no real process is unreadable for a reason we
 can choose; the real not-root case runs in a child that drops to uid 65534.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -19,7 +20,7 @@ import pytest
 from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
 
 # A process that maps, opens or listens as asked, prints READY and waits; comm set by prctl.
-CHILD = textwrap.dedent('''
+CHILD = textwrap.dedent("""
     import ctypes, mmap, socket, sys, time
     mode, arg, comm = sys.argv[1], sys.argv[2], sys.argv[3]
     ctypes.CDLL(None).prctl(15, comm.encode(), 0, 0, 0)
@@ -50,7 +51,7 @@ CHILD = textwrap.dedent('''
         keep.append(s)
     print('READY', flush=True)
     time.sleep(600)
-''')
+""")
 
 
 @pytest.fixture
@@ -59,14 +60,19 @@ def child():
     procs = []
 
     def start(mode, arg, comm='holdertest', prefix=()):
-        proc = subprocess.Popen(list(prefix) + [sys.executable, '-c', CHILD, mode, arg, comm],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            list(prefix) + [sys.executable, '-c', CHILD, mode, arg, comm],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         procs.append(proc)
         line = proc.stdout.readline()
         if line.strip() != 'READY':
             proc.kill()
             raise RuntimeError(f'helper did not start: {line} {proc.stderr.read()}')
         return proc
+
     yield start
     for proc in procs:
         proc.kill()
@@ -89,12 +95,16 @@ def map_file(path):
 
 # -- device formatting ------------------------------------------------------------------------
 
-@pytest.mark.parametrize('major,minor,maps,mountinfo', [
-    (0, 45, '00:2d', '0:45'),
-    (8, 1, '08:01', '8:1'),
-    (259, 3, '103:03', '259:3'),
-    (0, 300, '00:12c', '0:300'),
-])
+
+@pytest.mark.parametrize(
+    'major,minor,maps,mountinfo',
+    [
+        (0, 45, '00:2d', '0:45'),
+        (8, 1, '08:01', '8:1'),
+        (259, 3, '103:03', '259:3'),
+        (0, 300, '00:12c', '0:300'),
+    ],
+)
 def test_dev_formats(major, minor, maps, mountinfo):
     dev = os.makedev(major, minor)
     assert holders.dev_maps_str(dev) == maps
@@ -119,6 +129,7 @@ def test_dev_mountinfo_str_matches_a_mountinfo_line(tmp_path):
 
 # -- the one /proc pass -------------------------------------------------------------------------
 
+
 def test_scan_finds_this_process_by_its_mapping(tmp_path):
     path, key = make_file(tmp_path, 'mapped')
     _other, other_key = make_file(tmp_path, 'not_held')
@@ -129,7 +140,9 @@ def test_scan_finds_this_process_by_its_mapping(tmp_path):
     assert result.comms[os.getpid()] == procfs.read_comm(os.getpid())
     assert result.processes >= 1
     assert os.getpid() not in result.unreadable
-    assert result.holders_of(*key, exclude=(os.getpid(),)) == [h for h in result.holders_of(*key) if h['pid'] != os.getpid()]
+    assert result.holders_of(*key, exclude=(os.getpid(),)) == [
+        h for h in result.holders_of(*key) if h['pid'] != os.getpid()
+    ]
 
 
 def test_scan_finds_an_open_file_without_mapping_and_a_mapping_after_unlink(tmp_path):
@@ -150,8 +163,10 @@ def test_scan_finds_child_processes_and_forgets_them_when_they_die(tmp_path, chi
     result = holders.scan([key])
     pids = result.holders[key]
     assert mapper.pid in pids and opener.pid in pids
-    assert {h['pid']: h['comm'] for h in result.holders_of(*key) if h['pid'] in (mapper.pid, opener.pid)} == \
-        {mapper.pid: 'mapper', opener.pid: 'opener'}
+    assert {h['pid']: h['comm'] for h in result.holders_of(*key) if h['pid'] in (mapper.pid, opener.pid)} == {
+        mapper.pid: 'mapper',
+        opener.pid: 'opener',
+    }
     assert [h['pid'] for h in result.holders_of(*key, exclude=(mapper.pid,))] == [opener.pid]
     mapper.kill()
     mapper.wait()
@@ -165,8 +180,9 @@ def test_scan_without_targets_reads_nothing():
 
 # -- the parts of the pass: maps, fds, and the unreadable rule ----------------------------------------
 
+
 def test_targets_print_their_devices_as_maps_and_mountinfo_do():
-    shm, tmp = os.makedev(0, 0x2d), os.makedev(8, 1)
+    shm, tmp = os.makedev(0, 0x2D), os.makedev(8, 1)
     one = holders.Targets([(shm, 101), (shm, 102)])
     assert one.devs == {shm} and one.map_devs == {b'00:2d': shm} and one.mount_devs == {'0:45'}
     assert one.needle == b' 00:2d ' and one.needles == [b' 00:2d ']
@@ -174,19 +190,22 @@ def test_targets_print_their_devices_as_maps_and_mountinfo_do():
     assert two.needle is None and sorted(two.needles) == [b' 00:2d ', b' 08:01 ']
 
 
-@pytest.mark.parametrize('keys,want', [
-    ([(os.makedev(0, 0x2d), 101)], [(os.makedev(0, 0x2d), 101)]),                       # unlinked: matched all the same
-    ([(os.makedev(0, 0x2d), 102), (os.makedev(0, 0x2d), 999)], [(os.makedev(0, 0x2d), 102)]),
-    ([(os.makedev(0, 0x2d), 103)], []),                                                 # inode 103 is on another device
-    ([(os.makedev(8, 1), 103), (os.makedev(0, 0x2d), 104)], [(os.makedev(0, 0x2d), 104), (os.makedev(8, 1), 103)]),
-    ([(os.makedev(0, 0x2e), 101)], []),                                                 # the device is in no line
-])
+@pytest.mark.parametrize(
+    'keys,want',
+    [
+        ([(os.makedev(0, 0x2D), 101)], [(os.makedev(0, 0x2D), 101)]),  # unlinked: matched all the same
+        ([(os.makedev(0, 0x2D), 102), (os.makedev(0, 0x2D), 999)], [(os.makedev(0, 0x2D), 102)]),
+        ([(os.makedev(0, 0x2D), 103)], []),  # inode 103 is on another device
+        ([(os.makedev(8, 1), 103), (os.makedev(0, 0x2D), 104)], [(os.makedev(0, 0x2D), 104), (os.makedev(8, 1), 103)]),
+        ([(os.makedev(0, 0x2E), 101)], []),  # the device is in no line
+    ],
+)
 def test_maps_holding_matches_device_and_inode_not_the_path(keys, want):
     assert sorted(holders.maps_holding(MAPS, holders.Targets(keys))) == want
 
 
 def test_maps_holding_of_an_empty_or_unreadable_maps_is_nothing():
-    targets = holders.Targets([(os.makedev(0, 0x2d), 101)])
+    targets = holders.Targets([(os.makedev(0, 0x2D), 101)])
     assert holders.maps_holding(b'', targets) == set()
     assert holders.maps_holding(MAPS.replace(b' 00:2d ', b' 00:2e '), targets) == set()
 
@@ -238,15 +257,20 @@ def test_deleted_mappings_reports_unlinked_files_under_the_prefix(tmp_path):
     assert holders.deleted_mappings(os.getpid(), path_prefix='/nonexistent-prefix/') == {}
 
 
-MAPS = (b'7f0000000000-7f0000001000 rw-s 00000000 00:2d 101                        /dev/shm/gone region (deleted)\n'
-        b'7f0000001000-7f0000002000 rw-s 00000000 00:2d 102                        /dev/shm/kept\n'
-        b'7f0000002000-7f0000003000 rw-s 00000000 08:01 103                        /tmp/elsewhere (deleted)\n'
-        b'7f0000003000-7f0000004000 rw-s 00000000 00:2d 104                        /dev/shm/caf\xc3\xa9 (deleted)\n'
-        b'7f0000004000-7f0000005000 rw-p 00000000 00:00 0 \n')
+MAPS = (
+    b'7f0000000000-7f0000001000 rw-s 00000000 00:2d 101                        /dev/shm/gone region (deleted)\n'
+    b'7f0000001000-7f0000002000 rw-s 00000000 00:2d 102                        /dev/shm/kept\n'
+    b'7f0000002000-7f0000003000 rw-s 00000000 08:01 103                        /tmp/elsewhere (deleted)\n'
+    b'7f0000003000-7f0000004000 rw-s 00000000 00:2d 104                        /dev/shm/caf\xc3\xa9 (deleted)\n'
+    b'7f0000004000-7f0000005000 rw-p 00000000 00:00 0 \n'
+)
 
 
 def test_parse_deleted_reads_unlinked_files_under_the_prefix_from_maps_bytes():
-    assert holders.parse_deleted(MAPS) == {'gone region': (os.makedev(0, 0x2d), 101), 'caf\u00e9': (os.makedev(0, 0x2d), 104)}
+    assert holders.parse_deleted(MAPS) == {
+        'gone region': (os.makedev(0, 0x2D), 101),
+        'caf\u00e9': (os.makedev(0, 0x2D), 104),
+    }
     assert holders.parse_deleted(MAPS, '/tmp/') == {'elsewhere': (os.makedev(8, 1), 103)}
     assert holders.parse_deleted(MAPS.replace(b' (deleted)', b'')) == {}
 
@@ -283,11 +307,17 @@ def test_open_fds_are_those_the_fd_directory_lists(tmp_path, child, monkeypatch)
     fd_dir = f'/proc/{opener.pid}/fd/'
     want = _listed_fds(fd_dir)
     assert key in want.values()
-    counted = holders.fd_counts()
-    assert counted == (os.stat(fd_dir).st_size == len(want)), 'Linux >= 6.2 counts the descriptors'
+    # asked in a quiet process of its own: this one's threads (earlier tests' servers) open and close descriptors
+    root = holders.__file__.rsplit('/ansible_collections/', 1)[0]
+    ask = 'from ansible_collections.tritonops.shm.plugins.module_utils import holders; print(holders.fd_counts())'
+    env = dict(os.environ, PYTHONPATH=root)
+    counted = subprocess.run(
+        [sys.executable, '-c', ask], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    assert counted == str(os.stat(fd_dir).st_size == len(want)), 'Linux >= 6.2 counts the descriptors'
     assert {name: (st.st_dev, st.st_ino) for name, st in holders._open_fds(fd_dir).items()} == want
     if counted and sorted(want) == [str(i) for i in range(len(want))]:
-        monkeypatch.setattr(holders.os, 'listdir', None)   # counted, no gap: no listing needed
+        monkeypatch.setattr(holders.os, 'listdir', None)  # counted, no gap: no listing needed
     got = holders._open_fds(fd_dir, counted)
     assert {name: (st.st_dev, st.st_ino) for name, st in got.items()} == want
 
@@ -299,7 +329,7 @@ def test_open_fds_with_a_gap_are_those_the_fd_directory_lists(tmp_path):
     try:
         fd_dir = f'/proc/{os.getpid()}/fd/'
         got = holders._open_fds(fd_dir, holders.fd_counts())
-        want = _listed_fds(fd_dir)   # the listing's own descriptor is closed again before the stat: not in it
+        want = _listed_fds(fd_dir)  # the listing's own descriptor is closed again before the stat: not in it
     finally:
         for fd in fds:
             os.close(fd)
@@ -318,6 +348,7 @@ def test_open_fds_of_a_plain_directory_lists_it(tmp_path):
 
 
 # -- the unreadable-process rule ------------------------------------------------------------------
+
 
 def _fake_proc(root, pid, maps=None, mountinfo=None):
     """A proc-like entry: maps=None makes maps unreadable (a directory), mountinfo=None leaves it out."""
@@ -340,19 +371,21 @@ def test_unreadable_process_counts_only_when_its_mount_namespace_can_see_the_dev
     sees = '30 25 0:77 / /dev/shm rw - tmpfs tmpfs rw\n'
     blind = '30 25 0:78 / /dev/shm rw - tmpfs tmpfs rw\n'
     proc = str(tmp_path)
-    _fake_proc(proc, 10, maps=None, mountinfo=sees)       # unreadable, could hold: counts
-    _fake_proc(proc, 11, maps=None, mountinfo=blind)      # unreadable, cannot reach the fs: ignored
-    _fake_proc(proc, 12, maps=None, mountinfo=None)       # gone while scanning: ignored
+    _fake_proc(proc, 10, maps=None, mountinfo=sees)  # unreadable, could hold: counts
+    _fake_proc(proc, 11, maps=None, mountinfo=blind)  # unreadable, cannot reach the fs: ignored
+    _fake_proc(proc, 12, maps=None, mountinfo=None)  # gone while scanning: ignored
     _fake_proc(proc, 13, maps=f'7f00-7f01 rw-s 00000000 00:4d {ino} /dev/shm/x\n', mountinfo=sees)  # readable holder
     _fake_proc(proc, 14, maps=None)
-    os.mkdir(os.path.join(proc, '14', 'mountinfo'))       # mountinfo unreadable too: cannot tell, counts
+    os.mkdir(os.path.join(proc, '14', 'mountinfo'))  # mountinfo unreadable too: cannot tell, counts
     result = holders.scan([(dev, ino)], proc=proc)
     assert sorted(result.unreadable) == [10, 14]
     assert sorted(result.unreadable_ignored) == [11, 12]
     assert result.holders == {(dev, ino): {13}}
     assert result.comms == {13: 'p13'}
     assert not result.complete
-    assert result.incomplete_reason().startswith('2 process(es) could not be inspected (pids 10, 14): run the module as root')
+    assert result.incomplete_reason().startswith(
+        '2 process(es) could not be inspected (pids 10, 14): run the module as root'
+    )
 
 
 def test_incomplete_reason_lists_at_most_five_pids():
@@ -364,8 +397,13 @@ def test_incomplete_reason_lists_at_most_five_pids():
 
 def _scan_summary(key, proc='/proc'):
     r = holders.scan([tuple(key)], proc=proc)
-    return dict(unreadable=r.unreadable, holders=sorted(r.holders.get(tuple(key), [])), complete=r.complete,
-                hidden=r.hidden, reason=r.incomplete_reason())
+    return dict(
+        unreadable=r.unreadable,
+        holders=sorted(r.holders.get(tuple(key), [])),
+        complete=r.complete,
+        hidden=r.hidden,
+        reason=r.incomplete_reason(),
+    )
 
 
 def test_not_root_a_root_holder_is_unreadable_and_the_scan_incomplete(child, as_nobody):
@@ -394,8 +432,10 @@ def test_not_root_hidepid_makes_the_scan_incomplete(as_nobody):
         os.chmod(proc, 0o755)
         os.mkdir(os.path.join(proc, 'self'))
         with open(os.path.join(proc, 'self', 'mountinfo'), 'w') as f:
-            f.write('22 27 0:21 / /sys rw - sysfs sysfs rw\n'
-                    f'23 27 0:22 / {proc} rw,nosuid,nodev,noexec - proc proc rw,hidepid=invisible\n')
+            f.write(
+                '22 27 0:21 / /sys rw - sysfs sysfs rw\n'
+                f'23 27 0:22 / {proc} rw,nosuid,nodev,noexec - proc proc rw,hidepid=invisible\n'
+            )
         os.chmod(os.path.join(proc, 'self', 'mountinfo'), 0o644)
         got = as_nobody(lambda: dict(opt=holders.proc_hidepid(proc), scan=_scan_summary([1, 2], proc)))
         as_root = holders.proc_hidepid(proc)
@@ -410,6 +450,7 @@ def test_not_root_hidepid_makes_the_scan_incomplete(as_nobody):
 
 
 # -- threads with their own fd table (issue 26: 9) ----------------------------------------------------
+
 
 def test_scan_finds_a_thread_holding_the_file_in_its_own_fd_table(tmp_path, child):
     path, key = make_file(tmp_path, 'threaded')

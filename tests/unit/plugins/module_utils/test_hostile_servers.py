@@ -6,6 +6,7 @@ declare a huge chunk, stream for ever, or answer a status Triton would never sen
 shared with the integration tests); gRPC gets the unit tests' fake Triton (tests/fakes/fake_triton.py)
 slow, too large or malformed.
 """
+
 from __future__ import annotations
 
 import time
@@ -14,11 +15,11 @@ import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_grpc, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes import loopback
-from ansible_collections.tritonops.shm.tests.fakes.loopback import canned, endless, http_json
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, Triton
+from ansible_collections.tritonops.shm.tests.fakes.loopback import canned, endless, http_json
 
 MiB = 1 << 20
 
@@ -31,6 +32,7 @@ def hostile():
     def start(answer) -> loopback.Peer:
         servers.append(loopback.Peer(answer))
         return servers[-1]
+
     yield start
     for server in servers:
         server.close()
@@ -56,6 +58,7 @@ def call(path: str, url: str, timeout: float = 1.0):
         for answer in client.unregister_many('system', [f'r{i}' for i in range(10)]):
             if answer.error is not None:
                 raise answer.error
+
     return bulk
 
 
@@ -105,7 +108,7 @@ MALFORMED = [
     ([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 'x'}], "has byte_size 'x', expected an integer"),
     ([{'name': 'a', 'key': '/a', 'offset': True, 'byte_size': 1}], 'has offset True, expected an integer'),
     ([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': -1}], 'has byte_size -1, expected an integer'),
-    ([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 10 ** 400}], 'has byte_size 1000000000'),
+    ([{'name': 'a', 'key': '/a', 'offset': 0, 'byte_size': 10**400}], 'has byte_size 1000000000'),
     ([{'name': 'a', 'key': None, 'offset': 0, 'byte_size': 1}], 'has key None, expected a string'),
     ([{'name': 'a\x1b[31m', 'key': 7, 'offset': 0, 'byte_size': 1}], 'has key 7, expected a string'),
 ]
@@ -121,9 +124,14 @@ def test_a_malformed_status_is_a_clean_error_naming_the_server(hostile, path, re
     assert err.failure()['url'] == f'{server.url}/v2/systemsharedmemory/status' and '\x1b' not in err.msg
 
 
-@pytest.mark.parametrize('metadata', [{'name': 'triton', 'version': 5, 'extensions': []},
-                                      {'name': 'triton', 'version': '2.51.0', 'extensions': [1, 2]},
-                                      {'name': 'triton', 'version': '2.51.0', 'extensions': 'system_shared_memory'}])
+@pytest.mark.parametrize(
+    'metadata',
+    [
+        {'name': 'triton', 'version': 5, 'extensions': []},
+        {'name': 'triton', 'version': '2.51.0', 'extensions': [1, 2]},
+        {'name': 'triton', 'version': '2.51.0', 'extensions': 'system_shared_memory'},
+    ],
+)
 def test_malformed_metadata_is_a_clean_error(hostile, metadata):
     server = hostile(canned(http_json(metadata)))
     err, _took = timed_failure(TritonClient(server.url).server_metadata)
@@ -131,12 +139,14 @@ def test_malformed_metadata_is_a_clean_error(hostile, metadata):
 
 
 def test_the_reader_refuses_what_is_not_strict_http():
-    for data, why in ((b'HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n', 'not HTTP'),
-                      (b'HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n', 'both'),
-                      (b'HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n', 'bad Content-Length'),
-                      (b'HTTP/1.1 200 OK\r\n folded\r\n\r\n', 'bad header line'),
-                      (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n[]\r\nzz\r\n', 'bad chunk size'),
-                      (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n', 'bad trailer')):
+    for data, why in (
+        (b'HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n', 'not HTTP'),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n', 'both'),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n', 'bad Content-Length'),
+        (b'HTTP/1.1 200 OK\r\n folded\r\n\r\n', 'bad header line'),
+        (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n[]\r\nzz\r\n', 'bad chunk size'),
+        (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n', 'bad trailer'),
+    ):
         with pytest.raises(http_reader.HttpError, match=why):
             http_reader.ResponseReader(MiB).feed(data)
     # trailers are read, and the answer ends after them
@@ -146,6 +156,7 @@ def test_the_reader_refuses_what_is_not_strict_http():
 
 
 # -- gRPC: the deadline bounds the whole call, the receive size is capped, a bad message is a clean error
+
 
 @pytest.fixture
 def grpc_server():
@@ -163,6 +174,7 @@ def grpc_server():
             front.garbage.add('SystemSharedMemoryStatus')
         fronts.append(front)
         return front.url
+
     yield start
     for front in fronts:
         front.close()

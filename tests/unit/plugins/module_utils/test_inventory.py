@@ -5,6 +5,7 @@ private tmpfs on /dev/shm (as Triton in a container); it maps the registered fil
 Triton does. "Clients" are real processes in that namespace that map or open files.
 Only the Triton HTTP API is a fake (FakeTriton): the regions it reports are the test's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,11 +19,17 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
-    Criteria, RegionFacts, Snapshot, classify, info_result, read_server, region_state, summarize,
+    Criteria,
+    RegionFacts,
+    Snapshot,
+    classify,
+    info_result,
+    read_server,
+    region_state,
+    summarize,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 # Only the tests that build a mount namespace need root; the others run as any user.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount namespaces with a private /dev/shm')
@@ -31,7 +38,7 @@ MIB = 1 << 20
 OLD = 3600
 
 # A process driven over stdin: "map NAME", "open NAME", "listen PORT"; answers OK or ERR.
-HELPER = textwrap.dedent('''
+HELPER = textwrap.dedent("""
     import ctypes, mmap, socket, sys
     ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
     keep = []
@@ -52,12 +59,14 @@ HELPER = textwrap.dedent('''
             print('OK', flush=True)
         except Exception as exc:
             print(f'ERR {exc}', flush=True)
-''')
+""")
 
 
 class Proc:
     def __init__(self, cmd):
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.pid = self.proc.pid
         line = self.proc.stdout.readline().strip()
         if line != 'READY':
@@ -84,8 +93,21 @@ class Namespace:
 
     def __init__(self):
         shell = 'mount -t tmpfs -o size=16m,mode=1777 tmpfs /dev/shm && exec "$0" "$@"'
-        self.server = Proc(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell,
-                            sys.executable, '-c', HELPER, 'tritonserver'])
+        self.server = Proc(
+            [
+                'unshare',
+                '--mount',
+                '--propagation',
+                'private',
+                'sh',
+                '-c',
+                shell,
+                sys.executable,
+                '-c',
+                HELPER,
+                'tritonserver',
+            ]
+        )
         self.procs = [self.server]
         self.shm_dir = f'/proc/{self.server.pid}/root/dev/shm'
 
@@ -169,9 +191,15 @@ def by_name(items):
 # -- the scene -----------------------------------------------------------------------------------------
 
 REGIONS = [
-    region('live', byte_size=MIB), region('stale', byte_size=2 * MIB), region('gone'), region('gone_held'),
-    region('two_a', key='/shared', byte_size=2048), region('two_b', key='/shared', byte_size=2048, offset=2048),
-    region('badkey', key='no_slash'), region('dirkey', key='/adir'), region('extra_fields'),
+    region('live', byte_size=MIB),
+    region('stale', byte_size=2 * MIB),
+    region('gone'),
+    region('gone_held'),
+    region('two_a', key='/shared', byte_size=2048),
+    region('two_b', key='/shared', byte_size=2048, offset=2048),
+    region('badkey', key='no_slash'),
+    region('dirkey', key='/adir'),
+    region('extra_fields'),
 ]
 CUDA = [dict(name='gpu0', device_id=0, byte_size=1024)]
 
@@ -183,10 +211,16 @@ def ns():
     space = Namespace()
     try:
         client = space.client('client')
-        for name, size in (('live', MIB), ('stale', 2 * MIB), ('gone', 4096), ('gone_held', 4096), ('shared', 4096),
-                           ('extra_fields', 4096)):
+        for name, size in (
+            ('live', MIB),
+            ('stale', 2 * MIB),
+            ('gone', 4096),
+            ('gone_held', 4096),
+            ('shared', 4096),
+            ('extra_fields', 4096),
+        ):
             space.write(name, size)
-            space.server.do('map ' + name)   # Triton maps every registered file
+            space.server.do('map ' + name)  # Triton maps every registered file
         client.do('map live', 'map gone_held')
         os.unlink(space.path('gone'))
         os.unlink(space.path('gone_held'))
@@ -196,7 +230,7 @@ def ns():
         space.write('server_only')
         space.server.do('open server_only')
         space.write('triton_python_backend_shm_region_1234', 8192, age=OLD)
-        space.server.do('map triton_python_backend_shm_region_1234')   # Triton maps its python backend's pools
+        space.server.do('map triton_python_backend_shm_region_1234')  # Triton maps its python backend's pools
         space.write('client_old', 65536, age=OLD)
         space.write('client_young', 4096)
         space.write('PostgreSQL.7', 4096, age=OLD)
@@ -283,12 +317,20 @@ def test_file_categories(result, ns):
     files = by_name(result['files'])
     cats = {n: f['category'] for n, f in files.items()}
     assert cats == {
-        'live': 'registered', 'stale': 'registered', 'shared': 'registered', 'extra_fields': 'registered',
+        'live': 'registered',
+        'stale': 'registered',
+        'shared': 'registered',
+        'extra_fields': 'registered',
         'adir': 'foreign',
-        'held_file': 'in_use', 'server_only': 'in_use',
+        'held_file': 'in_use',
+        'server_only': 'in_use',
         'triton_python_backend_shm_region_1234': 'backend',
-        'client_old': 'orphan', 'client_young': 'foreign', 'PostgreSQL.7': 'foreign',
-        'client_fifo': 'foreign', 'client_dir': 'foreign', 'client_link': 'foreign',
+        'client_old': 'orphan',
+        'client_young': 'foreign',
+        'PostgreSQL.7': 'foreign',
+        'client_fifo': 'foreign',
+        'client_dir': 'foreign',
+        'client_link': 'foreign',
     }
     assert files['held_file']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
     # the server never shows as a holder, but a file only it holds is still in use
@@ -297,8 +339,9 @@ def test_file_categories(result, ns):
     assert files['live']['holders'] == [dict(pid=ns.client_proc.pid, comm='client')]
     assert files['stale']['holders'] == []
     assert 'younger than min_age' in files['client_young']['category_reason']
-    assert files['PostgreSQL.7']['category_reason'] == ("PostgreSQL's dynamic shared memory (PostgreSQL.*): never an orphan, "
-                                                        'whatever orphan_patterns says')
+    assert files['PostgreSQL.7']['category_reason'] == (
+        "PostgreSQL's dynamic shared memory (PostgreSQL.*): never an orphan, whatever orphan_patterns says"
+    )
     for name, kind in (('client_fifo', 'fifo'), ('client_dir', 'directory'), ('client_link', 'symlink')):
         assert files[name]['type'] == kind
         assert files[name]['category_reason'] == f'not a regular file ({kind})'
@@ -322,7 +365,13 @@ def test_server_and_summary(result, ns):
     st = os.stat(ns.path('stale')), os.stat(ns.path('shared')), os.stat(ns.path('extra_fields'))
     # two stale regions on one file: its bytes count once (that is what removing it frees)
     assert s['stale_bytes'] == sum(x.st_blocks * 512 for x in st) == 2 * MIB + 4096 + 4096
-    assert (s['registered_files'], s['backend_files'], s['in_use_files'], s['orphan_files'], s['foreign_files']) == (4, 1, 2, 1, 6)
+    assert (s['registered_files'], s['backend_files'], s['in_use_files'], s['orphan_files'], s['foreign_files']) == (
+        4,
+        1,
+        2,
+        1,
+        6,
+    )
     assert s['orphan_bytes'] == os.stat(ns.path('client_old')).st_blocks * 512 == 65536
     usage = os.statvfs(ns.shm_dir)
     assert s['total_bytes'] == result['shm_fs']['total_bytes'] == usage.f_blocks * usage.f_frsize == 16 * MIB
@@ -353,13 +402,19 @@ def test_backend_files_are_backend_even_when_a_pattern_matches(ns):
 
 def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
     """Inside the server's mount namespace as uid 65534: root's processes cannot be read."""
+
     def classify():
         inv = Read(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm', orphan_patterns=['client_*'])
         res = inv.result()
-        return dict(states={r['name']: r['state'] for r in res['system_regions']},
-                    reclaimable=sorted(r['name'] for r in res['system_regions'] if r['reclaimable']),
-                    cats={f['name']: f['category'] for f in res['files']},
-                    unreadable=res['unreadable_processes'], complete=res['holders_complete'], warnings=inv.warnings)
+        return dict(
+            states={r['name']: r['state'] for r in res['system_regions']},
+            reclaimable=sorted(r['name'] for r in res['system_regions'] if r['reclaimable']),
+            cats={f['name']: f['category'] for f in res['files']},
+            unreadable=res['unreadable_processes'],
+            complete=res['holders_complete'],
+            warnings=inv.warnings,
+        )
+
     got = as_nobody(classify, setns_pid=ns.server.pid)
     assert 'error' not in got, got
     assert got['unreadable'] >= 2 and got['complete'] is False
@@ -374,15 +429,18 @@ def test_not_root_nothing_is_stale_or_orphan(ns, as_nobody):
 
 # -- locating the server and its directory -----------------------------------------------------------
 
+
 def test_server_found_by_its_listening_port(ns):
     port = _free_port()
-    listener = ns.client('tritonserver')   # a tritonserver process in that namespace, serving the port
+    listener = ns.client('tritonserver')  # a tritonserver process in that namespace, serving the port
     listener.do(f'listen {port}')
     inv = Read(FakeTriton(port=port))
     assert inv.pid == listener.pid
     assert inv.shm_dir == f'/proc/{listener.pid}/root/dev/shm'
-    assert inv.located_by == (f'listener: tritonserver (pid {listener.pid}) owns the listening socket 127.0.0.1:{port}; '
-                              f'shm_dir from /proc/{listener.pid}/root')
+    assert inv.located_by == (
+        f'listener: tritonserver (pid {listener.pid}) owns the listening socket 127.0.0.1:{port}; '
+        f'shm_dir from /proc/{listener.pid}/root'
+    )
     assert inv.result()['server']['not_found_reason'] is None
     assert inv.warnings == []
 
@@ -401,7 +459,10 @@ def test_no_server_and_no_shm_dir_warns_why():
     inv = Read(FakeTriton(system=[region('r')]))
     assert len(inv.warnings) == 1
     assert 'tritonserver process for http://127.0.0.1:' in inv.warnings[0]
-    assert 'cannot open a TCP connection to 127.0.0.1:' in inv.warnings[0] and 'file and holder data are missing' in inv.warnings[0]
+    assert (
+        'cannot open a TCP connection to 127.0.0.1:' in inv.warnings[0]
+        and 'file and holder data are missing' in inv.warnings[0]
+    )
     reason = inv.result()['server']['not_found_reason']
     assert reason.startswith('the tritonserver process behind 127.0.0.1:') and reason in inv.warnings[0]
 
@@ -456,12 +517,20 @@ def test_cuda_status_is_only_asked_when_the_server_offers_it(tmp_path):
 
 
 def test_summarize_without_filesystem():
-    regions = [dict(state='stale', file=dict(path='/s/a', exists=True, allocated_bytes=10)),
-               dict(state='stale', file=dict(path='/s/b', exists=True, allocated_bytes=5)),
-               dict(state='stale', file=dict(path='/s/b', exists=True, allocated_bytes=5)),
-               dict(state='dangling', file=dict(path='/s/c', exists=False))]
+    regions = [
+        dict(state='stale', file=dict(path='/s/a', exists=True, allocated_bytes=10)),
+        dict(state='stale', file=dict(path='/s/b', exists=True, allocated_bytes=5)),
+        dict(state='stale', file=dict(path='/s/b', exists=True, allocated_bytes=5)),
+        dict(state='dangling', file=dict(path='/s/c', exists=False)),
+    ]
     s = summarize(regions, [], [], None)
-    assert (s['stale_regions'], s['stale_bytes'], s['dangling_regions'], s['used_bytes'], s['total_bytes']) == (3, 15, 1, None, None)
+    assert (s['stale_regions'], s['stale_bytes'], s['dangling_regions'], s['used_bytes'], s['total_bytes']) == (
+        3,
+        15,
+        1,
+        None,
+        None,
+    )
 
 
 # -- reserved regions and custom backend patterns ------------------------------------------------------
@@ -478,7 +547,7 @@ def test_reserved_is_decided_by_the_mark_on_the_file_naming_the_region():
             space.server.do('map ' + name)
         for name in ('mine', 'mine_used'):
             os.setxattr(space.path(name), MARK, name.encode())
-        os.setxattr(space.path('other_name'), MARK, b'someone_else')   # the mark names another region
+        os.setxattr(space.path('other_name'), MARK, b'someone_else')  # the mark names another region
         space.client('user').do('map mine_used')
         triton = FakeTriton(system=[region(n) for n in ('mine', 'mine_used', 'theirs', 'other_name')])
         res = Read(triton, server_pid=space.server.pid).result()
@@ -487,8 +556,8 @@ def test_reserved_is_decided_by_the_mark_on_the_file_naming_the_region():
     regions = by_name(res['system_regions'])
     states = {n: (r['state'], r['reserved'], r['reclaimable']) for n, r in regions.items()}
     assert states == {
-        'mine': ('reserved', True, False),          # the operator's, nobody maps it yet
-        'mine_used': ('healthy', True, False),      # the operator's, a client maps it
+        'mine': ('reserved', True, False),  # the operator's, nobody maps it yet
+        'mine_used': ('healthy', True, False),  # the operator's, a client maps it
         'theirs': ('stale', False, True),
         'other_name': ('stale', False, True),
     }
@@ -502,9 +571,11 @@ def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
     """Not root: the mark cannot even be read (trusted.*), and nothing is stale or reserved."""
     os.setxattr(ns.path('stale'), MARK, b'stale')
     try:
+
         def classify():
             inv = Read(scene_triton(), server_pid=ns.server.pid, shm_dir='/dev/shm')
             return {r['name']: r['state'] for r in inv.result()['system_regions']}
+
         states = as_nobody(classify, setns_pid=ns.server.pid)
         assert states['stale'] == 'unknown' and 'reserved' not in states.values()
         own = by_name(Read(scene_triton(), server_pid=ns.server.pid).result()['system_regions'])
@@ -513,16 +584,24 @@ def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
         os.removexattr(ns.path('stale'), MARK)
 
 
-@pytest.mark.parametrize('patterns, category', [
-    (None, 'foreign'),                                            # default: only Triton's own prefix
-    (['triton_python_backend_shm_region_*', 'myprefix_*'], 'leftover'),   # a backend file no process holds
-    (['myprefix_*'], 'leftover'),
-])
+@pytest.mark.parametrize(
+    'patterns, category',
+    [
+        (None, 'foreign'),  # default: only Triton's own prefix
+        (['triton_python_backend_shm_region_*', 'myprefix_*'], 'leftover'),  # a backend file no process holds
+        (['myprefix_*'], 'leftover'),
+    ],
+)
 def test_backend_patterns_name_the_backend_files(ns, patterns, category):
     ns.write('myprefix_1', 4096, age=OLD)
     try:
-        inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['*'] if patterns is None else [],
-                   min_age=0, backend_patterns=patterns)
+        inv = Read(
+            scene_triton(),
+            server_pid=ns.server.pid,
+            orphan_patterns=['*'] if patterns is None else [],
+            min_age=0,
+            backend_patterns=patterns,
+        )
         files = by_name(inv.result()['files'])
     finally:
         os.unlink(ns.path('myprefix_1'))
@@ -543,13 +622,33 @@ BACKEND_FILE = 'triton_python_backend_shm_region_0'
 
 
 # the server of the literal snapshots: root in the module's user namespace, in a 1777 root-owned /dev/shm
-ROOT_SERVER = authority.Authority(uid=0, gids=frozenset([0]), privileged=True, dir_uid=0, dir_gid=0, dir_mode=0o41777,
-                                  owner_uid=0, described='pid 100, uid 0 in this user namespace, privileged')
+ROOT_SERVER = authority.Authority(
+    uid=0,
+    gids=frozenset([0]),
+    privileged=True,
+    dir_uid=0,
+    dir_gid=0,
+    dir_mode=0o41777,
+    owner_uid=0,
+    described='pid 100, uid 0 in this user namespace, privileged',
+)
 
 
 def entry(name, ino, kind='file', size=4096, age=0.0):
-    return {'name': name, 'path': f'{SHM}/{name}', 'type': kind, 'size': size, 'allocated_bytes': size, 'uid': 0,
-            'mode': '0600', 'mtime': 1000.0, 'age_s': age, 'inode': ino, 'dev': 7, 'ctime_ns': 1}
+    return {
+        'name': name,
+        'path': f'{SHM}/{name}',
+        'type': kind,
+        'size': size,
+        'allocated_bytes': size,
+        'uid': 0,
+        'mode': '0600',
+        'mtime': 1000.0,
+        'age_s': age,
+        'inode': ino,
+        'dev': 7,
+        'ctime_ns': 1,
+    }
 
 
 def literal_scan(held, complete=True, deleted=None):
@@ -563,22 +662,52 @@ def literal_scan(held, complete=True, deleted=None):
 
 
 def literal_snapshot(pid=SERVER, shm_dir=SHM, complete=True, marks=None):
-    system = [region('live'), region('stale'), region('mine'), region('gone'), region('badkey', key='no_slash'),
-              region('dirkey', key='/adir')]
-    entries = [entry('live', 1), entry('stale', 2), entry('mine', 3), entry('adir', 4, kind='directory'),
-               entry('held', 5), entry(BACKEND_FILE, 6, age=OLD), entry('client_old', 8, age=OLD),
-               entry('client_young', 9, age=10.0), entry('other', 10, age=OLD)]
-    scan = literal_scan({1: [SERVER, CLIENT], 2: [SERVER], 3: [SERVER], 5: [CLIENT], 6: [SERVER]}, complete=complete,
-                        deleted={'gone': (7, 11)})
+    system = [
+        region('live'),
+        region('stale'),
+        region('mine'),
+        region('gone'),
+        region('badkey', key='no_slash'),
+        region('dirkey', key='/adir'),
+    ]
+    entries = [
+        entry('live', 1),
+        entry('stale', 2),
+        entry('mine', 3),
+        entry('adir', 4, kind='directory'),
+        entry('held', 5),
+        entry(BACKEND_FILE, 6, age=OLD),
+        entry('client_old', 8, age=OLD),
+        entry('client_young', 9, age=10.0),
+        entry('other', 10, age=OLD),
+    ]
+    scan = literal_scan(
+        {1: [SERVER, CLIENT], 2: [SERVER], 3: [SERVER], 5: [CLIENT], 6: [SERVER]},
+        complete=complete,
+        deleted={'gone': (7, 11)},
+    )
     location = discovery.Location(pid, shm_dir, 'server_pid; shm_dir from /proc/100/root', [], None)
     metadata = {'name': 'triton', 'version': '2.51.0', 'extensions': ['system_shared_memory']}
-    return Snapshot(url='http://127.0.0.1:8000', metadata=metadata,
-                    system=system, cuda=[], location=location, shm_dir=shm_dir,
-                    fs={'path': shm_dir, 'total_bytes': 1 << 26, 'used_bytes': 1 << 20, 'free_bytes': 63 << 20,
-                        'used_percent': 1.56},
-                    entries=entries if shm_dir else [], scan=scan if shm_dir else None,
-                    marks={'mine': 'mine', 'stale': None, 'live': None} if marks is None else marks, scanned_at=5.0,
-                    authority=ROOT_SERVER if shm_dir else None)
+    return Snapshot(
+        url='http://127.0.0.1:8000',
+        metadata=metadata,
+        system=system,
+        cuda=[],
+        location=location,
+        shm_dir=shm_dir,
+        fs={
+            'path': shm_dir,
+            'total_bytes': 1 << 26,
+            'used_bytes': 1 << 20,
+            'free_bytes': 63 << 20,
+            'used_percent': 1.56,
+        },
+        entries=entries if shm_dir else [],
+        scan=scan if shm_dir else None,
+        marks={'mine': 'mine', 'stale': None, 'live': None} if marks is None else marks,
+        scanned_at=5.0,
+        authority=ROOT_SERVER if shm_dir else None,
+    )
 
 
 def states(records):
@@ -588,8 +717,12 @@ def states(records):
 def test_a_literal_snapshot_is_classified_into_every_state_and_category():
     records = classify(literal_snapshot(), Criteria.of(['client_*'], min_age=300))
     assert states(records) == {
-        'live': ('healthy', False), 'stale': ('stale', True), 'mine': ('reserved', False), 'gone': ('dangling', True),
-        'badkey': ('unknown', False), 'dirkey': ('unknown', False),
+        'live': ('healthy', False),
+        'stale': ('stale', True),
+        'mine': ('reserved', False),
+        'gone': ('dangling', True),
+        'badkey': ('unknown', False),
+        'dirkey': ('unknown', False),
     }
     regions = by_name(records.system_regions)
     assert regions['live']['holders'] == [{'pid': CLIENT, 'comm': 'python'}]
@@ -597,11 +730,21 @@ def test_a_literal_snapshot_is_classified_into_every_state_and_category():
     assert regions['gone']['file'] == {'path': f'{SHM}/gone', 'exists': False}
     assert regions['mine']['reserved'] is True and regions['stale']['reserved'] is False
     assert {f['name']: f['category'] for f in records.files} == {
-        'live': 'registered', 'stale': 'registered', 'mine': 'registered', 'adir': 'foreign', 'held': 'in_use',
-        BACKEND_FILE: 'backend', 'client_old': 'orphan', 'client_young': 'foreign', 'other': 'foreign',
+        'live': 'registered',
+        'stale': 'registered',
+        'mine': 'registered',
+        'adir': 'foreign',
+        'held': 'in_use',
+        BACKEND_FILE: 'backend',
+        'client_old': 'orphan',
+        'client_young': 'foreign',
+        'other': 'foreign',
     }
     files = by_name(records.files)
-    assert files['client_young']['category_reason'] == 'matches an orphan pattern but is younger than min_age (10.0s < 300s)'
+    assert (
+        files['client_young']['category_reason']
+        == 'matches an orphan pattern but is younger than min_age (10.0s < 300s)'
+    )
     assert 'dev' not in files['live'] and 'ctime_ns' not in files['live']
 
 
@@ -626,23 +769,50 @@ def test_a_literal_snapshot_without_the_server_process_or_directory():
     assert result['scanned_at'] == 5.0 and result['server']['not_found_reason'] is None
 
 
-@pytest.mark.parametrize('facts, state, reason', [
-    (RegionFacts(shm_dir_known=False), 'unknown', 'the shm directory of the server is not known'),
-    (RegionFacts(True, key_error='bad key'), 'unknown', 'backing file cannot be located safely: bad key'),
-    (RegionFacts(True, path='/s/a'), 'dangling', 'backing file /s/a is missing'),
-    (RegionFacts(True, path='/s/a', holders=({'pid': 5, 'comm': 'py'},)), 'dangling',
-     'backing file /s/a is missing (still mapped by a client)'),
-    (RegionFacts(True, path='/s/a', file_type='symlink'), 'unknown', 'backing path is a symlink, not a regular file'),
-    (RegionFacts(True, path='/s/a', file_type='file', holders=({'pid': 5, 'comm': 'py'},)), 'healthy', 'held by 5 (py)'),
-    (RegionFacts(True, path='/s/a', file_type='file', server_known=True), 'unknown', 'holders could not be fully determined'),
-    (RegionFacts(True, path='/s/a', file_type='file', holders_complete=True), 'unknown',
-     'the server process is not known, so its own mapping cannot be told apart'),
-    (RegionFacts(True, path='/s/a', file_type='file', holders_complete=True, server_known=True, reserved=True), 'reserved',
-     'registered by tritonops.shm (its file carries the mark trusted.tritonops_shm.reserved) and not mapped by a client yet: '
-     'desired state, never stale'),
-    (RegionFacts(True, path='/s/a', file_type='file', holders_complete=True, server_known=True), 'stale',
-     'no process but the server holds the backing file: the client is gone'),
-])
+@pytest.mark.parametrize(
+    'facts, state, reason',
+    [
+        (RegionFacts(shm_dir_known=False), 'unknown', 'the shm directory of the server is not known'),
+        (RegionFacts(True, key_error='bad key'), 'unknown', 'backing file cannot be located safely: bad key'),
+        (RegionFacts(True, path='/s/a'), 'dangling', 'backing file /s/a is missing'),
+        (
+            RegionFacts(True, path='/s/a', holders=({'pid': 5, 'comm': 'py'},)),
+            'dangling',
+            'backing file /s/a is missing (still mapped by a client)',
+        ),
+        (
+            RegionFacts(True, path='/s/a', file_type='symlink'),
+            'unknown',
+            'backing path is a symlink, not a regular file',
+        ),
+        (
+            RegionFacts(True, path='/s/a', file_type='file', holders=({'pid': 5, 'comm': 'py'},)),
+            'healthy',
+            'held by 5 (py)',
+        ),
+        (
+            RegionFacts(True, path='/s/a', file_type='file', server_known=True),
+            'unknown',
+            'holders could not be fully determined',
+        ),
+        (
+            RegionFacts(True, path='/s/a', file_type='file', holders_complete=True),
+            'unknown',
+            'the server process is not known, so its own mapping cannot be told apart',
+        ),
+        (
+            RegionFacts(True, path='/s/a', file_type='file', holders_complete=True, server_known=True, reserved=True),
+            'reserved',
+            'registered by tritonops.shm (its file carries the mark trusted.tritonops_shm.reserved) and not mapped by a client yet: '  # noqa: E501
+            'desired state, never stale',
+        ),
+        (
+            RegionFacts(True, path='/s/a', file_type='file', holders_complete=True, server_known=True),
+            'stale',
+            'no process but the server holds the backing file: the client is gone',
+        ),
+    ],
+)
 def test_region_state_rules_in_order(facts, state, reason):
     assert region_state(facts) == (state, reason)
 
@@ -650,9 +820,18 @@ def test_region_state_rules_in_order(facts, state, reason):
 # -- backend pools (issue 27): the model of each pool, and the leftovers of dead servers ----------------
 
 STUB = 300
-STUB_ARGV = ['/opt/tritonserver/backends/python/triton_python_backend_stub', '/models/echo/1/model.py',
-             'triton_python_backend_shm_region_0', '1048576', '1048576', str(SERVER),
-             '/opt/tritonserver/backends/python', '336', 'echo_0_0', 'DEFAULT']
+STUB_ARGV = [
+    '/opt/tritonserver/backends/python/triton_python_backend_stub',
+    '/models/echo/1/model.py',
+    'triton_python_backend_shm_region_0',
+    '1048576',
+    '1048576',
+    str(SERVER),
+    '/opt/tritonserver/backends/python',
+    '336',
+    'echo_0_0',
+    'DEFAULT',
+]
 LEFTOVER_FILE = 'triton_vllm_backend_shm_region_dead'
 YOUNG_FILE = 'triton_python_backend_shm_region_young'
 
@@ -672,18 +851,32 @@ def test_backend_pools_are_named_for_their_model_and_a_pool_no_process_holds_is_
     records = classify(snap, Criteria.of(min_age=300))
     files = by_name(records.files)
     assert (files[BACKEND_FILE]['category'], files[LEFTOVER_FILE]['category'], files[YOUNG_FILE]['category']) == (
-        'backend', 'leftover', 'backend')
+        'backend',
+        'leftover',
+        'backend',
+    )
     assert files[LEFTOVER_FILE]['backend'] == 'vllm'
     assert 'held by no process and older than min_age' in files[LEFTOVER_FILE]['category_reason']
     assert 'younger than min_age (1.0s < 300s)' in files[YOUNG_FILE]['category_reason']
     result = info_result(snap, records)
     pools = result['backend_pools']
     assert [(p['name'], p['model'], p['instance'], p['state']) for p in pools] == [
-        (BACKEND_FILE, 'echo', 'echo_0_0', 'live'), (YOUNG_FILE, None, None, 'unknown'), (LEFTOVER_FILE, None, None, 'leftover')]
+        (BACKEND_FILE, 'echo', 'echo_0_0', 'live'),
+        (YOUNG_FILE, None, None, 'unknown'),
+        (LEFTOVER_FILE, None, None, 'leftover'),
+    ]
     assert pools[0] == {
-        'path': f'{SHM}/{BACKEND_FILE}', 'name': BACKEND_FILE, 'backend': 'python', 'model': 'echo', 'instance': 'echo_0_0',
-        'bytes': 4096, 'size': 4096, 'holders': [{'pid': SERVER, 'comm': 'tritonserver'}, {'pid': STUB, 'comm': 'triton_python_b'}],
-        'state': 'live', 'reason': files[BACKEND_FILE]['category_reason']}
+        'path': f'{SHM}/{BACKEND_FILE}',
+        'name': BACKEND_FILE,
+        'backend': 'python',
+        'model': 'echo',
+        'instance': 'echo_0_0',
+        'bytes': 4096,
+        'size': 4096,
+        'holders': [{'pid': SERVER, 'comm': 'tritonserver'}, {'pid': STUB, 'comm': 'triton_python_b'}],
+        'state': 'live',
+        'reason': files[BACKEND_FILE]['category_reason'],
+    }
     s = result['summary']
     assert (s['backend_files'], s['backend_bytes'], s['leftover_files'], s['leftover_bytes']) == (2, 8192, 1, 8192)
 
@@ -697,15 +890,23 @@ def test_with_an_incomplete_scan_no_backend_file_is_leftover():
     assert pools[LEFTOVER_FILE]['state'] == 'unknown' and pools[BACKEND_FILE]['state'] == 'live'
 
 
-@pytest.mark.parametrize('argv, expected', [
-    (STUB_ARGV, ('echo', 'echo_0_0')),
-    # a Python-based backend's own model.py (vllm): the model is the instance name without _GROUP_INDEX
-    (STUB_ARGV[:1] + ['/opt/tritonserver/backends/vllm/model.py'] + STUB_ARGV[2:8] + ['llama_3_0_1', 'DEFAULT'],
-     ('llama_3', 'llama_3_0_1')),
-    (['/usr/bin/python3', '/models/echo/1/model.py'] + STUB_ARGV[2:], (None, None)),   # not a stub
-    (STUB_ARGV[:8], (None, None)),                                                       # too few arguments
-    (STUB_ARGV[:2] + ['triton_python_backend_shm_region_other'] + STUB_ARGV[3:], (None, None)),   # another pool's stub
-])
+@pytest.mark.parametrize(
+    'argv, expected',
+    [
+        (STUB_ARGV, ('echo', 'echo_0_0')),
+        # a Python-based backend's own model.py (vllm): the model is the instance name without _GROUP_INDEX
+        (
+            STUB_ARGV[:1] + ['/opt/tritonserver/backends/vllm/model.py'] + STUB_ARGV[2:8] + ['llama_3_0_1', 'DEFAULT'],
+            ('llama_3', 'llama_3_0_1'),
+        ),
+        (['/usr/bin/python3', '/models/echo/1/model.py'] + STUB_ARGV[2:], (None, None)),  # not a stub
+        (STUB_ARGV[:8], (None, None)),  # too few arguments
+        (
+            STUB_ARGV[:2] + ['triton_python_backend_shm_region_other'] + STUB_ARGV[3:],
+            (None, None),
+        ),  # another pool's stub
+    ],
+)
 def test_the_stub_command_line_names_the_model_and_instance(argv, expected):
     snap = dataclasses.replace(pool_snapshot(), cmdlines={STUB: argv})
     pools = by_name(info_result(snap, classify(snap))['backend_pools'])
@@ -715,7 +916,9 @@ def test_the_stub_command_line_names_the_model_and_instance(argv, expected):
 def test_outside_the_initial_pid_namespace_no_backend_file_is_leftover():
     """The visibility rule (issue 25): a scan that cannot see other PID namespaces' processes calls nothing leftover."""
     snap = pool_snapshot()
-    snap.scan.visibility = holders.Visibility(holders.OTHER, False, "the module runs outside the host's initial PID namespace")
+    snap.scan.visibility = holders.Visibility(
+        holders.OTHER, False, "the module runs outside the host's initial PID namespace"
+    )
     records = classify(snap, Criteria.of(min_age=0))
     assert by_name(records.files)[LEFTOVER_FILE]['category'] == 'backend'
     assert info_result(snap, records)['summary']['leftover_files'] == 0

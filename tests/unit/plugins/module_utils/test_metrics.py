@@ -1,4 +1,5 @@
 """Unit tests for module_utils/metrics.py: the metric set (checked by promtool), one file per server, the writer."""
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,9 @@ def shm_file(name, category, allocated=MIB):
 
 
 def pool(model, allocated, state='live'):
-    return dict(name=f'triton_python_backend_shm_region_{model}', backend='python', model=model, bytes=allocated, state=state)
+    return dict(
+        name=f'triton_python_backend_shm_region_{model}', backend='python', model=model, bytes=allocated, state=state
+    )
 
 
 def info(pid=4242, **over):
@@ -34,14 +37,30 @@ def info(pid=4242, **over):
     result = dict(
         changed=False,
         server=dict(url=URL, version='2.51.0', pid=pid, shm_dir='/proc/4242/root/dev/shm'),
-        shm_fs=dict(path='/proc/4242/root/dev/shm', total_bytes=64 * MIB, used_bytes=9 * MIB, free_bytes=55 * MIB,
-                    used_percent=14.1),
-        system_regions=[region('a', 'healthy'), region('b', 'healthy', 2 * MIB), region('dead', 'stale', 4 * MIB),
-                        region('gone', 'dangling'), region('kept', 'reserved')],
+        shm_fs=dict(
+            path='/proc/4242/root/dev/shm',
+            total_bytes=64 * MIB,
+            used_bytes=9 * MIB,
+            free_bytes=55 * MIB,
+            used_percent=14.1,
+        ),
+        system_regions=[
+            region('a', 'healthy'),
+            region('b', 'healthy', 2 * MIB),
+            region('dead', 'stale', 4 * MIB),
+            region('gone', 'dangling'),
+            region('kept', 'reserved'),
+        ],
         cuda_regions=[dict(name='gpu0', device_id=0, byte_size=MIB, state='unknown')],
-        files=[shm_file('a', 'registered'), shm_file('b', 'registered', 2 * MIB), shm_file('dead', 'registered', 4 * MIB),
-               shm_file('kept', 'registered'), shm_file('triton_python_backend_shm_region_1', 'backend'),
-               shm_file('client_x', 'orphan'), shm_file('busy', 'in_use')],
+        files=[
+            shm_file('a', 'registered'),
+            shm_file('b', 'registered', 2 * MIB),
+            shm_file('dead', 'registered', 4 * MIB),
+            shm_file('kept', 'registered'),
+            shm_file('triton_python_backend_shm_region_1', 'backend'),
+            shm_file('client_x', 'orphan'),
+            shm_file('busy', 'in_use'),
+        ],
         summary=dict(stale_bytes=4 * MIB, orphan_bytes=MIB),
         backend_pools=[pool('echo', MIB)],
         scanned_at=1764760000.25,
@@ -65,12 +84,14 @@ def samples(text):
 def promtool():
     path = os.environ.get('PROMTOOL') or shutil.which('promtool')
     if not path or not os.access(path, os.X_OK):
-        pytest.fail(f"promtool not found (PROMTOOL={os.environ.get('PROMTOOL')!r}): run `make promtool`")
+        pytest.fail(f'promtool not found (PROMTOOL={os.environ.get("PROMTOOL")!r}): run `make promtool`')
     return path
 
 
 def check_metrics(promtool, text):
-    proc = subprocess.run([promtool, 'check', 'metrics'], input=text, capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [promtool, 'check', 'metrics'], input=text, capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 0 and not proc.stdout.strip() and not proc.stderr.strip(), proc.stdout + proc.stderr
 
 
@@ -80,10 +101,18 @@ def test_report_of_a_located_server(promtool):
     s = samples(text)
     assert s.pop('_hosts') == {('gpu1', URL)}
     g = {k[0]: v for k, v in s.items() if not k[1]}
-    assert g == {'tritonops_shm_up': 1, 'tritonops_shm_server_located': 1, 'tritonops_shm_report_timestamp_seconds': 1764760000.25,
-                 'tritonops_shm_fs_size_bytes': 64 * MIB, 'tritonops_shm_fs_used_bytes': 9 * MIB,
-                 'tritonops_shm_registered_bytes': 9 * MIB, 'tritonops_shm_cuda_regions': 1,
-                 'tritonops_shm_stale_bytes': 4 * MIB, 'tritonops_shm_orphan_bytes': MIB, 'tritonops_shm_leftover_bytes': 0}
+    assert g == {
+        'tritonops_shm_up': 1,
+        'tritonops_shm_server_located': 1,
+        'tritonops_shm_report_timestamp_seconds': 1764760000.25,
+        'tritonops_shm_fs_size_bytes': 64 * MIB,
+        'tritonops_shm_fs_used_bytes': 9 * MIB,
+        'tritonops_shm_registered_bytes': 9 * MIB,
+        'tritonops_shm_cuda_regions': 1,
+        'tritonops_shm_stale_bytes': 4 * MIB,
+        'tritonops_shm_orphan_bytes': MIB,
+        'tritonops_shm_leftover_bytes': 0,
+    }
     by_state = {dict(k[1])['state']: v for k, v in s.items() if k[0] == 'tritonops_shm_regions'}
     assert by_state == {'healthy': 2, 'stale': 1, 'reserved': 1, 'dangling': 1, 'unknown': 0}
     by_category = {dict(k[1])['category']: v for k, v in s.items() if k[0] == 'tritonops_shm_files'}
@@ -96,13 +125,17 @@ def in_pods():
     result = info()
     result['server']['container'] = dict(runtime='containerd', pod_uid='5c1e', name='pod ml/triton-0')
     result['system_regions'][0]['holders'] = [dict(pid=7, comm='python', container=dict(name='pod ml/client-0'))]
-    result['system_regions'][1]['holders'] = [dict(pid=8, comm='python'),
-                                              dict(pid=9, comm='python', container=dict(name='pod ml/client-0'))]
+    result['system_regions'][1]['holders'] = [
+        dict(pid=8, comm='python'),
+        dict(pid=9, comm='python', container=dict(name='pod ml/client-0')),
+    ]
     return result
 
 
 def test_every_metric_has_one_help_and_type_line_and_the_prefix():
-    text = metrics.report_text(in_pods(), 'h', URL) + metrics.cleanup_text(dict(status='ok', finished_epoch=5, done={}), 'h', URL)
+    text = metrics.report_text(in_pods(), 'h', URL) + metrics.cleanup_text(
+        dict(status='ok', finished_epoch=5, done={}), 'h', URL
+    )
     for name, metric in metrics.METRICS.items():
         assert name.startswith('tritonops_shm_') and not name.startswith('tritonops_shm_tritonops')
         assert text.count(f'# HELP {name} ') == 1 and text.count(f'# TYPE {name} {metric.type}\n') == 1, name
@@ -117,7 +150,11 @@ def test_a_down_server_is_up_0_and_nothing_else(promtool, result):
     check_metrics(promtool, text)
     s = samples(text)
     del s['_hosts']
-    expected = {'tritonops_shm_up': 0, 'tritonops_shm_server_located': 0, 'tritonops_shm_report_timestamp_seconds': 1000}
+    expected = {
+        'tritonops_shm_up': 0,
+        'tritonops_shm_server_located': 0,
+        'tritonops_shm_report_timestamp_seconds': 1000,
+    }
     assert {k[0]: v for k, v in s.items()} == expected
 
 
@@ -126,56 +163,96 @@ def test_an_unlocated_server_gives_no_state_or_bytes(promtool):
     text = metrics.report_text(info(server=server, shm_fs=None, files=[]), 'gpu1', URL)
     check_metrics(promtool, text)
     names = {k[0] for k in samples(text) if k != '_hosts'}
-    assert names == {'tritonops_shm_up', 'tritonops_shm_server_located', 'tritonops_shm_report_timestamp_seconds',
-                     'tritonops_shm_server_info'}
+    assert names == {
+        'tritonops_shm_up',
+        'tritonops_shm_server_located',
+        'tritonops_shm_report_timestamp_seconds',
+        'tritonops_shm_server_info',
+    }
     assert 'tritonops_shm_server_located{host="gpu1",triton_url="http://127.0.0.1:8000"} 0\n' in text
 
 
 def test_the_region_modules_after_state_is_reported():
-    result = dict(changed=True, unregistered=['dead'], before=info(), after=info(system_regions=[region('a', 'healthy')]))
+    result = dict(
+        changed=True, unregistered=['dead'], before=info(), after=info(system_regions=[region('a', 'healthy')])
+    )
     s = samples(metrics.report_text(result, 'gpu1', URL))
     assert s[('tritonops_shm_regions', frozenset({('state', 'stale')}))] == 0
     assert s[('tritonops_shm_registered_bytes', frozenset())] == MIB
 
 
-@pytest.mark.parametrize('host, url', [
-    ('gpu"1', 'http://h:1/"x"'), ('a\\b', 'http://h:1/\\'), ('line\nbreak', 'http://h:1/\n'), ('中文主机', 'http://[::1]:8000'),
-    ('bad\udcffbyte', URL),
-])
+@pytest.mark.parametrize(
+    'host, url',
+    [
+        ('gpu"1', 'http://h:1/"x"'),
+        ('a\\b', 'http://h:1/\\'),
+        ('line\nbreak', 'http://h:1/\n'),
+        ('中文主机', 'http://[::1]:8000'),
+        ('bad\udcffbyte', URL),
+    ],
+)
 def test_label_values_are_escaped(promtool, host, url):
     text = metrics.report_text(info(), host, url)
     check_metrics(promtool, text)
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
-    assert len([line for line in text.splitlines() if not line.startswith('#')]) == 24   # tritonops_shm_holders_complete included
+    assert (
+        len([line for line in text.splitlines() if not line.startswith('#')]) == 24
+    )  # tritonops_shm_holders_complete included
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
-    first = metrics.cleanup_text(dict(status='ok', finished_epoch=100, done=dict(
-        unregistered=['d1', 'd2'], removed_files=['/dev/shm/d1', '/dev/shm/d2', '/dev/shm/o'], freed_bytes=3 * MIB)), 'gpu1', URL)
+    first = metrics.cleanup_text(
+        dict(
+            status='ok',
+            finished_epoch=100,
+            done=dict(
+                unregistered=['d1', 'd2'],
+                removed_files=['/dev/shm/d1', '/dev/shm/d2', '/dev/shm/o'],
+                freed_bytes=3 * MIB,
+            ),
+        ),
+        'gpu1',
+        URL,
+    )
     check_metrics(promtool, first)
     s = {k[0]: v for k, v in samples(first).items() if k != '_hosts'}
-    assert s == {'tritonops_shm_cleanup_last_run_timestamp_seconds': 100, 'tritonops_shm_cleanup_last_success': 1,
-                 'tritonops_shm_cleanup_last_success_timestamp_seconds': 100,
-                 'tritonops_shm_cleanup_last_unregistered_regions': 2, 'tritonops_shm_cleanup_last_removed_files': 3,
-                 'tritonops_shm_cleanup_last_freed_bytes': 3 * MIB, 'tritonops_shm_cleanup_freed_bytes_total': 3 * MIB}
+    assert s == {
+        'tritonops_shm_cleanup_last_run_timestamp_seconds': 100,
+        'tritonops_shm_cleanup_last_success': 1,
+        'tritonops_shm_cleanup_last_success_timestamp_seconds': 100,
+        'tritonops_shm_cleanup_last_unregistered_regions': 2,
+        'tritonops_shm_cleanup_last_removed_files': 3,
+        'tritonops_shm_cleanup_last_freed_bytes': 3 * MIB,
+        'tritonops_shm_cleanup_freed_bytes_total': 3 * MIB,
+    }
     # a failure part-way that still freed 1 MiB: counted, and the last success time is kept
-    failed = dict(status='failed', finished_epoch=200, error=dict(step='x', msg='y'),
-                  done=dict(unregistered=['d3'], removed_files=['/dev/shm/d3'], freed_bytes=MIB))
+    failed = dict(
+        status='failed',
+        finished_epoch=200,
+        error=dict(step='x', msg='y'),
+        done=dict(unregistered=['d3'], removed_files=['/dev/shm/d3'], freed_bytes=MIB),
+    )
     second = metrics.cleanup_text(failed, 'gpu1', URL, previous=first)
     check_metrics(promtool, second)
     s = {k[0]: v for k, v in samples(second).items() if k != '_hosts'}
     assert s['tritonops_shm_cleanup_last_success'] == 0 and s['tritonops_shm_cleanup_last_run_timestamp_seconds'] == 200
     assert s['tritonops_shm_cleanup_last_success_timestamp_seconds'] == 100
-    assert s['tritonops_shm_cleanup_freed_bytes_total'] == 4 * MIB and s['tritonops_shm_cleanup_last_freed_bytes'] == MIB
+    assert (
+        s['tritonops_shm_cleanup_freed_bytes_total'] == 4 * MIB and s['tritonops_shm_cleanup_last_freed_bytes'] == MIB
+    )
     # an unreadable previous file starts the counter again (Prometheus reads a reset)
     third = metrics.cleanup_text(dict(status='ok', finished_epoch=300, done={}), 'gpu1', URL, previous='garbage {')
     assert 'tritonops_shm_cleanup_freed_bytes_total{host="gpu1",triton_url="http://127.0.0.1:8000"} 0\n' in third
 
 
 def test_one_file_per_host_and_url():
-    names = {metrics.file_name(kind, host, url) for kind in ('report', 'cleanup') for host in ('t1', 't2', 't/1', 't 1')
-             for url in (URL, 'http://127.0.0.1:8001', None)}
+    names = {
+        metrics.file_name(kind, host, url)
+        for kind in ('report', 'cleanup')
+        for host in ('t1', 't2', 't/1', 't 1')
+        for url in (URL, 'http://127.0.0.1:8001', None)
+    }
     assert len(names) == 24
     assert all('/' not in n and ' ' not in n and n.endswith('.prom') for n in names)
     assert metrics.file_name('report', 't1', URL) == metrics.file_name('report', 't1', URL)
@@ -195,15 +272,17 @@ def test_write_is_atomic_and_0644_whatever_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(res.path).st_mode) == 0o644 and (tmp_path / 'x.prom').read_text() == 'a 1\n'
     inode = os.stat(res.path).st_ino
     assert metrics.write_textfile(str(tmp_path), 'x.prom', 'a 2\n').written
-    assert os.stat(res.path).st_ino != inode    # replaced by rename, never rewritten in place
-    assert os.listdir(tmp_path) == ['x.prom']   # no temporary file left
+    assert os.stat(res.path).st_ino != inode  # replaced by rename, never rewritten in place
+    assert os.listdir(tmp_path) == ['x.prom']  # no temporary file left
     assert metrics.read_textfile(str(tmp_path), 'x.prom') == 'a 2\n'
     assert metrics.read_textfile(str(tmp_path), 'missing.prom') is None
 
 
 def test_a_missing_directory_is_a_warning(tmp_path):
     res = metrics.write_textfile(str(tmp_path / 'nope'), 'x.prom', 'a 1\n')
-    assert not res.written and res.warning == f'{tmp_path}/nope does not exist on this host: no metrics written (x.prom)'
+    assert (
+        not res.written and res.warning == f'{tmp_path}/nope does not exist on this host: no metrics written (x.prom)'
+    )
     assert not (tmp_path / 'nope').exists()
 
 
@@ -239,7 +318,10 @@ def test_a_directory_that_cannot_be_written(as_nobody):
     try:
         os.chmod(directory, 0o755)
         res = as_nobody(metrics.write_textfile, directory, 'x.prom', 'a 1\n')
-        assert res[1] is False and res[2] == f'{directory} is not writable (Permission denied): no metrics written (x.prom)'
+        assert (
+            res[1] is False
+            and res[2] == f'{directory} is not writable (Permission denied): no metrics written (x.prom)'
+        )
         assert os.listdir(directory) == []
     finally:
         shutil.rmtree(directory)
@@ -280,10 +362,18 @@ def test_a_url_with_credentials_never_reaches_the_label(tmp_path):
 
 
 def test_pool_bytes_per_model_and_leftover_bytes(promtool):
-    pools = [pool('echo', MIB), pool('echo', 2 * MIB), pool('mirror', 3 * MIB), pool(None, 4 * MIB),
-             pool(None, 5 * MIB, state='leftover'), pool('dead', 6 * MIB, state='leftover')]
+    pools = [
+        pool('echo', MIB),
+        pool('echo', 2 * MIB),
+        pool('mirror', 3 * MIB),
+        pool(None, 4 * MIB),
+        pool(None, 5 * MIB, state='leftover'),
+        pool('dead', 6 * MIB, state='leftover'),
+    ]
     files = [shm_file('l1', 'leftover', 5 * MIB), shm_file('l2', 'leftover', 6 * MIB), shm_file('b', 'backend')]
-    text = metrics.report_text(info(backend_pools=pools, files=files, summary=dict(leftover_bytes=11 * MIB)), 'gpu1', URL)
+    text = metrics.report_text(
+        info(backend_pools=pools, files=files, summary=dict(leftover_bytes=11 * MIB)), 'gpu1', URL
+    )
     check_metrics(promtool, text)
     s = samples(text)
     by_model = {dict(k[1])['model']: v for k, v in s.items() if k[0] == 'tritonops_shm_backend_pool_bytes'}
@@ -306,25 +396,55 @@ def test_the_model_label_is_bounded():
     assert metrics.pool_bytes_by_model(pools[:3]) == [('m000', MIB), ('m001', 2 * MIB), ('m002', 3 * MIB)]
 
 
-@pytest.mark.parametrize('over,value,labels', [
-    (dict(holders_complete=True, pid_namespace='initial', holders_incomplete_reason=None), 1,
-     {'pid_namespace': 'initial', 'reason': ''}),
-    (dict(holders_complete=False, pid_namespace='other',
-          holders_incomplete_reason="the module runs outside the host's initial PID namespace (...)"), 0,
-     {'pid_namespace': 'other', 'reason': 'pid_namespace'}),
-    (dict(holders_complete=False, pid_namespace='initial', unreadable_processes=3, holders_incomplete_reason='3 process(es)'), 0,
-     {'pid_namespace': 'initial', 'reason': 'unreadable_processes'}),
-    (dict(holders_complete=False, pid_namespace='initial', holders_incomplete_reason='shm_dir x is not readable',
-          server=dict(url=URL, version='2.51.0', pid=4242, shm_dir=None)), 0,
-     {'pid_namespace': 'initial', 'reason': 'shm_dir'}),
-    (dict(), 0, {'pid_namespace': '', 'reason': 'unknown'}),
-])
+@pytest.mark.parametrize(
+    'over,value,labels',
+    [
+        (
+            dict(holders_complete=True, pid_namespace='initial', holders_incomplete_reason=None),
+            1,
+            {'pid_namespace': 'initial', 'reason': ''},
+        ),
+        (
+            dict(
+                holders_complete=False,
+                pid_namespace='other',
+                holders_incomplete_reason="the module runs outside the host's initial PID namespace (...)",
+            ),
+            0,
+            {'pid_namespace': 'other', 'reason': 'pid_namespace'},
+        ),
+        (
+            dict(
+                holders_complete=False,
+                pid_namespace='initial',
+                unreadable_processes=3,
+                holders_incomplete_reason='3 process(es)',
+            ),
+            0,
+            {'pid_namespace': 'initial', 'reason': 'unreadable_processes'},
+        ),
+        (
+            dict(
+                holders_complete=False,
+                pid_namespace='initial',
+                holders_incomplete_reason='shm_dir x is not readable',
+                server=dict(url=URL, version='2.51.0', pid=4242, shm_dir=None),
+            ),
+            0,
+            {'pid_namespace': 'initial', 'reason': 'shm_dir'},
+        ),
+        (dict(), 0, {'pid_namespace': '', 'reason': 'unknown'}),
+    ],
+)
 def test_holders_complete_is_a_gauge_with_a_coarse_reason(promtool, over, value, labels):
     """Issue 25 / issue 26 finding 7: an incomplete scan is visible in the metrics, with why (few series: no pids)."""
     text = metrics.report_text(info(**over), 'gpu1', URL)
     check_metrics(promtool, text)
-    got = {dict(k[1])['reason']: (v, dict(k[1])) for k, v in samples(text).items() if k != '_hosts'
-           and k[0] == 'tritonops_shm_holders_complete'}
+    got = {
+        dict(k[1])['reason']: (v, dict(k[1]))
+        for k, v in samples(text).items()
+        if k != '_hosts' and k[0] == 'tritonops_shm_holders_complete'
+    }
     assert got == {labels['reason']: (value, labels)}
 
 
@@ -332,7 +452,10 @@ def test_the_server_and_the_holders_are_named_by_pod_or_container(promtool):
     text = metrics.report_text(in_pods(), 'gpu1', URL)
     check_metrics(promtool, text)
     s = samples(text)
-    key = ('tritonops_shm_server_container_info', frozenset({('container', 'pod ml/triton-0'), ('runtime', 'containerd')}))
+    key = (
+        'tritonops_shm_server_container_info',
+        frozenset({('container', 'pod ml/triton-0'), ('runtime', 'containerd')}),
+    )
     assert s[key] == 1
     # region a (1 MiB) and b (2 MiB) from the client pod, b also from a host process
     assert s[('tritonops_shm_held_bytes', frozenset({('holder', 'pod ml/client-0')}))] == 3 * MIB
@@ -343,7 +466,9 @@ def test_the_server_and_the_holders_are_named_by_pod_or_container(promtool):
 
 
 def test_held_by_is_bounded():
-    regions = [dict(byte_size=i + 1, holders=[dict(pid=i, container=dict(name=f'pod ns/c-{i:02d}'))]) for i in range(30)]
+    regions = [
+        dict(byte_size=i + 1, holders=[dict(pid=i, container=dict(name=f'pod ns/c-{i:02d}'))]) for i in range(30)
+    ]
     held = metrics.held_by(regions)
     assert len(held) == metrics.HELD_BY_MAX
     assert held[0] == ('pod ns/c-29', 30) and held[-1] == ('other', sum(range(1, 22)))

@@ -8,6 +8,7 @@ tritonclient's messages and Triton's status codes. The collection's real clients
 triton_grpc.TritonGrpcClient) and RegionOps talk to them; files live in a real temporary shm
 directory and a real process stands in for tritonserver.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,18 +21,45 @@ pytest.importorskip('tritonclient.grpc.service_pb2')
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.plugins.module_utils import inventory  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (  # noqa: E402
-    CLIENT_SHM_HINT, OVERFLOW_HINT, RESERVED_KEY_HINT, SHM_UNSUPPORTED_HINT,
+    CLIENT_SHM_HINT,
+    OVERFLOW_HINT,
+    RESERVED_KEY_HINT,
+    SHM_UNSUPPORTED_HINT,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (  # noqa: E402
-    ClientShmDisabled, ParameterError, RegionInUse, RegisterOverflow, ReservedKey, Restricted, ShmUnsupported,
+    ClientShmDisabled,
+    ParameterError,
+    RegionInUse,
+    RegisterOverflow,
+    ReservedKey,
+    Restricted,
+    ShmUnsupported,
     TritonError,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (  # noqa: E402
-    CLIENT_SHM_OFF, DEFERRED_LOG, IN_USE, INTERNAL, INVALID_ARG, INVALID_KEY, KIB, OVERFLOW, PREFIX, RESERVED,
-    RESTRICTED_GRPC, RESTRICTED_HTTP, SIZE_MAX, UNSUPPORTED, UNSUPPORTED_CODE, HttpFront, Triton, serve as serve_over,
+    CLIENT_SHM_OFF,
+    DEFERRED_LOG,
+    IN_USE,
+    INTERNAL,
+    INVALID_ARG,
+    INVALID_KEY,
+    KIB,
+    OVERFLOW,
+    PREFIX,
+    RESERVED,
+    RESTRICTED_GRPC,
+    RESTRICTED_HTTP,
+    SIZE_MAX,
+    UNSUPPORTED,
+    UNSUPPORTED_CODE,
+    HttpFront,
+    Triton,
+)
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (
+    serve as serve_over,
 )
 
 CLIENTS = {'http': TritonClient, 'grpc': TritonGrpcClient}
@@ -47,6 +75,7 @@ def serve(request):
         client = CLIENTS[request.param](front.url, timeout=5)
         opened.append((front, client))
         return client
+
     yield start
     for front, client in opened:
         client.close()
@@ -71,10 +100,30 @@ class Clock:
 
 
 def ops(client, shm_dir, pid, **kw) -> tuple[RegionOps, list]:
-    p = dict(state='absent', kind='system', name=[], key=None, offset=0, byte_size=None, create_file=False,
-             raw_handle=None, device_id=None, stale=False, all=False, orphan_files=False, orphan_patterns=[],
-             min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=pid, shm_dir=shm_dir,
-             reserved=False, backend_patterns=None, inventory=False)
+    p = dict(
+        state='absent',
+        kind='system',
+        name=[],
+        key=None,
+        offset=0,
+        byte_size=None,
+        create_file=False,
+        raw_handle=None,
+        device_id=None,
+        stale=False,
+        all=False,
+        orphan_files=False,
+        orphan_patterns=[],
+        min_age=300,
+        exclude=[],
+        remove_file=True,
+        in_use_timeout=10,
+        server_pid=pid,
+        shm_dir=shm_dir,
+        reserved=False,
+        backend_patterns=None,
+        inventory=False,
+    )
     p.update(kw)
     warnings: list = []
     clock = Clock()
@@ -106,12 +155,13 @@ def transport_code(client, codes: tuple) -> int | str:
 
 # -- 2.50: in use, refused, retried ------------------------------------------------------------------
 
+
 def test_2_50_in_use_is_retried_then_unregistered(serve, shm, server_proc):
     model = Triton('2.50.0')
     client = serve(model)
     make_file(shm, 'busy')
     listed(model, 'busy')
-    model.in_flight['busy'] = 2      # refused twice, then the requests are done
+    model.in_flight['busy'] = 2  # refused twice, then the requests are done
     res = run(client, shm, server_proc.pid, name=['busy'])
     assert res['unregistered'] == ['busy'] and res['pending'] == [] and os.listdir(shm) == []
     assert model.calls.count('unregister') == 3
@@ -129,17 +179,18 @@ def test_2_50_in_use_past_the_timeout_is_skipped_with_the_servers_reason(serve, 
     res = run(client, shm, server_proc.pid, name=['busy'], in_use_timeout=1)
     assert res['unregistered'] == [] and res['pending'] == [] and os.listdir(shm) == ['busy']
     skipped = {s.get('name'): s['reason'] for s in res['skipped_items']}
-    assert skipped['busy'] == f"still in use after 1s (requests in flight): {IN_USE.format('busy')}"
+    assert skipped['busy'] == f'still in use after 1s (requests in flight): {IN_USE.format("busy")}'
 
 
 # -- 2.53: deferred unregister ----------------------------------------------------------------------
+
 
 def test_2_53_deferred_unregister_waits_then_removes_the_file(serve, shm, server_proc):
     model = Triton('2.53.0')
     client = serve(model)
     path = make_file(shm, 'busy')
     listed(model, 'busy')
-    model.in_flight['busy'] = 3      # listed for three more status reads after the unregister
+    model.in_flight['busy'] = 3  # listed for three more status reads after the unregister
     res = run(client, shm, server_proc.pid, name=['busy'])
     assert model.log == [DEFERRED_LOG.format('busy')], 'the server deferred it: its only trace is the log line'
     assert res['unregistered'] == ['busy'] and res['pending'] == [] and res['removed_files'] == [path]
@@ -151,7 +202,7 @@ def test_2_53_deferred_past_the_timeout_is_pending_and_its_file_kept(serve, shm,
     client = serve(model)
     path = make_file(shm, 'busy')
     listed(model, 'busy')
-    model.in_flight['busy'] = -1     # requests that outlast in_use_timeout
+    model.in_flight['busy'] = -1  # requests that outlast in_use_timeout
     res = run(client, shm, server_proc.pid, name=['busy'], in_use_timeout=2)
     assert res['pending'] == ['busy'] and res['unregistered'] == [] and res['changed'] is True
     assert res['removed_files'] == [] and os.listdir(shm) == ['busy'], 'never unlinked while listed'
@@ -168,6 +219,7 @@ def test_2_53_deferred_past_the_timeout_is_pending_and_its_file_kept(serve, shm,
 
 
 # -- 2.58: integer overflow ------------------------------------------------------------------------
+
 
 def test_2_58_integer_overflow_is_its_own_clear_error(serve):
     model = Triton('2.58.0')
@@ -189,11 +241,15 @@ def test_before_2_58_the_same_register_is_not_an_overflow_error(serve):
 
 # -- 2.60 / 2.61: reserved prefix and invalid keys --------------------------------------------------
 
-@pytest.mark.parametrize('version, key, text', [
-    ('2.60.0', f'{PREFIX}x', RESERVED),        # 2.60 compares the key as given: '/triton_python_…' passes there
-    ('2.61.0', f'///{PREFIX}x', RESERVED),     # 2.61 strips leading slashes before the check
-    ('2.61.0', '///', INVALID_KEY),
-])
+
+@pytest.mark.parametrize(
+    'version, key, text',
+    [
+        ('2.60.0', f'{PREFIX}x', RESERVED),  # 2.60 compares the key as given: '/triton_python_…' passes there
+        ('2.61.0', f'///{PREFIX}x', RESERVED),  # 2.61 strips leading slashes before the check
+        ('2.61.0', '///', INVALID_KEY),
+    ],
+)
 def test_the_servers_own_key_refusals_are_classified(serve, version, key, text):
     model = Triton(version)
     client = serve(model)
@@ -204,14 +260,20 @@ def test_the_servers_own_key_refusals_are_classified(serve, version, key, text):
     assert err.value.msg.endswith(f'; {RESERVED_KEY_HINT}')
 
 
-@pytest.mark.parametrize('key, why', [
-    (f'/{PREFIX}x', 'Triton 2.60 and later refuse it as a reserved prefix'),
-    (f'{PREFIX}x', 'Triton 2.60 and later refuse it as a reserved prefix'),
-    (f'//{PREFIX}x', 'Triton 2.60 and later refuse it as a reserved prefix, 2.61 and later also after leading slashes'),
-    ('/', "Triton 2.61 and later refuse it: '... - invalid shm key '/''"),
-    ('////', "Triton 2.61 and later refuse it: '... - invalid shm key '////''"),
-    ('/triton_vllm_backend_shm_region_0f3a', "a Python-based backend's files (here the vllm backend's)"),
-])
+@pytest.mark.parametrize(
+    'key, why',
+    [
+        (f'/{PREFIX}x', 'Triton 2.60 and later refuse it as a reserved prefix'),
+        (f'{PREFIX}x', 'Triton 2.60 and later refuse it as a reserved prefix'),
+        (
+            f'//{PREFIX}x',
+            'Triton 2.60 and later refuse it as a reserved prefix, 2.61 and later also after leading slashes',
+        ),
+        ('/', "Triton 2.61 and later refuse it: '... - invalid shm key '/''"),
+        ('////', "Triton 2.61 and later refuse it: '... - invalid shm key '////''"),
+        ('/triton_vllm_backend_shm_region_0f3a', "a Python-based backend's files (here the vllm backend's)"),
+    ],
+)
 def test_reserved_and_invalid_keys_are_refused_before_the_server_is_called(serve, shm, server_proc, key, why):
     model = Triton('2.61.0')
     client = serve(model)
@@ -222,6 +284,7 @@ def test_reserved_and_invalid_keys_are_refused_before_the_server_is_called(serve
 
 
 # -- 2.68: client shared memory off ----------------------------------------------------------------
+
 
 def test_2_68_client_shm_off_is_one_clear_error_on_both_codes_and_status_still_works(serve, shm, server_proc):
     model = Triton('2.68.0', client_shm=False)
@@ -251,6 +314,7 @@ def test_2_68_with_the_flag_registers(serve):
 
 # -- 2.73: tritonfrontend, no shared memory at all ---------------------------------------------------
 
+
 @pytest.fixture
 def http_only(request):
     front = []
@@ -259,6 +323,7 @@ def http_only(request):
         f = HttpFront(model)
         front.append(f)
         return TritonClient(f.url, timeout=5)
+
     yield start
     for f in front:
         f.close()
@@ -287,7 +352,9 @@ def test_2_73_frontend_info_reports_instead_of_failing(http_only, shm, server_pr
     result = inventory.info_result(snap, inventory.classify(snap, inventory.Criteria.of(['*'], min_age=0)))
     assert result['server']['shm_unsupported'].endswith(f'{UNSUPPORTED}; {SHM_UNSUPPORTED_HINT}')
     assert result['system_regions'] == [] and result['server']['version'] == '2.73.0'
-    assert [(f['name'], f['category']) for f in result['files']] == [('client_1', 'foreign')], 'nothing is called orphan'
+    assert [(f['name'], f['category']) for f in result['files']] == [('client_1', 'foreign')], (
+        'nothing is called orphan'
+    )
     assert any(UNSUPPORTED in w and 'no file is called orphan' in w for w in snap.warnings)
     with pytest.raises(ShmUnsupported):
         inventory.read_server(client, server_pid=server_proc.pid, shm_dir=shm)
@@ -302,15 +369,16 @@ def test_older_servers_answer_none_of_these(serve, shm, server_proc):
     assert sorted(model.regions) == ['a', 'b']
     with pytest.raises(TritonError) as err:
         client.register_system('a', '/a', 0, KIB)
-    assert err.type is TritonError and 'already in manager' in err.value.msg   # no subclass: a plain refusal
+    assert err.type is TritonError and 'already in manager' in err.value.msg  # no subclass: a plain refusal
 
 
 # -- restricted APIs: --http-restricted-api / --grpc-restricted-protocol=shared-memory:KEY=VALUE ------------------
 
+
 def test_a_restricted_shm_api_refuses_without_its_header_and_answers_with_it(serve):
     model = Triton('2.51.0', restricted=('admin-key', 's3cret'))
     client = serve(model)
-    header, value = model.restriction(client.transport)     # gRPC: 'triton-grpc-protocol-admin-key'
+    header, value = model.restriction(client.transport)  # gRPC: 'triton-grpc-protocol-admin-key'
     with pytest.raises(TritonError) as err:
         client.status('system')
     text = (RESTRICTED_HTTP if client.transport == 'http' else RESTRICTED_GRPC).format(header)

@@ -1,4 +1,5 @@
 """Unit tests for module_utils/patterns.py: the one pattern test of the modules and the role's filters."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,14 +7,17 @@ import pytest
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import literal, matches
 
 
-@pytest.mark.parametrize('name, patterns, expected', [
-    ('warm_1', ['warm_*'], True),
-    ('Warm_1', ['warm_*'], False),     # case-sensitive, as Triton names are
-    ('a', [], False),
-    ('a', None, False),
-    ('b', ['a', 'b'], True),
-    ('x?', ['x[?]'], True),
-])
+@pytest.mark.parametrize(
+    'name, patterns, expected',
+    [
+        ('warm_1', ['warm_*'], True),
+        ('Warm_1', ['warm_*'], False),  # case-sensitive, as Triton names are
+        ('a', [], False),
+        ('a', None, False),
+        ('b', ['a', 'b'], True),
+        ('x?', ['x[?]'], True),
+    ],
+)
 def test_matches(name, patterns, expected):
     assert matches(name, patterns) is expected
 

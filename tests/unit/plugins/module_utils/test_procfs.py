@@ -3,6 +3,7 @@
 The processes, sockets and files are real (this test process and children it starts, stopped by
 pid); only the clock of the backoff tests is a fake, so that a 600 s budget takes no time.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,18 +13,17 @@ import sys
 import textwrap
 
 import pytest
+from test_region_ops import FakeClock
 
 from ansible_collections.tritonops.shm.plugins.module_utils import procfs
 
-from test_region_ops import FakeClock
-
 # prints READY and waits, its comm set by prctl (as tritonserver's is its own name)
-NAMED = textwrap.dedent('''
+NAMED = textwrap.dedent("""
     import ctypes, sys, time
     ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
     print('READY', flush=True)
     time.sleep(600)
-''')
+""")
 
 
 @pytest.fixture
@@ -35,6 +35,7 @@ def named():
         procs.append(proc)
         assert proc.stdout.readline().strip() == 'READY'
         return proc
+
     yield start
     for proc in procs:
         proc.kill()
@@ -49,6 +50,7 @@ def _gone_pid():
 
 
 # -- pids and names ---------------------------------------------------------------------------------
+
 
 def test_list_pids_lists_live_processes_and_nothing_else(named):
     child = named('procfs-child')
@@ -81,6 +83,7 @@ def test_read_comm_of_a_gone_process_is_none():
 
 # -- whole files -------------------------------------------------------------------------------------
 
+
 def test_read_bytes_reads_a_proc_seq_file_to_its_end():
     """A seq_file read returns one buffer at a time: every read up to EOF is needed."""
     with open('/proc/self/mountinfo', 'rb') as f:
@@ -105,6 +108,7 @@ def test_read_bytes_raises_what_open_raises(tmp_path):
 
 
 # -- sockets and network namespaces -----------------------------------------------------------------
+
 
 def test_socket_inodes_are_the_inodes_of_the_sockets_a_process_has_open(tmp_path):
     with socket.socket() as sock, open(tmp_path / 'f', 'w'):
@@ -141,6 +145,7 @@ def test_netns_inode_is_the_network_namespace_of_a_process(named):
 
 
 # -- the one retry loop ------------------------------------------------------------------------------
+
 
 def _waits(backoff):
     while backoff.wait():
@@ -189,6 +194,6 @@ def test_backoff_budget_counts_time_spent_outside_its_sleeps():
     clock = FakeClock()
     backoff = procfs.Backoff(timeout=1.0, sleep=clock.sleep, clock=clock.clock)
     assert backoff.wait() is True
-    clock.now += 0.9   # the work between two tries took most of the budget
+    clock.now += 0.9  # the work between two tries took most of the budget
     assert backoff.wait() is False
     assert clock.sleeps == [0.05]

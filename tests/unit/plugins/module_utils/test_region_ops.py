@@ -5,6 +5,7 @@ the real /proc scan, and the "server process" is a real child process. Only the 
 HTTP API is a fake, for the error paths a real server cannot produce on demand
 (refusals part-way, "in use" every time, a region re-appearing between plan and unlink).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -16,10 +17,21 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, region_plan, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import (
+    holders,
+    inventory,
+    procfs,
+    region_plan,
+    runlock,
+    shm_fs,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ParameterError,
+    RegionInUse,
+    ServerNotFound,
+    TritonError,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, RegionInUse, ServerNotFound, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
@@ -34,20 +46,29 @@ class FakeTriton:
     port = 9
     base = 'http://127.0.0.1:9'
 
-    def __init__(self, shm_dir, regions=(), in_use=None, fail_unregister_at=None, refuse_register=(),
-                 on_unregister=None, cuda=(), cuda_handles=None):
+    def __init__(
+        self,
+        shm_dir,
+        regions=(),
+        in_use=None,
+        fail_unregister_at=None,
+        refuse_register=(),
+        on_unregister=None,
+        cuda=(),
+        cuda_handles=None,
+    ):
         self.shm_dir = shm_dir
-        self.cuda_handles = cuda_handles   # {name: raw_handle}: when given, CUDA registers are accepted (never listed)
+        self.cuda_handles = cuda_handles  # {name: raw_handle}: when given, CUDA registers are accepted (never listed)
         self.regions = {r['name']: dict(r) for r in regions}
         self.cuda = {r['name']: dict(r) for r in cuda}
-        self.in_use = dict(in_use or {})            # name -> refusals left (-1: always)
+        self.in_use = dict(in_use or {})  # name -> refusals left (-1: always)
         self.fail_unregister_at = fail_unregister_at  # the Nth unregister call fails (connection lost)
-        self.refuse_register = set(refuse_register)   # (name, byte_size) the server refuses
+        self.refuse_register = set(refuse_register)  # (name, byte_size) the server refuses
         self.on_unregister = on_unregister
         self.calls = []
         self.unregister_calls = 0
 
-    unaddressable = staticmethod(TritonClient.unaddressable)   # the names HTTP cannot carry, as over HTTP
+    unaddressable = staticmethod(TritonClient.unaddressable)  # the names HTTP cannot carry, as over HTTP
 
     def server_metadata(self):
         self.calls.append(('metadata',))
@@ -67,27 +88,41 @@ class FakeTriton:
         key = regions.get(name, {}).get('key')
         self.calls.append(('unregister', kind, name, self._file_exists(key) if key else None))
         if self.fail_unregister_at is not None and self.unregister_calls >= self.fail_unregister_at:
-            raise TritonError(f"unregister {kind} region '{name}' at {self.base}: cannot connect to Triton (refused or unreachable)",
-                              url=self.base)
+            raise TritonError(
+                f"unregister {kind} region '{name}' at {self.base}: cannot connect to Triton (refused or unreachable)",
+                url=self.base,
+            )
         left = self.in_use.get(name, 0)
         if left:
             self.in_use[name] = left - 1 if left > 0 else left
-            raise RegionInUse(f"unregister {kind} region '{name}' at {self.base}: HTTP 500: {IN_USE % name}",
-                              url=self.base, status=500, server_error=IN_USE % name)
+            raise RegionInUse(
+                f"unregister {kind} region '{name}' at {self.base}: HTTP 500: {IN_USE % name}",
+                url=self.base,
+                status=500,
+                server_error=IN_USE % name,
+            )
         regions.pop(name, None)
         if self.on_unregister:
             self.on_unregister(name)
 
     def register_system(self, name, key, offset, byte_size):
         self.calls.append(('register', 'system', name, key, offset, byte_size))
-        if any(r['key'] == key for r in self.regions.values()):   # Triton 2.51: one region per key
+        if any(r['key'] == key for r in self.regions.values()):  # Triton 2.51: one region per key
             msg = f"failed to register shared memory region '{name}': invalid args"
-            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
-                              url=self.base, status=400, server_error=msg)
+            raise TritonError(
+                f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
+                url=self.base,
+                status=400,
+                server_error=msg,
+            )
         if (name, byte_size) in self.refuse_register or not self._file_exists(key):
             msg = f"Unable to open shared memory region: '{key}'"
-            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 500: {msg}",
-                              url=self.base, status=500, server_error=msg)
+            raise TritonError(
+                f"register system region '{name}' at {self.base}: HTTP 500: {msg}",
+                url=self.base,
+                status=500,
+                server_error=msg,
+            )
         self.regions[name] = dict(name=name, key=key, offset=offset, byte_size=byte_size)
 
     def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
@@ -97,8 +132,12 @@ class FakeTriton:
             self.cuda_handles[name] = raw_handle_b64
             return
         msg = 'failed to register shared memory region: invalid args'
-        raise TritonError(f"register cuda region '{name}' at {self.base}: HTTP 400: {msg}",
-                          url=self.base, status=400, server_error=msg)
+        raise TritonError(
+            f"register cuda region '{name}' at {self.base}: HTTP 400: {msg}",
+            url=self.base,
+            status=400,
+            server_error=msg,
+        )
 
     def actions(self):
         return [c for c in self.calls if c[0] in ('register', 'unregister')]
@@ -139,10 +178,30 @@ def region(name, key=None, byte_size=64 * KIB, offset=0):
 
 
 def params(shm_dir, pid, **kw):
-    p = dict(state='absent', kind='system', name=[], key=None, offset=0, byte_size=None, create_file=False,
-             raw_handle=None, device_id=None, stale=False, all=False, orphan_files=False, orphan_patterns=[],
-             min_age=300, exclude=[], remove_file=True, in_use_timeout=10, server_pid=pid, shm_dir=shm_dir,
-             reserved=False, backend_patterns=list(shm_fs.BACKEND_PATTERNS), inventory=False)
+    p = dict(
+        state='absent',
+        kind='system',
+        name=[],
+        key=None,
+        offset=0,
+        byte_size=None,
+        create_file=False,
+        raw_handle=None,
+        device_id=None,
+        stale=False,
+        all=False,
+        orphan_files=False,
+        orphan_patterns=[],
+        min_age=300,
+        exclude=[],
+        remove_file=True,
+        in_use_timeout=10,
+        server_pid=pid,
+        shm_dir=shm_dir,
+        reserved=False,
+        backend_patterns=list(shm_fs.BACKEND_PATTERNS),
+        inventory=False,
+    )
     p.update(kw)
     return p
 
@@ -151,8 +210,15 @@ def run(client, shm_dir, pid, check_mode=False, clock=None, serialise=False, **k
     """One module run, as triton_shm_region does it: the result from RegionOps.result(), the diff, the warnings."""
     warnings = []
     clock = clock or FakeClock()
-    ops = RegionOps(client, params(shm_dir, pid, **kw), check_mode=check_mode, warn=warnings.append,
-                    sleep=clock.sleep, clock=clock.clock, serialise=serialise)
+    ops = RegionOps(
+        client,
+        params(shm_dir, pid, **kw),
+        check_mode=check_mode,
+        warn=warnings.append,
+        sleep=clock.sleep,
+        clock=clock.clock,
+        serialise=serialise,
+    )
     try:
         ops.run()
         result = ops.result(diff=True)
@@ -175,6 +241,7 @@ def reasons(result, key):
 
 
 # -- the ordinary path ----------------------------------------------------------------------------
+
 
 def test_stale_regions_are_unregistered_first_then_their_files_removed(shm, server_proc):
     paths = [make_file(shm, 'a'), make_file(shm, 'b')]
@@ -203,7 +270,7 @@ def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc):
     assert res['unregistered'] == ['a']
     assert sorted(os.path.basename(p) for p in res['removed_files']) == ['a', 'old_orphan']
     assert res['freed_bytes'] >= 2 * 64 * KIB
-    assert res['regions'] == []    # predicted
+    assert res['regions'] == []  # predicted
     assert fake.actions() == []
     assert snapshot(shm) == before
     assert res['shm_used_bytes_after'] == res['shm_used_bytes_before']
@@ -266,12 +333,13 @@ def test_a_file_shared_by_a_region_that_stays_is_kept(shm, server_proc):
 
 # -- invariant 1: a held file is never unlinked ---------------------------------------------------
 
+
 @pytest.mark.parametrize('selector', [dict(stale=True), dict(name=['live']), dict(all=True)])
 def test_a_live_clients_file_survives(shm, server_proc, selector):
     path = make_file(shm, 'live')
     fake = FakeTriton(shm, regions=[region('live')])
     with open(path, 'r+b') as f:
-        m = mmap.mmap(f.fileno(), 0)   # this test process is the live client
+        m = mmap.mmap(f.fileno(), 0)  # this test process is the live client
         try:
             res = run(fake, shm, server_proc.pid, **selector)
         finally:
@@ -279,7 +347,7 @@ def test_a_live_clients_file_survives(shm, server_proc, selector):
     assert os.path.exists(path)
     assert res['removed_files'] == []
     if 'stale' in selector:
-        assert res['changed'] is False and 'live' in fake.regions   # healthy: not selected at all
+        assert res['changed'] is False and 'live' in fake.regions  # healthy: not selected at all
     else:
         # the operator asked: unregistered, but the file is kept, said so and warned about
         assert res['unregistered'] == ['live']
@@ -288,6 +356,7 @@ def test_a_live_clients_file_survives(shm, server_proc, selector):
 
 
 # -- invariant 2 and 10: in use -------------------------------------------------------------------
+
 
 def test_in_use_is_retried_with_backoff_until_it_succeeds(shm, server_proc):
     make_file(shm, 'busy')
@@ -326,14 +395,16 @@ def test_in_use_timeout_zero_tries_once(shm, server_proc):
 # -- invariant 3: holders re-checked right before the unlink --------------------------------------
 # (with inventory=true the re-check is a full read of the server, which is also the state returned after)
 
+
 @pytest.mark.parametrize('inventory', [False, True])
 def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc, inventory):
     path = make_file(shm, 'a')
     maps = []
 
-    def attach(name):   # a client maps the file between the plan and the unlink
+    def attach(name):  # a client maps the file between the plan and the unlink
         with open(path, 'r+b') as f:
             maps.append(mmap.mmap(f.fileno(), 0))
+
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=attach)
     try:
         res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
@@ -355,12 +426,13 @@ def test_a_client_appearing_after_the_plan_keeps_the_file(shm, server_proc, inve
 def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_proc, inventory):
     path = make_file(shm, 'a')
     procs = []
-    holder = 'import mmap, sys, time\nf = open(sys.argv[1], "r+b")\nm = mmap.mmap(f.fileno(), 0)\nprint("up", flush=True)\ntime.sleep(60)\n'
+    holder = 'import mmap, sys, time\nf = open(sys.argv[1], "r+b")\nm = mmap.mmap(f.fileno(), 0)\nprint("up", flush=True)\ntime.sleep(60)\n'  # noqa: E501
 
     def attach(name):
         p = subprocess.Popen([sys.executable, '-c', holder, path], stdout=subprocess.PIPE, text=True)
         procs.append(p)
         assert p.stdout.readline().strip() == 'up'
+
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=attach)
     try:
         res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
@@ -374,6 +446,7 @@ def test_a_client_process_appearing_after_the_plan_keeps_the_file(shm, server_pr
 
 # -- invariant 4: inside the directory, no symlinks, regular files only ---------------------------
 
+
 @pytest.mark.parametrize('inventory', [False, True])
 def test_a_file_replaced_by_a_symlink_after_the_plan_is_not_followed(shm, server_proc, tmp_path, inventory):
     path = make_file(shm, 'a')
@@ -383,6 +456,7 @@ def test_a_file_replaced_by_a_symlink_after_the_plan_is_not_followed(shm, server
     def swap(name):
         os.unlink(path)
         os.symlink(str(target), path)
+
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=swap)
     res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
     assert res['removed_files'] == []
@@ -395,8 +469,9 @@ def test_a_file_replaced_by_a_symlink_after_the_plan_is_not_followed(shm, server
 def test_a_file_replaced_by_another_file_after_the_plan_is_kept(shm, server_proc, inventory):
     path = make_file(shm, 'a')
 
-    def swap(name):   # a client recreates the file (a new inode, renamed into place)
+    def swap(name):  # a client recreates the file (a new inode, renamed into place)
         os.rename(make_file(shm, 'a.new', size=KIB), path)
+
     fake = FakeTriton(shm, regions=[region('a')], on_unregister=swap)
     res = run(fake, shm, server_proc.pid, stale=True, inventory=inventory)
     assert os.path.exists(path) and 'replaced since it was checked' in reasons(res, 'path')[path]
@@ -415,21 +490,24 @@ def test_a_non_regular_backing_path_is_never_removed(shm, server_proc, tmp_path,
         os.mkdir(path)
     fake = FakeTriton(shm, regions=[region('odd')])
     res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0)
-    assert res['unregistered'] == []            # its state is unknown: never stale
+    assert res['unregistered'] == []  # its state is unknown: never stale
     res = run(fake, shm, server_proc.pid, all=True, orphan_files=True, orphan_patterns=['*'], min_age=0)
     assert res['unregistered'] == ['odd'] and res['removed_files'] == []
     assert 'not a regular file' in reasons(res, 'path')[path]
     assert os.path.lexists(path) and target.read_bytes() == b'x' * 100
 
 
-@pytest.mark.parametrize('key,why', [
-    ('/../etc/passwd', 'one path component'),
-    ('/..', 'outside the shm directory'),
-    ('/a/b', 'one path component'),
-    ('no_slash', 'must start with "/"'),
-    ('/nul\x00byte', 'NUL'),
-    ('/', 'one path component'),
-])
+@pytest.mark.parametrize(
+    'key,why',
+    [
+        ('/../etc/passwd', 'one path component'),
+        ('/..', 'outside the shm directory'),
+        ('/a/b', 'one path component'),
+        ('no_slash', 'must start with "/"'),
+        ('/nul\x00byte', 'NUL'),
+        ('/', 'one path component'),
+    ],
+)
 def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why):
     fake = FakeTriton(shm)
     before = snapshot(shm)
@@ -439,6 +517,7 @@ def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why)
 
 
 # -- invariant 5: backend and foreign files, orphans by pattern and age ---------------------------
+
 
 def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc):
     backend = make_file(shm, shm_fs.BACKEND_PREFIX + 'abc', age=3600)
@@ -455,7 +534,7 @@ def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc):
             res = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['client_input_*'], min_age=300)
             assert res['removed_files'] == [old]
             res_all = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['*'], min_age=300)
-            rerun = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=["*"], min_age=300)
+            rerun = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['*'], min_age=300)
         finally:
             m.close()
     # even "*" never takes the backend file, a young file, a held file, a FIFO or a directory
@@ -469,6 +548,7 @@ def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc):
 
 # -- invariant 6: incomplete holders --------------------------------------------------------------
 
+
 @pytest.mark.parametrize('inventory', [False, True])
 def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_proc, monkeypatch, inventory):
     real = holders.scan
@@ -477,21 +557,27 @@ def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_pr
         result = real(targets, **kwargs)
         result.unreadable = [4242]
         return result
+
     monkeypatch.setattr(holders, 'scan', incomplete)
     path = make_file(shm, 'a', age=3600)
     orphan = make_file(shm, 'client_input_0', age=3600)
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
-    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory)
+    res = run(
+        fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory
+    )
     assert res['changed'] is False and fake.actions() == [] and snapshot(shm) == before
     assert any('holders are incomplete' in w for w in res['warnings'])
-    res = run(fake, shm, server_proc.pid, name=['a'], orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory)
-    assert res['unregistered'] == ['a']       # named: the operator asked
+    res = run(
+        fake, shm, server_proc.pid, name=['a'], orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory
+    )
+    assert res['unregistered'] == ['a']  # named: the operator asked
     assert reasons(res, 'path') == {path: 'holders could not be fully determined'}
     assert os.path.exists(path) and os.path.exists(orphan)
 
 
 # -- invariant 6: the visibility rule (issue 25) ---------------------------------------------------
+
 
 @pytest.fixture
 def other_pid_namespace(monkeypatch):
@@ -501,13 +587,16 @@ def other_pid_namespace(monkeypatch):
 
 @pytest.mark.parametrize('inventory', [False, True])
 def test_outside_the_initial_pid_namespace_nothing_is_stale_and_nothing_removed(
-        shm, server_proc, other_pid_namespace, inventory):
+    shm, server_proc, other_pid_namespace, inventory
+):
     """Issue 25: a client in another container is invisible here: its live region must not look stale."""
     path = make_file(shm, 'a', age=3600)
     orphan = make_file(shm, 'client_input_0', age=3600)
     fake = FakeTriton(shm, regions=[region('a'), region('gone', key='/gone')])
     before = snapshot(shm)
-    res = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory)
+    res = run(
+        fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0, inventory=inventory
+    )
     assert res['changed'] is False and fake.actions() == [] and snapshot(shm) == before
     assert res['holders_complete'] is False and res['pid_namespace'] == 'other'
     assert 'a test namespace' in res['holders_incomplete_reason']
@@ -522,25 +611,43 @@ def test_outside_the_initial_pid_namespace_the_option_makes_the_scan_complete(sh
     fake = FakeTriton(shm, regions=[region('a')])
     res = run(fake, shm, server_proc.pid, stale=True, clients_share_pid_namespace=True)
     assert res['unregistered'] == ['a'] and res['removed_files'] == [path]
-    assert res['holders_complete'] is True and res['holders_incomplete_reason'] is None and res['pid_namespace'] == 'other'
+    assert (
+        res['holders_complete'] is True and res['holders_incomplete_reason'] is None and res['pid_namespace'] == 'other'
+    )
 
 
 def test_in_the_initial_pid_namespace_the_result_says_so(shm, server_proc):
     make_file(shm, 'a')
     fake = FakeTriton(shm, regions=[region('a')])
     res = run(fake, shm, server_proc.pid, stale=True, check_mode=True)
-    assert res['pid_namespace'] == 'initial' and res['holders_complete'] is True and res['holders_incomplete_reason'] is None
+    assert (
+        res['pid_namespace'] == 'initial'
+        and res['holders_complete'] is True
+        and res['holders_incomplete_reason'] is None
+    )
 
 
 # -- invariant 6: a server that cannot be found ---------------------------------------------------
 
-@pytest.mark.parametrize('selector,shm_given,what', [
-    (dict(stale=True), True, 'stale cleanup needs the tritonserver process behind http://127.0.0.1:9 and its shm directory, '
-                             'and the process was not found: '),
-    (dict(stale=True), False, 'stale cleanup needs'),
-    (dict(orphan_files=True, orphan_patterns=['*'], min_age=0), False, 'orphan_files cleanup needs'),
-    (dict(stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0), False, 'stale and orphan_files cleanup needs'),
-])
+
+@pytest.mark.parametrize(
+    'selector,shm_given,what',
+    [
+        (
+            dict(stale=True),
+            True,
+            'stale cleanup needs the tritonserver process behind http://127.0.0.1:9 and its shm directory, '
+            'and the process was not found: ',
+        ),
+        (dict(stale=True), False, 'stale cleanup needs'),
+        (dict(orphan_files=True, orphan_patterns=['*'], min_age=0), False, 'orphan_files cleanup needs'),
+        (
+            dict(stale=True, orphan_files=True, orphan_patterns=['*'], min_age=0),
+            False,
+            'stale and orphan_files cleanup needs',
+        ),
+    ],
+)
 def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, selector, shm_given, what):
     """Nothing listens on the fake's port 9: discovery fails, and a silent no-op would report 'ok'."""
     make_file(shm, 'a', age=3600)
@@ -550,7 +657,9 @@ def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, s
     with pytest.raises(ServerNotFound) as err:
         run(fake, shm if shm_given else None, None, **selector)
     assert what in str(err.value)
-    assert 'cannot open a TCP connection to 127.0.0.1:9' in str(err.value) and 'set server_pid or shm_dir' in str(err.value)
+    assert 'cannot open a TCP connection to 127.0.0.1:9' in str(err.value) and 'set server_pid or shm_dir' in str(
+        err.value
+    )
     assert fake.actions() == [] and snapshot(shm) == before
 
 
@@ -563,6 +672,7 @@ def test_orphan_cleanup_with_shm_dir_but_no_server_still_works(shm):
 
 
 # -- invariant 8: a failure part-way --------------------------------------------------------------
+
 
 def test_a_failure_part_way_reports_what_was_done_and_a_rerun_converges(shm, server_proc):
     names = [f'r{i}' for i in range(6)]
@@ -595,17 +705,36 @@ def test_a_failure_before_anything_is_done_is_not_changed(shm, server_proc):
 
 # -- present ---------------------------------------------------------------------------------------
 
+
 def test_present_creates_the_file_exclusively_and_is_idempotent(shm, server_proc):
     fake = FakeTriton(shm)
-    res = run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', offset=KIB, byte_size=4 * KIB,
-              create_file=True)
+    res = run(
+        fake,
+        shm,
+        server_proc.pid,
+        state='present',
+        name=['in0'],
+        key='/in0',
+        offset=KIB,
+        byte_size=4 * KIB,
+        create_file=True,
+    )
     path = os.path.join(shm, 'in0')
     assert res['changed'] is True and res['registered'] == ['in0'] and res['created_files'] == [path]
     st = os.lstat(path)
     assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 5 * KIB
     assert [r['name'] for r in res['regions']] == ['in0']
-    again = run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', offset=KIB, byte_size=4 * KIB,
-                create_file=True)
+    again = run(
+        fake,
+        shm,
+        server_proc.pid,
+        state='present',
+        name=['in0'],
+        key='/in0',
+        offset=KIB,
+        byte_size=4 * KIB,
+        create_file=True,
+    )
     assert again['changed'] is False and again['created_files'] == [] and os.lstat(path).st_ino == st.st_ino
 
 
@@ -622,8 +751,11 @@ def test_present_changed_spec_re_registers_with_diff(shm, server_proc):
 def test_a_refused_re_register_restores_the_previous_spec(shm, server_proc):
     make_file(shm, 'in0', size=8 * KIB)
     fake = FakeTriton(shm, regions=[region('in0', byte_size=4 * KIB)], refuse_register={('in0', 8 * KIB)})
-    ops = RegionOps(fake, params(shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=8 * KIB),
-                    warn=lambda m: None)
+    ops = RegionOps(
+        fake,
+        params(shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=8 * KIB),
+        warn=lambda m: None,
+    )
     with pytest.raises(TritonError, match='previous spec was registered again'):
         ops.present()
     assert fake.regions['in0'] == region('in0', byte_size=4 * KIB)
@@ -632,31 +764,52 @@ def test_a_refused_re_register_restores_the_previous_spec(shm, server_proc):
 
 def test_a_refused_register_takes_back_the_file_it_created(shm, server_proc):
     fake = FakeTriton(shm, refuse_register={('in0', KIB)})
-    ops = RegionOps(fake, params(shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=KIB,
-                                 create_file=True), warn=lambda m: None)
+    ops = RegionOps(
+        fake,
+        params(shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=KIB, create_file=True),
+        warn=lambda m: None,
+    )
     with pytest.raises(TritonError, match='Unable to open'):
         ops.present()
-    assert os.listdir(shm) == [] and ops.result(finished=False)['created_files'] == [] and ops.result(finished=False)['changed'] is False
+    assert (
+        os.listdir(shm) == []
+        and ops.result(finished=False)['created_files'] == []
+        and ops.result(finished=False)['changed'] is False
+    )
 
 
 def test_present_check_mode_creates_and_registers_nothing(shm, server_proc):
     fake = FakeTriton(shm)
-    res = run(fake, shm, server_proc.pid, check_mode=True, state='present', name=['in0'], key='/in0', byte_size=KIB,
-              create_file=True)
-    assert res['changed'] is True and res['registered'] == ['in0'] and res['created_files'] == [os.path.join(shm, 'in0')]
+    res = run(
+        fake,
+        shm,
+        server_proc.pid,
+        check_mode=True,
+        state='present',
+        name=['in0'],
+        key='/in0',
+        byte_size=KIB,
+        create_file=True,
+    )
+    assert (
+        res['changed'] is True and res['registered'] == ['in0'] and res['created_files'] == [os.path.join(shm, 'in0')]
+    )
     assert os.listdir(shm) == [] and fake.actions() == []
     assert res['regions'] == [region('in0', byte_size=KIB)]
 
 
-@pytest.mark.parametrize('setup,kw,error,why', [
-    ('none', dict(byte_size=KIB), shm_fs.ShmFsError, 'does not exist'),
-    ('small', dict(byte_size=4 * KIB, offset=KIB), shm_fs.ShmFsError, r'past the end of .* \(4096 bytes\)'),
-    ('symlink', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a symlink, not a regular file'),
-    ('fifo', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a fifo, not a regular file'),
-    ('small', dict(byte_size=0), ParameterError, 'byte_size must be a positive'),
-    ('small', dict(byte_size=-5), ParameterError, 'byte_size must be a positive'),
-    ('small', dict(byte_size=KIB, offset=-1), ParameterError, 'offset must be 0 or more'),
-])
+@pytest.mark.parametrize(
+    'setup,kw,error,why',
+    [
+        ('none', dict(byte_size=KIB), shm_fs.ShmFsError, 'does not exist'),
+        ('small', dict(byte_size=4 * KIB, offset=KIB), shm_fs.ShmFsError, r'past the end of .* \(4096 bytes\)'),
+        ('symlink', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a symlink, not a regular file'),
+        ('fifo', dict(byte_size=KIB), shm_fs.ShmFsError, 'is a fifo, not a regular file'),
+        ('small', dict(byte_size=0), ParameterError, 'byte_size must be a positive'),
+        ('small', dict(byte_size=-5), ParameterError, 'byte_size must be a positive'),
+        ('small', dict(byte_size=KIB, offset=-1), ParameterError, 'offset must be 0 or more'),
+    ],
+)
 def test_present_errors_touch_nothing(shm, server_proc, tmp_path, setup, kw, error, why):
     path = os.path.join(shm, 'in0')
     target = tmp_path / 'outside'
@@ -684,8 +837,20 @@ def test_create_file_without_a_known_shm_directory_fails_before_any_call(shm):
 
 def test_cuda_register_refusal_carries_the_servers_message(shm, server_proc):
     fake = FakeTriton(shm)
-    ops = RegionOps(fake, params(shm, server_proc.pid, state='present', kind='cuda', name=['g'], raw_handle='AAAA',
-                                 device_id=0, byte_size=KIB), warn=lambda m: None)
+    ops = RegionOps(
+        fake,
+        params(
+            shm,
+            server_proc.pid,
+            state='present',
+            kind='cuda',
+            name=['g'],
+            raw_handle='AAAA',
+            device_id=0,
+            byte_size=KIB,
+        ),
+        warn=lambda m: None,
+    )
     with pytest.raises(TritonError, match='failed to register shared memory region: invalid args'):
         ops.present()
     assert ops.result(finished=False)['changed'] is False
@@ -704,15 +869,26 @@ def test_cuda_present_registers_the_given_handle_over_a_listed_region_of_the_sam
     assert res['changed'] is True and res['registered'] == ['g'] and res['unregistered'] == ['g'], res
     assert fake.cuda_handles == {'g': 'TkVX'} and res['regions'] == [dict(name='g', device_id=0, byte_size=KIB)]
     assert [c[:3] for c in fake.actions()] == [('unregister', 'cuda', 'g'), ('register', 'cuda', 'g')]
-    assert res['diff'] == {'before': {'regions': [dict(name='g', device_id=0, byte_size=KIB)]},
-                           'after': {'regions': [dict(name='g', device_id=0, byte_size=KIB)]}}
+    assert res['diff'] == {
+        'before': {'regions': [dict(name='g', device_id=0, byte_size=KIB)]},
+        'after': {'regions': [dict(name='g', device_id=0, byte_size=KIB)]},
+    }
 
 
 def test_a_refused_cuda_handle_over_a_listed_region_says_what_happened_why_and_what_to_do(shm, server_proc):
-    fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)])   # refuses every CUDA register
+    fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)])  # refuses every CUDA register
     with pytest.raises(TritonError) as err:
-        run(fake, shm, server_proc.pid, state='present', kind='cuda', name=['g'], raw_handle='TkVX', device_id=0,
-            byte_size=KIB)
+        run(
+            fake,
+            shm,
+            server_proc.pid,
+            state='present',
+            kind='cuda',
+            name=['g'],
+            raw_handle='TkVX',
+            device_id=0,
+            byte_size=KIB,
+        )
     msg = err.value.msg
     assert 'failed to register shared memory region: invalid args' in msg and 'the region is now unregistered' in msg
     assert "Triton's status never shows a CUDA region's IPC handle" in msg and 'cudaIpcGetMemHandle' in msg
@@ -735,7 +911,11 @@ def test_cuda_absent_named_and_stale(shm, server_proc):
     warnings = []
     ops = RegionOps(fake, params(shm, server_proc.pid, kind='cuda', stale=True), warn=warnings.append)
     ops.absent()
-    assert ops.result(finished=False)['changed'] is False and 'g' in fake.cuda and any('never stale' in w for w in warnings)
+    assert (
+        ops.result(finished=False)['changed'] is False
+        and 'g' in fake.cuda
+        and any('never stale' in w for w in warnings)
+    )
     res = run(fake, shm, server_proc.pid, kind='cuda', name=['g'])
     assert res['unregistered'] == ['g'] and fake.cuda == {}
     assert run(fake, shm, server_proc.pid, kind='cuda', name=['g'])['changed'] is False
@@ -785,8 +965,12 @@ class DeferringTriton(FakeTriton):
         if name in self.leaving:
             msg = ALREADY % name
             self.calls.append(('register', 'system', name, key, offset, byte_size))
-            raise TritonError(f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
-                              url=self.base, status=400, server_error=msg)
+            raise TritonError(
+                f"register system region '{name}' at {self.base}: HTTP 400: {msg}",
+                url=self.base,
+                status=400,
+                server_error=msg,
+            )
         super().register_system(name, key, offset, byte_size)
 
 
@@ -799,6 +983,7 @@ def _unlinked_while_listed(fake, shm_dir):
         out = real_status(kind)
         bad.extend(r['name'] for r in out if not os.path.exists(os.path.join(shm_dir, r['key'].lstrip('/'))))
         return out
+
     fake.status = status
     return bad
 
@@ -844,7 +1029,9 @@ def test_deferred_unregister_that_never_ends_is_not_registered_again(shm, server
     make_file(shm, 'in0', size=128 * KIB)
     fake = DeferringTriton(shm, defer={'in0': -1}, regions=[region('in0', byte_size=64 * KIB)])
     with pytest.raises(TritonError) as err:
-        run(fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=128 * KIB, in_use_timeout=1)
+        run(
+            fake, shm, server_proc.pid, state='present', name=['in0'], key='/in0', byte_size=128 * KIB, in_use_timeout=1
+        )
     assert 'still listed after 1' in err.value.msg and 'run again later' in err.value.msg
     assert not [c for c in fake.calls if c[0] == 'register']
     assert os.path.exists(os.path.join(shm, 'in0'))
@@ -857,21 +1044,34 @@ def test_a_new_registration_of_the_same_name_is_not_a_deferred_one(shm, server_p
 
     def reregister(name):
         fake.regions[name] = region(name, key='/new')
+
     fake = FakeTriton(shm, regions=[region('dead', key='/old')], on_unregister=reregister)
     res = run(fake, shm, server_proc.pid, stale=True)
     assert res['unregistered'] == ['dead'] and res['removed_files'] == [os.path.join(shm, 'old')]
     assert os.listdir(shm) == ['new']
 
 
-@pytest.mark.parametrize('key, why', [
-    ('/triton_python_backend_shm_region_7', 'reserves for its python backend'),
-    ('/mybackend_3', 'matches backend_patterns'),
-])
+@pytest.mark.parametrize(
+    'key, why',
+    [
+        ('/triton_python_backend_shm_region_7', 'reserves for its python backend'),
+        ('/mybackend_3', 'matches backend_patterns'),
+    ],
+)
 def test_keys_of_backend_files_are_refused_before_any_call(shm, server_proc, key, why):
     fake = FakeTriton(shm)
     with pytest.raises(ParameterError) as err:
-        run(fake, shm, server_proc.pid, state='present', name=['x'], key=key, byte_size=KIB, create_file=True,
-            backend_patterns=['triton_python_backend_shm_region_*', 'mybackend_*'])
+        run(
+            fake,
+            shm,
+            server_proc.pid,
+            state='present',
+            name=['x'],
+            key=key,
+            byte_size=KIB,
+            create_file=True,
+            backend_patterns=['triton_python_backend_shm_region_*', 'mybackend_*'],
+        )
     assert why in str(err.value) and 'choose another key' in str(err.value)
     assert fake.calls == [] and os.listdir(shm) == []
 
@@ -879,7 +1079,7 @@ def test_keys_of_backend_files_are_refused_before_any_call(shm, server_proc, key
 @pytest.mark.parametrize('version, warned', [('2.48.0', True), ('2.49.1', True), ('2.50.0', False), ('2.51.0', False)])
 def test_unregistering_a_held_region_warns_on_servers_older_than_2_50(shm, server_proc, version, warned):
     path = make_file(shm, 'live')
-    with open(path, 'r+b') as f:   # this test process is the live client
+    with open(path, 'r+b') as f:  # this test process is the live client
         held = mmap.mmap(f.fileno(), 0)
     try:
         fake = DeferringTriton(shm, defer={}, version=version, regions=[region('live'), region('other')])
@@ -907,12 +1107,22 @@ def xattrs(shm):
 
 
 def test_registering_marks_the_file_and_stale_never_selects_it(shm, server_proc, xattrs):
-    res = run(FakeTriton(shm), shm, server_proc.pid, state='present', name=['warm'], key='/warm', byte_size=KIB,
-              create_file=True)
+    res = run(
+        FakeTriton(shm),
+        shm,
+        server_proc.pid,
+        state='present',
+        name=['warm'],
+        key='/warm',
+        byte_size=KIB,
+        create_file=True,
+    )
     path = os.path.join(shm, 'warm')
     assert res['marked_files'] == [path] and os.getxattr(path, MARK) == b'warm'
     fake = FakeTriton(shm, regions=[region('warm', byte_size=KIB)])
-    again = run(fake, shm, server_proc.pid, state='present', name=['warm'], key='/warm', byte_size=KIB, create_file=True)
+    again = run(
+        fake, shm, server_proc.pid, state='present', name=['warm'], key='/warm', byte_size=KIB, create_file=True
+    )
     assert again['changed'] is False and again['marked_files'] == []
     stale = run(fake, shm, server_proc.pid, stale=True)
     assert stale['changed'] is False and 'warm' in fake.regions and os.path.exists(path)
@@ -925,6 +1135,7 @@ def test_registering_marks_the_file_and_stale_never_selects_it(shm, server_proc,
 def test_marking_that_fails_is_a_warning_not_a_failure(shm, server_proc, monkeypatch):
     def refuse(*_args):
         raise OSError(95, 'Operation not supported')
+
     monkeypatch.setattr(os, 'setxattr', refuse)
     fake = FakeTriton(shm)
     res = run(fake, shm, server_proc.pid, state='present', name=['warm'], key='/warm', byte_size=KIB, create_file=True)
@@ -938,7 +1149,8 @@ def test_a_file_another_run_removed_first_is_not_counted(shm, server_proc):
 
     def other_run_unlinks(name):
         if name == 'b':
-            os.unlink(os.path.join(shm, 'a'))   # another job got to a's file first
+            os.unlink(os.path.join(shm, 'a'))  # another job got to a's file first
+
     fake = FakeTriton(shm, regions=[region('a'), region('b')], on_unregister=other_run_unlinks)
     res = run(fake, shm, server_proc.pid, stale=True)
     assert res['removed_files'] == [os.path.join(shm, 'b')] and res['freed_bytes'] == 64 * KIB
@@ -946,7 +1158,9 @@ def test_a_file_another_run_removed_first_is_not_counted(shm, server_proc):
 
 
 @pytest.mark.parametrize('version, removed', [('2.51.0', True), ('2.53.0', False)])
-def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_may_be_deferred(shm, server_proc, version, removed):
+def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_may_be_deferred(
+    shm, server_proc, version, removed
+):
     make_file(shm, 'a')
     make_file(shm, 'b')
     fake = DeferringTriton(shm, defer={}, version=version, regions=[region('a'), region('b')], fail_unregister_at=2)
@@ -954,8 +1168,11 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
 
     def status(kind):
         if fake.unregister_calls:
-            raise TritonError(f'read system shared memory status at {fake.base}: no answer within 2s (timeout)', url=fake.base)
+            raise TritonError(
+                f'read system shared memory status at {fake.base}: no answer within 2s (timeout)', url=fake.base
+            )
         return real_status(kind)
+
     fake.status = status
     with pytest.raises(TritonError):
         run(fake, shm, server_proc.pid, stale=True)
@@ -972,7 +1189,7 @@ def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_rem
     young = make_file(shm, 'triton_python_backend_shm_region_young')
     held = make_file(shm, 'triton_python_backend_shm_region_live', age=3600)
     with open(held, 'r+b') as f:
-        mapping = mmap.mmap(f.fileno(), 0)   # this test process maps it, as a stub maps its pool
+        mapping = mmap.mmap(f.fileno(), 0)  # this test process maps it, as a stub maps its pool
     try:
         fake = FakeTriton(shm)
         off = run(fake, shm, server_proc.pid, stale=True)
@@ -984,12 +1201,16 @@ def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_rem
         assert sorted(res['removed_files']) == [dead, vllm] and res['freed_bytes'] == 2 * 64 * KIB
         assert not os.path.exists(dead) and not os.path.exists(vllm) and os.path.exists(young) and os.path.exists(held)
         cats = {f['name']: f['category'] for f in res['before']['files']}
-        assert cats == {'triton_python_backend_shm_region_dead': 'leftover', 'triton_vllm_backend_shm_region_dead': 'leftover',
-                        'triton_python_backend_shm_region_young': 'backend', 'triton_python_backend_shm_region_live': 'backend'}
+        assert cats == {
+            'triton_python_backend_shm_region_dead': 'leftover',
+            'triton_vllm_backend_shm_region_dead': 'leftover',
+            'triton_python_backend_shm_region_young': 'backend',
+            'triton_python_backend_shm_region_live': 'backend',
+        }
         assert res['after']['summary']['leftover_files'] == 0
         again = run(fake, shm, server_proc.pid, backend_leftovers=True)
         assert again['removed_files'] == [] and again['changed'] is False
-        assert fake.actions() == []   # no region was touched
+        assert fake.actions() == []  # no region was touched
     finally:
         mapping.close()
 
@@ -997,16 +1218,17 @@ def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_rem
 def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, monkeypatch):
     """The re-check right before the unlink: a process that maps the pool after the plan keeps it."""
     pool = make_file(shm, 'triton_python_backend_shm_region_x', age=3600)
-    st = os.stat(pool)   # by (dev, inode): at the re-check the file is under its quarantine name
+    st = os.stat(pool)  # by (dev, inode): at the re-check the file is under its quarantine name
     kept = []
     real = holders.scan
 
     def scan(targets, **kwargs):
         result = real(targets, **kwargs)
-        if kept:   # the second scan, the re-check: a stub has mapped it since
+        if kept:  # the second scan, the re-check: a stub has mapped it since
             result.holders.setdefault((st.st_dev, st.st_ino), set()).add(server_proc.pid + 1)
         kept.append(1)
         return result
+
     monkeypatch.setattr(holders, 'scan', scan)
     res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
     assert res['removed_files'] == [] and os.path.exists(pool)
@@ -1020,6 +1242,7 @@ def test_backend_leftovers_is_for_system_files_only(shm, server_proc):
 
 
 # -- issue 26: files marked before the unregister, quarantined before the unlink -----------------------
+
 
 def _cleanup_mark(path):
     return shm_fs.read_cleanup_record(os.path.dirname(path)).get(os.lstat(path).st_ino)
@@ -1070,7 +1293,7 @@ def test_a_rerun_finishes_what_a_killed_run_left_and_info_says_why(shm, server_p
 
 
 def test_a_mark_of_another_server_process_is_left_to_orphan_patterns(shm, server_proc):
-    left = _killed_run_left(shm, 'a', '1:1')   # a server that has since restarted
+    left = _killed_run_left(shm, 'a', '1:1')  # a server that has since restarted
     fake = FakeTriton(shm, regions=[])
     res = run(fake, shm, server_proc.pid, stale=True)
     assert res['changed'] is False and os.path.exists(left)
@@ -1083,14 +1306,18 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
     maps = []
     real_rescan = inventory.rescan
 
-    def attach_then_rescan(snap, *a, **kw):   # in the window: a client holds a's file, b's name is taken again
+    def attach_then_rescan(snap, *a, **kw):  # in the window: a client holds a's file, b's name is taken again
         for name in ('a', 'b'):
-            q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n) and os.lstat(os.path.join(shm, n)).st_ino
-                 == snap.entry(name)['inode']][0]
+            q = [
+                n
+                for n in os.listdir(shm)
+                if shm_fs.is_quarantine_name(n) and os.lstat(os.path.join(shm, n)).st_ino == snap.entry(name)['inode']
+            ][0]
             with open(os.path.join(shm, q), 'r+b') as f:
                 maps.append(mmap.mmap(f.fileno(), 0))
         make_file(shm, 'b', size=KIB)
         return real_rescan(snap, *a, **kw)
+
     monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
     fake = FakeTriton(shm, regions=[region('a'), region('b')])
     try:
@@ -1113,11 +1340,13 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
 
 # -- attacks where the pieces meet: a squatted lock lets two root runs overlap ---------------------------------------
 
-HOLD_FLOCK = ('import fcntl, os, sys, time\n'
-              'fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n'
-              'fcntl.flock(fd, fcntl.LOCK_EX)\n'
-              'print("LOCKED", flush=True)\n'
-              'time.sleep(120)\n')
+HOLD_FLOCK = (
+    'import fcntl, os, sys, time\n'
+    'fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n'
+    'fcntl.flock(fd, fcntl.LOCK_EX)\n'
+    'print("LOCKED", flush=True)\n'
+    'time.sleep(120)\n'
+)
 
 
 @pytest.fixture
@@ -1125,10 +1354,14 @@ def squatted_shm():
     """A 1777 directory on /dev/shm whose flock the user nobody holds (any user can: it is world-readable)."""
     import shutil
     import tempfile
+
     d = tempfile.mkdtemp(prefix='tritonops-attack-', dir='/dev/shm')
     os.chmod(d, 0o1777)
-    holder = subprocess.Popen(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups',
-                               '/usr/bin/python3', '-c', HOLD_FLOCK, d], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        ['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c', HOLD_FLOCK, d],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == 'LOCKED'
         yield d
@@ -1147,18 +1380,19 @@ def test_two_root_runs_overlapping_behind_a_squatted_lock_keep_each_others_recor
         make_file(shm, name)
     fake = FakeTriton(shm, regions=[region('a'), region('b')])
     st = os.stat(shm)
-    assert runlock.squatted(st.st_dev, st.st_ino) is not None   # any root run acts without the lock
+    assert runlock.squatted(st.st_dev, st.st_ino) is not None  # any root run acts without the lock
 
     def b_records_unregisters_and_is_killed(name):
         if name != 'a':
             return
         ops_b = RegionOps(fake, params(shm, pid, name=['b']), warn=lambda m: None, serialise=True)
         snap_b = inventory.read_server(fake, server_pid=pid, shm_dir=shm)
-        assert ops_b._lock(snap_b) is not None and ops_b.lock is None   # B: squatted too, no lock
+        assert ops_b._lock(snap_b) is not None and ops_b.lock is None  # B: squatted too, no lock
         recs = inventory.classify(snap_b)
         plan_b = region_plan.plan_absent(snap_b, recs, ops_b.params, ops_b.criteria, fake.unaddressable)
         ops_b._mark_files(snap_b, plan_b.files)
-        fake.regions.pop('b')   # B's unregister answered; SIGKILL: no unlink, no end of run
+        fake.regions.pop('b')  # B's unregister answered; SIGKILL: no unlink, no end of run
+
     fake.on_unregister = b_records_unregisters_and_is_killed
     res = run(fake, shm, pid, name=['a'], serialise=True)
     assert res['removed_files'] == [os.path.join(shm, 'a')]
@@ -1170,7 +1404,9 @@ def test_two_root_runs_overlapping_behind_a_squatted_lock_keep_each_others_recor
     assert again['removed_files'] == [os.path.join(shm, 'b')] and shm_fs.read_cleanup_record(shm) == {}
 
 
-def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_later_cleanup(shm, server_proc, monkeypatch):
+def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_later_cleanup(
+    shm, server_proc, monkeypatch
+):
     """A failed rename-back: a leftover pool (no region, so not in the record) is mapped in the window and its name is
     created again meanwhile (any user can, in a 1777 /dev/shm). It stays under its quarantine name: it must be
     recorded then, or no later cleanup ever finishes it (a quarantine name matches no backend pattern)."""
@@ -1183,8 +1419,9 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
         q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)][0]
         with open(os.path.join(shm, q), 'r+b') as f:
             maps.append(mmap.mmap(f.fileno(), 0))
-        make_file(shm, name, size=KIB)   # the name taken again (young: not a leftover itself)
+        make_file(shm, name, size=KIB)  # the name taken again (young: not a leftover itself)
         return real_rescan(snap, *a, **kw)
+
     monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
     try:
         res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)

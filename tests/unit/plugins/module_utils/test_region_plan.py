@@ -1,24 +1,43 @@
 """Unit tests for region_plan: the pure plan of triton_shm_region, on literal snapshots (no files, no processes)."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+from test_authority import SERVER, SHM, entry, region, snapshot
 
 from ansible_collections.tritonops.shm.plugins.module_utils import region_plan
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Criteria, classify
 
-from test_authority import SERVER, SHM, entry, region, snapshot
-
 CLIENT_PATTERNS = ['client_*']
 
 
 def params(**kw):
-    p = dict(state='absent', kind='system', name=[], key=None, offset=0, byte_size=None, create_file=False,
-             raw_handle=None, device_id=None, stale=True, all=False, reserved=False, orphan_files=True,
-             orphan_patterns=CLIENT_PATTERNS, min_age=300, exclude=[], remove_file=True, in_use_timeout=10,
-             backend_patterns=None, inventory=False, threshold_percent=0)
+    p = dict(
+        state='absent',
+        kind='system',
+        name=[],
+        key=None,
+        offset=0,
+        byte_size=None,
+        create_file=False,
+        raw_handle=None,
+        device_id=None,
+        stale=True,
+        all=False,
+        reserved=False,
+        orphan_files=True,
+        orphan_patterns=CLIENT_PATTERNS,
+        min_age=300,
+        exclude=[],
+        remove_file=True,
+        in_use_timeout=10,
+        backend_patterns=None,
+        inventory=False,
+        threshold_percent=0,
+    )
     p.update(kw)
     return p
 
@@ -26,8 +45,11 @@ def params(**kw):
 def scene(used_percent):
     """A stale region 'a' (its file held by the server only) and an old orphan file, on a shm filesystem this full."""
     snap = snapshot([region('a', '/a')], [entry('a', 1), entry('client_old', 2)], held={1: [SERVER]}, deleted_all={})
-    fs = None if used_percent is None else {'total_bytes': 100, 'used_bytes': int(used_percent), 'free_bytes': 0,
-                                            'used_percent': used_percent}
+    fs = (
+        None
+        if used_percent is None
+        else {'total_bytes': 100, 'used_bytes': int(used_percent), 'free_bytes': 0, 'used_percent': used_percent}
+    )
     return dataclasses.replace(snap, fs=fs)
 
 
@@ -37,14 +59,17 @@ def plan(snap, **kw):
     return region_plan.plan_absent(snap, classify(snap, criteria), p, criteria, lambda name: None)
 
 
-@pytest.mark.parametrize('percent, used, over', [
-    (0, 40.0, True),      # no gate
-    (0, None, True),      # no gate, even when the use is not known
-    (30, 40.0, True),     # above
-    (40, 40.0, True),     # at: the gate is open
-    (50, 40.0, False),    # below
-    (50, None, False),    # not known: closed
-])
+@pytest.mark.parametrize(
+    'percent, used, over',
+    [
+        (0, 40.0, True),  # no gate
+        (0, None, True),  # no gate, even when the use is not known
+        (30, 40.0, True),  # above
+        (40, 40.0, True),  # at: the gate is open
+        (50, 40.0, False),  # below
+        (50, None, False),  # not known: closed
+    ],
+)
 def test_the_threshold_gates_orphan_files_only(percent, used, over):
     p = plan(scene(used), threshold_percent=percent)
     assert p.threshold.as_dict() == {'percent': percent, 'used_percent': used, 'over': over}
@@ -66,13 +91,29 @@ def test_below_the_threshold_with_only_orphans_nothing_changes():
     assert p.threshold.over is False and [s['path'] for s in p.skipped] == [f'{SHM}/client_old']
 
 
-@pytest.mark.parametrize('kw, why', [
-    (dict(threshold_percent=-1), 'threshold_percent must be between 0 and 100, got -1'),
-    (dict(threshold_percent=101), 'threshold_percent must be between 0 and 100, got 101'),
-    (dict(threshold_percent=50, kind='cuda', orphan_files=False), 'threshold_percent applies to state=absent with kind=system'),
-    (dict(threshold_percent=50, state='present', name=['x'], key='/x', byte_size=1, stale=False, orphan_files=False),
-     'threshold_percent applies to state=absent with kind=system'),
-])
+@pytest.mark.parametrize(
+    'kw, why',
+    [
+        (dict(threshold_percent=-1), 'threshold_percent must be between 0 and 100, got -1'),
+        (dict(threshold_percent=101), 'threshold_percent must be between 0 and 100, got 101'),
+        (
+            dict(threshold_percent=50, kind='cuda', orphan_files=False),
+            'threshold_percent applies to state=absent with kind=system',
+        ),
+        (
+            dict(
+                threshold_percent=50,
+                state='present',
+                name=['x'],
+                key='/x',
+                byte_size=1,
+                stale=False,
+                orphan_files=False,
+            ),
+            'threshold_percent applies to state=absent with kind=system',
+        ),
+    ],
+)
 def test_threshold_percent_is_checked(kw, why):
     with pytest.raises(ParameterError, match=why):
         region_plan.check_params(params(**kw), lambda name: None)

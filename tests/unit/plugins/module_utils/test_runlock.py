@@ -4,6 +4,7 @@ The locks are real flock(2) locks on real directories, held by this process or b
 only the clock is a fake, so that the 600 s wait takes no time. The tests of a whole run use
 test_region_ops' fake Triton API and its real holder scan.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,22 +15,23 @@ import textwrap
 
 import pytest
 
+# the whole-run helpers and fixtures (complete_scan is autouse there and here)
+from test_region_ops import FakeClock, FakeTriton, make_file, region, run
+
 from ansible_collections.tritonops.shm.plugins.module_utils import runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError
 
-# the whole-run helpers and fixtures (complete_scan is autouse there and here)
-from test_region_ops import FakeClock, FakeTriton, make_file, region, run
 # server_proc, shm and complete_scan: conftest.py
 pytestmark = pytest.mark.usefixtures('complete_scan')
 
 # holds an exclusive flock on a directory until stdin closes (another run, in another process)
-HOLDER = textwrap.dedent('''
+HOLDER = textwrap.dedent("""
     import fcntl, os, sys
     fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     print('LOCKED', flush=True)
     sys.stdin.read()
-''')
+""")
 
 
 @pytest.fixture
@@ -38,10 +40,13 @@ def holder():
     procs = []
 
     def start(path):
-        proc = subprocess.Popen([sys.executable, '-c', HOLDER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, '-c', HOLDER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         procs.append(proc)
         assert proc.stdout.readline().strip() == 'LOCKED'
         return proc
+
     yield start
     for proc in procs:
         proc.kill()
@@ -54,6 +59,7 @@ def _open_fds():
 
 # -- the lock itself -------------------------------------------------------------------------------
 
+
 def test_a_free_lock_is_taken_at_once_and_released(shm):
     clock = FakeClock()
     lock = runlock.ShmDirLock(shm, sleep=clock.sleep, clock=clock.clock)
@@ -62,7 +68,7 @@ def test_a_free_lock_is_taken_at_once_and_released(shm):
     with pytest.raises(LockError):
         other.acquire()
     lock.release()
-    lock.release()   # twice is harmless
+    lock.release()  # twice is harmless
     assert other.acquire() is False
     other.release()
 
@@ -74,8 +80,9 @@ def test_a_lock_held_by_another_process_is_waited_for_with_backoff(shm, holder):
     def sleep(seconds):
         clock.sleep(seconds)
         if len(clock.sleeps) == 6:
-            proc.kill()   # the other run ends: the kernel drops its lock
+            proc.kill()  # the other run ends: the kernel drops its lock
             proc.wait()
+
     lock = runlock.ShmDirLock(shm, sleep=sleep, clock=clock.clock)
     assert lock.acquire() is True, 'it waited'
     lock.release()
@@ -89,8 +96,10 @@ def test_a_lock_held_for_the_whole_wait_fails_after_all_of_it(shm, holder):
     lock = runlock.ShmDirLock(shm, sleep=clock.sleep, clock=clock.clock)
     with pytest.raises(LockError) as err:
         lock.acquire()
-    assert str(err.value) == (f'another tritonops.shm run has held the lock on {shm} for 600.0s: not acting '
-                              '(it is released when that run ends)')
+    assert str(err.value) == (
+        f'another tritonops.shm run has held the lock on {shm} for 600.0s: not acting '
+        '(it is released when that run ends)'
+    )
     assert sum(clock.sleeps) >= runlock.WAIT_S > sum(clock.sleeps[:-1]), 'tried again once the whole wait had passed'
     assert max(clock.sleeps) == 0.5
     assert lock.fd is None and _open_fds() == before, 'the directory is closed again'
@@ -106,6 +115,7 @@ def test_a_missing_directory_raises_oserror(tmp_path):
 
 # -- what a run does with it ------------------------------------------------------------------------
 
+
 def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc):
     for name in ('a', 'b'):
         make_file(shm, name)
@@ -116,11 +126,12 @@ def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc)
     class OtherRunFinishes(FakeClock):
         def sleep(self, seconds):
             super().sleep(seconds)
-            if other.fd is not None:   # the other run does the work and ends
+            if other.fd is not None:  # the other run does the work and ends
                 fake.regions.clear()
                 for name in ('a', 'b'):
                     os.unlink(os.path.join(shm, name))
                 other.release()
+
     res = run(fake, shm, server_proc.pid, clock=OtherRunFinishes(), stale=True, serialise=True)
     assert res['changed'] is False and res['unregistered'] == [] and res['removed_files'] == []
     assert not [c for c in fake.calls if c[0] == 'unregister']
@@ -158,7 +169,9 @@ def test_check_mode_takes_no_lock(shm, server_proc):
     other = runlock.ShmDirLock(shm)
     other.acquire()
     try:
-        res = run(FakeTriton(shm, regions=[region('a')]), shm, server_proc.pid, stale=True, check_mode=True, serialise=True)
+        res = run(
+            FakeTriton(shm, regions=[region('a')]), shm, server_proc.pid, stale=True, check_mode=True, serialise=True
+        )
     finally:
         other.release()
     assert res['unregistered'] == ['a']
@@ -166,13 +179,18 @@ def test_check_mode_takes_no_lock(shm, server_proc):
 
 # -- a lock another user holds (issue 26: 9) ----------------------------------------------------------
 
+
 def test_a_lock_another_user_holds_is_not_waited_for(tmp_path_factory):
     if os.geteuid() != 0 or not os.path.exists('/usr/bin/python3'):
         pytest.skip('needs root and a system python3 to hold the lock as another user')
-    shm = tempfile.mkdtemp(prefix='runlock-', dir='/tmp')   # a directory every user reaches, as /dev/shm
+    shm = tempfile.mkdtemp(prefix='runlock-', dir='/tmp')  # a directory every user reaches, as /dev/shm
     os.chmod(shm, 0o1777)
-    proc = subprocess.Popen(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c',
-                             HOLDER, shm], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '/usr/bin/python3', '-c', HOLDER, shm],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == 'LOCKED'
         clock = FakeClock()

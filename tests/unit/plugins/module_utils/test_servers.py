@@ -4,6 +4,7 @@ The tree has what the listing reads: comm, cmdline, cgroup, ns/net (one inode pe
 sockets, the namespace's net/tcp{,6} and fib_trie, and the container's /etc/hostname. The real thing (two real
 tritonservers, one in a podman container) is tests/integration/test_node_agent.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import servers
 CID = 'ab6a24e700069997e526947833f0caa9f645503ff2fb102c91da07f2af90b1fb'
 UID_ = '5c1e2d4a_9b7f_4e31_8a0c_1f2e3d4c5b6a'
 TCP_HEAD = '  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n'
-FIB_TRIE = '''Main:
+FIB_TRIE = """Main:
   +-- 0.0.0.0/0 3 0 5
      |-- 0.0.0.0
         /0 universe UNICAST
@@ -31,7 +32,7 @@ Local:
   +-- 0.0.0.0/0 3 0 5
      |-- 10.88.0.7
         /32 host LOCAL
-'''
+"""
 
 
 def _hex4(ip, port):
@@ -40,8 +41,10 @@ def _hex4(ip, port):
 
 def _line(n, ip, port, state, inode, remote='0.0.0.0:0'):
     rip, rport = remote.rsplit(':', 1)
-    return (f'   {n}: {_hex4(ip, port)} {_hex4(rip, int(rport))} {state} 00000000:00000000 00:00000000 00000000     0'
-            f'        0 {inode} 1 0000000000000000 100 0 0 10 0\n')
+    return (
+        f'   {n}: {_hex4(ip, port)} {_hex4(rip, int(rport))} {state} 00000000:00000000 00:00000000 00000000     0'
+        f'        0 {inode} 1 0000000000000000 100 0 0 10 0\n'
+    )
 
 
 class Tree:
@@ -63,7 +66,9 @@ class Tree:
             self.ns[name] = self.write(f'ns-{name}', name)
         os.link(self.ns[name], f'{self.root}/{pid}/ns/net')
 
-    def process(self, pid, comm, argv, cgroup='0::/user.slice\n', sockets=(), ns='host', tcp=(), fib=None, hostname=None):
+    def process(
+        self, pid, comm, argv, cgroup='0::/user.slice\n', sockets=(), ns='host', tcp=(), fib=None, hostname=None
+    ):
         self.write(f'{pid}/comm', comm + '\n')
         self.write(f'{pid}/cmdline', '\0'.join(argv) + '\0')
         self.write(f'{pid}/cgroup', cgroup)
@@ -90,7 +95,10 @@ def tree(tmp_path):
 def test_parse_args():
     assert servers.parse_args([]) == {'http': 8000, 'grpc': 8001, 'metrics': 8002}
     assert servers.parse_args(['--http-port=9000', '--grpc-port', '9001', '--allow-metrics=false']) == {
-        'http': 9000, 'grpc': 9001, 'metrics': None}
+        'http': 9000,
+        'grpc': 9001,
+        'metrics': None,
+    }
     assert servers.parse_args(['--allow-http', 'false', '--model-repository=/m'])['http'] is None
 
 
@@ -101,32 +109,54 @@ def test_local_addresses(tmp_path):
 
 
 def test_two_servers_one_on_the_host_one_in_a_pod(tree):
-    host_tcp = [('127.0.0.1', 18000, '0A', 501), ('127.0.0.1', 18001, '0A', 502), ('127.0.0.1', 18000, '01', 503),
-                ('0.0.0.0', 22, '0A', 900)]
+    host_tcp = [
+        ('127.0.0.1', 18000, '0A', 501),
+        ('127.0.0.1', 18001, '0A', 502),
+        ('127.0.0.1', 18000, '01', 503),
+        ('0.0.0.0', 22, '0A', 900),
+    ]
     argv = ['/opt/tritonserver/bin/tritonserver', '--http-port=18000', '--grpc-port', '18001', '--allow-metrics=false']
     tree.process(100, 'tritonserver', argv, sockets=(501, 502, 503), tcp=host_tcp)
-    tree.process(150, 'sshd', ['sshd'], sockets=(900,), tcp=host_tcp)   # listens, not Triton
+    tree.process(150, 'sshd', ['sshd'], sockets=(900,), tcp=host_tcp)  # listens, not Triton
     pod_tcp = [('0.0.0.0', 8000, '0A', 701), ('0.0.0.0', 8002, '0A', 702), ('0.0.0.0', 9999, '0A', 703)]
-    cgroup = f'0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n'
-    tree.process(200, 'tritonserver', ['tritonserver', '--allow-grpc=false'], cgroup=cgroup, sockets=(701, 702),
-                 ns='pod', tcp=pod_tcp, fib=FIB_TRIE, hostname='triton-0')
+    cgroup = (
+        f'0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n'
+    )
+    tree.process(
+        200,
+        'tritonserver',
+        ['tritonserver', '--allow-grpc=false'],
+        cgroup=cgroup,
+        sockets=(701, 702),
+        ns='pod',
+        tcp=pod_tcp,
+        fib=FIB_TRIE,
+        hostname='triton-0',
+    )
     # a client in the pod's network namespace listening too: its socket is not the server's
     tree.process(210, 'python', ['python', 'client.py'], cgroup=cgroup, sockets=(703,), ns='pod', tcp=pod_tcp)
 
     found = servers.list_servers(tree.root)
     assert [s['pid'] for s in found] == [100, 200]
     host, pod = found
-    assert host['listeners'] == [{'address': '127.0.0.1', 'port': 18000, 'protocol': 'http'},
-                                 {'address': '127.0.0.1', 'port': 18001, 'protocol': 'grpc'}]
+    assert host['listeners'] == [
+        {'address': '127.0.0.1', 'port': 18000, 'protocol': 'http'},
+        {'address': '127.0.0.1', 'port': 18001, 'protocol': 'grpc'},
+    ]
     assert (host['http_port'], host['grpc_port'], host['metrics_port']) == (18000, 18001, None)
     assert (host['url'], host['http_url'], host['grpc_url']) == (
-        'http://127.0.0.1:18000', 'http://127.0.0.1:18000', 'grpc://127.0.0.1:18001')
+        'http://127.0.0.1:18000',
+        'http://127.0.0.1:18000',
+        'grpc://127.0.0.1:18001',
+    )
     assert host['host_network'] is True and host['container'] is None
     assert host['name'] == 'tritonserver (pid 100)' and host['shm_dir'] == f'{tree.root}/100/root/dev/shm'
     assert host['warnings'] == []
 
-    assert pod['listeners'] == [{'address': '0.0.0.0', 'port': 8000, 'protocol': 'http'},
-                                {'address': '0.0.0.0', 'port': 8002, 'protocol': 'metrics'}]
+    assert pod['listeners'] == [
+        {'address': '0.0.0.0', 'port': 8000, 'protocol': 'http'},
+        {'address': '0.0.0.0', 'port': 8002, 'protocol': 'metrics'},
+    ]
     assert pod['url'] == 'http://10.88.0.7:8000' and pod['grpc_url'] is None and pod['metrics_port'] == 8002
     assert pod['host_network'] is False
     assert pod['container']['pod_uid'] == UID_.replace('_', '-') and pod['container']['qos'] == 'burstable'
@@ -135,8 +165,14 @@ def test_two_servers_one_on_the_host_one_in_a_pod(tree):
 
 
 def test_a_server_with_no_reachable_listener_says_so(tree):
-    tree.process(300, 'tritonserver', ['tritonserver', '--http-port=8000'], ns='other', tcp=[('0.0.0.0', 8000, '0A', 11)],
-                 sockets=(11,))   # another namespace, no fib_trie readable
+    tree.process(
+        300,
+        'tritonserver',
+        ['tritonserver', '--http-port=8000'],
+        ns='other',
+        tcp=[('0.0.0.0', 8000, '0A', 11)],
+        sockets=(11,),
+    )  # another namespace, no fib_trie readable
     (entry,) = servers.list_servers(tree.root)
     assert entry['url'] is None and entry['http_port'] == 8000
     assert any('no HTTP or gRPC listener reachable' in w for w in entry['warnings'])
@@ -153,10 +189,11 @@ def test_a_server_whose_sockets_cannot_be_read_says_why(tree, monkeypatch):
     tree.process(500, 'tritonserver', ['tritonserver'], tcp=[('0.0.0.0', 8000, '0A', 21)], sockets=(21,))
     real = os.readlink
 
-    def readlink(path):   # as the kernel's ptrace read check answers for each fd link
+    def readlink(path):  # as the kernel's ptrace read check answers for each fd link
         if '/500/fd/' in str(path):
             raise PermissionError(13, 'Permission denied')
         return real(path)
+
     monkeypatch.setattr(servers.os, 'readlink', readlink)
     (entry,) = servers.list_servers(tree.root)
     assert any('cannot be read (Permission denied)' in w and 'SYS_PTRACE' in w for w in entry['warnings'])

@@ -1,12 +1,13 @@
 """Unit tests for module_utils/shm_fs.py on real temporary directories."""
+
 from __future__ import annotations
 
 import os
 import pathlib
 import shutil
 import socket
-import tempfile
 import stat
+import tempfile
 import time
 
 import pytest
@@ -31,27 +32,33 @@ def test_usage_of_missing_dir_raises_oserror(tmp_path):
         shm_fs.usage(str(tmp_path / 'missing'))
 
 
-@pytest.mark.parametrize('key,name', [
-    ('/input0', 'input0'),
-    ('/PostgreSQL.1234', 'PostgreSQL.1234'),
-    ('/a b', 'a b'),
-    ('/..x', '..x'),
-])
+@pytest.mark.parametrize(
+    'key,name',
+    [
+        ('/input0', 'input0'),
+        ('/PostgreSQL.1234', 'PostgreSQL.1234'),
+        ('/a b', 'a b'),
+        ('/..x', '..x'),
+    ],
+)
 def test_key_to_name_accepts_one_component(key, name):
     assert shm_fs.key_to_name(key) == name
 
 
-@pytest.mark.parametrize('key,why', [
-    ('', 'non-empty'),
-    (None, 'non-empty'),
-    ('input0', 'must start with "/"'),
-    ('/', 'exactly one path component'),
-    ('/a/b', 'exactly one path component'),
-    ('/../etc/passwd', 'exactly one path component'),
-    ('/..', 'outside the shm directory'),
-    ('/.', 'outside the shm directory'),
-    ('/a\x00b', 'NUL'),
-])
+@pytest.mark.parametrize(
+    'key,why',
+    [
+        ('', 'non-empty'),
+        (None, 'non-empty'),
+        ('input0', 'must start with "/"'),
+        ('/', 'exactly one path component'),
+        ('/a/b', 'exactly one path component'),
+        ('/../etc/passwd', 'exactly one path component'),
+        ('/..', 'outside the shm directory'),
+        ('/.', 'outside the shm directory'),
+        ('/a\x00b', 'NUL'),
+    ],
+)
 def test_key_to_name_refuses_unsafe_keys(key, why):
     with pytest.raises(ShmFsError, match=why.replace('"', '.').replace('(', '.')):
         shm_fs.key_to_name(key)
@@ -85,8 +92,9 @@ def test_list_entries_lstats_every_kind_and_never_follows(tmp_path):
     now = time.time()
     entries = {e['name']: e for e in shm_fs.list_entries(d, now=now)}
     assert sorted(entries) == ['broken', 'directory', 'fifo', 'regular', 'socket', 'symlink']
-    assert [e['type'] for e in (entries[n] for n in ('regular', 'fifo', 'directory', 'symlink', 'broken', 'socket'))] == \
-        ['file', 'fifo', 'directory', 'symlink', 'symlink', 'socket']
+    assert [
+        e['type'] for e in (entries[n] for n in ('regular', 'fifo', 'directory', 'symlink', 'broken', 'socket'))
+    ] == ['file', 'fifo', 'directory', 'symlink', 'symlink', 'socket']
     reg = entries['regular']
     st = os.lstat(os.path.join(d, 'regular'))
     assert reg['path'] == os.path.join(d, 'regular')
@@ -201,8 +209,8 @@ def test_shm_dir_unlink_refuses_a_file_changed_since_it_was_checked(tmp_path):
     path.write_bytes(b'x' * 4096)
     with ShmDir(str(tmp_path)) as d:
         st = d.lstat('region')
-        time.sleep(0.05)              # past the kernel's coarse timestamp granularity
-        os.chmod(str(path), 0o600)    # any inode change moves ctime, as a re-creation would
+        time.sleep(0.05)  # past the kernel's coarse timestamp granularity
+        os.chmod(str(path), 0o600)  # any inode change moves ctime, as a re-creation would
         with pytest.raises(ShmFsError, match='changed since it was checked'):
             d.unlink('region', st.st_dev, st.st_ino, st.st_ctime_ns)
         assert path.exists()
@@ -213,13 +221,14 @@ def test_shm_dir_unlink_refuses_a_file_changed_since_it_was_checked(tmp_path):
 
 # -- the quarantine rename and the cleanup mark (issue 26: 3, 6) ------------------------------------
 
+
 def test_quarantine_renames_inside_the_dir_and_restore_gives_the_name_back(tmp_path):
     with ShmDir(str(tmp_path)) as sd:
         st = sd.create('f', 4096)
         q = sd.quarantine('f', st.st_dev, st.st_ino, st.st_ctime_ns)
         assert not (tmp_path / 'f').exists() and shm_fs.is_quarantine_name(q.name)
         assert os.listdir(str(tmp_path)) == [q.name] and (q.dev, q.ino, q.original) == (st.st_dev, st.st_ino, 'f')
-        assert q.ctime_ns is None   # the rename changed it: the unlink checks device and inode
+        assert q.ctime_ns is None  # the rename changed it: the unlink checks device and inode
         assert sd.restore(q.name, 'f') is True
         assert os.lstat(str(tmp_path / 'f')).st_ino == st.st_ino and os.listdir(str(tmp_path)) == ['f']
 
@@ -228,7 +237,7 @@ def test_restore_never_replaces_a_file_created_again_meanwhile(tmp_path):
     with ShmDir(str(tmp_path)) as sd:
         st = sd.create('f', 4096)
         q = sd.quarantine('f', st.st_dev, st.st_ino)
-        new = sd.create('f', 10)   # a client created its file again while the old one was quarantined
+        new = sd.create('f', 10)  # a client created its file again while the old one was quarantined
         assert sd.restore(q.name, 'f') is False
         assert os.lstat(str(tmp_path / 'f')).st_ino == new.st_ino and (tmp_path / q.name).exists()
 
@@ -269,7 +278,7 @@ def test_cleanup_record_round_trips_in_chunks_and_leaves_the_files_alone(tmpfs_d
         sd.write_cleanup_record(record)
         assert shm_fs.read_cleanup_record(str(tmp_path)) == record
         assert len([n for n in os.listxattr(str(tmp_path)) if n.startswith(shm_fs.CLEANUP_XATTR)]) > 1
-        assert os.lstat(str(tmp_path / 'f')).st_ctime_ns == st.st_ctime_ns   # no file is touched
+        assert os.lstat(str(tmp_path / 'f')).st_ctime_ns == st.st_ctime_ns  # no file is touched
         sd.write_cleanup_record({st.st_ino: record[st.st_ino]})
         assert shm_fs.read_cleanup_record(str(tmp_path)) == {st.st_ino: record[st.st_ino]}
         sd.write_cleanup_record({})

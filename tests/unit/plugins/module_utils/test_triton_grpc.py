@@ -6,6 +6,7 @@ Triton never gives (no version, a method it does not implement, an answer slower
 in use on demand) and to see what reached it (metadata, request fields). Everything a real
 Triton answers is tested against a real one in tests/integration/test_grpc.py.
 """
+
 from __future__ import annotations
 
 import base64
@@ -44,12 +45,16 @@ def served():
 
 # -- URLs and metadata --------------------------------------------------------------------------
 
-@pytest.mark.parametrize('url,base,host,port', [
-    ('grpc://127.0.0.1:8001', 'grpc://127.0.0.1:8001', '127.0.0.1', 8001),
-    ('GRPC://triton.example:9001/', 'grpc://triton.example:9001', 'triton.example', 9001),
-    ('grpcs://triton.example', 'grpcs://triton.example:8001', 'triton.example', 8001),
-    ('grpc://[::1]:8001', 'grpc://[::1]:8001', '::1', 8001),
-])
+
+@pytest.mark.parametrize(
+    'url,base,host,port',
+    [
+        ('grpc://127.0.0.1:8001', 'grpc://127.0.0.1:8001', '127.0.0.1', 8001),
+        ('GRPC://triton.example:9001/', 'grpc://triton.example:9001', 'triton.example', 9001),
+        ('grpcs://triton.example', 'grpcs://triton.example:8001', 'triton.example', 8001),
+        ('grpc://[::1]:8001', 'grpc://[::1]:8001', '::1', 8001),
+    ],
+)
 def test_url_forms(url, base, host, port):
     client = TritonGrpcClient(url, ca_path=None)
     assert (client.base, client.host, client.port) == (base, host, port)
@@ -61,12 +66,15 @@ def test_other_urls_are_not_grpc(url):
     assert not is_grpc_url(url)
 
 
-@pytest.mark.parametrize('url,why', [
-    ('grpc://127.0.0.1:8001/v2', 'no path'),
-    ('grpc://user:pw@127.0.0.1:8001', 'no path, query or user'),
-    ('grpc://127.0.0.1:99999', 'invalid port'),
-    ('grpc://:8001', 'is not a grpc:// or grpcs:// URL'),
-])
+@pytest.mark.parametrize(
+    'url,why',
+    [
+        ('grpc://127.0.0.1:8001/v2', 'no path'),
+        ('grpc://user:pw@127.0.0.1:8001', 'no path, query or user'),
+        ('grpc://127.0.0.1:99999', 'invalid port'),
+        ('grpc://:8001', 'is not a grpc:// or grpcs:// URL'),
+    ],
+)
 def test_bad_grpc_urls_are_refused(url, why):
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url)
@@ -86,13 +94,16 @@ def test_headers_become_metadata_and_reach_the_server(served):
     assert script.calls[0][2]['authorization'] == 'Bearer t0k' and script.calls[0][2]['x-team'] == 'ml'
 
 
-@pytest.mark.parametrize('headers,why', [
-    ({'Bad Name': 'v'}, "header 'Bad Name' cannot be sent"),
-    ({'grpc-timeout': 'v'}, "header 'grpc-timeout' cannot be sent"),
-    ({'x-key-bin': 'v'}, 'binary'),
-    ({'authorization': 'Bearer s3cr3t\n'}, "the value of header 'authorization' cannot be sent"),
-    ({'authorization': 'Bearer s3cr3t\u00e9'}, "the value of header 'authorization' cannot be sent"),
-])
+@pytest.mark.parametrize(
+    'headers,why',
+    [
+        ({'Bad Name': 'v'}, "header 'Bad Name' cannot be sent"),
+        ({'grpc-timeout': 'v'}, "header 'grpc-timeout' cannot be sent"),
+        ({'x-key-bin': 'v'}, 'binary'),
+        ({'authorization': 'Bearer s3cr3t\n'}, "the value of header 'authorization' cannot be sent"),
+        ({'authorization': 'Bearer s3cr3t\u00e9'}, "the value of header 'authorization' cannot be sent"),
+    ],
+)
 def test_headers_grpc_cannot_carry_are_refused_without_showing_the_value(headers, why):
     with pytest.raises(TritonError) as err:
         TritonGrpcClient('grpc://127.0.0.1:8001', headers=headers)
@@ -101,12 +112,15 @@ def test_headers_grpc_cannot_carry_are_refused_without_showing_the_value(headers
 
 # -- the calls ----------------------------------------------------------------------------------
 
+
 def test_status_has_the_http_shape_ordered_by_name(served):
     script, url = served
     script.model.list('b b', '/b', 4096)
     script.model.list('a#1', '/a', 8192, offset=64)
     assert TritonGrpcClient(url).status('system') == [
-        dict(name='a#1', key='/a', offset=64, byte_size=8192), dict(name='b b', key='/b', offset=0, byte_size=4096)]
+        dict(name='a#1', key='/a', offset=64, byte_size=8192),
+        dict(name='b b', key='/b', offset=0, byte_size=4096),
+    ]
     with pytest.raises(ValueError):
         TritonGrpcClient(url).status('tpu')
 
@@ -148,6 +162,7 @@ def test_a_raw_handle_that_is_not_base64_is_refused(served):
 
 # -- errors -------------------------------------------------------------------------------------
 
+
 def test_server_errors_carry_the_code_and_triton_s_own_message(served):
     script, url = served
     script.fail['SystemSharedMemoryUnregister'] = (grpc.StatusCode.INTERNAL, IN_USE)
@@ -176,7 +191,7 @@ def test_metadata_without_a_version_is_not_triton(served):
 
 def test_a_grpc_server_that_is_not_triton_says_so(served):
     script, url = served
-    script.missing.add('CudaSharedMemoryStatus')    # a server without that method
+    script.missing.add('CudaSharedMemoryStatus')  # a server without that method
     with pytest.raises(TritonError) as err:
         TritonGrpcClient(url).status('cuda')
     assert 'gRPC UNIMPLEMENTED' in err.value.msg and "is this Triton's gRPC port?" in err.value.msg
@@ -193,7 +208,9 @@ def test_no_answer_within_the_timeout(served):
 def test_connection_refused_names_the_url_and_health_raises():
     with pytest.raises(TritonError) as err:
         TritonGrpcClient('grpc://127.0.0.1:1', timeout=2).health('live')
-    assert err.value.msg.startswith('health live at grpc://127.0.0.1:1: cannot connect to Triton (refused or unreachable)')
+    assert err.value.msg.startswith(
+        'health live at grpc://127.0.0.1:1: cannot connect to Triton (refused or unreachable)'
+    )
 
 
 def test_unreadable_tls_files_are_named(tmp_path):
@@ -217,7 +234,11 @@ def test_client_shm_disabled_names_the_flag_and_the_role_variable_over_grpc_too(
         TritonGrpcClient(url).status('system')
     msg = err.value.msg
     assert msg.startswith(f'read system shared memory status at {url}: gRPC {code}: {CLIENT_SHM_OFF}; ')
-    assert '--allow-client-shm=true' in msg and 'tritonops.shm.triton_server' in msg and 'triton_server_allow_client_shm' in msg
+    assert (
+        '--allow-client-shm=true' in msg
+        and 'tritonops.shm.triton_server' in msg
+        and 'triton_server_allow_client_shm' in msg
+    )
     assert "is this Triton's gRPC port?" not in msg, 'it is Triton: the hint would mislead'
     assert (err.value.status, err.value.server_error) == (code, CLIENT_SHM_OFF)
 
@@ -247,20 +268,28 @@ def test_close_closes_the_channel_and_a_later_call_opens_a_new_one(served):
 
 
 def test_the_grpc_transport_imports_neither_the_http_one_nor_requests():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(triton_grpc.__file__)))))))
-    probe = ('import json, sys\n'
-             f'sys.path.insert(0, {root!r})\n'
-             'from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc\n'
-             "triton_grpc.TritonGrpcClient('grpc://127.0.0.1:8001')\n"
-             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('requests', 'urllib3', 'ansible_collections.')))))\n")
-    loaded = json.loads(subprocess.run([sys.executable, '-c', probe], check=True, capture_output=True, text=True).stdout)
+    root = os.path.dirname(
+        os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(triton_grpc.__file__)))))
+        )
+    )
+    probe = (
+        'import json, sys\n'
+        f'sys.path.insert(0, {root!r})\n'
+        'from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc\n'
+        "triton_grpc.TritonGrpcClient('grpc://127.0.0.1:8001')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('requests', 'urllib3', 'ansible_collections.')))))\n"
+    )
+    loaded = json.loads(
+        subprocess.run([sys.executable, '-c', probe], check=True, capture_output=True, text=True).stdout
+    )
     assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc' in loaded, 'the probe imported it'
     assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_http' not in loaded
     assert not [m for m in loaded if m.startswith(('requests', 'urllib3'))], loaded
 
 
 # -- model repository (triton_backend_pool) -----------------------------------------------------
+
 
 def test_repository_index_config_and_load_with_a_config(served):
     script, url = served
@@ -278,7 +307,7 @@ def test_a_load_refused_for_model_control_is_an_answer_not_a_connection_error(se
     """Triton 2.51 refuses a load without explicit model control with UNAVAILABLE (measured), which otherwise means no answer."""
     script, url = served
     text = 'explicit model load / unload is not allowed if polling is enabled'
-    script.model.model_control = 'poll'    # the model answers that text, UNAVAILABLE
+    script.model.model_control = 'poll'  # the model answers that text, UNAVAILABLE
     with pytest.raises(ModelControlRefused) as err:
         TritonGrpcClient(url).load_model('grow')
     assert err.value.status == 'UNAVAILABLE' and err.value.server_error == text
@@ -286,10 +315,9 @@ def test_a_load_refused_for_model_control_is_an_answer_not_a_connection_error(se
 
 
 def test_a_restricted_protocol_without_its_header_names_the_headers_option_and_the_key(served):
-    """Triton 2.51 started with --grpc-restricted-protocol=shared-memory:shm-key=V answers UNAVAILABLE with this text (measured)."""
+    """Triton 2.51 started with --grpc-restricted-protocol=shared-memory:shm-key=V answers UNAVAILABLE with this text (measured)."""  # noqa: E501
     script, url = served
-    text = "This protocol is restricted, expecting header 'triton-grpc-protocol-shm-key'"
-    script.model.restricted = ('shm-key', 'V')     # the model answers UNAVAILABLE with that text
+    script.model.restricted = ('shm-key', 'V')  # the model answers UNAVAILABLE with that text
     with pytest.raises(Restricted) as err:
         TritonGrpcClient(url).status('system')
     assert err.value.status == 'UNAVAILABLE' and err.value.header == 'triton-grpc-protocol-shm-key'

@@ -7,6 +7,7 @@ from it on demand (in use, 500). A real TLS server with a certificate made by op
 verification and client certificates.
 The only fake below the HTTP layer is a connect timeout, which loopback cannot produce.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,14 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_http, triton_grpc
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, Restricted, TritonError, UnaddressableName
+from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_grpc, triton_http
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ModelControlRefused,
+    Restricted,
+    ShmFsError,
+    TritonError,
+    UnaddressableName,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes import loopback
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import MODEL_CONTROL, HttpFront, Reply, Triton
@@ -40,6 +46,7 @@ def serve():
         front.answers.update({route: Reply(status, body, ctype) for route, (status, ctype, body) in routes.items()})
         fronts.append(front)
         return front
+
     yield start
     for front in fronts:
         front.close()
@@ -56,37 +63,47 @@ METADATA = jsonr(dict(name='triton', version='2.51.0', extensions=['system_share
 
 # -- URLs -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('url,base,host,port,scheme', [
-    ('127.0.0.1:8000', 'http://127.0.0.1:8000', '127.0.0.1', 8000, 'http'),
-    ('http://127.0.0.1:8000/', 'http://127.0.0.1:8000', '127.0.0.1', 8000, 'http'),
-    ('  http://localhost  ', 'http://localhost', 'localhost', 80, 'http'),
-    ('https://triton.example.com', 'https://triton.example.com', 'triton.example.com', 443, 'https'),
-    ('http://[::1]:8000', 'http://[::1]:8000', '::1', 8000, 'http'),
-])
+
+@pytest.mark.parametrize(
+    'url,base,host,port,scheme',
+    [
+        ('127.0.0.1:8000', 'http://127.0.0.1:8000', '127.0.0.1', 8000, 'http'),
+        ('http://127.0.0.1:8000/', 'http://127.0.0.1:8000', '127.0.0.1', 8000, 'http'),
+        ('  http://localhost  ', 'http://localhost', 'localhost', 80, 'http'),
+        ('https://triton.example.com', 'https://triton.example.com', 'triton.example.com', 443, 'https'),
+        ('http://[::1]:8000', 'http://[::1]:8000', '::1', 8000, 'http'),
+    ],
+)
 def test_url_forms(url, base, host, port, scheme):
     client = TritonClient(url)
     assert (client.base, client.host, client.port, client.scheme) == (base, host, port, scheme)
 
 
-@pytest.mark.parametrize('url,why', [
-    ('ftp://127.0.0.1:8000', 'is not an http(s) URL'),
-    ('http://', 'is not an http(s) URL'),
-    ('', 'is not an http(s) URL'),
-    ('http://127.0.0.1:99999', 'has an invalid port'),
-    ('http://127.0.0.1:port', 'has an invalid port'),
-])
+@pytest.mark.parametrize(
+    'url,why',
+    [
+        ('ftp://127.0.0.1:8000', 'is not an http(s) URL'),
+        ('http://', 'is not an http(s) URL'),
+        ('', 'is not an http(s) URL'),
+        ('http://127.0.0.1:99999', 'has an invalid port'),
+        ('http://127.0.0.1:port', 'has an invalid port'),
+    ],
+)
 def test_bad_urls_are_refused(url, why):
     with pytest.raises(TritonError) as err:
         TritonClient(url)
     assert why in err.value.msg
 
 
-@pytest.mark.parametrize('kind,name,path', [
-    ('system', 'input0', '/v2/systemsharedmemory/region/input0'),
-    ('system', 'a%41b', '/v2/systemsharedmemory/region/a%41b'),
-    ('system', "r-1._~!$&'()*+,;=:@", "/v2/systemsharedmemory/region/r-1._~!$&'()*+,;=:@"),
-    ('cuda', 'gpu', '/v2/cudasharedmemory/region/gpu'),
-])
+@pytest.mark.parametrize(
+    'kind,name,path',
+    [
+        ('system', 'input0', '/v2/systemsharedmemory/region/input0'),
+        ('system', 'a%41b', '/v2/systemsharedmemory/region/a%41b'),
+        ('system', "r-1._~!$&'()*+,;=:@", "/v2/systemsharedmemory/region/r-1._~!$&'()*+,;=:@"),
+        ('cuda', 'gpu', '/v2/cudasharedmemory/region/gpu'),
+    ],
+)
 def test_region_path_sends_the_name_byte_for_byte(kind, name, path):
     assert triton_http.region_path(kind, name) == path
 
@@ -105,6 +122,7 @@ def test_region_path_refuses_an_unknown_kind():
 
 
 # -- requests that work -----------------------------------------------------------------------------
+
 
 def test_headers_status_and_register_bodies_reach_the_server(serve):
     model = Triton('2.51.0')
@@ -128,14 +146,19 @@ def test_headers_status_and_register_bodies_reach_the_server(serve):
 
 
 def test_health_answers(serve):
-    srv = serve({('GET', '/v2/health/live'): (200, None, b''),
-                 ('GET', '/v2/health/ready'): (503, 'application/json', '{"error":"not ready"}')})
+    srv = serve(
+        {
+            ('GET', '/v2/health/live'): (200, None, b''),
+            ('GET', '/v2/health/ready'): (503, 'application/json', '{"error":"not ready"}'),
+        }
+    )
     client = TritonClient(srv.url)
     assert client.health('live') is True
     assert client.health('ready') is False
 
 
 # -- failures ------------------------------------------------------------------------------------------
+
 
 def _fails(call, *needles):
     with pytest.raises(TritonError) as err:
@@ -146,15 +169,26 @@ def _fails(call, *needles):
 
 
 def test_http_error_carries_the_servers_own_error(serve):
-    srv = serve({('POST', '/v2/systemsharedmemory/region/busy/unregister'):
-                 jsonr(dict(error="Cannot unregister shared memory region 'busy', it is currently in use."), 400),
-                 ('POST', '/v2/systemsharedmemory/region/nope/unregister'):
-                 jsonr(dict(error="Unable to find system shared memory region: 'nope'"), 400)})
+    srv = serve(
+        {
+            ('POST', '/v2/systemsharedmemory/region/busy/unregister'): jsonr(
+                dict(error="Cannot unregister shared memory region 'busy', it is currently in use."), 400
+            ),
+            ('POST', '/v2/systemsharedmemory/region/nope/unregister'): jsonr(
+                dict(error="Unable to find system shared memory region: 'nope'"), 400
+            ),
+        }
+    )
     client = TritonClient(srv.url)
     url = srv.url + '/v2/systemsharedmemory/region/busy/unregister'
-    err = _fails(lambda: client.unregister('system', 'busy'), f"unregister system region 'busy' at {url}: HTTP 400: Cannot unregister")
+    err = _fails(
+        lambda: client.unregister('system', 'busy'),
+        f"unregister system region 'busy' at {url}: HTTP 400: Cannot unregister",
+    )
     assert (err.status, err.url, err.in_use, err.not_found) == (400, url, True, False)
-    assert err.as_dict() == dict(url=url, status=400, server_error="Cannot unregister shared memory region 'busy', it is currently in use.")
+    assert err.as_dict() == dict(
+        url=url, status=400, server_error="Cannot unregister shared memory region 'busy', it is currently in use."
+    )
     err = _fails(lambda: client.unregister('system', 'nope'), 'Unable to find')
     assert (err.in_use, err.not_found) == (False, True)
 
@@ -163,42 +197,67 @@ def test_http_error_carries_the_servers_own_error(serve):
 CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--allow-client-shm=true'"
 
 
-@pytest.mark.parametrize('call', [
-    lambda c: c.status('system'),
-    lambda c: c.register_system('in0', '/in0', 0, 1024),
-    lambda c: c.unregister('system', 'in0'),
-])
+@pytest.mark.parametrize(
+    'call',
+    [
+        lambda c: c.status('system'),
+        lambda c: c.register_system('in0', '/in0', 0, 1024),
+        lambda c: c.unregister('system', 'in0'),
+    ],
+)
 def test_client_shm_disabled_names_the_flag_and_the_role_variable(serve, call):
     answer = jsonr(dict(error=CLIENT_SHM_OFF), 400)
-    srv = serve({('GET', '/v2/systemsharedmemory/status'): answer,
-                 ('POST', '/v2/systemsharedmemory/region/in0/register'): answer,
-                 ('POST', '/v2/systemsharedmemory/region/in0/unregister'): answer})
-    err = _fails(lambda: call(TritonClient(srv.url)), CLIENT_SHM_OFF, '--allow-client-shm=true',
-                 'tritonops.shm.triton_server', 'triton_server_allow_client_shm')
+    srv = serve(
+        {
+            ('GET', '/v2/systemsharedmemory/status'): answer,
+            ('POST', '/v2/systemsharedmemory/region/in0/register'): answer,
+            ('POST', '/v2/systemsharedmemory/region/in0/unregister'): answer,
+        }
+    )
+    err = _fails(
+        lambda: call(TritonClient(srv.url)),
+        CLIENT_SHM_OFF,
+        '--allow-client-shm=true',
+        'tritonops.shm.triton_server',
+        'triton_server_allow_client_shm',
+    )
     assert err.server_error == CLIENT_SHM_OFF and err.status == 400
 
 
 def test_http_error_without_json_quotes_the_body_or_the_reason(serve):
-    srv = serve({('GET', '/v2'): (502, 'text/html', '<html><body>Bad Gateway from the proxy</body></html>'),
-                 ('GET', '/v2/systemsharedmemory/status'): (500, None, b'')})
+    srv = serve(
+        {
+            ('GET', '/v2'): (502, 'text/html', '<html><body>Bad Gateway from the proxy</body></html>'),
+            ('GET', '/v2/systemsharedmemory/status'): (500, None, b''),
+        }
+    )
     client = TritonClient(srv.url)
-    err = _fails(client.server_metadata, f'read server metadata at {srv.url}/v2: HTTP 502: <html><body>Bad Gateway from the proxy')
+    err = _fails(
+        client.server_metadata,
+        f'read server metadata at {srv.url}/v2: HTTP 502: <html><body>Bad Gateway from the proxy',
+    )
     assert err.server_error is None
     _fails(lambda: client.status('system'), 'HTTP 500: Internal Server Error')
 
 
 def test_html_is_not_triton_json(serve):
     srv = serve({('GET', '/v2'): (200, 'text/html', '<!DOCTYPE html><title>Welcome to nginx!</title>' + 'x' * 500)})
-    err = _fails(TritonClient(srv.url).server_metadata, f'at {srv.url}/v2: the response is not Triton JSON (is another web server on this port?)',
-                 'Welcome to nginx!')
+    err = _fails(
+        TritonClient(srv.url).server_metadata,
+        f'at {srv.url}/v2: the response is not Triton JSON (is another web server on this port?)',
+        'Welcome to nginx!',
+    )
     assert err.msg.endswith('...'), 'long bodies are cut'
     assert err.status == 200
 
 
-@pytest.mark.parametrize('route,call,why', [
-    (('GET', '/v2'), 'server_metadata', 'the response is not Triton server metadata'),
-    (('GET', '/v2/systemsharedmemory/status'), 'status', 'expected a JSON list of regions'),
-])
+@pytest.mark.parametrize(
+    'route,call,why',
+    [
+        (('GET', '/v2'), 'server_metadata', 'the response is not Triton server metadata'),
+        (('GET', '/v2/systemsharedmemory/status'), 'status', 'expected a JSON list of regions'),
+    ],
+)
 @pytest.mark.parametrize('body', [dict(name='triton'), ['not', 'dicts'], None])
 def test_json_of_the_wrong_shape_is_refused(serve, route, call, why, body):
     if call == 'status' and body == dict(name='triton'):
@@ -214,7 +273,10 @@ def test_connection_refused_names_the_url():
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
     client = TritonClient(f'http://127.0.0.1:{port}')
-    err = _fails(client.server_metadata, f'read server metadata at http://127.0.0.1:{port}/v2: cannot connect to Triton (refused or unreachable)')
+    err = _fails(
+        client.server_metadata,
+        f'read server metadata at http://127.0.0.1:{port}/v2: cannot connect to Triton (refused or unreachable)',
+    )
     assert err.status is None
     with pytest.raises(TritonError):
         client.health('live')  # no answer at all is not "not live": it is an error
@@ -225,7 +287,10 @@ def test_a_server_that_never_answers_times_out():
         s.bind(('127.0.0.1', 0))
         s.listen(4)
         url = f'http://127.0.0.1:{s.getsockname()[1]}'
-        _fails(TritonClient(url, timeout=0.3).server_metadata, f'read server metadata at {url}/v2: no answer within 0.3s (timeout)')
+        _fails(
+            TritonClient(url, timeout=0.3).server_metadata,
+            f'read server metadata at {url}/v2: no answer within 0.3s (timeout)',
+        )
 
 
 def test_connect_timeout_names_the_url(monkeypatch):
@@ -233,6 +298,7 @@ def test_connect_timeout_names_the_url(monkeypatch):
 
     def refuse(*_args, **_kwargs):
         raise socket.timeout('timed out')
+
     monkeypatch.setattr(triton_http.socket, 'create_connection', refuse)
     _fails(client.server_metadata, 'read server metadata at http://127.0.0.1:9/v2: connection timed out after 2s')
 
@@ -241,13 +307,16 @@ def test_connect_timeout_names_the_url(monkeypatch):
 def test_a_redirect_is_refused_naming_where_it_leads(serve, status):
     srv = serve({('GET', '/v2/cudasharedmemory/status'): (status, None, b'')})
     srv.headers = {'Location': 'http://elsewhere.example/v2'}
-    err = _fails(lambda: TritonClient(srv.url).status('cuda'),
-                 f'read cuda shared memory status at {srv.url}/v2/cudasharedmemory/status: HTTP {status}: the server '
-                 'redirects to http://elsewhere.example/v2; redirects are not followed')
+    err = _fails(
+        lambda: TritonClient(srv.url).status('cuda'),
+        f'read cuda shared memory status at {srv.url}/v2/cudasharedmemory/status: HTTP {status}: the server '
+        'redirects to http://elsewhere.example/v2; redirects are not followed',
+    )
     assert err.status == status and [r.path for r in srv.requests] == ['/v2/cudasharedmemory/status']
 
 
 # -- TLS, with a real certificate ------------------------------------------------------------------
+
 
 @pytest.fixture(scope='module')
 def certs(tmp_path_factory):
@@ -255,17 +324,79 @@ def certs(tmp_path_factory):
 
     def openssl(*args):
         subprocess.run(['openssl'] + list(args), check=True, capture_output=True, cwd=str(d))
-    openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2', '-subj', '/CN=test-ca',
-            '-keyout', 'ca.key', '-out', 'ca.pem', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=keyCertSign')
-    openssl('req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2', '-subj', '/CN=wrong-ca',
-            '-keyout', 'wrong.key', '-out', 'wrong.pem')
+
+    openssl(
+        'req',
+        '-x509',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:prime256v1',
+        '-nodes',
+        '-days',
+        '2',
+        '-subj',
+        '/CN=test-ca',
+        '-keyout',
+        'ca.key',
+        '-out',
+        'ca.pem',
+        '-addext',
+        'basicConstraints=critical,CA:TRUE',
+        '-addext',
+        'keyUsage=keyCertSign',
+    )
+    openssl(
+        'req',
+        '-x509',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:prime256v1',
+        '-nodes',
+        '-days',
+        '2',
+        '-subj',
+        '/CN=wrong-ca',
+        '-keyout',
+        'wrong.key',
+        '-out',
+        'wrong.pem',
+    )
     for name in ('server', 'client'):
-        openssl('req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-subj', f'/CN={name}',
-                '-keyout', name + '.key', '-out', name + '.csr')
+        openssl(
+            'req',
+            '-newkey',
+            'ec',
+            '-pkeyopt',
+            'ec_paramgen_curve:prime256v1',
+            '-nodes',
+            '-subj',
+            f'/CN={name}',
+            '-keyout',
+            name + '.key',
+            '-out',
+            name + '.csr',
+        )
         with open(str(d / (name + '.ext')), 'w') as f:
             f.write('subjectAltName=IP:127.0.0.1\n' if name == 'server' else 'extendedKeyUsage=clientAuth\n')
-        openssl('x509', '-req', '-in', name + '.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '2',
-                '-extfile', name + '.ext', '-out', name + '.pem')
+        openssl(
+            'x509',
+            '-req',
+            '-in',
+            name + '.csr',
+            '-CA',
+            'ca.pem',
+            '-CAkey',
+            'ca.key',
+            '-CAcreateserial',
+            '-days',
+            '2',
+            '-extfile',
+            name + '.ext',
+            '-out',
+            name + '.pem',
+        )
     return {n: str(d / n) for n in os.listdir(str(d))}
 
 
@@ -281,9 +412,15 @@ def _tls(certs, require_client=False):
 def test_tls_certificate_is_verified_against_ca_path(serve, certs):
     srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs))
     url = srv.url
-    _fails(TritonClient(url).server_metadata, f'read server metadata at {url}/v2: TLS verification failed', 'certificate verify failed')
+    _fails(
+        TritonClient(url).server_metadata,
+        f'read server metadata at {url}/v2: TLS verification failed',
+        'certificate verify failed',
+    )
     assert TritonClient(url, ca_path=certs['ca.pem']).server_metadata()['version'] == '2.51.0'
-    assert TritonClient(url, validate_certs=False).server_metadata()['version'] == '2.51.0'   # the module warns (make_client)
+    assert (
+        TritonClient(url, validate_certs=False).server_metadata()['version'] == '2.51.0'
+    )  # the module warns (make_client)
     unverified = TritonClient(url, validate_certs=False, ca_path=certs['wrong.pem'])
     assert unverified.server_metadata()['version'] == '2.51.0', 'validate_certs false wins over ca_path'
     ca_dir = os.path.dirname(certs['ca.pem']) + '/hashed'
@@ -306,6 +443,7 @@ def test_tls_client_certificate(serve, certs):
 
 # -- the keep-alive connection for bulk work (TritonClient.use_keep_alive), moved here from test_region_ops.py ------
 
+
 @pytest.fixture
 def front():
     """front(model, **options) -> the fake Triton over HTTP (fake_triton.HttpFront), counting connections."""
@@ -314,6 +452,7 @@ def front():
     def make(model, **kw):
         fronts.append(HttpFront(model, **kw))
         return fronts[-1]
+
     yield make
     for f in fronts:
         f.close()
@@ -344,11 +483,11 @@ def test_keep_alive_sends_many_requests_over_one_connection(front):
 def test_keep_alive_reads_chunked_answers_and_reconnects_after_close(front):
     model = Triton()
     model.list('a', byte_size=1)
-    server = front(model, chunks=2)     # every answer in two chunks
+    server = front(model, chunks=2)  # every answer in two chunks
     server.answers[('POST', '/v2/systemsharedmemory/region/x/unregister')] = Reply(200, close=True)
     client = _client(server.url)
     assert client.status('system')[0]['name'] == 'a'
-    client.unregister('system', 'x')     # the server closes after this answer
+    client.unregister('system', 'x')  # the server closes after this answer
     client.unregister('system', 'y')
     assert server.connections == 2
 
@@ -365,14 +504,17 @@ def test_keep_alive_survives_a_server_closing_idle_connections(front):
 def test_keep_alive_errors_read_like_requests_errors(front):
     model = Triton()
     model.list('busy')
-    model.in_flight['busy'] = -1        # 2.51: refused as in use, INTERNAL (500)
+    model.in_flight['busy'] = -1  # 2.51: refused as in use, INTERNAL (500)
     server = front(model)
     server.answers[('GET', '/v2/systemsharedmemory/status')] = Reply(404, '<html>nope</html>')
     client = _client(server.url)
     with pytest.raises(TritonError) as info:
         client.unregister('system', 'busy')
     assert info.value.in_use and info.value.status == 500
-    assert f"unregister system region 'busy' at {server.url}/v2/systemsharedmemory/region/busy/unregister: HTTP 500: " in info.value.msg
+    assert (
+        f"unregister system region 'busy' at {server.url}/v2/systemsharedmemory/region/busy/unregister: HTTP 500: "
+        in info.value.msg
+    )
     with pytest.raises(TritonError, match=r'HTTP 404: <html>nope</html>'):
         client.status('system')
     silent = front(Triton())
@@ -434,6 +576,7 @@ def test_https_through_an_environment_proxy_goes_through_a_connect_tunnel(serve,
         conn.sendall(b'HTTP/1.1 200 Connection established\r\n\r\n')
         threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
         pipe(conn, upstream)
+
     threading.Thread(target=tunnel, daemon=True).start()
     for name in [n for n in os.environ if n.lower().endswith('_proxy')]:
         monkeypatch.delenv(name)
@@ -459,7 +602,9 @@ def test_close_closes_the_connection_and_a_later_request_opens_a_new_one(front, 
 
 
 def test_every_failure_says_it_came_over_http(serve):
-    srv = serve({('POST', '/v2/systemsharedmemory/region/busy/unregister'): jsonr(dict(error=IN_USE.format('busy')), 400)})
+    srv = serve(
+        {('POST', '/v2/systemsharedmemory/region/busy/unregister'): jsonr(dict(error=IN_USE.format('busy')), 400)}
+    )
     with pytest.raises(TritonError) as err:
         TritonClient(srv.url).unregister('system', 'busy')
     url = f'{srv.url}/v2/systemsharedmemory/region/busy/unregister'
@@ -467,11 +612,13 @@ def test_every_failure_says_it_came_over_http(serve):
     srv.close()
     with pytest.raises(TritonError) as err:
         TritonClient(srv.url).status('system')
-    assert err.value.failure() == dict(url=f'{srv.url}/v2/systemsharedmemory/status', status=None, server_error=None,
-                                       transport='http')
+    assert err.value.failure() == dict(
+        url=f'{srv.url}/v2/systemsharedmemory/status', status=None, server_error=None, transport='http'
+    )
 
 
 # -- module glue -------------------------------------------------------------------------------------
+
 
 class Failed(Exception):
     pass
@@ -482,8 +629,15 @@ class FakeModule:
 
     def __init__(self, **params):
         self.no_log_values = set()
-        self.params = dict(url='http://127.0.0.1:8000', timeout=10.0, validate_certs=True, ca_path=None, headers={},
-                           client_cert=None, client_key=None)
+        self.params = dict(
+            url='http://127.0.0.1:8000',
+            timeout=10.0,
+            validate_certs=True,
+            ca_path=None,
+            headers={},
+            client_cert=None,
+            client_key=None,
+        )
         self.params.update(params)
         self.warnings = []
         self.failed = None
@@ -501,14 +655,19 @@ def test_connection_argument_spec_matches_the_doc_fragment():
     assert sorted(spec) == ['ca_path', 'client_cert', 'client_key', 'headers', 'timeout', 'url', 'validate_certs']
     assert spec['url']['required'] is True and spec['url']['fallback'][1] == ['TRITON_URL']
     assert spec['headers']['no_log'] is True
-    assert sorted(base.shm_dir_argument_spec()) == sorted(list(spec) + ['server_pid', 'shm_dir', 'clients_share_pid_namespace'])
+    assert sorted(base.shm_dir_argument_spec()) == sorted(
+        list(spec) + ['server_pid', 'shm_dir', 'clients_share_pid_namespace']
+    )
 
 
-@pytest.mark.parametrize('params,msg', [
-    (dict(timeout=0), 'timeout must be a positive number of seconds, got 0'),
-    (dict(timeout=-1.5), 'timeout must be a positive number of seconds, got -1.5'),
-    (dict(url='ftp://x'), 'is not an http(s) URL'),
-])
+@pytest.mark.parametrize(
+    'params,msg',
+    [
+        (dict(timeout=0), 'timeout must be a positive number of seconds, got 0'),
+        (dict(timeout=-1.5), 'timeout must be a positive number of seconds, got -1.5'),
+        (dict(url='ftp://x'), 'is not an http(s) URL'),
+    ],
+)
 def test_make_client_refuses_bad_options(params, msg):
     module = FakeModule(**params)
     with pytest.raises(Failed):
@@ -543,7 +702,7 @@ def test_make_client_without_the_grpc_library_says_what_to_install(monkeypatch):
     module = FakeModule(url='grpc://127.0.0.1:8001')
     with pytest.raises(Failed):
         base.make_client(module)
-    assert "Failed to import the required Python library (tritonclient[grpc])" in module.failed['msg']
+    assert 'Failed to import the required Python library (tritonclient[grpc])' in module.failed['msg']
     assert 'for grpc:// and grpcs:// URLs' in module.failed['msg']
     assert 'No module named grpc' in module.failed['exception']
     with pytest.raises(RuntimeError):
@@ -555,14 +714,21 @@ def test_run_module_main_turns_errors_into_clear_failures():
     module = FakeModule()
 
     def triton_fails():
-        raise TritonError('unregister region at http://x: HTTP 400: busy', url='http://x', status=400, server_error='busy')
+        raise TritonError(
+            'unregister region at http://x: HTTP 400: busy', url='http://x', status=400, server_error='busy'
+        )
+
     with pytest.raises(Failed):
         base.run_module_main(module, triton_fails, partial=lambda: dict(unregistered=['a']))
-    assert module.failed == dict(msg='unregister region at http://x: HTTP 400: busy', unregistered=['a'],
-                                 failure=dict(url='http://x', status=400, server_error='busy'))
+    assert module.failed == dict(
+        msg='unregister region at http://x: HTTP 400: busy',
+        unregistered=['a'],
+        failure=dict(url='http://x', status=400, server_error='busy'),
+    )
 
     def fs_fails():
         raise ShmFsError('cannot remove x from /dev/shm: Permission denied')
+
     with pytest.raises(Failed):
         base.run_module_main(module, fs_fails)
     assert module.failed == dict(msg='cannot remove x from /dev/shm: Permission denied')
@@ -576,12 +742,21 @@ def test_run_module_main_returns_which_transport_failed():
     module = FakeModule(url='grpc://x:8001')
 
     def grpc_fails():
-        raise TritonError("unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy", url='grpc://x:8001',
-                          status='INTERNAL', server_error='busy', transport='grpc')
+        raise TritonError(
+            "unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy",
+            url='grpc://x:8001',
+            status='INTERNAL',
+            server_error='busy',
+            transport='grpc',
+        )
+
     with pytest.raises(Failed):
         base.run_module_main(module, grpc_fails, partial=lambda: dict(unregistered=[]))
-    assert module.failed == dict(msg="unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy", unregistered=[],
-                                 failure=dict(url='grpc://x:8001', status='INTERNAL', server_error='busy', transport='grpc'))
+    assert module.failed == dict(
+        msg="unregister system region 'r' at grpc://x:8001: gRPC INTERNAL: busy",
+        unregistered=[],
+        failure=dict(url='grpc://x:8001', status='INTERNAL', server_error='busy', transport='grpc'),
+    )
 
 
 def test_make_client_checks_the_transports_library_once(monkeypatch):
@@ -591,11 +766,13 @@ def test_make_client_checks_the_transports_library_once(monkeypatch):
     def counted(cls):
         calls.append(cls)
         return real(cls)
+
     monkeypatch.setattr(TritonClient, 'library', classmethod(counted))
     assert isinstance(base.make_client(FakeModule()), TritonClient) and calls == [TritonClient]
 
 
 # -- model repository (triton_backend_pool) -----------------------------------------------------------
+
 
 def test_repository_index_config_and_load_with_a_config(serve):
     model = Triton()
@@ -607,13 +784,13 @@ def test_repository_index_config_and_load_with_a_config(serve):
     client.load_model('grow', config={'name': 'grow', 'parameters': {'p': {'string_value': '1'}}}, timeout=30)
     sent = json.loads(server.requests[-1].body)
     assert json.loads(sent['parameters']['config']) == {'name': 'grow', 'parameters': {'p': {'string_value': '1'}}}
-    assert client.timeout == 10.0          # the load's own timeout does not stay
+    assert client.timeout == 10.0  # the load's own timeout does not stay
     client.load_model('grow')
     assert json.loads(server.requests[-1].body) == {}
 
 
 def test_a_load_refused_for_model_control_names_the_condition(serve):
-    server = serve({}, model=Triton(model_control='poll'))    # Triton answers 503 (UNAVAILABLE)
+    server = serve({}, model=Triton(model_control='poll'))  # Triton answers 503 (UNAVAILABLE)
     with pytest.raises(ModelControlRefused) as err:
         TritonClient(server.url).load_model('grow')
     assert err.value.status == 503 and err.value.server_error == MODEL_CONTROL
@@ -630,11 +807,22 @@ def test_model_names_a_path_cannot_carry_are_not_sent(serve):
 RESTRICTED = "This API is restricted, expecting header 'shm-key'"
 
 
-@pytest.mark.parametrize('call', [lambda c: c.status('system'), lambda c: c.unregister('system', 'r'),
-                                  lambda c: c.register_system('r', '/r', 0, 64)])
+@pytest.mark.parametrize(
+    'call',
+    [
+        lambda c: c.status('system'),
+        lambda c: c.unregister('system', 'r'),
+        lambda c: c.register_system('r', '/r', 0, 64),
+    ],
+)
 def test_a_restricted_api_without_its_header_names_the_headers_option_and_the_key(serve, call):
-    srv = serve({}, model=Triton(restricted=('shm-key', 'V')))    # the model answers 403 with Triton's text
-    err = _fails(lambda: call(TritonClient(srv.url)), f'HTTP 403: {RESTRICTED}; the server was started with '
-                 '--http-restricted-api', 'give it in the headers option, headers: {shm-key: <the value the server was started with>}',
-                 'shm_cleanup_headers')
-    assert isinstance(err, Restricted) and err.header == 'shm-key' and err.status == 403 and err.server_error == RESTRICTED
+    srv = serve({}, model=Triton(restricted=('shm-key', 'V')))  # the model answers 403 with Triton's text
+    err = _fails(
+        lambda: call(TritonClient(srv.url)),
+        f'HTTP 403: {RESTRICTED}; the server was started with --http-restricted-api',
+        'give it in the headers option, headers: {shm-key: <the value the server was started with>}',
+        'shm_cleanup_headers',
+    )
+    assert (
+        isinstance(err, Restricted) and err.header == 'shm-key' and err.status == 403 and err.server_error == RESTRICTED
+    )

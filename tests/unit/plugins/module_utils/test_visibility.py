@@ -4,6 +4,7 @@ procfs.pid_namespace() on fake proc trees (what the kernel shows in each case) a
 (``unshare --pid --fork --mount-proc``); holders.visibility() and scan() on top of it; the snapshot and
 triton_shm_info's result keys. RegionOps under the rule: tests/unit/plugins/module_utils/test_region_ops.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,16 @@ import sys
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Snapshot, classify, info_result, read_server
+from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
+    Snapshot,
+    classify,
+    info_result,
+    read_server,
+)
 
 INITIAL_HERE = os.stat('/proc/self/ns/pid').st_ino == procfs.INITIAL_PID_NS_INODE
 needs_initial = pytest.mark.skipif(not INITIAL_HERE, reason="the tests run outside the host's initial PID namespace")
-COLLECTION_ROOT = os.path.abspath(__file__).rsplit('/ansible_collections/', 1)[0]   # what sys.path needs
+COLLECTION_ROOT = os.path.abspath(__file__).rsplit('/ansible_collections/', 1)[0]  # what sys.path needs
 
 
 def fake_proc(root, self_target: str | None, ns_target: str | None, ns_is_file: bool = False) -> str:
@@ -51,12 +57,15 @@ def test_a_proc_whose_self_is_us_and_whose_namespace_is_the_initial_one(tmp_path
     assert procfs.pid_namespace(proc).initial is True
 
 
-@pytest.mark.parametrize('self_target,ns_target,ns_is_file,why', [
-    (None, None, False, 'self does not resolve'),                  # a descendant namespace's proc: we are not in it
-    ('1', '/proc/self/ns/pid', False, "self is 1, not the module's pid"),   # an ancestor's proc: another number
-    ('OWN', None, True, "PID namespace is pid:["),                 # our namespace has a dynamic inode
-    ('OWN', '/nonexistent/ns', False, 'ns/pid cannot be read'),
-])
+@pytest.mark.parametrize(
+    'self_target,ns_target,ns_is_file,why',
+    [
+        (None, None, False, 'self does not resolve'),  # a descendant namespace's proc: we are not in it
+        ('1', '/proc/self/ns/pid', False, "self is 1, not the module's pid"),  # an ancestor's proc: another number
+        ('OWN', None, True, 'PID namespace is pid:['),  # our namespace has a dynamic inode
+        ('OWN', '/nonexistent/ns', False, 'ns/pid cannot be read'),
+    ],
+)
 def test_any_other_proc_or_namespace_is_not_the_initial_one(tmp_path, self_target, ns_target, ns_is_file, why):
     proc = fake_proc(tmp_path, str(os.getpid()) if self_target == 'OWN' else self_target, ns_target, ns_is_file)
     ns = procfs.pid_namespace(proc)
@@ -64,12 +73,14 @@ def test_any_other_proc_or_namespace_is_not_the_initial_one(tmp_path, self_targe
     assert why in ns.detail
     vis = holders.visibility(proc)
     assert vis.pid_namespace == holders.OTHER and vis.complete is False
-    assert why in vis.reason and 'clients_share_pid_namespace: true' in vis.reason and 'docs/kubernetes.md' in vis.reason
+    assert (
+        why in vis.reason and 'clients_share_pid_namespace: true' in vis.reason and 'docs/kubernetes.md' in vis.reason
+    )
     shared = holders.visibility(proc, clients_share_pid_namespace=True)
     assert shared == holders.Visibility(holders.OTHER, True, None, True), 'the operator states it: complete'
 
 
-CHILD = '''
+CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
@@ -78,14 +89,19 @@ scan = holders.scan([(1, 2)])
 shared = holders.scan([(1, 2)], visible=holders.visibility(clients_share_pid_namespace=True))
 print(json.dumps(dict(initial=ns.initial, detail=ns.detail, complete=scan.complete, reason=scan.incomplete_reason(),
                       shared=shared.complete, ns=shared.visibility.pid_namespace)))
-'''
+"""
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which('unshare'), reason='needs root and unshare')
 def test_a_real_child_pid_namespace_is_not_the_initial_one():
     """A real PID namespace with its own /proc, as in a container: the scan is incomplete unless the option says so."""
-    out = subprocess.run(['unshare', '--pid', '--fork', '--mount-proc', sys.executable, '-c', CHILD, COLLECTION_ROOT],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ['unshare', '--pid', '--fork', '--mount-proc', sys.executable, '-c', CHILD, COLLECTION_ROOT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     got = json.loads(out)
     assert got['initial'] is False and "not the host's initial one" in got['detail']
     assert got['complete'] is False and "outside the host's initial PID namespace" in got['reason']
@@ -96,8 +112,13 @@ def test_a_real_child_pid_namespace_is_not_the_initial_one():
 @needs_initial
 def test_the_hosts_proc_read_from_a_child_pid_namespace_is_not_trusted():
     """A child PID namespace that still sees the host's /proc (no --mount-proc): self names another pid."""
-    out = subprocess.run(['unshare', '--pid', '--fork', sys.executable, '-c', CHILD, COLLECTION_ROOT],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ['unshare', '--pid', '--fork', sys.executable, '-c', CHILD, COLLECTION_ROOT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     got = json.loads(out)
     assert got['initial'] is False and "not the module's pid 1" in got['detail']
     assert got['complete'] is False
@@ -115,14 +136,35 @@ def test_scan_joins_every_reason_and_keeps_the_older_ones_first():
 
 def _snapshot(vis, scan=True):
     loc = discovery.Location(pid=4242, shm_dir='/x', located_by='server_pid', warnings=[], reason=None)
-    entries = [dict(name='a', path='/x/a', type='file', dev=77, inode=1, size=4096, allocated_bytes=4096, uid=0,
-                    mode='0600', mtime=0, age_s=3600)]
+    entries = [
+        dict(
+            name='a',
+            path='/x/a',
+            type='file',
+            dev=77,
+            inode=1,
+            size=4096,
+            allocated_bytes=4096,
+            uid=0,
+            mode='0600',
+            mtime=0,
+            age_s=3600,
+        )
+    ]
     hs = holders.HolderScan(vis) if scan else None
     if hs is not None:
-        hs.holders[(77, 1)] = {4242}    # only the server maps it
-    return Snapshot(url='http://127.0.0.1:1', metadata={'version': '2.51.0'}, entries=entries, location=loc,
-                    system=[dict(name='a', key='/a', offset=0, byte_size=4096)], cuda=[], shm_dir='/x' if scan else None,
-                    scan=hs, visibility=vis)
+        hs.holders[(77, 1)] = {4242}  # only the server maps it
+    return Snapshot(
+        url='http://127.0.0.1:1',
+        metadata={'version': '2.51.0'},
+        entries=entries,
+        location=loc,
+        system=[dict(name='a', key='/a', offset=0, byte_size=4096)],
+        cuda=[],
+        shm_dir='/x' if scan else None,
+        scan=hs,
+        visibility=vis,
+    )
 
 
 def test_an_incomplete_visibility_makes_nothing_stale_orphan_or_reclaimable():
@@ -135,7 +177,9 @@ def test_an_incomplete_visibility_makes_nothing_stale_orphan_or_reclaimable():
     assert res['holders_incomplete_reason'] == 'outside the initial namespace'
     shared = _snapshot(holders.Visibility(holders.OTHER, True, None, True))
     res = info_result(shared, classify(shared))
-    assert res['holders_complete'] is True and res['holders_incomplete_reason'] is None and res['pid_namespace'] == 'other'
+    assert (
+        res['holders_complete'] is True and res['holders_incomplete_reason'] is None and res['pid_namespace'] == 'other'
+    )
     assert [r['state'] for r in res['system_regions']] == ['stale']
 
 
@@ -150,7 +194,9 @@ def test_a_server_not_found_from_another_namespace_says_it_may_be_invisible_from
     """A pod's sidecar without the pod's PID namespace: the server's process is not in its /proc at all."""
     other = holders.Visibility(holders.OTHER, False, 'outside the initial namespace')
     monkeypatch.setattr(holders, 'visibility', lambda proc='/proc', share=False: other)
-    loc = discovery.Location(pid=None, shm_dir=None, located_by=None, warnings=[], reason='no process owns 127.0.0.1:8000')
+    loc = discovery.Location(
+        pid=None, shm_dir=None, located_by=None, warnings=[], reason='no process owns 127.0.0.1:8000'
+    )
     monkeypatch.setattr(discovery, 'locate_server', lambda *args: loc)
 
     class Client:
@@ -161,8 +207,10 @@ def test_a_server_not_found_from_another_namespace_says_it_may_be_invisible_from
 
         def status(self, kind):
             return []
+
     snap = read_server(Client())
     assert snap.server_reason == 'no process owns 127.0.0.1:8000; outside the initial namespace'
-    assert snap.holders_incomplete_reason == ('the shm directory of the server is not known: no process owns 127.0.0.1:8000; '
-                                              'outside the initial namespace')
+    assert snap.holders_incomplete_reason == (
+        'the shm directory of the server is not known: no process owns 127.0.0.1:8000; outside the initial namespace'
+    )
     assert info_result(snap, classify(snap))['server']['not_found_reason'] == snap.server_reason

@@ -4,17 +4,17 @@ main() runs with set_module_args-style input (ansible.module_utils.testing.patch
 URL points at a closed port, so a module that got past validation would fail with a connection error
 instead of the expected message. No root, no server.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.tritonops.shm.plugins.modules import triton_backend_pool, triton_shm_info, triton_shm_region
 
-URL = 'http://127.0.0.1:9'   # discard port: nothing answers
+URL = 'http://127.0.0.1:9'  # discard port: nothing answers
 
 
 def run_main(module, args, capsys):
@@ -22,23 +22,45 @@ def run_main(module, args, capsys):
         with pytest.raises(SystemExit) as exc:
             module.main()
     out = capsys.readouterr().out
-    return exc.value.code, json.loads(out[out.index('{'):])
+    return exc.value.code, json.loads(out[out.index('{') :])
 
 
 REGION_CASES = [
     ('present-without-name', dict(state='present', key='/k', byte_size=1), 'state=present needs name'),
-    ('present-two-names', dict(state='present', name=['a', 'b'], key='/k', byte_size=1), 'state=present registers one region per task, got 2'),
-    ('present-with-stale', dict(state='present', name=['a'], key='/k', byte_size=1, stale=True), 'stale applies to state=absent only'),
-    ('present-system-without-key', dict(state='present', name=['a'], byte_size=1), 'state=present with kind=system needs key'),
+    (
+        'present-two-names',
+        dict(state='present', name=['a', 'b'], key='/k', byte_size=1),
+        'state=present registers one region per task, got 2',
+    ),
+    (
+        'present-with-stale',
+        dict(state='present', name=['a'], key='/k', byte_size=1, stale=True),
+        'stale applies to state=absent only',
+    ),
+    (
+        'present-system-without-key',
+        dict(state='present', name=['a'], byte_size=1),
+        'state=present with kind=system needs key',
+    ),
     ('absent-without-selector', dict(state='absent'), 'state=absent needs a selector'),
     ('orphans-without-patterns', dict(state='absent', orphan_files=True), 'orphan_files=true needs orphan_patterns'),
     ('negative-min-age', dict(state='absent', stale=True, min_age=-1), 'min_age must be 0 or more seconds'),
-    ('negative-in-use-timeout', dict(state='absent', stale=True, in_use_timeout=-1), 'in_use_timeout must be 0 or more seconds'),
+    (
+        'negative-in-use-timeout',
+        dict(state='absent', stale=True, in_use_timeout=-1),
+        'in_use_timeout must be 0 or more seconds',
+    ),
     ('empty-name', dict(state='absent', name=['']), 'region names must not be empty'),
-    ('inventory-present', dict(state='present', name=['a'], key='/k', byte_size=1, inventory=True),
-     'inventory applies to state=absent with kind=system only'),
-    ('inventory-cuda', dict(state='absent', kind='cuda', name=['a'], inventory=True),
-     'inventory applies to state=absent with kind=system only'),
+    (
+        'inventory-present',
+        dict(state='present', name=['a'], key='/k', byte_size=1, inventory=True),
+        'inventory applies to state=absent with kind=system only',
+    ),
+    (
+        'inventory-cuda',
+        dict(state='absent', kind='cuda', name=['a'], inventory=True),
+        'inventory applies to state=absent with kind=system only',
+    ),
     ('unknown-state', dict(state='gone'), 'value of state must be one of: present, absent'),
     ('zero-timeout', dict(state='absent', stale=True, timeout=0), 'timeout must be a positive number of seconds'),
     ('unknown-option', dict(state='absent', stale=True, treshold=3), 'Unsupported parameters'),
