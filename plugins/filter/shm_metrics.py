@@ -8,7 +8,7 @@ Documentation: plugins/filter/shm_metrics.yml and shm_metrics_file.yml (``ansibl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -52,5 +52,5 @@ def shm_dir_refusal(directory: Any) -> str:
 
 
 class FilterModule:
-    def filters(self):
+    def filters(self) -> dict[str, Callable[..., Any]]:
         return {'shm_metrics': shm_metrics, 'shm_metrics_file': shm_metrics_file, 'shm_dir_refusal': shm_dir_refusal}

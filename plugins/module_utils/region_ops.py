@@ -23,7 +23,7 @@ import enum
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import inventory, region_plan, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
@@ -75,7 +75,7 @@ class RegionOps:
 
     def __init__(
         self,
-        client,
+        client: Any,
         params: dict,
         check_mode: bool = False,
         warn: Callable[[str], object] | None = None,

@@ -175,6 +175,7 @@ pid_namespace:
 """
 
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -192,7 +193,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
 )
 
 
-def read_pools(client, params: dict) -> tuple:
+def read_pools(client: Any, params: dict) -> tuple:
     """(snapshot, backend_pools) of one read of the server."""
     criteria = inventory.Criteria.of((), inventory.DEFAULT_MIN_AGE, params['backend_patterns'])
     snap = inventory.read_server(
@@ -208,7 +209,7 @@ def read_pools(client, params: dict) -> tuple:
     return snap, inventory.pool_records(snap, records.files)
 
 
-def run(module: AnsibleModule, client, done: list) -> None:
+def run(module: AnsibleModule, client: Any, done: list) -> None:
     params = module.params
     for opt in ('max_bytes', 'max_percent'):
         if params[opt] is not None and params[opt] < 0:

@@ -417,6 +417,7 @@ metrics_files:
 """
 
 import traceback
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -441,7 +442,7 @@ except ImportError:
     JMESPATH_IMPORT_ERROR = traceback.format_exc()
 
 
-def run(module: AnsibleModule, client) -> None:
+def run(module: AnsibleModule, client: Any) -> None:
     params = module.params
     if params['query'] and not HAS_JMESPATH:
         module.fail_json(msg=missing_required_lib('jmespath'), exception=JMESPATH_IMPORT_ERROR)

@@ -23,18 +23,22 @@ keys ``KEY_i`` (i = 0..N-1) instead of one, over one connection: a quick
 way to leak many regions at once (benchmarks, bulk tests).
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import signal
 import sys
 import time
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
 
-def connect(url):
+def connect(url: str) -> tuple[Any, ModuleType]:
     """(client, the tritonclient module it comes from): gRPC for grpc:// URLs, HTTP otherwise."""
     if url.startswith('grpc://'):
         import tritonclient.grpc as grpcclient  # pylint: disable=import-outside-toplevel
@@ -43,7 +47,7 @@ def connect(url):
     return httpclient.InferenceServerClient(url.split('://', 1)[-1]), httpclient
 
 
-def main():
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument('--url', required=True)
     parser.add_argument('--name', required=True)
@@ -123,7 +127,7 @@ def main():
     return 0
 
 
-def register_when_gone(args):
+def register_when_gone(args: argparse.Namespace) -> int:
     """Wait until args.register_when_gone is not registered, register it on our own region, die with our group."""
     client = httpclient.InferenceServerClient(args.url.split('://', 1)[-1])
     handle = shm.create_shared_memory_region(args.name, args.key, args.offset + args.byte_size)
@@ -140,7 +144,7 @@ def register_when_gone(args):
     return 1
 
 
-def hold_many(args):
+def hold_many(args: argparse.Namespace) -> int:
     """Create, fill and register args.count regions, print READY and hold them until SIGTERM."""
     if args.mode != 'hold':
         raise SystemExit('--count works with --mode hold only')

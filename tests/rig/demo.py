@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLLECTION = os.path.dirname(os.path.dirname(HERE))
@@ -35,19 +38,19 @@ BIN = os.path.dirname(os.path.abspath(sys.executable))
 START = time.monotonic()
 
 
-def step(title):
+def step(title: str) -> None:
     print('\n== [%5.1fs] %s ==' % (time.monotonic() - START, title), flush=True)
 
 
-def say(text=''):
+def say(text: str = '') -> None:
     print('   ' + text if text else '', flush=True)
 
 
-def mib(n):
+def mib(n: float) -> str:
     return '%.1f MiB' % (n / MiB)
 
 
-def usage(server):
+def usage(server: tritonrig.TritonServer) -> str:
     u = server.shm_usage()
     return '/dev/shm %s of %s used (%.0f%%)' % (
         mib(u['used_bytes']),
@@ -56,7 +59,7 @@ def usage(server):
     )
 
 
-def playbook(name, inventory, extra):
+def playbook(name: str, inventory: str, extra: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """Run a collection playbook; return (rc, the final table lines, recap)."""
     cmd = [os.path.join(BIN, 'ansible-playbook'), '-i', inventory, 'tritonops.shm.' + name]
     cmd += ['-e', json.dumps(extra)]
@@ -105,7 +108,7 @@ def playbook(name, inventory, extra):
     return proc.returncode, data
 
 
-def wait_for(client, predicate, timeout):
+def wait_for(client: tritonrig.Client, predicate: Callable[[list[str]], Any], timeout: float) -> list[str]:
     """Wait until predicate(new lines) holds; return the lines seen."""
     start = len(client.lines)
     deadline = time.monotonic() + timeout
@@ -117,14 +120,14 @@ def wait_for(client, predicate, timeout):
     return client.lines[start:]
 
 
-def stats(lines):
+def stats(lines: list[str]) -> dict[str, str] | None:
     last = [line for line in lines if line.startswith('STATS')]
     if not last:
         return None
     return dict(kv.split('=') for kv in last[-1].split()[1:])
 
 
-def demo(workdir):
+def demo(workdir: str) -> int:
     step('1. Start Triton with a private 64 MiB /dev/shm and the python-backend "echo" model')
     server = tritonrig.TritonServer(workdir=workdir, shm_size='64m', models=('echo',))
     server.start()
@@ -138,7 +141,7 @@ def demo(workdir):
         say('stopped tritonserver %d and its clients' % server.pid)
 
 
-def story(server, workdir):
+def story(server: tritonrig.TritonServer, workdir: str) -> int:
     step('2. Live clients register regions (they keep running)')
     live = [server.client('prep_live', byte_size=4 * MiB), server.client('feature_live', byte_size=2 * MiB)]
     for c in live:
@@ -243,11 +246,11 @@ def story(server, workdir):
     return 0
 
 
-def _interrupt(signum, frame):
+def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt()
 
 
-def main():
+def main() -> int:
     # SIGTERM ends the demo like Ctrl-C does: through the finally blocks that stop everything
     signal.signal(signal.SIGTERM, _interrupt)
     workdir = tempfile.mkdtemp(prefix='tritonops-demo-')

@@ -32,6 +32,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_SCRIPT = os.path.join(HERE, 'client.py')
@@ -45,14 +47,14 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
-def model_config(name):
+def model_config(name: str) -> str:
     """The config.pbtxt of the rig's python model NAME (ECHO_CONFIG under that name)."""
     return ECHO_CONFIG.replace('name: "echo"', 'name: "%s"' % name, 1)
 
 
 # The python backend stub embeds the base interpreter, whose sys.path does not
 # include this venv: put the venv's site-packages first so numpy imports.
-def python_model(answer, imports=''):
+def python_model(answer: str, imports: str = '') -> str:
     """model.py of a rig python model (a template with {sites}): answer appends one response per request."""
     return (
         'import sys\nsys.path[:0] = {sites!r}\n'
@@ -106,7 +108,7 @@ class RigError(RuntimeError):
 SITE_ENV = 'TRITONRIG_PYTRITON_SITE'
 
 
-def _site_packages():
+def _site_packages() -> str:
     if os.environ.get(SITE_ENV):
         site = os.environ[SITE_ENV]
         if not os.path.isdir(os.path.join(site, 'pytriton')):
@@ -117,7 +119,7 @@ def _site_packages():
     return os.path.dirname(os.path.dirname(os.path.abspath(pytriton.__file__)))
 
 
-def triton_paths():
+def triton_paths() -> dict[str, Any]:
     """Locate tritonserver, its backends and libraries inside the wheel."""
     try:
         site = _site_packages()
@@ -142,7 +144,7 @@ def triton_paths():
     return paths
 
 
-def ensure_python_stub(paths):
+def ensure_python_stub(paths: dict[str, Any]) -> None:
     """Copy the python backend stub for this interpreter into backends/python (once, atomically)."""
     if os.path.exists(paths['stub']):
         return
@@ -156,7 +158,7 @@ def ensure_python_stub(paths):
     os.replace(tmp, paths['stub'])
 
 
-def server_env(paths):
+def server_env(paths: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
     libdirs = [paths['libs'], sysconfig.get_config_var('LIBDIR') or '']
     if env.get('LD_LIBRARY_PATH'):
@@ -206,7 +208,7 @@ def free_port(host: str = '127.0.0.1') -> int:
     return port
 
 
-def http_json(url, method='GET', body=None, timeout=5.0):
+def http_json(url: str, method: str = 'GET', body: Any = None, timeout: float = 5.0) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
@@ -216,7 +218,7 @@ def http_json(url, method='GET', body=None, timeout=5.0):
         return resp.status, (json.loads(raw) if raw else None)
 
 
-def crash(server):
+def crash(server: TritonServer) -> None:
     """SIGKILL a server and its python backend stubs together, as a container's end does (frozen first, so that no
     stub notices and unlinks its pool): their pool files stay, unheld (docs/concepts.md)."""
     group = [server.pid] + [int(d) for d in os.listdir('/proc') if d.isdigit() and _ppid(d) == server.pid]
@@ -227,7 +229,7 @@ def crash(server):
     server.proc.wait(timeout=10)
 
 
-def _ppid(pid):
+def _ppid(pid: int | str) -> int | None:
     try:
         with open('/proc/%s/stat' % pid) as f:
             return int(f.read().rsplit(')', 1)[1].split()[1])
@@ -235,7 +237,7 @@ def _ppid(pid):
         return None
 
 
-def _kill(proc, grace=10.0):
+def _kill(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
     """Stop a Popen we started: SIGTERM, then SIGKILL after grace seconds."""
     if proc is None or proc.poll() is not None:
         return
@@ -254,17 +256,17 @@ class Client:
 
     def __init__(
         self,
-        server,
-        name,
-        key,
-        byte_size,
-        register=True,
-        mode='hold',
-        offset=0,
-        count=0,
-        pause=0.0,
-        register_when_gone=None,
-    ):
+        server: TritonServer,
+        name: str,
+        key: str,
+        byte_size: int,
+        register: bool = True,
+        mode: str = 'hold',
+        offset: int = 0,
+        count: int = 0,
+        pause: float = 0.0,
+        register_when_gone: str | None = None,
+    ) -> None:
         self.server = server
         self.name = name
         self.key = key
@@ -309,7 +311,7 @@ class Client:
             start_new_session=True,
         )
         self.pid = self.proc.pid
-        self.lines = []
+        self.lines: list[str] = []
         line = self._readline(timeout=30 + count * 0.05)
         if not line.startswith('READY'):
             err = ''
@@ -320,10 +322,10 @@ class Client:
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
 
-    def _readline(self, timeout):
-        result = []
+    def _readline(self, timeout: float) -> str:
+        result: list[str] = []
 
-        def read():
+        def read() -> None:
             result.append(self.proc.stdout.readline())
 
         t = threading.Thread(target=read, daemon=True)
@@ -331,15 +333,15 @@ class Client:
         t.join(timeout)
         return result[0].strip() if result else ''
 
-    def _drain(self):
+    def _drain(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line.strip())
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def kill(self, keep_file=True):
+    def kill(self, keep_file: bool = True) -> None:
         """SIGKILL the client: it vanishes without unregistering (a leak).
 
         keep_file=True kills its whole process group at once (as the OOM killer or a
@@ -359,7 +361,7 @@ class Client:
             while os.path.exists(self.server.shm_path(self.key)) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def stop(self):
+    def stop(self) -> None:
         _kill(self.proc, grace=5)
         try:
             os.killpg(self.pid, signal.SIGKILL)
@@ -375,19 +377,19 @@ class ShmNamespace:
     (the files stay, as on a host whose Triton container restarts with ``--ipc=host``).
     """
 
-    def __init__(self, shm_size='64m'):
+    def __init__(self, shm_size: str = '64m') -> None:
         self.shm_size = shm_size
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
 
     @property
-    def pid(self):
+    def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     @property
-    def shm_dir(self):
+    def shm_dir(self) -> str:
         return '/proc/%d/root/dev/shm' % self.pid
 
-    def start(self, timeout=10.0):
+    def start(self, timeout: float = 10.0) -> ShmNamespace:
         if os.geteuid() != 0:
             raise RigError('the rig needs root (mount namespaces and tmpfs mounts)')
         shell = (
@@ -412,15 +414,15 @@ class ShmNamespace:
         self.stop()
         raise RigError('namespace holder did not mount its /dev/shm within %ss' % timeout)
 
-    def stop(self):
+    def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
 
-    def __enter__(self):
+    def __enter__(self) -> ShmNamespace:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -446,21 +448,21 @@ class TritonServer:
 
     def __init__(
         self,
-        workdir=None,
-        shm_size='64m',
-        host='127.0.0.1',
-        http_port=None,
-        models=('echo',),
-        name='triton',
-        grpc=False,
-        namespace=None,
-        http=True,
-        grpc_tls=None,
-        backend_config=(),
-        extra_args=(),
-        run_as=None,
-        model_control='explicit',
-    ):
+        workdir: str | None = None,
+        shm_size: str = '64m',
+        host: str = '127.0.0.1',
+        http_port: int | None = None,
+        models: Iterable[str] = ('echo',),
+        name: str = 'triton',
+        grpc: bool = False,
+        namespace: ShmNamespace | None = None,
+        http: bool = True,
+        grpc_tls: dict[str, str] | None = None,
+        backend_config: Iterable[str] = (),
+        extra_args: Iterable[str] = (),
+        run_as: str | None = None,
+        model_control: str = 'explicit',
+    ) -> None:
         self.name = name
         self.extra_args = list(extra_args)
         self.run_as = run_as
@@ -477,36 +479,36 @@ class TritonServer:
         self.workdir = workdir or tempfile.mkdtemp(prefix='tritonrig-')
         os.makedirs(self.workdir, exist_ok=True)
         self.http_port = (http_port or free_port(host)) if http else None
-        self.proc = None
-        self.clients = []
+        self.proc: subprocess.Popen | None = None
+        self.clients: list[Client] = []
         self.log_path = os.path.join(self.workdir, '%s.log' % name)
         self.paths = triton_paths()
 
     @property
-    def url(self):
+    def url(self) -> str:
         """The URL the modules use: HTTP, or the grpc:// URL when HTTP is off."""
         if not self.http:
             return self.grpc_scheme_url
         return 'http://%s:%d' % (self.host, self.http_port)
 
     @property
-    def grpc_scheme_url(self):
+    def grpc_scheme_url(self) -> str | None:
         """grpc://HOST:PORT (grpcs:// with TLS), as the modules take it."""
         return '%s://%s' % ('grpcs' if self.grpc_tls else 'grpc', self.grpc_url) if self.grpc_port else None
 
     @property
-    def grpc_url(self):
+    def grpc_url(self) -> str | None:
         return '%s:%s' % (self.host, self.grpc_port) if self.grpc_port else None
 
     @property
-    def pid(self):
+    def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     @property
-    def shm_dir(self):
+    def shm_dir(self) -> str:
         return '/proc/%d/root/dev/shm' % self.pid
 
-    def _model_repository(self):
+    def _model_repository(self) -> str:
         repo = os.path.join(self.workdir, 'models-%s' % self.name)
         for model in self.models:
             if model not in MODELS:
@@ -520,7 +522,7 @@ class TritonServer:
         os.makedirs(repo, exist_ok=True)
         return repo
 
-    def command(self):
+    def command(self) -> list[str]:
         args = [
             self.paths['binary'],
             '--model-repository',
@@ -584,7 +586,7 @@ class TritonServer:
         shell = 'mount -t tmpfs -o size=%s,mode=1777 tmpfs /dev/shm && exec "$0" "$@"' % self.shm_size
         return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell] + args
 
-    def start(self, timeout=90.0):
+    def start(self, timeout: float = 90.0) -> TritonServer:
         if os.geteuid() != 0:
             raise RigError('the rig needs root (mount namespaces and tmpfs mounts)')
         if self.models:
@@ -615,7 +617,7 @@ class TritonServer:
             % (self.name, self.url, timeout, self.log_path, self.log_tail())
         )
 
-    def _ready(self):
+    def _ready(self) -> bool:
         if self.http:
             try:
                 return http_json(self.url + '/v2/health/ready', timeout=2)[0] == 200
@@ -629,7 +631,7 @@ class TritonServer:
         except InferenceServerException:
             return False
 
-    def grpc_client(self):
+    def grpc_client(self) -> Any:
         """A tritonclient.grpc client of this server (TLS and client certificate as the server requires)."""
         import tritonclient.grpc as grpcclient  # pylint: disable=import-outside-toplevel
 
@@ -642,7 +644,7 @@ class TritonServer:
             certificate_chain=tls.get('client_cert'),
         )
 
-    def log_tail(self, lines=40):
+    def log_tail(self, lines: int = 40) -> str:
         try:
             with open(self.log_path, errors='replace') as f:
                 return ''.join(f.readlines()[-lines:])
@@ -651,15 +653,15 @@ class TritonServer:
 
     def client(
         self,
-        name,
-        key=None,
-        byte_size=1 << 20,
-        register=True,
-        mode='hold',
-        offset=0,
-        pause=0.0,
-        register_when_gone=None,
-    ):
+        name: str,
+        key: str | None = None,
+        byte_size: int = 1 << 20,
+        register: bool = True,
+        mode: str = 'hold',
+        offset: int = 0,
+        pause: float = 0.0,
+        register_when_gone: str | None = None,
+    ) -> Client:
         """Start a live tritonclient process that creates (and registers) a region (pause: seconds between inferences).
 
         register_when_gone=REGION: the client creates its region unregistered, waits until REGION is not in the
@@ -680,7 +682,7 @@ class TritonServer:
         self.clients.append(client)
         return client
 
-    def leak_many(self, prefix, count, byte_size=4096):
+    def leak_many(self, prefix: str, count: int, byte_size: int = 4096) -> list[str]:
         """count stale regions PREFIX_i (keys /PREFIX_i) from one client, then SIGKILL it with its group.
 
         Returns the region names. Much faster than count leak() calls (one process, one connection).
@@ -690,16 +692,16 @@ class TritonServer:
         client.kill(keep_file=True)
         return ['%s_%d' % (prefix, i) for i in range(count)]
 
-    def leak(self, name, key=None, byte_size=1 << 20, keep_file=True):
+    def leak(self, name: str, key: str | None = None, byte_size: int = 1 << 20, keep_file: bool = True) -> Client:
         """Create and register a region from a client, then SIGKILL the client (see Client.kill)."""
         client = self.client(name, key=key, byte_size=byte_size)
         client.kill(keep_file=keep_file)
         return client
 
-    def api(self, path, method='GET', body=None):
+    def api(self, path: str, method: str = 'GET', body: Any = None) -> tuple[int, Any]:
         return http_json(self.url + path, method=method, body=body)
 
-    def system_regions(self):
+    def system_regions(self) -> dict[str, dict[str, Any]]:
         if not self.http:
             with self.grpc_client() as client:
                 regions = client.get_system_shared_memory_status().regions.values()
@@ -708,13 +710,13 @@ class TritonServer:
             }
         return {r['name']: r for r in self.api('/v2/systemsharedmemory/status')[1]}
 
-    def shm_files(self):
+    def shm_files(self) -> list[str]:
         return sorted(os.listdir(self.shm_dir))
 
-    def shm_path(self, name):
+    def shm_path(self, name: str) -> str:
         return os.path.join(self.shm_dir, name.lstrip('/'))
 
-    def write_file(self, name, size, age=0.0, fill=b'\1'):
+    def write_file(self, name: str, size: int, age: float = 0.0, fill: bytes = b'\1') -> str:
         """A file in the server's /dev/shm written with size bytes (so it really uses shm), age seconds old."""
         path = self.shm_path(name)
         with open(path, 'wb') as f:
@@ -724,45 +726,53 @@ class TritonServer:
             os.utime(path, (then, then))
         return path
 
-    def version(self):
+    def version(self) -> str:
         """The server's version, from GET /v2 (e.g. '2.51.0')."""
         return self.api('/v2')[1]['version']
 
-    def shm_usage(self):
+    def shm_usage(self) -> dict[str, int]:
         st = os.statvfs(self.shm_dir)
         return {'total_bytes': st.f_blocks * st.f_frsize, 'used_bytes': (st.f_blocks - st.f_bfree) * st.f_frsize}
 
-    def backend_files(self):
+    def backend_files(self) -> list[str]:
         return [f for f in self.shm_files() if f.startswith('triton_python_backend_shm_region_')]
 
-    def kill(self):
+    def kill(self) -> None:
         """SIGKILL the server (a crash): nothing is unregistered; its namespace's files stay if it has one."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
 
-    def stop(self):
+    def stop(self) -> None:
         for client in self.clients:
             client.stop()
         self.clients = []
         _kill(self.proc, grace=15)
 
-    def cleanup(self):
+    def cleanup(self) -> None:
         self.stop()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self):
+    def __enter__(self) -> TritonServer:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()
 
 
 class Fleet:
     """Several servers, each on its own loopback address 127.0.1.N."""
 
-    def __init__(self, count, workdir=None, shm_size='64m', base='127.0.1.', models=('echo',), port=None):
+    def __init__(
+        self,
+        count: int,
+        workdir: str | None = None,
+        shm_size: str = '64m',
+        base: str = '127.0.1.',
+        models: Iterable[str] = ('echo',),
+        port: int | None = None,
+    ) -> None:
         self.workdir = workdir or tempfile.mkdtemp(prefix='tritonfleet-')
         self.servers = [
             TritonServer(
@@ -776,7 +786,7 @@ class Fleet:
             for i in range(count)
         ]
 
-    def start(self):
+    def start(self) -> Fleet:
         try:
             for server in self.servers:
                 server.start()
@@ -785,16 +795,16 @@ class Fleet:
             raise
         return self
 
-    def stop(self):
+    def stop(self) -> None:
         for server in self.servers:
             server.stop()
 
-    def cleanup(self):
+    def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest='cmd', required=True)
     serve = sub.add_parser('serve', help='start one server and wait until interrupted')

@@ -1050,7 +1050,7 @@ if __name__ == '__main__':
     class MockQueue(asyncio.Queue):
         """Prints what the source puts, instead of feeding a rulebook."""
 
-        async def put(self, item):
+        async def put(self, item: Any) -> None:
             print(item, flush=True)
 
     ARGV = sys.argv[1:]
