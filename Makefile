@@ -30,7 +30,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool prometheus help venv collection sanity sanity-2.19 changelog-check units integration integration-matrix test demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 changelog-check units integration integration-matrix test test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -46,13 +46,23 @@ $(VENV)/.installed: tests/requirements.txt tests/requirements-3.11.txt
 	.ci/setup-ansible-test $(VPY)
 	touch $@
 
-collection: venv  ## copy the checkout into build/ansible_collections/tritonops/shm
-	@rm -rf $(COLL) && .ci/copy-collection $(COLL)
-	@# ansible-test lists files with git: give the copy its own repository (build/ is ignored by ours)
-	@cd $(COLL) && git init -q . && git add -A >/dev/null 2>&1 || true
+# copy the checkout to $(1); ansible-test lists files with git: give the copy its own repository (build/ is ignored by ours)
+copy_collection = rm -rf $(1) && .ci/copy-collection $(1) && { cd $(1) && git init -q . && git add -A >/dev/null 2>&1 || true; }
 
-sanity: collection  ## ansible-test sanity with ansible-core 2.21 (empty ignore files)
-	cd $(COLL) && ansible-test sanity --color no --python $(PYVER) --venv --requirements
+# KEEP_COLLECTION=1: use the copy as it is (the lanes of `make test`: one lane's step must not replace the copy
+# another lane's step runs in)
+collection: venv  ## copy the checkout into build/ansible_collections/tritonops/shm
+	@$(if $(KEEP_COLLECTION),:,$(call copy_collection,$(COLL)))
+
+# ansible-test sanity runs in a copy of its own (build/sanity/), so that `make test` runs it beside the other steps:
+# ansible-test writes tests/output/ into the copy and lists the copy's files (another tool's cache there would be seen)
+SANITY_ROOT := $(BUILD)/sanity
+SANITY_COLL := $(SANITY_ROOT)/ansible_collections/tritonops/shm
+sanity-collection: venv
+	@$(call copy_collection,$(SANITY_COLL))
+
+sanity: sanity-collection  ## ansible-test sanity with ansible-core 2.21 (empty ignore files)
+	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
 VENV219 := $(BUILD)/venv-2.19
 $(VENV219)/.installed: tests/requirements-2.19.txt | venv
@@ -61,8 +71,8 @@ $(VENV219)/.installed: tests/requirements-2.19.txt | venv
 	.ci/setup-ansible-test $(VENV219)/bin/python
 	touch $@
 
-sanity-2.19: collection $(VENV219)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.19)
-	cd $(COLL) && PATH=$(VENV219)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
+sanity-2.19: sanity-collection $(VENV219)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.19)
+	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV219)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
 changelog-check:  ## lint changelog fragments and dry-run the release of galaxy.yml's version
 	VENV_BIN=$(VENV)/bin .ci/release-changelog --check >/dev/null
@@ -83,11 +93,16 @@ $(PROMETHEUS_BINARIES) &:
 units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prometheus rules with promtool)
 	cd $(COLL) && $(PYTEST_RUN) $(UNIT_TESTS) $(PYTEST_ARGS)
 
+# pytest-xdist workers for the integration tests (0: one process); tests/integration/conftest.py groups the tests that
+# must share a worker (the container harness's; a module's, when it starts a server once for the module)
+INTEGRATION_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadgroup)
+
 integration: collection $(PROMETHEUS_BINARIES)  ## integration tests against real tritonserver processes (and a real Prometheus, node_exporter, Alertmanager)
-	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(PYTEST_ARGS)
+	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(XDIST) $(PYTEST_ARGS)
 
 # The version matrix: the core integration tests against the tritonserver of an older
-# nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see DEVELOPERS.md).
+# nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see tests/integration/containers/README.md).
 PYTRITON_OLD ?= 0.5.10
 PYTRITON_OLD_SITE := $(BUILD)/pytriton-$(PYTRITON_OLD)
 MATRIX_TESTS ?= tests/integration/test_triton_shm_info.py tests/integration/test_triton_shm_region.py tests/integration/test_triton_versions.py
@@ -97,7 +112,7 @@ $(PYTRITON_OLD_SITE)/.installed: | venv
 	touch $@
 
 integration-matrix: collection $(PYTRITON_OLD_SITE)/.installed  ## core integration tests against Triton 2.48 (nvidia-pytriton 0.5.10)
-	cd $(COLL) && TRITONRIG_PYTRITON_SITE=$(PYTRITON_OLD_SITE) $(PYTEST_RUN) $(MATRIX_TESTS) $(PYTEST_ARGS)
+	cd $(COLL) && TRITONRIG_PYTRITON_SITE=$(PYTRITON_OLD_SITE) $(PYTEST_RUN) $(MATRIX_TESTS) $(XDIST) $(PYTEST_ARGS)
 
 lint: collection  ## ruff (ruff.toml: format and checks over plugins, extensions, tests); ansible-lint, production profile (roles, playbooks, rulebooks)
 	$(VENV)/bin/ruff format --check --diff plugins extensions tests
@@ -107,13 +122,35 @@ lint: collection  ## ruff (ruff.toml: format and checks over plugins, extensions
 deps:  ## install missing Debian packages the tests need (as root), else list them
 	@.ci/deps
 
-test: deps sanity sanity-2.19 lint changelog-check docs units integration integration-matrix  ## every test: sanity (2.21, 2.19), lint, changelog, docs, units, integration (Triton 2.51), integration-matrix (2.48)
+# `make test` (CI: 2 cores) runs two lanes at once, each one step after the other, its lines prefixed with its name:
+#   sanity: sanity (2.21), sanity-2.19 (both use ~/.ansible/test: never two at once), lint, changelog-check, docs,
+#           integration-matrix (Triton 2.48)
+#   tests:  units, integration (Triton 2.51, two pytest-xdist workers)
+# The lanes share no files: sanity runs in build/sanity/, docs and changelog-check in temporary copies; the matrix and
+# the integration tests start their own servers (tritonrig.free_port never hands a port out twice). `make test-serial`
+# runs the same steps one after the other.
+TEST_LANE_SANITY := sanity sanity-2.19 lint changelog-check docs integration-matrix
+TEST_LANE_TESTS := units integration
+lane = set -o pipefail; $(MAKE) --no-print-directory -j1 $(2) 2>&1 | sed -u 's/^/[$(1)] /'
+
+test: deps collection  ## every test: sanity (2.21, 2.19), lint, changelog, docs, units, integration (Triton 2.51), integration-matrix (2.48); in two lanes
+	@$(MAKE) --no-print-directory -j2 test-lane-sanity test-lane-tests KEEP_COLLECTION=1
+
+test-lane-sanity:
+	+@$(call lane,sanity,$(TEST_LANE_SANITY))
+
+test-lane-tests:
+	+@$(call lane,tests,$(TEST_LANE_TESTS))
+
+test-serial: deps sanity sanity-2.19 lint changelog-check docs units integration integration-matrix  ## the steps of `make test`, one after the other
 
 demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
 	cd $(COLL) && $(VPY) tests/rig/demo.py
 
-bench: collection  ## benchmarks (not tests); print their figures
-	cd $(COLL) && $(VPY) tests/bench/run.py
+# which benchmarks `make bench` runs (names of tests/bench/bench_NAME.py, e.g. BENCHES='cost bulk'); default all
+BENCHES ?=
+bench: collection  ## benchmarks (not tests); print their figures, then the goals next to this run's ratios
+	cd $(COLL) && $(VPY) tests/bench/run.py $(BENCHES)
 
 soak: collection  ## bounded soak: live traffic while cleanup runs repeatedly
 	cd $(COLL) && $(VPY) tests/bench/soak.py

@@ -184,7 +184,7 @@ def fd_counts(proc: str = '/proc') -> bool:
     match can only mean the kernel counts.
     """
     fd_dir = f'{proc}/self/fd'
-    for _ in range(3):
+    for _attempt in range(3):
         try:
             count = os.stat(fd_dir).st_size
             if count > 0 and count == len(os.listdir(fd_dir)) - 1:

@@ -16,12 +16,12 @@ import time
 
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
-from observability import (  # pylint: disable=unused-import  (services: the fixture)
+from observability import (  # pylint: disable=unused-import
     Alertmanager,
     NodeExporter,
     Prometheus,
     rules_with_short_for,
-    services,  # noqa: F401  (the fixture)
+    services,  # noqa: F401  the fixture
     wait_for,
 )
 from test_self_healing import Rulebook

@@ -15,12 +15,12 @@ import time
 import pytest
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
-from observability import (  # pylint: disable=unused-import  (services: the fixture)
+from observability import (  # pylint: disable=unused-import
     DASHBOARD,
     NodeExporter,
     Prometheus,
     dashboard_queries,
-    services,  # noqa: F401  (the fixture)
+    services,  # noqa: F401  the fixture
     wait_for,
 )
 

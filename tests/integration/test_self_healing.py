@@ -23,9 +23,9 @@ import pytest
 import tritonrig
 import yaml
 from ansible_helpers import BIN, COLLECTIONS_PATH, PYTHON, ansible_env
-from observability import (  # pylint: disable=unused-import  (services: the fixture)
+from observability import (  # pylint: disable=unused-import
     NodeExporter,
-    services,  # noqa: F401  (the fixture)
+    services,  # noqa: F401  the fixture
 )
 
 MiB = 1 << 20
