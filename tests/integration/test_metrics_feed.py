@@ -86,7 +86,6 @@ def test_two_servers_on_one_machine_keep_their_own_files_and_series(fleet, tmp_p
     # written by the query itself: the report play has no task of its own for the metrics
     assert task_names(res, 'triton1') == [
         'Read regions, files and /dev/shm use',
-        "Keep this host's row",
         'Fail with the reason',
     ]
     info = res.task('Read regions, files and /dev/shm use', 'triton1')

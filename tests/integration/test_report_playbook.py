@@ -159,16 +159,14 @@ def test_an_unreachable_host_is_shown_not_run_and_the_others_reported(fleet, tmp
 def unsupported_server():
     """Triton 2.73 through tritonfrontend: answers /v2, and 503 with its text on every shared-memory route.
 
-    No wheel bundles a 2.73 server: this is the unit tests' versioned model (test_newer_servers.py), served over HTTP.
+    No wheel bundles a 2.73 server: this is the unit tests' versioned model (tests/fakes/fake_triton.py), served over HTTP.
     """
-    if COLLECTIONS_PATH not in sys.path:
+    if COLLECTIONS_PATH not in sys.path:  # the fake imports the collection's errors
         sys.path.insert(0, COLLECTIONS_PATH)
-    from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_newer_servers import (  # pylint: disable=import-outside-toplevel
-        Versioned,
-        _HttpFront,
-    )
+    # tests/fakes is on the path (conftest)
+    from fake_triton import HttpFront, Triton  # pylint: disable=import-outside-toplevel
 
-    return _HttpFront(Versioned('2.73.0', frontend=True))
+    return HttpFront(Triton('2.73.0', frontend=True))
 
 
 def test_report_tells_down_unlocated_unsupported_and_misconfigured_apart(fleet, tmp_path):

@@ -499,6 +499,7 @@ def test_modules_exec_nothing_and_only_touch_paths_inside_the_shm_dir(traced_sce
 from test_triton_shm_info import (  # noqa: E402  pylint: disable=wrong-import-position,unused-import
     _interpreter_wrapper,
     run_plays_wrapped,
+    unprivileged_user,  # noqa: F401  the fixture
 )
 
 
