@@ -69,7 +69,9 @@ def _connection_vars(engine, triton, tmp_path) -> tuple[dict, dict]:
 
 def _playbook(name, engine, triton, tmp_path, check=False, **host_vars):
     conn, env = _connection_vars(engine, triton, tmp_path)
-    inv = {'all': {'children': {'triton': {'hosts': {'t1': dict(conn, triton_url=INSIDE_URL, **host_vars)}}}}}
+    # the connection plugin enters the container as root, which has no sudo: no become (the playbooks' default)
+    host = dict(conn, triton_url=INSIDE_URL, triton_become=False, **host_vars)
+    inv = {'all': {'children': {'triton': {'hosts': {'t1': host}}}}}
     # the rig image has /bin/sh and Python but no coreutils (no mkdir for Ansible's remote temp directory):
     # pipelining sends each module on stdin instead (a Triton image from NGC has both)
     env.update(ANSIBLE_SHOW_CUSTOM_STATS='1', ANSIBLE_PIPELINING='1')
