@@ -61,6 +61,7 @@ from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (  # noqa:
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (
     serve as serve_over,
 )
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import params as region_params
 
 CLIENTS = {'http': TritonClient, 'grpc': TritonGrpcClient}
 
@@ -100,31 +101,7 @@ class Clock:
 
 
 def ops(client, shm_dir, pid, **kw) -> tuple[RegionOps, list]:
-    p = dict(
-        state='absent',
-        kind='system',
-        name=[],
-        key=None,
-        offset=0,
-        byte_size=None,
-        create_file=False,
-        raw_handle=None,
-        device_id=None,
-        stale=False,
-        all=False,
-        orphan_files=False,
-        orphan_patterns=[],
-        min_age=300,
-        exclude=[],
-        remove_file=True,
-        in_use_timeout=10,
-        server_pid=pid,
-        shm_dir=shm_dir,
-        reserved=False,
-        backend_patterns=None,
-        inventory=False,
-    )
-    p.update(kw)
+    p = region_params(shm_dir, pid, **{'backend_patterns': None, **kw})
     warnings: list = []
     clock = Clock()
     return RegionOps(client, p, warn=warnings.append, sleep=clock.sleep, clock=clock.clock, serialise=False), warnings

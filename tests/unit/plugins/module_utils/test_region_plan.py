@@ -10,36 +10,17 @@ from test_authority import SERVER, SHM, entry, region, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils import region_plan
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Criteria, classify
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import params as region_params
 
 CLIENT_PATTERNS = ['client_*']
 
 
 def params(**kw):
-    p = dict(
-        state='absent',
-        kind='system',
-        name=[],
-        key=None,
-        offset=0,
-        byte_size=None,
-        create_file=False,
-        raw_handle=None,
-        device_id=None,
-        stale=True,
-        all=False,
-        reserved=False,
-        orphan_files=True,
-        orphan_patterns=CLIENT_PATTERNS,
-        min_age=300,
-        exclude=[],
-        remove_file=True,
-        in_use_timeout=10,
-        backend_patterns=None,
-        inventory=False,
-        threshold_percent=0,
+    """The region module's parameters for a plan: test_region_ops's, with stale and client orphans selected."""
+    base = dict(
+        stale=True, orphan_files=True, orphan_patterns=CLIENT_PATTERNS, backend_patterns=None, threshold_percent=0
     )
-    p.update(kw)
-    return p
+    return region_params(None, None, **{**base, **kw})
 
 
 def scene(used_percent):
