@@ -20,7 +20,6 @@ Usage: python tests/bench/bench_bulk.py [--count 3000] [--small 1000] [--large 1
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -28,47 +27,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import benchenv  # noqa: F401  pylint: disable=unused-import
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
-from bench_region import MODULE_PY, check_clean, leak_many, tritonclient_loop  # noqa: E402
+from bench_region import leak_many, module_process, tritonclient_loop  # noqa: E402
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 GOALS = {'http': 1.0, 'grpc': 1.0, 'scale': 1.2, 'rss_mib': 100}
 LEAK_CHUNK = 4000
 
 
-def module_process(server: tritonrig.TritonServer, names: list[str], workdir: str, url: str) -> tuple[float, float]:
-    """The module as a plain Python process on url: (seconds, peak RSS in MiB of that process)."""
-    args_path = os.path.join(workdir, 'args.json')
-    with open(args_path, 'w') as f:
-        json.dump({'ANSIBLE_MODULE_ARGS': {'url': url, 'state': 'absent', 'stale': True}}, f)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))),
-    )
-    out_path = os.path.join(workdir, 'out.json')
-    with open(out_path, 'w') as out:
-        started = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, '-m', MODULE_PY, args_path], stdout=out, stderr=subprocess.DEVNULL, env=env
-        )
-        _pid, _status, usage = os.wait4(proc.pid, 0)
-        elapsed = time.perf_counter() - started
-    proc.returncode = 0  # reaped by wait4
-    with open(out_path) as f:
-        text = f.read()
-    result = json.loads(text[text.index('{') :])
-    if result.get('failed') or sorted(result['unregistered']) != sorted(names):
-        raise RuntimeError(f'module process on {url} did not clean exactly the leaked regions: {text[:2000]}')
-    check_clean(server, names, 'module process')
-    return elapsed, usage.ru_maxrss / 1024.0
-
-
 def start_up(server: tritonrig.TritonServer, workdir: str, url: str, runs: int = 3) -> float:
     """T_0: the module with nothing to clean, best of runs (start-up only ever adds time on a shared host)."""
-    return min(module_process(server, [], workdir, url)[0] for _run in range(runs))
+    return min(module_process(server, [], workdir, url).wall for _run in range(runs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,14 +71,14 @@ def main(argv: list[str] | None = None) -> int:
             fig = {}
             for transport, url in (('http', server.url), ('grpc', server.grpc_scheme_url)):
                 t0 = start_up(server, workdir, url)
-                tn, _rss = module_process(server, leak(transport[0] + 'm', args.count), workdir, url)
+                tn, _rss, _cpu = module_process(server, leak(transport[0] + 'm', args.count), workdir, url)
                 loop = tritonclient_loop(server, leak(transport[0] + 't', args.count), grpc=transport == 'grpc')
                 fig[f'{transport}_module_ms'] = (tn - t0) / args.count * 1000
                 fig[f'{transport}_tritonclient_ms'] = loop / args.count * 1000
                 fig[f'{transport}_ratio'] = fig[f'{transport}_module_ms'] / fig[f'{transport}_tritonclient_ms']
             t0 = start_up(server, workdir, server.url)
-            small, _rss = module_process(server, leak('s', args.small), workdir, server.url)
-            large, rss = module_process(server, leak('l', args.large), workdir, server.url)
+            small, _rss, _cpu = module_process(server, leak('s', args.small), workdir, server.url)
+            large, rss, _cpu = module_process(server, leak('l', args.large), workdir, server.url)
             fig['small_ms'] = (small - t0) / args.small * 1000
             fig['large_ms'] = (large - t0) / args.large * 1000
             # T_small - T_0 is small next to the start-up's spread: a non-positive difference is noise, not a figure

@@ -85,9 +85,9 @@ def main(argv=None):
 
             for pair in range(args.process_pairs):
                 for transport, url in (('grpc', grpc_url), ('http', server.url)):
-                    runs['%s_process_0' % transport].append(module_process(server, [], workdir, url=url))
+                    runs['%s_process_0' % transport].append(module_process(server, [], workdir, url=url).wall)
                     runs['%s_process_n' % transport].append(
-                        module_process(server, leak('%sp%d_' % (transport[0], pair)), workdir, url=url)
+                        module_process(server, leak('%sp%d_' % (transport[0], pair)), workdir, url=url).wall
                     )
             runs['grpc_work'].append(module_work(server, leak('gw'), client=TritonGrpcClient(grpc_url)))
             runs['http_work'].append(module_work(server, leak('hw')))

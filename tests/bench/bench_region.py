@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 # benchenv puts the rig, the integration helpers and the collection on sys.path
 import benchenv  # noqa: F401  pylint: disable=unused-import
@@ -93,25 +94,41 @@ def module_run(server, names):
     return elapsed
 
 
-def module_process(server, names, workdir, url=None):
-    """The module as a plain Python process, the way AnsiballZ runs it, without the controller (url: server.url)."""
+class ModuleRun(NamedTuple):
+    """One module process: wall seconds, peak RSS (MiB) and CPU seconds (user + sys) of that process alone."""
+
+    wall: float
+    rss_mib: float
+    cpu: float
+
+
+def module_process(
+    server: tritonrig.TritonServer, names: list[str], workdir: str, url: str | None = None, root: str | None = None
+) -> ModuleRun:
+    """The module as a plain Python process on url (root: the collections root to import it from; default this one)."""
     args_path = os.path.join(workdir, 'args.json')
     with open(args_path, 'w') as f:
-        json.dump(dict(ANSIBLE_MODULE_ARGS=dict(url=url or server.url, state='absent', stale=True)), f)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))),
-    )
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, '-m', MODULE_PY, args_path], capture_output=True, text=True, env=env, check=False
-    )
-    elapsed = time.perf_counter() - started
-    result = json.loads(proc.stdout[proc.stdout.index('{') :])
+        json.dump({'ANSIBLE_MODULE_ARGS': {'url': url or server.url, 'state': 'absent', 'stale': True}}, f)
+    roots = [root] if root else [p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(roots))
+    out_path = os.path.join(workdir, 'out.json')
+    with open(out_path, 'w') as out:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, '-m', MODULE_PY, args_path], stdout=out, stderr=subprocess.DEVNULL, env=env, cwd=workdir
+        )
+        _pid, _status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - started
+    proc.returncode = 0  # reaped by wait4
+    with open(out_path) as f:
+        text = f.read()
+    result = json.loads(text[text.index('{') :])
     if result.get('failed') or sorted(result['unregistered']) != sorted(names):
-        raise RuntimeError('module process did not clean exactly the leaked regions: %s' % proc.stdout[:2000])
+        raise RuntimeError(
+            f'module process on {url or server.url} did not clean exactly the leaked regions: {text[:2000]}'
+        )
     check_clean(server, names, 'module process')
-    return elapsed
+    return ModuleRun(elapsed, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime)
 
 
 def module_work(server, names, client=None):
@@ -274,8 +291,8 @@ def main(argv=None):
             runs['module_0'].append(module_run(server, []))
             runs['module_n'].append(module_run(server, leak('m', args.count)))
             for sub in range(max(1, args.process_repeat // args.repeat)):
-                runs['process_0'].append(module_process(server, [], workdir))
-                runs['process_n'].append(module_process(server, leak('p%d_' % sub, args.count), workdir))
+                runs['process_0'].append(module_process(server, [], workdir).wall)
+                runs['process_n'].append(module_process(server, leak('p%d_' % sub, args.count), workdir).wall)
             runs['work'].append(module_work(server, leak('w', args.count)))
             runs['tritonclient'].append(tritonclient_loop(server, leak('t', args.count)))
             if rnd <= args.uri_repeat:

@@ -19,16 +19,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COLLECTION = os.path.dirname(os.path.dirname(HERE))
 
 
+def checkout() -> str:
+    """The checkout this copy was made from: make collection copies it to build/ (also when run from there)."""
+    parts = COLLECTION.split(os.sep)
+    if parts[-4:-3] == ['build'] and parts[-3:] == ['ansible_collections', 'tritonops', 'shm']:
+        return os.sep.join(parts[:-4])
+    return COLLECTION
+
+
 def results_dir():
     """Where figures go: $BENCH_RESULTS_DIR, else bench-results/ of the checkout (also when run from its build/ copy)."""
-    if os.environ.get('BENCH_RESULTS_DIR'):
-        path = os.environ['BENCH_RESULTS_DIR']
-    else:
-        root = COLLECTION
-        parts = root.split(os.sep)
-        if parts[-4:-3] == ['build'] and parts[-3:] == ['ansible_collections', 'tritonops', 'shm']:
-            root = os.sep.join(parts[:-4])  # make collection copies the checkout to build/: report into the checkout
-        path = os.path.join(root, 'bench-results')
+    path = os.environ.get('BENCH_RESULTS_DIR') or os.path.join(checkout(), 'bench-results')
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -71,23 +72,29 @@ def print_goals():
             print('  %-75s %5.2fx  goal <= %.1fx: %s' % (what, ratio, goal, 'met' if ratio <= goal else 'MISSED'))
 
 
-# issue 22: each benchmark writes its goals as rows {goal, value, met} under 'issue22' in its JSON
-ISSUE_22 = (
-    ('bench_bulk.json', 'bulk cleanup (bench_bulk.py)'),
-    ('bench_poller.json', 'poller at fleet size (bench_poller.py)'),
-    ('bench_discovery_load.json', 'discovery under load (bench_discovery_load.py)'),
-)
+# issues 22 and 26: each benchmark writes its goals as rows {goal, value, met} under 'issue22' / 'issue26' in its JSON
+GOAL_ROWS = {
+    'issue 22': (
+        ('bench_bulk.json', 'bulk cleanup (bench_bulk.py)'),
+        ('bench_poller.json', 'poller at fleet size (bench_poller.py)'),
+        ('bench_discovery_load.json', 'discovery under load (bench_discovery_load.py)'),
+    ),
+    'issue 26': (
+        ('bench_vs_base.json', 'cleanup at 3,000 regions vs the build before issues 25-27 (bench_vs_base.py)'),
+    ),
+}
 
 
-def print_issue22_goals(since: float | None = None) -> None:
-    """Every issue-22 goal next to the figure this run measured, PASS or MISS; a benchmark that did not write is said so."""
-    print('== issue 22 goals (figures of this run)')
-    for filename, what in ISSUE_22:
+def print_goal_rows(issue: str, since: float | None = None) -> None:
+    """Every goal of issue next to the figure this run measured, PASS or MISS; a benchmark that did not write is said so."""
+    print(f'== {issue} goals (figures of this run)')
+    key = issue.replace(' ', '')
+    for filename, what in GOAL_ROWS[issue]:
         figures = _load(filename, since)
-        if not figures or 'issue22' not in figures:
+        if not figures or key not in figures:
             print(f'  {what}: not measured in this run')
             continue
-        for row in figures['issue22']:
+        for row in figures[key]:
             print(f'  {row["goal"]:104} {row["value"]:>14}  {"PASS" if row["met"] else "MISS"}')
 
 
@@ -173,9 +180,11 @@ def main(argv):
         if rc:
             failed.append(name)
     print_goals()
-    if {os.path.basename(b) for b in benches} & {name.replace('.json', '.py') for name, _what in ISSUE_22}:
-        print_issue22_goals(run_started)
-    if {os.path.basename(b) for b in benches} & {'bench_cost.py', 'bench_bulk.py'}:
+    ran = {os.path.basename(b) for b in benches}
+    for issue, files in GOAL_ROWS.items():
+        if ran & {name.replace('.json', '.py') for name, _what in files}:
+            print_goal_rows(issue, run_started)
+    if ran & {'bench_cost.py', 'bench_bulk.py'}:
         print_issue28_goals(run_started)
     if failed:
         print('benchmarks that did not complete: %s' % ', '.join(failed), file=sys.stderr)
