@@ -219,22 +219,11 @@ def http_json(url: str, method: str = 'GET', body: Any = None, timeout: float = 
 
 
 def crash(server: TritonServer) -> None:
-    """SIGKILL a server and its python backend stubs together, as a container's end does (frozen first, so that no
-    stub notices and unlinks its pool): their pool files stay, unheld (docs/concepts.md)."""
-    group = [server.pid] + [int(d) for d in os.listdir('/proc') if d.isdigit() and _ppid(d) == server.pid]
-    for pid in group:
-        os.kill(pid, signal.SIGSTOP)
-    for pid in group:
-        os.kill(pid, signal.SIGKILL)
+    """SIGKILL a server and its python backend stubs together, as a container's end does: the server leads its own
+    process group (start() makes it a session leader), and one killpg() reaches it and every stub before any stub
+    can notice its parent gone and unlink its pool. The pool files stay, unheld (docs/concepts.md)."""
+    os.killpg(server.pid, signal.SIGKILL)
     server.proc.wait(timeout=10)
-
-
-def _ppid(pid: int | str) -> int | None:
-    try:
-        with open('/proc/%s/stat' % pid) as f:
-            return int(f.read().rsplit(')', 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _kill(proc: subprocess.Popen | None, grace: float = 10.0) -> None:
@@ -599,6 +588,7 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             env=server_env(self.paths),
             cwd=self.workdir,
+            start_new_session=True,  # its own process group, with its stubs: crash() kills them together
         )
         log.close()
         deadline = time.monotonic() + timeout
