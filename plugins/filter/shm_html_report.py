@@ -324,15 +324,39 @@ def _pools_table(pools: Sequence[Mapping], removed: set | None = None, check_mod
                 _h('td', ('would be removed' if check_mode else 'removed') if gone else 'kept', class_='outcome')
             )
         rows.append(_h('tr', cells, data_pool=p.get('name'), data_model=p.get('model') or '', data_state=state))
-    by_model: dict = {}
-    for p in pools:
-        if p.get('state') != v.POOL_LEFTOVER:
-            by_model[p.get('model') or '-'] = by_model.get(p.get('model') or '-', 0) + _int(p.get('bytes'))
-    totals = '; '.join(f'{m} {_size(b)}' for m, b in sorted(by_model.items()))
     return _Html(
-        _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pools')
-        + (_h('p', 'Held pool bytes per model: ', totals, class_='muted', data_pool_totals='') if totals else '')
+        _models_table(pools)
+        + _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pools')
     )
+
+
+def _models_table(pools: Sequence[Mapping]) -> _Html:
+    """One row per model: its instances, pools, bytes and largest pool; the leftovers of dead servers (which no live
+    stub names) in a row of their own, last."""
+    models: dict = {}
+    for p in pools:
+        key = v.POOL_LEFTOVER if p.get('state') == v.POOL_LEFTOVER else str(p.get('model') or '-')
+        m = models.setdefault(key, dict(instances=set(), pools=0, bytes=0, largest=0))
+        m['pools'] += 1
+        m['bytes'] += _int(p.get('bytes'))
+        m['largest'] = max(m['largest'], _int(p.get('bytes')))
+        if p.get('instance'):
+            m['instances'].add(p['instance'])
+    order = sorted(models, key=lambda k: (k == v.POOL_LEFTOVER, -models[k]['bytes'], k))
+    rows = [
+        _h(
+            'tr',
+            _h('td', 'leftover (dead servers)' if k == v.POOL_LEFTOVER else k, class_='name'),
+            _h('td', str(len(models[k]['instances'])) if k != v.POOL_LEFTOVER else '-', class_='num'),
+            _h('td', str(models[k]['pools']), class_='num'),
+            _h('td', _size(models[k]['bytes']), class_='num'),
+            _h('td', _size(models[k]['largest']), class_='num'),
+            data_model_total=k,
+        )
+        for k in order
+    ]
+    head = ['model', 'instances', 'pools', 'bytes', 'largest pool']
+    return _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='pool-models')
 
 
 def _located(server: Mapping) -> _Html:
