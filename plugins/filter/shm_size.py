@@ -215,7 +215,7 @@ def _regions(value: Any) -> int:
 
 
 def pool_bytes(largest: int, default: int, growth: int) -> int:
-    """The size one python backend instance's pool reaches for a request of largest bytes (inputs plus outputs).
+    """The size one python backend instance's pool reaches for one request of largest bytes (inputs plus outputs).
 
     It starts at default; a request that does not fit grows it by growth * (largest // growth + 1) (the python
     backend's own step: the tensor, rounded down to growth, plus one growth). It never shrinks. Measured on Triton
@@ -226,6 +226,20 @@ def pool_bytes(largest: int, default: int, growth: int) -> int:
     return default + growth * (largest // growth + 1)
 
 
+def pool_bound(largest: int, default: int, growth: int) -> int:
+    """The most one instance's pool can reach for requests of up to largest bytes, arriving in any order.
+
+    A pool grows only for a request that does not fit it, so only while it is smaller than that request plus its
+    bookkeeping (less than one growth step), and each time by growth * (request // growth + 1). Requests rising to
+    largest can therefore leave it just too small for largest, then grow it once more: at most
+    largest + growth + growth * (largest // growth + 1). Measured on Triton 2.51: 3 MiB then 20 MiB from 1 MiB/1 MiB
+    steps gives 27 MiB (one 20 MiB request: 22 MiB; this bound: 42 MiB).
+    """
+    if largest < default:
+        return default
+    return largest + growth + growth * (largest // growth + 1)
+
+
 def _models(value: Any, default: int, growth: int) -> list:
     """The per-model pool plan of python_models: [{name, instances, largest_tensor_bytes, pool_bytes, bytes, growth_bytes, explanation}]."""  # noqa: E501
     out = []
@@ -233,7 +247,8 @@ def _models(value: Any, default: int, growth: int) -> list:
         name = str(model.get('name') or f'model{index}')
         instances = _count(model.get('instances', 1), f'{what}.instances')
         largest = _size(model['largest_tensor_bytes'], f'{what}.largest_tensor_bytes')
-        pool = pool_bytes(largest, default, growth)
+        once = pool_bytes(largest, default, growth)
+        pool = pool_bound(largest, default, growth)
         if pool == default:
             why = (
                 f'{name}: {instances} instance(s) x {pool} bytes: its largest tensor ({largest} bytes) fits the '
@@ -242,8 +257,11 @@ def _models(value: Any, default: int, growth: int) -> list:
         else:
             why = (
                 f'{name}: {instances} instance(s) x {pool} bytes: each pool starts at {default} bytes '
-                f'(shm-default-byte-size) and grows by {growth} x ({largest} // {growth} + 1) = {pool - default} '
-                f'bytes (shm-growth-byte-size steps) for its largest tensor of {largest} bytes, and never shrinks'
+                f'(shm-default-byte-size) and grows in {growth}-byte steps (shm-growth-byte-size) for a request that '
+                f'does not fit it, and never shrinks. One request of {largest} bytes takes a new pool to {once} bytes '
+                f'({default} + {growth} x ({largest} // {growth} + 1)); requests rising to {largest} bytes can leave '
+                f'it just too small for the largest first, then grow it once more: at most {largest} + {growth} + '
+                f'{growth} x ({largest} // {growth} + 1) = {pool} bytes, which is planned'
             )
         out.append(
             {
@@ -251,6 +269,7 @@ def _models(value: Any, default: int, growth: int) -> list:
                 'instances': instances,
                 'largest_tensor_bytes': largest,
                 'pool_bytes': pool,
+                'one_request_pool_bytes': once,
                 'bytes': instances * pool,
                 'growth_bytes': instances * (pool - default),
                 'explanation': why,

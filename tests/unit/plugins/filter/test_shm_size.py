@@ -11,6 +11,7 @@ from ansible_collections.tritonops.shm.plugins.filter.shm_size import (
     FilterModule,
     docker_size,
     kubernetes_quantity,
+    pool_bound,
     pool_bytes,
     shm_size,
 )
@@ -412,17 +413,38 @@ def test_pool_bytes(largest, default, growth, pool):
     assert pool_bytes(largest, default, growth) == pool
 
 
+# (id, requests in the order they came, shm-default-byte-size, shm-growth-byte-size, the pool they left): measured on
+# Triton 2.51 (docs/backend-pools.md; tests/integration/test_triton_backend_pool.py measures them again)
+RISING = [
+    ('measured-3-then-20MiB-from-1MiB-steps', (3 * MIB, 20 * MIB), MIB, MIB, 27 * MIB),
+    ('measured-32MiB-from-1MiB-steps', (32 * MIB,), MIB, MIB, 34 * MIB),
+    ('measured-20MiB-from-4MiB-8MiB-steps', (3 * MIB, 20 * MIB), 4 * MIB, 8 * MIB, 28 * MIB),
+]
+
+
+@pytest.mark.parametrize('requests, default, growth, measured', [c[1:] for c in RISING], ids=[c[0] for c in RISING])
+def test_the_planned_pool_bounds_what_requests_in_any_order_grew(requests, default, growth, measured):
+    largest = max(requests)
+    assert pool_bytes(largest, default, growth) <= measured <= pool_bound(largest, default, growth)
+
+
+def test_pool_bound_is_one_more_step_past_a_pool_just_too_small_for_the_largest():
+    # 9 MiB then 11 MiB from 1 MiB steps: 1 + 10 = 11 MiB, too small for 11 MiB and its bookkeeping: 11 + 12 = 23 MiB
+    assert pool_bound(11 * MIB, MIB, MIB) == 11 * MIB + MIB + 12 * MIB
+    assert pool_bound(1000, MIB, MIB) == MIB  # fits the starting pool: never grows
+
+
 # (id, workload, expected python_models_bytes, expected growth bytes, expected reload bytes, expected planned bytes)
 PYTHON_PLANS = [
     (
         'one-model-two-instances',
         {'python_models': [{'name': 'llm', 'instances': 2, 'largest_tensor_bytes': '32m'}]},
-        68 * MIB,
-        66 * MIB,
+        132 * MIB,
+        130 * MIB,
         0,
-        85 * MIB,
+        165 * MIB,
     ),
-    ('instances-default-to-1', {'python_models': [{'largest_tensor_bytes': '32m'}]}, 34 * MIB, 33 * MIB, 0, 64 * MIB),
+    ('instances-default-to-1', {'python_models': [{'largest_tensor_bytes': '32m'}]}, 66 * MIB, 65 * MIB, 0, 83 * MIB),
     (
         'growth-settings-change-the-pool',
         {
@@ -430,10 +452,10 @@ PYTHON_PLANS = [
             'python_backend_shm_default_byte_size': '4m',
             'python_backend_shm_growth_byte_size': '8m',
         },
-        112 * MIB,
-        96 * MIB,
+        208 * MIB,
+        192 * MIB,
         0,
-        140 * MIB,
+        260 * MIB,
     ),
     (
         'a-reload-adds-one-model-s-default-pools',
@@ -445,10 +467,10 @@ PYTHON_PLANS = [
             'python_backend_reloads': True,
             'python_backend_shm_default_byte_size': '2m',
         },
-        3 * 35 * MIB + 2 * MIB,
-        3 * 33 * MIB,
+        3 * 66 * MIB + 2 * MIB,
+        3 * 64 * MIB,
         3 * 2 * MIB,
-        142 * MIB,
+        258 * MIB,
     ),
     (
         'added-to-clients-and-the-old-inputs',
@@ -457,10 +479,10 @@ PYTHON_PLANS = [
             'python_backend_instances': 1,
             'python_models': [{'name': 'm', 'largest_tensor_bytes': '8m'}],
         },
-        10 * MIB,
-        9 * MIB,
+        18 * MIB,
+        17 * MIB,
         0,
-        174 * MIB,
+        184 * MIB,
     ),
 ]
 
@@ -488,8 +510,10 @@ def test_the_plan_explains_the_growth_headroom_per_model():
         }
     )
     llm, pre = plan['python_backend']['models']
-    assert (llm['pool_bytes'], llm['bytes'], llm['growth_bytes']) == (34 * MIB, 68 * MIB, 66 * MIB)
-    assert 'grows by 1048576 x (33554432 // 1048576 + 1) = 34603008 bytes' in llm['explanation']
+    assert (llm['pool_bytes'], llm['bytes'], llm['growth_bytes']) == (66 * MIB, 132 * MIB, 130 * MIB)
+    assert llm['one_request_pool_bytes'] == 34 * MIB
+    assert 'takes a new pool to 35651584 bytes (1048576 + 1048576 x (33554432 // 1048576 + 1))' in llm['explanation']
+    assert 'at most 33554432 + 1048576 + 1048576 x (33554432 // 1048576 + 1) = 69206016 bytes' in llm['explanation']
     assert 'never shrinks' in llm['explanation']
     assert 'fits the starting pool' in pre['explanation'] and pre['growth_bytes'] == 0
     notes = ' '.join(plan['python_backend']['notes'])
