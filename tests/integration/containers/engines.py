@@ -236,6 +236,17 @@ class Podman(Engine):
         if not self.podman:
             raise EngineUnavailable('podman is not installed (.ci/deps installs it)')
         if self.holder is None:
+            # the test machine's containers.conf (default ulimits this VM can set, runc), before the first container:
+            # whichever podman test runs first (test_triton_server_role's setup.sh writes it too)
+            conf = subprocess.run(
+                [os.path.join(os.path.dirname(os.path.abspath(__file__)), 'podman-conf.sh')],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            if conf.returncode:
+                raise EngineError('podman-conf.sh failed (%d): %s' % (conf.returncode, conf.stderr))
             self.holder = subprocess.Popen(
                 ['unshare', '--mount', '--propagation', 'slave', 'sleep', 'infinity'],
                 stdin=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Test-machine setup for the container tests (idempotent; run as root):
 #   1. install podman and runc from the distribution if podman is missing (Debian/Ubuntu: apt-get);
-#   2. write /etc/containers/containers.conf when it is absent or differs from ours
+#   2. podman-conf.sh: write /etc/containers/containers.conf when it is absent or differs from ours
 #      (explicit default ulimits, runtime runc: see README.md here); a different
 #      file that we did not write is kept as containers.conf.tritonops-backup;
 #   3. build (or reuse) the local tritonserver image from the nvidia-pytriton wheel.
@@ -10,8 +10,6 @@
 set -eu
 py=${1:?usage: setup.sh VENV_PYTHON}
 here=$(cd "$(dirname "$0")" && pwd)
-conf=/etc/containers/containers.conf
-marker='Written by tests/integration/containers/setup.sh'
 
 log() { echo "setup.sh: $*" >&2; }
 
@@ -25,16 +23,6 @@ if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; the
     apt-get install -y -q podman runc >&2 || { apt-get update -q >&2 && apt-get install -y -q podman runc >&2; }
 fi
 
-if ! cmp -s "$here/containers.conf" "$conf"; then
-    mkdir -p /etc/containers
-    if [ -f "$conf" ] && ! grep -q "$marker" "$conf"; then
-        log "keeping the previous $conf as $conf.tritonops-backup"
-        cp -p "$conf" "$conf.tritonops-backup"
-    fi
-    log "writing $conf"
-    cp "$here/containers.conf" "$conf.tmp.$$"
-    chmod 0644 "$conf.tmp.$$"
-    mv "$conf.tmp.$$" "$conf"
-fi
+"$here/podman-conf.sh"
 
 exec "$py" "$here/build_image.py"
