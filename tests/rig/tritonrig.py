@@ -99,6 +99,11 @@ MODELS = {
 PYTHON_MODELS = tuple(MODELS)
 
 
+# the start of a skip reason that says the server under test has no such feature (tests/integration/conftest.py
+# counts every other skip as a failure when run as root)
+NOT_ON_THIS_VERSION = 'not on this Triton version: '
+
+
 class RigError(RuntimeError):
     """The rig could not do what was asked; the message says why."""
 
