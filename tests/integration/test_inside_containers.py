@@ -67,7 +67,7 @@ def _connection_vars(engine, triton, tmp_path) -> tuple[dict, dict]:
     )
 
 
-def _playbook(name, engine, triton, tmp_path, check=False, **host_vars):
+def _playbook(name, engine, triton, tmp_path, check=False, textfile_dir='', **host_vars):
     conn, env = _connection_vars(engine, triton, tmp_path)
     # the connection plugin enters the container as root, which has no sudo: no become (the playbooks' default)
     host = dict(conn, triton_url=INSIDE_URL, triton_become=False, **host_vars)
@@ -80,7 +80,7 @@ def _playbook(name, engine, triton, tmp_path, check=False, **host_vars):
         inventory=inv,
         env=env,
         check=check,
-        extra_vars={'prometheus_textfile_dir': '', 'report_dir': str(tmp_path / 'report')},
+        extra_vars={'prometheus_textfile_dir': textfile_dir, 'report_dir': str(tmp_path / 'report')},
     )
 
 
@@ -111,15 +111,34 @@ def kept_inside_with_the_reason(engine, tmp_path):
     assert record['done']['unregistered'] == [] and record['done']['removed_files'] == [], record
     assert record['server']['holders_complete'] is False and record['server']['pid_namespace'] == 'other', record
     assert "outside the host's initial PID namespace" in record['server']['holders_incomplete_reason']
-    assert 'clients_share_pid_namespace' in res.stdout
+    # the module's own warning says what to do (its text, not the record's reason)
+    warnings = [w for _name, r in res.tasks('t1') for w in r.get('warnings', [])]
+    assert any('clients_share_pid_namespace' in w and 'PID namespace' in w for w in warnings), warnings
 
-    # the report: the row is incomplete, with the reason, never ok
-    res = _playbook('report', engine, triton, tmp_path)
+    # the report: the row is incomplete, with the reason, never ok: in JSON, Markdown, HTML and the metrics
+    textfiles = '/tmp/textfiles'  # inside Triton's container, where the modules run and write the textfile
+    engine.run('exec', triton.id, engine.image('rig').python, '-c', f'import os; os.makedirs({textfiles!r})')
+    res = _playbook('report', engine, triton, tmp_path, textfile_dir=textfiles)
     assert res.rc == 0, (res, res.stdout[-4000:])  # reported as incomplete, with the reason: not a failure
     report = (tmp_path / 'report' / 'report.json').read_text()
     assert '"status": "incomplete"' in report, report[:3000]
     assert "outside the host's initial PID namespace" in report
     assert '"pid_namespace": "other"' in report
+    markdown = (tmp_path / 'report' / 'report.md').read_text()
+    assert '| t1 | **incomplete** |' in markdown and "outside the host's initial PID namespace" in markdown, markdown
+    page = (tmp_path / 'report' / 'report.html').read_text()
+    assert 'data-status="incomplete"' in page and 'data-fleet="incomplete"' in page, page[:3000]
+    assert '<b>0</b> ok' in page and 'outside the host&#x27;s initial PID namespace' in page.replace("'", '&#x27;')
+    metrics = engine.run(
+        'exec',
+        triton.id,
+        engine.image('rig').python,
+        '-c',
+        f'import glob; print("".join(open(p).read() for p in glob.glob({textfiles!r} + "/*.prom")))',
+    ).stdout
+    assert 'tritonops_shm_holders_complete{' in metrics, metrics[:3000]
+    (line,) = [x for x in metrics.splitlines() if x.startswith('tritonops_shm_holders_complete{')]
+    assert 'pid_namespace="other"' in line and 'reason="pid_namespace"' in line and line.endswith(' 0'), line
     assert _state(triton) == before
     return triton, live
 
@@ -141,7 +160,7 @@ def test_inside_the_triton_container_through_docker_nothing_is_removed(container
 
 
 def _exec_client(engine, triton, name):
-    """The rig's client started inside triton's own container (podman exec): the same PID namespace as the modules."""
+    """The rig's client started inside triton's own container (`ENGINE exec`): the same PID namespace as the modules."""
     image = engine.image('rig')
     engine.run(
         'exec',
@@ -206,10 +225,10 @@ def _kill_with_children(pid):
         time.sleep(0.1)
 
 
-@PODMAN
+@pytest.mark.parametrize('container_engine', ['podman', 'docker'], indirect=True)
 def test_all_in_one_container_with_the_option_the_dead_client_is_reclaimed(container_engine, tmp_path):
-    """Clients inside Triton's container (podman exec), clients_share_pid_namespace: true, through the podman plugin:
-    the killed client's region and file go, the live one's stay."""
+    """Clients inside Triton's container (`podman exec`, `docker exec`), clients_share_pid_namespace: true, through
+    the engine's connection plugin: the killed client's region and file go, the live one's stay."""
     triton = engines.run_triton(container_engine, shm_size='64m')
     live = _exec_client(container_engine, triton, 'live_client')
     dead = _exec_client(container_engine, triton, 'dead_client')

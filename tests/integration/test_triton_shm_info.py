@@ -632,7 +632,11 @@ def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp
     workdir = tempfile.mkdtemp(prefix='report-nonroot-', dir='/tmp')
     os.chmod(workdir, 0o755)
     report_dir = os.path.join(workdir, 'report')
+    textfiles = os.path.join(workdir, 'textfiles')  # the user's own node_exporter textfile directory
+    os.mkdir(textfiles)
+    os.chown(textfiles, pwd.getpwnam(unprivileged_user).pw_uid, -1)
     cleanup = None
+    metrics = ''
     try:
         server.start()
         server.leak('leaked', byte_size=4 << 20)
@@ -655,7 +659,7 @@ def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp
             inventory,
             'tritonops.shm.report',
             '-e',
-            json.dumps({'report_dir': report_dir, 'prometheus_textfile_dir': ''}),
+            json.dumps({'report_dir': report_dir, 'prometheus_textfile_dir': textfiles}),
         ]
         proc = subprocess.run(
             cmd,
@@ -672,6 +676,9 @@ def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp
             markdown = f.read()
         with open(os.path.join(report_dir, 'report.html')) as f:
             page = f.read()
+        for name in os.listdir(textfiles):
+            with open(os.path.join(textfiles, name)) as f:
+                metrics += f.read()
         assert 'leaked' in server.system_regions()  # the leak was there all along
     finally:
         if cleanup is not None:
@@ -684,6 +691,9 @@ def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp
     assert row['holders_complete'] is False and 'is not readable' in row['error'], row
     assert '| t1 | **incomplete** |' in markdown and 'is not readable' in markdown
     assert 'data-status="incomplete"' in page and 'is not readable' in page
+    # and the metrics: the holders incomplete, for that reason
+    (line,) = [x for x in metrics.splitlines() if x.startswith('tritonops_shm_holders_complete{')]
+    assert line.endswith(' 0') and ('reason="shm_dir"' in line or 'reason="unreadable_processes"' in line), line
     # the fleet table (in the json callback's output): the row's numbers under status incomplete, never ok
     assert any(line.strip().strip('",').split()[:2] == ['t1', 'incomplete'] for line in proc.stdout.splitlines()), (
         proc.stdout
