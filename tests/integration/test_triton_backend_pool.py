@@ -7,6 +7,7 @@ Live clients (tritonclient.http) keep sending small requests to it while the mod
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import ansible_helpers
@@ -14,6 +15,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonrig
+
+if ansible_helpers.COLLECTIONS_PATH not in sys.path:
+    sys.path.insert(0, ansible_helpers.COLLECTIONS_PATH)
+
+from ansible_collections.tritonops.shm.plugins.filter.shm_size import shm_size  # noqa: E402  pylint: disable=wrong-import-position
 
 MODULE = 'tritonops.shm.triton_backend_pool'
 MIB = 1 << 20
@@ -161,6 +167,45 @@ def test_rig_grow_model_pool_grows_and_never_shrinks(make_triton):
     for size in (100, 1000, 100):
         infer(client, size)
     assert os.stat(os.path.join(server.shm_dir, name)).st_size == grown_size
+
+
+# (requests in the order they come, shm-default-byte-size, shm-growth-byte-size): a single large request, and requests
+# rising towards the largest, which leave the pool just too small for it before it grows once more
+PLANNED = [
+    pytest.param((32 * MIB,), MIB, MIB, id='one-32MiB-request'),
+    pytest.param((3 * MIB, 20 * MIB), MIB, MIB, id='3-then-20MiB'),
+    pytest.param((9 * MIB, 11 * MIB), MIB, MIB, id='9-then-11MiB'),
+    pytest.param((3 * MIB, 20 * MIB), 4 * MIB, 8 * MIB, id='3-then-20MiB-4MiB-8MiB-steps'),
+]
+
+
+@pytest.mark.parametrize('requests, default, growth', PLANNED)
+def test_the_shm_size_plan_covers_the_pool_real_requests_grow(make_triton, requests, default, growth):
+    """Issue 27 goal 4: the shm_size planner's pool per instance is never smaller than what real requests of up to
+    the largest tensor grow a real 2.51 pool to, whatever their order."""
+    server = make_triton(
+        models=('grow',),
+        shm_size='160m',
+        backend_config=(f'python,shm-default-byte-size={default}', f'python,shm-growth-byte-size={growth}'),
+    )
+    ((name, _blocks),) = pools(server).items()
+    client = httpclient.InferenceServerClient(server.url.split('://', 1)[1])
+    sizes = []
+    for size in requests:
+        infer(client, size)
+        sizes.append(os.stat(os.path.join(server.shm_dir, name)).st_size)
+    client.close()
+    plan = shm_size(
+        {
+            'python_models': [{'name': 'grow', 'largest_tensor_bytes': max(requests)}],
+            'python_backend_shm_default_byte_size': default,
+            'python_backend_shm_growth_byte_size': growth,
+        }
+    )
+    (model,) = plan['python_backend']['models']
+    assert sizes[-1] <= model['pool_bytes'], (sizes, model)
+    if len(requests) == 1:  # one request: exactly the python backend's step
+        assert sizes[-1] == model['one_request_pool_bytes'], (sizes, model)
 
 
 def test_cleanup_playbook_reloads_a_grown_pool_only_when_asked(make_triton):
