@@ -103,24 +103,34 @@ class ModuleRun:
             return None
         return int(kids[0]) if kids else None
 
-    def in_syscall(self):
-        """The name of the delayed system call the module is stopped in, or None."""
+    def in_syscall(self, with_args=False):
+        """The name of the system call the module is in (one of SYSCALL_NUMBERS), or None; with_args, (name, the
+        whole /proc/PID/syscall line)."""
         pid = self.pid
-        if pid is None:
-            return None
-        try:
-            with open('/proc/%d/syscall' % pid) as f:
-                first = f.read().split()
-        except OSError:
-            return None
+        line = ''
+        if pid is not None:
+            try:
+                with open('/proc/%d/syscall' % pid) as f:
+                    line = f.read().strip()
+            except OSError:
+                pass
+        first = line.split()[:1]
         numbers = {v: k for k, v in SYSCALL_NUMBERS.items()}
-        return numbers.get(int(first[0])) if first and first[0].lstrip('-').isdigit() else None
+        name = numbers.get(int(first[0])) if first and first[0].lstrip('-').isdigit() else None
+        return (name, line) if with_args else name
 
-    def wait_stopped(self, calls, timeout=60):
+    def wait_stopped(self, calls, timeout=60, settle=0.2):
+        """The delayed call the module is stopped in: seen in the same call (same arguments) for settle seconds, so
+        that an undelayed call of the same name (microseconds) is not taken for it."""
         deadline = time.monotonic() + timeout
+        seen, since = None, 0.0
         while time.monotonic() < deadline and self.proc.poll() is None:
-            found = self.in_syscall()
-            if found in calls:
+            found, line = self.in_syscall(with_args=True)
+            if found not in calls:
+                seen = None
+            elif line != seen:
+                seen, since = line, time.monotonic()
+            elif time.monotonic() - since >= settle:
                 return found
             time.sleep(0.002)
         return None
@@ -316,7 +326,7 @@ KILL_POINTS = {
     'recording': (('fsetxattr',), '1', 30, None),  # writing the record of the files: nothing unregistered yet
     'unregistering': (('sendto',), '1+', 0.02, 245),  # the issue's case: "SIGKILLed at about 245 left"
     'before_unlink': (('renameat2', 'unlinkat'), '1', 30, None),  # every region unregistered, no file removed yet
-    'mid_unlink': (('unlinkat',), '300', 30, None),  # part-way through the unlinks (after ~150 other unlinkat calls)
+    'mid_unlink': (('unlinkat',), '300', 30, None),  # part-way through the unlinks (299 of the 400 files removed)
 }
 SYSCALL_NUMBERS['sendto'] = 44
 
@@ -326,6 +336,8 @@ def test_a_module_sigkilled_part_way_then_one_rerun_converges(make_triton, tmp_p
     server = make_triton(models=())
     live = server.client('live', byte_size=MIB)
     stale = server.leak_many('stale', 400)
+    # each stale region's file by inode: a file the run renamed to a quarantine name is still that region's
+    region_of = {os.stat(server.shm_path(name)).st_ino: name for name in stale}
     calls, when, delay_s, kill_at = KILL_POINTS[point]
     run = ModuleRun(
         REGION, dict(url=server.url, state='absent', stale=True), tmp_path, delay_in=calls, delay_s=delay_s, when=when
@@ -346,17 +358,38 @@ def test_a_module_sigkilled_part_way_then_one_rerun_converges(make_triton, tmp_p
         run.kill()
     left_registered = set(server.system_regions()) & set(stale)
     left_files = set(server.shm_files()) - {'live'}
+    present = {os.lstat(server.shm_path(n)).st_ino: n for n in left_files}
+    unregistered = set(stale) - left_registered
+    # the files of unregistered regions still there (under their names or quarantined): what the rerun must finish
+    orphaned = {region_of[ino] for ino in present if ino in region_of and region_of[ino] in unregistered}
     print(
-        'FIGURE sigkill_%s: killed with %d of 400 stale regions registered, %d files left'
-        % (point, len(left_registered), len(left_files))
+        'FIGURE sigkill_%s: killed with %d of 400 stale regions registered, %d files left, %d of them of '
+        'unregistered regions' % (point, len(left_registered), len(left_files), len(orphaned))
     )
+    if point == 'recording':
+        # killed before its first unregister: every region and every file is as before the run
+        assert left_registered == set(stale) and orphaned == set()
+        assert {os.lstat(server.shm_path(n)).st_ino for n in stale} == set(region_of), 'a file was renamed or removed'
+    else:
+        # killed after unregistering some regions and before removing their files: real leftovers
+        assert unregistered and orphaned, 'the kill left no file of an unregistered region: nothing to converge'
+        if point in ('unregistering', 'before_unlink'):
+            assert orphaned == unregistered and set(present) >= set(region_of), 'no file is removed before the unlinks'
+            assert {n for n in left_files if n in stale} == set(stale), 'no file is renamed before the unlinks'
+        if point == 'before_unlink':
+            assert left_registered == set()
+        if point == 'mid_unlink':
+            assert left_registered == set() and len(orphaned) < len(stale), 'killed before its first unlink'
     # what info shows between the kill and the rerun: the killed run's files are its own, with their reason
     info = ansible_helpers.run_module(INFO, dict(url=server.url))
     files = {f['name']: f for f in info['files']}
     leftovers = [f for n, f in files.items() if n != 'live' and not f['regions']]
+    assert len(leftovers) == len(orphaned), (len(leftovers), len(orphaned))
     assert all(f['category'] == 'orphan' and 'stopped before removing' in f['category_reason'] for f in leftovers), (
         leftovers
     )
+    if point == 'recording':
+        assert info['summary']['stale_regions'] == len(stale), info['summary']
     # one rerun converges
     rerun = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True))
     again = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True))
