@@ -10,6 +10,7 @@ only, the new server keeps serving.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -73,7 +74,7 @@ def crashed(tmp_path):
             ).start()
             new = sorted(set(pools(ns)) - set(old))
             assert len(new) == len(MODELS), 'the new server neither reuses nor cleans the old pools'
-            yield dict(ns=ns, server=second, old=old, new=new)
+            yield dict(ns=ns, server=second, old=old, new=new, report_dir=tmp_path / 'report')
         finally:
             if second:
                 second.stop()
@@ -120,10 +121,19 @@ def test_the_cleanup_removes_the_pools_of_a_crashed_server_and_keeps_the_new_ser
     assert r['check_mode'] is True and sorted(os.path.basename(p) for p in r['done']['removed_files']) == old, r
     assert pools(ns) == sorted(old + new)
 
-    res = cleanup(server)
+    res = cleanup(server, shm_cleanup_report_dir=str(crashed['report_dir']))
     assert res.stats['triton1']['failures'] == 0 and res.stats['triton1']['changed'] >= 1, res
     r = host_result(res)
     assert sorted(os.path.basename(p) for p in r['done']['removed_files']) == old, r
+    # the HTML page: one row per model, the dead server's leftovers in a row of their own, each pool's outcome
+    with open(os.path.join(crashed['report_dir'], 'report.html')) as f:
+        page = f.read()
+    rows = dict(
+        re.findall(r'<tr data-model-total="([^"]+)"><td class="name">[^<]*</td><td class="num">([^<]*)</td>', page)
+    )
+    assert rows == {'echo': '1', 'mirror': '1', 'leftover': '-'}, rows
+    outcome = dict(re.findall(r'data-pool="([^"]+)"[^>]*>.*?<td class="outcome">([^<]*)</td>', page))
+    assert outcome == {**{n: 'removed' for n in old}, **{n: 'kept' for n in new}}, outcome
     assert (
         r['done']['freed_bytes'] == 2 << 20 and r['before']['leftover_files'] == 2 and r['after']['leftover_files'] == 0
     )

@@ -14,6 +14,8 @@ K8S_VERSIONS = sorted(
     {'.'.join(v.split('.')[:2]) for v in kubernetes_validate_utils.all_versions() if (1, 30) <= _minor(v) <= (1, 37)},
     key=_minor,
 )
+# a kubernetes-validate without one of them must not shrink the list silently
+assert K8S_VERSIONS == [f'1.{minor}' for minor in range(30, 38)], K8S_VERSIONS
 
 
 def pytest_generate_tests(metafunc):
