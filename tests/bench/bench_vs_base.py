@@ -8,7 +8,7 @@ its process group (the rig's leak_many). The module runs as its own process (as 
 imported from the base tree (``git archive BASE_REF`` of this checkout) or from this copy, in pairs whose order
 alternates (base new, new base, ...). Each pair gives a ratio new / base; the medians of the pairs' ratios are
 printed next to the goal. A checkout without git history cannot build the base: the bench says so and exits 2.
-Usage: python tests/bench/bench_vs_base.py [--count 3000] [--pairs 8] [--base REF]
+Usage: python tests/bench/bench_vs_base.py [--count 3000] [--pairs 16] [--base REF]
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def base_tree(ref: str, workdir: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--count', type=int, default=3000, help='stale regions per run')
-    parser.add_argument('--pairs', type=int, default=8, help='pairs of runs (base, new), order alternating')
+    parser.add_argument('--pairs', type=int, default=16, help='pairs of runs (base, new), order alternating')
     parser.add_argument('--base', default=BASE_REF, help='git ref of the base build')
     args = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix='bench-vs-base-')
