@@ -107,13 +107,16 @@ class ResponseReader:
         'response',
         'seen',
         '_memo',
+        '_memo_max',
     )
 
-    def __init__(self, max_body: int, max_head: int = MAX_HEAD_BYTES) -> None:
+    def __init__(self, max_body: int, max_head: int = MAX_HEAD_BYTES, memo: bool = True) -> None:
         self.max_body = max_body
         self.max_head = max_head
         self._buf = bytearray()
         self._memo: tuple = (b'', None)  # the last small answer that came whole in one read, and what it was read as
+        # memo=False: a reader whose answers differ each time (the poller's status answers) keeps no copy of the last
+        self._memo_max = 4096 if memo else 0
         self.start()
 
     def start(self) -> None:
@@ -166,7 +169,7 @@ class ResponseReader:
         step = True
         while step and self._state != _DONE:
             step = self._STEPS[self._state](self)
-        if fresh and self.response is not None and not self._buf and len(data) <= 4096:
+        if fresh and self.response is not None and not self._buf and 0 < len(data) <= self._memo_max:
             self._memo = (bytes(data), self.response)
         return self.response
 

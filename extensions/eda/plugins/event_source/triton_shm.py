@@ -611,7 +611,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
-        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES)
+        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES, memo=False)
         self.open = False
         self.used = False  # a request was answered on it: a close before the next answer may be a stale keep-alive
 
@@ -621,7 +621,7 @@ class _Connection(asyncio.Protocol):
 
     def expect(self, waiter: asyncio.Future) -> None:
         self.waiter = waiter
-        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES)
+        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES, memo=False)
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():
