@@ -175,6 +175,23 @@ def _region(info: dict, name: str) -> dict:
     return {r['name']: r for r in info['system_regions']}[name]
 
 
+def _kept_while_held_then_taken(server, name: str, holder: int, gone, file: tuple, runs: tuple) -> None:
+    """While holder alone held it, region name was healthy and kept with its file (the same inode) by a stale cleanup
+    that took the dead client's region gone, and a rerun changed nothing; with the holder SIGKILLed (Holder.stop),
+    the same cleanup takes the region and its file."""
+    (path, ino), (info, res, again) = file, runs
+    held = _region(info, name)
+    assert held['state'] == 'healthy' and [h['pid'] for h in held['holders']] == [holder], held
+    assert _region(info, 'gone')['state'] == 'stale'
+    assert not res.get('failed') and res['changed'] is True, res
+    assert res['unregistered'] == ['gone'] and res['removed_files'] == [server.shm_path(gone.key)], res
+    assert again['changed'] is False and again['unregistered'] == [] and again['removed_files'] == [], again
+    assert name in server.system_regions() and os.stat(path).st_ino == ino
+    after = run_module(REGION, dict(url=server.url, state='absent', stale=True))
+    assert after['unregistered'] == [name] and after['removed_files'] == [path], after
+    assert server.system_regions() == {} and server.shm_files() == []
+
+
 # A client that creates its file, registers it (Triton's register call), then keeps it only through a private
 # (copy-on-write) mapping: mmap(MAP_PRIVATE) from libc (Python's mmap keeps a dup of the fd), the fd closed.
 PRIVATE_MAPPER = textwrap.dedent("""
@@ -214,17 +231,7 @@ def test_a_holder_whose_only_link_is_a_private_mapping_keeps_its_region_and_file
         again = run_module(REGION, dict(url=server.url, state='absent', stale=True))
     finally:
         holder.stop()
-    private = _region(info, 'private')
-    assert private['state'] == 'healthy' and [h['pid'] for h in private['holders']] == [pid], private
-    assert _region(info, 'gone')['state'] == 'stale'
-    assert not res.get('failed') and res['changed'] is True, res
-    assert res['unregistered'] == ['gone'] and res['removed_files'] == [server.shm_path(gone.key)], res
-    assert again['changed'] is False and again['unregistered'] == [] and again['removed_files'] == [], again
-    assert 'private' in server.system_regions() and os.stat(path).st_ino == ino
-    # the holder SIGKILLed: the same cleanup takes the region and its file now
-    after = run_module(REGION, dict(url=server.url, state='absent', stale=True))
-    assert after['unregistered'] == ['private'] and after['removed_files'] == [path], after
-    assert server.system_regions() == {} and server.shm_files() == []
+    _kept_while_held_then_taken(server, 'private', pid, gone, (path, ino), (info, res, again))
 
 
 # A client (tritonclient's own create_shared_memory_region, then Triton's register call) that forks a worker; the
@@ -275,16 +282,8 @@ def test_a_forked_child_still_mapping_the_file_after_its_parent_died_keeps_regio
         assert os.path.isdir(f'/proc/{worker}')
     finally:
         holder.stop()
-    forked = _region(info, 'forked')
-    assert forked['state'] == 'healthy' and [h['pid'] for h in forked['holders']] == [worker], forked
-    assert not res.get('failed') and res['changed'] is True, res
-    assert res['unregistered'] == ['gone'] and res['removed_files'] == [server.shm_path(gone.key)], res
-    assert again['changed'] is False and again['unregistered'] == [] and again['removed_files'] == [], again
-    assert 'forked' in server.system_regions() and os.stat(path).st_ino == ino
-    # the worker SIGKILLed too (with the client's resource tracker, which would unlink the file): now it goes
-    after = run_module(REGION, dict(url=server.url, state='absent', stale=True))
-    assert after['unregistered'] == ['forked'] and after['removed_files'] == [path], after
-    assert server.system_regions() == {} and server.shm_files() == []
+    # the worker SIGKILLed too (with the client's resource tracker, which would unlink the file): then it goes
+    _kept_while_held_then_taken(server, 'forked', worker, gone, (path, ino), (info, res, again))
 
 
 # A local program's Unix socket (listening) and another's left behind (closed, never unlinked) in the shm directory;
