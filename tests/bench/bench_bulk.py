@@ -30,11 +30,10 @@ import tempfile
 
 import benchenv  # noqa: F401  pylint: disable=unused-import
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
-from bench_region import leak_many, module_process, tritonclient_loop  # noqa: E402
+from bench_region import leak_chunked, module_process, tritonclient_loop  # noqa: E402
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 GOALS = {'http': 1.0, 'grpc': 1.0, 'scale': 1.2, 'rss_mib': 100}
-LEAK_CHUNK = 4000
 
 
 def start_up(server: tritonrig.TritonServer, workdir: str, url: str, runs: int = 3) -> float:
@@ -62,11 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(1, args.repeat + 1):
 
             def leak(tag: str, count: int) -> list[str]:
-                # one client holds two descriptors per region: at most LEAK_CHUNK regions per client
-                names = []
-                for part, first in enumerate(range(0, count, LEAK_CHUNK)):
-                    names += leak_many(server, f'{tag}{rnd}_{part}', min(LEAK_CHUNK, count - first), 4096)  # pylint: disable=cell-var-from-loop
-                return names
+                return leak_chunked(server, f'{tag}{rnd}', count)  # pylint: disable=cell-var-from-loop
 
             fig = {}
             for transport, url in (('http', server.url), ('grpc', server.grpc_scheme_url)):

@@ -65,6 +65,18 @@ def leak_many(server, prefix, count, byte_size):
     return names
 
 
+# one client holds two descriptors per region: at most this many regions per client
+LEAK_CHUNK = 4000
+
+
+def leak_chunked(server, prefix: str, count: int, byte_size: int = 4096) -> list[str]:
+    """COUNT stale regions from as many clients as the descriptor limit needs (PREFIX_PART_i), checked registered."""
+    names = []
+    for part, first in enumerate(range(0, count, LEAK_CHUNK)):
+        names += leak_many(server, f'{prefix}_{part}', min(LEAK_CHUNK, count - first), byte_size)
+    return names
+
+
 def check_clean(server, names, who):
     left = set(names) & set(server.system_regions())
     files = set(names) & set(server.shm_files())
@@ -106,9 +118,10 @@ def module_process(
     server: tritonrig.TritonServer, names: list[str], workdir: str, url: str | None = None, root: str | None = None
 ) -> ModuleRun:
     """The module as a plain Python process on url (root: the collections root to import it from; default this one)."""
+    url = url or server.url
     args_path = os.path.join(workdir, 'args.json')
     with open(args_path, 'w') as f:
-        json.dump({'ANSIBLE_MODULE_ARGS': {'url': url or server.url, 'state': 'absent', 'stale': True}}, f)
+        json.dump({'ANSIBLE_MODULE_ARGS': {'url': url, 'state': 'absent', 'stale': True}}, f)
     roots = [root] if root else [p for p in sys.path if os.path.isdir(os.path.join(p, 'ansible_collections'))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(roots))
     out_path = os.path.join(workdir, 'out.json')
@@ -124,9 +137,7 @@ def module_process(
         text = f.read()
     result = json.loads(text[text.index('{') :])
     if result.get('failed') or sorted(result['unregistered']) != sorted(names):
-        raise RuntimeError(
-            f'module process on {url or server.url} did not clean exactly the leaked regions: {text[:2000]}'
-        )
+        raise RuntimeError(f'module process on {url} did not clean exactly the leaked regions: {text[:2000]}')
     check_clean(server, names, 'module process')
     return ModuleRun(elapsed, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime)
 

@@ -23,12 +23,11 @@ import tempfile
 
 import benchenv  # noqa: F401  pylint: disable=unused-import
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
-from bench_region import MODULE_PY, leak_many, module_process  # noqa: E402  pylint: disable=wrong-import-position
+from bench_region import MODULE_PY, leak_chunked, module_process  # noqa: E402  pylint: disable=wrong-import-position
 from run import checkout, write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 BASE_REF = '20138424983d4bda22ed773789ac68f83a74f005'  # main before issues 25-27 (landed at stop 23)
 GOAL = 1.1
-LEAK_CHUNK = 4000
 
 
 def base_tree(ref: str, workdir: str) -> str:
@@ -77,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = {}
             order = ('base', 'new') if pair % 2 == 0 else ('new', 'base')
             for build in order:
-                names = []
-                for part, first in enumerate(range(0, args.count, LEAK_CHUNK)):
-                    prefix = f'{build[0]}{pair}_{part}'
-                    names += leak_many(server, prefix, min(LEAK_CHUNK, args.count - first), 4096)
+                names = leak_chunked(server, f'{build[0]}{pair}', args.count)
                 runs[build] = module_process(
                     server, names, workdir, server.url, root=base_root if build == 'base' else None
                 )
@@ -101,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     finally:
-        server.stop()
         server.cleanup()
         subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
     medians = {k: statistics.median(p[k] for p in pairs) for k in ('wall_ratio', 'cpu_ratio')}
