@@ -214,14 +214,17 @@ def test_the_readme_as_written_from_the_built_tarball(venv, tmp_path):
         unprivileged = workdir(base, 'as-nobody', NOBODY, inventory, python)
         # nobody's home in passwd is /nonexistent: Ansible's remote tmp goes where a real user's home would be
         env = dict(env_of(venv, home, collections), ANSIBLE_REMOTE_TMP=f'{home}/.ansible/tmp')
+        # the venv sits in the checkout's build/, which nobody may not reach (a clone made in `mktemp -d`)
+        view, unview = tritonrig.reachable([venv], base)
         for step in ('report', 'cleanup'):
-            res = run(f'{steps[step]} -e triton_become=false', cwd=unprivileged, env=env, prefix=SETPRIV)
+            res = run(f'{steps[step]} -e triton_become=false', cwd=unprivileged, env=env, prefix=view + SETPRIV)
             out = res.stdout + res.stderr
             assert res.returncode != 0, f'{step} as nobody without become succeeded:\n{out[-4000:]}'
             assert 'become: true' in out, f'{step}: the failure does not say to run as root:\n{out[-4000:]}'
             assert 'newcomer' in server.system_regions() and os.path.exists(leaked), (
                 f'{step} as nobody touched the leak'
             )
+        unview()
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)

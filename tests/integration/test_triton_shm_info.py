@@ -487,13 +487,8 @@ def unprivileged_user():
 
 
 def _interpreter_wrapper(workdir):
-    """A command prefix that lets an unprivileged user run the venv's interpreter.
-
-    The test venv and its base Python may live below directories others cannot enter
-    (here /root/.pyenv below /root, mode 0700; a checkout made with `mktemp -d`, mode 0700).
-    In a private mount namespace each such directory is replaced by a world-searchable one
-    holding bind mounts of only the entries the run needs (the interpreter tree, the venv,
-    the collection copy), so root's controller and the other user both reach them.
+    """A command prefix that lets an unprivileged user run the venv's interpreter and the collection copy
+    (tritonrig.reachable: the venv and its base Python may sit below directories others cannot enter).
     Returns (prefix, cleanup).
     """
     needed = [
@@ -502,40 +497,7 @@ def _interpreter_wrapper(workdir):
         os.path.dirname(os.path.dirname(os.path.abspath(ansible_helpers.PYTHON))),  # the venv itself
         ansible_helpers.COLLECTIONS_PATH,
     ]
-    blocked = {}  # parent directory others cannot enter -> its entries on the way to a needed path
-    for target in needed:
-        target = os.path.realpath(target)
-        path = os.path.dirname(target)
-        while path != '/':
-            if not os.stat(path).st_mode & stat.S_IXOTH:
-                blocked.setdefault(path, set()).add(target[len(path) + 1 :].split('/')[0])
-            path = os.path.dirname(path)
-    if not blocked:
-        return [], lambda: None
-    views = []
-    steps = []
-    # deepest first: a view is mounted over its parent before the parent's own parent is hidden
-    for parent in sorted(blocked, key=len, reverse=True):
-        view = tempfile.mkdtemp(prefix='rootview-', dir=workdir)
-        os.chmod(view, 0o755)
-        for child in sorted(blocked[parent]):
-            os.mkdir(os.path.join(view, child))
-            steps.append('mount --rbind %s %s' % (os.path.join(parent, child), os.path.join(view, child)))
-        steps.append('mount --rbind %s %s' % (view, parent))
-        views.append((view, blocked[parent]))
-    shell = ' && '.join(steps) + ' && exec "$0" "$@"'
-
-    def cleanup():
-        # only ever rmdir the mount points: if a mount were somehow still there it is not empty
-        for view, children in views:
-            for name in os.listdir(view):
-                if name not in children:
-                    subprocess.run(['rm', '-rf', '--one-file-system', os.path.join(view, name)], check=False)
-            for child in children:
-                os.rmdir(os.path.join(view, child))
-            os.rmdir(view)
-
-    return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell], cleanup
+    return tritonrig.reachable(needed, workdir)
 
 
 def run_plays_wrapped(prefix, plays, workdir):

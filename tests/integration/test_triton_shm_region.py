@@ -417,7 +417,10 @@ def test_present_errors_say_why_and_touch_nothing(triton, tmp_path):
     assert outside.read_bytes() == b'o' * MIB
 
 
-def test_real_in_use_text_is_recognised_and_retried(triton):
+def test_real_in_use_text_is_recognised_and_retried(make_triton):
+    """Each of the client's requests holds its region SLOW_SECONDS (the 'slow' model), with as long idle between them:
+    the server refuses the unregister while a request is in flight, and the module retries until it lands idle."""
+    triton = make_triton(shm_size='64m', models=('slow',))
     if tuple(int(p) for p in triton.version().split('.')[:2]) < (2, 50):
         pytest.skip(
             tritonrig.NOT_ON_THIS_VERSION + 'Triton %s has no "in use" refusal: unregistering a busy region can crash '
@@ -428,23 +431,28 @@ def test_real_in_use_text_is_recognised_and_retried(triton):
     from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
     from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 
-    busy = triton.client('busy', byte_size=64 * 1024, mode='infer')
+    busy = triton.client('busy', byte_size=64 * 1024, mode='infer', model='slow', pause=tritonrig.SLOW_SECONDS)
     api = TritonClient(triton.url)
     seen = None
-    for _attempt in range(300):
+    tries = 0
+    deadline = time.monotonic() + 60
+    while seen is None and time.monotonic() < deadline:
+        tries += 1
         try:
             api.unregister('system', 'busy')
         except TritonError as exc:
             seen = exc
             break
         api.register_system('busy', '/busy', 0, 64 * 1024)  # it was idle this time: put it back
-    assert seen is not None, 'the server never reported the busy region in use'
+        time.sleep(0.01)
+    assert seen is not None, 'the server never reported the busy region in use (%d tries in 60 s)' % tries
     assert seen.in_use, seen.server_error
     assert seen.server_error == "Cannot unregister shared memory region 'busy', it is currently in use."
-    res = one(conn(triton, state='absent', name='busy', in_use_timeout=10))
+    res = one(conn(triton, state='absent', name='busy', in_use_timeout=30))
     assert res['changed'] is True and res['unregistered'] == ['busy']
     assert 'busy' not in triton.system_regions()
     assert os.path.exists(triton.shm_path('busy')) and busy.alive  # held: kept
+    print('FIGURE in_use: refused after %d unregister tries' % tries)
     busy.stop()
     triton.kill()  # a server whose busy region was pulled from under a client can take long to stop
 

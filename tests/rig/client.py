@@ -70,6 +70,7 @@ def main() -> int:
     parser.add_argument(
         '--register-when-gone', metavar='REGION', help='register as REGION once it is gone from the status, then die'
     )
+    parser.add_argument('--model', default='echo', help="infer mode: the echo model to ask (default 'echo')")
     args = parser.parse_args()
     if args.count:
         return hold_many(args)
@@ -106,7 +107,7 @@ def main() -> int:
             inp.set_shared_memory(args.name, args.byte_size, offset=args.offset)
             out = api.InferRequestedOutput('OUTPUT0', **({'binary_data': True} if api is httpclient else {}))
             out.set_shared_memory(args.name + '_out', args.byte_size)
-            client.infer('echo', [inp], outputs=[out])
+            client.infer(args.model, [inp], outputs=[out])
             got = shm.get_contents_as_numpy(out_handle, np.uint8, [args.byte_size])
             if np.array_equal(got, data):
                 ok += 1

@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -32,7 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,10 +66,11 @@ def python_model(answer: str, imports: str = '') -> str:
     )
 
 
-ECHO_MODEL = python_model(
+ECHO_ANSWER = (
     '            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")\n'
     '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", tensor.as_numpy())]))\n'
 )
+ECHO_MODEL = python_model(ECHO_ANSWER)
 
 
 # A model whose python backend pool grows: it answers each request with SIZE zero bytes. One large
@@ -88,13 +90,22 @@ GROW_MODEL = python_model(
     imports='import numpy as np  # noqa: E402\n',
 )
 
+# An echo that takes SLOW_SECONDS per request: a request holds its client's shared-memory region for at least that
+# long, so that a test can meet the server's "currently in use" refusal every time, not by luck under load.
+SLOW_SECONDS = 0.2
+SLOW_MODEL = python_model(
+    '            time.sleep(%r)\n' % SLOW_SECONDS + ECHO_ANSWER, imports='import time  # noqa: E402\n'
+)
+
 # Python models the rig can serve, name -> (config.pbtxt, model.py template with {sites}): 'echo' and 'mirror'
 # are the same echo code under each name, so that a server runs several python models, each with its own stub
-# and backend pool (issue 27: pools are named for their model); 'grow' grows its pool on demand.
+# and backend pool (issue 27: pools are named for their model); 'grow' grows its pool on demand; 'slow' echoes in
+# SLOW_SECONDS.
 MODELS = {
     'echo': (ECHO_CONFIG, ECHO_MODEL),
     'mirror': (model_config('mirror'), ECHO_MODEL),
     'grow': (GROW_CONFIG, GROW_MODEL),
+    'slow': (model_config('slow'), SLOW_MODEL),
 }
 PYTHON_MODELS = tuple(MODELS)
 
@@ -161,6 +172,64 @@ def ensure_python_stub(paths: dict[str, Any]) -> None:
     shutil.copy2(paths['stub_src'], tmp)
     os.chmod(tmp, 0o755)
     os.replace(tmp, paths['stub'])
+
+
+def _nothing() -> None:
+    pass
+
+
+def reachable(targets: Iterable[str], workdir: str) -> tuple[list[str], Callable[[], None]]:
+    """A command prefix, run as root, under which any user can reach every path of targets; and its cleanup.
+
+    The test venv, its base Python and the checkout may live below directories others cannot enter (/root, mode 0700;
+    a clone made in `mktemp -d`, mode 0700). In a private mount namespace each such directory is replaced by a
+    world-searchable one (made in workdir) that holds bind mounts of only the entries on the way to a target, so that
+    a command that drops root (setpriv, a server run as nobody) reaches them; nothing else of the directory shows.
+    ([], a no-op) when every target is reachable already.
+    """
+    blocked: dict[str, set[str]] = {}  # parent directory others cannot enter -> its entries on the way to a target
+    for target in targets:
+        target = os.path.realpath(target)
+        path = os.path.dirname(target)
+        while path != '/':
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                blocked.setdefault(path, set()).add(target[len(path) + 1 :].split('/')[0])
+            path = os.path.dirname(path)
+    if not blocked:
+        return [], _nothing
+    views = []
+    steps = []
+    # deepest first: a view is mounted over its parent before the parent's own parent is hidden
+    for parent in sorted(blocked, key=len, reverse=True):
+        view = tempfile.mkdtemp(prefix='rootview-', dir=workdir)
+        os.chmod(view, 0o755)
+        for child in sorted(blocked[parent]):
+            os.mkdir(os.path.join(view, child))
+            steps.append('mount --rbind %s %s' % (os.path.join(parent, child), os.path.join(view, child)))
+        steps.append('mount --rbind %s %s' % (view, parent))
+        views.append((view, blocked[parent]))
+    shell = ' && '.join(steps) + ' && exec "$0" "$@"'
+
+    def cleanup() -> None:
+        # what the command wrote into a hidden parent landed in its view: remove that; only ever rmdir the mount
+        # points (were a mount somehow still there, it would not be empty)
+        for view, children in views:
+            if not os.path.isdir(view):
+                continue
+            for name in os.listdir(view):
+                if name not in children:
+                    subprocess.run(['rm', '-rf', '--one-file-system', os.path.join(view, name)], check=False)
+            for child in children:
+                try:
+                    os.rmdir(os.path.join(view, child))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(view)
+            except OSError:
+                pass
+
+    return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', shell], cleanup
 
 
 def server_env(paths: dict[str, Any]) -> dict[str, str]:
@@ -260,6 +329,7 @@ class Client:
         count: int = 0,
         pause: float = 0.0,
         register_when_gone: str | None = None,
+        model: str = 'echo',
     ) -> None:
         self.server = server
         self.name = name
@@ -294,6 +364,8 @@ class Client:
             cmd += ['--pause', str(pause)]
         if register_when_gone:
             cmd += ['--register-when-gone', register_when_gone]
+        if model != 'echo':
+            cmd += ['--model', model]
         # own session: the client and the resource tracker multiprocessing starts for its
         # SharedMemory form one process group, like a client container's processes
         self.proc = subprocess.Popen(
@@ -470,6 +542,7 @@ class TritonServer:
         self.grpc_port = free_port(host) if (grpc or not http or grpc_tls) else None
         self.namespace = namespace
         self._own_workdir = workdir is None
+        self._unview: Callable[[], None] = _nothing  # reachable()'s cleanup, for a server run_as a user
         self.workdir = workdir or tempfile.mkdtemp(prefix='tritonrig-')
         os.makedirs(self.workdir, exist_ok=True)
         self.http_port = (http_port or free_port(host)) if http else None
@@ -585,9 +658,16 @@ class TritonServer:
             raise RigError('the rig needs root (mount namespaces and tmpfs mounts)')
         if self.models:
             ensure_python_stub(self.paths)
+        command = self.command()
+        if self.run_as is not None:  # the user reaches the wheel, its libraries and the model repository
+            needed = [self.paths['root'], self.paths['libs'], self.workdir, *self.paths['model_path']]
+            if self.models and sysconfig.get_config_var('LIBDIR'):
+                needed.append(sysconfig.get_config_var('LIBDIR'))  # the python backend stub's libpython
+            prefix, self._unview = reachable(needed, self.workdir)
+            command = prefix + command
         log = open(self.log_path, 'wb')
         self.proc = subprocess.Popen(
-            self.command(),
+            command,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -656,8 +736,11 @@ class TritonServer:
         offset: int = 0,
         pause: float = 0.0,
         register_when_gone: str | None = None,
+        model: str = 'echo',
     ) -> Client:
         """Start a live tritonclient process that creates (and registers) a region (pause: seconds between inferences).
+
+        model: the python model the client's infer mode asks ('slow': each request holds the region SLOW_SECONDS).
 
         register_when_gone=REGION: the client creates its region unregistered, waits until REGION is not in the
         server's status, registers its region under the name REGION and SIGKILLs its own process group (a client
@@ -673,6 +756,7 @@ class TritonServer:
             offset=offset,
             pause=pause,
             register_when_gone=register_when_gone,
+            model=model,
         )
         self.clients.append(client)
         return client
@@ -743,6 +827,8 @@ class TritonServer:
             client.stop()
         self.clients = []
         _kill(self.proc, grace=15)
+        self._unview()
+        self._unview = _nothing
 
     def cleanup(self) -> None:
         self.stop()
