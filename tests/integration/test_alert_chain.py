@@ -137,3 +137,92 @@ def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_trit
         f'{reported - killed:.1f}s, alert firing {fired - reported:.1f}s after it, cleaned {healed - fired:.1f}s later); '
         f'leak -> resolved {resolved - leaked:.1f}s'
     )
+
+
+def test_a_grown_pool_fires_its_alert_and_the_pools_rulebook_reloads_it(make_triton, services, tmp_path):
+    """The pool chain (issue 27): a real python backend pool grown by one large request -> the report's textfile ->
+    node_exporter -> Prometheus fires TritonShmBackendPoolLarge for that model only -> Alertmanager -> the opt-in
+    rulebook tritonops.shm.self_heal_pools reloads the model -> its pool is small again, the next report shows it,
+    and the alert resolves."""
+    from test_triton_backend_pool import grow, pools  # pylint: disable=import-outside-toplevel
+
+    server = make_triton(models=('grow', 'echo'), shm_size='64m', name='pool-chain')
+    prom_dir = tmp_path / 'textfile'
+    prom_dir.mkdir()
+    hosts = {
+        't1': dict(
+            ansible_connection='local',
+            ansible_python_interpreter=PYTHON,
+            triton_url=server.url,
+            prometheus_textfile_dir=str(prom_dir),
+        )
+    }
+    inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
+    token = secrets.token_hex(16)
+    webhook = tritonrig.free_port()
+    rulebook = services(
+        Rulebook(
+            tmp_path,
+            'tritonops.shm.self_heal_pools',
+            hosts,
+            {'self_heal_hosts': ['t1'], 'self_heal_webhook_port': webhook, 'self_heal_webhook_token': token},
+        )
+    )
+    alertmanager = services(Alertmanager(tmp_path, f'http://127.0.0.1:{webhook}/alerts', token))
+    node = services(NodeExporter(tmp_path, prom_dir))
+    prometheus = services(
+        Prometheus(
+            tmp_path,
+            [f'127.0.0.1:{node.port}'],
+            rule_files=(rules_with_short_for(tmp_path),),
+            alertmanager_urls=(alertmanager.url,),
+        )
+    )
+    for service in (alertmanager, node, prometheus):
+        service.wait_ready()
+    rulebook.wait('the webhook listens', lambda: listening(webhook), 90)
+
+    grow(server, 24 * MiB)  # the grow model's one pool holds a 24 MiB answer: about 40% of the 64 MiB /dev/shm
+    big = [name for name, size in pools(server).items() if size > 16 * MiB]
+    others = [name for name in pools(server) if name not in big]
+    assert len(big) == 1 and others, pools(server)
+    grown = time.monotonic()
+    res = ansible_playbook('tritonops.shm.report', inventory=inventory)
+    assert res.rc == 0, res
+
+    firing = wait_for(
+        'TritonShmBackendPoolLarge fires',
+        lambda: prometheus.alerts('TritonShmBackendPoolLarge'),
+        60,
+        log=prometheus.output,
+    )
+    assert [(a['labels']['model'], a['labels']['host']) for a in firing] == [('grow', 't1')], firing  # not echo
+    assert float(firing[0]['value']) >= 25
+    fired = time.monotonic()
+    rulebook.wait('the grown pool is gone', lambda: not set(big) & set(pools(server)), 180)
+    rulebook.wait('the cleanup run finished', lambda: rulebook.cleanups('t1') == 1, 60)
+    reloaded = time.monotonic()
+    assert max(pools(server).values()) <= 2 * MiB and set(others) <= set(pools(server)), pools(server)
+    grow(server, 1024)  # the reloaded model answers
+
+    res = ansible_playbook('tritonops.shm.report', inventory=inventory)
+    assert res.rc == 0, res
+    wait_for(
+        'the report with the small pool scraped',
+        lambda: prometheus.query('tritonops_shm_backend_pool_bytes{host="t1",model="grow"} <= 2 * 1048576'),
+        30,
+    )
+    wait_for(
+        'TritonShmBackendPoolLarge resolves',
+        lambda: (
+            not prometheus.alerts('TritonShmBackendPoolLarge')
+            and not prometheus.alerts('TritonShmBackendPoolLarge', 'pending')
+        ),
+        30,
+    )
+    assert alertmanager.notifications()[1] == 0, 'every notification reached the webhook'
+    assert rulebook.cleanups('t1') == 1, 'one alert, one reload'
+    print(
+        f'pool grown -> alert firing {fired - grown:.1f}s (report included), reloaded {reloaded - fired:.1f}s later, '
+        f'resolved {time.monotonic() - grown:.1f}s after the growth'
+    )
