@@ -6,6 +6,8 @@ textfile; a real node_exporter exposes it; a real Prometheus loads the collectio
 each `for` shortened to 1 s) and scrapes and evaluates every second; a real Alertmanager (group_wait 0) sends the
 alert with its bearer token to the webhook of the rulebook tritonops.shm.self_heal_alertmanager, which runs the
 cleanup playbook. Every service is on a loopback port the test chose, with its own data directory, stopped by pid.
+The pool chain is the same with a python backend pool grown past its share of /dev/shm, the alert
+TritonShmBackendPoolLarge and the opt-in rulebook tritonops.shm.self_heal_pools, which reloads the model.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import secrets
 import socket
 import time
+from typing import NamedTuple
 
 import tritonrig
 from ansible_helpers import PYTHON, ansible_playbook
@@ -34,9 +37,18 @@ def listening(port: int) -> bool:
         return sock.connect_ex(('127.0.0.1', port)) == 0
 
 
-def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_triton, services, tmp_path):
-    server = make_triton(models=(), shm_size='32m')
-    live = server.client('live', byte_size=2 * MiB)
+class Chain(NamedTuple):
+    """The services of one alert chain, started and ready."""
+
+    inventory: dict
+    rulebook: Rulebook
+    alertmanager: Alertmanager
+    prometheus: Prometheus
+
+
+def chain(server, rulebook_name: str, services, tmp_path) -> Chain:
+    """Host t1 (the server; the report's textfile in tmp_path/textfile) -> node_exporter -> Prometheus (the
+    collection's rules, each `for` 1 s) -> Alertmanager -> the webhook of the rulebook rulebook_name."""
     prom_dir = tmp_path / 'textfile'
     prom_dir.mkdir()
     hosts = {
@@ -53,7 +65,7 @@ def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_trit
     rulebook = services(
         Rulebook(
             tmp_path,
-            'tritonops.shm.self_heal_alertmanager',
+            rulebook_name,
             hosts,
             {'self_heal_hosts': ['t1'], 'self_heal_webhook_port': webhook, 'self_heal_webhook_token': token},
         )
@@ -71,6 +83,15 @@ def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_trit
     for service in (alertmanager, node, prometheus):
         service.wait_ready()
     rulebook.wait('the webhook listens', lambda: listening(webhook), 90)
+    return Chain(inventory, rulebook, alertmanager, prometheus)
+
+
+def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_triton, services, tmp_path):
+    server = make_triton(models=(), shm_size='32m')
+    live = server.client('live', byte_size=2 * MiB)
+    inventory, rulebook, alertmanager, prometheus = chain(
+        server, 'tritonops.shm.self_heal_alertmanager', services, tmp_path
+    )
     assert prometheus.api('rules')['groups'][0]['rules'], 'the collection rules are loaded'
 
     # the leak: two clients killed with their process group leave stale regions and their files
@@ -147,40 +168,7 @@ def test_a_grown_pool_fires_its_alert_and_the_pools_rulebook_reloads_it(make_tri
     from test_triton_backend_pool import grow, pools  # pylint: disable=import-outside-toplevel
 
     server = make_triton(models=('grow', 'echo'), shm_size='64m', name='pool-chain')
-    prom_dir = tmp_path / 'textfile'
-    prom_dir.mkdir()
-    hosts = {
-        't1': dict(
-            ansible_connection='local',
-            ansible_python_interpreter=PYTHON,
-            triton_url=server.url,
-            prometheus_textfile_dir=str(prom_dir),
-        )
-    }
-    inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
-    token = secrets.token_hex(16)
-    webhook = tritonrig.free_port()
-    rulebook = services(
-        Rulebook(
-            tmp_path,
-            'tritonops.shm.self_heal_pools',
-            hosts,
-            {'self_heal_hosts': ['t1'], 'self_heal_webhook_port': webhook, 'self_heal_webhook_token': token},
-        )
-    )
-    alertmanager = services(Alertmanager(tmp_path, f'http://127.0.0.1:{webhook}/alerts', token))
-    node = services(NodeExporter(tmp_path, prom_dir))
-    prometheus = services(
-        Prometheus(
-            tmp_path,
-            [f'127.0.0.1:{node.port}'],
-            rule_files=(rules_with_short_for(tmp_path),),
-            alertmanager_urls=(alertmanager.url,),
-        )
-    )
-    for service in (alertmanager, node, prometheus):
-        service.wait_ready()
-    rulebook.wait('the webhook listens', lambda: listening(webhook), 90)
+    inventory, rulebook, alertmanager, prometheus = chain(server, 'tritonops.shm.self_heal_pools', services, tmp_path)
 
     grow(server, 24 * MiB)  # the grow model's one pool holds a 24 MiB answer: about 40% of the 64 MiB /dev/shm
     big = [name for name, size in pools(server).items() if size > 16 * MiB]
