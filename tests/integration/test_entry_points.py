@@ -8,6 +8,7 @@ report_dir is a real symlink made by the user ``nobody``.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -125,6 +126,7 @@ HOSTILE = [
     'line\nbreak',
     '**bold**_em_`code`',
 ]
+HOSTILE_VERSION = '<b>2.51</b>|[x](javascript:1)\n# v'
 SERVER_ERROR = b'{"error": "<script>alert(1)</script> | [x](http://evil.example) \\u001b[2J\\n# pwned"}'
 
 
@@ -165,11 +167,20 @@ def test_hostile_names_and_server_errors_are_plain_text_in_report_md_and_summary
     def hostile_500(method, path, headers):
         return 500, 'application/json', SERVER_ERROR
 
+    metadata = json.dumps(dict(server.api('/v2')[1], version=HOSTILE_VERSION)).encode()
+
+    def hostile_version(method, path, headers):  # the server's own metadata, its version a hostile text
+        return (200, 'application/json', metadata) if (method, path) == ('GET', '/v2') else None
+
     base = dict(ansible_connection='local', ansible_python_interpreter=PYTHON, prometheus_textfile_dir='')
-    with proxy_helpers.ForwardingProxy(server.url, fault=hostile_500) as liar:
+    with (
+        proxy_helpers.ForwardingProxy(server.url, fault=hostile_500) as liar,
+        proxy_helpers.ForwardingProxy(server.url, fault=hostile_version) as odd,
+    ):
         hosts = {
             'seen': dict(base, triton_url=server.url, triton_server_pid=server.pid),
             'liar': dict(base, triton_url=liar.url()),
+            'odd': dict(base, triton_url=odd.url(), triton_server_pid=server.pid),
         }
         inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
         report = ansible_playbook(REPORT, inventory=inventory, extra_vars={'report_dir': str(tmp_path / 'report')})
@@ -177,6 +188,8 @@ def test_hostile_names_and_server_errors_are_plain_text_in_report_md_and_summary
             CLEANUP, inventory=inventory, extra_vars={'shm_cleanup_report_dir': str(tmp_path / 'cleanup')}
         )
     assert report.rc != 0 and cleanup.rc != 0, 'the liar fails'
+    rows = {r['host']: r for r in json.loads((tmp_path / 'report' / 'report.json').read_text())['hosts']}
+    assert rows['odd']['status'] == 'ok' and rows['odd']['version'] == HOSTILE_VERSION, rows['odd']
     report_md = (tmp_path / 'report' / 'report.md').read_text()
     summary_md = (tmp_path / 'cleanup' / 'summary.md').read_text()
     assert markdown_problems(report_md) == []
@@ -192,8 +205,10 @@ def test_hostile_names_and_server_errors_are_plain_text_in_report_md_and_summary
         'line\\nbreak',
         '**bold**_em_`code`',
         '&lt;script&gt;alert(1)&lt;/script&gt;',
+        '&lt;b&gt;2.51&lt;/b&gt;|[x](javascript:1)\\n# v',  # the version, in the report and the summary
     ):
         assert shown in rendered, shown
+    assert rendered.count('&lt;b&gt;2.51&lt;/b&gt;|[x](javascript:1)\\n# v') >= 2, 'the version in both pages'
 
 
 # -- 9: a report_dir that another user planted as a symlink ---------------------------------------------
