@@ -159,6 +159,9 @@ def container():
                 _podman('rm', '--force', '--time', '2', name, check=False)
 
 
+ENV_SECRET = 'envs3cret-role-never-shown'  # a triton_server_env value the output must never show
+
+
 def role_vars(image, ulimits, name, tmp_path, engine, docker_host=None, **extra):
     http, grpc, metrics = tritonrig.free_port(), tritonrig.free_port(), tritonrig.free_port()
     values = {
@@ -273,10 +276,13 @@ def deploy_and_check(values, name, bytes_expected, docker_string, via=None):
 def test_deploy_rerun_recreate_absent(engine, image, ulimits, container, tmp_path, request):
     role_engine, docker, via = engine_setup(engine, request)
     name = container(engine, via)
-    values = role_vars(image, ulimits, name, tmp_path, role_engine, docker_host=docker)
+    values = role_vars(
+        image, ulimits, name, tmp_path, role_engine, docker_host=docker, triton_server_env={'API_TOKEN': ENV_SECRET}
+    )
 
     # deploy with a plan
     res, result, state = deploy_and_check(values, name, PLAN_BYTES, '100m', via)
+    assert f'API_TOKEN={ENV_SECRET}' in inspect(name, via)['Config']['Env']
     # Triton 2.51 has no --allow-client-shm: auto leaves it out (the server would exit otherwise)
     assert result['allow_client_shm'] is False
     assert not any(a.startswith('--allow-client-shm') for a in result['args'])
@@ -287,6 +293,16 @@ def test_deploy_rerun_recreate_absent(engine, image, ulimits, container, tmp_pat
     assert res.rc == 0 and changed(res) == 0, res
     assert result_of(res)['changed'] is False
     assert inspect(name, via)['Id'] == state['Id']
+    # the env values are never shown, even at -vvv with --diff in the human output; the same run with the role's
+    # no_log forced off shows them, so the output did carry them
+    human = {'ANSIBLE_STDOUT_CALLBACK': 'ansible.builtin.default'}
+    res = ansible_playbook(role_play(values), diff=True, env=human, args=['-vvv'])
+    assert res.rc == 0 and 'changed=0' in res.stdout, res.stdout[-3000:]
+    assert ENV_SECRET not in res.stdout + res.stderr
+    shown = ansible_playbook(
+        role_play(values), diff=True, env=human, args=['-vvv', '-e', '_triton_server_no_log=false']
+    )
+    assert shown.rc == 0 and ENV_SECRET in shown.stdout + shown.stderr, shown.stdout[-3000:]
 
     if engine in ('podman', 'dockerd'):
         # check mode with a bigger plan: reports the recreation, changes nothing, does not fail
