@@ -28,7 +28,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
@@ -205,8 +205,9 @@ def read_server(
     report_unsupported: bool = False,
     backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
     clients_share_pid_namespace: bool = False,
+    on_located: Callable[[str | None], object] | None = None,
 ) -> Snapshot:
-    """Read the server behind client: metadata, region lists, location, shm directory, holders, marks.
+    """Read the server behind client: metadata, location, shm directory, region lists, holders, marks.
 
     kinds: the region lists to read ('cuda' only when the server offers the extension).
     server_pid / shm_dir: as the modules' options (discovery from the URL when both are None).
@@ -220,6 +221,8 @@ def read_server(
     clients_share_pid_namespace: the operator states that every client runs in the module's PID namespace (the
     visibility rule, holders.visibility(): without it, a module outside the host's initial PID namespace calls
     nothing stale).
+    on_located: called with the shm directory (None when not located) once the server is located and before its
+    regions are read: a run takes its per-server lock there, so that everything it plans from is read under it.
     """
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
@@ -232,14 +235,6 @@ def read_server(
             'another inference server',
             url=client.base + '/v2',
         )
-    unsupported = None
-    try:
-        system = client.status('system') if 'system' in kinds else []
-        cuda = client.status('cuda') if ('cuda' in kinds and 'cuda_shared_memory' in extensions) else []
-    except ShmUnsupported as exc:
-        if not report_unsupported:
-            raise
-        system, cuda, unsupported = [], [], exc.msg
     location = discovery.locate_server(client.host, client.port, client.base, server_pid, shm_dir, proc)
     visible = holders_mod.visibility(proc, clients_share_pid_namespace)
     if location.pid is None and location.reason and not visible.complete:
@@ -248,6 +243,16 @@ def read_server(
         location = location._replace(
             reason=reason, warnings=[w.replace(location.reason, reason) for w in location.warnings]
         )
+    if on_located is not None:
+        on_located(location.shm_dir)
+    unsupported = None
+    try:
+        system = client.status('system') if 'system' in kinds else []
+        cuda = client.status('cuda') if ('cuda' in kinds and 'cuda_shared_memory' in extensions) else []
+    except ShmUnsupported as exc:
+        if not report_unsupported:
+            raise
+        system, cuda, unsupported = [], [], exc.msg
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')

@@ -11,7 +11,8 @@ gone from the status, quarantine each file, re-check holders, then unlink only u
 recorded, on success and after a failure part-way. A module's main() runs, in this order:
 
     ops.check()                           # the parameters the argument spec cannot check
-    with ops.locked(ops.read()) as now:   # the per-server lock (not in check mode); re-read when it waited
+    with ops.locked(ops.read()) as now:   # the per-server lock (not in check mode), taken inside read() once the
+                                          # server is located, before its regions are read
         ops.execute(ops.plan(now))        # check mode: the plan is the result
         ops.result()                      # (triton_shm_region also writes its metrics under the lock)
 """
@@ -46,9 +47,9 @@ class Unregister(enum.Enum):
 class Lock(enum.Enum):
     """What _lock did about the per-server lock."""
 
-    NOT_NEEDED = 'not needed'  # not serialising, already held by this run, or no shm directory to lock
+    NOT_NEEDED = 'not needed'  # not serialising, already held or tried by this run, or no shm directory to lock
     TAKEN = 'taken'  # taken at once: nobody else was acting on this server
-    WAITED = 'waited'  # taken after another run released it: what it read before may be out of date
+    WAITED = 'waited'  # taken after another run released it: what was read before the lock may be out of date
     UNAVAILABLE = 'unavailable'  # the directory cannot be locked: warned, acting without it
 
 
@@ -86,6 +87,7 @@ class RegionOps:
         self.client = client
         self.serialise = serialise
         self.lock = None
+        self._lock_tried = False  # the lock was asked for in this run (taken, or warned about)
         self.params = params
         self.check_mode = check_mode
         self.warn = warn or (lambda msg: None)
@@ -144,22 +146,32 @@ class RegionOps:
         p = self.params
         if p['kind'] == 'cuda':
             return Reading(None, self.client.status('cuda'))
-        snap = inventory.read_server(
-            self.client,
-            server_pid=p.get('server_pid'),
-            shm_dir=p.get('shm_dir'),
-            require_readable_dir=p.get('shm_dir') is not None,
-            kinds=('system',),
-            backend_patterns=self.criteria.backend_patterns,
-            clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
-        )
+        # the lock is taken as soon as the server is located, before its regions, files and holders are read: a
+        # run that read first and locked after could plan from what another run changed in between (it would
+        # unregister again what that run had unregistered, and report it as its own)
+        lock_first = self.serialise and not self.check_mode and self.lock is None
+        try:
+            snap = inventory.read_server(
+                self.client,
+                server_pid=p.get('server_pid'),
+                shm_dir=p.get('shm_dir'),
+                require_readable_dir=p.get('shm_dir') is not None,
+                kinds=('system',),
+                backend_patterns=self.criteria.backend_patterns,
+                clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
+                on_located=self._lock_dir if lock_first else None,
+            )
+        except BaseException:
+            self.release()
+            raise
         return Reading(snap, snap.system)
 
     @contextlib.contextmanager
     def locked(self, reading: Reading) -> Iterator[Reading]:
         """Hold the per-server lock on the read server's shm directory (not in check mode) until the block ends.
 
-        Yields what to plan from: reading, or the server read again when another run held the lock meanwhile.
+        read() took the lock before it read the regions; for a reading made without it, the lock is taken here, and
+        the server read again when another run held it meanwhile. Yields what to plan from.
         """
         try:
             if reading.snap is not None and not self.check_mode and self._lock(reading.snap) is Lock.WAITED:
@@ -176,9 +188,14 @@ class RegionOps:
 
     def _lock(self, snap: Snapshot) -> Lock:
         """Serialise runs against this server's shm directory."""
-        if not self.serialise or self.lock is not None or snap.shm_dir is None:
+        return self._lock_dir(snap.shm_dir)
+
+    def _lock_dir(self, shm_dir: str | None) -> Lock:
+        """Serialise runs against the shm directory shm_dir (tried once per run: a warning is given once)."""
+        if not self.serialise or self.lock is not None or self._lock_tried or shm_dir is None:
             return Lock.NOT_NEEDED
-        lock = runlock.ShmDirLock(snap.shm_dir, sleep=self.sleep, clock=self.clock)
+        self._lock_tried = True
+        lock = runlock.ShmDirLock(shm_dir, sleep=self.sleep, clock=self.clock)
         try:
             waited = lock.acquire()
         except OSError as exc:
@@ -201,6 +218,7 @@ class RegionOps:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+        self._lock_tried = False
 
     # -- plan (pure: region_plan) ----------------------------------------------------------------
 

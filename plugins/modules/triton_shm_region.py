@@ -21,8 +21,9 @@ description:
     selects it. Marking needs
     root (C(become: true)); when it fails, a warning says so."
   - "Runs that change a server are serialised per server: an exclusive C(flock) on the server's shm directory itself (no lock
-    file is created, in it or anywhere else), released when the run ends. A run that waited reads the server again, so it reports
-    only what it did itself. A lock held by another user (or a process the module cannot see) is not waited for: the run goes on
+    file is created, in it or anywhere else), taken as soon as the server is located and before its regions, files and holders
+    are read, and released when the run ends. So a run plans only from what is there after any other run, and reports only what it
+    did itself. A lock held by another user (or a process the module cannot see) is not waited for: the run goes on
     without it, with a warning naming the holder."
   - "After an unregister the module waits, up to O(in_use_timeout), until the region is gone from the status before it removes the
     file or registers the name again (Triton 24.12 and later keep a region with requests in flight listed until they finish)."

@@ -7,6 +7,7 @@ test_region_ops' fake Triton API and its real holder scan.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -135,6 +136,66 @@ def test_a_run_waits_for_the_lock_then_plans_from_what_is_left(shm, server_proc)
     res = run(fake, shm, server_proc.pid, clock=OtherRunFinishes(), stale=True, serialise=True)
     assert res['changed'] is False and res['unregistered'] == [] and res['removed_files'] == []
     assert not [c for c in fake.calls if c[0] == 'unregister']
+
+
+def _locked(path):
+    """Whether some open file holds the flock on path (tried from a new one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_the_regions_are_read_under_the_lock(shm, server_proc):
+    """A run takes the lock once the server is located, before it reads the regions: a run that read first and
+    locked after could plan from what another run changed in between (make test at stop 31: two concurrent cleanups
+    both reported the same 300 regions unregistered)."""
+    make_file(shm, 'a')
+    seen = []
+
+    class Watched(FakeTriton):
+        def status(self, kind):
+            seen.append(_locked(shm))
+            return super().status(kind)
+
+    res = run(Watched(shm, regions=[region('a')]), shm, server_proc.pid, stale=True, serialise=True)
+    assert res['unregistered'] == ['a']
+    assert seen and seen[0] is True and all(seen), seen  # every status read, the first one included
+    assert _locked(shm) is False  # released at the end
+
+
+def test_another_run_that_would_act_while_this_one_reads_waits_for_it(shm, server_proc):
+    """Another run tries to clean right after this run has read the regions: the lock is held from before that read,
+    so the other run cannot act in between, and the regions are unregistered once, by this run. (Locking after the
+    read, the other run cleaned in between and this run unregistered the same regions again from its old read.)"""
+    for name in ('a', 'b'):
+        make_file(shm, name)
+    by_other = []
+
+    class OtherRunMeanwhile(FakeTriton):
+        def status(self, kind):
+            listed = super().status(kind)
+            other = runlock.ShmDirLock(shm, wait_s=0)
+            try:
+                other.acquire()
+            except LockError:
+                return listed  # held by this run: the other run would wait
+            by_other.extend(sorted(self.regions))
+            self.regions.clear()
+            for name in ('a', 'b'):
+                os.unlink(os.path.join(shm, name))
+            other.release()
+            return listed
+
+    res = run(
+        OtherRunMeanwhile(shm, regions=[region('a'), region('b')]), shm, server_proc.pid, stale=True, serialise=True
+    )
+    assert by_other == [], "the other run acted between this run's read and its lock"
+    assert res['unregistered'] == ['a', 'b'] and sorted(os.path.basename(f) for f in res['removed_files']) == ['a', 'b']
 
 
 def test_a_lock_held_too_long_fails_clearly_and_touches_nothing(shm, server_proc):
