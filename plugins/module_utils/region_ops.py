@@ -47,9 +47,11 @@ class Unregister(enum.Enum):
 class Lock(enum.Enum):
     """What _lock did about the per-server lock."""
 
-    NOT_NEEDED = 'not needed'  # not serialising, already held or tried by this run, or no shm directory to lock
+    NOT_NEEDED = 'not needed'  # not serialising, already held by this run, or no shm directory to lock
     TAKEN = 'taken'  # taken at once: nobody else was acting on this server
-    WAITED = 'waited'  # taken after another run released it: what was read before the lock may be out of date
+    WAITED = (
+        'waited'  # taken after another run released it (read() reads the regions after it, so nothing is out of date)
+    )
     UNAVAILABLE = 'unavailable'  # the directory cannot be locked: warned, acting without it
 
 
@@ -87,7 +89,6 @@ class RegionOps:
         self.client = client
         self.serialise = serialise
         self.lock = None
-        self._lock_tried = False  # the lock was asked for in this run (taken, or warned about)
         self.params = params
         self.check_mode = check_mode
         self.warn = warn or (lambda msg: None)
@@ -142,14 +143,15 @@ class RegionOps:
     # -- read and lock ----------------------------------------------------------------------------
 
     def read(self) -> Reading:
-        """Read what the run plans from (no lock taken): the server's snapshot, or the CUDA regions' status."""
+        """Read what the run plans from: the server's snapshot, or the CUDA regions' status.
+
+        The per-server lock (not in check mode) is taken as soon as the server is located, before its regions, files
+        and holders are read: a run that read first and locked after could plan from what another run changed in
+        between (it would unregister again what that run had unregistered, and report it as its own).
+        """
         p = self.params
         if p['kind'] == 'cuda':
             return Reading(None, self.client.status('cuda'))
-        # the lock is taken as soon as the server is located, before its regions, files and holders are read: a
-        # run that read first and locked after could plan from what another run changed in between (it would
-        # unregister again what that run had unregistered, and report it as its own)
-        lock_first = self.serialise and not self.check_mode and self.lock is None
         try:
             snap = inventory.read_server(
                 self.client,
@@ -159,7 +161,7 @@ class RegionOps:
                 kinds=('system',),
                 backend_patterns=self.criteria.backend_patterns,
                 clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
-                on_located=self._lock_dir if lock_first else None,
+                on_located=None if self.check_mode else self._lock,
             )
         except BaseException:
             self.release()
@@ -168,14 +170,8 @@ class RegionOps:
 
     @contextlib.contextmanager
     def locked(self, reading: Reading) -> Iterator[Reading]:
-        """Hold the per-server lock on the read server's shm directory (not in check mode) until the block ends.
-
-        read() took the lock before it read the regions; for a reading made without it, the lock is taken here, and
-        the server read again when another run held it meanwhile. Yields what to plan from.
-        """
+        """Hold the per-server lock that read() took (not in check mode) until the block ends; yields reading."""
         try:
-            if reading.snap is not None and not self.check_mode and self._lock(reading.snap) is Lock.WAITED:
-                reading = self.read()  # another run acted on this server while we waited: plan from what is there now
             if reading.snap is not None:
                 self.snap = reading.snap
                 for w in self.snap.warnings:
@@ -186,15 +182,10 @@ class RegionOps:
         finally:
             self.release()
 
-    def _lock(self, snap: Snapshot) -> Lock:
-        """Serialise runs against this server's shm directory."""
-        return self._lock_dir(snap.shm_dir)
-
-    def _lock_dir(self, shm_dir: str | None) -> Lock:
-        """Serialise runs against the shm directory shm_dir (tried once per run: a warning is given once)."""
-        if not self.serialise or self.lock is not None or self._lock_tried or shm_dir is None:
+    def _lock(self, shm_dir: str | None) -> Lock:
+        """Serialise runs against the shm directory shm_dir (read() asks once, before it reads the regions)."""
+        if not self.serialise or self.lock is not None or shm_dir is None:
             return Lock.NOT_NEEDED
-        self._lock_tried = True
         lock = runlock.ShmDirLock(shm_dir, sleep=self.sleep, clock=self.clock)
         try:
             waited = lock.acquire()
@@ -218,7 +209,6 @@ class RegionOps:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-        self._lock_tried = False
 
     # -- plan (pure: region_plan) ----------------------------------------------------------------
 

@@ -11,7 +11,8 @@ read-only: no lock file is created anywhere, inside or outside it) while it plan
 and acts. flock works on the inode, so a run on the host (through
 /proc/PID/root/dev/shm) and a run inside the container (/dev/shm) exclude each
 other. The kernel drops the lock when the process ends, so a killed run never
-blocks the next one. A run that had to wait reads the server again before it plans.
+blocks the next one. A run takes the lock before it reads the server's regions, so a run that had to
+wait plans from what the other one left.
 
 Any user who can open the directory (a shm directory is world-readable, mode 1777) can take the
 same flock. A run that finds the lock held therefore asks /proc/locks who holds it: it waits only

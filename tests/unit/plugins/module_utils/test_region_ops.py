@@ -1387,7 +1387,7 @@ def test_two_root_runs_overlapping_behind_a_squatted_lock_keep_each_others_recor
             return
         ops_b = RegionOps(fake, params(shm, pid, name=['b']), warn=lambda m: None, serialise=True)
         snap_b = inventory.read_server(fake, server_pid=pid, shm_dir=shm)
-        assert ops_b._lock(snap_b) is not None and ops_b.lock is None  # B: squatted too, no lock
+        assert ops_b._lock(snap_b.shm_dir) is not None and ops_b.lock is None  # B: squatted too, no lock
         recs = inventory.classify(snap_b)
         plan_b = region_plan.plan_absent(snap_b, recs, ops_b.params, ops_b.criteria, fake.unaddressable)
         ops_b._mark_files(snap_b, plan_b.files)
