@@ -86,6 +86,19 @@ def chain(server, rulebook_name: str, services, tmp_path) -> Chain:
     return Chain(inventory, rulebook, alertmanager, prometheus)
 
 
+def report_until_resolved(inventory: dict, prometheus: Prometheus, what: str, scraped: str, alert: str) -> None:
+    """Run the report playbook, wait until Prometheus has scraped what it shows (the query scraped answers), then
+    until the alert is neither firing nor pending."""
+    res = ansible_playbook('tritonops.shm.report', inventory=inventory)
+    assert res.rc == 0, res
+    wait_for(f'{what} scraped', lambda: prometheus.query(scraped), 30)
+    wait_for(
+        f'{alert} resolves',
+        lambda: not prometheus.alerts(alert) and not prometheus.alerts(alert, 'pending'),
+        30,
+    )
+
+
 def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_triton, services, tmp_path):
     server = make_triton(models=(), shm_size='32m')
     live = server.client('live', byte_size=2 * MiB)
@@ -130,19 +143,12 @@ def test_a_leak_heals_through_prometheus_alertmanager_and_the_rulebook(make_trit
     sent_firing = alertmanager.notifications()[0]
     assert sent_firing >= 1, 'the firing alert was notified'
     # the next report shows it, and the alert resolves: in Prometheus, and as Alertmanager's resolved notification
-    res = ansible_playbook('tritonops.shm.report', inventory=inventory)
-    assert res.rc == 0, res
-    wait_for(
-        'the report without stale regions scraped',
-        lambda: prometheus.query('tritonops_shm_regions{host="t1",state="stale"} == 0'),
-        30,
-    )
-    wait_for(
-        'TritonShmStaleRegions resolves',
-        lambda: (
-            not prometheus.alerts('TritonShmStaleRegions') and not prometheus.alerts('TritonShmStaleRegions', 'pending')
-        ),
-        30,
+    report_until_resolved(
+        inventory,
+        prometheus,
+        'the report without stale regions',
+        'tritonops_shm_regions{host="t1",state="stale"} == 0',
+        'TritonShmStaleRegions',
     )
     # Alertmanager delivers its resolved notification to the webhook (the rulebook's alertmanager_alerts filter
     # drops resolved alerts before any rule: they clean nothing)
@@ -193,20 +199,12 @@ def test_a_grown_pool_fires_its_alert_and_the_pools_rulebook_reloads_it(make_tri
     assert max(pools(server).values()) <= 2 * MiB and set(others) <= set(pools(server)), pools(server)
     grow(server, 1024)  # the reloaded model answers
 
-    res = ansible_playbook('tritonops.shm.report', inventory=inventory)
-    assert res.rc == 0, res
-    wait_for(
-        'the report with the small pool scraped',
-        lambda: prometheus.query('tritonops_shm_backend_pool_bytes{host="t1",model="grow"} <= 2 * 1048576'),
-        30,
-    )
-    wait_for(
-        'TritonShmBackendPoolLarge resolves',
-        lambda: (
-            not prometheus.alerts('TritonShmBackendPoolLarge')
-            and not prometheus.alerts('TritonShmBackendPoolLarge', 'pending')
-        ),
-        30,
+    report_until_resolved(
+        inventory,
+        prometheus,
+        'the report with the small pool',
+        'tritonops_shm_backend_pool_bytes{host="t1",model="grow"} <= 2 * 1048576',
+        'TritonShmBackendPoolLarge',
     )
     assert alertmanager.notifications()[1] == 0, 'every notification reached the webhook'
     assert rulebook.cleanups('t1') == 1, 'one alert, one reload'

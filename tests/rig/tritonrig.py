@@ -661,8 +661,9 @@ class TritonServer:
         command = self.command()
         if self.run_as is not None:  # the user reaches the wheel, its libraries and the model repository
             needed = [self.paths['root'], self.paths['libs'], self.workdir, *self.paths['model_path']]
-            if self.models and sysconfig.get_config_var('LIBDIR'):
-                needed.append(sysconfig.get_config_var('LIBDIR'))  # the python backend stub's libpython
+            libdir = sysconfig.get_config_var('LIBDIR')
+            if self.models and libdir:
+                needed.append(libdir)  # the python backend stub's libpython
             prefix, self._unview = reachable(needed, self.workdir)
             command = prefix + command
         log = open(self.log_path, 'wb')
