@@ -131,12 +131,17 @@ def parse_status(text: str, same_userns: bool) -> tuple[int, frozenset, bool]:
     return uids[3], frozenset([gids[3]] + (ids.get('Groups') or [])), privileged
 
 
-def read_authority(pid: int | None, shm_dir: str, proc: str = '/proc') -> Authority:
-    """The Authority of server process pid over shm_dir (pid None: the operator named the directory, no server known)."""
+def read_authority(pid: int | None, shm_dir: str | object, proc: str = '/proc') -> Authority:
+    """The Authority of server process pid over shm_dir (pid None: the operator named the directory, no server known).
+
+    shm_dir: the open directory (shm_fs.PinnedDir: its descriptor is stat'ed, never its path), or a path.
+    """
     try:
-        dir_st = os.stat(shm_dir)
+        dir_st = os.fstat(shm_dir.fd) if hasattr(shm_dir, 'fd') else os.stat(shm_dir)
     except OSError as exc:
-        return Authority.unknown(f'the shm directory {shm_dir} cannot be read ({exc.strerror or exc})')
+        return Authority.unknown(
+            f'the shm directory {getattr(shm_dir, "path", shm_dir)} cannot be read ({exc.strerror or exc})'
+        )
     if pid is None:
         # no server process: the operator named the directory; its owner stands for the server's user
         return Authority(

@@ -17,7 +17,9 @@ The container engines name a container's cgroup after its id, and the kubelet a 
 The path is searched anywhere in the line: read from a container with its own cgroup namespace (an agent pod), other
 processes' paths start with ``/..``. The pod's name and namespace are not in the cgroup: they are read, for the few
 processes asked about, from the container's own files as the kubelet writes them (``/etc/hostname`` is the pod's
-name; the service account's ``namespace`` file when it is mounted). No engine API and no Kubernetes API is asked.
+name; the service account's ``namespace`` file when it is mounted), resolved inside the container's root: a pod that
+makes its ``/etc/hostname`` a symlink to ``/etc/shadow`` reads its own, not the node's (rootfs.py). No engine API and no
+Kubernetes API is asked.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import rootfs
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_bytes
 
 _ID = r'[0-9a-f]{64}'
@@ -135,12 +138,11 @@ def _parse_path(path: str) -> Identity:
     return Identity(runtime, container_id, pod_uid, qos, podman_pod)
 
 
-def _first_line(path: str) -> str | None:
-    try:
-        data = read_bytes(path)[:256]
-    except OSError:
-        return None
-    text = data.decode('utf-8', 'replace').strip().splitlines()
+def _first_line(root: str, path: str) -> str | None:
+    """The first line of a small file of another process's root, read as that process sees it (rootfs.read_small: its
+    symlinks resolved inside that root, never outside it, a FIFO never waited on), or None."""
+    data = rootfs.read_small(root, path, limit=256)
+    text = (data or '').strip().splitlines()
     return text[0].strip() if text and text[0].strip() else None
 
 
@@ -153,6 +155,6 @@ def identity(pid: int, proc: str = '/proc') -> Identity:
     found = parse_cgroup(text)
     if found.pod_uid is not None:
         root = f'{proc}/{pid}/root'
-        namespace = _first_line(root + SA_NAMESPACE) or _first_line(root + _SA_NAMESPACE_OLD)
-        found = found._replace(pod_name=_first_line(root + '/etc/hostname'), pod_namespace=namespace)
+        namespace = _first_line(root, SA_NAMESPACE) or _first_line(root, _SA_NAMESPACE_OLD)
+        found = found._replace(pod_name=_first_line(root, '/etc/hostname'), pod_namespace=namespace)
     return found

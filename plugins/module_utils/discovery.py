@@ -71,6 +71,8 @@ class Location(NamedTuple):
     or reason; locate_server adds the shm directory and the warnings.
     shared: with server_pid given, why the URL's port is shared by several servers (a call may reach another
     one: only the regions whose files that process maps can be judged), else None.
+    shm_root: the root shm_dir lies in when it is the server's own /dev/shm (/proc/PID/root): it is resolved as the
+    server sees it, never through a symlink (shm_fs.pin); None when the operator named the directory.
     """
 
     pid: int | None
@@ -79,6 +81,7 @@ class Location(NamedTuple):
     warnings: list[str]
     reason: str | None
     shared: str | None = None
+    shm_root: str | None = None
 
     @classmethod
     def found(cls, pid: int, located_by: str) -> Location:
@@ -891,9 +894,11 @@ def locate_server(
                 f'{shared}: server_pid {pid} is judged only by the regions whose files it maps itself; '
                 'the others are unknown (give each server its own port to judge them all)'
             )
+    shm_root = None
     if shm_dir is None and pid is not None:
-        shm_dir = f'{proc}/{pid}/root/dev/shm'
+        shm_root = f'{proc}/{pid}/root'
+        shm_dir = f'{shm_root}/dev/shm'
         how = f'{how}; shm_dir from /proc/{pid}/root'
     elif shm_dir is not None:
         how = (how + '; ' if how else '') + 'shm_dir given'
-    return Location(pid, shm_dir, how, warnings, reason, shared)
+    return Location(pid, shm_dir, how, warnings, reason, shared, shm_root)

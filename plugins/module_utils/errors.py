@@ -13,7 +13,8 @@ matching subclass; nothing later reads message text::
     TritonOpsError
     ├── ParameterError          an option value refused before anything is done
     ├── ShmFsError              a refused or failed operation on the shm directory or a file in it
-    │   └── LockError           the per-server lock could not be taken in time
+    │   ├── LockError           the per-server lock could not be taken in time
+    │   └── PathRefused         a path that could lead outside a root or the shm directory (a symlink on the way)
     ├── DiscoveryError          server_pid or shm_dir cannot be used
     │   └── ServerNotFound      an action needs the server process and it was not found
     └── TritonError             a failed request to Triton (url, status, server_error)
@@ -57,6 +58,10 @@ class ShmFsError(TritonOpsError):
 
 class LockError(ShmFsError):
     """The per-server lock could not be taken in time; the message says which and why."""
+
+
+class PathRefused(ShmFsError):
+    """A path refused before it is used: a symlink on the way through another process's root, or one that changed."""
 
 
 class DiscoveryError(TritonOpsError):

@@ -3,10 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The shm directory: usage, safe listing, safe create and safe unlink.
 
-Private to the tritonops.shm collection: no stability promise to other code. Every operation works on names
-relative to an open directory file descriptor, never follows symlinks, and
-refuses anything that is not a single path component, so nothing outside the
-shm directory can ever be touched.
+Private to the tritonops.shm collection: no stability promise to other code. The directory is opened once
+(``pin()``, a ``PinnedDir``) without following a symlink through another process's root (rootfs.py), and every
+operation works on names relative to that descriptor, never follows symlinks, and refuses anything that is not a
+single path component, so nothing outside the shm directory can ever be touched.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import stat
 import time
 from typing import NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import rootfs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 
 BACKEND_PREFIX = 'triton_python_backend_shm_region_'
@@ -159,14 +160,90 @@ class Quarantined(NamedTuple):
     blocks: int
 
 
-def usage(path: str) -> dict:
+_IN_ROOT = re.compile(r'^(/proc/[0-9]+/root)(/.*)?$')
+
+
+class PinnedDir:
+    """A shm directory opened once, safely: ``path`` is how it is shown, ``fd`` the descriptor every operation uses.
+
+    Opened by pin(). ``at`` reaches the very directory again through its descriptor (/proc/self/fd/N), for the calls
+    that take a path only (getxattr of a file in it); nothing re-walks ``path``. The descriptor closes with close()
+    or when the object goes (keep the object while ``at`` is in use).
+    """
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        st = os.fstat(fd)
+        self.dev, self.ino = st.st_dev, st.st_ino
+        self.at = f'/proc/self/fd/{fd}'
+
+    def stat(self) -> os.stat_result:
+        return os.fstat(self.fd)
+
+    def file_at(self, name: str) -> str:
+        """The path of the file name in this directory, through the descriptor (never re-walking ``path``)."""
+        return f'{self.at}/{check_name(name)}'
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f'PinnedDir({self.path!r}, fd={self.fd})'
+
+
+def pin(path: str, root: str | None = None) -> PinnedDir:
+    """The shm directory at path, opened without following a symlink that could lead out of where it is.
+
+    root: the root the path lies in (/proc/PID/root, when the path is the server's /dev/shm seen through it); a
+    path that starts with /proc/PID/root is taken as one too. Inside such a root no symlink is followed at any step
+    (rootfs.REFUSE). Any other path (a directory an operator names) follows only symlinks that root owns
+    (rootfs.ROOT_OWNED). Raises PathRefused with the reason, OSError when it cannot be opened.
+    """
+    found = _IN_ROOT.match(path)
+    if root is None and found is not None:
+        root = found.group(1)
+    if root is not None and (path == root or path.startswith(root.rstrip('/') + '/')):
+        fd = rootfs.open_in(root, path[len(root) :], rootfs.REFUSE, rootfs.DIRECTORY_FLAGS)
+    else:
+        fd = rootfs.open_in('/', path, rootfs.ROOT_OWNED, rootfs.DIRECTORY_FLAGS)
+    try:
+        pinned = PinnedDir(path, fd)
+        seen = os.stat(pinned.at)
+    except OSError as exc:
+        os.close(fd)
+        raise ShmFsError(f'shm directory {path} was opened, but /proc/self/fd cannot reach it: {exc.strerror}') from exc
+    if (seen.st_dev, seen.st_ino) != (pinned.dev, pinned.ino):
+        pinned.close()
+        raise ShmFsError(f'shm directory {path} was opened, but /proc/self/fd reaches another directory')
+    return pinned
+
+
+def _pinned(path: str | PinnedDir) -> tuple[PinnedDir, bool]:
+    """(the PinnedDir of path, whether this call opened it and must close it)."""
+    if isinstance(path, PinnedDir):
+        return path, False
+    return pin(path), True
+
+
+def usage(path: str | PinnedDir) -> dict:
     """statvfs of the shm filesystem: sizes in bytes."""
-    st = os.statvfs(path)
+    d, opened = _pinned(path)
+    try:
+        st = os.statvfs(d.fd)
+    finally:
+        if opened:
+            d.close()
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     return {
-        'path': path,
+        'path': d.path,
         'total_bytes': total,
         'used_bytes': used,
         'free_bytes': free,
@@ -243,18 +320,18 @@ def describe(name: str, full_path: str, st: os.stat_result, now: float) -> dict:
     }
 
 
-def list_entries(path: str, now: float | None = None) -> list[dict]:
+def list_entries(path: str | PinnedDir, now: float | None = None) -> list[dict]:
     """Every entry of the shm directory, lstat'ed (never followed). Entries that vanish are skipped.
 
-    The directory is opened once and listed and lstat'ed by its descriptor: a path like
-    /proc/PID/root/dev/shm costs a walk through the other process's root for every name otherwise.
+    The directory is listed and lstat'ed by its descriptor: a path like /proc/PID/root/dev/shm is walked once
+    (pin()), not once per name. Each entry's path is shown under the directory's shown path.
     """
     now = time.time() if now is None else now
-    prefix = os.path.join(path, '')  # path + separator, as os.path.join(path, name) spells each entry
+    d, opened = _pinned(path)
+    prefix = os.path.join(d.path, '')  # path + separator, as os.path.join(path, name) spells each entry
     out = []
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
     try:
-        with os.scandir(fd) as it:
+        with os.scandir(d.fd) as it:
             for entry in it:
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -262,20 +339,25 @@ def list_entries(path: str, now: float | None = None) -> list[dict]:
                     continue
                 out.append(describe(entry.name, prefix + entry.name, st, now))
     finally:
-        os.close(fd)
+        if opened:
+            d.close()
     out.sort(key=lambda e: e['name'])
     return out
 
 
 class ShmDir:
-    """An open shm directory; all operations are relative to its descriptor."""
+    """An open shm directory; all operations are relative to its descriptor (a copy of a PinnedDir's, or pin()'s)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
-        except OSError as exc:
-            raise ShmFsError(f'cannot open shm directory {path}: {exc.strerror}') from exc
+    def __init__(self, path: str | PinnedDir) -> None:
+        if isinstance(path, PinnedDir):
+            self.path, self.fd = path.path, os.dup(path.fd)
+        else:
+            self.path = path
+            try:
+                pinned = pin(path)
+            except OSError as exc:
+                raise ShmFsError(f'cannot open shm directory {path}: {exc.strerror}') from exc
+            self.fd, pinned.fd = pinned.fd, -1  # the descriptor is this object's now
         self.st = os.fstat(self.fd)
         self._token = os.urandom(6).hex()  # this run's part of its quarantine names: nobody can take them first
 
@@ -321,7 +403,7 @@ class ShmDir:
 
     def read_mark(self, name: str) -> str | None:
         """The reserved mark (a region name) of regular file name, or None when it has none or it cannot be read."""
-        return read_mark(os.path.join(self.path, check_name(name)))
+        return read_mark(f'/proc/self/fd/{self.fd}/{check_name(name)}')
 
     def set_mark(self, name: str, region: str, expect_dev: int, expect_ino: int) -> None:
         """Mark regular file name, still the same (device, inode), as backing region (see RESERVED_XATTR).

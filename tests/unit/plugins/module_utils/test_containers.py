@@ -146,5 +146,20 @@ def test_identity_reads_the_pod_name_and_namespace_from_the_container(tmp_path):
     assert containers.identity(9, proc) == containers.Identity()
 
 
+@pytest.mark.parametrize('link', ['absolute', 'relative'])
+def test_a_pods_hostname_symlinked_out_of_its_root_reads_nothing_of_the_node(tmp_path, link):
+    """Issue 33: a hostile pod makes /etc/hostname a symlink to a node file; the pod's name is read inside its root."""
+    proc = str(tmp_path / 'proc')
+    secret = tmp_path / 'shadow'
+    secret.write_text('root:$6$node-secret:19000:0:99999:7:::\n')
+    _write(f'{proc}/7/cgroup', f'0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n')
+    os.makedirs(f'{proc}/7/root/etc')
+    target = str(secret) if link == 'absolute' else os.path.relpath(secret, f'{proc}/7/root/etc')
+    os.symlink(target, f'{proc}/7/root/etc/hostname')
+    assert open(f'{proc}/7/root/etc/hostname').read().startswith('root:')  # handed to the kernel whole, it leaks
+    found = containers.identity(7, proc)
+    assert found.pod_name is None and 'node-secret' not in repr(found)
+
+
 def test_identity_of_this_process():
     assert containers.identity(os.getpid()).found is False or containers.identity(os.getpid()).container_id

@@ -499,7 +499,12 @@ def test_not_root_cannot_follow_into_other_namespaces(host, as_nobody):
 def test_locate_server_explicit_values():
     me = os.getpid()
     assert discovery.locate_server('127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me) == discovery.Location(
-        me, f'/proc/{me}/root/dev/shm', f'server_pid; shm_dir from /proc/{me}/root', [], None
+        me,
+        f'/proc/{me}/root/dev/shm',
+        f'server_pid; shm_dir from /proc/{me}/root',
+        [],
+        None,
+        shm_root=f'/proc/{me}/root',
     )
     assert discovery.locate_server(
         '127.0.0.1', 1, 'http://127.0.0.1:1', server_pid=me, shm_dir='/x'
