@@ -85,9 +85,11 @@ class RegionOps:
         sleep: Callable[[float], object] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         serialise: bool = True,
+        lock_dir: str | None = None,
     ) -> None:
         self.client = client
         self.serialise = serialise
+        self.lock_dir = lock_dir  # runlock.lock_dir() when None
         self.lock = None
         self.params = params
         self.check_mode = check_mode
@@ -182,25 +184,24 @@ class RegionOps:
         finally:
             self.release()
 
-    def _lock(self, shm_dir: str | None) -> Lock:
-        """Serialise runs against the shm directory shm_dir (read() asks once, before it reads the regions)."""
-        if not self.serialise or self.lock is not None or shm_dir is None:
+    def _lock(self, shm: shm_fs.PinnedDir | None) -> Lock:
+        """Serialise runs on the shm directory shm (read() asks once, before it reads the regions): runlock.py."""
+        if not self.serialise or self.lock is not None or shm is None:
             return Lock.NOT_NEEDED
-        lock = runlock.ShmDirLock(shm_dir, sleep=self.sleep, clock=self.clock)
+        lock = runlock.ServerLock(shm, sleep=self.sleep, clock=self.clock, directory=self.lock_dir)
         try:
             waited = lock.acquire()
         except OSError as exc:
             self.warn(
-                f'cannot lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same time '
-                'may count the same regions'
+                f'cannot take the lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same '
+                'time may count the same regions'
             )
             return Lock.UNAVAILABLE
         if lock.squatter is not None:
             self.warn(
-                f'the lock on {lock.path} is {lock.squatter}: acting without it, not waiting (any user can take '
-                'a flock on a shm directory)'
+                f'the flock on the shm directory {shm.path} itself is {lock.squatter}: not waiting for it (any tenant of '
+                f'the directory can take it); this run holds its own lock ({lock.path})'
             )
-            return Lock.UNAVAILABLE
         self.lock = lock
         return Lock.WAITED if waited else Lock.TAKEN
 
@@ -276,7 +277,7 @@ class RegionOps:
             return
         created = None
         if plan.create:
-            with shm_fs.ShmDir(snap.shm_dir) as d:
+            with shm_fs.ShmDir(snap.shm) as d:
                 created = d.create(plan.create, plan.need)
             self.created_files.append(os.path.join(snap.shm_dir, plan.create))
         key_name = shm_fs.key_to_name(p['key'])
@@ -295,7 +296,7 @@ class RegionOps:
         except TritonError:
             if created is not None and not self.registered:
                 # nothing uses the file we created: take it back (only that very file, by device and inode)
-                with shm_fs.ShmDir(snap.shm_dir) as d:
+                with shm_fs.ShmDir(snap.shm) as d:
                     d.unlink(plan.create, created.st_dev, created.st_ino)
                 self.created_files = []
             raise
@@ -340,6 +341,7 @@ class RegionOps:
             self.client,
             server_pid=self.snap.pid,
             shm_dir=self.snap.shm_dir,
+            shm=self.snap.shm,
             kinds=('system',),
             backend_patterns=self.criteria.backend_patterns,
             clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
@@ -348,7 +350,7 @@ class RegionOps:
     def _measure_after(self) -> None:
         if self.snap and self.snap.shm_dir and not self.check_mode:
             try:
-                self.used_after = shm_fs.usage(self.snap.shm_dir)['used_bytes']
+                self.used_after = shm_fs.usage(self.snap.shm)['used_bytes']
             except OSError:
                 pass
 
@@ -460,7 +462,7 @@ class RegionOps:
         """Mark the backing file as this region's (reserved); a refusal is a warning, the region stays registered."""
         path = os.path.join(snap.shm_dir, key_name)
         try:
-            with shm_fs.ShmDir(snap.shm_dir) as d:
+            with shm_fs.ShmDir(snap.shm) as d:
                 st = d.lstat(key_name)
                 if st is None:
                     raise ShmFsError(f'{path} does not exist')
@@ -559,10 +561,10 @@ class RegionOps:
         if not ours:
             return
         present = {e['inode'] for e in snap.entries}
-        record = {ino: m for ino, m in shm_fs.read_cleanup_record(snap.shm_dir).items() if ino in present}
+        record = {ino: m for ino, m in shm_fs.read_cleanup_record(snap.shm.fd).items() if ino in present}
         record.update(ours)
         try:
-            with shm_fs.ShmDir(snap.shm_dir) as d:
+            with shm_fs.ShmDir(snap.shm) as d:
                 d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(
@@ -589,12 +591,12 @@ class RegionOps:
             return
         # read again, never this run's copy: a run that found the lock squatted by another user overlaps other root
         # runs, and writing back its copy would erase what they recorded meanwhile (their files then lost to a kill)
-        current = shm_fs.read_cleanup_record(snap.shm_dir)
+        current = shm_fs.read_cleanup_record(snap.shm.fd)
         if not done & set(current):
             return
         record = {ino: m for ino, m in current.items() if ino not in done}
         try:
-            with shm_fs.ShmDir(snap.shm_dir) as d:
+            with shm_fs.ShmDir(snap.shm) as d:
                 d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(str(exc))
@@ -714,7 +716,7 @@ class RegionOps:
             return None
         want_after = bool(self.params.get('inventory'))
         moved = []
-        with shm_fs.ShmDir(snap.shm_dir) as d:
+        with shm_fs.ShmDir(snap.shm) as d:
             for entry, region in file_plan:
                 q = self._quarantine(d, snap, entry, region, still_registered)
                 if q is not None:
@@ -736,7 +738,7 @@ class RegionOps:
         fs = None
         if check.shm_dir is not None:
             try:
-                fs = shm_fs.usage(check.shm_dir)
+                fs = shm_fs.usage(check.shm)
             except OSError:
                 pass
         return check.without(gone, fs=fs)

@@ -3,22 +3,23 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """One triton_shm_region run at a time per Triton shm directory.
 
-Private to the tritonops.shm collection. Scheduled cleanups and self-healing jobs
-overlap on a host now and then; two runs acting on one server at once would both
-count the same regions and files. A run that changes a server therefore holds an
-exclusive flock(2) on the server's shm directory itself (the directory, opened
-read-only: no lock file is created anywhere, inside or outside it) while it plans
-and acts. flock works on the inode, so a run on the host (through
-/proc/PID/root/dev/shm) and a run inside the container (/dev/shm) exclude each
-other. The kernel drops the lock when the process ends, so a killed run never
-blocks the next one. A run takes the lock before it reads the server's regions, so a run that had to
-wait plans from what the other one left.
+Private to the tritonops.shm collection. Scheduled cleanups and self-healing jobs overlap on a host now and then; two
+runs acting on one server at once would both count the same regions and files. A run that changes a server therefore
+holds an exclusive flock(2) while it reads, plans and acts. The kernel drops a flock when its process ends, so a killed
+run never blocks the next one. A run takes the lock before it reads the server's regions, so a run that had to wait
+plans from what the other one left.
 
-Any user who can open the directory (a shm directory is world-readable, mode 1777) can take the
-same flock. A run that finds the lock held therefore asks /proc/locks who holds it: it waits only
-for a live process whose effective uid is 0 (another root run); a lock held by any other user, or
-by a process it cannot see, is not waited for: the run goes on without it, with a warning that
-names the holder (squatted()).
+**Where the lock is (no lock a tenant can hold hostage).** The lock is a file of a directory only this run's user can
+write: for root, LOCK_DIR (/run/tritonops_shm, mode 0700), one file per shm directory, named for the directory's
+device and inode (``shm-MAJOR-MINOR-INODE.lock``: two servers that share one /dev/shm share one lock; the files are
+empty, and /run is emptied at boot). Only root can open it, so only another root run can hold it, and that one is
+waited for (WAIT_S). The lock was the shm directory itself before (0.2.0): every tenant of a server's /dev/shm (mode
+1777, a pod's sidecar, a container started with --ipc=container:) can open that directory and flock it, and a uid-0
+process of another PID namespace holding it stalled every cleanup of that server for 600 s, then failed it.
+
+The shm directory's own flock is still tried once, never waited for: runs of 0.2.0 took it, and so does a run inside
+the server's container (whose /run is its own). When another process holds it, the run goes on under its own lock,
+with a warning that names the holder (``ServerLock.squatter``).
 """
 
 from __future__ import annotations
@@ -26,65 +27,160 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
+import tempfile
 import time
 from collections.abc import Callable
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff, effective_uid, read_bytes
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff, effective_uid, read_bytes, read_comm
 
 WAIT_S = 600.0
+LOCK_DIR = '/run/tritonops_shm'
 
 
-class ShmDirLock:
-    """An exclusive flock on the shm directory path, held until release()."""
+def lock_dir(euid: int | None = None) -> str:
+    """The directory of this user's locks: LOCK_DIR for root; for another user their runtime directory's, else a
+    directory of their own under the temporary directory."""
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return LOCK_DIR
+    runtime = f'/run/user/{euid}'
+    try:
+        st = os.lstat(runtime)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == euid:
+            return os.path.join(runtime, 'tritonops_shm')
+    except OSError:
+        pass
+    return fallback_lock_dir(euid)
+
+
+def fallback_lock_dir(euid: int | None = None) -> str:
+    """Where this user's locks go when lock_dir() cannot be made or used: a directory of their own under the temporary
+    directory (the node agent's container has a read-only /run and an emptyDir at /tmp)."""
+    euid = os.geteuid() if euid is None else euid
+    return os.path.join(_temporary_directory(), f'tritonops_shm-{euid}')
+
+
+def _temporary_directory() -> str:
+    """TMPDIR (TEMP, TMP) when absolute, else /tmp: as tempfile.gettempdir() chooses, without its probe (it writes a
+    file there to test it: a run writes nothing but its lock)."""
+    for name in ('TMPDIR', 'TEMP', 'TMP'):
+        value = os.environ.get(name)
+        if value and value.startswith('/'):
+            return value
+    return tempfile.tempdir or '/tmp'
+
+
+def _open_lock_dir(path: str) -> int:
+    """The lock directory, created (0700) when missing; OSError when it is not this user's own, private directory."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise OSError(
+            errno.EPERM,
+            f'not a private directory of uid {os.geteuid()} (owner uid {st.st_uid}, mode '
+            f'{stat.S_IMODE(st.st_mode):04o}): another user could hold its locks',
+            path,
+        )
+    return fd
+
+
+def lock_name(dev: int, ino: int) -> str:
+    return f'shm-{os.major(dev)}-{os.minor(dev)}-{ino}.lock'
+
+
+class ServerLock:
+    """The exclusive lock of one shm directory (an open shm_fs.PinnedDir: its dev, ino and fd), until release()."""
 
     def __init__(
         self,
-        path: str,
+        shm: object,
         wait_s: float = WAIT_S,
         sleep: Callable[[float], object] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        directory: str | None = None,
+        proc: str = '/proc',
     ) -> None:
-        self.path = path
+        self.shm = shm
         self.wait_s = wait_s
         self.sleep = sleep
         self.clock = clock
+        self.directory = directory or lock_dir()
+        self.fallback = directory is None  # a directory not given: the temporary directory's when it cannot be made
+        self.proc = proc
+        self.path = os.path.join(self.directory, lock_name(shm.dev, shm.ino))
         self.fd: int | None = None
-        self.squatter: str | None = None  # why the lock was not waited for (held by another user), when it was not
+        self.dir_fd: int | None = None  # the shm directory's own flock, when this run got it
+        self.squatter: str | None = None  # who holds the shm directory's own flock, when another process does
 
     def acquire(self) -> bool:
         """Take the lock. Returns True when another run held it (this one waited), False when it was free.
 
-        Raises OSError when the directory cannot be opened, LockError when the lock stays held for wait_s seconds
-        (tried again after the whole wait: the last delay may end past it). When the holder is not another root
-        run (see squatted()), returns False at once without the lock, with the reason in ``squatter``.
+        Raises OSError when the lock directory or file cannot be used, LockError when the lock stays held for wait_s
+        seconds (tried again after the whole wait: the last delay may end past it). Then tries the shm directory's
+        own flock once (see the module doc).
         """
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
+        try:
+            dir_fd = _open_lock_dir(self.directory)
+        except OSError as exc:
+            if not self.fallback or exc.errno not in (errno.EROFS, errno.EACCES, errno.ENOENT):
+                raise
+            fallback = fallback_lock_dir()
+            if fallback == self.directory:
+                raise
+            self.directory, self.fallback = fallback, False
+            self.path = os.path.join(self.directory, os.path.basename(self.path))
+            dir_fd = _open_lock_dir(self.directory)
+        try:
+            fd = os.open(
+                os.path.basename(self.path),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dir_fd,
+            )
+        finally:
+            os.close(dir_fd)
         try:
             backoff = Backoff(
                 timeout=self.wait_s, first=0.05, cap=0.5, sleep=self.sleep, clock=self.clock, overrun=True
             )
             while not _try_lock(fd):
-                st = os.fstat(fd)
-                self.squatter = squatted(st.st_dev, st.st_ino)
-                if self.squatter is not None:
-                    os.close(fd)
-                    return False
                 if not backoff.wait():
                     raise LockError(
-                        f'another tritonops.shm run has held the lock on {self.path} for {self.wait_s}s: '
-                        'not acting (it is released when that run ends)'
+                        f'another tritonops.shm run has held the lock of {self.shm.path} ({self.path}) for '
+                        f'{self.wait_s}s: not acting (it is released when that run ends)'
                     )
         except BaseException:
             os.close(fd)
             raise
         self.fd = fd
+        self._shm_dir_flock()
         return backoff.waited > 0
 
+    def _shm_dir_flock(self) -> None:
+        """Take the shm directory's own flock if it is free; else name its holder in squatter. Never waits."""
+        try:
+            fd = os.open(self.shm.at, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        if _try_lock(fd):
+            self.dir_fd = fd
+            return
+        os.close(fd)
+        self.squatter = holders_text(self.shm.dev, self.shm.ino, self.proc)
+
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for attr in ('dir_fd', 'fd'):
+            fd = getattr(self, attr)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, attr, None)
 
 
 def lock_holders(dev: int, ino: int, proc: str = '/proc') -> list[int]:
@@ -106,22 +202,18 @@ def lock_holders(dev: int, ino: int, proc: str = '/proc') -> list[int]:
     return out
 
 
-def squatted(dev: int, ino: int, proc: str = '/proc') -> str | None:
-    """Why a held lock on (dev, ino) is not another root run's (so not worth waiting for), or None when it may be.
-
-    Only root runs of the modules change anything, so only a live holder with effective uid 0 is waited for.
-    A holder this process cannot see (pid 0: another pid namespace, or gone) is not: any user can take the
-    flock, and waiting for it would let any user stall every cleanup.
-    """
+def holders_text(dev: int, ino: int, proc: str = '/proc') -> str:
+    """Who holds a lock on (dev, ino), as people read it: 'pid 4711 (sleep, uid 0)', or why it cannot be told."""
     pids = lock_holders(dev, ino, proc)
     if not pids:
-        return None  # released meanwhile, or /proc/locks unreadable: try (and wait) as before
+        return 'held by a process that /proc/locks does not show (released meanwhile, or another PID namespace)'
+    who = []
     for pid in pids:
-        uid = effective_uid(pid, proc) if pid > 0 else None
-        if uid == 0:
-            return None
-    who = ', '.join(f'pid {p} (uid {effective_uid(p, proc)})' if p > 0 else 'a process not visible here' for p in pids)
-    return f'held by {who}, not by a root tritonops.shm run'
+        if pid <= 0:
+            who.append('a process not visible here')
+            continue
+        who.append(f'pid {pid} ({read_comm(pid, proc) or "?"}, uid {effective_uid(pid, proc)})')
+    return 'held by ' + ', '.join(who)
 
 
 def _try_lock(fd: int) -> bool:

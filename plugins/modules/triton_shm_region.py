@@ -20,11 +20,15 @@ description:
     then calls it C(reserved) while no client maps it (C(healthy) once one does), and O(stale=true) never
     selects it. Marking needs
     root (C(become: true)); when it fails, a warning says so."
-  - "Runs that change a server are serialised per server: an exclusive C(flock) on the server's shm directory itself (no lock
-    file is created, in it or anywhere else), taken as soon as the server is located and before its regions, files and holders
-    are read, and released when the run ends. So a run plans only from what is there after any other run, and reports only what it
-    did itself. A lock held by another user (or a process the module cannot see) is not waited for: the run goes on
-    without it, with a warning naming the holder."
+  - "Runs that change a server are serialised per server: an exclusive C(flock) on an empty file of a directory only the module's
+    user can write (for root C(/run/tritonops_shm), mode 0700; one file per shm directory, named for its device and inode), taken
+    as soon as the server is located and before its regions, files and holders are read, and released when the run ends. So a run
+    plans only from what is there after any other run, and reports only what it did itself, and no tenant of the server's
+    C(/dev/shm) can hold the lock hostage. The C(flock) on the shm directory itself (what 0.2.0 took) is also tried once, never
+    waited for: when another process holds it, a warning names it."
+  - "The server's own C(/dev/shm) is reached through C(/proc/PID/root) and resolved as the server sees it, one component at a
+    time, never through a symlink: a shm directory that is a symlink, or reached through one (C(dev), C(dev/shm)), is refused with
+    the reason, and nothing in it is judged or removed (the host is never reported C(ok))."
   - "After an unregister the module waits, up to O(in_use_timeout), until the region is gone from the status before it removes the
     file or registers the name again (Triton 24.12 and later keep a region with requests in flight listed until they finish)."
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server

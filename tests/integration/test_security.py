@@ -329,6 +329,7 @@ MUTATING = {
     'removexattr',
     'lremovexattr',
 }
+LOCK_DIR = '/run/tritonops_shm'  # runlock.LOCK_DIR: root's lock files
 LINE = re.compile(r'^(?:(\d+) +)?(\w+)\((.*)\) += (-?\d+|\?)')
 
 
@@ -377,6 +378,11 @@ def traced_effects(trace):
         if call == 'close' and args[0].isdigit():
             fds.pop(int(args[0]), None)
             continue
+        # a copy of a descriptor names the same path (os.dup is fcntl(F_DUPFD_CLOEXEC); the shm directory is opened
+        # once, through the server's root one component at a time, and its descriptor copied: issue 33)
+        if ret.isdigit() and args[0].isdigit() and (call in ('dup', 'dup2', 'dup3') or 'F_DUPFD' in argtext):
+            fds[int(ret)] = fds.get(int(args[0]))
+            continue
 
         def resolve(dirfd, name):
             if name is None:
@@ -416,7 +422,7 @@ def run_traced(module, args, workdir):
             '-f',
             '-qq',
             '-e',
-            'trace=file,process,close,getcwd',
+            'trace=file,process,close,getcwd,dup,dup2,dup3,fcntl',
             '-o',
             trace,
             ansible_helpers.PYTHON,
@@ -474,6 +480,15 @@ def test_modules_exec_nothing_and_only_touch_paths_inside_the_shm_dir(traced_sce
         assert execs == [ansible_helpers.PYTHON] and forks == []
     # info writes nothing at all
     assert i_effects == []
+    # a run that changes a server takes its lock: one empty file of root's own lock directory, outside the shm dir
+    # (issue 33: no tenant of the shm dir can hold it hostage), and nothing else outside the shm dir
+    for effects in (c_effects, r_effects):
+        lock = [(c, p) for c, p in effects if p == LOCK_DIR or p.startswith(LOCK_DIR + '/')]
+        assert [p for c, p in lock if c != 'mkdir'] and all(
+            (c, p) == ('mkdir', LOCK_DIR) or (c == 'openat' and re.fullmatch(LOCK_DIR + r'/shm-\d+-\d+-\d+\.lock', p))
+            for c, p in lock
+        ), lock
+        effects[:] = [e for e in effects if e not in lock]
     # cleaning: each removed file is renamed to a quarantine name inside the shm dir, its holders scanned again,
     # then that name is unlinked (issue 26: no lost race); nothing else is changed, nothing outside the shm dir
     assert all(path.startswith(shm + '/') for _call, path in c_effects), c_effects

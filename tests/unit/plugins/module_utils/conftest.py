@@ -94,6 +94,18 @@ def shm(tmp_path):
     return str(d)
 
 
+@pytest.fixture(autouse=True)
+def private_lock_dir(tmp_path_factory, monkeypatch):
+    """Each test's runs take their locks (runlock.LOCK_DIR, root's /run/tritonops_shm) in a directory of their own."""
+    from ansible_collections.tritonops.shm.plugins.module_utils import runlock  # after sys.path is set above
+
+    path = str(tmp_path_factory.mktemp('locks') / 'tritonops_shm')
+    real = runlock.lock_dir
+    monkeypatch.setattr(runlock, 'LOCK_DIR', path)
+    monkeypatch.setattr(runlock, 'lock_dir', lambda euid=None: path if euid is None else real(euid))
+    return path
+
+
 @pytest.fixture
 def complete_scan(monkeypatch):
     """The real /proc scan, with processes we cannot read set aside.
