@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_bytes
@@ -74,12 +74,14 @@ def plan(
     threshold: Threshold,
     models: Sequence[str] = (),
     index: Sequence[dict] | None = None,
+    refusals: Mapping[str, str] | None = None,
 ) -> list[ModelPlan]:
     """One ModelPlan per model that has live pools (by model name), pure.
 
     pools: inventory.pool_records() (backend_pools). Only live pools with a model count: a leftover has no
-    model to reload (the cleanup removes it), a pool of unknown model cannot be reloaded. models: only these
-    (empty: every model). index: the repository index; a model that is not READY there is skipped.
+    model to reload (the cleanup removes it), a pool of unknown model (an unattributed one) cannot be reloaded.
+    models: only these (empty: every model). index: the repository index; a model that is not READY there is skipped.
+    refusals: {model: why a reload would cost its clients (stateful_refusal)}: such a model over the limit is skipped.
     """
     by_model: dict[str, list[dict]] = {}
     for p in pools:
@@ -104,10 +106,45 @@ def plan(
                 SKIP,
                 f'{total} bytes, over the limit of {limit} bytes, but the model is not READY in the repository index',
             )
+        elif refusals and model in refusals:
+            action, reason = SKIP, f'{total} bytes, over the limit of {limit} bytes, not reloaded: {refusals[model]}'
+
         else:
             action, reason = RELOAD, f'{total} bytes in {len(mine)} pool(s), over the limit of {limit} bytes'
         out.append(ModelPlan(model, action, total, limit, instances, names, reason))
     return out
+
+
+# What a reload cost on Triton 2.51, measured by tests/bench/bench_reload_shapes.py (docs/backend-pools.md): a plain
+# python model, an ensemble's python step, a BLS caller and the model a BLS call reaches lost no request; a stateful
+# model lost every sequence in flight.
+SEQUENCE_COST = (
+    'a reload drops every sequence in flight: the new instances do not have its state, and Triton refuses its next '
+    'request ("must specify the START flag on the first request of the sequence"; measured on Triton 2.51: one failed '
+    'request per sequence in flight, docs/backend-pools.md)'
+)
+DECOUPLED_COST = (
+    'a reload of a decoupled model ends on the old instances the response streams in flight, and a client of a '
+    'decoupled model often keeps per-stream state (docs/backend-pools.md)'
+)
+
+
+def stateful_refusal(config: Mapping[str, Any]) -> str | None:
+    """Why reloading a model of this configuration costs its clients (None when it measured at no cost), from the
+    configuration as the server completed it (GET /v2/models/MODEL/config)."""
+    if config.get('sequence_batching'):
+        return f'the model is stateful (sequence_batching): {SEQUENCE_COST}; allow_stateful: true reloads it anyway'
+    if (config.get('model_transaction_policy') or {}).get('decoupled'):
+        return f'the model is decoupled: {DECOUPLED_COST}; allow_stateful: true reloads it anyway'
+    return None
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def server_argv(pid: int | None, proc: str = '/proc') -> list[str] | None:
@@ -161,12 +198,13 @@ def reload_model(client: Any, model: str, timeout: float, stamp: str | None = No
     client.load_model(model, config=reload_config(config, stamp or repr(time.time())), timeout=timeout)
 
 
-def wait_gone(paths: Iterable[str], wait: float, poll: float = 0.05) -> list[str]:
-    """Wait up to wait seconds until no path exists; the paths still there."""
-    left = list(paths)
+def wait_gone(shm: Any, names: Iterable[str], wait: float, poll: float = 0.05) -> list[str]:
+    """Wait up to wait seconds until no file of names is left in the shm directory shm (a shm_fs.PinnedDir: looked up
+    by its descriptor, never by a path through the server's root); the names still there."""
+    left = list(names)
     deadline = time.monotonic() + wait
     while True:
-        left = [p for p in left if os.path.lexists(p)]
+        left = [n for n in left if _exists(shm.fd, n)]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(poll)

@@ -32,11 +32,16 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, rootfs, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, ShmUnsupported, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    PathRefused,
+    ShmFsError,
+    ShmUnsupported,
+    TritonError,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_cmdline, start_time
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import lineage, read_cmdline, start_time, uids
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     BACKEND,
     DANGLING,
@@ -63,6 +68,7 @@ DEFAULT_MIN_AGE = 300
 #   triton_python_backend_stub MODEL_PATH SHM_REGION_NAME SHM_DEFAULT_SIZE SHM_GROWTH_SIZE PARENT_PID
 #                              PYTHON_LIB_PATH IPC_CONTROL_HANDLE INSTANCE_NAME RUNTIME_MODELDIR
 STUB_NAME = 'triton_python_backend_stub'
+DEFAULT_BACKEND_DIR = '/opt/tritonserver/backends'  # tritonserver's --backend-directory when not given
 _STUB_ARGS = 9
 _INSTANCE_SUFFIX = re.compile(r'_\d+_\d+$')
 
@@ -90,6 +96,7 @@ class Snapshot:
     cuda: list
     location: discovery.Location
     shm_dir: str | None = None
+    pinned: shm_fs.PinnedDir | None = dataclasses.field(default=None, compare=False, repr=False)
     fs: dict | None = None
     entries: list = dataclasses.field(default_factory=list)
     scan: holders_mod.HolderScan | None = None
@@ -105,7 +112,8 @@ class Snapshot:
     authority: authority_mod.Authority | None = (
         None  # what the server's own user may remove there (None: not read, nothing may)
     )
-    cmdlines: dict = dataclasses.field(default_factory=dict)  # {pid: argv} of the holders of backend files
+    pool_holders: dict = dataclasses.field(default_factory=dict)  # {pid: PoolHolder} of the holders of backend files
+    server_facts: ServerFacts | None = None  # what attributes a pool to the server's own stub (read with pool_holders)
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
     container: dict | None = None  # the server's container or pod (containers.Identity.as_dict), None on the host
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
@@ -118,6 +126,16 @@ class Snapshot:
     @property
     def pid(self) -> int | None:
         return self.location.pid
+
+    @property
+    def shm(self) -> shm_fs.PinnedDir | None:
+        """The shm directory as read (its descriptor: every operation on it goes through this, never shm_dir).
+
+        A snapshot built by hand with a shm_dir only (unit tests) opens it on first use, with shm_fs.pin's rules.
+        """
+        if self.pinned is None and self.shm_dir is not None:
+            object.__setattr__(self, 'pinned', shm_fs.pin(self.shm_dir, self.location.shm_root))
+        return self.pinned
 
     @property
     def located_by(self) -> str | None:
@@ -205,7 +223,8 @@ def read_server(
     report_unsupported: bool = False,
     backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
     clients_share_pid_namespace: bool = False,
-    on_located: Callable[[str | None], object] | None = None,
+    on_located: Callable[[shm_fs.PinnedDir | None], object] | None = None,
+    shm: shm_fs.PinnedDir | None = None,
 ) -> Snapshot:
     """Read the server behind client: metadata, location, shm directory, region lists, holders, marks.
 
@@ -221,8 +240,10 @@ def read_server(
     clients_share_pid_namespace: the operator states that every client runs in the module's PID namespace (the
     visibility rule, holders.visibility(): without it, a module outside the host's initial PID namespace calls
     nothing stale).
-    on_located: called with the shm directory (None when not located) once the server is located and before its
-    regions are read: a run takes its per-server lock there, so that everything it plans from is read under it.
+    on_located: called with the shm directory (shm_fs.PinnedDir; None when not located or refused) once the server
+    is located and before its regions are read: a run takes its per-server lock then, so that everything it plans
+    from is read under it.
+    shm: the shm directory a read of this same server opened before (read again: the same directory, not opened anew).
     """
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
@@ -243,8 +264,16 @@ def read_server(
         location = location._replace(
             reason=reason, warnings=[w.replace(location.reason, reason) for w in location.warnings]
         )
+    pinned, dir_error, fs = None, None, None
+    if location.shm_dir is not None:
+        try:
+            pinned = shm if shm is not None else shm_fs.pin(location.shm_dir, location.shm_root)
+        except (OSError, PathRefused) as exc:
+            dir_error = _dir_error(location.shm_dir, exc, shm_dir)
+            if require_readable_dir:
+                raise ShmFsError(dir_error) from exc
     if on_located is not None:
-        on_located(location.shm_dir)
+        on_located(pinned)
     unsupported = None
     try:
         system = client.status('system') if 'system' in kinds else []
@@ -256,35 +285,34 @@ def read_server(
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')
-    fs = None
     entries = []
-    dir_error = None
-    readable_dir = location.shm_dir
-    if readable_dir is not None:
+    if pinned is not None:
         try:
-            fs = shm_fs.usage(readable_dir)
-            entries = shm_fs.list_entries(readable_dir, now=now)
+            fs = shm_fs.usage(pinned)
+            entries = shm_fs.list_entries(pinned, now=now)
         except OSError as exc:
-            dir_error = (
-                f'shm_dir {readable_dir} is not readable: {exc.strerror or exc} ({_unreadable_hint(exc, shm_dir)})'
-            )
+            dir_error = _dir_error(location.shm_dir, exc, shm_dir)
             if require_readable_dir:
                 raise ShmFsError(dir_error) from exc
-            warnings.append(f'{dir_error}; file and holder data are missing')
             # fs stays as read when only the listing failed (the statvfs answer is still true)
-            readable_dir, entries = None, []
+            pinned, entries = None, []
+    if dir_error is not None:
+        warnings.append(f'{dir_error}; file and holder data are missing')
+    readable_dir = pinned.path if pinned is not None else None
     scan = None
-    cmdlines: dict = {}
+    pool_holders: dict = {}
+    server_facts = None
     if readable_dir is not None:
         scan, warning = read_holders(entries, location.pid, proc, visible)
         if warning:
             warnings.append(warning)
-        cmdlines = read_pool_cmdlines(scan, entries, backend_patterns, location.pid, proc)
+        pool_holders = read_pool_holders(scan, entries, backend_patterns, location.pid, proc)
+        server_facts = read_server_facts(location.pid, proc) if pool_holders else None
     elif not visible.complete:
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
-    marks = read_marks(readable_dir, system, entries) if readable_dir is not None else {}
-    cleanup_marks = read_cleanup_marks(readable_dir, system, entries) if readable_dir is not None else {}
-    authority = authority_mod.read_authority(location.pid, readable_dir, proc) if readable_dir is not None else None
+    marks = read_marks(pinned, system, entries) if pinned is not None else {}
+    cleanup_marks = read_cleanup_marks(pinned, system, entries) if pinned is not None else {}
+    authority = authority_mod.read_authority(location.pid, pinned, proc) if pinned is not None else None
     ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
     return Snapshot(
         url=client.base,
@@ -293,6 +321,7 @@ def read_server(
         cuda=cuda,
         location=location,
         shm_dir=readable_dir,
+        pinned=pinned,
         fs=fs,
         entries=entries,
         scan=scan,
@@ -301,13 +330,24 @@ def read_server(
         dir_error=dir_error,
         scanned_at=time.time(),
         shm_unsupported=unsupported,
-        cmdlines=cmdlines,
+        pool_holders=pool_holders,
+        server_facts=server_facts,
         visibility=visible,
         authority=authority,
         container=ident.as_dict() if ident.found else None,
         cleanup_marks=cleanup_marks,
         server_id=server_identity(location.pid, proc),
     )
+
+
+def _dir_error(path: str, exc: OSError | PathRefused, given: str | None) -> str:
+    """Why the shm directory at path cannot be used: refused (a symlink on the way), or not readable, and what to do."""
+    if isinstance(exc, PathRefused):
+        return (
+            f'shm_dir {path} is refused: {exc.msg}; nothing in it is judged or removed (if this server is yours, '
+            'mount its /dev/shm as a directory, or give shm_dir)'
+        )
+    return f'shm_dir {path} is not readable: {exc.strerror or exc} ({_unreadable_hint(exc, given)})'
 
 
 def _unreadable_hint(exc: OSError, given: str | None) -> str:
@@ -330,26 +370,141 @@ def _unreadable_hint(exc: OSError, given: str | None) -> str:
     return f'{where}: check the path, and run the task as root (become: true)'
 
 
-def read_pool_cmdlines(
+class PoolHolder(NamedTuple):
+    """What one holder of a backend file is (the evidence that attributes a pool to a model: pool_attribution()).
+
+    argv: its command line (what a stub says it serves: anyone can say anything there); ppid, start: its parent and
+    start time (procfs.lineage); uids: its real, effective, saved and filesystem uids; mnt_ns: its mount namespace's
+    inode; exe: (st_dev, st_ino) of its program (/proc/PID/exe); own_stub: (st_dev, st_ino) of a custom stub in the
+    model's own directory (MODEL/triton_python_backend_stub, as the python backend allows) when its model directory
+    lies in one of the server's model repositories, else None.
+    """
+
+    pid: int
+    argv: list | None = None
+    ppid: int | None = None
+    start: int | None = None
+    uids: tuple | None = None
+    mnt_ns: int | None = None
+    exe: tuple | None = None
+    own_stub: tuple | None = None
+
+
+class ServerFacts(NamedTuple):
+    """The server process as pool attribution checks it: pid, start time, uids, mount namespace, and the (st_dev,
+    st_ino) of its python backend stub program (BACKEND_DIR/python/triton_python_backend_stub, resolved in the server's
+    root; None when it cannot be read), backend_dir as its command line gives it."""
+
+    pid: int
+    start: int | None = None
+    uids: tuple | None = None
+    mnt_ns: int | None = None
+    stub: tuple | None = None
+    backend_dir: str = DEFAULT_BACKEND_DIR
+    repositories: tuple = ()
+
+
+def _key(st: os.stat_result | None) -> tuple | None:
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
+def _ns_inode(pid: int, proc: str, kind: str = 'mnt') -> int | None:
+    try:
+        return os.stat(f'{proc}/{pid}/ns/{kind}').st_ino
+    except OSError:
+        return None
+
+
+def _exe_key(pid: int, proc: str) -> tuple | None:
+    try:
+        return _key(os.stat(f'{proc}/{pid}/exe'))
+    except OSError:
+        return None
+
+
+def server_dirs(argv: Sequence[str] | None) -> tuple[str, tuple]:
+    """(backend directory, model repositories) from tritonserver's command line (its defaults when not given)."""
+    backend, repos = DEFAULT_BACKEND_DIR, []
+    args = list(argv or ())
+    for i, arg in enumerate(args):
+        for opt in ('--backend-directory', '--model-repository', '--model-store'):
+            value = None
+            if arg.startswith(opt + '='):
+                value = arg.split('=', 1)[1]
+            elif arg == opt and i + 1 < len(args):
+                value = args[i + 1]
+            if value is None:
+                continue
+            if opt == '--backend-directory':
+                backend = value
+            else:
+                repos.append(value)
+    return backend, tuple(repos)
+
+
+def read_server_facts(pid: int | None, proc: str = '/proc') -> ServerFacts | None:
+    """The ServerFacts of the server process (None when it is not known)."""
+    if pid is None:
+        return None
+    backend, repos = server_dirs(read_cmdline(pid, proc))
+    found = lineage(pid, proc)
+    root = f'{proc}/{pid}/root'
+    return ServerFacts(
+        pid=pid,
+        start=found.start if found else None,
+        uids=uids(pid, proc),
+        mnt_ns=_ns_inode(pid, proc),
+        stub=_key(rootfs.stat_in(root, os.path.join(backend, 'python', STUB_NAME))),
+        backend_dir=backend,
+        repositories=repos,
+    )
+
+
+def read_pool_holders(
     scan: holders_mod.HolderScan,
     entries: Iterable[dict],
     backend_patterns: Sequence[str],
     server_pid: int | None,
     proc: str = '/proc',
 ) -> dict:
-    """{pid: argv} of the processes (the server aside) that hold a backend file: the python stubs, whose command
-    line names their model and instance. Only those few processes are read, nothing when no backend file is held."""
+    """{pid: PoolHolder} of the processes (the server aside) that hold a backend file: the python stubs, and whoever
+    else maps one. Only those few processes are read, nothing when no backend file is held."""
     pids: set = set()
     for e in entries:
         if e['type'] == 'file' and matches(e['name'], backend_patterns):
             pids.update(scan.holders.get((e['dev'], e['inode'])) or ())
     pids.discard(server_pid)
+    if not pids:
+        return {}
+    repos = server_dirs(read_cmdline(server_pid, proc))[1] if server_pid is not None else ()
     out = {}
     for pid in sorted(pids):
         argv = read_cmdline(pid, proc)
-        if argv is not None:
-            out[pid] = argv
+        if argv is None:
+            continue
+        found = lineage(pid, proc)
+        own = None
+        args = stub_args(argv)
+        if args is not None and server_pid is not None:
+            model_dir = os.path.dirname(os.path.dirname(args['model_path']))
+            if any(_within(model_dir, r) for r in repos):
+                own = _key(rootfs.stat_in(f'{proc}/{server_pid}/root', os.path.join(model_dir, STUB_NAME)))
+        out[pid] = PoolHolder(
+            pid=pid,
+            argv=argv,
+            ppid=found.ppid if found else None,
+            start=found.start if found else None,
+            uids=uids(pid, proc),
+            mnt_ns=_ns_inode(pid, proc),
+            exe=_exe_key(pid, proc),
+            own_stub=own,
+        )
     return out
+
+
+def _within(path: str, directory: str) -> bool:
+    path, directory = os.path.normpath(path), os.path.normpath(directory)
+    return path.startswith(directory.rstrip('/') + '/')
 
 
 def server_identity(pid: int | None, proc: str = '/proc') -> str | None:
@@ -360,12 +515,12 @@ def server_identity(pid: int | None, proc: str = '/proc') -> str | None:
     return None if started is None else f'{pid}:{started}'
 
 
-def read_cleanup_marks(shm_dir: str, system: Iterable[dict], entries: Iterable[dict]) -> dict:
+def read_cleanup_marks(shm_dir: shm_fs.PinnedDir, system: Iterable[dict], entries: Iterable[dict]) -> dict:
     """{file name: shm_fs.CleanupMark} of the regular files that back no system region and are in the cleanup record.
 
     A file is the record's when its inode is, under the name recorded or a quarantine name of that inode.
     """
-    record = shm_fs.read_cleanup_record(shm_dir)
+    record = shm_fs.read_cleanup_record(shm_dir.fd)
     if not record:
         return {}
     backing = {_file_name(r.get('key')) for r in system}
@@ -402,15 +557,16 @@ def rescan(snap: Snapshot, proc: str = '/proc') -> Snapshot:
     return dataclasses.replace(snap, scan=scan, warnings=snap.warnings + ([warning] if warning else []))
 
 
-def read_marks(shm_dir: str, system: Iterable[dict], entries: Iterable[dict]) -> dict:
-    """{file name: reserved mark or None} of the regular files that back a system region."""
+def read_marks(shm_dir: shm_fs.PinnedDir, system: Iterable[dict], entries: Iterable[dict]) -> dict:
+    """{file name: reserved mark or None} of the regular files that back a system region (read through the
+    directory's descriptor, never by its shown path)."""
     by_name = {e['name']: e for e in entries}
     marks = {}
     for region in system:
         name = _file_name(region.get('key'))
         entry = by_name.get(name) if isinstance(name, str) else None
         if entry is not None and entry['type'] == 'file' and name not in marks:
-            marks[name] = shm_fs.read_mark(entry['path'])
+            marks[name] = shm_fs.read_mark(shm_dir.file_at(name))
     return marks
 
 
@@ -759,23 +915,60 @@ def model_of(model_path: str, instance: str) -> str:
     return _INSTANCE_SUFFIX.sub('', instance) or instance
 
 
+def pool_attribution(holder: PoolHolder, server: ServerFacts | None) -> str | None:
+    """Why a holder that says it is the stub of a model is not believed (None: it is the server's own stub).
+
+    A command line is the one thing every user controls: the model is taken from it only when the holder is a child
+    of the server process, started after it, runs as the server's user in its mount namespace, and runs the server's
+    python backend stub program (or a custom stub in the model's own directory of the server's repository).
+    """
+    if server is None or server.start is None or server.uids is None:
+        return 'the server process cannot be read, so no stub can be proven its own'
+    who = f'pid {holder.pid}'
+    if holder.ppid != server.pid:
+        return f'{who} is not a child of the server process {server.pid} (its parent is {holder.ppid})'
+    if holder.start is None or holder.start < server.start:
+        return f'{who} started before the server process {server.pid} (not its child: the pid was reused)'
+    if holder.uids != server.uids:
+        return f"{who} runs as uid {(holder.uids or ('?',))[0]}, not as the server's user (uid {server.uids[0]})"
+    if holder.mnt_ns is None or holder.mnt_ns != server.mnt_ns:
+        return f"{who} is not in the server's mount namespace"
+    if holder.exe is None or holder.exe not in (server.stub, holder.own_stub):
+        return (
+            f"{who} does not run the server's python backend stub ({os.path.join(server.backend_dir, 'python', STUB_NAME)}"
+            ' or one in the model directory)'
+        )
+    return None
+
+
 def pool_record(snap: Snapshot, rec: dict) -> dict:
-    """The backend_pools record of one backend or leftover file record: its model and instance (from the stub that
-    maps it), bytes, holders (the server included) and state."""
+    """The backend_pools record of one backend or leftover file record: its model and instance (from the server's own
+    stub that maps it: pool_attribution), bytes, holders (the server included), state, and why no model is named."""
     e = snap.entry(rec['name'])
     all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan is not None and e is not None) else []
     model = instance = None
+    refused = []
     for h in all_holders:
-        args = stub_args(snap.cmdlines.get(h['pid']))
-        if args is not None and os.path.basename(args['region']) == rec['name']:
+        holder = snap.pool_holders.get(h['pid'])
+        args = stub_args(holder.argv if holder is not None else None)
+        if args is None or os.path.basename(args['region']) != rec['name']:
+            continue
+        why = pool_attribution(holder, snap.server_facts)
+        if why is None:
             model, instance = model_of(args['model_path'], args['instance']), args['instance']
             break
+        refused.append(
+            f"{why}: its command line's model {model_of(args['model_path'], args['instance'])!r} is not believed"
+        )
     if rec['category'] == LEFTOVER:
         state = POOL_LEFTOVER
     elif all_holders:
         state = POOL_LIVE
     else:
         state = POOL_UNKNOWN
+    unattributed = None
+    if model is None and state != POOL_LEFTOVER:
+        unattributed = '; '.join(refused) if refused else 'no python backend stub of the server maps it'
     return {
         'path': rec['path'],
         'name': rec['name'],
@@ -787,6 +980,7 @@ def pool_record(snap: Snapshot, rec: dict) -> dict:
         'holders': all_holders,
         'state': state,
         'reason': rec['category_reason'],
+        'unattributed_reason': unattributed,
     }
 
 

@@ -76,8 +76,28 @@ def start_time(pid: int, proc: str = '/proc') -> int | None:
         return None
 
 
-def effective_uid(pid: int, proc: str = '/proc') -> int | None:
-    """A process's effective uid as this process sees it (the Uid: line of /proc/PID/status), or None when gone."""
+class Lineage(NamedTuple):
+    """What /proc/PID/stat says of where a process comes from: its parent's pid and its own start time."""
+
+    ppid: int
+    start: int
+
+
+def lineage(pid: int, proc: str = '/proc') -> Lineage | None:
+    """The Lineage of a process (fields 4 and 22 of /proc/PID/stat, after the comm), or None when gone or unreadable.
+
+    The comm is skipped by the last ')': a process names itself whatever it likes, ') 1 ' included.
+    """
+    try:
+        data = read_bytes(f'{proc}/{pid}/stat')
+        fields = data[data.rindex(b')') + 2 :].split()
+        return Lineage(int(fields[1]), int(fields[19]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def uids(pid: int, proc: str = '/proc') -> tuple[int, ...] | None:
+    """A process's real, effective, saved and filesystem uids as this process sees them (the Uid: line), or None."""
     try:
         data = read_bytes(f'{proc}/{pid}/status')
     except OSError:
@@ -85,10 +105,16 @@ def effective_uid(pid: int, proc: str = '/proc') -> int | None:
     for line in data.split(b'\n'):
         if line.startswith(b'Uid:'):
             try:
-                return int(line.split()[2])
-            except (IndexError, ValueError):
+                return tuple(int(v) for v in line.split()[1:5])
+            except ValueError:
                 return None
     return None
+
+
+def effective_uid(pid: int, proc: str = '/proc') -> int | None:
+    """A process's effective uid as this process sees it (the Uid: line of /proc/PID/status), or None when gone."""
+    found = uids(pid, proc)
+    return found[1] if found is not None and len(found) > 1 else None
 
 
 def read_cmdline(pid: int, proc: str = '/proc') -> list[str] | None:

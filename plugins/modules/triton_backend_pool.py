@@ -26,8 +26,12 @@ description:
     command line; a server in another mode is refused with the reason (also in check mode), and so is a load Triton
     refuses.
   - A reload costs a few seconds of a second set of instances (their memory, a new python stub each, a second pool of
-    C(shm-default-byte-size) per instance until the old one goes). Measured on Triton 2.51, no request failed during the
-    reload (docs/performance.md). Opt-in only.
+    C(shm-default-byte-size) per instance until the old one goes). Measured on Triton 2.51, no request to a plain python model,
+    an ensemble with a python step or a BLS model failed during the reload; a stateful model (C(sequence_batching)) lost every
+    sequence in flight, so stateful and decoupled models are skipped unless O(allow_stateful) (docs/backend-pools.md). Opt-in
+    only.
+  - A pool is reloaded only when its model is proven by its stub (a child of the server, its user, its stub program), never on
+    a command line's word (RV(tritonops.shm.triton_shm_info#module:backend_pools[].unattributed_reason)).
 author:
   - tritonops.shm developers (@tritonops)
 extends_documentation_fragment:
@@ -69,6 +73,16 @@ options:
     type: list
     elements: str
     default: []
+  allow_stateful:
+    description:
+      - Reload a model over the limit even when its configuration has C(sequence_batching) (a stateful model) or is decoupled
+        (C(model_transaction_policy.decoupled)).
+      - By default such a model is skipped (RV(models[].action) V(skip)) with the reason, and a warning. Measured on Triton 2.51,
+        a reload drops every sequence in flight (its next request is refused), while a plain python model, an ensemble's python
+        step, a BLS caller and a model a BLS call reaches lost no request (docs/backend-pools.md).
+    type: bool
+    default: false
+    version_added: 0.3.0
   load_timeout:
     description: Seconds to wait for the server's answer to one load (loading a large model takes long).
     type: float
@@ -220,7 +234,19 @@ def run(module: AnsibleModule, client: Any, done: list) -> None:
         module.warn(warning)
     fs = dict(snap.fs) if snap.fs else None
     index = client.repository_index()
-    plans = backend_pool.plan(pools, (fs or {}).get('total_bytes'), threshold, params['models'], index)
+    total = (fs or {}).get('total_bytes')
+    plans = backend_pool.plan(pools, total, threshold, params['models'], index)
+    if not params['allow_stateful']:
+        refusals = {}
+        for p in plans:
+            if p.action == backend_pool.RELOAD:
+                why = backend_pool.stateful_refusal(client.model_config(p.model))
+                if why is not None:
+                    refusals[p.model] = why
+        if refusals:
+            plans = backend_pool.plan(pools, total, threshold, params['models'], index, refusals)
+            for model, why in sorted(refusals.items()):
+                module.warn(f"model '{model}' is over the limit and is not reloaded: {why}")
     mode = backend_pool.model_control(backend_pool.server_argv(snap.pid))
     result = {
         'models': [p.as_dict() for p in plans],
@@ -241,7 +267,6 @@ def run(module: AnsibleModule, client: Any, done: list) -> None:
         module.warn(
             'the model control mode of the server could not be read from its command line: the load answers for it'
         )
-    paths = {p['name']: p['path'] for p in pools}
     for p in todo:
         entry = {
             'model': p.model,
@@ -257,7 +282,7 @@ def run(module: AnsibleModule, client: Any, done: list) -> None:
             continue
         start = time.monotonic()
         backend_pool.reload_model(client, p.model, params['load_timeout'])
-        left = backend_pool.wait_gone([paths[n] for n in p.pools], params['wait'])
+        left = backend_pool.wait_gone(snap.shm, p.pools, params['wait'])
         entry['seconds'] = round(time.monotonic() - start, 3)
         entry['old_gone'] = not left
         _snap, after = read_pools(client, params)
@@ -282,6 +307,7 @@ def main() -> None:
         max_bytes=dict(type='int'),
         max_percent=dict(type='float'),
         models=dict(type='list', elements='str', default=[]),
+        allow_stateful=dict(type='bool', default=False),
         load_timeout=dict(type='float', default=300.0),
         wait=dict(type='float', default=60.0),
     )

@@ -320,7 +320,12 @@ backend_pools:
       description:
         - The model whose python stub maps the pool, from the stub's command line (the directory above C(VERSION/model.py) in
           the model repository, else the instance name without its C(_GROUP_INDEX) suffix).
-        - Null when no stub maps it (a C(leftover), or a pool only the server holds).
+        - Only the server's own stub is believed, by evidence the holder cannot fake - a child of the server process started
+          after it, running as the server's user in its mount namespace, running the server's
+          C(BACKEND_DIR/python/triton_python_backend_stub) (or a custom stub in the model's own directory of the server's model
+          repository); a command line alone names no model (any user may write one).
+        - "Null when no stub of the server maps it (a C(leftover), a pool only the server holds, or a holder whose claim is not
+          believed, see RV(backend_pools[].unattributed_reason))."
       type: str
       sample: echo
     instance: {description: "The model instance (for example V(echo_0_0)); null as RV(backend_pools[].model).", type: str}
@@ -339,6 +344,14 @@ backend_pools:
           V(unknown) not held as far as seen, but the holder scan is incomplete or the file is younger than O(min_age).
       type: str
     reason: {description: "Why (the file's C(category_reason)).", type: str}
+    unattributed_reason:
+      description:
+        - Why no model is named for a pool that is not a C(leftover) (no stub of the server maps it, or a holder that names a
+          model on its command line is not the server's own stub, with what failed); null when RV(backend_pools[].model) is
+          named, and for leftovers.
+        - Such a pool is never reloaded by M(tritonops.shm.triton_backend_pool).
+      type: str
+      version_added: 0.3.0
 summary:
   description: Counts and bytes.
   returned: always

@@ -97,17 +97,66 @@ SLOW_MODEL = python_model(
     '            time.sleep(%r)\n' % SLOW_SECONDS + ECHO_ANSWER, imports='import time  # noqa: E402\n'
 )
 
-# Python models the rig can serve, name -> (config.pbtxt, model.py template with {sites}): 'echo' and 'mirror'
-# are the same echo code under each name, so that a server runs several python models, each with its own stub
-# and backend pool (issue 27: pools are named for their model); 'grow' grows its pool on demand; 'slow' echoes in
-# SLOW_SECONDS.
+# The traffic shapes a reload meets (issue 33, finding 5: docs/backend-pools.md, "What a reload costs"):
+# 'ens' is an ensemble whose one step is the python model 'echo'; 'bls' is a python model that answers through a
+# BLS call of 'echo'; 'seq' is a stateful python model (sequence_batching): it answers the running sum of INPUT0 over
+# its sequence (START resets it), so a sequence whose state is lost answers wrong or is refused.
+ENSEMBLE_CONFIG = """name: "ens"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "echo" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }
+"""
+BLS_MODEL = python_model(
+    '            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")\n'
+    '            called = pb_utils.InferenceRequest(model_name="echo", requested_output_names=["OUTPUT0"],\n'
+    '                                               inputs=[tensor]).exec()\n'
+    '            if called.has_error():\n'
+    '                raise pb_utils.TritonModelException(called.error().message())\n'
+    '            out = pb_utils.get_output_tensor_by_name(called, "OUTPUT0")\n'
+    '            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out.as_numpy())]))\n'
+)
+SEQ_CONFIG = """name: "seq"
+backend: "python"
+max_batch_size: 0
+sequence_batching {
+  max_sequence_idle_microseconds: 10000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+SEQ_MODEL = python_model(
+    '            start = int(pb_utils.get_input_tensor_by_name(request, "START").as_numpy().ravel()[0])\n'
+    '            corrid = int(pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy().ravel()[0])\n'
+    '            value = int(pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy().ravel()[0])\n'
+    '            total = (0 if start else self.sums.get(corrid, 0)) + value\n'
+    '            self.sums[corrid] = total\n'
+    '            out = pb_utils.Tensor("OUTPUT0", np.array([total], dtype=np.int32))\n'
+    '            responses.append(pb_utils.InferenceResponse([out]))\n',
+    imports='import numpy as np  # noqa: E402\n',
+).replace('class TritonPythonModel:\n', 'class TritonPythonModel:\n    sums = dict()\n\n')
+
+# Models the rig can serve, name -> (config.pbtxt, model.py template with {sites}, or None for an ensemble): 'echo'
+# and 'mirror' are the same echo code under each name, so that a server runs several python models, each with its
+# own stub and backend pool (issue 27: pools are named for their model); 'grow' grows its pool on demand; 'slow'
+# echoes in SLOW_SECONDS; 'ens', 'bls' and 'seq' above.
 MODELS = {
     'echo': (ECHO_CONFIG, ECHO_MODEL),
     'mirror': (model_config('mirror'), ECHO_MODEL),
     'grow': (GROW_CONFIG, GROW_MODEL),
     'slow': (model_config('slow'), SLOW_MODEL),
+    'ens': (ENSEMBLE_CONFIG, None),
+    'bls': (model_config('bls'), BLS_MODEL),
+    'seq': (SEQ_CONFIG, SEQ_MODEL),
 }
-PYTHON_MODELS = tuple(MODELS)
+PYTHON_MODELS = tuple(m for m, (_config, source) in MODELS.items() if source is not None)
 
 
 # the start of a skip reason that says the server under test has no such feature (tests/integration/conftest.py
@@ -584,8 +633,9 @@ class TritonServer:
             os.makedirs(os.path.join(repo, model, '1'), exist_ok=True)
             with open(os.path.join(repo, model, 'config.pbtxt'), 'w') as f:
                 f.write(config)
-            with open(os.path.join(repo, model, '1', 'model.py'), 'w') as f:
-                f.write(source.format(sites=self.paths['model_path']))
+            if source is not None:
+                with open(os.path.join(repo, model, '1', 'model.py'), 'w') as f:
+                    f.write(source.format(sites=self.paths['model_path']))
         os.makedirs(repo, exist_ok=True)
         return repo
 

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool
+from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.backend_pool import KEEP, RELOAD, SKIP, Threshold
 
 MIB = 1 << 20
@@ -166,5 +166,36 @@ def test_wait_gone_returns_when_the_files_go_or_names_those_left(tmp_path):
     b.write_bytes(b'x')
     timer = threading.Timer(0.2, a.unlink)
     timer.start()
-    assert backend_pool.wait_gone([str(a)], wait=5) == []
-    assert backend_pool.wait_gone([str(a), str(b)], wait=0.1) == [str(b)]
+    shm = shm_fs.pin(str(tmp_path))
+    assert backend_pool.wait_gone(shm, ['a'], wait=5) == []
+    assert backend_pool.wait_gone(shm, ['a', 'b'], wait=0.1) == ['b']
+
+
+# -- issue 33, finding 5: a stateful or decoupled model is not reloaded by default ---------------------------------
+
+
+@pytest.mark.parametrize(
+    'config, starts',
+    [
+        ({'name': 'seq', 'sequence_batching': {'max_sequence_idle_microseconds': 1000}}, 'the model is stateful'),
+        ({'name': 'dec', 'model_transaction_policy': {'decoupled': True}}, 'the model is decoupled'),
+        ({'name': 'echo', 'model_transaction_policy': {'decoupled': False}}, None),
+        ({'name': 'echo'}, None),
+    ],
+)
+def test_stateful_refusal_from_the_completed_config(config, starts):
+    why = backend_pool.stateful_refusal(config)
+    if starts is None:
+        assert why is None
+    else:
+        assert why.startswith(starts) and why.endswith('allow_stateful: true reloads it anyway')
+
+
+def test_a_refused_model_over_the_limit_is_skipped_with_the_reason_and_the_others_reloaded():
+    refusals = {'grow': 'the model is stateful (sequence_batching): drops sequences'}
+    plans = {p.model: p for p in backend_pool.plan(POOLS, None, Threshold(max_bytes=0), refusals=refusals)}
+    assert plans['grow'].action == SKIP and plans['echo'].action == RELOAD
+    assert plans['grow'].reason.endswith('not reloaded: the model is stateful (sequence_batching): drops sequences')
+    # under the limit, the refusal does not matter: kept
+    plans = {p.model: p for p in backend_pool.plan(POOLS, None, Threshold(max_bytes=40 * MIB), refusals=refusals)}
+    assert plans['grow'].action == KEEP

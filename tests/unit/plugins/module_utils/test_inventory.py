@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders, inventory
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
     Criteria,
@@ -843,7 +843,20 @@ def pool_snapshot(complete=True):
     scan = snap.scan
     scan.holders[(7, 6)] = {SERVER, STUB}
     scan.comms[STUB] = 'triton_python_b'
-    return dataclasses.replace(snap, entries=entries, scan=scan, cmdlines={STUB: STUB_ARGV})
+    return dataclasses.replace(
+        snap, entries=entries, scan=scan, pool_holders={STUB: stub_holder(STUB_ARGV)}, server_facts=SERVER_FACTS
+    )
+
+
+STUB_PROGRAM = (8, 1234)  # (st_dev, st_ino) of the server's backends/python/triton_python_backend_stub
+SERVER_FACTS = inventory.ServerFacts(SERVER, start=100, uids=(0, 0, 0, 0), mnt_ns=4026531841, stub=STUB_PROGRAM)
+
+
+def stub_holder(argv, **kw):
+    """A holder with every piece of evidence of the server's own stub (pool_attribution), but what kw changes."""
+    facts = dict(argv=argv, ppid=SERVER, start=150, uids=(0, 0, 0, 0), mnt_ns=4026531841, exe=STUB_PROGRAM)
+    facts.update(kw)
+    return inventory.PoolHolder(STUB, **facts)
 
 
 def test_backend_pools_are_named_for_their_model_and_a_pool_no_process_holds_is_leftover():
@@ -876,6 +889,7 @@ def test_backend_pools_are_named_for_their_model_and_a_pool_no_process_holds_is_
         'holders': [{'pid': SERVER, 'comm': 'tritonserver'}, {'pid': STUB, 'comm': 'triton_python_b'}],
         'state': 'live',
         'reason': files[BACKEND_FILE]['category_reason'],
+        'unattributed_reason': None,
     }
     s = result['summary']
     assert (s['backend_files'], s['backend_bytes'], s['leftover_files'], s['leftover_bytes']) == (2, 8192, 1, 8192)
@@ -908,9 +922,53 @@ def test_with_an_incomplete_scan_no_backend_file_is_leftover():
     ],
 )
 def test_the_stub_command_line_names_the_model_and_instance(argv, expected):
-    snap = dataclasses.replace(pool_snapshot(), cmdlines={STUB: argv})
+    snap = dataclasses.replace(pool_snapshot(), pool_holders={STUB: stub_holder(argv)})
     pools = by_name(info_result(snap, classify(snap))['backend_pools'])
     assert (pools[BACKEND_FILE]['model'], pools[BACKEND_FILE]['instance']) == expected
+
+
+@pytest.mark.parametrize(
+    'change, why',
+    [
+        (dict(ppid=1), f'pid {STUB} is not a child of the server process {SERVER} (its parent is 1)'),
+        (dict(start=50), f'pid {STUB} started before the server process {SERVER}'),
+        (dict(uids=(65534,) * 4), f"pid {STUB} runs as uid 65534, not as the server's user (uid 0)"),
+        (dict(mnt_ns=1), f"pid {STUB} is not in the server's mount namespace"),
+        (dict(exe=(8, 99)), f"pid {STUB} does not run the server's python backend stub"),
+        (dict(exe=None), f"pid {STUB} does not run the server's python backend stub"),
+    ],
+)
+def test_a_command_line_alone_names_no_model(change, why):
+    """Issue 33, finding 4: a process that calls itself triton_python_backend_stub and names a model on its command line
+    is believed only with the evidence it cannot fake: the server's child, its user, its mount namespace, its stub."""
+    snap = dataclasses.replace(pool_snapshot(), pool_holders={STUB: stub_holder(STUB_ARGV, **change)})
+    pool = by_name(info_result(snap, classify(snap))['backend_pools'])[BACKEND_FILE]
+    assert pool['model'] is None and pool['instance'] is None and pool['state'] == 'live'
+    assert pool['unattributed_reason'].startswith(why), pool['unattributed_reason']
+    assert "its command line's model 'echo' is not believed" in pool['unattributed_reason']
+
+
+def test_a_custom_stub_in_the_models_own_directory_is_the_servers_too():
+    holder = stub_holder(STUB_ARGV, exe=(8, 77), own_stub=(8, 77))
+    snap = dataclasses.replace(pool_snapshot(), pool_holders={STUB: holder})
+    assert by_name(info_result(snap, classify(snap))['backend_pools'])[BACKEND_FILE]['model'] == 'echo'
+    snap = dataclasses.replace(snap, server_facts=None)
+    pool = by_name(info_result(snap, classify(snap))['backend_pools'])[BACKEND_FILE]
+    assert pool['model'] is None and pool['unattributed_reason'].startswith('the server process cannot be read')
+
+
+@pytest.mark.parametrize(
+    'argv, expected',
+    [
+        ([], ('/opt/tritonserver/backends', ())),
+        (
+            ['--model-repository', '/m', '--backend-directory=/b', '--model-store=/s', '--backend-directory', '/c'],
+            ('/c', ('/m', '/s')),
+        ),
+    ],
+)
+def test_server_dirs_from_the_command_line(argv, expected):
+    assert inventory.server_dirs(['tritonserver', *argv]) == expected
 
 
 def test_outside_the_initial_pid_namespace_no_backend_file_is_leftover():
