@@ -63,6 +63,25 @@ def shm_cleanup_exclude(exclude: Any, reregister: Any = None) -> list[str]:
     return shm_list(exclude) + [literal(str(r['name'])) for r in reregister or ()]
 
 
+def node_agent_failed(rows: Any, checks: Any = None) -> list[str]:
+    """The node agent's failed servers, one text each: 'NAME: why' for each row whose cleanup failed, then
+    'NAME (check after the cleanup): why' for each server whose check after the cleanup failed (its cleanup did not)."""
+    out, failed = [], set()
+    for row in rows or ():
+        if isinstance(row, dict) and row.get('status') == 'failed':
+            failed.add(row.get('name'))
+            err = row.get('error') or {}
+            step = f" at '{err['step']}'" if err.get('step') else ''
+            out.append(f'{row.get("name")}{step}: {err.get("msg") or "failed"}')
+    for check in checks or ():
+        if not isinstance(check, dict) or 'holders_complete' in check:
+            continue
+        name = (check.get('node_agent_server') or {}).get('name')
+        if name not in failed:
+            out.append(f'{name} (check after the cleanup): {check.get("msg") or "failed"}')
+    return out
+
+
 def _summary(summary: dict | None) -> dict | None:
     return {k: summary.get(k) for k in SUMMARY_KEYS} if summary else None
 
@@ -263,4 +282,9 @@ def shm_cleanup(
 
 class FilterModule:
     def filters(self) -> dict:
-        return dict(shm_list=shm_list, _shm_cleanup=shm_cleanup, _shm_cleanup_exclude=shm_cleanup_exclude)
+        return dict(
+            shm_list=shm_list,
+            _shm_cleanup=shm_cleanup,
+            _shm_cleanup_exclude=shm_cleanup_exclude,
+            _node_agent_failed=node_agent_failed,
+        )

@@ -11,6 +11,7 @@ from ansible_collections.tritonops.shm.plugins.filter.shm_cleanup import (
     READ_STEP,
     VERIFY_STEP,
     FilterModule,
+    node_agent_failed,
     shm_cleanup,
     shm_cleanup_exclude,
     shm_list,
@@ -334,7 +335,27 @@ def test_filter_module_exposes_the_filters():
         'shm_list': shm_list,
         '_shm_cleanup': shm_cleanup,
         '_shm_cleanup_exclude': shm_cleanup_exclude,
+        '_node_agent_failed': node_agent_failed,
     }
+
+
+def test_node_agent_failed_names_each_failed_server_once():
+    rows = [
+        {'name': 'good', 'status': 'ok', 'error': None},
+        {'name': 'bad', 'status': 'failed', 'error': {'step': 'Query', 'msg': 'HTTP 500'}},
+        {'name': 'gone', 'status': 'failed', 'error': {'step': '', 'msg': ''}},
+    ]
+    checks = [
+        {'node_agent_server': {'name': 'good'}, 'holders_complete': True},
+        {'node_agent_server': {'name': 'bad'}, 'msg': 'HTTP 500 again', 'failed': False},
+        {'node_agent_server': {'name': 'late'}, 'msg': 'timed out', 'failed': False},
+    ]
+    assert node_agent_failed(rows, checks) == [
+        "bad at 'Query': HTTP 500",
+        'gone: failed',
+        'late (check after the cleanup): timed out',
+    ]
+    assert node_agent_failed([], None) == [] and node_agent_failed(None) == []
 
 
 # (id, results, settings, unregistered, registered, after used_percent)
