@@ -10,7 +10,7 @@ triton_http.TritonClient (HTTP) and triton_grpc.TritonGrpcClient (gRPC) implemen
 base.make_client picks one by the URL's scheme (``is_grpc_url``). Next to it: the URL parsing,
 the kind and health checks, the text helpers, and ``error_from_answer``, the one place where an
 error answer of the server (its own text) becomes a TritonError subclass. This file imports only
-the standard library, errors and http_reader (for escape).
+the standard library, errors, records (the region fields) and http_reader (for escape).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from ansible_collections.tritonops.shm.plugins.module_utils import records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ClientShmDisabled,
     MalformedAnswer,
@@ -38,18 +39,13 @@ from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import e
 HTTP = 'http'
 GRPC = 'grpc'
 GRPC_SCHEMES = ('grpc', 'grpcs')
-KINDS = ('system', 'cuda')
+KINDS = tuple(records.KINDS)  # ('system', 'cuda')
 HEALTH_CHECKS = ('live', 'ready')
 DEFAULT_TIMEOUT = 10.0
 # The largest answer the modules read, over HTTP (body) and gRPC (message): a status of 100,000 regions is
 # about 15 MiB of JSON. A larger answer fails with a message naming the URL (docs/reliability.md).
 MAX_ANSWER_BYTES = 64 << 20
 _UINT64 = 1 << 64
-# The fields of a region in a status answer, and whether each is a string (else an unsigned 64-bit integer).
-_REGION_FIELDS = {
-    'system': (('name', True), ('key', True), ('offset', False), ('byte_size', False)),
-    'cuda': (('name', True), ('device_id', False), ('byte_size', False)),
-}
 
 # Triton 2.68 and later turn client shared memory off unless started with the flag below.
 CLIENT_SHM_HINT = (
@@ -99,44 +95,65 @@ def snippet(text: str | None, limit: int = 200) -> str:
 def check_regions(kind: str, regions: list, where: str, url: str, transport: str) -> list:
     """regions when each is a region of kind as Triton lists it; MalformedAnswer naming where otherwise.
 
-    A system region has the strings name and key and the integers offset and byte_size, a CUDA region
-    the string name and the integers device_id and byte_size; integers are unsigned 64-bit (Triton's
-    uint64), never booleans. Other keys are kept as they are.
+    The fields are records.KINDS[kind]'s: a required field must be there, an optional one is checked when present;
+    a string field is a string, an integer field an unsigned 64-bit integer (Triton's uint64), never a boolean.
+    Other keys are kept as they are.
     """
-    fields = _REGION_FIELDS[check_kind(kind)]
-    (f1, _t1), (f2, t2), (f3, _t3) = fields[:3]
-    f4 = fields[3][0] if len(fields) > 3 else f3
+    record = records.KINDS[check_kind(kind)]
+    texts = tuple(f.name for f in record.required if f.text)
+    numbers = tuple(f.name for f in record.required if not f.text)
+    optional = tuple((f.name, f.text) for f in record.optional)
     # pylint: disable=unidiomatic-typecheck  # exact types: a bool is an int, and not a size
     top, typ, text, number = _UINT64, type, str, int  # locals: this runs once per region of every status read
     for index, region in enumerate(regions):
-        try:  # the common case: every field there with its exact type and range
-            a, b, c, d = region[f1], region[f2], region[f3], region[f4]
-            if (
-                typ(a) is text
-                and (typ(b) is text if t2 else typ(b) is number and 0 <= b < top)
-                and typ(c) is number
-                and 0 <= c < top
-                and typ(d) is number
-                and 0 <= d < top
-            ):
-                continue
-        except (KeyError, TypeError):
+        try:  # the common case: every field there with its exact type and range, inline (no call per region)
+            for name in texts:
+                if typ(region[name]) is not text:
+                    break
+            else:
+                for name in numbers:
+                    value = region[name]
+                    if typ(value) is not number or not 0 <= value < top:
+                        break
+                else:
+                    if typ(region) is dict and (not optional or _optional_good(region, optional)):
+                        continue
+        except (KeyError, TypeError, IndexError):
             pass
-        _refuse_region(kind, fields, index, region, where, url, transport)
+        _refuse_region(kind, record.fields, index, region, where, url, transport)
     return regions
 
 
+def _optional_good(region: dict, fields: tuple) -> bool:
+    """Whether each of the optional fields (name, text) that region has is of its type."""
+    top = _UINT64
+    for name, text in fields:
+        if name not in region:
+            continue
+        value = region[name]
+        # exact types: a bool is an int, and not a size
+        if text:
+            if type(value) is not str:  # pylint: disable=unidiomatic-typecheck
+                return False
+        elif type(value) is not int or not 0 <= value < top:  # pylint: disable=unidiomatic-typecheck
+            return False
+    return True
+
+
 def _refuse_region(kind: str, fields: tuple, index: int, region: Any, where: str, url: str, transport: str) -> None:
-    """The MalformedAnswer for the region check_regions refused, naming its first bad field."""
-    for field, text in fields:
-        value = region.get(field) if isinstance(region, dict) else None
-        good = isinstance(value, str) if text else (type(value) is int and 0 <= value < _UINT64)  # pylint: disable=unidiomatic-typecheck
+    """The MalformedAnswer for the region check_regions refused, naming its first bad field (records.Field)."""
+    for field in fields:
+        present = isinstance(region, dict) and field.name in region
+        if not present and not field.required:
+            continue
+        value = region.get(field.name) if isinstance(region, dict) else None
+        good = isinstance(value, str) if field.text else (type(value) is int and 0 <= value < _UINT64)  # pylint: disable=unidiomatic-typecheck
         if not good:
-            want = 'a string' if text else 'an integer from 0 to 2**64 - 1'
-            got = 'missing' if not isinstance(region, dict) or field not in region else escape(repr(value), 80)
+            want = 'a string' if field.text else 'an integer from 0 to 2**64 - 1'
+            got = 'missing' if not present else escape(repr(value), 80)
             raise MalformedAnswer(
                 f'{where}: the answer is not a Triton {kind} shared memory status: region {index} '
-                f'has {field} {got}, expected {want}; nothing was done with it',
+                f'has {field.name} {got}, expected {want}; nothing was done with it',
                 url=url,
                 transport=transport,
             )

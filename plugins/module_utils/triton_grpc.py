@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ansible_collections.tritonops.shm.plugins.module_utils import records
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     GRPC,
     GRPC_SCHEMES,
@@ -60,6 +61,22 @@ _MAX_MESSAGE = MAX_ANSWER_BYTES  # a status of 100,000 regions is a few MiB; a l
 # Bulk unregisters: at most this many calls in flight on the one channel (docs/performance.md)
 BULK_WINDOW = 64
 _EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every region)'
+# kind -> (the status call, its request message)
+_STATUS_CALLS = {
+    'system': ('SystemSharedMemoryStatus', 'SystemSharedMemoryStatusRequest'),
+    'cuda': ('CudaSharedMemoryStatus', 'CudaSharedMemoryStatusRequest'),
+}
+
+
+def _region_dict(kind: records.Kind, message: Any) -> dict:
+    """A region status message as the HTTP API lists it: every field of the kind the message has (records.py), the
+    integers as Python ints, so that both transports return the same keys and one check judges them."""
+    known = message.DESCRIPTOR.fields_by_name
+    return {
+        f.name: (getattr(message, f.name) if f.text else int(getattr(message, f.name)))
+        for f in kind.fields
+        if f.name in known
+    }
 
 
 class _Lib:
@@ -300,18 +317,9 @@ class TritonGrpcClient(Client):
     def status(self, kind: str) -> list[dict]:
         """The regions of kind, as the HTTP API lists them (the same keys), ordered by name."""
         what = f'read {check_kind(kind)} shared memory status'
-        if kind == 'system':
-            resp = self.call('SystemSharedMemoryStatus', _Lib.pb.SystemSharedMemoryStatusRequest(), what)
-            out = [
-                {'name': r.name, 'key': r.key, 'offset': int(r.offset), 'byte_size': int(r.byte_size)}
-                for r in resp.regions.values()
-            ]
-        else:
-            resp = self.call('CudaSharedMemoryStatus', _Lib.pb.CudaSharedMemoryStatusRequest(), what)
-            out = [
-                {'name': r.name, 'device_id': int(r.device_id), 'byte_size': int(r.byte_size)}
-                for r in resp.regions.values()
-            ]
+        call, request = _STATUS_CALLS[kind]
+        resp = self.call(call, getattr(_Lib.pb, request)(), what)
+        out = [_region_dict(records.KINDS[kind], r) for r in resp.regions.values()]
         return check_regions(
             kind, sorted(out, key=lambda r: r['name']), f'{what} at {self.base}', self.base, self.transport
         )

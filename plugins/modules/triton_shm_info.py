@@ -253,6 +253,12 @@ cuda_regions:
   returned: always
   type: list
   elements: dict
+  contains:
+    name: {description: The region name., type: str}
+    device_id: {description: "The CUDA device ordinal, as the server's process numbers its GPUs.", type: int}
+    byte_size: {description: Registered size in bytes., type: int}
+    state: {description: "V(unknown): the clients of a CUDA region cannot be observed.", type: str}
+    state_reason: {description: Why the region has its state., type: str}
 files:
   description: Every entry of the shm directory (lstat, never followed).
   returned: always
