@@ -287,7 +287,7 @@ def parse_deleted_all(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, 
 
     A name can stand for several files (a file unlinked, another made under its name and mapped too), and a
     file literally named "k (deleted)" prints as the unlinked "k": the caller tells them apart by (dev, ino)
-    (inventory.Snapshot.unlinked).
+    (snapshot.Snapshot.unlinked).
     """
     out: dict[str, list[FileKey]] = {}
     prefix = os.fsencode(path_prefix)

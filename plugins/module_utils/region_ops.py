@@ -26,13 +26,20 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, region_plan, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import (
+    classification,
+    region_plan,
+    results,
+    runlock,
+    shm_fs,
+    snapshot,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
+from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
 
@@ -114,7 +121,7 @@ class RegionOps:
         self.snap_after = None  # the read before unlinking, when it is also the state returned after the change
         self.regions_after = None  # the regions of the kind after the change (predicted in check mode)
         self.inventory_after = None  # with inventory, outside check mode: what triton_shm_info would return after
-        self._criteria = None  # the parameters' inventory.Criteria, client users resolved once per run
+        self._criteria = None  # the parameters' classification.Criteria, client users resolved once per run
         self._record = None  # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
         self._ours = set()  # the inodes this run added to it
         self._finished = []  # the inodes of files this run removed or gave back to a holder
@@ -124,7 +131,7 @@ class RegionOps:
         return self.params.get('in_use_timeout', IN_USE_TIMEOUT)
 
     @property
-    def criteria(self) -> inventory.Criteria:
+    def criteria(self) -> classification.Criteria:
         if self._criteria is None:
             self._criteria = region_plan.criteria(self.params)
         return self._criteria
@@ -155,7 +162,7 @@ class RegionOps:
         if p['kind'] == 'cuda':
             return Reading(None, self.client.status('cuda'))
         try:
-            snap = inventory.read_server(
+            snap = snapshot.read_server(
                 self.client,
                 server_pid=p.get('server_pid'),
                 shm_dir=p.get('shm_dir'),
@@ -224,9 +231,9 @@ class RegionOps:
         if p['state'] == 'present':
             return region_plan.plan_present(snap, p)
         orphans = bool(p['orphan_files'] or p.get('inventory'))
-        records = inventory.classify(snap, self.criteria if orphans else region_plan.criteria(p, orphans=False))
+        records = classification.classify(snap, self.criteria if orphans else region_plan.criteria(p, orphans=False))
         if p.get('inventory'):
-            self.before_result = inventory.info_result(snap, records)
+            self.before_result = results.info_result(snap, records)
         return region_plan.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
 
     # -- execute ----------------------------------------------------------------------------------
@@ -326,7 +333,7 @@ class RegionOps:
         if self.snap_after is None and not self.done_something() and self.before_result is not None:
             return self.before_result  # nothing changed since the read this run selected from
         snap = self.snap_after or self._read_again()
-        result = inventory.info_result(snap, inventory.classify(snap, self.criteria))
+        result = results.info_result(snap, classification.classify(snap, self.criteria))
         result['server'].update(
             located_by=self.snap.located_by, not_found_reason=self.snap.server_reason if self.snap.pid is None else None
         )
@@ -337,7 +344,7 @@ class RegionOps:
 
         The server found before is kept; server.live and server.ready are not measured.
         """
-        return inventory.read_server(
+        return snapshot.read_server(
             self.client,
             server_pid=self.snap.pid,
             shm_dir=self.snap.shm_dir,
@@ -721,7 +728,7 @@ class RegionOps:
                 q = self._quarantine(d, snap, entry, region, still_registered)
                 if q is not None:
                     moved.append((entry, region, q))
-            check = self._read_again() if want_after else inventory.rescan(snap)
+            check = self._read_again() if want_after else snapshot.rescan(snap)
             gone = []
             restored = False
             for entry, region, q in moved:

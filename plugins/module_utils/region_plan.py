@@ -4,7 +4,7 @@
 """The plan of a triton_shm_region run, pure: decided from one read and the parameters, with no I/O.
 
 Private to the tritonops.shm collection: no stability promise to other code.
-What a region or a file *is* comes from inventory.classify; this file decides what to *do* with it:
+What a region or a file *is* comes from classification.classify; this file decides what to *do* with it:
 the regions selected to unregister, the files to remove, the reasons to keep, the regions to
 register (and the file to create). check_params() is the one place for the checks the module's
 argument spec cannot express. region_ops.py reads, holds the lock, and carries a plan out; in check
@@ -18,11 +18,13 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import classification, shm_fs, vocabulary
+from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ServerNotFound, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import REGION_KEYS, Records, Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
+from ansible_collections.tritonops.shm.plugins.module_utils.records import SYSTEM
+from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
 # Seconds to retry an unregister Triton refuses as "in use", and to wait for a deferred one to leave
@@ -124,7 +126,7 @@ class Plan:
 
 
 def spec(region: dict) -> dict:
-    return {k: region.get(k) for k in REGION_KEYS if k in region}
+    return {k: region.get(k) for k in SYSTEM.names() if k in region}
 
 
 def cuda_spec(region: dict) -> dict:
@@ -136,11 +138,11 @@ def same(listed: dict, wanted: dict) -> bool:
     return all(listed.get(k) == wanted.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in wanted)
 
 
-def criteria(p: dict, orphans: bool = True) -> inventory.Criteria:
+def criteria(p: dict, orphans: bool = True) -> classification.Criteria:
     """The classification criteria of the parameters (client_users resolved: ParameterError for an unknown name)."""
-    return inventory.Criteria.of(
+    return classification.Criteria.of(
         orphan_patterns=p.get('orphan_patterns') if orphans else None,
-        min_age=p.get('min_age', inventory.DEFAULT_MIN_AGE),
+        min_age=p.get('min_age', classification.DEFAULT_MIN_AGE),
         backend_patterns=p.get('backend_patterns'),
         client_users=p.get('client_users'),
     )
@@ -173,7 +175,7 @@ def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
         )
     if p.get('in_use_timeout', IN_USE_TIMEOUT) < 0:
         raise ParameterError('in_use_timeout must be 0 or more seconds')
-    return inventory.broad_pattern_warnings(p.get('orphan_patterns')) if p.get('orphan_files') else []
+    return classification.broad_pattern_warnings(p.get('orphan_patterns')) if p.get('orphan_files') else []
 
 
 def _check_present(p: dict, names: list, unaddressable: Unaddressable) -> None:
@@ -376,7 +378,7 @@ class _Notes:
 
 
 def plan_absent(
-    snap: Snapshot, records: Records, p: dict, owners: inventory.Criteria, unaddressable: Unaddressable
+    snap: Snapshot, records: Records, p: dict, owners: classification.Criteria, unaddressable: Unaddressable
 ) -> Plan:
     """Unregister the selected system regions, then remove their unheld files and (with orphan_files, backend_leftovers)
     orphan and leftover files. records: classify(snap) with the parameters' criteria; owners: whose files may go."""
@@ -429,7 +431,7 @@ def _wanted(p: dict, rec: dict) -> bool:
         p['all']
         or rec['name'] in (p['name'] or ())
         or (p['stale'] and rec['reclaimable'])
-        or (p.get('reserved') and rec['state'] == inventory.RESERVED)
+        or (p.get('reserved') and rec['state'] == vocabulary.RESERVED)
     )
 
 
@@ -477,7 +479,7 @@ def require_server(snap: Snapshot, p: dict) -> None:
 def plan_files(
     snap: Snapshot,
     p: dict,
-    owners: inventory.Criteria,
+    owners: classification.Criteria,
     selected: list,
     remaining: list,
     files: list,
@@ -519,12 +521,12 @@ def plan_files(
             if f['category'] == 'orphan' and snap.leftover(f['name']) is not None
         )
     if p.get('backend_leftovers'):
-        file_plan.extend(FileAction(entries[f['path']], None) for f in files if f['category'] == inventory.LEFTOVER)
+        file_plan.extend(FileAction(entries[f['path']], None) for f in files if f['category'] == vocabulary.LEFTOVER)
     return file_plan
 
 
 def _keep_file_reason(
-    snap: Snapshot, owners: inventory.Criteria, rec: dict, f: dict, kept_paths: set, notes: _Notes
+    snap: Snapshot, owners: classification.Criteria, rec: dict, f: dict, kept_paths: set, notes: _Notes
 ) -> str | None:
     """Why the backing file of a selected region must stay, or None."""
     path = f['path']
@@ -543,7 +545,7 @@ def _keep_file_reason(
     entry = snap.entry(os.path.basename(path))
     if entry is None:
         return 'not listed in the shm directory'
-    return inventory.removal_refusal(snap, owners, entry)
+    return classification.removal_refusal(snap, owners, entry)
 
 
 def _unsafe_unregister(snap: Snapshot, selected: list) -> list[str]:

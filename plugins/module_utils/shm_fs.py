@@ -28,7 +28,7 @@ BACKEND_PREFIX = 'triton_python_backend_shm_region_'
 # Every Python-based backend (python, vllm, …: the python backend's stub serves them all) names its
 # files triton_<backend>_backend_shm_region_<suffix> (a counter before Triton 24.04, a UUID since);
 # --backend-config=python,shm-region-prefix-name=X replaces the whole prefix. Files of this form are
-# always backend files, whatever backend_patterns adds (inventory.Criteria).
+# always backend files, whatever backend_patterns adds (classification.Criteria).
 BACKEND_FILE_PATTERN = 'triton_*_backend_shm_region_*'
 BACKEND_PATTERNS = (BACKEND_FILE_PATTERN,)
 _BACKEND_FILE = re.compile(r'triton_(.+?)_backend_shm_region_')

@@ -3,9 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Private to tritonops.shm: the one state vocabulary (region states, file categories, backend pool states).
 
-One definition, one order. inventory.py decides states and categories with these names and counts them in its summary
-in this order; metrics.py labels its series with them; the HTML report lists them in its legend and sorts by the
-attention orders below. docs/concepts.md explains each word. Standard library only and no I/O: the filters import it.
+One definition, one order. classification.py decides states and categories with these names and results.py counts
+them in its summary in this order; metrics.py labels its series with them; the HTML report lists them in its legend
+and sorts by the attention orders below. docs/concepts.md explains each word. Standard library only and no I/O: the
+filters import it.
 """
 
 from __future__ import annotations

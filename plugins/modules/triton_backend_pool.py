@@ -193,7 +193,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool, inventory
+from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool, classification, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     backend_argument_spec,
     make_client,
@@ -209,8 +209,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
 
 def read_pools(client: Any, params: dict) -> tuple:
     """(snapshot, backend_pools) of one read of the server."""
-    criteria = inventory.Criteria.of((), inventory.DEFAULT_MIN_AGE, params['backend_patterns'])
-    snap = inventory.read_server(
+    criteria = classification.Criteria.of((), classification.DEFAULT_MIN_AGE, params['backend_patterns'])
+    snap = snapshot.read_server(
         client,
         server_pid=params['server_pid'],
         shm_dir=params['shm_dir'],
@@ -219,8 +219,8 @@ def read_pools(client: Any, params: dict) -> tuple:
         backend_patterns=criteria.backend_patterns,
         clients_share_pid_namespace=params['clients_share_pid_namespace'],
     )
-    records = inventory.classify(snap, criteria)
-    return snap, inventory.pool_records(snap, records.files)
+    records = classification.classify(snap, criteria)
+    return snap, classification.pool_records(snap, records.files)
 
 
 def run(module: AnsibleModule, client: Any, done: list) -> None:

@@ -440,7 +440,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory
+from ansible_collections.tritonops.shm.plugins.module_utils import classification, results, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY,
     backend_argument_spec,
@@ -474,10 +474,10 @@ def run(module: AnsibleModule, client: Any) -> None:
     client.use_keep_alive()  # one connection for the five calls (every transport keeps its connection)
     live = client.health('live')
     ready = client.health('ready')
-    criteria = inventory.Criteria.of(
+    criteria = classification.Criteria.of(
         params['orphan_patterns'], params['min_age'], params['backend_patterns'], params['client_users']
     )
-    snap = inventory.read_server(
+    snap = snapshot.read_server(
         client,
         server_pid=params['server_pid'],
         shm_dir=params['shm_dir'],
@@ -488,9 +488,9 @@ def run(module: AnsibleModule, client: Any) -> None:
     )
     for warning in snap.warnings:
         module.warn(warning)
-    for warning in inventory.broad_pattern_warnings(params['orphan_patterns']):
+    for warning in classification.broad_pattern_warnings(params['orphan_patterns']):
         module.warn(warning)
-    result = inventory.info_result(snap, inventory.classify(snap, criteria), live=live, ready=ready)
+    result = results.info_result(snap, classification.classify(snap, criteria), live=live, ready=ready)
     if compiled is not None:
         try:
             result['query_result'] = compiled.search(result)
@@ -506,7 +506,7 @@ def main() -> None:
     argument_spec.update(metrics_argument_spec())
     argument_spec.update(
         orphan_patterns=dict(type='list', elements='str', default=[]),
-        min_age=dict(type='float', default=inventory.DEFAULT_MIN_AGE),
+        min_age=dict(type='float', default=classification.DEFAULT_MIN_AGE),
         query=dict(type='str'),
     )
     module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)

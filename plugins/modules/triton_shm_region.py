@@ -455,8 +455,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     shm_dir_argument_spec,
     write_metrics,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.classification import DEFAULT_MIN_AGE
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import DEFAULT_MIN_AGE
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT
 

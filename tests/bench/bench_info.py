@@ -36,8 +36,10 @@ from run import write_results  # noqa: E402  pylint: disable=wrong-import-positi
 
 try:
     from ansible_collections.tritonops.shm.plugins.module_utils import (
+        classification,  # noqa: E402
         holders,  # noqa: E402
-        inventory,  # noqa: E402
+        results,  # noqa: E402
+        snapshot,  # noqa: E402
     )
     from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
 except ImportError as exc:
@@ -106,8 +108,8 @@ def module_work(url):
     client.use_keep_alive()
     client.health('live')
     client.health('ready')
-    snap = inventory.read_server(client)
-    return snap, inventory.info_result(snap, inventory.classify(snap))
+    snap = snapshot.read_server(client)
+    return snap, results.info_result(snap, classification.classify(snap))
 
 
 def scan_only(inv):

@@ -13,13 +13,13 @@ import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders
 from ansible_collections.tritonops.shm.plugins.module_utils.authority import Authority
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
+from ansible_collections.tritonops.shm.plugins.module_utils.classification import (
     Criteria,
-    Snapshot,
     broad_pattern_warnings,
     classify,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
+from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 
 STATUS = """Name:\ttritonserver
 Uid:\t{uid}\t{uid}\t{uid}\t{uid}

@@ -19,7 +19,7 @@ pytest.importorskip('grpc')
 pytest.importorskip('tritonclient.grpc.service_pb2')
 
 # pylint: disable=wrong-import-position
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils import classification, results, snapshot  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (  # noqa: E402
     CLIENT_SHM_HINT,
     OVERFLOW_HINT,
@@ -325,8 +325,8 @@ def test_2_73_frontend_info_reports_instead_of_failing(http_only, shm, server_pr
     model = Triton('2.73.0', frontend=True)
     client = http_only(model)
     make_file(shm, 'client_1')
-    snap = inventory.read_server(client, server_pid=server_proc.pid, shm_dir=shm, report_unsupported=True)
-    result = inventory.info_result(snap, inventory.classify(snap, inventory.Criteria.of(['*'], min_age=0)))
+    snap = snapshot.read_server(client, server_pid=server_proc.pid, shm_dir=shm, report_unsupported=True)
+    result = results.info_result(snap, classification.classify(snap, classification.Criteria.of(['*'], min_age=0)))
     assert result['server']['shm_unsupported'].endswith(f'{UNSUPPORTED}; {SHM_UNSUPPORTED_HINT}')
     assert result['system_regions'] == [] and result['server']['version'] == '2.73.0'
     assert [(f['name'], f['category']) for f in result['files']] == [('client_1', 'foreign')], (
@@ -334,7 +334,7 @@ def test_2_73_frontend_info_reports_instead_of_failing(http_only, shm, server_pr
     )
     assert any(UNSUPPORTED in w and 'no file is called orphan' in w for w in snap.warnings)
     with pytest.raises(ShmUnsupported):
-        inventory.read_server(client, server_pid=server_proc.pid, shm_dir=shm)
+        snapshot.read_server(client, server_pid=server_proc.pid, shm_dir=shm)
 
 
 def test_older_servers_answer_none_of_these(serve, shm, server_proc):

@@ -18,12 +18,13 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import (
+    classification,
     holders,
-    inventory,
     procfs,
     region_plan,
     shm_fs,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils import snapshot as snapshot_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ParameterError,
     RegionInUse,
@@ -1254,7 +1255,7 @@ def test_files_are_marked_before_their_regions_are_unregistered_and_unmarked_onc
     res = run(fake, shm, server_proc.pid, stale=True)
     assert res['removed_files'] == [path]
     assert seen[0] is not None and seen[0].region == 'a' and seen[0].name == 'a'
-    assert seen[0].server == inventory.server_identity(server_proc.pid)
+    assert seen[0].server == snapshot_mod.server_identity(server_proc.pid)
     assert shm_fs.read_cleanup_record(shm) == {}
 
 
@@ -1279,10 +1280,10 @@ def _killed_run_left(shm, name, server, quarantined=False):
 
 @pytest.mark.parametrize('quarantined', [False, True])
 def test_a_rerun_finishes_what_a_killed_run_left_and_info_says_why(shm, server_proc, quarantined):
-    left = _killed_run_left(shm, 'a', inventory.server_identity(server_proc.pid), quarantined)
+    left = _killed_run_left(shm, 'a', snapshot_mod.server_identity(server_proc.pid), quarantined)
     fake = FakeTriton(shm, regions=[])
-    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
-    files = {f['path']: f for f in inventory.classify(snap).files}
+    snap = snapshot_mod.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    files = {f['path']: f for f in classification.classify(snap).files}
     assert files[left]['category'] == 'orphan' and 'stopped before removing' in files[left]['category_reason']
     assert run(fake, shm, server_proc.pid, stale=True, check_mode=True)['removed_files'] == [left]
     assert os.path.exists(left)
@@ -1296,14 +1297,14 @@ def test_a_mark_of_another_server_process_is_left_to_orphan_patterns(shm, server
     fake = FakeTriton(shm, regions=[])
     res = run(fake, shm, server_proc.pid, stale=True)
     assert res['changed'] is False and os.path.exists(left)
-    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
-    assert inventory.classify(snap).files[0]['category'] == 'foreign'
+    snap = snapshot_mod.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    assert classification.classify(snap).files[0]['category'] == 'foreign'
 
 
 def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is_taken(shm, server_proc, monkeypatch):
     paths = [make_file(shm, 'a'), make_file(shm, 'b')]
     maps = []
-    real_rescan = inventory.rescan
+    real_rescan = snapshot_mod.rescan
 
     def attach_then_rescan(snap, *a, **kw):  # in the window: a client holds a's file, b's name is taken again
         for name in ('a', 'b'):
@@ -1317,7 +1318,7 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
         make_file(shm, 'b', size=KIB)
         return real_rescan(snap, *a, **kw)
 
-    monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
+    monkeypatch.setattr(snapshot_mod, 'rescan', attach_then_rescan)
     fake = FakeTriton(shm, regions=[region('a'), region('b')])
     try:
         res = run(fake, shm, server_proc.pid, stale=True)
@@ -1333,7 +1334,7 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
     assert len(kept) == 1 and any('created again' in w for w in res['warnings'])
     # the one left in quarantine stays recorded: a later stale cleanup removes it once nobody holds it
     assert _cleanup_mark(os.path.join(shm, kept[0])).name == 'b'
-    snap = inventory.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
+    snap = snapshot_mod.read_server(fake, server_pid=server_proc.pid, shm_dir=shm)
     assert snap.leftover(kept[0]) is not None
 
 
@@ -1355,8 +1356,8 @@ def test_two_root_runs_that_overlap_keep_each_others_record(shm, server_proc):
         if name != 'a':
             return
         ops_b = RegionOps(fake, params(shm, pid, name=['b']), warn=lambda m: None, serialise=False)
-        snap_b = inventory.read_server(fake, server_pid=pid, shm_dir=shm)
-        recs = inventory.classify(snap_b)
+        snap_b = snapshot_mod.read_server(fake, server_pid=pid, shm_dir=shm)
+        recs = classification.classify(snap_b)
         plan_b = region_plan.plan_absent(snap_b, recs, ops_b.params, ops_b.criteria, fake.unaddressable)
         ops_b._mark_files(snap_b, plan_b.files)
         fake.regions.pop('b')  # B's unregister answered; SIGKILL: no unlink, no end of run
@@ -1380,7 +1381,7 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
     name = 'triton_python_backend_shm_region_x'
     make_file(shm, name, age=3600)
     maps = []
-    real_rescan = inventory.rescan
+    real_rescan = snapshot_mod.rescan
 
     def attach_then_rescan(snap, *a, **kw):
         q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)][0]
@@ -1389,11 +1390,11 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
         make_file(shm, name, size=KIB)  # the name taken again (young: not a leftover itself)
         return real_rescan(snap, *a, **kw)
 
-    monkeypatch.setattr(inventory, 'rescan', attach_then_rescan)
+    monkeypatch.setattr(snapshot_mod, 'rescan', attach_then_rescan)
     try:
         res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
     finally:
-        monkeypatch.setattr(inventory, 'rescan', real_rescan)
+        monkeypatch.setattr(snapshot_mod, 'rescan', real_rescan)
         for m in maps:
             m.close()
     assert res['removed_files'] == [] and 'stays under' in res['skipped_items'][0]['reason']

@@ -8,8 +8,8 @@ import pytest
 from test_authority import SERVER, SHM, entry, region, snapshot
 
 from ansible_collections.tritonops.shm.plugins.module_utils import region_plan
+from ansible_collections.tritonops.shm.plugins.module_utils.classification import Criteria, classify
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import Criteria, classify
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import params as region_params
 
 CLIENT_PATTERNS = ['client_*']

@@ -16,12 +16,9 @@ import sys
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
-    Snapshot,
-    classify,
-    info_result,
-    read_server,
-)
+from ansible_collections.tritonops.shm.plugins.module_utils.classification import classify
+from ansible_collections.tritonops.shm.plugins.module_utils.results import info_result
+from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot, read_server
 
 INITIAL_HERE = os.stat('/proc/self/ns/pid').st_ino == procfs.INITIAL_PID_NS_INODE
 needs_initial = pytest.mark.skipif(not INITIAL_HERE, reason="the tests run outside the host's initial PID namespace")

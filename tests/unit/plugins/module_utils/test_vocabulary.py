@@ -1,6 +1,6 @@
 """The one state vocabulary (module_utils/vocabulary.py): every output takes its words and its order from it.
 
-The inventory decides with it and counts in its order, the metrics label their series with it, the HTML report lists
+The classification decides with it and counts in its order, the metrics label their series with it, the HTML report lists
 it in its counts and sorts by its attention orders, and the user docs describe every word in the same order.
 """
 
@@ -11,7 +11,7 @@ import os
 import re
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_html_report import shm_html_report
-from ansible_collections.tritonops.shm.plugins.module_utils import inventory, metrics
+from ansible_collections.tritonops.shm.plugins.module_utils import classification, metrics, results
 from ansible_collections.tritonops.shm.plugins.module_utils import vocabulary as v
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
@@ -41,7 +41,7 @@ def test_each_order_is_a_permutation_of_its_vocabulary():
 
 
 def test_the_inventory_summary_counts_every_word_in_the_one_order():
-    summary = inventory.summarize(_regions(v.REGION_STATES), [], _files(v.FILE_CATEGORIES), None)
+    summary = results.summarize(_regions(v.REGION_STATES), [], _files(v.FILE_CATEGORIES), None)
     states = [
         k[: -len('_regions')] for k in summary if k.endswith('_regions') and k not in ('system_regions', 'cuda_regions')
     ]
@@ -65,7 +65,7 @@ def _returned_words(tree: ast.Module, function: str) -> list:
 
 def test_the_inventory_decides_only_with_the_vocabulary_names():
     """region_state and the file category rules return vocabulary.py's names, never a word spelt on the spot."""
-    with open(inventory.__file__, encoding='utf-8') as f:
+    with open(classification.__file__, encoding='utf-8') as f:
         tree = ast.parse(f.read())
     names = {n: getattr(v, n) for n in dir(v) if n.isupper() and isinstance(getattr(v, n), str)}
     states = _returned_words(tree, 'region_state')
@@ -73,7 +73,7 @@ def test_the_inventory_decides_only_with_the_vocabulary_names():
     assert states and categories
     assert {names[n] for n in states} == set(v.REGION_STATES)
     assert {names[n] for n in categories} == set(v.FILE_CATEGORIES)
-    assert inventory.STALE is v.STALE and inventory.LEFTOVER is v.LEFTOVER  # the names region_ops reads
+    assert v.STALE is v.STALE and v.LEFTOVER is v.LEFTOVER  # the names region_ops reads
 
 
 def test_the_metric_label_sets_are_the_vocabulary_in_its_order():

@@ -1,4 +1,5 @@
-"""Unit tests for module_utils/inventory.py: the classification, on real files, mappings and processes.
+"""Unit tests for module_utils/snapshot.py and classification.py: the read and the classification, on real files,
+mappings and processes.
 
 The "server" is a real process named tritonserver in its own mount namespace with a
 private tmpfs on /dev/shm (as Triton in a container); it maps the registered files as
@@ -18,18 +19,16 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders, inventory
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.inventory import (
+from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.classification import (
     Criteria,
     RegionFacts,
-    Snapshot,
     classify,
-    info_result,
-    read_server,
     region_state,
-    summarize,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.results import info_result, summarize
+from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot, read_server
 
 # Only the tests that build a mount namespace need root; the others run as any user.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount namespaces with a private /dev/shm')
@@ -849,14 +848,14 @@ def pool_snapshot(complete=True):
 
 
 STUB_PROGRAM = (8, 1234)  # (st_dev, st_ino) of the server's backends/python/triton_python_backend_stub
-SERVER_FACTS = inventory.ServerFacts(SERVER, start=100, uids=(0, 0, 0, 0), mnt_ns=4026531841, stub=STUB_PROGRAM)
+SERVER_FACTS = snapshot.ServerFacts(SERVER, start=100, uids=(0, 0, 0, 0), mnt_ns=4026531841, stub=STUB_PROGRAM)
 
 
 def stub_holder(argv, **kw):
     """A holder with every piece of evidence of the server's own stub (pool_attribution), but what kw changes."""
     facts = dict(argv=argv, ppid=SERVER, start=150, uids=(0, 0, 0, 0), mnt_ns=4026531841, exe=STUB_PROGRAM)
     facts.update(kw)
-    return inventory.PoolHolder(STUB, **facts)
+    return snapshot.PoolHolder(STUB, **facts)
 
 
 def test_backend_pools_are_named_for_their_model_and_a_pool_no_process_holds_is_leftover():
@@ -968,7 +967,7 @@ def test_a_custom_stub_in_the_models_own_directory_is_the_servers_too():
     ],
 )
 def test_server_dirs_from_the_command_line(argv, expected):
-    assert inventory.server_dirs(['tritonserver', *argv]) == expected
+    assert snapshot.server_dirs(['tritonserver', *argv]) == expected
 
 
 def test_outside_the_initial_pid_namespace_no_backend_file_is_leftover():
