@@ -1,8 +1,9 @@
 """The import rule of the filter and test plugins (CONTRIBUTING.md, "Imports"), checked on the source.
 
 Every Ansible worker imports every filter file of the collection, so a filter's imports are paid on every task. A
-filter or test plugin imports the standard library, ansible, what ansible-core itself requires (jinja2, yaml), other
-filters of the collection and the collection's standard-library-only module_utils: the module_utils it reaches import
+filter or test plugin imports the standard library, ansible, what ansible-core itself requires (jinja2, yaml), the
+collection's plugin_utils (the code a filter adapts: the same rule holds for them) and its standard-library-only
+module_utils; never another filter (issue 35: shared code lives in plugin_utils): the module_utils it reaches import
 the standard library and other such module_utils, nothing else (never requests, grpc or tritonclient). Every import
 statement counts, at the top, in a function or under try.
 """
@@ -32,7 +33,7 @@ def _imports(path: str) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 out.append(('.' * node.level + (node.module or ''), node.lineno))
-            elif node.module + '.' == PREFIX + 'module_utils.' or node.module + '.' == PREFIX + 'filter.':
+            elif node.module + '.' in (PREFIX + 'module_utils.', PREFIX + 'filter.', PREFIX + 'plugin_utils.'):
                 out += [(f'{node.module}.{a.name}', node.lineno) for a in node.names]  # from ...module_utils import x
             else:
                 out.append((node.module, node.lineno))
@@ -56,8 +57,12 @@ def violations(plugins: str) -> list[str]:
                 found.append(f'{where}: relative import {module!r}{via}')
             elif module.startswith(PREFIX + 'module_utils.'):
                 visit('module_utils', module[len(PREFIX + 'module_utils.') :].split('.')[0], f' (through {where})')
-            elif module.startswith(PREFIX + 'filter.') and kind != 'module_utils':
-                visit('filter', module[len(PREFIX + 'filter.') :].split('.')[0], via)
+            elif module.startswith(PREFIX + 'plugin_utils.') and kind != 'module_utils':
+                visit('plugin_utils', module[len(PREFIX + 'plugin_utils.') :].split('.')[0], f' (through {where})')
+            elif module.startswith(PREFIX + 'filter.'):
+                found.append(
+                    f'{where}: imports the filter {module!r}{via} (shared code lives in plugins/plugin_utils/)'
+                )
             elif top in STDLIB:
                 continue
             elif kind != 'module_utils' and top in CORE:
@@ -81,7 +86,7 @@ def _tree(tmp_path, files: dict) -> str:
         path = tmp_path / 'plugins' / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for kind in ('filter', 'test', 'module_utils'):
+    for kind in ('filter', 'test', 'module_utils', 'plugin_utils'):
         (tmp_path / 'plugins' / kind).mkdir(parents=True, exist_ok=True)
     return str(tmp_path / 'plugins')
 
@@ -110,6 +115,14 @@ def _tree(tmp_path, files: dict) -> str:
             "plugins/module_utils/b.py:1: imports 'ansible.module_utils.basic' (through plugins/module_utils/a.py:1)",
         ),
         ({'test/t.py': 'from ..module_utils import m\n'}, "plugins/test/t.py:1: relative import '..module_utils'"),
+        (
+            {'filter/f.py': f'from {PREFIX}filter.g import h\n', 'filter/g.py': 'import re\n'},
+            f"plugins/filter/f.py:1: imports the filter '{PREFIX}filter.g' (shared code lives in plugins/plugin_utils/)",
+        ),
+        (
+            {'filter/f.py': f'from {PREFIX}plugin_utils.u import h\n', 'plugin_utils/u.py': 'import grpc\n'},
+            "plugins/plugin_utils/u.py:1: imports 'grpc' (through plugins/filter/f.py:1)",
+        ),
     ],
 )
 def test_the_check_finds_each_kind_of_violation(tmp_path, files, wanted):
@@ -119,8 +132,8 @@ def test_the_check_finds_each_kind_of_violation(tmp_path, files, wanted):
 def test_the_check_allows_what_the_rule_allows(tmp_path):
     files = {
         'filter/f.py': f'import json\nfrom jinja2 import Environment\nimport yaml\nfrom ansible.errors import AnsibleFilterError\n'  # noqa: E501
-        f'from {PREFIX}filter.g import h\nfrom {PREFIX}module_utils import m\n',
-        'filter/g.py': 'import re\n',
+        f'from {PREFIX}plugin_utils.g import h\nfrom {PREFIX}module_utils import m\n',
+        'plugin_utils/g.py': 'import re\nimport yaml\n',
         'module_utils/m.py': 'import re\n',
     }
     assert violations(_tree(tmp_path, files)) == []

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.shm_cleanup import (
+from ansible_collections.tritonops.shm.plugins.filter.shm_cleanup import FilterModule
+from ansible_collections.tritonops.shm.plugins.plugin_utils.cleanup_record import (
     LOCATE_STEP,
     READ_STEP,
     VERIFY_STEP,
-    FilterModule,
     node_agent_failed,
     shm_cleanup,
     shm_cleanup_exclude,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import (
-    FilterModule,
+from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import FilterModule
+from ansible_collections.tritonops.shm.plugins.plugin_utils.fleet_table import (
     shm_fleet_table,
     shm_report_results,
     shm_report_row,

@@ -7,15 +7,15 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from kubernetes_validate import utils as kubernetes_validate_utils
 
-from ansible_collections.tritonops.shm.plugins.filter.shm_size import (
-    FilterModule,
+from ansible_collections.tritonops.shm.plugins.filter.shm_size import FilterModule
+from ansible_collections.tritonops.shm.plugins.plugin_utils.kubernetes import quantity_bytes
+from ansible_collections.tritonops.shm.plugins.plugin_utils.sizing import (
     docker_size,
     kubernetes_quantity,
     pool_bound,
     pool_bytes,
     shm_size,
 )
-from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import quantity_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30

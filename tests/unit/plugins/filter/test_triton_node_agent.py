@@ -9,9 +9,9 @@ import kubernetes_validate
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import (
+from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import FilterModule
+from ansible_collections.tritonops.shm.plugins.plugin_utils.node_agent import (
     CAPABILITIES,
-    FilterModule,
     triton_node_agent,
 )
 

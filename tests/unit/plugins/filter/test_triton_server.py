@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.filter.triton_server import (
-    FilterModule,
+from ansible_collections.tritonops.shm.plugins.filter.triton_server import FilterModule
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy import (
     image_tag,
     triton_args,
     triton_container,

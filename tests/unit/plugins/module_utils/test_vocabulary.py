@@ -10,9 +10,9 @@ import ast
 import os
 import re
 
-from ansible_collections.tritonops.shm.plugins.filter.shm_html_report import shm_html_report
 from ansible_collections.tritonops.shm.plugins.module_utils import classification, metrics, results
 from ansible_collections.tritonops.shm.plugins.module_utils import vocabulary as v
+from ansible_collections.tritonops.shm.plugins.plugin_utils.html_report import shm_html_report
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 WORDS = set(v.REGION_STATES) | set(v.FILE_CATEGORIES) | set(v.POOL_STATES)
