@@ -171,15 +171,35 @@ class PinnedDir:
     or when the object goes (keep the object while ``at`` is in use).
     """
 
-    def __init__(self, path: str, fd: int) -> None:
+    def __init__(self, path: str, fd: int, root: str | None = None) -> None:
         self.path = path
         self.fd = fd
+        self.root = root  # the root path lies in (pin()'s), None: the host's
         st = os.fstat(fd)
         self.dev, self.ino = st.st_dev, st.st_ino
         self.at = f'/proc/self/fd/{fd}'
 
     def stat(self) -> os.stat_result:
         return os.fstat(self.fd)
+
+    def still_there(self) -> None:
+        """Raise ShmFsError unless path still leads, by pin()'s rules, to this very directory.
+
+        A server that died (a container's private /dev/shm goes with it) or a root that changed since the read: the
+        descriptor still reaches the old directory, but it is no longer the server's shm directory, and nothing is
+        done there (the files that could not go are listed, as when the directory cannot be opened).
+        """
+        try:
+            again = pin(self.path, self.root)
+        except OSError as exc:
+            raise ShmFsError(f'cannot open shm directory {self.path}: {exc.strerror or exc}') from exc
+        same = (again.dev, again.ino) == (self.dev, self.ino)
+        again.close()
+        if not same:
+            raise ShmFsError(
+                f'cannot open shm directory {self.path}: it is no longer the directory that was read (the server '
+                'or its root changed)'
+            )
 
     def file_at(self, name: str) -> str:
         """The path of the file name in this directory, through the descriptor (never re-walking ``path``)."""
@@ -213,7 +233,7 @@ def pin(path: str, root: str | None = None) -> PinnedDir:
     else:
         fd = rootfs.open_in('/', path, rootfs.ROOT_OWNED, rootfs.DIRECTORY_FLAGS)
     try:
-        pinned = PinnedDir(path, fd)
+        pinned = PinnedDir(path, fd, root)
         seen = os.stat(pinned.at)
     except OSError as exc:
         os.close(fd)
@@ -350,6 +370,7 @@ class ShmDir:
 
     def __init__(self, path: str | PinnedDir) -> None:
         if isinstance(path, PinnedDir):
+            path.still_there()  # acted on only while it is still the server's directory
             self.path, self.fd = path.path, os.dup(path.fd)
         else:
             self.path = path

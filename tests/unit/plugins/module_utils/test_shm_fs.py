@@ -284,3 +284,22 @@ def test_cleanup_record_round_trips_in_chunks_and_leaves_the_files_alone(tmpfs_d
         sd.write_cleanup_record({})
         assert shm_fs.read_cleanup_record(str(tmp_path)) == {}
         assert not [n for n in os.listxattr(str(tmp_path)) if n.startswith(shm_fs.CLEANUP_XATTR)]
+
+
+def test_a_pinned_directory_whose_path_no_longer_leads_to_it_is_not_acted_on(tmp_path):
+    """A server that died takes its private /dev/shm with it: the descriptor still reaches the old directory, but a
+    ShmDir (what unlinks and renames) refuses it, as when the directory cannot be opened (test_faults.py)."""
+    shm = tmp_path / 'shm'
+    shm.mkdir()
+    (shm / 'f').write_bytes(b'x')
+    pinned = shm_fs.pin(str(shm))
+    with shm_fs.ShmDir(pinned) as d:
+        assert d.lstat('f') is not None
+    os.rename(shm, tmp_path / 'gone')
+    with pytest.raises(ShmFsError, match='cannot open shm directory .*No such file'):
+        shm_fs.ShmDir(pinned)
+    shm.mkdir()  # another directory at the same path
+    with pytest.raises(ShmFsError, match='no longer the directory that was read'):
+        shm_fs.ShmDir(pinned)
+    assert (tmp_path / 'gone' / 'f').exists()
+    pinned.close()
