@@ -350,6 +350,21 @@ def test_file_categories(result, ns):
 
 def test_cuda_regions_are_reported_unknown(result):
     assert [(r['name'], r['device_id'], r['state']) for r in result['cuda_regions']] == [('gpu0', 0, 'unknown')]
+    assert 'cannot be observed' in result['cuda_regions'][0]['state_reason']
+
+
+def test_a_cuda_region_returns_exactly_the_keys_triton_shm_info_documents(result):
+    # the integration test of the RETURN docs runs a CPU server, which cannot register a CUDA region
+    import ast
+
+    import yaml
+
+    root = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
+    with open(os.path.join(root, 'plugins', 'modules', 'triton_shm_info.py')) as f:
+        tree = ast.parse(f.read())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == 'RETURN')
+    documented = yaml.safe_load(node.value.value)['cuda_regions']['contains']
+    assert set(result['cuda_regions'][0]) == set(documented)
 
 
 def test_server_and_summary(result, ns):
