@@ -20,8 +20,8 @@ the report file from the module's own result and, for triton_shm_region, the cle
 call's outcome (``call_outcome()``), its counter continued from the previous file; one warning at
 most when the directory cannot take them.
 
-Standard library only (and the collection's client.py text helpers and vocabulary.py, standard library too): the
-filters import it in every Ansible worker process.
+Standard library only (and the collection's client.py text helpers, records.py and vocabulary.py, standard library
+too): the filters import it in every Ansible worker process.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import records
 from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
 
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
@@ -120,9 +121,8 @@ METRICS = {
             REPORT,
         ),
         Metric('tritonops_shm_fs_used_bytes', 'gauge', "Used bytes of the server's /dev/shm.", REPORT),
-        Metric(
-            'tritonops_shm_registered_bytes', 'gauge', 'Sum of the byte sizes of the registered system regions.', REPORT
-        ),
+        # the region fields' gauges, declared with their field (records.py)
+        *(Metric(f.metric, 'gauge', f.metric_help, REPORT) for _kind, f in records.metric_fields()),
         Metric('tritonops_shm_regions', 'gauge', 'Registered system shared-memory regions by state.', REPORT),
         Metric('tritonops_shm_cuda_regions', 'gauge', 'Registered CUDA shared-memory regions.', REPORT),
         Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
@@ -296,7 +296,10 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
                 ('tritonops_shm_fs_size_bytes', (), fs['total_bytes']),
                 ('tritonops_shm_fs_used_bytes', (), fs.get('used_bytes') or 0),
             ]
-        samples.append(('tritonops_shm_registered_bytes', (), sum(int(r.get('byte_size') or 0) for r in regions)))
+        for kind, field in records.metric_fields():
+            of_kind = inv.get(kind.result_key) or []
+            if field.required or any(field.name in r for r in of_kind):
+                samples.append((field.metric, (), sum(int(r.get(field.name) or 0) for r in of_kind)))
         samples += [
             ('tritonops_shm_regions', (('state', s),), sum(1 for r in regions if r.get('state') == s))
             for s in REGION_STATES

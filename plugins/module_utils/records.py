@@ -23,27 +23,43 @@ region kind. What reads them:
 1. one ``Field`` in the kind's fields here (``required=False`` when older servers lack it);
 2. the fake of that newer server in tests/unit/plugins/module_utils/test_newer_servers.py, and a test there;
 3. triton_shm_info's RETURN (``system_regions`` or ``cuda_regions``: test_records.py fails until it lists the field
-   with its type), and a changelog fragment.
+   with its type); with a ``metric``, docs/metrics.md and docs/metrics.zh.md (test_metrics_docs.py); a changelog
+   fragment.
 
-Still spelt out by hand (issue 35 has the plan): a field's metric (metrics.py), its report columns (the HTML report,
-the fleet table) and the role's record filter.
+A field shows itself where it says: ``column`` in the HTML report's region table (html_report.py), ``metric`` as a
+report gauge of the node_exporter textfile (metrics.py). Not driven from here: the fleet table's and the role's
+record's columns, which pick summary counts (vocabulary.py), not region fields.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 TEXT = 'str'
 UINT64 = 'uint64'
 
 
+BYTES = 'bytes'
+
+
 class Field(NamedTuple):
-    """One key of a region in a status answer (see the module doc)."""
+    """One key of a region in a status answer (see the module doc), and where it is shown.
+
+    column: its heading in the HTML report's region table ('' for none; an optional field's column appears when a
+    region carries it); unit: ``BYTES`` for a size (shown as one); metric, metric_help: a report gauge (metrics.py)
+    that sums the field over the registered regions of its kind ('' for none; ``UINT64`` fields only; an optional
+    field's gauge is written when a region carries it).
+    """
 
     name: str
     type: str
     required: bool = True
     description: str = ''
+    column: str = ''
+    unit: str = ''
+    metric: str = ''
+    metric_help: str = ''
 
     @property
     def text(self) -> bool:
@@ -64,17 +80,40 @@ class Kind(NamedTuple):
     def optional(self) -> tuple:
         return tuple(f for f in self.fields if not f.required)
 
+    @property
+    def result_key(self) -> str:
+        """The key of triton_shm_info's result that lists the regions of this kind (``system_regions``)."""
+        return f'{self.name}_regions'
+
     def names(self) -> tuple:
         return tuple(f.name for f in self.fields)
+
+    def columns(self, regions: Sequence[dict]) -> tuple:
+        """The fields with a report column, but the name, that regions show (an optional one only when carried)."""
+        return tuple(
+            f
+            for f in self.fields
+            if f.column and f.name != 'name' and (f.required or any(f.name in r for r in regions))
+        )
 
 
 SYSTEM = Kind(
     'system',
     (
-        Field('name', TEXT, description='The region name.'),
-        Field('key', TEXT, description='The shm key (a name under the shm directory, with a leading slash).'),
+        Field('name', TEXT, description='The region name.', column='region'),
+        Field(
+            'key', TEXT, description='The shm key (a name under the shm directory, with a leading slash).', column='key'
+        ),
         Field('offset', UINT64, description='Offset of the region in its file.'),
-        Field('byte_size', UINT64, description='Registered size in bytes.'),
+        Field(
+            'byte_size',
+            UINT64,
+            description='Registered size in bytes.',
+            column='size',
+            unit=BYTES,
+            metric='tritonops_shm_registered_bytes',
+            metric_help='Sum of the byte sizes of the registered system regions.',
+        ),
     ),
 )
 CUDA = Kind(
@@ -86,3 +125,8 @@ CUDA = Kind(
     ),
 )
 KINDS = {k.name: k for k in (SYSTEM, CUDA)}
+
+
+def metric_fields() -> tuple:
+    """(kind, field) for every field with a report gauge, kinds and fields in their order."""
+    return tuple((kind, f) for kind in KINDS.values() for f in kind.fields if f.metric)

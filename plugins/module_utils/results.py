@@ -9,22 +9,19 @@ decides, this builds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records, pool_records
 from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     BACKEND,
-    DANGLING,
-    FOREIGN,
-    HEALTHY,
-    IN_USE,
+    FILE_CATEGORIES,
     LEFTOVER,
     ORPHAN,
-    REGISTERED,
-    RESERVED,
+    REGION_STATES,
     STALE,
-    UNKNOWN,
+    file_count_key,
+    region_count_key,
 )
 
 
@@ -62,33 +59,25 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
     }
 
 
+# the file categories whose bytes the summary adds up (``<category>_bytes``), beside the count of every category
+BYTES_OF_CATEGORIES = (BACKEND, LEFTOVER, ORPHAN)
+
+
 def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dict], fs: dict | None) -> dict:
-    def count(items: Iterable[dict], key: str, value: str) -> int:
-        return sum(1 for i in items if i.get(key) == value)
+    """The counts of a result: every region state and file category of vocabulary.py (in its order), and bytes."""
 
     def file_bytes(rec: dict) -> int:
         f = rec.get('file') or {}
         return f.get('allocated_bytes', 0) if f.get('exists') else 0
 
-    return {
-        'system_regions': len(regions),
-        'cuda_regions': len(cuda),
-        'healthy_regions': count(regions, 'state', HEALTHY),
-        'stale_regions': count(regions, 'state', STALE),
-        'reserved_regions': count(regions, 'state', RESERVED),
-        'stale_bytes': sum({r['file']['path']: file_bytes(r) for r in regions if r['state'] == STALE}.values()),
-        'dangling_regions': count(regions, 'state', DANGLING),
-        'unknown_regions': count(regions, 'state', UNKNOWN),
-        'registered_files': count(files, 'category', REGISTERED),
-        'backend_files': count(files, 'category', BACKEND),
-        'backend_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == BACKEND),
-        'leftover_files': count(files, 'category', LEFTOVER),
-        'leftover_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == LEFTOVER),
-        'in_use_files': count(files, 'category', IN_USE),
-        'orphan_files': count(files, 'category', ORPHAN),
-        'orphan_bytes': sum(f['allocated_bytes'] for f in files if f['category'] == ORPHAN),
-        'foreign_files': count(files, 'category', FOREIGN),
-        'used_bytes': fs['used_bytes'] if fs else None,
-        'total_bytes': fs['total_bytes'] if fs else None,
-        'used_percent': fs['used_percent'] if fs else None,
-    }
+    summary = {'system_regions': len(regions), 'cuda_regions': len(cuda)}
+    for state in REGION_STATES:
+        summary[region_count_key(state)] = sum(1 for r in regions if r.get('state') == state)
+    summary['stale_bytes'] = sum({r['file']['path']: file_bytes(r) for r in regions if r['state'] == STALE}.values())
+    for category in FILE_CATEGORIES:
+        summary[file_count_key(category)] = sum(1 for f in files if f.get('category') == category)
+        if category in BYTES_OF_CATEGORIES:
+            summary[f'{category}_bytes'] = sum(f['allocated_bytes'] for f in files if f['category'] == category)
+    for key in ('used_bytes', 'total_bytes', 'used_percent'):
+        summary[key] = fs[key] if fs else None
+    return summary

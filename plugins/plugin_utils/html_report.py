@@ -21,6 +21,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.tritonops.shm.plugins.module_utils import records
 from ansible_collections.tritonops.shm.plugins.module_utils import vocabulary as v
 
 # the one vocabulary (module_utils/vocabulary.py), in the one order of the inventory and the metrics
@@ -245,10 +246,21 @@ def _registered_bytes(inventory: Mapping) -> int | None:
     return sum(_int(f.get('allocated_bytes')) for f in files if f.get('category') == v.REGISTERED)
 
 
+def _field_cell(field: records.Field, value: Any) -> _Html:
+    """A region field's cell: a size, a number, or text ('-' when the region lacks it)."""
+    if field.unit == records.BYTES:
+        return _h('td', _size(value), class_='num')
+    if not field.text:
+        return _h('td', '-' if value is None else str(value), class_='num')
+    return _h('td', value or '-', class_='key')
+
+
 def _regions_table(regions: Sequence[Mapping], outcome: dict | None = None) -> _Html:
     if not regions:
         return _h('p', 'No system region is registered.', class_='muted')
-    head = ['region', 'state', 'size', 'key', 'holders', 'why']  # holders: processes besides the server
+    # the region fields with a column (records.py: the name first, an optional field only when a region carries it)
+    fields = records.SYSTEM.columns(regions)
+    head = ['region', 'state', *(f.column for f in fields), 'holders', 'why']  # holders: processes besides the server
     if outcome is not None:
         head.append('this run')
     rows = []
@@ -257,8 +269,7 @@ def _regions_table(regions: Sequence[Mapping], outcome: dict | None = None) -> _
         cells = [
             _h('td', r.get('name'), class_='name'),
             _h('td', state, class_=f'state state-{state}'),
-            _h('td', _size(r.get('byte_size')), class_='num'),
-            _h('td', r.get('key') or '-', class_='key'),
+            *(_field_cell(f, r.get(f.name)) for f in fields),
             _h('td', _holders(r.get('holders')), class_='holders'),
             _h('td', r.get('state_reason') or ''),
         ]

@@ -93,3 +93,60 @@ def test_the_grpc_status_keeps_the_fields_the_kind_declares_and_the_message_has(
     assert triton_grpc._region_dict(ref_count, older) == _system()  # pylint: disable=protected-access
     cuda = _Message(name='c', device_id=1, byte_size=8)
     assert triton_grpc._region_dict(records.CUDA, cuda) == dict(name='c', device_id=1, byte_size=8)  # pylint: disable=protected-access
+
+
+# The same recipe carried to where a field is shown: one Field with a report column and a gauge, declared before the
+# modules that read records are imported (as a records.py that lists it would be), in a fresh interpreter.
+RECIPE = r"""
+import json, sys
+from ansible_collections.tritonops.shm.plugins.module_utils import records
+REF = records.Field('ref_count', records.UINT64, required=False, description='References.', column='refs',
+                    metric='tritonops_shm_region_references', metric_help='Sum of the ref_count of the system regions.')
+records.SYSTEM = records.SYSTEM._replace(fields=records.SYSTEM.fields + (REF,))
+records.KINDS['system'] = records.SYSTEM
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+from ansible_collections.tritonops.shm.plugins.plugin_utils.html_report import shm_html_report
+
+regions = json.loads(sys.argv[1])
+inv = dict(server=dict(pid=42, version='2.74.0', shm_dir='/dev/shm'), summary={}, system_regions=regions,
+           cuda_regions=[], files=[], holders_complete=True, scanned_at=1.0)
+row = dict(host='t1', url='http://t1:8000', status='ok', error=None)
+print(json.dumps(dict(text=metrics.report_text(inv, 't1', 'http://t1:8000'),
+                      page=shm_html_report([row], 'report', details=[inv]))))
+"""
+
+
+def _shown(regions):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, '-c', RECIPE, json.dumps(regions)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+    )
+    return json.loads(out.stdout)
+
+
+def test_a_field_with_a_column_and_a_metric_shows_in_the_report_and_the_textfile_from_its_one_declaration():
+    held = dict(state='healthy', holders=[])
+    shown = _shown([_system(ref_count=2, **held), dict(_system(ref_count=3, **held), name='s', key='/s')])
+    assert '# TYPE tritonops_shm_region_references gauge' in shown['text']
+    assert 'tritonops_shm_region_references{host="t1",triton_url="http://t1:8000"} 5' in shown['text']
+    assert '<th>refs</th>' in shown['page'] and '<td class="num">3</td>' in shown['page']
+    # a server that does not list the optional field: neither a column of dashes nor a gauge that says 0
+    older = _shown([_system(**held)])
+    assert 'tritonops_shm_region_references' not in older['text'] and '<th>refs</th>' not in older['page']
+    assert 'tritonops_shm_registered_bytes{host="t1",triton_url="http://t1:8000"} 16' in older['text']
+
+
+def test_metric_fields_are_integers_and_their_gauges_are_declared_once():
+    from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+
+    for kind, field in records.metric_fields():
+        assert field.type == records.UINT64, field
+        assert metrics.METRICS[field.metric].help == field.metric_help
+    assert [f.metric for _k, f in records.metric_fields()] == ['tritonops_shm_registered_bytes']
