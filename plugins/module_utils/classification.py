@@ -270,7 +270,11 @@ def reclaimable(snap: Snapshot, rec: dict) -> bool:
     return rec['state'] == DANGLING and not rec['holders'] and snap.pid is not None and snap.holders_complete
 
 
-def cuda_record(region: dict) -> dict:
+def cuda_record(snap: Snapshot, region: dict) -> dict:
+    """The record of one CUDA region: its state is unknown (no holder of a CUDA region can be observed yet).
+
+    The state rule's signature (kinds.py): snap is what the CUDA rule of issue 34 will read its evidence from.
+    """
     rec = dict(region)
     rec['state'] = UNKNOWN
     rec['state_reason'] = 'CUDA regions have no backing file; their clients cannot be observed'
@@ -469,7 +473,7 @@ def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
     if snap.shm_unsupported is not None:
         criteria = dataclasses.replace(criteria, orphan_patterns=())
     regions = [region_record(snap, r) for r in snap.system]
-    cuda = [cuda_record(r) for r in snap.cuda]
+    cuda = [cuda_record(snap, r) for r in snap.cuda]
     by_path = _regions_by_path(regions)
     files = [file_record(snap, e, by_path, criteria) for e in snap.entries]
     return Records(regions, cuda, files)

@@ -71,6 +71,8 @@ class Kind(NamedTuple):
 
     name: str
     fields: tuple
+    files: bool = False  # its regions are backed by files of the shm directory
+    registration: tuple = ()  # what registering one takes beside its name (triton_shm_region's options)
 
     @property
     def required(self) -> tuple:
@@ -87,6 +89,10 @@ class Kind(NamedTuple):
 
     def names(self) -> tuple:
         return tuple(f.name for f in self.fields)
+
+    def spec(self, region: dict) -> dict:
+        """The kind's fields of a region (what its registration is), without the state the collection adds."""
+        return {k: region.get(k) for k in self.names() if k in region}
 
     def columns(self, regions: Sequence[dict]) -> tuple:
         """The fields with a report column, but the name, that regions show (an optional one only when carried)."""
@@ -115,6 +121,8 @@ SYSTEM = Kind(
             metric_help='Sum of the byte sizes of the registered system regions.',
         ),
     ),
+    files=True,
+    registration=('key', 'byte_size'),
 )
 CUDA = Kind(
     'cuda',
@@ -123,6 +131,7 @@ CUDA = Kind(
         Field('device_id', UINT64, description="The CUDA device ordinal, as the server's process numbers its GPUs."),
         Field('byte_size', UINT64, description='Registered size in bytes.'),
     ),
+    registration=('raw_handle', 'device_id', 'byte_size'),
 )
 KINDS = {k.name: k for k in (SYSTEM, CUDA)}
 

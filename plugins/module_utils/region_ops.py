@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import (
     classification,
+    kinds,
     region_plan,
     results,
     runlock,
@@ -63,9 +64,9 @@ class Lock(enum.Enum):
 
 
 class Reading(NamedTuple):
-    """What a run plans from: the snapshot of a kind=system run (None for kind=cuda), and the regions of the kind."""
+    """What a run plans from: the snapshot of the server, and the regions of the run's kind in it."""
 
-    snap: Snapshot | None
+    snap: Snapshot
     regions: list
 
 
@@ -99,6 +100,7 @@ class RegionOps:
         self.lock_dir = lock_dir  # runlock.lock_dir() when None
         self.lock = None
         self.params = params
+        self.kind = kinds.KINDS[params.get('kind') or 'system']  # what differs between kinds (kinds.py)
         self.check_mode = check_mode
         self.warn = warn or (lambda msg: None)
         self.sleep = sleep
@@ -152,22 +154,20 @@ class RegionOps:
     # -- read and lock ----------------------------------------------------------------------------
 
     def read(self) -> Reading:
-        """Read what the run plans from: the server's snapshot, or the CUDA regions' status.
+        """Read what the run plans from: the server's snapshot, with the region list of the run's kind.
 
         The per-server lock (not in check mode) is taken as soon as the server is located, before its regions, files
         and holders are read: a run that read first and locked after could plan from what another run changed in
         between (it would unregister again what that run had unregistered, and report it as its own).
         """
         p = self.params
-        if p['kind'] == 'cuda':
-            return Reading(None, self.client.status('cuda'))
         try:
             snap = snapshot.read_server(
                 self.client,
                 server_pid=p.get('server_pid'),
                 shm_dir=p.get('shm_dir'),
                 require_readable_dir=p.get('shm_dir') is not None,
-                kinds=('system',),
+                kinds=(self.kind.name,),
                 backend_patterns=self.criteria.backend_patterns,
                 clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
                 on_located=None if self.check_mode else self._lock,
@@ -175,7 +175,7 @@ class RegionOps:
         except BaseException:
             self.release()
             raise
-        return Reading(snap, snap.system)
+        return Reading(snap, self.kind.regions(snap))
 
     @contextlib.contextmanager
     def locked(self, reading: Reading) -> Iterator[Reading]:
@@ -223,18 +223,14 @@ class RegionOps:
     def plan(self, reading: Reading) -> Plan:
         """The plan for the parameters and what was read; with inventory, also the read as triton_shm_info shows it."""
         p = self.params
-        if p['kind'] == 'cuda':
-            if p['state'] == 'present':
-                return region_plan.plan_present_cuda(reading.regions, p)
-            return region_plan.plan_absent_cuda(reading.regions, p, self.client.unaddressable)
         snap = reading.snap
         if p['state'] == 'present':
-            return region_plan.plan_present(snap, p)
-        orphans = bool(p['orphan_files'] or p.get('inventory'))
+            return self.kind.plan_present(snap, p)
+        orphans = bool(p.get('orphan_files') or p.get('inventory'))
         records = classification.classify(snap, self.criteria if orphans else region_plan.criteria(p, orphans=False))
         if p.get('inventory'):
             self.before_result = results.info_result(snap, records)
-        return region_plan.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
+        return self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
 
     # -- execute ----------------------------------------------------------------------------------
 
@@ -257,13 +253,10 @@ class RegionOps:
         if plan.register or plan.marks:
             self._present(plan)
         elif plan.selected or plan.files:
-            if plan.kind == 'cuda':
-                self._unregister_selected('cuda', plan.selected, set())
-            else:
-                try:
-                    self._unregister_then_remove(self.snap, plan.selected, plan.files)
-                finally:
-                    self._record_after()
+            try:
+                self._unregister_then_remove(self.snap, plan.selected, plan.files)
+            finally:
+                self._record_after()
         self._read_after()
 
     def _present(self, plan: Plan) -> None:
@@ -274,30 +267,20 @@ class RegionOps:
             for path, name in plan.marks:
                 self._mark(snap, os.path.basename(path), name)
             return
-        if plan.kind == 'cuda':
-            self._register_all(
-                'cuda',
-                plan.register,
-                lambda name: self.client.register_cuda(name, p['raw_handle'], p['device_id'], p['byte_size']),
-                self._restore_cuda,
-            )
-            return
         created = None
         if plan.create:
             with shm_fs.ShmDir(snap.shm) as d:
                 created = d.create(plan.create, plan.need)
             self.created_files.append(os.path.join(snap.shm_dir, plan.create))
-        key_name = shm_fs.key_to_name(p['key'])
         try:
             self._register_all(
-                'system',
+                self.kind.name,
                 plan.register,
-                lambda name: self.client.register_system(name, p['key'], p['offset'], p['byte_size']),
-                lambda cur: self.client.register_system(
-                    cur['name'], cur['key'], cur.get('offset', 0), cur['byte_size']
-                ),
+                lambda name: self.kind.register(self.client, name, p),
+                lambda cur: self.kind.restore(self.client, cur),
             )
-            if snap.shm_dir is not None:
+            if self.kind.files and snap.shm_dir is not None:
+                key_name = shm_fs.key_to_name(p['key'])
                 for name in self.registered:
                     self._mark(snap, key_name, name)
         except TritonError:
@@ -310,19 +293,11 @@ class RegionOps:
         finally:
             self._measure_after()
 
-    @staticmethod
-    def _restore_cuda(cur: dict) -> None:
-        raise TritonError(
-            f"Triton's status never shows a CUDA region's IPC handle, so the previous registration of "
-            f"'{cur['name']}' cannot be made again: register it with the raw_handle of memory that its "
-            'owner still holds (cudaIpcGetMemHandle in that process)'
-        )
-
     def _read_after(self) -> None:
         """The state after a finished run: the regions of the kind, and with inventory what triton_shm_info would return."""
         if self.regions_after is None:
             try:
-                self.regions_after = self.client.status(self.params['kind'])
+                self.regions_after = self.client.status(self.kind.name)
             except TritonError:
                 self.regions_after = (self.after or {}).get('regions', [])
         if self.params.get('inventory'):
@@ -349,7 +324,7 @@ class RegionOps:
             server_pid=self.snap.pid,
             shm_dir=self.snap.shm_dir,
             shm=self.snap.shm,
-            kinds=('system',),
+            kinds=(self.kind.name,),
             backend_patterns=self.criteria.backend_patterns,
             clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
         )
@@ -542,7 +517,7 @@ class RegionOps:
         self._mark_files(snap, file_plan)
         try:
             try:
-                self._unregister_selected('system', selected, still_registered)
+                self._unregister_selected(self.kind.name, selected, still_registered)
                 self._deferred(selected, still_registered)
             except TritonError:
                 self._salvage_files(snap, selected, file_plan, still_registered)
@@ -676,8 +651,8 @@ class RegionOps:
         """/dev/shm use and the server's regions after the change, as far as they can still be read."""
         self._measure_after()
         try:
-            self.regions_after = self.client.status('system')
-            self.after['regions'] = [region_plan.spec(r) for r in self.regions_after]
+            self.regions_after = self.client.status(self.kind.name)
+            self.after['regions'] = [self.kind.spec(r) for r in self.regions_after]
         except TritonError:
             pass
 
@@ -690,7 +665,7 @@ class RegionOps:
         """
         done = set(self.unregistered)  # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
         specs = {r['name']: r for r in selected if r['name'] in done and r['name'] not in still_registered}
-        listed = self._wait_gone('system', specs)
+        listed = self._wait_gone(self.kind.name, specs)
         for name in sorted(listed):
             still_registered.add(name)
             self.pending.append(name)

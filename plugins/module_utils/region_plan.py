@@ -23,7 +23,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.classification impor
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ServerNotFound, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.records import SYSTEM
+from ansible_collections.tritonops.shm.plugins.module_utils.records import CUDA, KINDS, SYSTEM
 from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
@@ -125,12 +125,8 @@ class Plan:
         return sorted(out, key=lambda r: r['name'])
 
 
-def spec(region: dict) -> dict:
-    return {k: region.get(k) for k in SYSTEM.names() if k in region}
-
-
-def cuda_spec(region: dict) -> dict:
-    return {k: region.get(k) for k in ('name', 'device_id', 'byte_size') if k in region}
+spec = SYSTEM.spec  # a system region's registration (records.Kind.spec)
+cuda_spec = CUDA.spec
 
 
 def same(listed: dict, wanted: dict) -> bool:
@@ -164,12 +160,13 @@ def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
         _check_present(p, names, unaddressable)
     else:
         _check_absent(p)
-    if p.get('inventory') and (p['state'] != 'absent' or p['kind'] != 'system'):
+    files = KINDS[p['kind']].files  # inventory, threshold_percent, orphans and pools are about the shm directory
+    if p.get('inventory') and (p['state'] != 'absent' or not files):
         raise ParameterError('inventory applies to state=absent with kind=system only')
     threshold = p.get('threshold_percent') or 0
     if not 0 <= threshold <= 100:
         raise ParameterError(f'threshold_percent must be between 0 and 100, got {threshold}')
-    if threshold and (p['state'] != 'absent' or p['kind'] != 'system'):
+    if threshold and (p['state'] != 'absent' or not files):
         raise ParameterError(
             'threshold_percent applies to state=absent with kind=system only (it gates the removal of orphan files)'
         )
@@ -189,20 +186,19 @@ def _check_present(p: dict, names: list, unaddressable: Unaddressable) -> None:
     for opt in SELECTORS:
         if p.get(opt):
             raise ParameterError(f'{opt} applies to state=absent only')
-    needed = ('key', 'byte_size') if p['kind'] == 'system' else ('raw_handle', 'device_id', 'byte_size')
-    missing = [o for o in needed if p.get(o) is None]
+    kind = KINDS[p['kind']]
+    missing = [o for o in kind.registration if p.get(o) is None]
     if missing and missing != ['byte_size']:  # byte_size alone: the argument spec says it (required_if)
         raise ParameterError(f'state=present with kind={p["kind"]} needs {", ".join(missing)}')
     for name in names:
         why = unaddressable(name)  # over HTTP: names a URL path cannot carry
         if why:
             raise ParameterError(why)
-    if p['kind'] == 'system':
-        key_name = _check_key(p['key'], p.get('backend_patterns'))
+    key_name = _check_key(p['key'], p.get('backend_patterns')) if kind.files else None
     size = p.get('byte_size')
     if size is None or size <= 0:
         raise ParameterError(f'byte_size must be a positive number of bytes, got {size}')
-    if p['kind'] == 'system':
+    if kind.files:  # a region in a file: at an offset of it, and never in a Python-based backend's file
         if p.get('offset', 0) < 0:
             raise ParameterError(f'offset must be 0 or more, got {p["offset"]}')
         if matches(key_name, p.get('backend_patterns')):
@@ -256,7 +252,7 @@ def _check_absent(p: dict) -> None:
         raise ParameterError('orphan_files=true needs orphan_patterns (no file is an orphan without a pattern)')
     if p.get('min_age', 0) < 0:
         raise ParameterError('min_age must be 0 or more seconds')
-    if p['kind'] == 'cuda':
+    if not KINDS[p['kind']].files:
         for opt in ('orphan_files', 'backend_leftovers'):
             if p.get(opt):
                 raise ParameterError(f'{opt} applies to kind=system only (CUDA regions have no files)')
@@ -286,7 +282,7 @@ def plan_present(snap: Snapshot, p: dict) -> Plan:
             warnings.extend(_fits(snap, key_name, need))
     after = {'regions': [dict(name=n, **wanted) for n in p['name']]}
     return Plan(
-        kind='system',
+        kind=SYSTEM.name,
         current=snap.system,
         before=before,
         after=after,
@@ -298,7 +294,7 @@ def plan_present(snap: Snapshot, p: dict) -> Plan:
     )
 
 
-def plan_present_cuda(current_regions: list, p: dict) -> Plan:
+def plan_present_cuda(snap: Snapshot, p: dict) -> Plan:
     """Register the one name of p with raw_handle, device_id and byte_size, whatever is listed under that name.
 
     Triton's status shows a CUDA region's device_id and byte_size, never its IPC handle: a region listed under the
@@ -306,11 +302,11 @@ def plan_present_cuda(current_regions: list, p: dict) -> Plan:
     cannot prove that the handle is the one given, so the given raw_handle is always registered: a region listed
     under the name is unregistered first. Every run is a change.
     """
-    current = {r['name']: r for r in current_regions}
+    current = {r['name']: r for r in snap.cuda}
     wanted = {'device_id': p['device_id'], 'byte_size': p['byte_size']}
     return Plan(
-        kind='cuda',
-        current=current_regions,
+        kind=CUDA.name,
+        current=snap.cuda,
         before={'regions': [cuda_spec(current[n]) for n in p['name'] if n in current]},
         after={'regions': [dict(name=n, **wanted) for n in p['name']]},
         register=[Register(n, current.get(n)) for n in p['name']],
@@ -393,7 +389,7 @@ def plan_absent(
     if selected or file_plan:
         notes.warnings.extend(_unsafe_unregister(snap, selected))
     return Plan(
-        kind='system',
+        kind=SYSTEM.name,
         current=snap.system,
         before={'regions': [spec(r) for r in regions], 'files': [e['path'] for e, _n in file_plan]},
         after={'regions': [spec(r) for r in remaining], 'files': []},
@@ -405,7 +401,18 @@ def plan_absent(
     )
 
 
-def plan_absent_cuda(current: list, p: dict, unaddressable: Unaddressable) -> Plan:
+def plan_absent_cuda(
+    snap: Snapshot,
+    records: Records,
+    p: dict,
+    crit: classification.Criteria,
+    unaddressable: Unaddressable,
+) -> Plan:
+    """The CUDA regions state=absent selects: by name, or all (none is stale: their clients cannot be observed).
+
+    plan_absent's signature (kinds.py): records and crit are what the CUDA rule of issue 34 will select by.
+    """
+    current = snap.cuda
     notes = _Notes()
     names = set(p['name'] or ())
     selected = _select((rec for rec in current if p['all'] or rec['name'] in names), p, unaddressable, notes)
@@ -415,7 +422,7 @@ def plan_absent_cuda(current: list, p: dict, unaddressable: Unaddressable) -> Pl
         )
     sel = {r['name'] for r in selected}
     return Plan(
-        kind='cuda',
+        kind=CUDA.name,
         current=current,
         before={'regions': [cuda_spec(r) for r in current], 'files': []},
         after={'regions': [cuda_spec(r) for r in current if r['name'] not in sel], 'files': []},

@@ -415,17 +415,17 @@ holders_complete:
     - Whether the holder scan this run planned from saw every holder. When false, O(stale) selects nothing, no file is an
       orphan and no file is removed; RV(holders_incomplete_reason) and a warning say why.
     - False outside the host's initial PID namespace unless O(clients_share_pid_namespace) is set.
-  returned: when the server's regions and files were read (O(kind=system))
+  returned: when the server was read (with O(kind=cuda) too, since 0.3.0)
   type: bool
   version_added: 0.2.0
 holders_incomplete_reason:
   description: Why RV(holders_complete) is false and what to do; V(null) when it is true.
-  returned: when the server's regions and files were read (O(kind=system))
+  returned: when the server was read (with O(kind=cuda) too, since 0.3.0)
   type: str
   version_added: 0.2.0
 pid_namespace:
   description: V(initial) (the host's initial PID namespace, every process visible) or V(other).
-  returned: when the server's regions and files were read (O(kind=system))
+  returned: when the server was read (with O(kind=cuda) too, since 0.3.0)
   type: str
   choices: [initial, other]
   version_added: 0.2.0

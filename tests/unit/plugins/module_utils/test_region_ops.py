@@ -921,6 +921,47 @@ def test_cuda_absent_named_and_stale(shm, server_proc):
     assert run(fake, shm, server_proc.pid, kind='cuda', name=['g'])['changed'] is False
 
 
+def test_a_cuda_run_reads_the_server_and_holds_its_lock_like_system_memory(shm, server_proc, tmp_path):
+    """Issue 35, goal 2: a kind is an object; kind=cuda reads the snapshot and takes the per-server lock (the CUDA rule
+    of issue 34 decides from holders read under it). Before, kind=cuda read the status alone and took no lock."""
+    fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)])
+    ops = RegionOps(
+        fake,
+        params(shm, server_proc.pid, kind='cuda', name=['g']),
+        warn=lambda m: None,
+        serialise=True,
+        lock_dir=str(tmp_path),
+    )
+    locked = []
+    fake.on_unregister = lambda name: locked.append(ops.lock is not None)
+    ops.run()
+    res = ops.result()
+    assert locked == [True] and ops.lock is None, 'the unregister ran under the lock, released at the end'
+    assert res['unregistered'] == ['g'] and res['regions'] == [] and fake.cuda == {}
+    assert res['holders_complete'] is True and res['pid_namespace'] == 'initial'
+    assert ('metadata',) in fake.calls and ('status', 'system') not in fake.calls, 'the one list of its kind'
+
+
+def test_a_deferred_cuda_unregister_is_pending_like_a_system_one(shm, server_proc):
+    """Triton 24.12+ keeps an unregistered region listed while requests are in flight, for CUDA regions too: the run
+    says pending, as for system memory (before, kind=cuda reported it unregistered and never looked again)."""
+    fake = FakeTriton(shm, cuda=[dict(name='g', device_id=0, byte_size=KIB)])
+    listed = dict(name='g', device_id=0, byte_size=KIB)
+    fake.on_unregister = lambda name: fake.cuda.setdefault(name, dict(listed))  # still listed after the unregister
+    res = run(fake, shm, server_proc.pid, kind='cuda', name=['g'], in_use_timeout=1)
+    assert res['pending'] == ['g'] and res['unregistered'] == [] and res['changed'] is True
+    assert 'still listed' in res['skipped_items'][0]['reason']
+
+
+def test_region_ops_and_region_plan_have_no_branch_on_a_kind_name():
+    root = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'module_utils')
+    for name in ('region_ops.py', 'region_plan.py'):
+        with open(os.path.join(root, name)) as f:
+            code = f.read()
+        assert "kind == 'cuda'" not in code and "kind'] == 'cuda'" not in code, name
+        assert "== 'system'" not in code and "!= 'system'" not in code, name
+
+
 # -- reserved regions, Triton versions beyond 2.51, overlapping runs ------------------------------------
 
 MARK = 'trusted.tritonops_shm.reserved'
