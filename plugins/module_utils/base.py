@@ -34,12 +34,12 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     check_headers,
     check_url,
     is_grpc_url,
-    url_secrets,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.urls import url_secrets
 
 
 def connection_argument_spec() -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from ansible_collections.tritonops.shm.plugins.module_utils import records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
@@ -35,6 +35,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     restricted_hint,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import escape
+from ansible_collections.tritonops.shm.plugins.module_utils.urls import has_userinfo, redact_url
 
 HTTP = 'http'
 GRPC = 'grpc'
@@ -45,7 +46,6 @@ DEFAULT_TIMEOUT = 10.0
 # The largest answer the modules read, over HTTP (body) and gRPC (message): a status of 100,000 regions is
 # about 15 MiB of JSON. A larger answer fails with a message naming the URL (docs/reliability.md).
 MAX_ANSWER_BYTES = 64 << 20
-_UINT64 = 1 << 64
 
 # Triton 2.68 and later turn client shared memory off unless started with the flag below.
 CLIENT_SHM_HINT = (
@@ -93,76 +93,18 @@ def snippet(text: str | None, limit: int = 200) -> str:
 
 
 def check_regions(kind: str, regions: list, where: str, url: str, transport: str) -> list:
-    """regions when each is a region of kind as Triton lists it; MalformedAnswer naming where otherwise.
-
-    The fields are records.KINDS[kind]'s: a required field must be there, an optional one is checked when present;
-    a string field is a string, an integer field an unsigned 64-bit integer (Triton's uint64), never a boolean.
-    Other keys are kept as they are.
-    """
-    record = records.KINDS[check_kind(kind)]
-    texts = tuple(f.name for f in record.required if f.text)
-    numbers = tuple(f.name for f in record.required if not f.text)
-    optional = tuple((f.name, f.text) for f in record.optional)
-    # pylint: disable=unidiomatic-typecheck  # exact types: a bool is an int, and not a size
-    top, typ, text, number = _UINT64, type, str, int  # locals: this runs once per region of every status read
-    for index, region in enumerate(regions):
-        try:  # the common case: every field there with its exact type and range, inline (no call per region)
-            for name in texts:
-                if typ(region[name]) is not text:
-                    break
-            else:
-                for name in numbers:
-                    value = region[name]
-                    if typ(value) is not number or not 0 <= value < top:
-                        break
-                else:
-                    if typ(region) is dict and (not optional or _optional_good(region, optional)):
-                        continue
-        except (KeyError, TypeError, IndexError):
-            pass
-        _refuse_region(kind, record.fields, index, region, where, url, transport)
+    """regions when each is a region of kind as Triton lists it (records.check_regions); MalformedAnswer naming where
+    otherwise."""
+    try:
+        records.check_regions(records.KINDS[check_kind(kind)], regions)
+    except records.BadRegion as bad:
+        detail = bad.describe(escape) + ('' if bad.field is None else '; nothing was done with it')
+        raise MalformedAnswer(
+            f'{where}: the answer is not a Triton {kind} shared memory status: {detail}',
+            url=url,
+            transport=transport,
+        ) from None
     return regions
-
-
-def _optional_good(region: dict, fields: tuple) -> bool:
-    """Whether each of the optional fields (name, text) that region has is of its type."""
-    top = _UINT64
-    for name, text in fields:
-        if name not in region:
-            continue
-        value = region[name]
-        # exact types: a bool is an int, and not a size
-        if text:
-            if type(value) is not str:  # pylint: disable=unidiomatic-typecheck
-                return False
-        elif type(value) is not int or not 0 <= value < top:  # pylint: disable=unidiomatic-typecheck
-            return False
-    return True
-
-
-def _refuse_region(kind: str, fields: tuple, index: int, region: Any, where: str, url: str, transport: str) -> None:
-    """The MalformedAnswer for the region check_regions refused, naming its first bad field (records.Field)."""
-    for field in fields:
-        present = isinstance(region, dict) and field.name in region
-        if not present and not field.required:
-            continue
-        value = region.get(field.name) if isinstance(region, dict) else None
-        good = isinstance(value, str) if field.text else (type(value) is int and 0 <= value < _UINT64)  # pylint: disable=unidiomatic-typecheck
-        if not good:
-            want = 'a string' if field.text else 'an integer from 0 to 2**64 - 1'
-            got = 'missing' if not present else escape(repr(value), 80)
-            raise MalformedAnswer(
-                f'{where}: the answer is not a Triton {kind} shared memory status: region {index} '
-                f'has {field.name} {got}, expected {want}; nothing was done with it',
-                url=url,
-                transport=transport,
-            )
-    raise MalformedAnswer(
-        f'{where}: the answer is not a Triton {kind} shared memory status: region {index} is '
-        f'{escape(repr(region), 200)}',
-        url=url,
-        transport=transport,
-    )
 
 
 def check_metadata(data: dict, where: str, url: str, transport: str) -> dict:
@@ -218,37 +160,6 @@ class Url(NamedTuple):
     host: str
     port: int | None
     parts: SplitResult
-
-
-def has_userinfo(url: str | None) -> bool:
-    """True when the URL carries a ``user[:password]@`` part before its host."""
-    text = str(url or '')
-    if '://' not in text:
-        return False
-    netloc = text.split('://', 1)[1].split('/', 1)[0].split('?', 1)[0].split('#', 1)[0]
-    return '@' in netloc
-
-
-def redact_url(url: Any) -> Any:
-    """The URL with any ``user[:password]@`` part shown as ``***@``; anything else (None, a number) as it is.
-
-    For every place a URL is shown (messages, reports, metrics labels): credentials in a URL are refused
-    (check_url), and an output never carries them even when a URL did not pass through a module.
-    """
-    if not isinstance(url, str) or not has_userinfo(url):
-        return url
-    scheme, rest = url.split('://', 1)
-    end = min((i for i in (rest.find('/'), rest.find('?'), rest.find('#')) if i >= 0), default=len(rest))
-    return f'{scheme}://***@{rest[:end].rpartition("@")[2]}{rest[end:]}'
-
-
-def url_secrets(url: str | None) -> list[str]:
-    """The ``user:password`` part of a URL and its password (as written and decoded): strings to mask in outputs."""
-    if not has_userinfo(url):
-        return []
-    userinfo = str(url).split('://', 1)[1].split('/', 1)[0].rpartition('@')[0]
-    password = userinfo.partition(':')[2]
-    return sorted({s for s in (userinfo, password, unquote(password)) if len(s) >= 3})
 
 
 USERINFO_REFUSAL = (

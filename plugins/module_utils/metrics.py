@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import records
-from ansible_collections.tritonops.shm.plugins.module_utils.client import redact_url
+from ansible_collections.tritonops.shm.plugins.module_utils.urls import redact_url
 
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (

@@ -33,11 +33,12 @@ record's columns, which pick summary counts (vocabulary.py), not region fields.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 TEXT = 'str'
 UINT64 = 'uint64'
+_UINT64_END = 1 << 64
 
 
 BYTES = 'bytes'
@@ -139,3 +140,87 @@ KINDS = {k.name: k for k in (SYSTEM, CUDA)}
 def metric_fields() -> tuple:
     """(kind, field) for every field with a report gauge, kinds and fields in their order."""
     return tuple((kind, f) for kind in KINDS.values() for f in kind.fields if f.metric)
+
+
+# -- what reads a status answer: the modules' client (client.check_regions) and the event source, loaded by its path --
+
+
+class BadRegion(ValueError):
+    """A region of a status answer that is not one of its kind: its index, and the first field that is wrong (None:
+    the region is not a dict). describe() says it, with the caller's escaping of what the server sent."""
+
+    def __init__(self, kind: Kind, index: int, region: Any, field: Field | None) -> None:
+        super().__init__(f'region {index} of a {kind.name} status is not one')
+        self.kind, self.index, self.region, self.field = kind, index, region, field
+
+    def describe(self, escape: Callable[[str, int], str]) -> str:
+        """``region 3 has byte_size 'x', expected an integer from 0 to 2**64 - 1``, or ``region 3 is [...]``."""
+        if self.field is None:
+            return f'region {self.index} is {escape(repr(self.region), 200)}'
+        f = self.field
+        present = isinstance(self.region, dict) and f.name in self.region
+        got = escape(repr(self.region[f.name]), 80) if present else 'missing'
+        want = 'a string' if f.text else 'an integer from 0 to 2**64 - 1'
+        return f'region {self.index} has {f.name} {got}, expected {want}'
+
+
+def _good(field: Field, value: Any) -> bool:
+    # exact types: a bool is an int, and not a size
+    if field.text:
+        return type(value) is str  # pylint: disable=unidiomatic-typecheck
+    return type(value) is int and 0 <= value < _UINT64_END  # pylint: disable=unidiomatic-typecheck
+
+
+def check_regions(kind: Kind, regions: Sequence) -> None:
+    """BadRegion for the first region of regions that is not one of kind as Triton lists it.
+
+    A required field must be there, an optional one is checked when present; a string field is a string, an integer
+    field an unsigned 64-bit integer (Triton's uint64), never a boolean. Other keys are kept as they are.
+    """
+    texts = tuple(f.name for f in kind.required if f.text)
+    numbers = tuple(f.name for f in kind.required if not f.text)
+    optional = kind.optional
+    # pylint: disable=unidiomatic-typecheck  # exact types: a bool is an int, and not a size
+    top, typ, text, number = _UINT64_END, type, str, int  # locals: this runs once per region of every status read
+    for index, region in enumerate(regions):
+        try:  # the common case: every field there with its exact type and range, inline (no call per region)
+            for name in texts:
+                if typ(region[name]) is not text:
+                    break
+            else:
+                for name in numbers:
+                    value = region[name]
+                    if typ(value) is not number or not 0 <= value < top:
+                        break
+                else:
+                    if typ(region) is dict and (
+                        not optional or all(f.name not in region or _good(f, region[f.name]) for f in optional)
+                    ):
+                        continue
+        except (KeyError, TypeError, IndexError):
+            pass
+        raise _refusal(kind, index, region)
+
+
+def _refusal(kind: Kind, index: int, region: Any) -> BadRegion:
+    """The BadRegion of a region check_regions refused, naming its first bad field (none when it is not a dict)."""
+    if not isinstance(region, dict):
+        return BadRegion(kind, index, region, None)
+    for field in kind.fields:
+        present = isinstance(region, dict) and field.name in region
+        if not present and not field.required:
+            continue
+        if not present or not _good(field, region[field.name]):
+            return BadRegion(kind, index, region, field)
+    return BadRegion(kind, index, region, None)
+
+
+def from_message(kind: Kind, message: Any) -> dict:
+    """A region status message of Triton's gRPC API as the HTTP API lists it: every field of the kind the message has,
+    the integers as Python ints, so that both transports give the same keys and one check judges them."""
+    known = message.DESCRIPTOR.fields_by_name
+    return {
+        f.name: (getattr(message, f.name) if f.text else int(getattr(message, f.name)))
+        for f in kind.fields
+        if f.name in known
+    }

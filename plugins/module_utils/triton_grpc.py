@@ -68,17 +68,6 @@ _STATUS_CALLS = {
 }
 
 
-def _region_dict(kind: records.Kind, message: Any) -> dict:
-    """A region status message as the HTTP API lists it: every field of the kind the message has (records.py), the
-    integers as Python ints, so that both transports return the same keys and one check judges them."""
-    known = message.DESCRIPTOR.fields_by_name
-    return {
-        f.name: (getattr(message, f.name) if f.text else int(getattr(message, f.name)))
-        for f in kind.fields
-        if f.name in known
-    }
-
-
 class _Lib:
     """grpcio and Triton's messages, imported on first use (HTTP URLs never pay for the import)."""
 
@@ -319,7 +308,7 @@ class TritonGrpcClient(Client):
         what = f'read {check_kind(kind)} shared memory status'
         call, request = _STATUS_CALLS[kind]
         resp = self.call(call, getattr(_Lib.pb, request)(), what)
-        out = [_region_dict(records.KINDS[kind], r) for r in resp.regions.values()]
+        out = [records.from_message(records.KINDS[kind], r) for r in resp.regions.values()]
         return check_regions(
             kind, sorted(out, key=lambda r: r['name']), f'{what} at {self.base}', self.base, self.transport
         )

@@ -21,8 +21,9 @@ from ansible.errors import AnsibleFilterError
 from jinja2 import Environment
 from jinja2.filters import do_filesizeformat, do_truncate
 
-from ansible_collections.tritonops.shm.plugins.module_utils.client import GRPC_SCHEMES, redact_url, split_url
+from ansible_collections.tritonops.shm.plugins.module_utils.client import GRPC_SCHEMES, split_url
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.urls import redact_url
 
 _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'

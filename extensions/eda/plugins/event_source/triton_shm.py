@@ -15,7 +15,9 @@ description:
   - "Each event is C({triton_shm: {host, url, status, regions, registered_bytes,
     registered_percent, shm_bytes, threshold_percent, error}, meta: {hosts: host}}).
     C(status) is C(up) when the server answered with its region list, C(down) otherwise
-    (refused, timed out, an HTTP error, or an answer that is not Triton's), and
+    (refused, timed out, an HTTP error, or an answer that is not Triton's: the modules' own check of a
+    status, plugins/module_utils/records.py, loaded by its path, so that an answer the modules refuse is never
+    C(up) here), and
     C(implausible) when the list's figures cannot be true (a region or the total larger
     than C(shm_bytes), or than 2**63 bytes); a C(down) or C(implausible) event carries
     C(error) (server text with every control character escaped) and no region figures,
@@ -155,7 +157,7 @@ import os
 import re
 import ssl
 from typing import Any, NamedTuple
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 try:
     import resource
@@ -187,6 +189,9 @@ def load_by_path(name: str) -> Any:
 http_reader = load_by_path('http_reader')
 tls = load_by_path('tls')
 errors = load_by_path('errors')
+records = load_by_path('records')  # what a region of a status is: the modules' check (client.check_regions)
+urls = load_by_path('urls')
+redact_url = urls.redact_url  # a URL as every output of the collection shows it
 
 STATUS_PATH = '/v2/systemsharedmemory/status'
 GRPC_METHOD = 'SystemSharedMemoryStatus'  # what a grpc:// server is asked (Triton's GRPCInferenceService)
@@ -227,14 +232,6 @@ class PollError(Exception):
 
 class _Reconnect(PollError):
     """A kept-alive connection was closed by the server before it answered: send again on a new one."""
-
-
-def redact_url(url: str) -> str:
-    """The URL without the password (and user) of a user:password@ part."""
-    parts = urlsplit(url)
-    if '@' not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc='***@' + parts.netloc.rpartition('@')[2]))
 
 
 def _number(value: Any, what: str, positive: bool = True) -> float:
@@ -542,24 +539,20 @@ class Implausible(ValueError):
 def summarize(regions: Any, shm_bytes: int | None = None) -> tuple[int, int]:
     """(count, registered bytes) of Triton's system shared-memory status.
 
-    ValueError when it is not one (not a list, a region without a string name, a byte_size that is not an
-    unsigned 64-bit integer or a string of its digits). Implausible when its figures cannot be true: a region
-    or the total larger than shm_bytes (the whole shm filesystem), or than ABSURD_BYTES.
+    ValueError when it is not one: not a list, or a region the modules' check refuses (records.check_regions: each
+    field of a system region there, with its type; the same answer is never up here and refused by the modules).
+    Implausible when its figures cannot be true: a region or the total larger than shm_bytes (the whole shm
+    filesystem), or than ABSURD_BYTES.
     """
     if not isinstance(regions, list):
         raise ValueError('expected a JSON list of regions')
+    try:
+        records.check_regions(records.SYSTEM, regions)
+    except records.BadRegion as bad:
+        raise ValueError(f'not a Triton system shared memory status: {bad.describe(http_reader.escape)}') from None
     total = 0
     for region in regions:
-        try:
-            size, name = region['byte_size'], region['name']
-        except (TypeError, KeyError):
-            raise ValueError('expected regions with a name and a byte_size') from None
-        if type(size) is not int:  # pylint: disable=unidiomatic-typecheck  # bool is an int, and not a size
-            if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) <= 20):
-                raise ValueError('expected regions with a name and a byte_size')
-            size = int(size)  # Triton's JSON writes uint64 as numbers; accept digit strings too
-        if size < 0 or size >= 1 << 64 or not isinstance(name, str):
-            raise ValueError('expected regions with a name and a byte_size')
+        size, name = region['byte_size'], region['name']
         limit = min(shm_bytes, ABSURD_BYTES) if shm_bytes else ABSURD_BYTES
         if size > limit:
             raise Implausible(
@@ -893,10 +886,7 @@ class _GrpcTarget(_Target):
         finally:
             if not self.keep_alive:
                 await self._close_channel()
-        return [
-            {'name': r.name, 'key': r.key, 'offset': r.offset, 'byte_size': r.byte_size}
-            for r in answer.regions.values()
-        ]
+        return [records.from_message(records.SYSTEM, r) for r in answer.regions.values()]
 
     async def _close_channel(self) -> None:
         channel, self.channel, self.stub = self.channel, None, None

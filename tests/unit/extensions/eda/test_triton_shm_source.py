@@ -216,9 +216,21 @@ def http(body, status='200 OK', length=None):
         (b'SSH-2.0-OpenSSH_9.2\r\n', 'not HTTP'),
         (http(b'<html>hello, nginx!</html>\n'), 'not Triton JSON'),
         (http(b'{"a": 1}'), 'expected a JSON list of regions'),
-        (http(b'["a", 1]'), 'expected regions with a name and a byte_size'),
-        (http(b'[{"name": "a", "byte_size": -1}]'), 'expected regions with a name and a byte_size'),
-        (http(b'[{"name": "a", "byte_size": true}]'), 'expected regions with a name and a byte_size'),
+        (http(b'["a", 1]'), "not a Triton system shared memory status: region 0 is 'a'"),
+        (http(b'[{"name": "a", "byte_size": -1}]'), 'region 0 has key missing, expected a string'),
+        (
+            http(b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": -1}]'),
+            'region 0 has byte_size -1, expected an integer from 0 to 2**64 - 1',
+        ),
+        (
+            http(b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": true}]'),
+            'region 0 has byte_size True, expected an integer',
+        ),
+        # the modules refuse what the event source refuses: a size as a string is not Triton's uint64
+        (
+            http(b'[{"name": "a", "key": "/a", "offset": 0, "byte_size": "4096"}]'),
+            "region 0 has byte_size '4096', expected an integer",
+        ),
         (http(b'{"error": "boom"}', status='500 Internal Server Error'), 'HTTP 500: {"error": "boom"}'),
         (http(b'[{"name"', length=1000), 'the answer was cut short'),
     ],

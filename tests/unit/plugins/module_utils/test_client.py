@@ -20,15 +20,12 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     check_kind,
     check_url,
     error_from_answer,
-    has_userinfo,
     host_port,
     is_grpc_url,
-    redact_url,
     short,
     snippet,
     split_url,
     url_scheme,
-    url_secrets,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ParameterError,
@@ -38,6 +35,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.urls import has_userinfo, redact_url, url_secrets
 
 # what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)
 INTERFACE = {

@@ -13,7 +13,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.tritonops.shm.plugins.module_utils import client, records, triton_grpc
+from ansible_collections.tritonops.shm.plugins.module_utils import client, records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
@@ -88,11 +88,11 @@ def test_an_optional_field_is_kept_when_present_checked_by_type_and_never_asked_
 
 def test_the_grpc_status_keeps_the_fields_the_kind_declares_and_the_message_has(ref_count):
     newer = _Message(name='r', key='/r', offset=0, byte_size=16, ref_count=3, unknown_field=9)
-    assert triton_grpc._region_dict(ref_count, newer) == _system(ref_count=3)  # pylint: disable=protected-access
+    assert records.from_message(ref_count, newer) == _system(ref_count=3)
     older = _Message(name='r', key='/r', offset=0, byte_size=16)
-    assert triton_grpc._region_dict(ref_count, older) == _system()  # pylint: disable=protected-access
+    assert records.from_message(ref_count, older) == _system()
     cuda = _Message(name='c', device_id=1, byte_size=8)
-    assert triton_grpc._region_dict(records.CUDA, cuda) == dict(name='c', device_id=1, byte_size=8)  # pylint: disable=protected-access
+    assert records.from_message(records.CUDA, cuda) == dict(name='c', device_id=1, byte_size=8)
 
 
 # The same recipe carried to where a field is shown: one Field with a report column and a gauge, declared before the
