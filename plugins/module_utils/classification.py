@@ -271,14 +271,49 @@ def reclaimable(snap: Snapshot, rec: dict) -> bool:
 
 
 def cuda_record(snap: Snapshot, region: dict) -> dict:
-    """The record of one CUDA region: its state is unknown (no holder of a CUDA region can be observed yet).
-
-    The state rule's signature (kinds.py): snap is what the CUDA rule of issue 34 will read its evidence from.
-    """
+    """The record of one CUDA region: its possible owners (holders), state and reclaimable (cuda_state)."""
     rec = dict(region)
-    rec['state'] = UNKNOWN
-    rec['state_reason'] = 'CUDA regions have no backing file; their clients cannot be observed'
+    state, reason, owners = cuda_state(snap, region.get('device_id'))
+    rec['holders'] = [o.as_dict() for o in owners]
+    rec['state'], rec['state_reason'] = state, reason
+    rec['reclaimable'] = state == STALE
     return rec
+
+
+def cuda_state(snap: Snapshot, device_id: object) -> tuple[str, str, list]:
+    """(state, reason, owners) of a CUDA region on device_id: the CUDA rule (docs/cuda.md).
+
+    Stale only when both signals of gpu.py say that no process outside the server and its descendants has a CUDA
+    context on the GPUs the region may live on; unknown whenever either cannot be read or says otherwise.
+    """
+    ev = snap.gpu
+    if snap.pid is None:
+        return UNKNOWN, 'the server process was not found on this host: its GPUs cannot be checked', []
+    if snap.pid_namespace != 'initial':
+        return UNKNOWN, "NVML names host pids, and this module runs outside the host's initial PID namespace", []
+    if ev is None:
+        return UNKNOWN, 'the GPUs were not read', []
+    if ev.reading.error is not None:
+        return UNKNOWN, f'{ev.reading.error}: whether a client still has a CUDA context cannot be told', []
+    if not ev.reading.gpus:
+        return UNKNOWN, 'NVML lists no GPU', []
+    if any(g.mig for g in ev.reading.gpus):
+        return UNKNOWN, 'MIG is on: a context on a MIG instance cannot be told from one on the region', []
+    if ev.mps:
+        return UNKNOWN, "MPS runs on this host: its clients' contexts belong to the MPS server", []
+    gpus, unproven = ev.gpus_for(device_id)
+    owners = ev.owners(gpus)
+    where = ', '.join(f'GPU {g.index}' for g in gpus) + (f' ({unproven})' if unproven else '')
+    if owners:
+        zombies = [o for o in owners if o.why.startswith('zombie')]
+        what = f'{len(zombies)} zombie(s) and ' if zombies else ''
+        return (
+            UNKNOWN,
+            f'{what}{len(owners)} process(es) besides the server may own it, with a CUDA context on {where}: '
+            + ', '.join(f'{o.comm or "?"} (pid {o.pid})' for o in owners),
+            owners,
+        )
+    return STALE, f'no process but the server has a CUDA context on {where} (NVML and /proc): the client is gone', []
 
 
 def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criteria) -> dict:

@@ -10,18 +10,19 @@ object of the ``kind`` parameter and has no branch on its name. Each kind gives:
 
 - ``record``: its fields (records.Kind), and whether its regions are backed by files of the shm directory;
 - ``holders``: its holder evidence, as the docs and messages say it (system: the processes that map or open the
-  backing file, by device and inode; CUDA: none can be observed yet, so no CUDA region is ever stale);
+  backing file, by device and inode; CUDA: the processes with a CUDA context on the region's GPU, by NVML and by
+  the /proc scan, gpu.py);
 - ``state``: its state rule (classification.py: a region's record with ``state`` and ``state_reason``);
 - ``plan_present`` and ``plan_absent``: its plans (region_plan.py: which regions state=absent selects);
 - ``register`` and ``restore``: the calls that register a region of the kind, and that register again the
   registration an operator's new spec replaced.
 
 Every kind reads one snapshot of the server (snapshot.read_server, its own region list) and takes the per-server
-lock like system memory: a rule that decides from holders (the CUDA rule of issue 34) reads them under it.
+lock like system memory: the CUDA rule decides from holders read under it.
 
-**Add a kind**: its fields in records.py, one ``RegionKind`` here with its plans (region_plan.py) and its state
-rule (classification.py), the client's register call (client.py and the transports), triton_shm_region's options
-and RETURN docs.
+**Add a kind**: its fields in records.py, one ``RegionKind`` here with its plans (region_plan.py), its state rule
+(classification.py) and its holder evidence (for CUDA: gpu.py, read by snapshot.read_server), the client's register
+call (client.py and the transports), triton_shm_region's options and RETURN docs.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ SYSTEM = RegionKind(
 )
 CUDA = RegionKind(
     record=records.CUDA,
-    holders='none observable yet: a CUDA region has no backing file, and its state is unknown',
+    holders="the processes with a CUDA context on the region's GPU: NVML's compute processes and /proc (gpu.py)",
     state=classification.cuda_record,
     plan_present=region_plan.plan_present_cuda,
     plan_absent=region_plan.plan_absent_cuda,

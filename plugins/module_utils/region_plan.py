@@ -408,18 +408,23 @@ def plan_absent_cuda(
     crit: classification.Criteria,
     unaddressable: Unaddressable,
 ) -> Plan:
-    """The CUDA regions state=absent selects: by name, or all (none is stale: their clients cannot be observed).
+    """The CUDA regions state=absent selects: by name, all, or (stale) those the CUDA rule calls stale.
 
-    plan_absent's signature (kinds.py): records and crit are what the CUDA rule of issue 34 will select by.
+    records.cuda_regions are classified (classification.cuda_state): a region is stale only when no process but the
+    server has a CUDA context on its GPU, by NVML and by /proc.
     """
     current = snap.cuda
     notes = _Notes()
     names = set(p['name'] or ())
-    selected = _select((rec for rec in current if p['all'] or rec['name'] in names), p, unaddressable, notes)
+    regions = records.cuda_regions
+    selected = _select((rec for rec in regions if _wanted(p, rec)), p, unaddressable, notes)
     if p['stale'] and not p['all']:
-        notes.warnings.append(
-            'CUDA regions are never stale (their clients cannot be observed): stale=true selects none of them'
-        )
+        left = [r for r in regions if not r['reclaimable'] and r['name'] not in names]
+        if left:
+            notes.warnings.append(
+                f'stale=true leaves {len(left)} CUDA region(s) that are not stale: {left[0]["name"]} is '
+                f'{left[0]["state"]} ({left[0]["state_reason"]})'
+            )
     sel = {r['name'] for r in selected}
     return Plan(
         kind=CUDA.name,

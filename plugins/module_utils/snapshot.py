@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, rootfs, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import gpu as gpu_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     PathRefused,
@@ -88,6 +89,7 @@ class Snapshot:
     server_facts: ServerFacts | None = None  # what attributes a pool to the server's own stub (read with pool_holders)
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
     container: dict | None = None  # the server's container or pod (containers.Identity.as_dict), None on the host
+    gpu: gpu_mod.Evidence | None = None  # the CUDA regions' holder evidence (read with them; None: not read)
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
     _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -197,6 +199,7 @@ def read_server(
     clients_share_pid_namespace: bool = False,
     on_located: Callable[[shm_fs.PinnedDir | None], object] | None = None,
     shm: shm_fs.PinnedDir | None = None,
+    read_nvml: Callable[[], Any] | None = None,
 ) -> Snapshot:
     """Read the server behind client: metadata, location, shm directory, region lists, holders, marks.
 
@@ -216,6 +219,7 @@ def read_server(
     is located and before its regions are read: a run takes its per-server lock then, so that everything it plans
     from is read under it.
     shm: the shm directory a read of this same server opened before (read again: the same directory, not opened anew).
+    read_nvml: what reads NVML for the CUDA regions' evidence (gpu.py; nvml.read when None).
     """
     metadata = client.server_metadata()
     extensions = metadata.get('extensions') or []
@@ -284,6 +288,9 @@ def read_server(
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
     marks = read_marks(pinned, system, entries) if pinned is not None else {}
     cleanup_marks = read_cleanup_marks(pinned, system, entries) if pinned is not None else {}
+    gpu = None
+    if cuda and location.pid is not None and visible.pid_namespace == 'initial':
+        gpu = gpu_mod.read_evidence(location.pid, proc, read_nvml)
     authority = authority_mod.read_authority(location.pid, pinned, proc) if pinned is not None else None
     ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
     return Snapshot(
@@ -309,6 +316,7 @@ def read_server(
         container=ident.as_dict() if ident.found else None,
         cleanup_marks=cleanup_marks,
         server_id=server_identity(location.pid, proc),
+        gpu=gpu,
     )
 
 

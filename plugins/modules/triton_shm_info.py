@@ -248,8 +248,12 @@ system_regions:
           allocated until they are unregistered), when the holders and the server process are fully known.
       type: bool
 cuda_regions:
-  description: Every registered CUDA region (C(name), C(device_id), C(byte_size), and what else the server
-    returns); C(state) is C(unknown).
+  description:
+    - Every registered CUDA region (C(name), C(device_id), C(byte_size), and what else the server returns), with its
+      possible owners and its state by the CUDA rule (docs/cuda.md).
+    - V(stale) only when no process but the server and its own descendants has a CUDA context on the region's GPU, by
+      NVML's compute processes and by the /proc scan (a process that maps C(/dev/nvidia-uvm)); V(unknown) otherwise,
+      also whenever NVML cannot be read, MIG or MPS is on, or the module runs outside the host's PID namespace.
   returned: always
   type: list
   elements: dict
@@ -257,8 +261,22 @@ cuda_regions:
     name: {description: The region name., type: str}
     device_id: {description: "The CUDA device ordinal, as the server's process numbers its GPUs.", type: int}
     byte_size: {description: Registered size in bytes., type: int}
-    state: {description: "V(unknown): the clients of a CUDA region cannot be observed.", type: str}
+    holders:
+      description:
+        - The processes that may own the region (C(pid), C(comm), C(why), and C(container) for one in a container).
+        - A C(why) that starts with C(zombie) is a pid NVML lists that /proc no longer has. A descendant of that dead
+          client keeps its context and memory alive. Stop it, and the region becomes stale.
+      type: list
+      elements: dict
+      version_added: 0.3.0
+    state: {description: "V(stale) or V(unknown), by the CUDA rule.", type: str}
     state_reason: {description: Why the region has its state., type: str}
+    reclaimable:
+      description: >-
+        Whether M(tritonops.shm.triton_shm_region) with O(tritonops.shm.triton_shm_region#module:kind=cuda) and
+        O(tritonops.shm.triton_shm_region#module:stale=true) unregisters it.
+      type: bool
+      version_added: 0.3.0
 files:
   description: Every entry of the shm directory (lstat, never followed).
   returned: always

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders, nvml, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import (
     Criteria,
     RegionFacts,
@@ -163,6 +163,7 @@ class Read:
     """
 
     def __init__(self, triton, orphan_patterns=None, min_age=300, backend_patterns=None, **options):
+        options.setdefault('read_nvml', lambda: nvml.Reading((), 'NVML cannot be loaded (this scene has no GPU)'))
         self.snap = read_server(triton, **options)
         self.criteria = Criteria.of(orphan_patterns, min_age, backend_patterns)
 
@@ -350,7 +351,10 @@ def test_file_categories(result, ns):
 
 def test_cuda_regions_are_reported_unknown(result):
     assert [(r['name'], r['device_id'], r['state']) for r in result['cuda_regions']] == [('gpu0', 0, 'unknown')]
-    assert 'cannot be observed' in result['cuda_regions'][0]['state_reason']
+    assert result['cuda_regions'][0]['state_reason'] == (
+        'NVML cannot be loaded (this scene has no GPU): whether a client still has a CUDA context cannot be told'
+    )
+    assert result['cuda_regions'][0]['reclaimable'] is False and result['cuda_regions'][0]['holders'] == []
 
 
 def test_a_cuda_region_returns_exactly_the_keys_triton_shm_info_documents(result):
