@@ -27,7 +27,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils import nvml, procfs
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import identity
 
 UVM = b'/dev/nvidia-uvm'
-MPS_COMMS = ('nvidia-cuda-mps-control', 'nvidia-cuda-mps-server')
+# nvidia-cuda-mps-control and nvidia-cuda-mps-server: /proc/PID/comm keeps the first 15 bytes of a name
+MPS_COMM = 'nvidia-cuda-mps'
 
 
 class Owner(NamedTuple):
@@ -130,7 +131,7 @@ def read_evidence(
         parents[pid] = lineage.ppid
         comm = procfs.read_comm(pid, proc)
         comms[pid] = comm
-        mps = mps or comm in MPS_COMMS
+        mps = mps or (comm or '').startswith(MPS_COMM)
         try:
             if UVM in procfs.read_bytes(f'{proc}/{pid}/maps'):
                 mappers.append(pid)

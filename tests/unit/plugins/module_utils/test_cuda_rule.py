@@ -144,7 +144,7 @@ def test_every_way_the_rule_cannot_decide_is_unknown_with_its_reason(tmp_path, c
     good = reading((0, [(SERVER, 582 * MIB)]))
     procs = dict(H200)
     if case == 'mps':
-        procs[CLIENT] = ('nvidia-cuda-mps-server', 1, UVM_MAP, b'')
+        procs[CLIENT] = ('nvidia-cuda-mps', 1, UVM_MAP, b'')  # nvidia-cuda-mps-server, as comm truncates it
     ev = evidence(tmp_path, procs, good)
     s = snap(ev)
     if case == 'no nvml':
