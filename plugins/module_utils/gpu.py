@@ -50,7 +50,6 @@ class Evidence(NamedTuple):
     """What was read to judge the CUDA regions of one server (read_evidence)."""
 
     reading: nvml.Reading  # NVML, as read first
-    server_pid: int
     family: frozenset  # the server and its descendants (its backend stubs): never owners
     uvm_mappers: tuple  # pids outside family that map /dev/nvidia-uvm (the /proc signal)
     visible_devices: str | None  # the server's CUDA_VISIBLE_DEVICES (None: unset or unreadable)
@@ -147,7 +146,6 @@ def read_evidence(
             containers[pid] = found.as_dict()
     return Evidence(
         reading=reading,
-        server_pid=server_pid,
         family=family,
         uvm_mappers=uvm,
         visible_devices=_visible_devices(server_pid, proc),

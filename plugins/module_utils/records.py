@@ -207,7 +207,7 @@ def _refusal(kind: Kind, index: int, region: Any) -> BadRegion:
     if not isinstance(region, dict):
         return BadRegion(kind, index, region, None)
     for field in kind.fields:
-        present = isinstance(region, dict) and field.name in region
+        present = field.name in region
         if not present and not field.required:
             continue
         if not present or not _good(field, region[field.name]):
