@@ -5,8 +5,8 @@
 
 Private to the tritonops.shm collection: no stability promise to other code.
 
-- connection_argument_spec(): THE one definition of the connection options (documented once, in
-  the doc fragment tritonops.shm.triton; the other copies are checked against it);
+- connection_argument_spec(): the connection options of connection.OPTIONS, their one definition (documented
+  once, in the doc fragment tritonops.shm.triton; the other copies are checked against it);
   shm_dir_argument_spec() and backend_argument_spec() add the options that locate the server's
   shm directory and tell the python backend's files.
 - make_client(): the client.Client for those options. The URL's scheme picks the transport:
@@ -28,7 +28,7 @@ from typing import Callable
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils import connection, metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     Client,
     check_headers,
@@ -39,20 +39,16 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import Parame
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
-from ansible_collections.tritonops.shm.plugins.module_utils.urls import url_secrets
 
 
 def connection_argument_spec() -> dict:
-    """Connection options shared by every module of the collection (see doc fragment tritonops.shm.triton)."""
-    return dict(
-        url=dict(type='str', required=True, fallback=(env_fallback, ['TRITON_URL'])),
-        timeout=dict(type='float', default=10.0),
-        validate_certs=dict(type='bool', default=True),
-        ca_path=dict(type='path'),
-        headers=dict(type='dict', default={}, no_log=True),
-        client_cert=dict(type='path'),
-        client_key=dict(type='path', no_log=False),
-    )
+    """Connection options shared by every module of the collection: connection.OPTIONS, with its environment fallbacks
+    (documented in the doc fragment tritonops.shm.triton)."""
+    spec = connection.argument_spec()
+    for name, option in connection.OPTIONS.items():
+        if option.env:
+            spec[name]['fallback'] = (env_fallback, [option.env])
+    return spec
 
 
 def shm_dir_argument_spec() -> dict:
@@ -131,7 +127,7 @@ def make_client(module: AnsibleModule) -> Client:
     """
     params = module.params
     # a URL with credentials is refused below; its password is masked in whatever the module returns (invocation too)
-    module.no_log_values.update(url_secrets(params['url']))
+    module.no_log_values.update(connection.url_secrets(params['url']))
     transport = TritonGrpcClient if is_grpc_url(params['url']) else TritonClient
     library = transport.library()
     if not library.ok:

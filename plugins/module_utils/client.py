@@ -10,7 +10,8 @@ triton_http.TritonClient (HTTP) and triton_grpc.TritonGrpcClient (gRPC) implemen
 base.make_client picks one by the URL's scheme (``is_grpc_url``). Next to it: the URL parsing,
 the kind and health checks, the text helpers, and ``error_from_answer``, the one place where an
 error answer of the server (its own text) becomes a TritonError subclass. This file imports only
-the standard library, errors, records (the region fields) and http_reader (for escape).
+the standard library, errors, records (the region fields), connection (the options' checks, URLs shown) and
+http_reader (for escape).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
-from ansible_collections.tritonops.shm.plugins.module_utils import records
+from ansible_collections.tritonops.shm.plugins.module_utils import connection, records
+from ansible_collections.tritonops.shm.plugins.module_utils.connection import has_userinfo, redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ClientShmDisabled,
     MalformedAnswer,
@@ -35,7 +37,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     restricted_hint,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import escape
-from ansible_collections.tritonops.shm.plugins.module_utils.urls import has_userinfo, redact_url
 
 HTTP = 'http'
 GRPC = 'grpc'
@@ -175,37 +176,16 @@ def check_url(url: str | None) -> None:
         raise ParameterError(f'url {redact_url(url)} {USERINFO_REFUSAL}')
 
 
-# RFC 9110 token characters: what a header (field) name may contain.
-_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
 def check_headers(headers: Any) -> None:
     """ParameterError for a header either transport would refuse, naming the header and never showing its value.
 
-    A name is an RFC 9110 token; a value has no control character (CR, LF, NUL, ...: a YAML block scalar
-    ends in a newline) and no leading or trailing whitespace. The HTTP library's own refusal quotes the
-    value, which is often a secret: this check runs before any request, for HTTP and gRPC alike.
+    The rule is connection.check_headers (the event source checks its headers by it too). The HTTP library's own
+    refusal quotes the value, which is often a secret: this check runs before any request, for HTTP and gRPC alike.
     """
-    for name, value in (headers or {}).items():
-        name = str(name)
-        if not name or not set(name) <= _TOKEN:
-            shown = ''.join(c if c in _TOKEN else '?' for c in name[:64])
-            raise ParameterError(
-                f'headers: the header name {shown!r} is not a valid HTTP header name (letters, digits '
-                f"and !#$%&'*+-.^_`|~ only); nothing was sent"
-            )
-        text = str(value)
-        if any(ord(c) < 32 and c != '\t' or ord(c) == 127 for c in text):
-            raise ParameterError(
-                f'headers: the value of header {name!r} contains a control character (a line break, '
-                f'NUL, ...; a YAML block scalar "|" ends in a newline: use "|-" or a plain string); '
-                f'the value is not shown, nothing was sent'
-            )
-        if text != text.strip():
-            raise ParameterError(
-                f'headers: the value of header {name!r} begins or ends with whitespace; the value is '
-                f'not shown, nothing was sent'
-            )
+    try:
+        connection.check_headers(headers)
+    except connection.OptionError as exc:
+        raise ParameterError(str(exc)) from None
 
 
 def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:

@@ -20,8 +20,8 @@ the report file from the module's own result and, for triton_shm_region, the cle
 call's outcome (``call_outcome()``), its counter continued from the previous file; one warning at
 most when the directory cannot take them.
 
-Standard library only (and the collection's client.py text helpers, records.py and vocabulary.py, standard library
-too): the filters import it in every Ansible worker process.
+Standard library only (and the collection's records.py, connection.py, metrics_text.py (the text format, both ways)
+and vocabulary.py, standard library too): the filters import it in every Ansible worker process.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import secrets
 import stat
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import records
-from ansible_collections.tritonops.shm.plugins.module_utils.urls import redact_url
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics_text, records
+from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
 
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
@@ -90,7 +90,7 @@ METRICS = {
             REPORT,
         ),
         Metric(
-            'tritonops_shm_holders_complete',
+            metrics_text.HOLDERS_COMPLETE,
             'gauge',
             "1 when every process that may hold the server's files could be seen, 0 when not (nothing is then stale); "
             'pid_namespace is initial or other, reason one of HOLDERS_INCOMPLETE_REASONS (empty when complete).',
@@ -210,28 +210,10 @@ def file_name(kind: str, host: str, url: str | None) -> str:
     return f'{FILE_BASES[kind]}.{readable}.{digest}.prom'
 
 
-def _label_value(value: Any) -> str:
-    text = str('' if value is None else value).encode('utf-8', 'backslashreplace').decode('utf-8')
-    return text.replace('\\', '\\\\').replace('"', '\\"').replace('\n', '\\n')
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, bool):
-        return '1' if value else '0'
-    if isinstance(value, int):
-        return str(value)
-    value = float(value)
-    if math.isnan(value):
-        return 'NaN'
-    if math.isinf(value):
-        return '+Inf' if value > 0 else '-Inf'
-    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
-
-
 def _render(samples: Iterable[tuple], host: str, url: str | None) -> str:
     """Exposition text: samples (name, extra labels, value) grouped by metric in METRICS order, HELP and TYPE once each."""
     # a URL's user:password@ part never reaches the world-readable textfile (the modules refuse such URLs anyway)
-    base = f'host="{_label_value(host)}",triton_url="{_label_value(redact_url(url))}"'
+    base = (('host', host), ('triton_url', redact_url(url)))
     by_name: dict = {}
     for name, labels, value in samples:
         by_name.setdefault(name, []).append((labels, value))
@@ -241,9 +223,7 @@ def _render(samples: Iterable[tuple], host: str, url: str | None) -> str:
             continue
         help_text = metric.help.replace('\\', '\\\\').replace('\n', '\\n')
         lines += [f'# HELP {name} {help_text}', f'# TYPE {name} {metric.type}']
-        for labels, value in by_name[name]:
-            extra = ''.join(f',{k}="{_label_value(v)}"' for k, v in labels)
-            lines.append(f'{name}{{{base}{extra}}} {_number(value)}')
+        lines += [metrics_text.sample(name, (*base, *labels), value) for labels, value in by_name[name]]
     return '\n'.join(lines) + '\n'
 
 
@@ -277,7 +257,7 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
         samples.append(('tritonops_shm_server_info', (('version', server['version']),), 1))
     if located:
         holders_labels = (('pid_namespace', inv.get('pid_namespace') or ''), ('reason', holders_incomplete_cause(inv)))
-        samples.append(('tritonops_shm_holders_complete', holders_labels, inv.get('holders_complete') is True))
+        samples.append((metrics_text.HOLDERS_COMPLETE, holders_labels, inv.get('holders_complete') is True))
         regions = inv.get('system_regions') or []
         container = server.get('container')
         if isinstance(container, Mapping) and container.get('name'):
@@ -376,19 +356,9 @@ def holders_incomplete_cause(inv: Mapping) -> str:
 
 def _previous_values(text: str | None) -> dict:
     """Sample values by metric name of a textfile this module wrote for one server (one series per name)."""
-    out = {}
-    for line in (text or '').splitlines():
-        if not line or line.startswith('#'):
-            continue
-        name, _sep, rest = line.partition('{')
-        value = rest.rpartition(' ')[2] if rest else line.rpartition(' ')[2]
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        if math.isfinite(number) and number >= 0:
-            out[name.strip()] = number
-    return out
+    return {
+        name: value for name, _labels, value in metrics_text.samples(text or '') if math.isfinite(value) and value >= 0
+    }
 
 
 def cleanup_text(outcome: Mapping, host: str, url: str | None, previous: str | None = None) -> str:

@@ -224,3 +224,37 @@ def from_message(kind: Kind, message: Any) -> dict:
         for f in kind.fields
         if f.name in known
     }
+
+
+# Sizes that cannot be true whatever the server: Triton 2.58+ refuses byte_size + offset past 2**63 - 1
+ABSURD_BYTES = 1 << 63
+
+
+class Implausible(ValueError):
+    """A well-formed status whose figures cannot be true (a region, or the total, larger than can be)."""
+
+
+def registered(kind: Kind, regions: Any, shm_bytes: int | None, escape: Callable[[str, int], str]) -> tuple[int, int]:
+    """(count, registered bytes) of a status of kind (the event source's reading of one).
+
+    ValueError when it is not a status: not a list, or a region check_regions refuses (the same answer is never up
+    there and refused by the modules). Implausible when its figures cannot be true: a region or the total larger
+    than shm_bytes (the whole shm filesystem, when known), or than ABSURD_BYTES. escape shows what the server sent.
+    """
+    if not isinstance(regions, list):
+        raise ValueError('expected a JSON list of regions')
+    try:
+        check_regions(kind, regions)
+    except BadRegion as bad:
+        raise ValueError(f'not a Triton {kind.name} shared memory status: {bad.describe(escape)}') from None
+    limit = min(shm_bytes, ABSURD_BYTES) if shm_bytes else ABSURD_BYTES
+    whole = f'the whole shm filesystem ({shm_bytes} bytes)' if shm_bytes else 'can be'
+    total = 0
+    for region in regions:
+        if region['byte_size'] > limit:
+            shown = escape(region['name'], 80)
+            raise Implausible(f'region {shown!r} has a byte_size of {region["byte_size"]}, more than {whole}')
+        total += region['byte_size']
+    if total > limit:
+        raise Implausible(f'{len(regions)} regions register {total} bytes, more than {whole}')
+    return len(regions), total

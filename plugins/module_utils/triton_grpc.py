@@ -20,12 +20,11 @@ import base64
 import binascii
 import collections
 import json
-import re
 import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ansible_collections.tritonops.shm.plugins.module_utils import records
+from ansible_collections.tritonops.shm.plugins.module_utils import connection, records
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     GRPC,
     GRPC_SCHEMES,
@@ -52,11 +51,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
 from ansible_collections.tritonops.shm.plugins.module_utils.tls import TlsFileError, grpc_pems
 
 GRPC_REQUIREMENT = 'tritonclient[grpc]'
-DEFAULT_GRPC_PORT = 8001
+DEFAULT_GRPC_PORT = connection.DEFAULT_GRPC_PORT
 
 _TLS_WORDS = ('ssl', 'tls', 'handshake', 'certificate')
-_METADATA_KEY = re.compile(r'^[0-9a-z_.-]+$')
-_RESERVED_KEYS = ('content-type', 'te', 'user-agent', 'host', 'connection')
 _MAX_MESSAGE = MAX_ANSWER_BYTES  # a status of 100,000 regions is a few MiB; a larger answer: RESOURCE_EXHAUSTED
 # Bulk unregisters: at most this many calls in flight on the one channel (docs/performance.md)
 BULK_WINDOW = 64
@@ -91,30 +88,11 @@ def load_grpc() -> Library:
 
 
 def grpc_metadata(headers: dict | None) -> tuple[tuple[str, str], ...]:
-    """The headers option as gRPC metadata: lower-case keys, printable ASCII values.
-
-    A header gRPC cannot carry raises TritonError naming the header, never its value.
-    """
-    out = []
-    for key, value in (headers or {}).items():
-        name = str(key).strip().lower()
-        text = str(value)
-        if not _METADATA_KEY.match(name) or name.startswith('grpc-') or name.startswith(':') or name in _RESERVED_KEYS:
-            raise TritonError(
-                f'header {str(key)!r} cannot be sent as gRPC metadata: names are lower-case letters, digits '
-                'and -_. and must not be reserved (grpc-*, content-type, te, user-agent, host, connection)'
-            )
-        if name.endswith('-bin'):
-            raise TritonError(
-                f'header {str(key)!r} cannot be sent as gRPC metadata: -bin (binary) metadata is not supported'
-            )
-        if any(ord(c) < 0x20 or ord(c) > 0x7E for c in text):
-            raise TritonError(
-                f'the value of header {str(key)!r} cannot be sent as gRPC metadata: only printable ASCII is '
-                'allowed (the value is not shown)'
-            )
-        out.append((name, text))
-    return tuple(out)
+    """The headers option as gRPC metadata (connection.grpc_metadata); TritonError naming the header, never its value."""
+    try:
+        return connection.grpc_metadata(headers)
+    except connection.OptionError as exc:
+        raise TritonError(str(exc)) from None
 
 
 class TritonGrpcClient(Client):

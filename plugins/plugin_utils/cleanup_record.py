@@ -20,8 +20,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import literal
-from ansible_collections.tritonops.shm.plugins.module_utils.urls import redact_url
 
 LOCATE_STEP = 'Locate the Triton server process'
 READ_STEP = "Read the server's shared memory"

@@ -22,8 +22,8 @@ from jinja2 import Environment
 from jinja2.filters import do_filesizeformat, do_truncate
 
 from ansible_collections.tritonops.shm.plugins.module_utils.client import GRPC_SCHEMES, split_url
+from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.urls import redact_url
 
 _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'

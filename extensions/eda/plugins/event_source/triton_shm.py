@@ -147,7 +147,6 @@ EXAMPLES = r"""
 """
 
 import asyncio
-import base64
 import importlib.util
 import itertools
 import json
@@ -156,8 +155,8 @@ import math
 import os
 import re
 import ssl
-from typing import Any, NamedTuple
-from urllib.parse import unquote, urlsplit
+from typing import Any
+from urllib.parse import urlsplit
 
 try:
     import resource
@@ -186,44 +185,31 @@ def load_by_path(name: str) -> Any:
     return module
 
 
+# the core this source shares with the modules: the connection options and URLs (connection), the check of a status
+# (records), the metrics text metrics.py writes (metrics_text), the answer reader, the TLS settings, the error texts
+connection = load_by_path('connection')
+records = load_by_path('records')
+metrics_text = load_by_path('metrics_text')
 http_reader = load_by_path('http_reader')
 tls = load_by_path('tls')
 errors = load_by_path('errors')
-records = load_by_path('records')  # what a region of a status is: the modules' check (client.check_regions)
-urls = load_by_path('urls')
-redact_url = urls.redact_url  # a URL as every output of the collection shows it
+redact_url = connection.redact_url
+ConfigError = connection.OptionError  # the source's arguments are not usable; raised before anything is polled
+Holders = metrics_text.Holders
+Implausible = records.Implausible
 
 STATUS_PATH = '/v2/systemsharedmemory/status'
 GRPC_METHOD = 'SystemSharedMemoryStatus'  # what a grpc:// server is asked (Triton's GRPCInferenceService)
-GRPC_SCHEMES = ('grpc', 'grpcs')
-DEFAULT_PORTS = {'http': 80, 'https': 443, 'grpc': 8001, 'grpcs': 8001}
-GRPC_KEY_RE = re.compile(r'^[0-9a-z_.\-]+$')
 MAX_ANSWER_BYTES = 32 << 20  # body: a status list of 100,000 regions is about 15 MiB; chunked or not
 MAX_HEAD_BYTES = 64 << 10  # status line and headers (and the trailers of a chunked body)
 MAX_ERROR_CHARS = 1000  # an event's error, escaped
-# Sizes that cannot be true whatever the server: Triton 2.58+ refuses byte_size + offset past 2**63 - 1
-ABSURD_BYTES = 1 << 63
 HOST_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.\-]*$')
-PER_SERVER = (
-    'threshold_percent',
-    'timeout',
-    'validate_certs',
-    'ca_path',
-    'headers',
-    'client_cert',
-    'client_key',
-    'metrics_url',
-)
-HOLDERS_METRIC = 'tritonops_shm_holders_complete'  # written by plugins/module_utils/metrics.py
-SAMPLE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$')
-LABEL_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+# per server, or as every server's default: the connection options but url (connection.OPTIONS), and these
+OWN = {'threshold_percent': None, 'metrics_url': None}
+PER_SERVER = tuple(n for n in connection.OPTIONS if n != 'url') + tuple(OWN)
 MAX_SPACING = 0.01  # seconds between two poll starts, at most (fewer servers than interval / 0.01)
 BATCH = 0.1  # polls due within this many seconds (at most interval / 20) start together: fewer wake-ups
 FD_RESERVE = 256  # open files left for everything else in the process
-
-
-class ConfigError(ValueError):
-    """The source's arguments are not usable; raised before anything is polled."""
 
 
 class PollError(Exception):
@@ -234,94 +220,15 @@ class _Reconnect(PollError):
     """A kept-alive connection was closed by the server before it answered: send again on a new one."""
 
 
-def _number(value: Any, what: str, positive: bool = True) -> float:
-    if isinstance(value, bool):
-        raise ConfigError(f'{what} must be a number, got {value!r}')
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f'{what} must be a number, got {value!r}') from None
-    if not math.isfinite(number):
-        raise ConfigError(f'{what} must be a finite number, got {value!r}')
-    if positive and number <= 0:
-        raise ConfigError(f'{what} must be greater than 0, got {value!r}')
-    return number
-
-
-def _bool(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ('true', 'yes', 'on', '1', 'false', 'no', 'off', '0'):
-        return value.lower() in ('true', 'yes', 'on', '1')
-    raise ConfigError(f'{what} must be a boolean, got {value!r}')
-
-
-def _headers(value: Any, what: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f'{what} must be a dict of header names to values')
-    out = {}
-    for name, val in value.items():
-        name, val = str(name), str(val)
-        if not name or any(c in name for c in '\r\n: \t') or '\r' in val or '\n' in val:
-            # never echo the value: it may be a secret
-            raise ConfigError(f'{what}: header {name!r} has an invalid name or a line break in its value')
-        out[name] = val
-    return out
-
-
-def _ssl_context(server: dict, what: str) -> ssl.SSLContext | None:
-    """The TLS settings of the modules (module_utils/tls.py): CA file or directory, no verification, client certificate."""
-    if urlsplit(server['url']).scheme != 'https':
-        return None
-    try:
-        return tls.tls_context(
-            server['validate_certs'], server.get('ca_path'), server.get('client_cert'), server.get('client_key')
-        )
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f'{what}: cannot load the TLS files: {exc}') from None
-
-
-def _request(server: dict, path: str = STATUS_PATH, accept: str = 'application/json') -> bytes:
-    """The one request this source sends to server: GET of path under its URL, with its headers and credentials."""
-    parts = urlsplit(server['url'])
-    headers = {
-        'Host': parts.netloc.rpartition('@')[2],
-        'Accept': accept,
-        'Accept-Encoding': 'identity',
-        'User-Agent': 'tritonops.shm-triton_shm',
-    }
-    if parts.username is not None or parts.password is not None:
-        credentials = f'{unquote(parts.username or "")}:{unquote(parts.password or "")}'
-        headers['Authorization'] = 'Basic ' + base64.b64encode(credentials.encode('utf-8')).decode('ascii')
-    for name, value in server['headers'].items():  # the configured headers win, whatever their case
-        for same in [h for h in headers if h.lower() == name.lower()]:
-            del headers[same]
-        headers[name] = value
-    target = f'{parts.path}{path}' + (f'?{parts.query}' if parts.query else '')
-    lines = [f'GET {target} HTTP/1.1'] + [f'{k}: {v}' for k, v in headers.items()]
-    return ('\r\n'.join(lines) + '\r\n\r\n').encode('utf-8')
-
-
 def parse_args(args: dict) -> tuple[list[dict], float]:
     """Validated servers (each with every per-server option resolved) and the interval."""
     servers = args.get('servers')
     if not isinstance(servers, list) or not servers:
         raise ConfigError('servers must be a non-empty list of {host, url} items')
-    interval = _number(args.get('interval', 30), 'interval')
-    defaults = {
-        'threshold_percent': args.get('threshold_percent'),
-        'timeout': args.get('timeout', 10),
-        'validate_certs': args.get('validate_certs', True),
-        'ca_path': args.get('ca_path'),
-        'headers': args.get('headers'),
-        'client_cert': args.get('client_cert'),
-        'client_key': args.get('client_key'),
-        'metrics_url': args.get('metrics_url'),
-    }
-    out = []
-    seen = set()
+    interval = connection.number(args.get('interval', 30), 'interval')
+    defaults = {n: args.get(n, o.default) for n, o in connection.OPTIONS.items() if n != 'url'}
+    defaults.update((n, args.get(n, d)) for n, d in OWN.items())
+    out, seen = [], set()
     for index, item in enumerate(servers):
         what = f'servers[{index}]'
         if not isinstance(item, dict):
@@ -336,67 +243,38 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
             raise ConfigError(f'{what}: host {host} is listed twice')
         seen.add(host)
         what = f'{what} ({host})'
-        url = item.get('url')
-        if not isinstance(url, str) or not url.strip():
-            raise ConfigError(f'{what}: url is required')
-        url = _http_url(url, f'{what}: url', 'a Triton server', grpc=True)
-        server = dict(defaults)
-        server.update((k, item[k]) for k in PER_SERVER if k in item)
-        server.update(host=host, url=url, shown_url=redact_url(url))
-        server['shm_bytes'] = (
-            None if item.get('shm_bytes') is None else int(_number(item['shm_bytes'], f'{what}: shm_bytes'))
-        )
+        url = connection.checked_url(item.get('url'), f'{what}: url', 'a Triton server', grpc=True)
+        server = {**defaults, **{k: item[k] for k in PER_SERVER if k in item}}
+        for name in connection.OPTIONS:
+            if name != 'url':
+                server[name] = connection.convert(name, server[name], f'{what}: {name}')
+        server.update(host=host, url=url, shown_url=redact_url(url), shm_bytes=item.get('shm_bytes'))
+        if server['shm_bytes'] is not None:
+            server['shm_bytes'] = int(connection.number(server['shm_bytes'], f'{what}: shm_bytes'))
         if server['threshold_percent'] is not None:
-            server['threshold_percent'] = _number(
+            server['threshold_percent'] = connection.number(
                 server['threshold_percent'], f'{what}: threshold_percent', positive=False
             )
-        server['timeout'] = _number(server['timeout'], f'{what}: timeout')
-        server['validate_certs'] = _bool(server['validate_certs'], f'{what}: validate_certs')
-        server['headers'] = _headers(server['headers'], f'{what}: headers')
-        server['grpc'] = _grpc_settings(server, what) if urlsplit(url).scheme.lower() in GRPC_SCHEMES else None
-        server['ssl'] = _ssl_context(server, what) if server['grpc'] is None else None
-        server['request'] = _request(server)
-        server['secrets'] = _secrets(server)
+        server['grpc'] = _grpc_settings(server, what) if connection.is_grpc(url) else None
+        _http(server, what, STATUS_PATH, 'application/json')
         server['metrics'] = _metrics_server(server, what)
         out.append(server)
     return out, interval
 
 
-def _http_url(url: str, what: str, of: str, grpc: bool = False) -> str:
-    """url without spaces around and a trailing /, http:// when it names no scheme; ConfigError when it is not http(s)
-    (with grpc: or grpc(s)://HOST:PORT, nothing more)."""
-    url = url.strip().rstrip('/')
-    if '://' not in url:
-        url = 'http://' + url
-    parts = urlsplit(url)
-    try:
-        parts.port  # pylint: disable=pointless-statement
-    except ValueError:
-        raise ConfigError(f'{what} {redact_url(url)} has an invalid port') from None
-    schemes = ('http', 'https') + (GRPC_SCHEMES if grpc else ())
-    if parts.scheme.lower() not in schemes or not parts.hostname or any(c in url for c in ' \r\n\t'):
-        kind = ' (nor a grpc:// or grpcs:// one)' if grpc else ''
-        raise ConfigError(f'{what} {redact_url(url)} is not an http(s) URL{kind} of {of}')
-    if parts.scheme.lower() in GRPC_SCHEMES and (parts.path or parts.query or parts.fragment or '@' in parts.netloc):
-        raise ConfigError(
-            f'{what} {redact_url(url)}: a gRPC URL is grpc://HOST:PORT or grpcs://HOST:PORT, with no path, '
-            'query or user'
-        )
-    return url
-
-
-def url_key(url: str) -> tuple:
-    """What identifies a server's URL whatever its spelling: scheme, host, port, path; no user:password, no final /."""
-    url = url.strip().rstrip('/')
-    if '://' not in url:
-        url = 'http://' + url
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    scheme = parts.scheme.lower()
-    return scheme, parts.hostname or '', port or DEFAULT_PORTS.get(scheme, 80), parts.path.rstrip('/')
+def _http(server: dict, what: str, path: str, accept: str) -> dict:
+    """server with what reaching it over HTTP takes: its TLS context, its request, the secrets its errors never show."""
+    server['ssl'] = None
+    if server['grpc'] is None and urlsplit(server['url']).scheme == 'https':
+        try:
+            server['ssl'] = tls.tls_context(
+                server['validate_certs'], server.get('ca_path'), server.get('client_cert'), server.get('client_key')
+            )
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f'{what}: cannot load the TLS files: {exc}') from None
+    server['request'] = connection.http_request(server['url'], server['headers'], path, accept)
+    server['secrets'] = connection.secrets(server['url'], server['headers'])
+    return server
 
 
 class _Grpc:
@@ -420,24 +298,12 @@ def _grpc_settings(server: dict, what: str) -> dict:
                 f"ansible-rulebook runs: pip install 'tritonclient[grpc]' ({exc})"
             ) from None
         _Grpc.grpc, _Grpc.pb, _Grpc.pb_grpc = grpc, service_pb2, service_pb2_grpc
-    parts = urlsplit(server['url'])
-    metadata = []
-    for name, value in server['headers'].items():
-        key = name.lower()
-        if not GRPC_KEY_RE.match(key) or key.endswith('-bin') or not value.isascii() or not value.isprintable():
-            raise ConfigError(
-                f'{what}: header {name!r} cannot be sent as gRPC metadata (names of letters, digits, '
-                '-_. and not -bin; printable ASCII values)'
-            )
-        metadata.append((key, value))
-    settings = {
-        'target': f'{parts.hostname}:{parts.port or 8001}'
-        if ':' not in parts.hostname
-        else f'[{parts.hostname}]:{parts.port or 8001}',
-        'metadata': tuple(metadata),
-        'credentials': None,
-    }
-    if parts.scheme.lower() == 'grpcs':
+    try:
+        metadata = connection.grpc_metadata(server['headers'])
+    except ConfigError as exc:
+        raise ConfigError(f'{what}: {exc}') from None
+    settings = {'target': connection.grpc_target(server['url']), 'metadata': metadata, 'credentials': None}
+    if urlsplit(server['url']).scheme.lower() == 'grpcs':
         if not server['validate_certs']:
             raise ConfigError(
                 f'{what}: validate_certs false is not possible with grpcs://: grpcio always verifies the '
@@ -451,146 +317,47 @@ def _grpc_settings(server: dict, what: str) -> dict:
     return settings
 
 
-def _refusal(text: str, grpc: bool) -> str:
-    """The server's error text, with the way out when it is a restricted API's refusal (module_utils/errors.py)."""
-    header = errors.restricted_header(text)
-    if header is None:
-        return text
-    return f'{text}; {errors.restricted_hint(header, grpc)}'
-
-
 def _metrics_server(server: dict, what: str) -> dict | None:
     """The metrics endpoint of server as a server of its own: its URL, TLS settings of the server, no headers."""
-    value = server.get('metrics_url')
-    if value is None:
+    if server.get('metrics_url') is None:
         return None
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(
-            f'{what}: metrics_url must be the http(s) URL of a node_exporter or Prometheus-format endpoint'
-        )
-    url = _http_url(value, f'{what}: metrics_url', 'a node_exporter or Prometheus-format endpoint')
-    if not urlsplit(url).path:
-        url += '/metrics'
+    of = 'a node_exporter or Prometheus-format endpoint'
+    if not isinstance(server['metrics_url'], str) or not server['metrics_url'].strip():
+        raise ConfigError(f'{what}: metrics_url must be the http(s) URL of {of}')
+    url = connection.checked_url(server['metrics_url'], f'{what}: metrics_url', of)
+    url += '' if urlsplit(url).path else '/metrics'
     # the server's headers (a Bearer token for Triton) and client certificate are never sent to another endpoint
-    metrics = {
-        'url': url,
-        'shown_url': redact_url(url),
-        'timeout': server['timeout'],
-        'headers': {},
-        'validate_certs': server['validate_certs'],
-        'ca_path': server.get('ca_path'),
-    }
-    metrics['ssl'] = _ssl_context(metrics, f'{what}: metrics_url')
-    metrics['request'] = _request(metrics, '', 'text/plain;version=0.0.4')
-    metrics['secrets'] = _secrets(metrics)
-    return metrics
-
-
-class Holders(NamedTuple):
-    """What a metrics page says of one server's holder scan: complete True, False or None (unknown), and why."""
-
-    complete: bool | None
-    reason: str | None = None  # the reason label when not complete
-    error: str | None = None  # why it is unknown
-
-
-def _unescape_label(value: str) -> str:
-    return re.sub(r'\\(.)', lambda m: '\n' if m.group(1) == 'n' else m.group(1), value)
+    metrics = {'url': url, 'shown_url': redact_url(url), 'timeout': server['timeout'], 'headers': {}, 'grpc': None}
+    metrics.update(validate_certs=server['validate_certs'], ca_path=server.get('ca_path'))
+    return _http(metrics, f'{what}: metrics_url', '', 'text/plain;version=0.0.4')
 
 
 def holders_from_metrics(text: str, host: str, url: str) -> Holders:
-    """The tritonops_shm_holders_complete series of (host, url) in a Prometheus text page.
-
-    A series matches when its host label is host and its triton_url label is the same URL as url (url_key: a
-    user:password part, a final / or a missing http:// do not count). Any matching series at 0: not complete,
-    with its reason label; every matching series at 1: complete; none: unknown.
-    """
-    key = url_key(url)
-    found = False
-    for line in text.splitlines():
-        if not line.startswith(HOLDERS_METRIC):
-            continue
-        match = SAMPLE_RE.match(line)
-        if match is None or match.group(1) != HOLDERS_METRIC:
-            continue
-        labels = {m.group(1): _unescape_label(m.group(2)) for m in LABEL_RE.finditer(match.group(2) or '')}
-        if labels.get('host') != host or url_key(labels.get('triton_url', '')) != key:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        if value != 1:
-            return Holders(False, reason=labels.get('reason') or 'unknown')
-        found = True
-    if found:
-        return Holders(True)
-    return Holders(
-        None,
-        error=f'no {HOLDERS_METRIC} series for host {host} and this triton_url (has a report or '
-        'cleanup with metrics_dir run on that host?)',
-    )
-
-
-class Implausible(ValueError):
-    """A well-formed status whose figures cannot be true: the event says so and never meets the self-heal condition."""
+    """The holders series of (host, url) in a Prometheus text page (metrics_text.holders_complete; connection.url_key:
+    a user:password part, a final / or a missing http:// do not count)."""
+    return metrics_text.holders_complete(text, host, url, connection.url_key)
 
 
 def summarize(regions: Any, shm_bytes: int | None = None) -> tuple[int, int]:
-    """(count, registered bytes) of Triton's system shared-memory status.
-
-    ValueError when it is not one: not a list, or a region the modules' check refuses (records.check_regions: each
-    field of a system region there, with its type; the same answer is never up here and refused by the modules).
-    Implausible when its figures cannot be true: a region or the total larger than shm_bytes (the whole shm
-    filesystem), or than ABSURD_BYTES.
-    """
-    if not isinstance(regions, list):
-        raise ValueError('expected a JSON list of regions')
-    try:
-        records.check_regions(records.SYSTEM, regions)
-    except records.BadRegion as bad:
-        raise ValueError(f'not a Triton system shared memory status: {bad.describe(http_reader.escape)}') from None
-    total = 0
-    for region in regions:
-        size, name = region['byte_size'], region['name']
-        limit = min(shm_bytes, ABSURD_BYTES) if shm_bytes else ABSURD_BYTES
-        if size > limit:
-            raise Implausible(
-                f'region {http_reader.escape(name, 80)!r} has a byte_size of {size}, more than '
-                + (f'the whole shm filesystem ({shm_bytes} bytes)' if shm_bytes else 'can be')
-            )
-        total += size
-    if shm_bytes and total > shm_bytes:
-        raise Implausible(
-            f'{len(regions)} regions register {total} bytes, more than the whole shm filesystem ({shm_bytes} bytes)'
-        )
-    if total > ABSURD_BYTES:
-        raise Implausible(f'{len(regions)} regions register {total} bytes, more than can be')
-    return len(regions), total
+    """(count, registered bytes) of a system shared-memory status: records.registered (the modules' check)."""
+    return records.registered(records.SYSTEM, regions, shm_bytes, http_reader.escape)
 
 
-def _secrets(server: dict) -> list[str]:
-    """What must never reach an event or a log: header values, the URL's password, the Basic credentials sent."""
-    found = [v for v in server['headers'].values() if v]
-    parts = urlsplit(server['url'])
-    if parts.password:
-        found += [parts.password, unquote(parts.password)]
-    found += [
-        token.decode('ascii') for token in re.findall(rb'^Authorization: Basic (\S+)\r$', server['request'], re.M)
-    ]
-    return sorted(set(found), key=len, reverse=True)
-
-
-def _redact(text: str, server: dict) -> str:
-    text = text.replace(server['url'], server['shown_url'])
-    for secret in server['secrets']:
-        text = text.replace(secret, '********')
-    return text
+def _refusal(text: str, grpc: bool) -> str:
+    """The server's error text, with the way out when it is a restricted API's refusal (module_utils/errors.py)."""
+    header = errors.restricted_header(text)
+    return text if header is None else f'{text}; {errors.restricted_hint(header, grpc)}'
 
 
 def _snippet(raw: bytes, limit: int = 120) -> str:
     """The start of what a server sent, on one line, every control character escaped."""
     return http_reader.escape(raw.strip().replace(b'\n', b' '), limit)
+
+
+def _shown_error(server: dict, text: str) -> str:
+    """An event's error: secrets redacted, every control character escaped, at most MAX_ERROR_CHARS."""
+    hidden = connection.redact(text, server['url'], server['shown_url'], server['secrets'])
+    return http_reader.escape(hidden, MAX_ERROR_CHARS)
 
 
 class _Connection(asyncio.Protocol):
@@ -834,14 +601,14 @@ class _Target:
             detail = str(exc) if isinstance(exc, PollError) else f'{type(exc).__name__}: {exc}'
             seen = Holders(None, error=detail)
         if seen.error is not None:
-            text = http_reader.escape(_redact(f'{metrics["url"]}: {seen.error}', metrics), MAX_ERROR_CHARS)
+            text = _shown_error(metrics, f'{metrics["url"]}: {seen.error}')
             seen = seen._replace(error=text)
         return seen
 
     def _error(self, text: str) -> str:
         """The error of an event: URL and reason, secrets redacted, every control character escaped."""
         server = self.server
-        return http_reader.escape(_redact(f'{server["url"]}{STATUS_PATH}: {text}', server), MAX_ERROR_CHARS)
+        return _shown_error(server, f'{server["url"]}{STATUS_PATH}: {text}')
 
     def close(self) -> Any:
         """Close the connection; an awaitable when closing takes one (a gRPC channel), else None."""
@@ -895,7 +662,7 @@ class _GrpcTarget(_Target):
 
     def _error(self, text: str) -> str:
         server = self.server
-        return http_reader.escape(_redact(f'{server["url"]} ({GRPC_METHOD}): {text}', server), MAX_ERROR_CHARS)
+        return _shown_error(server, f'{server["url"]} ({GRPC_METHOD}): {text}')
 
     def close(self) -> Any:
         super().close()

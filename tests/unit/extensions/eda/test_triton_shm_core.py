@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import client, records, urls
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer
+from ansible_collections.tritonops.shm.plugins.module_utils import client, connection, metrics, records
+from ansible_collections.tritonops.shm.plugins.module_utils.base import connection_argument_spec
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer, ParameterError
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 SOURCE = os.path.join(ROOT, 'extensions', 'eda', 'plugins', 'event_source', 'triton_shm.py')
@@ -25,7 +26,7 @@ def _loaded_by_path() -> list[str]:
 
 def test_what_the_event_source_loads_by_path_imports_only_the_standard_library():
     names = _loaded_by_path()
-    assert {'records', 'urls', 'http_reader', 'tls', 'errors'} <= set(names)
+    assert {'connection', 'records', 'metrics_text', 'http_reader', 'tls', 'errors'} <= set(names)
     for name in names:
         path = os.path.join(ROOT, 'plugins', 'module_utils', f'{name}.py')
         with open(path, encoding='utf-8') as f:
@@ -79,6 +80,57 @@ def test_the_event_source_and_the_modules_accept_and_refuse_the_same_status_answ
 
 def test_the_event_source_shows_urls_as_the_modules_do(source):
     for url in ('http://u:pw@h:8000/p?q=1', 'https://h:8443', 'grpc://a:b@10.0.0.1:8001'):
-        assert source.redact_url(url) == urls.redact_url(url) == client.redact_url(url)
+        assert source.redact_url(url) == connection.redact_url(url) == client.redact_url(url)
     assert source.records is not records  # loaded by path: its own copy of the one definition
     assert source.records.SYSTEM.names() == records.SYSTEM.names()
+
+
+def test_each_connection_option_of_the_modules_is_one_of_the_event_source_with_the_same_default(source):
+    """One table (connection.OPTIONS): the modules' argument spec and the source's per-server options come from it."""
+    spec = connection_argument_spec()
+    assert set(spec) - {'url'} <= set(source.PER_SERVER)
+    (server,), _interval = source.parse_args({'servers': [{'host': 'h', 'url': 'http://h:8000'}]})
+    for name, option in spec.items():
+        if name != 'url':
+            assert server[name] == option.get('default'), name
+    assert spec['url']['fallback'][1] == ['TRITON_URL']
+
+
+HEADERS = [
+    {'Authorization': 'Bearer abc'},
+    {'X Key': 'v'},
+    {'X-Key': 'v\n'},
+    {'X-Key': ' v'},
+    {'X-Key': 'v\x00w'},
+    {'': 'v'},
+    {'X-Key': 'tab\tinside'},
+]
+
+
+@pytest.mark.parametrize('headers', HEADERS, ids=range(len(HEADERS)))
+def test_the_event_source_and_the_modules_accept_and_refuse_the_same_headers(source, headers):
+    try:
+        client.check_headers(headers)
+        modules = None
+    except ParameterError as exc:
+        modules = exc.msg.split(': ', 1)[1]
+    try:
+        source.parse_args({'servers': [{'host': 'h', 'url': 'http://h:1'}], 'headers': headers})
+        event = None
+    except source.ConfigError as exc:
+        event = str(exc).split('headers: ', 1)[1]
+    assert event == modules
+    for value in headers.values():
+        assert modules is None or value.strip() not in (modules or '') or len(value.strip()) < 2
+
+
+def test_the_event_source_reads_the_holders_series_metrics_py_writes(source):
+    """The writer (metrics.py through metrics_text) and the source's reader agree, labels escaped both ways."""
+    host, url = 'gpu"1\\n', 'http://triton:8000'
+    for complete, namespace, reason in ((True, 'initial', None), (False, 'other', 'pid_namespace')):
+        inv = {'holders_complete': complete, 'server': {'pid': 7, 'shm_dir': '/dev/shm'}, 'pid_namespace': namespace}
+        inv['holders_incomplete_reason'] = None if complete else 'not in the initial PID namespace'
+        text = metrics.report_text(inv, host, url, now=1.0)
+        seen = source.holders_from_metrics(text, host, 'triton:8000/')
+        assert (seen.complete, seen.reason) == (complete, reason)
+    assert source.holders_from_metrics(text, 'other', url).complete is None

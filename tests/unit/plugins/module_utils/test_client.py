@@ -27,6 +27,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     split_url,
     url_scheme,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.connection import has_userinfo, redact_url, url_secrets
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ParameterError,
     RegionInUse,
@@ -35,7 +36,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
-from ansible_collections.tritonops.shm.plugins.module_utils.urls import has_userinfo, redact_url, url_secrets
 
 # what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)
 INTERFACE = {

@@ -1,0 +1,310 @@
+# Copyright: (c) 2026, tritonops.shm developers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The connection options as data (what each is, its default, how a value is checked) and URLs as text, once.
+
+Private to the tritonops.shm collection: no stability promise to other code. Standard library only and no import of
+the collection: the event source (extensions/eda) loads it by its path. What reads it:
+
+- base.connection_argument_spec(): the modules' argument spec is ``argument_spec()`` (and an environment fallback
+  where ``Option.env`` names one);
+- the event source: each server's options are ``convert()``-ed from this table (the source's defaults, then the
+  server's own), so an option the modules take is checked there by the same rule;
+- client.check_headers and triton_grpc.grpc_metadata: ``check_headers()`` and ``grpc_metadata()`` (the messages name
+  the header, never its value);
+- every place a URL is shown (messages, reports, metrics labels, events): ``redact_url()``; the modules refuse a
+  URL with credentials (client.check_url), and ``url_secrets()`` are masked in what they return;
+- tests/unit/plugins/test_connection_options.py: the doc fragment, the role, the playbooks and the event source's
+  DOCUMENTATION agree with ``OPTIONS``.
+
+**Add a connection option**: one ``Option`` here; the doc fragment tritonops.shm.triton and the copies
+test_connection_options.py names (it fails until each has it); the transport that uses it (triton_http.py,
+triton_grpc.py, the event source's request); a changelog fragment.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from typing import Any, NamedTuple
+from urllib.parse import unquote, urlsplit
+
+GRPC_SCHEMES = ('grpc', 'grpcs')
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_PORTS = {'http': 80, 'https': 443, 'grpc': DEFAULT_GRPC_PORT, 'grpcs': DEFAULT_GRPC_PORT}
+
+
+def has_userinfo(url: str | None) -> bool:
+    """True when the URL carries a ``user[:password]@`` part before its host."""
+    text = str(url or '')
+    if '://' not in text:
+        return False
+    netloc = text.split('://', 1)[1].split('/', 1)[0].split('?', 1)[0].split('#', 1)[0]
+    return '@' in netloc
+
+
+def redact_url(url: Any) -> Any:
+    """The URL with any ``user[:password]@`` part shown as ``***@``; anything else (None, a number) as it is.
+
+    For every place a URL is shown (messages, reports, metrics labels): credentials in a URL are refused
+    (check_url), and an output never carries them even when a URL did not pass through a module.
+    """
+    if not isinstance(url, str) or not has_userinfo(url):
+        return url
+    scheme, rest = url.split('://', 1)
+    end = min((i for i in (rest.find('/'), rest.find('?'), rest.find('#')) if i >= 0), default=len(rest))
+    return f'{scheme}://***@{rest[:end].rpartition("@")[2]}{rest[end:]}'
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The ``user:password`` part of a URL and its password (as written and decoded): strings to mask in outputs."""
+    if not has_userinfo(url):
+        return []
+    userinfo = str(url).split('://', 1)[1].split('/', 1)[0].rpartition('@')[0]
+    password = userinfo.partition(':')[2]
+    return sorted({s for s in (userinfo, password, unquote(password)) if len(s) >= 3})
+
+
+def url_key(url: str) -> tuple:
+    """What identifies a server's URL whatever its spelling: scheme, host, port, path; no user:password, no final /."""
+    url = url.strip().rstrip('/')
+    if '://' not in url:
+        url = 'http://' + url
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname or '', port or DEFAULT_PORTS.get(scheme, 80), parts.path.rstrip('/')
+
+
+class OptionError(ValueError):
+    """A value of an option that cannot be used; the text names the option, never a secret value."""
+
+
+class Option(NamedTuple):
+    """One connection option: its Ansible type, default, whether it is required, an environment fallback, no_log."""
+
+    type: str
+    default: Any = None
+    required: bool = False
+    env: str | None = None
+    no_log: bool | None = None
+
+
+OPTIONS = {
+    'url': Option('str', required=True, env='TRITON_URL'),
+    'timeout': Option('float', 10.0),
+    'validate_certs': Option('bool', True),
+    'ca_path': Option('path'),
+    'headers': Option('dict', {}, no_log=True),
+    'client_cert': Option('path'),
+    'client_key': Option('path', no_log=False),
+}
+
+
+def argument_spec() -> dict:
+    """OPTIONS as an AnsibleModule argument spec (without the environment fallback, which needs Ansible)."""
+    spec = {}
+    for name, option in OPTIONS.items():
+        entry: dict = {'type': option.type}
+        if option.required:
+            entry['required'] = True
+        if option.default is not None:
+            entry['default'] = type(option.default)(option.default)  # a fresh {} for each spec
+        if option.no_log is not None:
+            entry['no_log'] = option.no_log
+        spec[name] = entry
+    return spec
+
+
+def number(value: Any, what: str, positive: bool = True) -> float:
+    """value as a finite float (greater than 0 when positive); OptionError naming what otherwise."""
+    if isinstance(value, bool):
+        raise OptionError(f'{what} must be a number, got {value!r}')
+    try:
+        found = float(value)
+    except (TypeError, ValueError):
+        raise OptionError(f'{what} must be a number, got {value!r}') from None
+    if not math.isfinite(found):
+        raise OptionError(f'{what} must be a finite number, got {value!r}')
+    if positive and found <= 0:
+        raise OptionError(f'{what} must be greater than 0, got {value!r}')
+    return found
+
+
+def boolean(value: Any, what: str) -> bool:
+    """value as a bool (a bool, or yes/no, true/false, on/off, 1/0 as text); OptionError otherwise."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ('true', 'yes', 'on', '1', 'false', 'no', 'off', '0'):
+        return value.lower() in ('true', 'yes', 'on', '1')
+    raise OptionError(f'{what} must be a boolean, got {value!r}')
+
+
+# RFC 9110 token characters: what a header (field) name may contain.
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def check_headers(headers: Any, what: str = 'headers') -> dict:
+    """headers as a dict of str to str when both transports can send each; OptionError naming the header otherwise.
+
+    A name is an RFC 9110 token; a value has no control character (CR, LF, NUL, ...: a YAML block scalar ends in a
+    newline) and no leading or trailing whitespace. The message never shows a value: it is often a secret.
+    """
+    if headers is None:
+        return {}
+    if not isinstance(headers, dict):
+        raise OptionError(f'{what} must be a dict of header names to values')
+    out = {}
+    for name, value in headers.items():
+        name, text = str(name), str(value)
+        if not name or not set(name) <= _TOKEN:
+            shown = ''.join(c if c in _TOKEN else '?' for c in name[:64])
+            raise OptionError(
+                f'{what}: the header name {shown!r} is not a valid HTTP header name (letters, digits '
+                f"and !#$%&'*+-.^_`|~ only); nothing was sent"
+            )
+        if any(ord(c) < 32 and c != '\t' or ord(c) == 127 for c in text):
+            raise OptionError(
+                f'{what}: the value of header {name!r} contains a control character (a line break, '
+                f'NUL, ...; a YAML block scalar "|" ends in a newline: use "|-" or a plain string); '
+                f'the value is not shown, nothing was sent'
+            )
+        if text != text.strip():
+            raise OptionError(
+                f'{what}: the value of header {name!r} begins or ends with whitespace; the value is '
+                f'not shown, nothing was sent'
+            )
+        out[name] = text
+    return out
+
+
+_METADATA_KEY = re.compile(r'^[0-9a-z_.\-]+$')
+_RESERVED_KEYS = frozenset(('content-type', 'te', 'user-agent', 'host', 'connection'))
+
+
+def grpc_metadata(headers: dict | None) -> tuple[tuple[str, str], ...]:
+    """The headers option as gRPC metadata: lower-case keys, printable ASCII values; OptionError naming the header."""
+    out = []
+    for key, value in (headers or {}).items():
+        name = str(key).strip().lower()
+        text = str(value)
+        if not _METADATA_KEY.match(name) or name.startswith('grpc-') or name in _RESERVED_KEYS:
+            raise OptionError(
+                f'header {str(key)!r} cannot be sent as gRPC metadata: names are lower-case letters, digits '
+                'and -_. and must not be reserved (grpc-*, content-type, te, user-agent, host, connection)'
+            )
+        if name.endswith('-bin'):
+            raise OptionError(
+                f'header {str(key)!r} cannot be sent as gRPC metadata: -bin (binary) metadata is not supported'
+            )
+        if any(ord(c) < 0x20 or ord(c) > 0x7E for c in text):
+            raise OptionError(
+                f'the value of header {str(key)!r} cannot be sent as gRPC metadata: only printable ASCII is '
+                'allowed (the value is not shown)'
+            )
+        out.append((name, text))
+    return tuple(out)
+
+
+def convert(name: str, value: Any, what: str) -> Any:
+    """A value of the connection option name, checked and converted by its type in OPTIONS; OptionError otherwise.
+
+    For callers without AnsibleModule (the event source): float (a positive number), bool, dict (headers), path
+    and str (None or a string).
+    """
+    kind = OPTIONS[name].type
+    if kind == 'float':
+        return number(value, what)
+    if kind == 'bool':
+        return boolean(value, what)
+    if kind == 'dict':
+        return check_headers(value, what)
+    if value is not None and not isinstance(value, str):
+        raise OptionError(f'{what} must be a string, got {type(value).__name__}')
+    return value
+
+
+def is_grpc(url: str) -> bool:
+    """True for a grpc:// or grpcs:// URL."""
+    return urlsplit(url).scheme.lower() in GRPC_SCHEMES
+
+
+def checked_url(url: Any, what: str, of: str, grpc: bool = False) -> str:
+    """url without spaces around and a trailing /, http:// when it names no scheme; OptionError when it is not
+    http(s) (with grpc: or grpc(s)://HOST:PORT, nothing more). The message shows the URL without credentials."""
+    if not isinstance(url, str) or not url.strip():
+        raise OptionError(f'{what} is required')
+    url = url.strip().rstrip('/')
+    if '://' not in url:
+        url = 'http://' + url
+    parts = urlsplit(url)
+    shown = redact_url(url)
+    try:
+        parts.port  # pylint: disable=pointless-statement
+    except ValueError:
+        raise OptionError(f'{what} {shown} has an invalid port') from None
+    schemes = ('http', 'https') + (GRPC_SCHEMES if grpc else ())
+    if parts.scheme.lower() not in schemes or not parts.hostname or any(c in url for c in ' \r\n\t'):
+        kind = ' (nor a grpc:// or grpcs:// one)' if grpc else ''
+        raise OptionError(f'{what} {shown} is not an http(s) URL{kind} of {of}')
+    if parts.scheme.lower() in GRPC_SCHEMES and (parts.path or parts.query or parts.fragment or '@' in parts.netloc):
+        raise OptionError(
+            f'{what} {shown}: a gRPC URL is grpc://HOST:PORT or grpcs://HOST:PORT, with no path, query or user'
+        )
+    return url
+
+
+def grpc_target(url: str) -> str:
+    """HOST:PORT of a grpc(s):// URL, an IPv6 host in brackets, Triton's gRPC port when the URL names none."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or '', parts.port or DEFAULT_GRPC_PORT
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
+def http_request(url: str, headers: dict, path: str, accept: str, close: bool = False) -> bytes:
+    """The GET of path under url as HTTP/1.1 bytes: Host, Accept, the URL's user:password as Basic credentials, then
+    the configured headers (they win, whatever their case); ``Connection: close`` when close."""
+    parts = urlsplit(url)
+    out = {
+        'Host': parts.netloc.rpartition('@')[2],
+        'Accept': accept,
+        'Accept-Encoding': 'identity',
+        'User-Agent': 'tritonops.shm-triton_shm',
+    }
+    if parts.username is not None or parts.password is not None:
+        credentials = f'{unquote(parts.username or "")}:{unquote(parts.password or "")}'
+        out['Authorization'] = 'Basic ' + base64.b64encode(credentials.encode('utf-8')).decode('ascii')
+    for name, value in headers.items():
+        for same in [h for h in out if h.lower() == name.lower()]:
+            del out[same]
+        out[name] = value
+    if close:
+        out['Connection'] = 'close'
+    target = f'{parts.path}{path}' + (f'?{parts.query}' if parts.query else '')
+    lines = [f'GET {target} HTTP/1.1'] + [f'{k}: {v}' for k, v in out.items()]
+    return ('\r\n'.join(lines) + '\r\n\r\n').encode('utf-8')
+
+
+def secrets(url: str, headers: dict) -> list[str]:
+    """What must never reach an event or a log: header values, the URL's password and the Basic credentials sent."""
+    found = [v for v in headers.values() if v]
+    parts = urlsplit(url)
+    if parts.password:
+        found += [parts.password, unquote(parts.password)]
+    found += [
+        token.decode('ascii')
+        for token in re.findall(rb'^Authorization: Basic (\S+)\r$', http_request(url, headers, '', ''), re.M)
+    ]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def redact(text: str, url: str, shown_url: str, hidden: list[str]) -> str:
+    """text with url shown as shown_url and every one of hidden as ********."""
+    text = text.replace(url, shown_url)
+    for secret in hidden:
+        text = text.replace(secret, '********')
+    return text
