@@ -9,7 +9,8 @@ A python-based model instance's pool (triton_<backend>_backend_shm_region_<uuid>
 shrinks; reloading the model gives its new instances new pools of shm-default-byte-size and the old
 ones go with the old instances. Two halves, as everywhere: ``plan()`` is pure (the pools of
 inventory.pool_records, the shm filesystem's size, the thresholds) and decides which models to
-reload; ``reload_model()`` and ``wait_gone()`` do it.
+reload; ``reload_model()`` and ``wait_gone()`` do it. ``PoolReload`` is the module's base.Operation: read
+(pools, index, mode, the configurations of the models over the limit), plan, preview or execute, result.
 
 Triton 2.51 treats a load of a model whose files and configuration did not change as done (it answers
 at once and keeps the instances). So a reload sends the model's own configuration (as the server
@@ -20,11 +21,19 @@ without refusing requests (docs/backend-pools.md, docs/performance.md).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import classification, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ModelControlRefused,
+    ParameterError,
+    TritonError,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_bytes
 
 RELOAD_PARAMETER = 'tritonops_shm_reload'
@@ -208,3 +217,150 @@ def wait_gone(shm: Any, names: Iterable[str], wait: float, poll: float = 0.05) -
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(poll)
+
+
+# -- the module's run (base.Operation): read -> plan -> preview or execute -> result ----------------------------------
+
+
+class Reading(NamedTuple):
+    """What triton_backend_pool decides from: one read of the server, its repository index, its model control mode, and
+    why reloading a model over the limit would cost its clients (the configurations of those models only)."""
+
+    snap: Any
+    pools: list
+    index: list
+    mode: str | None
+    refusals: dict
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one triton_backend_pool call decided and did: the models' plans, then each reload as it is done."""
+
+    check_mode: bool
+    plans: list
+    mode: str | None
+    fs: dict | None
+    scan: dict
+    reloaded: list = dataclasses.field(default_factory=list)
+
+    def result(self, finished: bool = True) -> dict:
+        """The module's result; after a failure part-way, the reloads done so far (and whether any changed a thing)."""
+        if not finished:
+            return {'reloaded': self.reloaded, 'changed': any(d['after_bytes'] is not None for d in self.reloaded)}
+        return {
+            'changed': any(p.action == RELOAD for p in self.plans),
+            'models': [p.as_dict() for p in self.plans],
+            'reloaded': self.reloaded,
+            'model_control': self.mode,
+            'shm_fs': self.fs,
+            **self.scan,
+        }
+
+
+class PoolReload(Operation):
+    """triton_backend_pool: read the pools, plan which models to reload (plan()), reload them one by one."""
+
+    def __init__(self, client: Any, params: dict, warn: Callable[[str], object], check_mode: bool = False) -> None:
+        self.client, self.params, self.warn, self.check_mode = client, params, warn, check_mode
+        self.threshold = Threshold(params['max_bytes'], params['max_percent'])
+        self.outcome: Outcome | None = None
+        self.snap: Any = None
+
+    def check(self) -> None:
+        for opt in ('max_bytes', 'max_percent'):
+            if self.params[opt] is not None and self.params[opt] < 0:
+                raise ParameterError(f'{opt} must not be negative, got {self.params[opt]}')
+
+    def _pools(self) -> tuple:
+        """(snapshot, backend_pools) of one read of the server."""
+        p = self.params
+        criteria = classification.Criteria.of((), classification.DEFAULT_MIN_AGE, p['backend_patterns'])
+        snap = snapshot.read_server(
+            self.client,
+            server_pid=p['server_pid'],
+            shm_dir=p['shm_dir'],
+            require_readable_dir=True,
+            kinds=('system',),
+            backend_patterns=criteria.backend_patterns,
+            clients_share_pid_namespace=p['clients_share_pid_namespace'],
+        )
+        return snap, classification.pool_records(snap, classification.classify(snap, criteria).files)
+
+    def read(self) -> Reading:
+        snap, pools = self._pools()
+        for warning in snap.warnings:
+            self.warn(warning)
+        index = self.client.repository_index()
+        refusals = {}
+        if not self.params['allow_stateful']:  # the configurations of the models a reload is planned for
+            total = (snap.fs or {}).get('total_bytes')
+            for p in plan(pools, total, self.threshold, self.params['models'], index):
+                if p.action == RELOAD:
+                    why = stateful_refusal(self.client.model_config(p.model))
+                    if why is not None:
+                        refusals[p.model] = why
+        return Reading(snap, pools, index, model_control(server_argv(snap.pid)), refusals)
+
+    def plan(self, reading: Reading) -> Outcome:
+        snap = reading.snap
+        fs = dict(snap.fs) if snap.fs else None
+        plans = plan(
+            reading.pools, (fs or {}).get('total_bytes'), self.threshold, self.params['models'], reading.index,
+            reading.refusals,
+        )  # fmt: skip
+        for model, why in sorted(reading.refusals.items()):
+            self.warn(f"model '{model}' is over the limit and is not reloaded: {why}")
+        scan = {
+            'holders_complete': snap.holders_complete,
+            'holders_incomplete_reason': snap.holders_incomplete_reason,
+            'pid_namespace': snap.pid_namespace,
+        }
+        self.snap = snap
+        self.outcome = Outcome(self.check_mode, plans, reading.mode, fs, scan)
+        todo = [p for p in plans if p.action == RELOAD]
+        why_not = refusal(reading.mode) if todo else None
+        if why_not:
+            raise ModelControlRefused(
+                f'{", ".join(p.model for p in todo)} over the limit, not reloaded: {why_not}', url=self.client.base
+            )
+        if todo and reading.mode is None:
+            self.warn(
+                'the model control mode of the server could not be read from its command line: the load answers for it'
+            )
+        return self.outcome
+
+    @staticmethod
+    def _entry(p: ModelPlan) -> dict:
+        return {'model': p.model, 'before_bytes': p.bytes, 'after_bytes': None, 'old_pools': p.pools, 'new_pools': [],
+                'old_gone': None, 'seconds': None}  # fmt: skip
+
+    def preview(self, planned: Outcome) -> Outcome:
+        planned.reloaded.extend(self._entry(p) for p in planned.plans if p.action == RELOAD)
+        return planned
+
+    def execute(self, planned: Outcome) -> Outcome:
+        wait = self.params['wait']
+        for p in planned.plans:
+            if p.action != RELOAD:
+                continue
+            entry = self._entry(p)
+            start = time.monotonic()
+            reload_model(self.client, p.model, self.params['load_timeout'])
+            left = wait_gone(self.snap.shm, p.pools, wait)
+            entry.update(seconds=round(time.monotonic() - start, 3), old_gone=not left)
+            _snap, after = self._pools()
+            mine = [q for q in after if q.get('model') == p.model and q['name'] not in p.pools]
+            entry['new_pools'] = sorted(q['name'] for q in mine)
+            entry['after_bytes'] = sum(int(q.get('bytes') or 0) for q in mine)
+            planned.reloaded.append(entry)
+            if left:
+                raise TritonError(
+                    f"model '{p.model}' was reloaded, but its old pool file(s) {', '.join(left)} are still there "
+                    f'after {wait}s (a long request on an old instance keeps it): rerun later',
+                    url=self.client.base,
+                )
+        return planned
+
+    def result(self, outcome: Outcome, finished: bool = True) -> dict:
+        return outcome.result(finished)

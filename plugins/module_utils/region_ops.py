@@ -7,19 +7,17 @@ Private to the tritonops.shm collection: no stability promise to other code.
 What to do is decided by region_plan.py (pure, from one read and the parameters); this file does the I/O
 in the order the safety invariants require (docs/concepts.md): unregister first, wait until the region is
 gone from the status, quarantine each file, re-check holders, then unlink only unheld regular files by
-(device, inode) inside the shm directory, or give them back. RegionOps.result() only formats what was
-recorded, on success and after a failure part-way. A module's main() runs, in this order:
-
-    ops.check()                           # the parameters the argument spec cannot check
-    with ops.locked(ops.read()) as now:   # the per-server lock (not in check mode), taken inside read() once the
-                                          # server is located, before its regions are read
-        ops.execute(ops.plan(now))        # check mode: the plan is the result
-        ops.result()                      # (triton_shm_region also writes its metrics under the lock)
+(device, inode) inside the shm directory, or give them back. Each step is recorded in an Outcome,
+whose result() only formats it, on success and after a failure part-way. RegionOps is a base.Operation:
+base.run_operation runs it as every module runs, check -> read -> plan -> preview (check mode) or execute ->
+result, with the per-server lock (taken inside read() once the server is located, before its regions are read;
+not in check mode) held from read() until the result and the metrics textfile are written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import os
 import time
@@ -35,6 +33,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
     shm_fs,
     snapshot,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
@@ -81,7 +80,82 @@ def _may_defer(snap: Snapshot) -> bool:
     return version is None or version >= DEFERRED_UNREGISTER_VERSION
 
 
-class RegionOps:
+@dataclasses.dataclass
+class Outcome:
+    """What one run did (in check mode: would do), recorded step by step so that a failure part-way reports it.
+
+    result() formats it as the module's result; nothing else is kept between the steps of a run.
+    """
+
+    check_mode: bool = False
+    plan: Plan | None = None  # the plan carried out (or, in check mode, reported)
+    registered: list = dataclasses.field(default_factory=list)
+    unregistered: list = dataclasses.field(default_factory=list)
+    pending: list = dataclasses.field(default_factory=list)  # unregistered, still listed past in_use_timeout (2.53+)
+    removed_files: list = dataclasses.field(default_factory=list)
+    created_files: list = dataclasses.field(default_factory=list)
+    marked_files: list = dataclasses.field(default_factory=list)
+    skipped: list = dataclasses.field(default_factory=list)
+    freed_bytes: int = 0
+    before: dict | None = None  # the diff: regions (and files) before, and after
+    after: dict | None = None
+    used_before: int | None = None  # the shm filesystem's used bytes before and after
+    used_after: int | None = None
+    scan: dict | None = None  # holders_complete, holders_incomplete_reason, pid_namespace of the read planned from
+    before_result: dict | None = None  # with inventory: what triton_shm_info would have returned for that read
+    regions_after: list | None = None  # the regions of the kind after the change (predicted in check mode)
+    inventory_after: dict | None = None  # with inventory, outside check mode: what triton_shm_info would return after
+
+    def done_something(self) -> bool:
+        return bool(
+            self.registered
+            or self.unregistered
+            or self.pending
+            or self.removed_files
+            or self.created_files
+            or self.marked_files
+        )
+
+    def result(self, finished: bool = True, diff: bool = False) -> dict:
+        """The module's result: what was done (also after a failure part-way), then, when finished, the state after.
+
+        changed is what really changed (in check mode: what would change), also after a failure; an
+        unregister the server accepted but deferred (pending) is a change: the server will drop the region.
+        finished=False (a failure) leaves out what is read after the change: regions, after and the diff.
+        diff: add the diff (before and after) when the run got as far as planning it.
+        """
+        changed = (self.plan is not None and self.plan.changed) if self.check_mode else self.done_something()
+        out = {
+            'changed': changed,
+            'registered': self.registered,
+            'unregistered': self.unregistered,
+            'pending': self.pending,
+            'removed_files': self.removed_files,
+            'created_files': self.created_files,
+            'marked_files': self.marked_files,
+            'skipped_items': self.skipped,
+            'freed_bytes': self.freed_bytes,
+        }
+        if self.before_result is not None:
+            out['before'] = self.before_result
+        if self.scan is not None:
+            out.update(self.scan)
+        if self.plan is not None and self.plan.threshold is not None:
+            out['threshold'] = self.plan.threshold.as_dict()
+        if self.used_before is not None:
+            out['shm_used_bytes_before'] = self.used_before
+            out['shm_used_bytes_after'] = self.used_after
+        if not finished:
+            return out
+        out['regions'] = self.regions_after if self.regions_after is not None else []
+        if self.inventory_after is not None:
+            out['after'] = self.inventory_after
+        if diff and self.before is not None:
+            out['diff'] = {'before': self.before, 'after': self.after}
+        return out
+
+
+class RegionOps(Operation):
     """One module run: read, plan (region_plan), then, unless check mode, act, recording everything done."""
 
     def __init__(
@@ -94,6 +168,7 @@ class RegionOps:
         clock: Callable[[], float] = time.monotonic,
         serialise: bool = True,
         lock_dir: str | None = None,
+        diff: bool = False,
     ) -> None:
         self.client = client
         self.serialise = serialise
@@ -105,24 +180,10 @@ class RegionOps:
         self.warn = warn or (lambda msg: None)
         self.sleep = sleep
         self.clock = clock
-        self.plan_done: Plan | None = None  # the plan this run carried out (or, in check mode, reports)
-        self.registered = []
-        self.unregistered = []
-        self.pending = []  # unregistered, but still listed past in_use_timeout (Triton 24.12+ defers)
-        self.removed_files = []
-        self.created_files = []
-        self.marked_files = []
-        self.skipped = []
-        self.freed_bytes = 0
-        self.before = None  # the diff: regions (and files) before, and after
-        self.after = None
-        self.used_before = None
-        self.used_after = None
+        self.diff = diff
+        self.outcome: Outcome | None = None  # what this run did (or, in check mode, would do): read() starts it
         self.snap = None  # the read this run planned from
-        self.before_result = None  # with inventory: what triton_shm_info would have returned for that read
         self.snap_after = None  # the read before unlinking, when it is also the state returned after the change
-        self.regions_after = None  # the regions of the kind after the change (predicted in check mode)
-        self.inventory_after = None  # with inventory, outside check mode: what triton_shm_info would return after
         self._criteria = None  # the parameters' classification.Criteria, client users resolved once per run
         self._record = None  # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
         self._ours = set()  # the inodes this run added to it
@@ -138,11 +199,9 @@ class RegionOps:
             self._criteria = region_plan.criteria(self.params)
         return self._criteria
 
-    def run(self) -> None:
-        """The whole run, as a module's main() does it (the tests' and benches' entry)."""
-        self.check()
-        with self.locked(self.read()) as now:
-            self.execute(self.plan(now))
+    def run(self) -> dict:
+        """The whole run, as a module's main() does it (base.run_steps: the tests' and benches' entry); its result."""
+        return run_steps(self, self.check_mode)
 
     present = absent = run  # the state comes from the parameters
 
@@ -161,6 +220,7 @@ class RegionOps:
         between (it would unregister again what that run had unregistered, and report it as its own).
         """
         p = self.params
+        self.outcome = Outcome(check_mode=self.check_mode)
         try:
             snap = snapshot.read_server(
                 self.client,
@@ -186,10 +246,17 @@ class RegionOps:
                 for w in self.snap.warnings:
                     self.warn(w)
                 if self.snap.fs:
-                    self.used_before = self.used_after = self.snap.fs['used_bytes']
+                    self.outcome.used_before = self.outcome.used_after = self.snap.fs['used_bytes']
+                self.outcome.scan = {  # the holder scan this run planned from (the visibility rule)
+                    'holders_complete': self.snap.holders_complete,
+                    'holders_incomplete_reason': self.snap.holders_incomplete_reason,
+                    'pid_namespace': self.snap.pid_namespace,
+                }
             yield reading
         finally:
             self.release()
+
+    hold = locked  # base.Operation
 
     def _lock(self, shm: shm_fs.PinnedDir | None) -> Lock:
         """Serialise runs on the shm directory shm (read() asks once, before it reads the regions): runlock.py."""
@@ -229,27 +296,37 @@ class RegionOps:
         orphans = bool(p.get('orphan_files') or p.get('inventory'))
         records = classification.classify(snap, self.criteria if orphans else region_plan.criteria(p, orphans=False))
         if p.get('inventory'):
-            self.before_result = results.info_result(snap, records)
+            self.outcome.before_result = results.info_result(snap, records)
         return self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
 
     # -- execute ----------------------------------------------------------------------------------
 
-    def execute(self, plan: Plan) -> None:
-        """Carry the plan out (in check mode: record it as the result, touching nothing), then read the state after."""
-        self.plan_done = plan
-        self.before, self.after = plan.before, {k: list(v) for k, v in plan.after.items()}
+    def _planned(self, plan: Plan) -> Outcome:
+        outcome = self.outcome
+        outcome.plan = plan
+        outcome.before, outcome.after = plan.before, {k: list(v) for k, v in plan.after.items()}
         for w in plan.warnings:
             self.warn(w)
-        self.skipped.extend(plan.skipped)
+        outcome.skipped.extend(plan.skipped)
+        return outcome
+
+    def preview(self, plan: Plan) -> Outcome:
+        """Check mode: the plan as the outcome (what would be registered, unregistered, removed), touching nothing."""
+        outcome = self._planned(plan)
+        outcome.registered = [r.name for r in plan.register]
+        outcome.unregistered = sorted(plan.selected_names)
+        outcome.removed_files = [e['path'] for e, _n in plan.files]
+        outcome.freed_bytes = sum(e['allocated_bytes'] for e, _n in plan.files)
+        outcome.created_files = [os.path.join(self.snap.shm_dir, plan.create)] if plan.create else []
+        outcome.marked_files = [path for path, _n in plan.marks]
+        outcome.regions_after = plan.predicted_regions()
+        return outcome
+
+    def execute(self, plan: Plan) -> Outcome:
+        """Carry the plan out, recording each step in the outcome as it is done, then read the state after."""
         if self.check_mode:
-            self.registered = [r.name for r in plan.register]
-            self.unregistered = sorted(plan.selected_names)
-            self.removed_files = [e['path'] for e, _n in plan.files]
-            self.freed_bytes = sum(e['allocated_bytes'] for e, _n in plan.files)
-            self.created_files = [os.path.join(self.snap.shm_dir, plan.create)] if plan.create else []
-            self.marked_files = [path for path, _n in plan.marks]
-            self.regions_after = plan.predicted_regions()
-            return
+            raise RuntimeError('check mode previews the plan (base.run_steps), it never executes it')
+        self._planned(plan)
         if plan.register or plan.marks:
             self._present(plan)
         elif plan.selected or plan.files:
@@ -258,6 +335,7 @@ class RegionOps:
             finally:
                 self._record_after()
         self._read_after()
+        return self.outcome
 
     def _present(self, plan: Plan) -> None:
         """Register (creating the backing file when planned) and mark; or mark the file of a region registered as asked."""
@@ -271,7 +349,7 @@ class RegionOps:
         if plan.create:
             with shm_fs.ShmDir(snap.shm) as d:
                 created = d.create(plan.create, plan.need)
-            self.created_files.append(os.path.join(snap.shm_dir, plan.create))
+            self.outcome.created_files.append(os.path.join(snap.shm_dir, plan.create))
         try:
             self._register_all(
                 self.kind.name,
@@ -281,32 +359,32 @@ class RegionOps:
             )
             if self.kind.files and snap.shm_dir is not None:
                 key_name = shm_fs.key_to_name(p['key'])
-                for name in self.registered:
+                for name in self.outcome.registered:
                     self._mark(snap, key_name, name)
         except TritonError:
-            if created is not None and not self.registered:
+            if created is not None and not self.outcome.registered:
                 # nothing uses the file we created: take it back (only that very file, by device and inode)
                 with shm_fs.ShmDir(snap.shm) as d:
                     d.unlink(plan.create, created.st_dev, created.st_ino)
-                self.created_files = []
+                self.outcome.created_files = []
             raise
         finally:
             self._measure_after()
 
     def _read_after(self) -> None:
         """The state after a finished run: the regions of the kind, and with inventory what triton_shm_info would return."""
-        if self.regions_after is None:
+        if self.outcome.regions_after is None:
             try:
-                self.regions_after = self.client.status(self.kind.name)
+                self.outcome.regions_after = self.client.status(self.kind.name)
             except TritonError:
-                self.regions_after = (self.after or {}).get('regions', [])
+                self.outcome.regions_after = (self.outcome.after or {}).get('regions', [])
         if self.params.get('inventory'):
-            self.inventory_after = self._inventory_after()
+            self.outcome.inventory_after = self._inventory_after()
 
     def _inventory_after(self) -> dict:
         """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
-        if self.snap_after is None and not self.done_something() and self.before_result is not None:
-            return self.before_result  # nothing changed since the read this run selected from
+        if self.snap_after is None and not self.outcome.done_something() and self.outcome.before_result is not None:
+            return self.outcome.before_result  # nothing changed since the read this run selected from
         snap = self.snap_after or self._read_again()
         result = results.info_result(snap, classification.classify(snap, self.criteria))
         result['server'].update(
@@ -332,63 +410,15 @@ class RegionOps:
     def _measure_after(self) -> None:
         if self.snap and self.snap.shm_dir and not self.check_mode:
             try:
-                self.used_after = shm_fs.usage(self.snap.shm)['used_bytes']
+                self.outcome.used_after = shm_fs.usage(self.snap.shm)['used_bytes']
             except OSError:
                 pass
 
     # -- the result (formats what was recorded: no I/O) --------------------------------------------
 
-    def done_something(self) -> bool:
-        return bool(
-            self.registered
-            or self.unregistered
-            or self.pending
-            or self.removed_files
-            or self.created_files
-            or self.marked_files
-        )
-
-    def result(self, finished: bool = True, diff: bool = False) -> dict:
-        """The module's result: what was done (also after a failure part-way), then, when finished, the state after.
-
-        changed is what really changed (in check mode: what would change), also after a failure; an
-        unregister the server accepted but deferred (pending) is a change: the server will drop the region.
-        finished=False (a failure) leaves out what is read after the change: regions, after and the diff.
-        diff: add the diff (before and after) when the run got as far as planning it.
-        """
-        changed = (self.plan_done is not None and self.plan_done.changed) if self.check_mode else self.done_something()
-        out = {
-            'changed': changed,
-            'registered': self.registered,
-            'unregistered': self.unregistered,
-            'pending': self.pending,
-            'removed_files': self.removed_files,
-            'created_files': self.created_files,
-            'marked_files': self.marked_files,
-            'skipped_items': self.skipped,
-            'freed_bytes': self.freed_bytes,
-        }
-        if self.before_result is not None:
-            out['before'] = self.before_result
-        if self.snap is not None:  # the holder scan this run planned from (the visibility rule)
-            out.update(
-                holders_complete=self.snap.holders_complete,
-                holders_incomplete_reason=self.snap.holders_incomplete_reason,
-                pid_namespace=self.snap.pid_namespace,
-            )
-        if self.plan_done is not None and self.plan_done.threshold is not None:
-            out['threshold'] = self.plan_done.threshold.as_dict()
-        if self.used_before is not None:
-            out['shm_used_bytes_before'] = self.used_before
-            out['shm_used_bytes_after'] = self.used_after
-        if not finished:
-            return out
-        out['regions'] = self.regions_after if self.regions_after is not None else []
-        if self.inventory_after is not None:
-            out['after'] = self.inventory_after
-        if diff and self.before is not None:
-            out['diff'] = {'before': self.before, 'after': self.after}
-        return out
+    def result(self, outcome: Outcome | None = None, finished: bool = True, diff: bool | None = None) -> dict:
+        """The module's result from outcome (this run's by default): Outcome.result."""
+        return (outcome or self.outcome or Outcome()).result(finished, self.diff if diff is None else diff)
 
     # -- the I/O: unregister with the in-use retry ---------------------------------------------------
 
@@ -408,7 +438,7 @@ class RegionOps:
                 except TritonError as answer:
                     exc = answer
             if exc.unaddressable:
-                self.skipped.append({'name': name, 'reason': exc.msg})
+                self.outcome.skipped.append({'name': name, 'reason': exc.msg})
                 return Unregister.KEPT
             if exc.not_found:
                 return Unregister.GONE
@@ -416,7 +446,7 @@ class RegionOps:
                 raise exc
             if not backoff.wait():
                 reason = f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
-                self.skipped.append({'name': name, 'reason': reason})
+                self.outcome.skipped.append({'name': name, 'reason': reason})
                 return Unregister.KEPT
 
     def _wait_gone(self, kind: str, specs: dict) -> set:
@@ -455,7 +485,7 @@ class RegionOps:
                 f'stale cleanup would take it once no client maps it ({exc})'
             )
             return
-        self.marked_files.append(path)
+        self.outcome.marked_files.append(path)
 
     def _register_all(
         self, kind: str, todo: list, register: Callable[[str], object], restore: Callable[[dict], object]
@@ -475,7 +505,7 @@ class RegionOps:
                         'when its clients are idle, or give in_use_timeout more seconds'
                     )
                 if self._wait_gone(kind, {name: cur}):
-                    self.pending.append(name)
+                    self.outcome.pending.append(name)
                     raise TritonError(
                         f"re-register {kind} region '{name}': it was unregistered but is still listed after "
                         f'{self.in_use_timeout}s (requests in flight: Triton 24.12 and later remove it when '
@@ -489,7 +519,7 @@ class RegionOps:
                 try:
                     restore(cur)
                 except TritonError as again:
-                    self.unregistered.append(name)
+                    self.outcome.unregistered.append(name)
                     raise type(exc)(
                         f'{exc.msg}; restoring the previous spec failed too, the region is now unregistered: '
                         f'{again.msg}',
@@ -506,8 +536,8 @@ class RegionOps:
                     transport=exc.transport,
                 ) from exc
             if cur is not None:
-                self.unregistered.append(name)
-            self.registered.append(name)
+                self.outcome.unregistered.append(name)
+            self.outcome.registered.append(name)
 
     # -- unregister, then remove ----------------------------------------------------------------
 
@@ -567,7 +597,7 @@ class RegionOps:
         done.update(
             ino
             for ino in self._ours
-            if self._record[ino].region in still_registered and self._record[ino].region not in self.pending
+            if self._record[ino].region in still_registered and self._record[ino].region not in self.outcome.pending
         )
         if not done or snap.shm_dir is None:
             return
@@ -591,13 +621,13 @@ class RegionOps:
         failure no further unregister is sent, the answers of those already sent are recorded, then it is raised.
         """
         batch = unregister_batch(self.client, kind, [rec['name'] for rec in selected])
-        first = len(self.unregistered)
+        first = len(self.outcome.unregistered)
         failure = None
         try:
             for name, refused in batch:
                 if failure is not None:
                     if refused is None:  # sent before the failure: done, and reported as done
-                        self.unregistered.append(name)
+                        self.outcome.unregistered.append(name)
                     continue
                 try:
                     outcome = self._unregister(kind, name, refused) if refused is not None else Unregister.UNREGISTERED
@@ -606,26 +636,26 @@ class RegionOps:
                     batch.stop()
                     continue
                 if outcome is Unregister.UNREGISTERED:
-                    self.unregistered.append(name)
+                    self.outcome.unregistered.append(name)
                 elif outcome is Unregister.KEPT:
                     still_registered.add(name)
         finally:
             # in the order selected, whatever order the answers came in
             order = {rec['name']: i for i, rec in enumerate(selected)}
-            self.unregistered[first:] = sorted(self.unregistered[first:], key=order.__getitem__)
+            self.outcome.unregistered[first:] = sorted(self.outcome.unregistered[first:], key=order.__getitem__)
         if failure is not None:
             raise failure
 
     def _salvage_files(self, snap: Snapshot, selected: list, file_plan: list, still_registered: set) -> None:
         """After a failure part-way: remove the files of the regions confirmed unregistered and gone from the status,
         so that a rerun of the same task converges; every other file is kept."""
-        done = set(self.unregistered)
+        done = set(self.outcome.unregistered)
         try:
             self._deferred(selected, still_registered)
         except TritonError as again:
             # before 24.12 an unregister Triton answered is final; since, it may still be listed
             if _may_defer(snap):
-                self.skipped.extend(
+                self.outcome.skipped.extend(
                     {
                         'path': e['path'],
                         'reason': 'not removed: the status could not be read to confirm '
@@ -640,8 +670,8 @@ class RegionOps:
         except ShmFsError as exc:
             # e.g. the server died and its private /dev/shm went with it: the server's failure (the cause)
             # is what is raised; the files that could not be removed are reported with this reason
-            removed = set(self.removed_files)
-            self.skipped.extend(
+            removed = set(self.outcome.removed_files)
+            self.outcome.skipped.extend(
                 {'path': e['path'], 'reason': f'not removed: {exc}'}
                 for e, n in file_plan
                 if n in done and e['path'] not in removed
@@ -651,8 +681,8 @@ class RegionOps:
         """/dev/shm use and the server's regions after the change, as far as they can still be read."""
         self._measure_after()
         try:
-            self.regions_after = self.client.status(self.kind.name)
-            self.after['regions'] = [self.kind.spec(r) for r in self.regions_after]
+            self.outcome.regions_after = self.client.status(self.kind.name)
+            self.outcome.after['regions'] = [self.kind.spec(r) for r in self.outcome.regions_after]
         except TritonError:
             pass
 
@@ -663,13 +693,15 @@ class RegionOps:
         unregistered to pending (the server accepted the unregister and drops the region when its
         requests finish), with the reason in skipped and a warning.
         """
-        done = set(self.unregistered)  # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
+        done = set(
+            self.outcome.unregistered
+        )  # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
         specs = {r['name']: r for r in selected if r['name'] in done and r['name'] not in still_registered}
         listed = self._wait_gone(self.kind.name, specs)
         for name in sorted(listed):
             still_registered.add(name)
-            self.pending.append(name)
-            self.skipped.append(
+            self.outcome.pending.append(name)
+            self.outcome.skipped.append(
                 {
                     'name': name,
                     'reason': f'pending: unregistered, but still listed by the server after '
@@ -683,7 +715,7 @@ class RegionOps:
                 'still listed unregisters it again and removes the file once it is gone'
             )
         if listed:
-            self.unregistered[:] = [n for n in self.unregistered if n not in listed]
+            self.outcome.unregistered[:] = [n for n in self.outcome.unregistered if n not in listed]
 
     def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
         """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
@@ -711,7 +743,7 @@ class RegionOps:
                 if reason is None:
                     gone.append(os.path.join(snap.shm_dir, q.name))
                 else:
-                    self.skipped.append({'path': entry['path'], 'reason': reason})
+                    self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
                     restored = restored or q.name != q.original
         if not want_after:
             return None
@@ -752,7 +784,7 @@ class RegionOps:
                 if q is not None:
                     return q
                 reason = 'already removed (by another process) before this run unlinked it'
-        self.skipped.append({'path': entry['path'], 'reason': reason})
+        self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
         return None
 
     def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, q: shm_fs.Quarantined) -> str | None:
@@ -775,8 +807,8 @@ class RegionOps:
             # removed by someone else since it was listed: not this run's work
             return 'already removed (by another process) before this run unlinked it'
         self._finished.append(q.ino)
-        self.removed_files.append(entry['path'])
-        self.freed_bytes += freed
+        self.outcome.removed_files.append(entry['path'])
+        self.outcome.freed_bytes += freed
         return None
 
     def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> str:

@@ -4,6 +4,7 @@
 """Every Triton server of this host, found from /proc alone (no inventory): the node agent's listing.
 
 Private to the tritonops.shm collection. Standard library only, plus the collection's own module_utils.
+ServerList is triton_server_info's base.Operation.
 
 Per tritonserver process (by name, as discovery.py finds servers): its listening TCP sockets (the sockets of its
 network namespace whose inode is one of its own fds, through discovery.listening_sockets: sock_diag in this
@@ -16,8 +17,11 @@ loopback in this namespace, else the namespace's own address from its fib_trie),
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import holders
+from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import identity
 from ansible_collections.tritonops.shm.plugins.module_utils.discovery import SERVER_COMMS, listening_sockets
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
@@ -169,3 +173,25 @@ def list_servers(proc: str = '/proc', names: tuple[str, ...] = SERVER_COMMS) -> 
             if found is not None:
                 out.append(found)
     return out
+
+
+class ServerList(Operation):
+    """triton_server_info as a base.Operation: it reads (the servers, and whether every one can be seen) and changes
+    nothing, so its plan is its reading and check mode is the same call."""
+
+    def __init__(self, params: dict, warn: Callable[[str], object], proc: str = '/proc') -> None:
+        self.params, self.warn, self.proc = params, warn, proc
+
+    def read(self) -> tuple:
+        visible = holders.visibility(self.proc, self.params['clients_share_pid_namespace'])
+        found = list_servers(self.proc, tuple(self.params['process_names']))
+        for entry in found:
+            for warning in entry['warnings']:
+                self.warn(warning)
+        if not visible.complete:
+            self.warn(f'only the Triton servers of this PID namespace are listed: {visible.reason}')
+        return found, visible
+
+    def result(self, outcome: tuple, finished: bool = True) -> dict:
+        found, visible = outcome
+        return {'changed': False, 'servers': found, 'complete': visible.complete, 'reason': visible.reason}

@@ -188,115 +188,15 @@ pid_namespace:
   version_added: 0.2.0
 """
 
-import time
-from typing import Any
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool, classification, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.backend_pool import PoolReload
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     backend_argument_spec,
     make_client,
-    run_module_main,
+    run_operation,
     shm_dir_argument_spec,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    ModelControlRefused,
-    ParameterError,
-    TritonError,
-)
-
-
-def read_pools(client: Any, params: dict) -> tuple:
-    """(snapshot, backend_pools) of one read of the server."""
-    criteria = classification.Criteria.of((), classification.DEFAULT_MIN_AGE, params['backend_patterns'])
-    snap = snapshot.read_server(
-        client,
-        server_pid=params['server_pid'],
-        shm_dir=params['shm_dir'],
-        require_readable_dir=True,
-        kinds=('system',),
-        backend_patterns=criteria.backend_patterns,
-        clients_share_pid_namespace=params['clients_share_pid_namespace'],
-    )
-    records = classification.classify(snap, criteria)
-    return snap, classification.pool_records(snap, records.files)
-
-
-def run(module: AnsibleModule, client: Any, done: list) -> None:
-    params = module.params
-    for opt in ('max_bytes', 'max_percent'):
-        if params[opt] is not None and params[opt] < 0:
-            raise ParameterError(f'{opt} must not be negative, got {params[opt]}')
-    threshold = backend_pool.Threshold(params['max_bytes'], params['max_percent'])
-    snap, pools = read_pools(client, params)
-    for warning in snap.warnings:
-        module.warn(warning)
-    fs = dict(snap.fs) if snap.fs else None
-    index = client.repository_index()
-    total = (fs or {}).get('total_bytes')
-    plans = backend_pool.plan(pools, total, threshold, params['models'], index)
-    if not params['allow_stateful']:
-        refusals = {}
-        for p in plans:
-            if p.action == backend_pool.RELOAD:
-                why = backend_pool.stateful_refusal(client.model_config(p.model))
-                if why is not None:
-                    refusals[p.model] = why
-        if refusals:
-            plans = backend_pool.plan(pools, total, threshold, params['models'], index, refusals)
-            for model, why in sorted(refusals.items()):
-                module.warn(f"model '{model}' is over the limit and is not reloaded: {why}")
-    mode = backend_pool.model_control(backend_pool.server_argv(snap.pid))
-    result = {
-        'models': [p.as_dict() for p in plans],
-        'reloaded': done,
-        'model_control': mode,
-        'shm_fs': fs,
-        'holders_complete': snap.holders_complete,
-        'holders_incomplete_reason': snap.holders_incomplete_reason,
-        'pid_namespace': snap.pid_namespace,
-    }
-    todo = [p for p in plans if p.action == backend_pool.RELOAD]
-    why_not = backend_pool.refusal(mode) if todo else None
-    if why_not:
-        raise ModelControlRefused(
-            f'{", ".join(p.model for p in todo)} over the limit, not reloaded: {why_not}', url=client.base
-        )
-    if todo and mode is None:
-        module.warn(
-            'the model control mode of the server could not be read from its command line: the load answers for it'
-        )
-    for p in todo:
-        entry = {
-            'model': p.model,
-            'before_bytes': p.bytes,
-            'after_bytes': None,
-            'old_pools': p.pools,
-            'new_pools': [],
-            'old_gone': None,
-            'seconds': None,
-        }
-        if module.check_mode:
-            done.append(entry)
-            continue
-        start = time.monotonic()
-        backend_pool.reload_model(client, p.model, params['load_timeout'])
-        left = backend_pool.wait_gone(snap.shm, p.pools, params['wait'])
-        entry['seconds'] = round(time.monotonic() - start, 3)
-        entry['old_gone'] = not left
-        _snap, after = read_pools(client, params)
-        mine = [q for q in after if q.get('model') == p.model and q['name'] not in p.pools]
-        entry['new_pools'] = sorted(q['name'] for q in mine)
-        entry['after_bytes'] = sum(int(q.get('bytes') or 0) for q in mine)
-        done.append(entry)
-        if left:
-            raise TritonError(
-                f"model '{p.model}' was reloaded, but its old pool file(s) {', '.join(left)} are still there "
-                f'after {params["wait"]}s (a long request on an old instance keeps it): rerun later',
-                url=client.base,
-            )
-    module.exit_json(changed=bool(todo), **result)
 
 
 def main() -> None:
@@ -314,12 +214,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec=argument_spec, required_one_of=[('max_bytes', 'max_percent')], supports_check_mode=True
     )
-    done: list = []
-    run_module_main(
-        module,
-        lambda: run(module, make_client(module), done),
-        partial=lambda: {'reloaded': done, 'changed': any(d['after_bytes'] is not None for d in done)},
-    )
+    run_operation(module, PoolReload(make_client(module), module.params, module.warn, module.check_mode))
 
 
 if __name__ == '__main__':

@@ -123,7 +123,8 @@ reason:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders, servers
+from ansible_collections.tritonops.shm.plugins.module_utils import servers
+from ansible_collections.tritonops.shm.plugins.module_utils.base import run_operation
 
 
 def main() -> None:
@@ -134,14 +135,7 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    visible = holders.visibility('/proc', module.params['clients_share_pid_namespace'])
-    found = servers.list_servers('/proc', tuple(module.params['process_names']))
-    for entry in found:
-        for warning in entry['warnings']:
-            module.warn(warning)
-    if not visible.complete:
-        module.warn(f'only the Triton servers of this PID namespace are listed: {visible.reason}')
-    module.exit_json(changed=False, servers=found, complete=visible.complete, reason=visible.reason)
+    run_operation(module, servers.ServerList(module.params, module.warn))
 
 
 if __name__ == '__main__':

@@ -461,10 +461,11 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.tritonops.shm.plugins.module_utils import classification, results, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY,
+    Operation,
     backend_argument_spec,
     make_client,
     metrics_argument_spec,
-    run_module_main,
+    run_operation,
     shm_dir_argument_spec,
     write_metrics,
 )
@@ -479,43 +480,55 @@ except ImportError:
     JMESPATH_IMPORT_ERROR = traceback.format_exc()
 
 
-def run(module: AnsibleModule, client: Any) -> None:
-    params = module.params
-    if params['query'] and not HAS_JMESPATH:
-        module.fail_json(msg=missing_required_lib('jmespath'), exception=JMESPATH_IMPORT_ERROR)
-    compiled = None
-    if params['query']:
-        try:
-            compiled = jmespath.compile(params['query'])
-        except jmespath.exceptions.JMESPathError as exc:
-            module.fail_json(msg=f'query {params["query"]!r} is not a valid JMESPath expression: {exc}')
-    client.use_keep_alive()  # one connection for the five calls (every transport keeps its connection)
-    live = client.health('live')
-    ready = client.health('ready')
-    criteria = classification.Criteria.of(
-        params['orphan_patterns'], params['min_age'], params['backend_patterns'], params['client_users']
-    )
-    snap = snapshot.read_server(
-        client,
-        server_pid=params['server_pid'],
-        shm_dir=params['shm_dir'],
-        require_readable_dir=params['shm_dir'] is not None,
-        report_unsupported=True,
-        backend_patterns=criteria.backend_patterns,
-        clients_share_pid_namespace=params['clients_share_pid_namespace'],
-    )
-    for warning in snap.warnings:
-        module.warn(warning)
-    for warning in classification.broad_pattern_warnings(params['orphan_patterns']):
-        module.warn(warning)
-    result = results.info_result(snap, classification.classify(snap, criteria), live=live, ready=ready)
-    if compiled is not None:
-        try:
-            result['query_result'] = compiled.search(result)
-        except jmespath.exceptions.JMESPathError as exc:
-            module.fail_json(msg=f'query {params["query"]!r} failed: {exc}')
-    result.update(write_metrics(module, report=result, with_report=True))
-    module.exit_json(changed=False, **result)
+class ShmInfo(Operation):
+    """triton_shm_info as a base.Operation: it reads the server (health, status, files, holders) and changes nothing,
+    so its plan is its reading; the result is what results.info_result builds, with the query applied."""
+
+    def __init__(self, module: AnsibleModule, client: Any) -> None:
+        self.module, self.client, self.params = module, client, module.params
+        self.compiled = None
+
+    def check(self) -> None:
+        query = self.params['query']
+        if query and not HAS_JMESPATH:
+            self.module.fail_json(msg=missing_required_lib('jmespath'), exception=JMESPATH_IMPORT_ERROR)
+        if query:
+            try:
+                self.compiled = jmespath.compile(query)
+            except jmespath.exceptions.JMESPathError as exc:
+                self.module.fail_json(msg=f'query {query!r} is not a valid JMESPath expression: {exc}')
+
+    def read(self) -> dict:
+        params, client = self.params, self.client
+        client.use_keep_alive()  # one connection for the five calls (every transport keeps its connection)
+        live = client.health('live')
+        ready = client.health('ready')
+        criteria = classification.Criteria.of(
+            params['orphan_patterns'], params['min_age'], params['backend_patterns'], params['client_users']
+        )
+        snap = snapshot.read_server(
+            client,
+            server_pid=params['server_pid'],
+            shm_dir=params['shm_dir'],
+            require_readable_dir=params['shm_dir'] is not None,
+            report_unsupported=True,
+            backend_patterns=criteria.backend_patterns,
+            clients_share_pid_namespace=params['clients_share_pid_namespace'],
+        )
+        for warning in snap.warnings:
+            self.module.warn(warning)
+        for warning in classification.broad_pattern_warnings(params['orphan_patterns']):
+            self.module.warn(warning)
+        return results.info_result(snap, classification.classify(snap, criteria), live=live, ready=ready)
+
+    def result(self, outcome: dict, finished: bool = True) -> dict:
+        result = dict(outcome, changed=False)
+        if self.compiled is not None:
+            try:
+                result['query_result'] = self.compiled.search(outcome)
+            except jmespath.exceptions.JMESPathError as exc:
+                self.module.fail_json(msg=f'query {self.params["query"]!r} failed: {exc}')
+        return result
 
 
 def main() -> None:
@@ -529,9 +542,10 @@ def main() -> None:
     )
     module = AnsibleModule(argument_spec=argument_spec, required_by=METRICS_REQUIRED_BY, supports_check_mode=True)
     # a server that cannot be queried is written too: tritonops_shm_up 0
-    run_module_main(
+    run_operation(
         module,
-        lambda: run(module, make_client(module)),
+        ShmInfo(module, make_client(module)),
+        finish=lambda result: write_metrics(module, report=result, with_report=True),
         on_failure=lambda _failure: write_metrics(module, report=None, with_report=True),
     )
 

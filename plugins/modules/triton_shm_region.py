@@ -441,8 +441,6 @@ metrics_files:
   version_added: 0.2.0
 """
 
-import contextlib
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
@@ -451,12 +449,11 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     backend_argument_spec,
     make_client,
     metrics_argument_spec,
-    run_module_main,
+    run_operation,
     shm_dir_argument_spec,
     write_metrics,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import DEFAULT_MIN_AGE
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT
 
@@ -495,31 +492,19 @@ def main() -> None:
         supports_check_mode=True,
     )
     client = make_client(module)
-    ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn)
-    try:
-        ops.check()  # what the argument spec cannot say (region_plan.check_params), before anything is sent
-    except ParameterError as exc:
-        module.fail_json(msg=exc.msg)
     client.use_keep_alive()  # one connection for any number of regions
-
-    cleaning = module.params['state'] == 'absent'
-
-    def failed(result: dict) -> dict:
-        return write_metrics(module, outcome=metrics.call_outcome(result, failed=True)) if cleaning else {}
-
-    # The per-server lock, once read() has found the shm directory, is held until this call's result and metrics
-    # textfile are written (its freed-bytes counter continues the previous file's), on success and on failure.
-    with contextlib.ExitStack() as held:
-
-        def body() -> None:
-            now = held.enter_context(ops.locked(ops.read()))
-            ops.execute(ops.plan(now))
-            result = ops.result(diff=module._diff)
-            if cleaning:  # the call's outcome
-                result.update(write_metrics(module, outcome=metrics.call_outcome(result, failed=False)))
-            module.exit_json(**result)
-
-        run_module_main(module, body, partial=lambda: ops.result(finished=False), on_failure=failed)
+    ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn, diff=module._diff)
+    if module.params['state'] != 'absent':
+        run_operation(module, ops)
+        return
+    # a cleanup writes its outcome to the metrics textfile (its freed-bytes counter continues the previous file's),
+    # under the per-server lock on success, and after a failure too
+    run_operation(
+        module,
+        ops,
+        finish=lambda result: write_metrics(module, outcome=metrics.call_outcome(result, failed=False)),
+        on_failure=lambda result: write_metrics(module, outcome=metrics.call_outcome(result, failed=True)),
+    )
 
 
 if __name__ == '__main__':

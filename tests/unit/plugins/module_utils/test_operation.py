@@ -1,0 +1,102 @@
+"""One way to run a module (issue 35, goal 6): base.Operation's steps in one order, check mode as one branch, the
+result from an outcome object, also after a failure part-way; every module runs through base.run_operation."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import glob
+import os
+
+import pytest
+
+from ansible_collections.tritonops.shm.plugins.module_utils import base
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
+
+MODULES = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'modules')
+
+
+class Recorder(base.Operation):
+    """An operation that records each step; execute() fails after its first step when told to."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[str] = []
+        self.held = False
+        self.fail = fail
+
+    def check(self) -> None:
+        self.calls.append('check')
+
+    def read(self) -> str:
+        self.calls.append('read')
+        return 'reading'
+
+    @contextlib.contextmanager
+    def hold(self, reading):
+        self.held = True
+        try:
+            yield reading
+        finally:
+            self.held = False
+            self.calls.append('release')
+
+    def plan(self, reading):
+        self.calls.append(f'plan({reading})')
+        self.outcome = {'done': []}
+        return ['a', 'b']
+
+    def preview(self, plan):
+        self.calls.append('preview')
+        self.outcome['done'] = list(plan)
+        return self.outcome
+
+    def execute(self, plan):
+        self.calls.append('execute')
+        for step in plan:
+            self.outcome['done'].append(step)
+            if self.fail:
+                raise TritonError(f'{step} failed')
+        return self.outcome
+
+    def result(self, outcome, finished=True):
+        return {'changed': bool(outcome['done']), 'done': outcome['done'], 'finished': finished}
+
+
+@pytest.mark.parametrize('check_mode', [False, True])
+def test_the_steps_run_in_one_order_and_check_mode_only_previews(check_mode):
+    op = Recorder()
+    seen_held = []
+    result = base.run_steps(op, check_mode, finish=lambda r: seen_held.append(op.held) or {'extra': 1})
+    step = 'preview' if check_mode else 'execute'
+    assert op.calls == ['check', 'read', 'plan(reading)', step, 'release']
+    assert result == {'changed': True, 'done': ['a', 'b'], 'finished': True, 'extra': 1}
+    assert seen_held == [True]  # finish (the metrics textfiles) runs while what read() took is held
+
+
+def test_a_failure_part_way_reports_the_work_done_from_the_outcome():
+    op = Recorder(fail=True)
+    with pytest.raises(TritonError):
+        base.run_steps(op, False)
+    assert op.calls[-1] == 'release'
+    assert op.result(op.outcome, finished=False) == {'changed': True, 'done': ['a'], 'finished': False}
+
+
+def test_region_ops_never_executes_in_check_mode():
+    from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
+
+    ops = RegionOps(object(), {'kind': 'system'}, check_mode=True)
+    with pytest.raises(RuntimeError, match='never executes'):
+        ops.execute(None)
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(MODULES, '*.py'))), ids=os.path.basename)
+def test_every_module_runs_through_run_operation(path):
+    """main() hands an Operation to base.run_operation; no module calls exit_json itself."""
+    tree = ast.parse(open(path, encoding='utf-8').read(), path)
+    calls = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, 'id', None)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    assert 'run_operation' in calls, f'{os.path.basename(path)}: main() does not call base.run_operation'
+    assert 'exit_json' not in calls and 'run_module_main' not in calls
