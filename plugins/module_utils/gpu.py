@@ -154,3 +154,57 @@ def read_evidence(
         containers=containers,
         alive=frozenset(pids),
     )
+
+
+def server_charge(reading: nvml.Reading, server_pid: int) -> int | None:
+    """The GPU memory NVML charges to the server on every GPU together (a dead client's CUDA region is charged to the
+    server that imported it); None when NVML was not read or does not say."""
+    if reading.error or not reading.gpus:
+        return None
+    total = 0
+    for g in reading.gpus:
+        charged = g.charged(server_pid)
+        if charged is None:
+            return None
+        total += charged
+    return total
+
+
+class Freed(NamedTuple):
+    """What an unregister gave back, measured: the server's NVML charge before and after, and the difference."""
+
+    before: int | None
+    after: int | None
+    seconds: float
+
+    @property
+    def bytes(self) -> int | None:
+        if self.before is None or self.after is None:
+            return None
+        return max(0, self.before - self.after)
+
+
+def measure_freed(
+    before: int | None,
+    server_pid: int,
+    expected: int,
+    read_nvml: Callable[[], nvml.Reading],
+    sleep: Callable[[float], object],
+    clock: Callable[[], float],
+    timeout: float,
+) -> Freed:
+    """The GPU memory that came back after CUDA regions of expected bytes were unregistered: NVML read again until the
+    server's charge fell by expected (Triton closes the IPC handles; 1 GiB came back within 3 s on an H200, docs/cuda.md)
+    or timeout seconds passed. Never raises: an NVML that cannot be read gives after None."""
+    start = clock()
+    after = None
+    delay = 0.05
+    while True:
+        try:
+            after = server_charge(read_nvml(), server_pid)
+        except Exception:  # pylint: disable=broad-except  # a measure, never a failure of the cleanup
+            after = None
+        if before is None or after is None or before - after >= expected or clock() - start >= timeout:
+            return Freed(before, after, round(clock() - start, 3))
+        sleep(min(delay, max(0.0, timeout - (clock() - start))))
+        delay = min(delay * 2, 1.0)

@@ -15,7 +15,8 @@ object of the ``kind`` parameter and has no branch on its name. Each kind gives:
 - ``state``: its state rule (classification.py: a region's record with ``state`` and ``state_reason``);
 - ``plan_present`` and ``plan_absent``: its plans (region_plan.py: which regions state=absent selects);
 - ``register`` and ``restore``: the calls that register a region of the kind, and that register again the
-  registration an operator's new spec replaced.
+  registration an operator's new spec replaced;
+- ``gpu_memory``: its regions are GPU memory, so an unregister measures what came back (NVML, ``freed_gpu_bytes``).
 
 Every kind reads one snapshot of the server (snapshot.read_server, its own region list) and takes the per-server
 lock like system memory: the CUDA rule decides from holders read under it.
@@ -45,6 +46,7 @@ class RegionKind(NamedTuple):
     plan_absent: Callable[..., region_plan.Plan]
     register: Callable[[Any, str, dict], object]
     restore: Callable[[Any, dict], object]
+    gpu_memory: bool = False  # its regions are GPU memory: an unregister measures what NVML gives back
 
     @property
     def name(self) -> str:
@@ -100,5 +102,6 @@ CUDA = RegionKind(
     plan_absent=region_plan.plan_absent_cuda,
     register=_register_cuda,
     restore=_restore_cuda,
+    gpu_memory=True,
 )
 KINDS = {k.name: k for k in (SYSTEM, CUDA)}

@@ -26,7 +26,9 @@ from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import (
     classification,
+    gpu,
     kinds,
+    nvml,
     region_plan,
     results,
     runlock,
@@ -72,6 +74,9 @@ class Reading(NamedTuple):
 # Triton 2.53 (NGC 24.12) and later accept an unregister while requests are in flight and keep the
 # region listed until they finish; before, an answered unregister removed it at once.
 DEFERRED_UNREGISTER_VERSION = (2, 53)
+# Seconds to wait, after CUDA regions were unregistered, for NVML to stop charging their memory to the server (1 GiB
+# came back within 3 s on an H200, docs/cuda.md)
+GPU_SETTLE_TIMEOUT = 10.0
 
 
 def _may_defer(snap: Snapshot) -> bool:
@@ -97,6 +102,9 @@ class Outcome:
     marked_files: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
     freed_bytes: int = 0
+    freed_gpu_bytes: int | None = None  # CUDA: the server's NVML charge before minus after, measured (None: not)
+    gpu_before: int | None = None
+    gpu_after: int | None = None
     before: dict | None = None  # the diff: regions (and files) before, and after
     after: dict | None = None
     used_before: int | None = None  # the shm filesystem's used bytes before and after
@@ -135,6 +143,7 @@ class Outcome:
             'marked_files': self.marked_files,
             'skipped_items': self.skipped,
             'freed_bytes': self.freed_bytes,
+            'freed_gpu_bytes': self.freed_gpu_bytes,
         }
         if self.before_result is not None:
             out['before'] = self.before_result
@@ -142,6 +151,9 @@ class Outcome:
             out.update(self.scan)
         if self.plan is not None and self.plan.threshold is not None:
             out['threshold'] = self.plan.threshold.as_dict()
+        if self.gpu_before is not None:
+            out['server_gpu_bytes_before'] = self.gpu_before
+            out['server_gpu_bytes_after'] = self.gpu_after
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
             out['shm_used_bytes_after'] = self.used_after
@@ -169,6 +181,7 @@ class RegionOps(Operation):
         serialise: bool = True,
         lock_dir: str | None = None,
         diff: bool = False,
+        read_nvml: Callable[[], Any] | None = None,
     ) -> None:
         self.client = client
         self.serialise = serialise
@@ -181,6 +194,7 @@ class RegionOps(Operation):
         self.sleep = sleep
         self.clock = clock
         self.diff = diff
+        self.read_nvml = read_nvml or nvml.read  # the GPU memory a CUDA unregister gave back (gpu.measure_freed)
         self.outcome: Outcome | None = None  # what this run did (or, in check mode, would do): read() starts it
         self.snap = None  # the read this run planned from
         self.snap_after = None  # the read before unlinking, when it is also the state returned after the change
@@ -231,6 +245,7 @@ class RegionOps(Operation):
                 backend_patterns=self.criteria.backend_patterns,
                 clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
                 on_located=None if self.check_mode else self._lock,
+                read_nvml=self.read_nvml,
             )
         except BaseException:
             self.release()
@@ -334,6 +349,7 @@ class RegionOps(Operation):
                 self._unregister_then_remove(self.snap, plan.selected, plan.files)
             finally:
                 self._record_after()
+                self._measure_gpu()
         self._read_after()
         return self.outcome
 
@@ -406,6 +422,27 @@ class RegionOps(Operation):
             backend_patterns=self.criteria.backend_patterns,
             clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
         )
+
+    def _measure_gpu(self) -> None:
+        """For a kind whose regions are GPU memory: what came back, measured through NVML (the server's charge before,
+        from the read this run planned from, and after, read again until it settles)."""
+        ev = self.snap.gpu if self.snap is not None else None
+        if not self.kind.gpu_memory or ev is None:
+            return
+        gone = set(self.outcome.unregistered) | set(self.outcome.pending)
+        expected = sum(int(r.get('byte_size') or 0) for r in self.kind.regions(self.snap) if r['name'] in gone)
+        before = gpu.server_charge(ev.reading, self.snap.pid)
+        freed = gpu.measure_freed(
+            before, self.snap.pid, expected, self.read_nvml, self.sleep, self.clock, GPU_SETTLE_TIMEOUT
+        )
+        self.outcome.gpu_before, self.outcome.gpu_after = freed.before, freed.after
+        self.outcome.freed_gpu_bytes = freed.bytes
+        if freed.bytes is not None and freed.bytes < expected:
+            self.warn(
+                f'{expected} bytes of CUDA regions were unregistered, but NVML shows {freed.bytes} bytes back from the '
+                f'server after {freed.seconds}s (it charges the server {freed.after} bytes): a request still in flight '
+                'may hold them, or the memory belongs to a live process (docs/cuda.md, "memory does not come back")'
+            )
 
     def _measure_after(self) -> None:
         if self.snap and self.snap.shm_dir and not self.check_mode:

@@ -339,6 +339,28 @@ freed_bytes:
   description: Bytes of shm the removed files occupied.
   returned: always
   type: int
+freed_gpu_bytes:
+  description:
+    - With O(kind=cuda), the GPU memory the unregistered CUDA regions gave back, measured through NVML - the memory NVML
+      charges to the server before the change (a killed client's region is charged to the server that imported it),
+      minus after it. The module reads NVML again until the memory of every unregistered region is back, for up to 10 s
+      (1 GiB came back within 3 s on an H200, docs/cuda.md); a warning says when it is not.
+    - Null when nothing was unregistered, in check mode (nothing is measured), for system regions, and when NVML could not
+      be read.
+  returned: always
+  type: int
+  sample: 1073741824
+  version_added: 0.3.0
+server_gpu_bytes_before:
+  description: With O(kind=cuda), the GPU memory NVML charged to the server (all its GPUs) when this run read it.
+  returned: when CUDA regions were unregistered and NVML could be read
+  type: int
+  version_added: 0.3.0
+server_gpu_bytes_after:
+  description: The same after the unregister, as last measured (null when NVML could not be read again).
+  returned: when CUDA regions were unregistered and NVML could be read
+  type: int
+  version_added: 0.3.0
 shm_used_bytes_before:
   description: Used bytes of the server's shm filesystem before the change.
   returned: when the shm directory is known

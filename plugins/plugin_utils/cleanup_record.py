@@ -46,7 +46,7 @@ SUMMARY_KEYS = (
 )
 REREGISTER_REASON = 'kept: desired state (shm_cleanup_reregister)'
 # the role's steps in the order they run, each by the variable its task registers (its result key here)
-STEPS = ('absent', 'present', 'after', 'reload')
+STEPS = ('absent', 'cuda', 'present', 'after', 'reload')
 REGISTERED = {f'_shm_cleanup_{step}': step for step in STEPS + ('record',)}
 
 
@@ -190,7 +190,8 @@ def shm_cleanup(
     """The role's record of one host (``shm_cleanup_result``): what was found, decided, done, left alone and why.
 
     ``results`` holds the registered results of the role's steps: ``absent`` (the triton_shm_region call, with
-    inventory=true: the state before and after, and its ``threshold`` verdict), ``present`` (the re-register loop),
+    inventory=true: the state before and after, and its ``threshold`` verdict), ``cuda`` (the kind=cuda call: stale
+    CUDA regions unregistered, ``freed_gpu_bytes`` measured), ``present`` (the re-register loop),
     ``after`` (triton_shm_info after re-registering) and ``reload`` (triton_backend_pool). ``failed_step`` names the step
     (or its registered variable) that failed: results of later steps are an earlier run's and are not read; ``record``
     (the task that records, failed by the record's own error) is no step failure.
@@ -213,6 +214,7 @@ def shm_cleanup(
     server_error = _server_error(before, host, url) if before else None
     threshold = absent.get('threshold') or {}
     present = [r for r in ((ran['present'] or {}).get('results') or []) if not r.get('skipped')]
+    cuda = ran['cuda'] or {}
     done = dict(
         unregistered=list(absent.get('unregistered') or []),
         pending=list(absent.get('pending') or []),
@@ -221,18 +223,28 @@ def shm_cleanup(
         registered=[n for r in present for n in r.get('registered') or []],
         created_files=[p for r in present for p in r.get('created_files') or []],
         reloaded=list((ran['reload'] or {}).get('reloaded') or []),
+        # CUDA regions (the kind=cuda step): unregistered (or deferred), and the GPU memory NVML shows back
+        cuda_unregistered=list(cuda.get('unregistered') or []) + list(cuda.get('pending') or []),
+        freed_gpu_bytes=cuda.get('freed_gpu_bytes'),
     )
     # the module's verdict: at or over the threshold (0: always), or it cleaned what never waits for it
     acted = (
         bool(before)
         and server_error is None
-        and bool(threshold.get('over', True) or done['unregistered'] or done['pending'] or done['removed_files'])
+        and bool(
+            threshold.get('over', True)
+            or done['unregistered']
+            or done['pending']
+            or done['removed_files']
+            or done['cuda_unregistered']
+        )
     )
     regions = before.get('system_regions') or []
     skipped = [
         s for s in absent.get('skipped_items') or [] if s.get('name') is None or s['name'] not in reregister_names
     ]
     skipped += _role_skips(regions, reregister_names, mode, shm_list(names))
+    skipped += [dict(s, kind='cuda') for s in cuda.get('skipped_items') or []]
     after = (
         ran['after'] if present and ran['after'] and ran['after'].get('summary') is not None else absent.get('after')
     )
@@ -278,6 +290,11 @@ def shm_cleanup(
         # incomplete: the holders could not all be seen, so nothing was stale (never 'ok': issue 25, issue 26 finding 7)
         status='failed' if error else ('incomplete' if before.get('holders_complete') is False else 'ok'),
         changed=bool(
-            done['unregistered'] or done['pending'] or done['removed_files'] or done['registered'] or done['reloaded']
+            done['unregistered']
+            or done['pending']
+            or done['removed_files']
+            or done['registered']
+            or done['reloaded']
+            or done['cuda_unregistered']
         ),
     )

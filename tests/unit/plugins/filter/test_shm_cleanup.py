@@ -276,6 +276,8 @@ def test_result_verify_failure_names_the_region():
         registered=[],
         created_files=[],
         reloaded=[],
+        cuda_unregistered=[],
+        freed_gpu_bytes=None,
     )
 
 
@@ -301,7 +303,15 @@ def test_results_of_steps_that_did_not_run_are_ignored():
     r = record(info([LIVE]), dict(threshold_percent=50), present=SKIPPED, after=info([DEAD]), reload=SKIPPED)
     assert (r['status'], r['changed'], r['skipped']) == ('ok', False, [])
     assert r['done'] == dict(
-        unregistered=[], pending=[], removed_files=[], freed_bytes=0, registered=[], created_files=[], reloaded=[]
+        unregistered=[],
+        pending=[],
+        removed_files=[],
+        freed_bytes=0,
+        registered=[],
+        created_files=[],
+        reloaded=[],
+        cuda_unregistered=[],
+        freed_gpu_bytes=None,
     )
     assert r['after'] == r['before']
     failed = dict(before=info([LIVE]), failed=True, msg='boom')
@@ -520,3 +530,29 @@ def test_the_models_reloaded_are_recorded_and_are_a_change():
     # the reload step skipped (not opted in): nothing reloaded
     r = record(info([LIVE]), reload=SKIPPED)
     assert r['done']['reloaded'] == [] and r['changed'] is False
+
+
+def test_the_cuda_step_is_recorded_with_the_gpu_memory_measured_back():
+    """Issue 34: the kind=cuda call's unregisters (and deferred ones) and its NVML measure are the record's; a CUDA
+    region it kept is a skip with its reason and kind; the row changed even when no system region was touched."""
+    cuda = dict(
+        changed=True,
+        unregistered=['cuda_killed'],
+        pending=['cuda_busy'],
+        freed_gpu_bytes=1 << 30,
+        skipped_items=[dict(name='cuda_live', reason='still in use after 10s')],
+    )
+    r = record(info([LIVE], 10.0), dict(threshold_percent=50), cuda=cuda)
+    assert r['done']['cuda_unregistered'] == ['cuda_killed', 'cuda_busy'] and r['done']['freed_gpu_bytes'] == 1 << 30
+    assert (r['status'], r['changed'], r['acted']) == ('ok', True, True)
+    assert r['skipped'] == [dict(name='cuda_live', reason='still in use after 10s', kind='cuda')]
+    failed = shm_cleanup(
+        dict(
+            absent=absent(info([LIVE]), verdict(0, 1.0)),
+            cuda=dict(failed=True, msg='boom'),
+            reload=dict(reloaded=['m']),
+        ),
+        failure=dict(step='Unregister stale CUDA regions', msg='boom'),
+        failed_step='_shm_cleanup_cuda',
+    )
+    assert failed['status'] == 'failed' and failed['done']['reloaded'] == []  # later steps are an earlier run's
