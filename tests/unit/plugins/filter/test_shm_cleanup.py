@@ -263,22 +263,26 @@ def test_result(before, settings, results, status, changed, skipped):
     assert (r['error'] is None) == (status == 'ok')
 
 
+# the record's done of a run that did nothing: every key, empty
+NOTHING_DONE = dict(
+    unregistered=[],
+    pending=[],
+    removed_files=[],
+    freed_bytes=0,
+    registered=[],
+    created_files=[],
+    reloaded=[],
+    cuda_unregistered=[],
+    freed_gpu_bytes=None,
+)
+
+
 def test_result_verify_failure_names_the_region():
     r = record(info([DEAD]), absent=dict(ABSENT, after=info([DEAD])))
     assert r['error'] == dict(
         step=VERIFY_STEP, msg='stale region(s) remain after cleanup, with no reason recorded: dead'
     )
-    assert r['done'] == dict(
-        unregistered=['dead'],
-        pending=[],
-        removed_files=['/dev/shm/dead'],
-        freed_bytes=4096,
-        registered=[],
-        created_files=[],
-        reloaded=[],
-        cuda_unregistered=[],
-        freed_gpu_bytes=None,
-    )
+    assert r['done'] == dict(NOTHING_DONE, unregistered=['dead'], removed_files=['/dev/shm/dead'], freed_bytes=4096)
 
 
 @pytest.mark.parametrize(
@@ -302,17 +306,7 @@ def test_results_of_steps_that_did_not_run_are_ignored():
     """Skipped steps, and the steps after the one that failed: registered results of an earlier run are not this run's."""
     r = record(info([LIVE]), dict(threshold_percent=50), present=SKIPPED, after=info([DEAD]), reload=SKIPPED)
     assert (r['status'], r['changed'], r['skipped']) == ('ok', False, [])
-    assert r['done'] == dict(
-        unregistered=[],
-        pending=[],
-        removed_files=[],
-        freed_bytes=0,
-        registered=[],
-        created_files=[],
-        reloaded=[],
-        cuda_unregistered=[],
-        freed_gpu_bytes=None,
-    )
+    assert r['done'] == NOTHING_DONE
     assert r['after'] == r['before']
     failed = dict(before=info([LIVE]), failed=True, msg='boom')
     for failed_step in ('absent', '_shm_cleanup_absent', {'_shm_cleanup_absent': '_task.polymorphic_result'}):

@@ -14,7 +14,6 @@ import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import nvml
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (
     FakeClock,
     FakeTriton,
@@ -44,16 +43,8 @@ def reader(fake, server_pid, others=(), lag=0, clock=None, base=BASE):
 def reclaim(fake, shm, pid, read_nvml, clock=None, check_mode=False, **kw):
     warnings = []
     clock = clock or FakeClock()
-    ops = RegionOps(
-        fake,
-        params(shm, pid, kind='cuda', stale=True, **kw),
-        check_mode=check_mode,
-        warn=warnings.append,
-        sleep=clock.sleep,
-        clock=clock.clock,
-        serialise=False,
-        read_nvml=read_nvml,
-    )
+    timing = dict(sleep=clock.sleep, clock=clock.clock, serialise=False, read_nvml=read_nvml)
+    ops = RegionOps(fake, params(shm, pid, kind='cuda', stale=True, **kw), check_mode, warnings.append, **timing)
     try:
         result = ops.run()
     finally:
