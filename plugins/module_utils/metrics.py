@@ -42,6 +42,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.connection import re
 
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
+    CUDA_STATES,
     FILE_CATEGORIES,
     POOL_LEFTOVER,
     REGION_STATES,
@@ -125,6 +126,19 @@ METRICS = {
         *(Metric(f.metric, 'gauge', f.metric_help, REPORT) for _kind, f in records.metric_fields()),
         Metric('tritonops_shm_regions', 'gauge', 'Registered system shared-memory regions by state.', REPORT),
         Metric('tritonops_shm_cuda_regions', 'gauge', 'Registered CUDA shared-memory regions.', REPORT),
+        Metric(
+            'tritonops_shm_cuda_region_bytes',
+            'gauge',
+            'GPU bytes of the registered CUDA regions, by device (Triton device_id) and state (stale, unknown).',
+            REPORT,
+        ),
+        Metric(
+            'tritonops_shm_gpu_server_bytes',
+            'gauge',
+            "GPU memory NVML charges to the server process, by device (NVML index): a killed client's CUDA region is "
+            'charged to the server.',
+            REPORT,
+        ),
         Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
         Metric('tritonops_shm_files', 'gauge', "Files in the server's /dev/shm by category.", REPORT),
         Metric('tritonops_shm_orphan_bytes', 'gauge', 'Bytes of /dev/shm held by orphan files.', REPORT),
@@ -285,6 +299,7 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
             for s in REGION_STATES
         ]
         samples.append(('tritonops_shm_cuda_regions', (), len(inv.get('cuda_regions') or ())))
+        samples += cuda_samples(inv)
         samples.append(('tritonops_shm_stale_bytes', (), summary.get('stale_bytes') or 0))
         files = inv.get('files') or []
         samples += [
@@ -298,6 +313,28 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
             for model, value in pool_bytes_by_model(inv.get('backend_pools') or ())
         ]
     return _render(samples, host, url)
+
+
+def cuda_samples(inv: Mapping) -> list:
+    """The CUDA series of one server: region bytes by (device, state), every state of each device with a region
+    (bounded: devices times CUDA_STATES), and the server's NVML charge per GPU read."""
+    by_device: dict = {}
+    for r in inv.get('cuda_regions') or ():
+        device = str(r.get('device_id'))
+        bytes_by_state = by_device.setdefault(device, dict.fromkeys(CUDA_STATES, 0))
+        if r.get('state') in bytes_by_state:
+            bytes_by_state[r['state']] += int(r.get('byte_size') or 0)
+    out = [
+        ('tritonops_shm_cuda_region_bytes', (('device', device), ('state', state)), value)
+        for device in sorted(by_device)
+        for state, value in by_device[device].items()
+    ]
+    out += [
+        ('tritonops_shm_gpu_server_bytes', (('device', str(g['index'])),), g['server_bytes'])
+        for g in inv.get('gpus') or ()
+        if g.get('server_bytes') is not None
+    ]
+    return out
 
 
 def pool_bytes_by_model(pools: Iterable[Mapping], cap: int = MODEL_LABEL_CAP) -> list:

@@ -15,11 +15,14 @@ from ansible_collections.tritonops.shm.plugins.module_utils.classification impor
 from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     BACKEND,
+    CUDA_STATES,
     FILE_CATEGORIES,
     LEFTOVER,
     ORPHAN,
     REGION_STATES,
     STALE,
+    cuda_bytes_key,
+    cuda_count_key,
     file_count_key,
     region_count_key,
 )
@@ -50,6 +53,8 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
         'cuda_regions': cuda,
         'files': files,
         'backend_pools': pool_records(snap, files),
+        'gpus': gpu_facts(snap, cuda),
+        'gpu_error': snap.gpu.reading.error if snap.gpu is not None else None,
         'summary': summarize(regions, cuda, files, fs),
         'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
         'holders_complete': snap.holders_complete,
@@ -74,6 +79,9 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
     for state in REGION_STATES:
         summary[region_count_key(state)] = sum(1 for r in regions if r.get('state') == state)
     summary['stale_bytes'] = sum({r['file']['path']: file_bytes(r) for r in regions if r['state'] == STALE}.values())
+    for state in CUDA_STATES:  # GPU memory: each CUDA region is its own allocation
+        summary[cuda_count_key(state)] = sum(1 for r in cuda if r.get('state') == state)
+        summary[cuda_bytes_key(state)] = sum(int(r.get('byte_size') or 0) for r in cuda if r.get('state') == state)
     for category in FILE_CATEGORIES:
         summary[file_count_key(category)] = sum(1 for f in files if f.get('category') == category)
         if category in BYTES_OF_CATEGORIES:
@@ -81,3 +89,32 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
     for key in ('used_bytes', 'total_bytes', 'used_percent'):
         summary[key] = fs[key] if fs else None
     return summary
+
+
+def gpu_facts(snap: Snapshot, cuda: Sequence[dict]) -> list | None:
+    """Per NVML GPU, what the CUDA rule read (snapshot.gpu): the server's NVML charge, the CUDA regions' bytes by state
+    (a region counts on the GPU whose index is its device_id), the processes with a CUDA context besides the server
+    (its possible owners) and the zombies among them. None when the GPUs were not read (no CUDA region, the server not
+    located, or outside the host's initial PID namespace)."""
+    ev = snap.gpu
+    if ev is None:
+        return None
+    out = []
+    for g in ev.reading.gpus:
+        owners = [o.as_dict() for o in ev.owners((g,))]
+        mine = [r for r in cuda if r.get('device_id') == g.index]
+        out.append(
+            {
+                'index': g.index,
+                'uuid': g.uuid,
+                'mig': g.mig,
+                'server_bytes': g.charged(snap.pid) if snap.pid is not None else None,
+                'cuda_region_bytes': {
+                    state: sum(int(r.get('byte_size') or 0) for r in mine if r.get('state') == state)
+                    for state in CUDA_STATES
+                },
+                'context_holders': owners,
+                'zombies': [o['pid'] for o in owners if o['why'].startswith('zombie')],
+            }
+        )
+    return out

@@ -23,6 +23,9 @@ ATTENTION_STATES = (STALE, DANGLING, UNKNOWN)
 # every state, those that need attention first: the order of a host's region table
 REGION_STATES_BY_ATTENTION = ATTENTION_STATES + tuple(s for s in REGION_STATES if s not in ATTENTION_STATES)
 
+# the states of a CUDA region (docs/cuda.md): stale by the CUDA rule, or unknown
+CUDA_STATES = (STALE, UNKNOWN)
+
 # file categories (docs/concepts.md, "File categories")
 REGISTERED = 'registered'
 BACKEND = 'backend'
@@ -49,3 +52,13 @@ def region_count_key(state: str) -> str:
 def file_count_key(category: str) -> str:
     """The summary key that counts the files of category (``orphan`` → ``orphan_files``)."""
     return f'{category}_files'
+
+
+def cuda_count_key(state: str) -> str:
+    """The summary key that counts the CUDA regions in state (``stale`` → ``cuda_stale_regions``)."""
+    return f'cuda_{state}_regions'
+
+
+def cuda_bytes_key(state: str) -> str:
+    """The summary key of the GPU bytes of the CUDA regions in state (``stale`` → ``cuda_stale_bytes``)."""
+    return f'cuda_{state}_bytes'

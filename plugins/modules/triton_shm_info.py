@@ -376,6 +376,40 @@ backend_pools:
         - Such a pool is never reloaded by M(tritonops.shm.triton_backend_pool).
       type: str
       version_added: 0.3.0
+gpus:
+  description:
+    - Per GPU NVML sees, what the CUDA rule read (docs/cuda.md). Null when the GPUs were not read - no CUDA region is
+      registered, the server process was not found, or the module runs outside the host's initial PID namespace.
+  returned: always
+  type: list
+  elements: dict
+  version_added: 0.3.0
+  contains:
+    index: {description: NVML index of the GPU., type: int}
+    uuid: {description: GPU UUID., type: str}
+    mig: {description: Whether MIG mode is on (then no CUDA region is stale)., type: bool}
+    server_bytes:
+      description: GPU memory NVML charges to the server process on this GPU; a killed client's CUDA region is charged to
+        the server that imported it. Null when NVML does not say.
+      type: int
+    cuda_region_bytes:
+      description: "Bytes of the CUDA regions whose C(device_id) is this GPU's index, by state: C(stale) and C(unknown)."
+      type: dict
+    context_holders:
+      description: The processes besides the server (and its descendants) with a CUDA context on this GPU, as
+        RV(cuda_regions[].holders) names them.
+      type: list
+      elements: dict
+    zombies:
+      description: Pids NVML lists on this GPU that /proc no longer has - a descendant of a dead client keeps its context
+        and memory alive (stop it).
+      type: list
+      elements: int
+gpu_error:
+  description: Why NVML could not be read (then no CUDA region is stale); null when it was, or was not needed.
+  returned: always
+  type: str
+  version_added: 0.3.0
 summary:
   description: Counts and bytes.
   returned: always
@@ -383,6 +417,10 @@ summary:
   contains:
     system_regions: {description: Registered system regions., type: int}
     cuda_regions: {description: Registered CUDA regions., type: int}
+    cuda_stale_regions: {description: "CUDA regions in state C(stale) (docs/cuda.md).", type: int, version_added: 0.3.0}
+    cuda_unknown_regions: {description: CUDA regions in state C(unknown)., type: int, version_added: 0.3.0}
+    cuda_stale_bytes: {description: GPU bytes of the stale CUDA regions (their C(byte_size))., type: int, version_added: 0.3.0}
+    cuda_unknown_bytes: {description: GPU bytes of the CUDA regions in state C(unknown)., type: int, version_added: 0.3.0}
     healthy_regions: {description: Healthy regions., type: int}
     stale_regions: {description: Stale regions., type: int}
     reserved_regions: {description: "Regions in state C(reserved) (registered by this collection, no client

@@ -47,7 +47,7 @@ def run(promtool: str, *args: str) -> str:
 
 
 def test_rules_are_valid(promtool):
-    assert 'SUCCESS: 8 rules found' in run(promtool, 'check', 'rules', RULES)
+    assert 'SUCCESS: 9 rules found' in run(promtool, 'check', 'rules', RULES)
 
 
 def test_rules_fire_as_documented(promtool):
@@ -73,13 +73,16 @@ def test_rule_label_values_are_those_the_collection_writes():
     with open(RULES) as f:
         states = set(re.findall(r'state="([a-z_]+)"', f.read()))
     assert states and states <= set(metrics.REGION_STATES)
+    assert 'tritonops_shm_cuda_region_bytes' in metrics.METRICS and set(metrics.CUDA_STATES) <= set(
+        metrics.REGION_STATES
+    )
 
 
 def test_the_alertmanager_rulebook_cleans_for_existing_alerts_only():
     with open(ALERTMANAGER_RULEBOOK) as f:
         condition = yaml.safe_load(f)[0]['rules'][0]['condition']
     names = set(yaml.safe_load(re.search(r'alertname in (\[[^]]*\])', condition).group(1)))
-    assert names == {'TritonShmNearlyFull', 'TritonShmStaleRegions'} and names <= set(alerts())
+    assert names == {'TritonShmNearlyFull', 'TritonShmStaleRegions', 'TritonCudaStaleBytes'} and names <= set(alerts())
 
 
 def test_the_pool_alert_leaves_out_the_model_values_that_are_no_one_model():

@@ -163,3 +163,42 @@ def test_every_way_the_rule_cannot_decide_is_unknown_with_its_reason(tmp_path, c
     assert state == 'unknown' and expected in why, why
     rec = cuda_record(s, dict(name='g', device_id=0, byte_size=MIB))
     assert rec['reclaimable'] is False and rec['state'] == 'unknown'
+
+
+def _documented(key):
+    import ast
+
+    import yaml
+
+    root = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
+    with open(os.path.join(root, 'plugins', 'modules', 'triton_shm_info.py')) as f:
+        tree = ast.parse(f.read())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == 'RETURN')
+    return yaml.safe_load(node.value.value)[key]['contains']
+
+
+def test_per_gpu_facts_name_the_charge_the_bytes_by_state_the_holders_and_the_zombies(tmp_path):
+    """Issue 34, goal 3: triton_shm_info's gpus (results.gpu_facts) and the summary's CUDA bytes by state."""
+    from ansible_collections.tritonops.shm.plugins.module_utils import results
+
+    procs = {**H200, CHILD: ('python3', 1, UVM_MAP, b'')}
+    ev = evidence(tmp_path, procs, reading((0, [(SERVER, 1606 * MIB), (699, 582 * MIB)])))
+    s = snap(ev)
+    cuda = [
+        cuda_record(s, dict(name='killed', device_id=0, byte_size=1024 * MIB)),
+        cuda_record(s, dict(name='other', device_id=0, byte_size=2 * MIB)),
+    ]
+    (facts,) = results.gpu_facts(s, cuda)
+    assert facts['server_bytes'] == 1606 * MIB and facts['cuda_region_bytes'] == {'stale': 0, 'unknown': 1026 * MIB}
+    assert [h['pid'] for h in facts['context_holders']] == [CHILD, 699] and facts['zombies'] == [699]
+    assert set(facts) == set(_documented('gpus'))
+    summary = results.summarize([], cuda, [], None)
+    assert (summary['cuda_unknown_regions'], summary['cuda_unknown_bytes']) == (2, 1026 * MIB)
+    assert (summary['cuda_stale_regions'], summary['cuda_stale_bytes']) == (0, 0)
+    # the zombie's child stopped: the region is stale, its bytes counted as such
+    ev = evidence(tmp_path / 'after', H200, reading((0, [(SERVER, 1606 * MIB)])))
+    stale = [cuda_record(snap(ev), dict(name='killed', device_id=0, byte_size=1024 * MIB))]
+    (facts,) = results.gpu_facts(snap(ev), stale)
+    assert facts['cuda_region_bytes'] == {'stale': 1024 * MIB, 'unknown': 0} and facts['zombies'] == []
+    assert results.summarize([], stale, [], None)['cuda_stale_bytes'] == 1024 * MIB
+    assert results.gpu_facts(snap(None), stale) is None

@@ -52,6 +52,7 @@ def info(pid=4242, **over):
             region('kept', 'reserved'),
         ],
         cuda_regions=[dict(name='gpu0', device_id=0, byte_size=MIB, state='unknown')],
+        gpus=[dict(index=0, uuid='GPU-0', mig=False, server_bytes=583 * MIB)],
         files=[
             shm_file('a', 'registered'),
             shm_file('b', 'registered', 2 * MIB),
@@ -197,8 +198,8 @@ def test_label_values_are_escaped(promtool, host, url):
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
     assert (
-        len([line for line in text.splitlines() if not line.startswith('#')]) == 24
-    )  # tritonops_shm_holders_complete included
+        len([line for line in text.splitlines() if not line.startswith('#')]) == 27
+    )  # tritonops_shm_holders_complete included; the CUDA series: 2 states of device 0 and the server's GPU charge
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
@@ -472,3 +473,24 @@ def test_held_by_is_bounded():
     held = metrics.held_by(regions)
     assert len(held) == metrics.HELD_BY_MAX
     assert held[0] == ('pod ns/c-29', 30) and held[-1] == ('other', sum(range(1, 22)))
+
+
+def test_cuda_series_are_bounded_by_device_and_state(promtool):
+    """Issue 34, goal 3: GPU bytes of CUDA regions by (device, state), every state of a device with a region, and the
+    server's NVML charge per GPU; no series per region."""
+    result = info()
+    result['cuda_regions'] = [
+        dict(name=f'r{i}', device_id=i % 2, byte_size=MIB, state='stale' if i < 3 else 'unknown') for i in range(50)
+    ]
+    result['gpus'].append(dict(index=1, uuid='GPU-1', mig=False, server_bytes=None))
+    text = metrics.report_text(result, 'gpu1', URL)
+    check_metrics(promtool, text)
+    found = samples(text)
+    by = {
+        dict(k[1]).get('device') + '/' + dict(k[1]).get('state', ''): v
+        for k, v in found.items()
+        if k[0] == 'tritonops_shm_cuda_region_bytes'
+    }
+    assert by == {'0/stale': 2 * MIB, '0/unknown': 23 * MIB, '1/stale': MIB, '1/unknown': 24 * MIB}
+    charged = {dict(k[1])['device']: v for k, v in found.items() if k[0] == 'tritonops_shm_gpu_server_bytes'}
+    assert charged == {'0': 583 * MIB}  # GPU 1: NVML did not say, no series

@@ -43,8 +43,12 @@ def test_each_order_is_a_permutation_of_its_vocabulary():
 def test_the_inventory_summary_counts_every_word_in_the_one_order():
     summary = results.summarize(_regions(v.REGION_STATES), [], _files(v.FILE_CATEGORIES), None)
     states = [
-        k[: -len('_regions')] for k in summary if k.endswith('_regions') and k not in ('system_regions', 'cuda_regions')
+        k[: -len('_regions')]
+        for k in summary
+        if k.endswith('_regions') and k not in ('system_regions', 'cuda_regions') and not k.startswith('cuda_')
     ]
+    cuda_states = [k[5:-8] for k in summary if k.startswith('cuda_') and k.endswith('_regions') and k != 'cuda_regions']
+    assert tuple(cuda_states) == v.CUDA_STATES and set(v.CUDA_STATES) < set(v.REGION_STATES)
     categories = [k[: -len('_files')] for k in summary if k.endswith('_files')]
     assert tuple(states) == v.REGION_STATES
     assert tuple(categories) == v.FILE_CATEGORIES
