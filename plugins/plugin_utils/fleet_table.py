@@ -85,6 +85,13 @@ def _report(rows: list, width: int) -> list[str]:
                 who = f'server in {r["server_container"]}' if r.get('server_container') else 'server on the host'
                 clients = ', '.join(r.get('clients') or ()) or 'none'
                 out.append(f'{"":<{width}}  {"":<9}  {_truncate(f"{who}; clients: {clients}", 200)}')
+            if r.get('cuda_regions'):  # GPU memory: CUDA regions by state (docs/cuda.md)
+                cuda = (
+                    f'CUDA: {r["cuda_regions"]} region(s), stale {int(r.get("cuda_stale_regions") or 0)} '
+                    f'({_size(r.get("cuda_stale_bytes"))}), unknown {int(r.get("cuda_unknown_regions") or 0)} '
+                    f'({_size(r.get("cuda_unknown_bytes"))})'
+                )
+                out.append(f'{"":<{width}}  {"":<9}  {cuda}')
             if r['status'] == INCOMPLETE:  # what was not checked, under the numbers it qualifies
                 out.append(f'{"":<{width}}  {"":<9}  {_truncate(r.get("error"), 200)}')
         else:
@@ -129,6 +136,12 @@ def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
                 _truncate(note, 160),
             )
         )
+        if done.get('cuda_unregistered'):  # GPU memory: what the CUDA step unregistered and NVML showed back
+            back = done.get('freed_gpu_bytes')
+            shown = 'not measured' if back is None else f'{_size(back)} of GPU memory back (NVML)'
+            out.append(
+                f'{"":<{width}}  {"":<7}  CUDA: {len(done["cuda_unregistered"])} region(s) unregistered, {shown}'
+            )
     out.append(f'(* changed{"; check mode: what would be done, nothing was changed" if check_mode else ""})')
     return out
 
@@ -139,6 +152,10 @@ ROW_SUMMARY = (
     ('shm_used_percent', 'used_percent'),
     ('regions', 'system_regions'),
     ('cuda_regions', 'cuda_regions'),
+    ('cuda_stale_regions', 'cuda_stale_regions'),
+    ('cuda_stale_bytes', 'cuda_stale_bytes'),
+    ('cuda_unknown_regions', 'cuda_unknown_regions'),
+    ('cuda_unknown_bytes', 'cuda_unknown_bytes'),
     ('healthy_regions', 'healthy_regions'),
     ('stale_regions', 'stale_regions'),
     ('stale_bytes', 'stale_bytes'),

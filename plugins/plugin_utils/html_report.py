@@ -232,6 +232,21 @@ def _counts(summary: Mapping, cuda: Any = None) -> _Html:
         items.append(_h('div', _h('dt', state), _h('dd', n), class_='hot' if hot else None, data_state=state))
     if cuda is not None:
         items.append(_h('div', _h('dt', 'CUDA'), _h('dd', _int(cuda)), data_state='cuda'))
+        for state in v.CUDA_STATES:  # GPU memory: a stale CUDA region pins its GPU memory until unregistered
+            key = v.cuda_count_key(state)
+            if summary.get(key) is not None:
+                n = _int(summary[key])
+                shown = f'{n} ({_size(summary.get(v.cuda_bytes_key(state)))})'
+                hot = n > 0 and state in v.ATTENTION_STATES
+                items.append(
+                    _h(
+                        'div',
+                        _h('dt', f'CUDA {state}'),
+                        _h('dd', shown),
+                        class_='hot' if hot else None,
+                        data_state=f'cuda_{state}',
+                    )
+                )
     for category in CATEGORIES:
         key = v.file_count_key(category)
         if key in summary:
@@ -504,7 +519,13 @@ def _report_host(row: Mapping, info: Mapping | None) -> _Host:
                 _int(row.get('stale_bytes')),
                 _int(row.get('orphan_bytes')),
             ),
-            _counts({v.region_count_key(s): row.get(v.region_count_key(s)) for s in STATES}, row.get('cuda_regions')),
+            _counts(
+                {
+                    **{v.region_count_key(s): row.get(v.region_count_key(s)) for s in STATES},
+                    **{k: row.get(k) for s in v.CUDA_STATES for k in (v.cuda_count_key(s), v.cuda_bytes_key(s))},
+                },
+                row.get('cuda_regions'),
+            ),
         ]
     return item
 

@@ -434,3 +434,57 @@ def test_report_results_make_one_row_per_host_whatever_happened():
     ]
     with pytest.raises(AnsibleFilterError, match='^shm_report_results: needs one result'):
         shm_report_results([None], ['a', 'b'])
+
+
+def test_cuda_regions_get_a_line_under_their_host_in_both_tables():
+    """Issue 34, goal 3: the GPU memory of CUDA regions by state (report) and what the cleanup gave back (cleanup);
+    hosts without CUDA regions keep one line."""
+    row = dict(
+        OK_ROW, cuda_regions=3, cuda_stale_regions=1, cuda_stale_bytes=1 << 30, cuda_unknown_regions=2,
+        cuda_unknown_bytes=2 * MIB,
+    )  # fmt: skip
+    lines = shm_fleet_table([row, OK_ROW], 'report')
+    assert lines[2].split() == [
+        'CUDA:',
+        '3',
+        'region(s),',
+        'stale',
+        '1',
+        '(1.0',
+        'GiB),',
+        'unknown',
+        '2',
+        '(2.0',
+        'MiB)',
+    ]
+    assert len(lines) == 4 and lines[3].split()[0] == 't1'
+    result = cleanup_result()
+    result['done'].update(cuda_unregistered=['cuda_killed'], freed_gpu_bytes=1 << 30)
+    lines = shm_fleet_table([result, cleanup_result()], 'cleanup', hosts=['t1', 't2'])
+    assert lines[2].split() == [
+        'CUDA:',
+        '1',
+        'region(s)',
+        'unregistered,',
+        '1.0',
+        'GiB',
+        'of',
+        'GPU',
+        'memory',
+        'back',
+        '(NVML)',
+    ]
+    assert lines[3].split()[0] == 't2'
+    result['done']['freed_gpu_bytes'] = None
+    assert shm_fleet_table([result], 'cleanup', hosts=['t1'])[2].endswith('1 region(s) unregistered, not measured')
+
+
+def test_a_report_row_carries_the_cuda_summary():
+    from ansible_collections.tritonops.shm.plugins.plugin_utils.fleet_table import shm_report_row
+
+    summary = dict(
+        cuda_regions=1, cuda_stale_regions=1, cuda_stale_bytes=MIB, cuda_unknown_regions=0, cuda_unknown_bytes=0
+    )
+    info = dict(server=dict(pid=1, version='2.51.0'), summary=summary, holders_complete=True, system_regions=[])
+    row = shm_report_row(info, 'h', 'http://h:8000')
+    assert (row['cuda_stale_regions'], row['cuda_stale_bytes'], row['cuda_unknown_regions']) == (1, MIB, 0)

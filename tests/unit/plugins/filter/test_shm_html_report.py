@@ -559,3 +559,15 @@ def test_the_server_and_the_holders_are_named_by_pod_or_container():
     assert 'pid 42, pod ml/triton-0' in page and 'python (pid 7, pod ml/client-0)' in page
     # a host process: its pid alone, as before
     assert 'python (pid 7)' in shm_html_report([row()], 'report', details=[info()])
+
+
+def test_stale_cuda_regions_are_counted_with_their_gpu_bytes_and_marked():
+    """Issue 34, goal 3: the host's counts show the CUDA regions by state with their GPU bytes; stale ones are hot."""
+    cuda = dict(
+        cuda_regions=3, cuda_stale_regions=1, cuda_stale_bytes=1 << 30, cuda_unknown_regions=2, cuda_unknown_bytes=0
+    )
+    page = shm_html_report([row()], 'report', details=[info(summary=dict(SUMMARY, **cuda))])
+    found = dict(re.findall(r'<div(?: class="hot")? data-state="(cuda_\w+)"><dt>[\w ]+</dt><dd>([^<]+)</dd>', page))
+    assert found == {'cuda_stale': '1 (1.0 GiB)', 'cuda_unknown': '2 (0 B)'}
+    hot = [a['data-state'] for a in Dom(page).find('div', class_='hot')]
+    assert 'cuda_stale' in hot and 'cuda_unknown' in hot
