@@ -30,7 +30,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 changelog-check units integration integration-matrix test test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 changelog-check units integration integration-matrix test test-gpu test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -100,6 +100,12 @@ XDIST = $(if $(filter-out 0,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --
 
 integration: collection $(PROMETHEUS_BINARIES)  ## integration tests against real tritonserver processes (and a real Prometheus, node_exporter, Alertmanager)
 	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(XDIST) $(PYTEST_ARGS)
+
+# The GPU suite: needs an NVIDIA GPU and its driver, root; stops at once and exits non-zero without them. Not part of
+# make test (CI has no GPU). CUDA clients use CuPy or PyTorch when importable, else the wheel's own CUDA runtime;
+# perf_analyzer comes from the tritonclient 2.51 wheel. Under 5 minutes.
+test-gpu: collection  ## the CUDA suite (tests/gpu/) on a real NVIDIA GPU: the CUDA rule, its reclaim, NVML's figures
+	cd $(COLL) && $(PYTEST_RUN) tests/gpu -p no:xdist -v $(PYTEST_ARGS)
 
 # The version matrix: the core integration tests against the tritonserver of an older
 # nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see tests/integration/containers/README.md).
