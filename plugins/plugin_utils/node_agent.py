@@ -73,6 +73,8 @@ def triton_node_agent(
     image_pull: str = 'missing',
     resources: dict | None = None,
     labels: dict | None = None,
+    nvml: bool = False,
+    runtime_class: str = 'nvidia',
 ) -> dict:
     """The node agent's manifests: a DaemonSet running the node_agent playbook in a loop and/or one CronJob per node."""
     if not isinstance(image, str) or not image.strip():
@@ -94,6 +96,12 @@ def triton_node_agent(
     caps = sorted(CAPABILITIES) if capabilities is None else sorted({str(c).upper() for c in capabilities})
     if apparmor_profile not in (None, 'RuntimeDefault', 'Unconfined'):
         _fail(f'apparmor_profile must be RuntimeDefault or Unconfined, got {apparmor_profile!r}')
+    if not isinstance(nvml, bool):
+        _fail(f'nvml must be true or false, got {nvml!r}')
+    if nvml and (
+        not isinstance(runtime_class, str) or len(runtime_class) > 253 or not _DNS_SUBDOMAIN.match(runtime_class)
+    ):
+        _fail(f'runtime_class must be the name of a RuntimeClass, got {runtime_class!r}')
     agent_vars = {'prometheus_textfile_dir': TEXTFILE_DIR if prometheus_textfile_dir else ''}
     agent_vars.update(extra_vars or {})
 
@@ -130,7 +138,17 @@ def triton_node_agent(
                 {'name': 'HOME', 'value': '/tmp'},
                 {'name': 'ANSIBLE_LOCAL_TEMP', 'value': '/tmp/ansible'},
                 {'name': 'ANSIBLE_PYTHON_INTERPRETER', 'value': 'auto_silent'},
-            ],
+            ]
+            # the CUDA rule reads NVML: the NVIDIA runtime mounts libnvidia-ml and the device nodes of every GPU, and
+            # 'utility' is the capability NVML needs; no nvidia.com/gpu is requested, so no GPU is taken from a workload
+            + (
+                [
+                    {'name': 'NVIDIA_VISIBLE_DEVICES', 'value': 'all'},
+                    {'name': 'NVIDIA_DRIVER_CAPABILITIES', 'value': 'utility'},
+                ]
+                if nvml
+                else []
+            ),
             'securityContext': security,
             'resources': resources or {'requests': {'cpu': '50m', 'memory': '128Mi'}, 'limits': {'memory': '512Mi'}},
             'volumeMounts': mounts,
@@ -142,6 +160,8 @@ def triton_node_agent(
             'volumes': volumes,
             'tolerations': list(tolerations) if tolerations is not None else [{'operator': 'Exists'}],
         }
+        if nvml:
+            spec['runtimeClassName'] = runtime_class
         if node_selector:
             spec['nodeSelector'] = {str(k): str(v) for k, v in node_selector.items()}
         if affinity_node is not None:

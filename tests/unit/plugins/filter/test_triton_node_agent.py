@@ -27,6 +27,7 @@ CASES = {
         node_selector={'nvidia.com/gpu.present': 'true'},
         tolerations=[{'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSchedule'}],
     ),
+    'nvml': dict(kinds=['DaemonSet', 'CronJob'], nodes=['gpu-1'], nvml=True),
 }
 
 
@@ -122,6 +123,8 @@ def test_options():
         (dict(interval=True), 'whole number'),
         (dict(apparmor_profile='Localhost'), 'apparmor_profile'),
         (dict(image_pull='sometimes'), 'image_pull'),
+        (dict(nvml='yes'), 'nvml must be true or false'),
+        (dict(nvml=True, runtime_class='Not A Class'), 'runtime_class'),
     ],
 )
 def test_errors(kwargs, words):
@@ -132,3 +135,19 @@ def test_errors(kwargs, words):
 
 def test_filter_is_registered():
     assert FilterModule().filters()['triton_node_agent'] is triton_node_agent
+
+
+def test_nvml_is_opt_in_and_requests_no_gpu():
+    """Issue 34, goal 4: the agent reads NVML through the NVIDIA runtime (every GPU visible, the utility capability)
+    without taking a GPU from a workload; without the opt-in the pods are as before."""
+    for spec in _pods(triton_node_agent(IMAGE, kinds=['DaemonSet', 'CronJob'], nodes=['gpu-1'], nvml=True)):
+        env = {e['name']: e.get('value') for e in spec['containers'][0]['env']}
+        assert spec['runtimeClassName'] == 'nvidia'
+        assert (env['NVIDIA_VISIBLE_DEVICES'], env['NVIDIA_DRIVER_CAPABILITIES']) == ('all', 'utility')
+        resources = spec['containers'][0]['resources']
+        assert 'nvidia.com/gpu' not in {**resources.get('requests', {}), **resources.get('limits', {})}
+    (plain,) = _pods(triton_node_agent(IMAGE))
+    assert 'runtimeClassName' not in plain
+    assert not any(e['name'].startswith('NVIDIA_') for e in plain['containers'][0]['env'])
+    (other,) = _pods(triton_node_agent(IMAGE, nvml=True, runtime_class='nvidia-cdi'))
+    assert other['runtimeClassName'] == 'nvidia-cdi'
