@@ -335,13 +335,13 @@ class PoolReload(Operation):
         return {'model': p.model, 'before_bytes': p.bytes, 'after_bytes': None, 'old_pools': p.pools, 'new_pools': [],
                 'old_gone': None, 'seconds': None}  # fmt: skip
 
-    def preview(self, planned: Outcome) -> Outcome:
-        planned.reloaded.extend(self._entry(p) for p in planned.plans if p.action == RELOAD)
-        return planned
+    def preview(self, plan: Outcome) -> Outcome:
+        plan.reloaded.extend(self._entry(p) for p in plan.plans if p.action == RELOAD)
+        return plan
 
-    def execute(self, planned: Outcome) -> Outcome:
+    def execute(self, plan: Outcome) -> Outcome:
         wait = self.params['wait']
-        for p in planned.plans:
+        for p in plan.plans:
             if p.action != RELOAD:
                 continue
             entry = self._entry(p)
@@ -353,14 +353,14 @@ class PoolReload(Operation):
             mine = [q for q in after if q.get('model') == p.model and q['name'] not in p.pools]
             entry['new_pools'] = sorted(q['name'] for q in mine)
             entry['after_bytes'] = sum(int(q.get('bytes') or 0) for q in mine)
-            planned.reloaded.append(entry)
+            plan.reloaded.append(entry)
             if left:
                 raise TritonError(
                     f"model '{p.model}' was reloaded, but its old pool file(s) {', '.join(left)} are still there "
                     f'after {wait}s (a long request on an old instance keeps it): rerun later',
                     url=self.client.base,
                 )
-        return planned
+        return plan
 
     def result(self, outcome: Outcome, finished: bool = True) -> dict:
         return outcome.result(finished)

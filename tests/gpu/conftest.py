@@ -78,7 +78,7 @@ def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:  # not our child (the client's): wait until it is gone or a zombie (its context freed)
-        for _ in range(600):
+        for _attempt in range(600):
             try:
                 with open(f'/proc/{pid}/stat') as f:
                     if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
