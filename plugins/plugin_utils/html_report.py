@@ -234,15 +234,15 @@ def _counts(summary: Mapping, cuda: Any = None) -> _Html:
         items.append(_h('div', _h('dt', 'CUDA'), _h('dd', _int(cuda)), data_state='cuda'))
         for state in v.CUDA_STATES:  # GPU memory: a stale CUDA region pins its GPU memory until unregistered
             key = v.cuda_count_key(state)
-            if summary.get(key) is not None:
+            if _int(cuda) and summary.get(key) is not None:  # only where CUDA regions are registered
                 n = _int(summary[key])
-                shown = f'{n} ({_size(summary.get(v.cuda_bytes_key(state)))})'
+                size = _size(summary.get(v.cuda_bytes_key(state)))
                 hot = n > 0 and state in v.ATTENTION_STATES
                 items.append(
                     _h(
                         'div',
-                        _h('dt', f'CUDA {state}'),
-                        _h('dd', shown),
+                        _h('dt', f'CUDA {state} ({size})'),
+                        _h('dd', n),
                         class_='hot' if hot else None,
                         data_state=f'cuda_{state}',
                     )

@@ -141,6 +141,10 @@ def test_every_panel_query_returns_series_for_a_fleet_with_leaks(fleet, services
         assert '$' not in expr, expr
         assert 'host=~".+"' in expr, (title, expr)  # every query follows the host variable
         result = prometheus.query(expr)  # a query error raises
+        if 'tritonops_shm_cuda_region_bytes' in expr:
+            # a CPU server registers no CUDA region: the query must parse; its series are test_metrics.py's and
+            # make test-gpu's
+            continue
         assert result, f'panel {title!r}: no series for {expr}'
         results.setdefault(title, []).append(result)
     # what a user reads on the panels
