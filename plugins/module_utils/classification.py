@@ -305,7 +305,7 @@ def cuda_state(snap: Snapshot, device_id: object) -> tuple[str, str, list]:
     owners = ev.owners(gpus)
     where = ', '.join(f'GPU {g.index}' for g in gpus) + (f' ({unproven})' if unproven else '')
     if owners:
-        zombies = [o for o in owners if o.why.startswith('zombie')]
+        zombies = [o for o in owners if o.zombie]
         what = f'{len(zombies)} zombie(s) and ' if zombies else ''
         return (
             UNKNOWN,

@@ -29,6 +29,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.containers import id
 UVM = b'/dev/nvidia-uvm'
 # nvidia-cuda-mps-control and nvidia-cuda-mps-server: /proc/PID/comm keeps the first 15 bytes of a name
 MPS_COMM = 'nvidia-cuda-mps'
+ZOMBIE = 'zombie'  # how an owner's why begins when NVML lists a pid /proc has no more
 
 
 class Owner(NamedTuple):
@@ -38,6 +39,11 @@ class Owner(NamedTuple):
     comm: str | None
     why: str
     container: dict | None = None
+
+    @property
+    def zombie(self) -> bool:
+        """NVML lists a context for this pid, and /proc has it no more."""
+        return self.why.startswith(ZOMBIE)
 
     def as_dict(self) -> dict:
         out: dict = {'pid': self.pid, 'comm': self.comm, 'why': self.why}
@@ -82,7 +88,7 @@ class Evidence(NamedTuple):
                     why = f'has a CUDA context on GPU {g.index} (NVML)'
                 else:
                     why = (
-                        f'zombie: NVML lists a CUDA context on GPU {g.index} for this pid, gone from /proc '
+                        f'{ZOMBIE}: NVML lists a CUDA context on GPU {g.index} for this pid, gone from /proc '
                         '(a descendant keeps it alive: find and stop it)'
                     )
                 found[p.pid] = why

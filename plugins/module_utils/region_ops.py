@@ -102,9 +102,7 @@ class Outcome:
     marked_files: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
     freed_bytes: int = 0
-    freed_gpu_bytes: int | None = None  # CUDA: the server's NVML charge before minus after, measured (None: not)
-    gpu_before: int | None = None
-    gpu_after: int | None = None
+    gpu: gpu.Freed | None = None  # CUDA: the server's NVML charge before and after the unregister (None: not measured)
     before: dict | None = None  # the diff: regions (and files) before, and after
     after: dict | None = None
     used_before: int | None = None  # the shm filesystem's used bytes before and after
@@ -143,7 +141,7 @@ class Outcome:
             'marked_files': self.marked_files,
             'skipped_items': self.skipped,
             'freed_bytes': self.freed_bytes,
-            'freed_gpu_bytes': self.freed_gpu_bytes,
+            'freed_gpu_bytes': self.gpu.bytes if self.gpu is not None else None,
         }
         if self.before_result is not None:
             out['before'] = self.before_result
@@ -151,9 +149,9 @@ class Outcome:
             out.update(self.scan)
         if self.plan is not None and self.plan.threshold is not None:
             out['threshold'] = self.plan.threshold.as_dict()
-        if self.gpu_before is not None:
-            out['server_gpu_bytes_before'] = self.gpu_before
-            out['server_gpu_bytes_after'] = self.gpu_after
+        if self.gpu is not None and self.gpu.before is not None:
+            out['server_gpu_bytes_before'] = self.gpu.before
+            out['server_gpu_bytes_after'] = self.gpu.after
         if self.used_before is not None:
             out['shm_used_bytes_before'] = self.used_before
             out['shm_used_bytes_after'] = self.used_after
@@ -435,8 +433,7 @@ class RegionOps(Operation):
         freed = gpu.measure_freed(
             before, self.snap.pid, expected, self.read_nvml, self.sleep, self.clock, GPU_SETTLE_TIMEOUT
         )
-        self.outcome.gpu_before, self.outcome.gpu_after = freed.before, freed.after
-        self.outcome.freed_gpu_bytes = freed.bytes
+        self.outcome.gpu = freed
         if freed.bytes is not None and freed.bytes < expected:
             self.warn(
                 f'{expected} bytes of CUDA regions were unregistered, but NVML shows {freed.bytes} bytes back from the '

@@ -101,7 +101,7 @@ def gpu_facts(snap: Snapshot, cuda: Sequence[dict]) -> list | None:
         return None
     out = []
     for g in ev.reading.gpus:
-        owners = [o.as_dict() for o in ev.owners((g,))]
+        owners = ev.owners((g,))
         mine = [r for r in cuda if r.get('device_id') == g.index]
         out.append(
             {
@@ -113,8 +113,8 @@ def gpu_facts(snap: Snapshot, cuda: Sequence[dict]) -> list | None:
                     state: sum(int(r.get('byte_size') or 0) for r in mine if r.get('state') == state)
                     for state in CUDA_STATES
                 },
-                'context_holders': owners,
-                'zombies': [o['pid'] for o in owners if o['why'].startswith('zombie')],
+                'context_holders': [o.as_dict() for o in owners],
+                'zombies': [o.pid for o in owners if o.zombie],
             }
         )
     return out
