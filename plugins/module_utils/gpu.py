@@ -138,7 +138,7 @@ def read_evidence(
         comms[pid] = comm
         mps = mps or (comm or '').startswith(MPS_COMM)
         try:
-            if UVM in procfs.read_bytes(f'{proc}/{pid}/maps'):
+            if UVM in procfs.read_maps(pid, proc):
                 mappers.append(pid)
         except OSError:
             pass  # cannot be inspected: it has no context unless NVML lists it

@@ -25,6 +25,10 @@ as a sandbox's init make every region unknown.
 thread (the link count of /proc/PID/task, one stat) has its threads' tables compared with the
 main thread's (kcmp(KCMP_FILES)), and each table that differs is read as well (other_fd_tables).
 
+A thread-group leader that has exited (pthread_exit in main) leaves /proc/PID/maps empty and /proc/PID/fd
+bare while its other threads run: their views, under /proc/PID/task/TID/, are read instead
+(procfs.read_maps, other_fd_tables). When none of them can be read, the process is unreadable.
+
 Not seen, by any /proc reader: a descriptor in flight in a unix socket (SCM_RIGHTS sent, not yet
 received) belongs to no process until it is received.
 """
@@ -40,9 +44,10 @@ from typing import NamedTuple
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     list_pids,
+    other_tasks as procfs_other_tasks,
     pid_namespace,
-    read_bytes,
     read_comm,
+    read_maps,
 )
 
 FileKey = tuple[int, int]  # (st_dev, st_ino)
@@ -250,28 +255,17 @@ def _kcmp_files(pid: int, tid: int) -> int | None:
     return None if result < 0 else result
 
 
-def other_fd_tables(base: str, pid: int) -> list[str]:
-    """The fd directories (``BASE/task/TID/fd/``) of a process's threads whose fd table is not the main thread's.
+def other_fd_tables(proc: str, pid: int) -> list[str]:
+    """The fd directories (``PROC/PID/task/TID/fd/``) of a process's threads whose fd table is not the main thread's.
 
-    One stat for a process with one thread (the link count of its task directory is 2 + threads); the
-    threads of others are compared with kcmp(KCMP_FILES), and every thread's table is read when kcmp
-    cannot tell (not built into the kernel).
+    One stat for a process with one thread (procfs.other_tasks); the threads of others are compared with
+    kcmp(KCMP_FILES), and every thread's table is read when kcmp cannot tell (not built into the kernel). A leader
+    that has exited has no table (its /proc/PID/fd is bare): kcmp never finds it equal to a live thread's, so every
+    live thread's table is read then.
     """
-    try:
-        if os.stat(base + '/task').st_nlink <= 3:
-            return []
-        tids = os.listdir(base + '/task')
-    except OSError:
-        return []
-    out = []
-    for name in tids:
-        tid = int(name)
-        if tid == pid:
-            continue
-        same = _kcmp_files(pid, tid)
-        if same != 0:
-            out.append(f'{base}/task/{name}/fd/')
-    return out
+    return [
+        f'{proc}/{pid}/task/{tid}/fd/' for tid in procfs_other_tasks(pid, proc) if _kcmp_files(pid, tid) != 0
+    ]
 
 
 def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:
@@ -375,7 +369,7 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
     denied = False
     if maps is None:
         try:
-            maps = read_bytes(base + '/maps')
+            maps = read_maps(pid, proc)
         except (FileNotFoundError, ProcessLookupError):
             return  # gone
         except OSError:
@@ -385,7 +379,7 @@ def _scan_process(result: HolderScan, pid: int, targets: Targets, proc: str, cou
     found = maps_holding(maps, targets)
     try:
         found = found | fds_holding(_open_fds(base + '/fd/', counted).values(), targets)
-        for fd_dir in other_fd_tables(base, pid):
+        for fd_dir in other_fd_tables(proc, pid):
             try:
                 found = found | fds_holding(_open_fds(fd_dir).values(), targets)
             except (FileNotFoundError, ProcessLookupError):
@@ -432,7 +426,7 @@ def scan(
     first: dict[int, bytes] = {}
     if deleted_of is not None:
         try:
-            first[deleted_of] = read_bytes(f'{proc}/{deleted_of}/maps')
+            first[deleted_of] = read_maps(deleted_of, proc)
         except OSError:
             pass  # read again, and judged, in the pass itself
         result.deleted_all = parse_deleted_all(first.get(deleted_of, b''), deleted_prefix)
@@ -451,7 +445,7 @@ def scan(
 def deleted_mappings(pid: int, path_prefix: str = '/dev/shm/', proc: str = '/proc') -> dict[str, FileKey]:
     """{name: (dev, ino)} of files under path_prefix that pid maps although they were unlinked."""
     try:
-        data = read_bytes(f'{proc}/{pid}/maps')
+        data = read_maps(pid, proc)
     except OSError:
         return {}
     return parse_deleted(data, path_prefix)

@@ -50,6 +50,49 @@ def read_bytes(path: str) -> bytes:
         os.close(fd)
 
 
+def other_tasks(pid: int, proc: str = '/proc') -> list[int]:
+    """The ids of a process's tasks (threads) other than its thread-group leader; empty when it has one or is gone.
+
+    One stat when the process has a single task: the link count of /proc/PID/task is 2 + its tasks.
+    """
+    base = f'{proc}/{pid}/task'
+    try:
+        if os.stat(base).st_nlink <= 3:
+            return []
+        names = os.listdir(base)
+    except OSError:
+        return []
+    return [int(n) for n in names if n.isdigit() and int(n) != pid]
+
+
+def read_maps(pid: int, proc: str = '/proc') -> bytes:
+    """A process's memory map as its live tasks see it (/proc/PID/maps, else /proc/PID/task/TID/maps).
+
+    A thread-group leader that has exited (pthread_exit in main while other threads run) leaves /proc/PID/maps
+    empty, with no error, while its threads go on with the same memory: then the first other task whose view can be
+    read and is not empty gives it. Returns b'' for a process with no memory (a kernel thread, every task exiting).
+    Raises OSError as read_bytes does when the leader's view cannot be read, and when it is empty while other tasks
+    run and none of those views can be read (the process is then unreadable, never empty).
+    """
+    data = read_bytes(f'{proc}/{pid}/maps')
+    if data:
+        return data
+    denied: OSError | None = None
+    for tid in other_tasks(pid, proc):
+        try:
+            data = read_bytes(f'{proc}/{pid}/task/{tid}/maps')
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # that thread ended
+        except OSError as exc:
+            denied = exc
+            continue
+        if data:
+            return data
+    if denied is not None:
+        raise denied
+    return b''
+
+
 def read_comm(pid: int, proc: str = '/proc') -> str | None:
     """The process name (at most 16 bytes: one read is enough), or None when the process is gone or unreadable."""
     try:

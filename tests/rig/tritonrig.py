@@ -484,6 +484,69 @@ class Client:
             pass
 
 
+LEADER_EXIT_SOURCE = os.path.join(HERE, 'leader_exit.c')
+
+
+def build_leader_exit(workdir: str) -> str:
+    """Compile tests/rig/leader_exit.c with cc into workdir; the program's path."""
+    out = os.path.join(workdir, 'leader_exit')
+    if not os.path.exists(out):
+        subprocess.run(['cc', '-O2', '-pthread', '-o', out, LEADER_EXIT_SOURCE], check=True, capture_output=True)
+    return out
+
+
+class LeaderExitClient:
+    """A real client whose main thread has exited while a worker thread maps and writes its file (leader_exit.c).
+
+    prefix runs it elsewhere (``nsenter --mount --target PID`` for a server's /dev/shm, ``podman exec`` ...); the
+    program prints its pid as it sees it, and self.pid is the host's (the Popen's, when no prefix changes it).
+    """
+
+    def __init__(self, program: str, path: str, size: int, fd: str = 'close', prefix: Sequence[str] = ()) -> None:
+        self.proc = subprocess.Popen(
+            [*prefix, program, path, str(size), fd],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        if not line or not line[0].startswith('READY'):
+            self.stop()
+            raise RigError('leader_exit did not become ready: %r %s' % (line, self.proc.stderr.read()[-2000:]))
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + 10
+        while not self.leader_gone():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RigError('leader_exit %d: its main thread did not exit within 10 s' % self.pid)
+            time.sleep(0.01)
+
+    def leader_gone(self) -> bool:
+        """The kernel shows the main thread exited: /proc/PID/maps empty while another task runs."""
+        try:
+            with open('/proc/%d/maps' % self.pid, 'rb') as f:
+                empty = not f.read()
+            return empty and len(os.listdir('/proc/%d/task' % self.pid)) > 1
+        except OSError:
+            return False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(timeout=10)
+
+
 class ShmNamespace:
     """A mount namespace with a private tmpfs /dev/shm that outlives the servers run in it.
 

@@ -457,7 +457,7 @@ def test_scan_finds_a_thread_holding_the_file_in_its_own_fd_table(tmp_path, chil
     proc = child('thread', path)
     # the process's fd directory (its main thread's table) does not show it
     assert path not in [os.path.realpath(f'/proc/{proc.pid}/fd/{n}') for n in os.listdir(f'/proc/{proc.pid}/fd')]
-    assert [d.split('/')[-3] for d in holders.other_fd_tables(f'/proc/{proc.pid}', proc.pid)] != []
+    assert [d.split('/')[-3] for d in holders.other_fd_tables('/proc', proc.pid)] != []
     scan = holders.scan([key])
     assert proc.pid in scan.holders.get(key, set())
 
@@ -465,5 +465,81 @@ def test_scan_finds_a_thread_holding_the_file_in_its_own_fd_table(tmp_path, chil
 def test_other_fd_tables_of_threads_sharing_the_table_is_nothing(tmp_path, child):
     path, _key = make_file(tmp_path, 'plain')
     proc = child('open', path)
-    assert holders.other_fd_tables(f'/proc/{proc.pid}', proc.pid) == []
-    assert holders.other_fd_tables(f'/proc/{os.getpid()}', os.getpid()) == []
+    assert holders.other_fd_tables('/proc', proc.pid) == []
+    assert holders.other_fd_tables('/proc', os.getpid()) == []
+
+
+# -- a thread-group leader that has exited (issue 40: 1) ------------------------------------------------
+
+LEADER_EXIT_C = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+    'rig',
+    'leader_exit.c',
+)
+
+
+@pytest.fixture
+def leader_exit(tmp_path):
+    """Start leader_exit.c (built with cc): its main thread exits, a worker maps and writes the file; killed after."""
+    program = str(tmp_path / 'leader_exit')
+    subprocess.run(['cc', '-O2', '-pthread', '-o', program, LEADER_EXIT_C], check=True, capture_output=True)
+    procs = []
+
+    def start(path, fd_mode):
+        proc = subprocess.Popen([program, path, '8192', fd_mode], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().startswith('READY')
+        for _attempt in range(1000):  # the main thread ends right after READY: wait for the kernel to show it
+            with open(f'/proc/{proc.pid}/maps', 'rb') as f:
+                if not f.read():
+                    break
+            os.sched_yield()
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize('fd_mode', ['close', 'keep'])
+def test_scan_sees_a_live_worker_whose_main_thread_has_exited(tmp_path, leader_exit, fd_mode):
+    path, key = make_file(tmp_path, f'leader-{fd_mode}')
+    proc = leader_exit(path, fd_mode)
+    # what the kernel shows of the process itself: no mapping, no descriptor, no error
+    with open(f'/proc/{proc.pid}/maps', 'rb') as f:
+        assert f.read() == b''
+    assert os.listdir(f'/proc/{proc.pid}/fd') == []
+    assert path.encode() in procfs.read_maps(proc.pid)
+    scan = holders.scan([key])
+    assert proc.pid in scan.holders.get(key, set()), 'the worker thread maps and writes the file'
+    assert proc.pid not in scan.unreadable
+    assert holders.deleted_mappings(proc.pid, str(tmp_path) + '/') == {}
+    os.unlink(path)
+    assert holders.deleted_mappings(proc.pid, str(tmp_path) + '/') == {f'leader-{fd_mode}': key}
+
+
+def _fake_task_tree(root, leader_maps=b'', views=()):
+    """A proc-like tree for pid 10: /proc/10/maps and one task dir per view (bytes: its maps; None: unreadable)."""
+    base = os.path.join(str(root), '10')
+    os.makedirs(os.path.join(base, 'task', '10'))
+    with open(os.path.join(base, 'maps'), 'wb') as f:
+        f.write(leader_maps)
+    for i, view in enumerate(views):
+        task = os.path.join(base, 'task', str(11 + i))
+        os.makedirs(task)
+        if view is None:
+            os.mkdir(os.path.join(task, 'maps'))  # reading it fails, and not because the thread ended
+        else:
+            with open(os.path.join(task, 'maps'), 'wb') as f:
+                f.write(view)
+    return str(root)
+
+
+def test_read_maps_of_an_exited_leader_is_a_live_tasks_view_or_unreadable(tmp_path):
+    line = b'7f0000000000-7f0000002000 rw-s 00000000 00:1a 42 /dev/shm/k\n'
+    assert procfs.read_maps(10, _fake_task_tree(tmp_path / 'a', b'', [None, line])) == line
+    assert procfs.read_maps(10, _fake_task_tree(tmp_path / 'b', line, [None])) == line, 'the leader is alive'
+    assert procfs.read_maps(10, _fake_task_tree(tmp_path / 'c', b'', [])) == b'', 'one task, no memory'
+    with pytest.raises(OSError):
+        procfs.read_maps(10, _fake_task_tree(tmp_path / 'd', b'', [None, None]))
