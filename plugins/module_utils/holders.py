@@ -263,9 +263,7 @@ def other_fd_tables(proc: str, pid: int) -> list[str]:
     that has exited has no table (its /proc/PID/fd is bare): kcmp never finds it equal to a live thread's, so every
     live thread's table is read then.
     """
-    return [
-        f'{proc}/{pid}/task/{tid}/fd/' for tid in procfs_other_tasks(pid, proc) if _kcmp_files(pid, tid) != 0
-    ]
+    return [f'{proc}/{pid}/task/{tid}/fd/' for tid in procfs_other_tasks(pid, proc) if _kcmp_files(pid, tid) != 0]
 
 
 def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:

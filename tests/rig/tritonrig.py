@@ -518,13 +518,27 @@ class LeaderExitClient:
         if not line or not line[0].startswith('READY'):
             self.stop()
             raise RigError('leader_exit did not become ready: %r %s' % (line, self.proc.stderr.read()[-2000:]))
-        self.pid = self.proc.pid
+        self.pid = self._program_pid(int(line[0].split()[1]))
         deadline = time.monotonic() + 10
         while not self.leader_gone():
             if time.monotonic() > deadline:
                 self.stop()
                 raise RigError('leader_exit %d: its main thread did not exit within 10 s' % self.pid)
             time.sleep(0.01)
+
+    def _program_pid(self, own: int) -> int:
+        """The host's pid of the program: the Popen's, or (a prefix that forks, as unshare --fork does) the one
+        descendant in another PID namespace that calls itself own."""
+        pid = self.proc.pid
+        for _depth in range(4):
+            if own == pid or not os.path.exists('/proc/%d/task/%d/children' % (pid, pid)):
+                return pid
+            with open('/proc/%d/task/%d/children' % (pid, pid)) as f:
+                children = f.read().split()
+            if len(children) != 1:
+                return pid
+            pid = int(children[0])
+        return pid
 
     def leader_gone(self) -> bool:
         """The kernel shows the main thread exited: /proc/PID/maps empty while another task runs."""
