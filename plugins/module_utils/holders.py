@@ -44,10 +44,12 @@ from typing import NamedTuple
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     list_pids,
-    other_tasks as procfs_other_tasks,
     pid_namespace,
     read_comm,
     read_maps,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
+    other_tasks as procfs_other_tasks,
 )
 
 FileKey = tuple[int, int]  # (st_dev, st_ino)
