@@ -37,7 +37,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError, ShmFsError, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
@@ -61,7 +61,6 @@ class Lock(enum.Enum):
     WAITED = (
         'waited'  # taken after another run released it (read() reads the regions after it, so nothing is out of date)
     )
-    UNAVAILABLE = 'unavailable'  # the directory cannot be locked: warned, acting without it
 
 
 class Reading(NamedTuple):
@@ -275,15 +274,16 @@ class RegionOps(Operation):
         """Serialise runs on the shm directory shm (read() asks once, before it reads the regions): runlock.py."""
         if not self.serialise or self.lock is not None or shm is None:
             return Lock.NOT_NEEDED
-        lock = runlock.ServerLock(shm, sleep=self.sleep, clock=self.clock, directory=self.lock_dir)
+        directory = self.lock_dir or self.params.get('lock_dir')
+        lock = runlock.ServerLock(shm, sleep=self.sleep, clock=self.clock, directory=directory)
         try:
             waited = lock.acquire()
         except OSError as exc:
-            self.warn(
-                f'cannot take the lock {lock.path} ({exc.strerror or exc}): acting without it, a run at the same '
-                'time may count the same regions'
-            )
-            return Lock.UNAVAILABLE
+            raise LockError(
+                f'cannot take the run lock {lock.path} ({exc.strerror or exc}): not acting, since a run at the same time '
+                'could count the same regions again. Set lock_dir (role variable shm_cleanup_lock_dir) to a directory '
+                'on a writable filesystem that only this user can write'
+            ) from exc
         if lock.squatter is not None:
             self.warn(
                 f'the flock on the shm directory {shm.path} itself is {lock.squatter}: not waiting for it (any tenant of '

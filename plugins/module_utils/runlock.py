@@ -56,8 +56,9 @@ def lock_dir(euid: int | None = None) -> str:
 
 
 def fallback_lock_dir(euid: int | None = None) -> str:
-    """Where this user's locks go when lock_dir() cannot be made or used: a directory of their own under the temporary
-    directory (the node agent's container has a read-only /run and an emptyDir at /tmp)."""
+    """Where this user's locks go when lock_dir() cannot be made: a directory of their own under the temporary
+    directory, used only when no other user can write there (chain_problem: a read-only /run and a TMPDIR of the
+    user's own; /tmp itself never is one)."""
     euid = os.geteuid() if euid is None else euid
     return os.path.join(_temporary_directory(), f'tritonops_shm-{euid}')
 
@@ -72,23 +73,76 @@ def _temporary_directory() -> str:
     return tempfile.tempdir or '/tmp'
 
 
+def chain_problem(parent: str, euid: int | None = None) -> str | None:
+    """Why another user could plant or replace a lock directory made in parent; None when nobody but root and euid can.
+
+    Every directory from / down to parent (symlinks resolved first) must be owned by root or euid. One that others may
+    write must be sticky (they cannot rename or remove what root or euid made in it) and cannot be parent itself:
+    there another user could create the lock directory's name first (a directory, a symlink or a file of theirs), and
+    a run that then chose another place would no longer exclude a run that did not.
+    """
+    euid = os.geteuid() if euid is None else euid
+    real = os.path.realpath(parent)
+    path = '/'
+    for part in [''] + [p for p in real.split('/') if p]:
+        path = os.path.join(path, part)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return f'{path} cannot be examined ({exc.strerror})'
+        if not stat.S_ISDIR(st.st_mode):
+            return f'{path} is not a directory'
+        if st.st_uid not in (0, euid):
+            return f'{path} belongs to uid {st.st_uid}'
+        if st.st_mode & 0o022:
+            if path == real:
+                return f'{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})'
+            if not st.st_mode & stat.S_ISVTX:
+                return f'{path} is writable by other users and not sticky (mode {stat.S_IMODE(st.st_mode):04o})'
+    return None
+
+
 def _open_lock_dir(path: str) -> int:
-    """The lock directory, created (0700) when missing; OSError when it is not this user's own, private directory."""
+    """The lock directory, created (0700) when missing; OSError when it is not this user's own, private directory.
+
+    One of this user's that others may write (an emptyDir mounted at /run/tritonops_shm is 0777) is made private
+    (0700) when nobody else can replace it (chain_problem of its parent); its lock files are checked when opened.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f'owner uid {st.st_uid}'
+    elif stat.S_IMODE(st.st_mode) & 0o077:
+        problem = chain_problem(os.path.dirname(path))
+        if problem is None:
+            os.fchmod(fd, 0o700)
+    if problem is not None:
         os.close(fd)
         raise OSError(
             errno.EPERM,
-            f'not a private directory of uid {os.geteuid()} (owner uid {st.st_uid}, mode '
-            f'{stat.S_IMODE(st.st_mode):04o}): another user could hold its locks',
+            f'not a private directory of uid {os.geteuid()} ({problem}, mode {stat.S_IMODE(st.st_mode):04o}): another '
+            'user could hold or replace its locks',
             path,
         )
     return fd
+
+
+def _open_lock_file(name: str, dir_fd: int) -> int:
+    """The lock file name in the private directory dir_fd, created when missing. A name that is not this user's own
+    regular file with one link (left from before the directory was made private) is removed and made again."""
+    for _attempt in range(2):
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600, dir_fd=dir_fd)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+        os.unlink(name, dir_fd=dir_fd)
+    raise OSError(errno.EPERM, 'the lock file is replaced as soon as it is made', name)
 
 
 def lock_name(dev: int, ino: int) -> str:
@@ -132,18 +186,19 @@ class ServerLock:
             if not self.fallback or exc.errno not in (errno.EROFS, errno.EACCES, errno.ENOENT):
                 raise
             fallback = fallback_lock_dir()
-            if fallback == self.directory:
-                raise
+            problem = chain_problem(os.path.dirname(fallback))
+            if fallback == self.directory or problem is not None:
+                raise OSError(
+                    exc.errno,
+                    f'{self.directory} cannot be made ({exc.strerror}), and {fallback} is no place for it either: '
+                    f'{problem or "the same directory"}, where another user could plant its name',
+                    self.directory,
+                ) from exc
             self.directory, self.fallback = fallback, False
             self.path = os.path.join(self.directory, os.path.basename(self.path))
             dir_fd = _open_lock_dir(self.directory)
         try:
-            fd = os.open(
-                os.path.basename(self.path),
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=dir_fd,
-            )
+            fd = _open_lock_file(os.path.basename(self.path), dir_fd)
         finally:
             os.close(dir_fd)
         try:

@@ -197,6 +197,18 @@ options:
         RV(unregistered)), with the reason in RV(skipped_items) and a warning.
     type: float
     default: 10
+  lock_dir:
+    description:
+      - The directory of the per-server run locks. Default C(/run/tritonops_shm) for root (C(/run/user/UID/tritonops_shm) for
+        another user); when it cannot be made (a read-only C(/run)), C(TMPDIR/tritonops_shm-UID) only where no other user can
+        write C(TMPDIR).
+      - A run never acts without its lock. Where neither place can be used (a read-only C(/run) and C(TMPDIR) C(/tmp), where
+        any user could plant the name first), the run fails with the reason and changes nothing: set this to a directory on a
+        writable filesystem that only the module's user can write (the node agent's manifests mount an C(emptyDir) at
+        C(/run/tritonops_shm)). It is made private (mode 0700) when it is the user's own and nobody else can replace it; one
+        that belongs to another user, or sits in a directory other users may write, is refused.
+    type: path
+    version_added: 0.3.0
   threshold_percent:
     description:
       - With O(state=absent) and O(kind=system), remove orphan files (O(orphan_files=true)) only when the server's shm
@@ -504,6 +516,7 @@ def main() -> None:
         exclude=dict(type='list', elements='str', default=[]),
         remove_file=dict(type='bool', default=True),
         in_use_timeout=dict(type='float', default=IN_USE_TIMEOUT),
+        lock_dir=dict(type='path'),
         inventory=dict(type='bool', default=False),
         threshold_percent=dict(type='float', default=0),
     )

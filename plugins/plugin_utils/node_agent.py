@@ -120,8 +120,10 @@ def triton_node_agent(
     }
     if apparmor_profile:
         security['appArmorProfile'] = {'type': apparmor_profile}
-    mounts = [{'name': 'tmp', 'mountPath': '/tmp'}]
-    volumes: list[dict] = [{'name': 'tmp', 'emptyDir': {}}]
+    # the run locks need a directory only root can write (runlock.py): the root filesystem is read-only and /tmp is
+    # every user's, so an emptyDir at /run/tritonops_shm (the module makes it private, mode 0700)
+    mounts = [{'name': 'tmp', 'mountPath': '/tmp'}, {'name': 'locks', 'mountPath': '/run/tritonops_shm'}]
+    volumes: list[dict] = [{'name': 'tmp', 'emptyDir': {}}, {'name': 'locks', 'emptyDir': {}}]
     if prometheus_textfile_dir:
         mounts.append({'name': 'textfile', 'mountPath': TEXTFILE_DIR})
         volumes.append({'name': 'textfile', 'hostPath': {'path': prometheus_textfile_dir, 'type': 'DirectoryOrCreate'}})

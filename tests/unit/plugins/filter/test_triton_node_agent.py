@@ -107,7 +107,10 @@ def test_options():
     assert container['securityContext']['capabilities']['add'] == ['SYS_PTRACE']
     assert container['securityContext']['appArmorProfile'] == {'type': 'Unconfined'}
     assert container['imagePullPolicy'] == 'Always' and container['command'][2].endswith('sleep 60; done')
-    assert [v['name'] for v in spec['volumes']] == ['tmp']
+    assert [v['name'] for v in spec['volumes']] == ['tmp', 'locks']
+    # the run locks need a place only root writes (the root filesystem is read-only, /tmp is every user's): issue 40
+    assert {'name': 'locks', 'mountPath': '/run/tritonops_shm'} in container['volumeMounts']
+    assert {'name': 'locks', 'emptyDir': {}} in spec['volumes']
 
 
 @pytest.mark.parametrize(

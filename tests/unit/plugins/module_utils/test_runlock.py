@@ -126,9 +126,10 @@ def test_a_lock_directory_that_cannot_be_made_falls_back_to_a_private_one_under_
 def test_a_lock_directory_another_user_could_write_is_refused(shm, private_lock_dir):
     os.makedirs(private_lock_dir)
     os.chmod(private_lock_dir, 0o777)
+    os.chown(private_lock_dir, 65534, 65534)
     with pytest.raises(PermissionError) as err:
         lock_of(shm).acquire()
-    assert 'not a private directory' in str(err.value)
+    assert 'not a private directory' in str(err.value) and 'owner uid 65534' in str(err.value)
     os.rmdir(private_lock_dir)
     os.symlink(shm, private_lock_dir)  # planted as a symlink: never followed
     with pytest.raises(OSError):
@@ -372,3 +373,90 @@ def test_lock_dir_of_other_users_is_their_own():
     assert runlock.lock_dir(0) == runlock.LOCK_DIR
     other = runlock.lock_dir(4242)
     assert other.endswith('tritonops_shm-4242') or other == '/run/user/4242/tritonops_shm'
+
+
+# -- no root run without a lock (issue 40: 3) ------------------------------------------------------------
+
+
+def _plant(where, what):
+    """What another user (uid 65534) leaves at where before any run: its own directory, a symlink, a plain file."""
+    if what == 'directory':
+        os.mkdir(where, 0o777)
+    elif what == 'symlink':
+        os.symlink('/etc', where)
+    else:
+        with open(where, 'w') as f:
+            f.write('mine')
+    os.chown(where, 65534, 65534, follow_symlinks=False)
+
+
+@pytest.fixture
+def read_only_run(shm, tmp_path, monkeypatch):
+    """/run cannot be made (as in the node agent's container); TMPDIR is a directory every user may write (mode 1777,
+    as /tmp is). Returns TMPDIR."""
+    monkeypatch.setattr(runlock, 'LOCK_DIR', '/proc/tritonops-no-such-dir/locks')  # mkdir there: ENOENT
+    monkeypatch.setattr(runlock, 'lock_dir', lambda euid=None: runlock.LOCK_DIR)
+    tmpdir = tmp_path / 'tmp'
+    tmpdir.mkdir()
+    tmpdir.chmod(0o1777)
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmpdir))
+    for name in ('TMPDIR', 'TEMP', 'TMP'):
+        monkeypatch.delenv(name, raising=False)
+    return str(tmpdir)
+
+
+@pytest.mark.parametrize('planted', [None, 'directory', 'symlink', 'file'])
+def test_a_read_only_run_and_a_tmpdir_every_user_writes_is_no_lock_place_planted_or_not(shm, read_only_run, planted):
+    """Before, root fell back to /tmp/tritonops_shm-0: a user who made that name first (a directory of their own, a
+    symlink, a plain file) got every root run acting with no lock at all. A name any user can make first is no lock
+    place, planted or not: a run that chose another place when it was planted would not exclude a run that did not."""
+    where = os.path.join(read_only_run, f'tritonops_shm-{os.geteuid()}')
+    if planted:
+        _plant(where, planted)
+    with pytest.raises(OSError) as err:
+        lock_of(shm).acquire()
+    assert 'writable by other users' in str(err.value) and 'plant' in str(err.value), err.value
+    assert (os.listdir(read_only_run) == []) if planted is None else os.path.lexists(where)
+    if planted == 'symlink':
+        assert os.readlink(where) == '/etc' and not os.path.exists('/etc/' + os.path.basename(lock_of(shm).path))
+
+
+@pytest.mark.parametrize('planted', ['directory', 'symlink', 'file'])
+def test_a_planted_lock_dir_option_is_refused(shm, tmp_path, planted):
+    """lock_dir given: the only place; another user's directory, a symlink or a file there is refused, never used."""
+    where = str(tmp_path / 'locks')
+    _plant(where, planted)
+    with pytest.raises(OSError):
+        runlock.ServerLock(shm_fs.pin(shm), directory=where).acquire()
+    assert os.path.lexists(where) and (planted != 'directory' or os.listdir(where) == [])
+
+
+def test_an_empty_dir_lock_place_is_made_private_and_a_planted_lock_file_replaced(shm, tmp_path):
+    """The node agent mounts an emptyDir (mode 0777, root's) at /run/tritonops_shm: the run makes it 0700, and a lock
+    file another user made there before is removed and made again (else they could remove it under a run, and the
+    next run would lock another file)."""
+    where = tmp_path / 'run' / 'tritonops_shm'
+    where.mkdir(parents=True)
+    where.chmod(0o777)
+    lock = runlock.ServerLock(shm_fs.pin(shm), directory=str(where))
+    _plant(lock.path, 'file')
+    lock.acquire()
+    try:
+        assert stat.S_IMODE(os.stat(where).st_mode) == 0o700
+        st = os.stat(lock.path)
+        assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600 and _locked(lock.path)
+    finally:
+        lock.release()
+
+
+def test_a_run_with_no_lock_place_acts_not_and_says_which_option_gives_one(shm, server_proc, read_only_run):
+    """The whole run: it fails with the reason and the option, and unregisters and removes nothing (before: a warning,
+    then the run acted with no lock)."""
+    make_file(shm, 'k', 4096)
+    fake = FakeTriton(shm, [region('k', 'k', 4096)])
+    ops_result = None
+    with pytest.raises(LockError) as err:
+        ops_result = run(fake, shm, server_proc.pid, state='absent', stale=True, serialise=True)
+    assert ops_result is None
+    assert 'lock_dir' in str(err.value) and 'shm_cleanup_lock_dir' in str(err.value) and 'not acting' in str(err.value)
+    assert list(fake.regions) == ['k'] and os.listdir(shm) == ['k']
