@@ -73,13 +73,15 @@ def _temporary_directory() -> str:
     return tempfile.tempdir or '/tmp'
 
 
-def chain_problem(parent: str, euid: int | None = None) -> str | None:
+def chain_problem(parent: str, euid: int | None = None, sticky_parent: bool = False) -> str | None:
     """Why another user could plant or replace a lock directory made in parent; None when nobody but root and euid can.
 
     Every directory from / down to parent (symlinks resolved first) must be owned by root or euid. One that others may
-    write must be sticky (they cannot rename or remove what root or euid made in it) and cannot be parent itself:
-    there another user could create the lock directory's name first (a directory, a symlink or a file of theirs), and
-    a run that then chose another place would no longer exclude a run that did not.
+    write must be sticky (they cannot rename or remove what root or euid made in it) and, unless sticky_parent, cannot
+    be parent itself: there another user could create the lock directory's name first (a directory, a symlink or a
+    file of theirs). A run refuses such a name, never moves elsewhere (a run that chose another place would not exclude
+    one that did not), so a planted name stops every run: root's runs never take that risk (sticky_parent False), and
+    another user's runs take it in /tmp, where their locks went before, rather than fail everywhere.
     """
     euid = os.geteuid() if euid is None else euid
     real = os.path.realpath(parent)
@@ -95,7 +97,7 @@ def chain_problem(parent: str, euid: int | None = None) -> str | None:
         if st.st_uid not in (0, euid):
             return f'{path} belongs to uid {st.st_uid}'
         if st.st_mode & 0o022:
-            if path == real:
+            if path == real and not (sticky_parent and st.st_mode & stat.S_ISVTX):
                 return f'{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})'
             if not st.st_mode & stat.S_ISVTX:
                 return f'{path} is writable by other users and not sticky (mode {stat.S_IMODE(st.st_mode):04o})'
@@ -186,7 +188,7 @@ class ServerLock:
             if not self.fallback or exc.errno not in (errno.EROFS, errno.EACCES, errno.ENOENT):
                 raise
             fallback = fallback_lock_dir()
-            problem = chain_problem(os.path.dirname(fallback))
+            problem = chain_problem(os.path.dirname(fallback), sticky_parent=os.geteuid() != 0)
             if fallback == self.directory or problem is not None:
                 raise OSError(
                     exc.errno,

@@ -460,3 +460,24 @@ def test_a_run_with_no_lock_place_acts_not_and_says_which_option_gives_one(shm, 
     assert ops_result is None
     assert 'lock_dir' in str(err.value) and 'shm_cleanup_lock_dir' in str(err.value) and 'not acting' in str(err.value)
     assert list(fake.regions) == ['k'] and os.listdir(shm) == ['k']
+
+
+def test_another_users_run_keeps_its_lock_in_a_sticky_tmpdir_and_refuses_a_planted_one(shm, tmp_path, monkeypatch):
+    """Not root: with no runtime directory the lock goes to TMPDIR/tritonops_shm-UID as before (a sticky /tmp), and a
+    name another user made first is refused, never replaced by another place (the run fails, it never acts unlocked)."""
+    tmpdir = tmp_path / 'tmp'
+    tmpdir.mkdir()
+    tmpdir.chmod(0o1777)
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmpdir))
+    for name in ('TMPDIR', 'TEMP', 'TMP'):
+        monkeypatch.delenv(name, raising=False)
+    assert runlock.chain_problem(str(tmpdir), euid=1000, sticky_parent=True) is None
+    assert 'writable by other users' in runlock.chain_problem(str(tmpdir), euid=1000)
+    tmpdir.chmod(0o777)
+    (tmpdir / 'x').mkdir()
+    assert 'not sticky' in runlock.chain_problem(str(tmpdir / 'x'), euid=1000)
+    assert 'writable by other users' in runlock.chain_problem(str(tmpdir), euid=1000, sticky_parent=True)
+    outside = tmp_path / 'theirs'
+    outside.mkdir()
+    os.chown(outside, 65534, 65534)
+    assert 'belongs to uid 65534' in runlock.chain_problem(str(outside), euid=1000)
