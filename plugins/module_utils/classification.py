@@ -384,6 +384,13 @@ def file_category(
             f'left by a stale cleanup of this server {what} (recorded in {shm_fs.CLEANUP_XATTR} on the shm '
             'directory): the next stale cleanup removes it'
         )
+    if shm_fs.own_quarantine(e['name'], e['inode']):
+        if not holders_complete:
+            return FOREIGN, 'holders could not be fully determined'
+        return ORPHAN, (
+            "left under the collection's quarantine name for this very inode by a cleanup that was stopped (or could "
+            'not record it) after it unregistered the region: the next stale cleanup removes it'
+        )
     if not matches(e['name'], criteria.orphan_patterns):
         return FOREIGN, 'matches no orphan pattern'
     if e['age_s'] < criteria.min_age:

@@ -578,7 +578,10 @@ class RegionOps(Operation):
     def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
         """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
         still_registered = set()
-        self._mark_files(snap, file_plan)
+        kept = self._mark_files(snap, file_plan)
+        if kept:
+            selected = [rec for rec in selected if rec['name'] not in kept]
+            file_plan = [action for action in file_plan if action.region not in kept]
         try:
             try:
                 self._unregister_selected(self.kind.name, selected, still_registered)
@@ -590,14 +593,21 @@ class RegionOps(Operation):
         finally:
             self._update_record(snap, still_registered)
 
-    def _mark_files(self, snap: Snapshot, file_plan: list) -> None:
+    def _mark_files(self, snap: Snapshot, file_plan: list) -> set:
         """Invariant 8: record the planned backing files (shm_fs.CLEANUP_XATTR) before their regions are unregistered.
 
         One record on the shm directory (the files themselves, their ctimes included, are untouched). It keeps
         what an earlier record still names (another server's, or a killed run's), and adds this run's files;
         _update_record() takes out, at the end, what this run finished. A run killed in between leaves the
-        record, and the next stale cleanup of the same server process finishes the files it names. When the
-        filesystem or the run's privileges refuse the record, a warning says so and the cleanup goes on.
+        record, and the next stale cleanup of the same server process finishes the files it names.
+
+        Returns the regions that must stay registered: when the record cannot be written because the shm directory is
+        read-only, their files could not be removed either, and a region unregistered then would strand its file as
+        ``foreign`` for good; kept registered (skipped with the reason), a later run on a writable directory finishes
+        both. When the record is refused otherwise (no trusted.* attributes: a container without CAP_SYS_ADMIN), the
+        cleanup goes on with a warning: a run stopped after a quarantine rename leaves a file under the collection's
+        quarantine name, which the next stale cleanup recognises (shm_fs.own_quarantine), and one stopped between an
+        unregister and its rename leaves the file to orphan patterns.
         """
         ours = {
             e['inode']: shm_fs.CleanupMark(region, e['name'], snap.server_id or '')
@@ -605,7 +615,7 @@ class RegionOps(Operation):
             if region is not None
         }
         if not ours:
-            return
+            return set()
         present = {e['inode'] for e in snap.entries}
         record = {ino: m for ino, m in shm_fs.read_cleanup_record(snap.shm.fd).items() if ino in present}
         record.update(ours)
@@ -613,13 +623,24 @@ class RegionOps(Operation):
             with shm_fs.ShmDir(snap.shm) as d:
                 d.write_cleanup_record(record)
         except ShmFsError as exc:
+            if shm_fs.read_only(snap.shm):
+                kept = {m.region for m in ours.values()}
+                reason = (
+                    f'the shm directory {snap.shm_dir} is read-only: its file could not be recorded nor removed, so '
+                    'the region stays registered (unregistered, its file would be left as foreign for good); a '
+                    'later run on a writable directory unregisters it and removes the file'
+                )
+                self.outcome.skipped.extend({'name': name, 'reason': reason} for name in sorted(kept))
+                self.warn(f'{len(kept)} stale region(s) kept registered: {reason}')
+                return kept
             self.warn(
-                f'the files are not recorded before their regions are unregistered ({exc}): a run stopped part-way '
-                'leaves them to orphan patterns'
+                f'the files are not recorded before their regions are unregistered ({exc}): a run stopped between an '
+                'unregister and its quarantine rename leaves the file to orphan patterns'
             )
-            return
+            return set()
         self._record = record
         self._ours = set(ours)
+        return set()
 
     def _update_record(self, snap: Snapshot, still_registered: set) -> None:
         """At the end of a run (also a failed one): take out of the record what this run finished or gave back.

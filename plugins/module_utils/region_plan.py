@@ -526,11 +526,13 @@ def plan_files(
         else:
             notes.skipped.extend({'path': f['path'], 'reason': threshold.keep_reason()} for f in orphans)
     elif p['stale'] or p['all']:
-        # what a stale cleanup of this server marked, unregistered and could not remove (it was killed): finish it
+        # what a stale cleanup of this server marked, unregistered and could not remove (it was killed), and what a
+        # cleanup left under its quarantine name (killed, or unable to record it): finish it
         file_plan.extend(
             FileAction(entries[f['path']], None)
             for f in files
-            if f['category'] == 'orphan' and snap.leftover(f['name']) is not None
+            if f['category'] == 'orphan'
+            and (snap.leftover(f['name']) is not None or shm_fs.own_quarantine(f['name'], f['inode']))
         )
     if p.get('backend_leftovers'):
         file_plan.extend(FileAction(entries[f['path']], None) for f in files if f['category'] == vocabulary.LEFTOVER)

@@ -129,6 +129,26 @@ def is_quarantine_name(name: str) -> bool:
     return name.startswith(QUARANTINE_PREFIX)
 
 
+def own_quarantine(name: str, inode: int) -> bool:
+    """Whether name is the quarantine name a cleanup gives the file of this very inode (QUARANTINE_PREFIX, the inode,
+    a dot and the run's 12 hex digits): such a file is past its region's unregister (or had none), and a run that
+    was stopped, or could not record it, left it. Who may remove it is still the authority rule's question: a file
+    another user made under such a name is theirs (classification.removal_refusal)."""
+    if not name.startswith(QUARANTINE_PREFIX):
+        return False
+    ino, dot, token = name[len(QUARANTINE_PREFIX) :].partition('.')
+    return bool(dot) and ino == str(inode) and len(token) == 12 and all(c in '0123456789abcdef' for c in token)
+
+
+def read_only(pinned: PinnedDir) -> bool:
+    """Whether the filesystem of the pinned shm directory is mounted read-only (nothing in it can be renamed or
+    removed)."""
+    try:
+        return bool(os.fstatvfs(pinned.fd).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 _LIBC: list = []
 
 

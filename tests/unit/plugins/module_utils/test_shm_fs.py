@@ -303,3 +303,15 @@ def test_a_pinned_directory_whose_path_no_longer_leads_to_it_is_not_acted_on(tmp
         shm_fs.ShmDir(pinned)
     assert (tmp_path / 'gone' / 'f').exists()
     pinned.close()
+
+
+def test_own_quarantine_is_the_quarantine_name_of_that_very_inode():
+    """issue 40, goal 4: a file under the quarantine name a cleanup gives its own inode is past its region's
+    unregister; any other name (another inode's, a short or foreign token, a prefix alone) is not."""
+    prefix = shm_fs.QUARANTINE_PREFIX
+    assert shm_fs.own_quarantine(f'{prefix}42.0123456789ab', 42)
+    assert not shm_fs.own_quarantine(f'{prefix}42.0123456789ab', 43)
+    assert not shm_fs.own_quarantine(f'{prefix}42.0123456789a', 42)
+    assert not shm_fs.own_quarantine(f'{prefix}42.0123456789aB', 42)
+    assert not shm_fs.own_quarantine(f'{prefix}42', 42)
+    assert not shm_fs.own_quarantine('42.0123456789ab', 42)
