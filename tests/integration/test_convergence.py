@@ -20,7 +20,6 @@ import subprocess
 
 import ansible_helpers
 import pytest
-import tritonrig
 from test_races import ModuleRun
 
 INFO = 'tritonops.shm.triton_shm_info'
