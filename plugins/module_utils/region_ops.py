@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -827,20 +828,37 @@ class RegionOps(Operation):
             return shm_fs.Quarantined(name, original, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
         else:
             try:
-                q = d.quarantine(name, entry['dev'], entry['inode'], entry.get('ctime_ns'))
+                q = self._rename_to_quarantine(d, entry)
             except ShmFsError as exc:
                 self.warn(str(exc))
                 reason = str(exc)
-            except OSError:
-                # no RENAME_NOREPLACE here (kernel or filesystem), or a rootless server's tmpfs where root may not create
-                # a name: re-check, then unlink in place (the re-attach window of docs/reliability.md stays open there)
-                return shm_fs.Quarantined(name, name, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
+            except OSError as exc:
+                # never unlinked in place: a client that opens the name between the re-check and the unlink would lose it
+                reason = (
+                    f'cannot rename it to a quarantine name before removing it ({exc.strerror or exc}): not removed, '
+                    'since a client could open it by name between the re-check and the unlink'
+                )
             else:
                 if q is not None:
                     return q
                 reason = 'already removed (by another process) before this run unlinked it'
         self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
         return None
+
+    @staticmethod
+    def _rename_to_quarantine(d: shm_fs.ShmDir, entry: dict) -> shm_fs.Quarantined | None:
+        """d.quarantine(), and on a tmpfs of another user namespace (a rootless server's, where root's ids are not
+        mapped: EOVERFLOW) once more as the directory's owner, whose ids that namespace maps (shm_fs.acting_as)."""
+        args = (entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'))
+        try:
+            return d.quarantine(*args)
+        except OSError as exc:
+            if isinstance(exc, ShmFsError) or exc.errno != errno.EOVERFLOW:
+                raise
+        st = os.fstat(d.fd)
+        with shm_fs.acting_as(st.st_uid, st.st_gid):
+            q = d.quarantine(*args)
+        return q._replace(owner=(st.st_uid, st.st_gid)) if q is not None else None
 
     def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, q: shm_fs.Quarantined) -> str | None:
         """Unlink one quarantined file (recorded in removed_files and freed_bytes), or give it back and return why it stays."""
@@ -854,7 +872,8 @@ class RegionOps(Operation):
         if reason is not None:
             return reason + self._give_back(d, q, check.server_id)
         try:
-            freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
+            with _as_owner(q):
+                freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
         except ShmFsError as exc:
             self.warn(str(exc))
             return str(exc) + self._give_back(d, q, check.server_id)
@@ -875,7 +894,8 @@ class RegionOps(Operation):
         if q.name == q.original:
             return ''
         try:
-            back = d.restore(q.name, q.original)
+            with _as_owner(q):
+                back = d.restore(q.name, q.original)
         except ShmFsError as exc:
             self.warn(str(exc))
             self._record_quarantined(d, q, server)
@@ -900,3 +920,8 @@ class RegionOps(Operation):
             d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
+
+
+def _as_owner(q: shm_fs.Quarantined) -> contextlib.AbstractContextManager:
+    """The identity a quarantined file's unlink or restore runs as: the one its rename ran as."""
+    return shm_fs.acting_as(*q.owner) if q.owner is not None else contextlib.nullcontext()

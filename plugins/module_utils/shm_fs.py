@@ -11,6 +11,7 @@ single path component, so nothing outside the shm directory can ever be touched.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fnmatch
@@ -19,6 +20,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import rootfs
@@ -178,6 +180,33 @@ class Quarantined(NamedTuple):
     ino: int
     ctime_ns: int | None  # None: the unlink checks device and inode only (the rename changed the ctime)
     blocks: int
+    owner: tuple[int, int] | None = None  # (uid, gid) the rename ran as, and its unlink or restore runs as (acting_as)
+
+
+def _fs_id_calls() -> tuple:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.setfsuid, libc.setfsgid
+
+
+@contextlib.contextmanager
+def acting_as(uid: int, gid: int) -> Iterator[None]:
+    """Run the block with this thread's filesystem ids set to uid and gid (setfsuid/setfsgid, per thread), then back.
+
+    For a tmpfs mounted in another user namespace (a rootless server's /dev/shm): root's ids are not mapped there, so
+    the kernel refuses root a new name (EOVERFLOW), while the directory's owner, which that namespace maps, may make
+    one. With a filesystem uid other than 0 the kernel checks permissions as that user (no DAC override): the block
+    can do no more than the owner could. Raises OSError (EPERM) when the ids could not be taken.
+    """
+    setfsuid, setfsgid = _fs_id_calls()
+    old_gid = setfsgid(gid)
+    old_uid = setfsuid(uid)
+    try:
+        if setfsuid(-1) != uid or setfsgid(-1) != gid:
+            raise OSError(errno.EPERM, f'cannot act as uid {uid}, gid {gid} (setfsuid/setfsgid refused)')
+        yield
+    finally:
+        setfsuid(old_uid)
+        setfsgid(old_gid)
 
 
 _IN_ROOT = re.compile(r'^(/proc/[0-9]+/root)(/.*)?$')
@@ -527,8 +556,8 @@ class ShmDir:
 
         Returns None when name is already gone. Raises ShmFsError as unlink() does, and when the rename
         is refused (OSError ENOSYS/EINVAL when the kernel or filesystem has no RENAME_NOREPLACE, EOVERFLOW when
-        this process's uid is not mapped in the user namespace of the filesystem: the caller may fall back to a
-        plain unlink). The quarantined file is checked again (device and inode)
+        this process's uid is not mapped in the user namespace of the filesystem: the caller may try again as the
+        directory's owner, acting_as, never unlink in place). The quarantined file is checked again (device and inode)
         when it is unlinked: one swapped in between this check and the rename is given its name back then.
         """
         check_name(name)

@@ -190,6 +190,53 @@ def test_a_rootless_server_still_gets_its_own_leaks_cleaned(open_dir):
         server.cleanup()
 
 
+@pytest.mark.skipif(os.uname().machine != 'x86_64', reason='system call numbers are x86_64 ones')
+def test_a_rootless_servers_file_is_quarantined_as_its_owner_never_unlinked_in_place(open_dir, tmp_path):
+    """Issue 40, goal 5. On a tmpfs mounted in another user namespace root's ids are not mapped, so the kernel refuses
+    root the quarantine rename (EOVERFLOW); 0.2.x then unlinked the file in place after the re-check, and a client that
+    opened and mapped it by name in between lost it. Now the rename runs as the directory's owner (mapped there): the
+    module, stopped in its first unlink (after the rename and the re-check), has left no file under the region's name,
+    so a client opening it finds nothing rather than a file about to go."""
+    from test_races import ModuleRun  # the strace-stopped module run
+
+    server = tritonrig.TritonServer(workdir=open_dir, models=(), run_as=NOBODY, shm_size='16m')
+    server.start()
+    run = None
+    try:
+        subprocess.run(
+            [
+                'nsenter',
+                '--user',
+                '--mount',
+                '--target',
+                str(server.pid),
+                'sh',
+                '-c',
+                'head -c 65536 /dev/zero > /dev/shm/rl',
+            ],
+            check=True,
+        )
+        register(server, 'rl', '/rl', 65536)
+        run = ModuleRun(
+            REGION, dict(url=server.url, state='absent', stale=True), tmp_path, delay_in=('unlinkat',), delay_s=30
+        )
+        assert run.wait_stopped(('unlinkat',), timeout=120), 'the module never reached its first unlink'
+        names = server.shm_files()
+        assert 'rl' not in names, 'the file is still under its name at the unlink: a client could open it'
+        (quarantined,) = [n for n in names if n.startswith('.tritonops_shm.quarantine.')]
+        assert os.stat(server.shm_path(quarantined)).st_uid == int(NOBODY)
+        run.kill()
+        run = None
+        # the rerun finishes what the killed run left, as the owner again
+        res = run(REGION, url=server.url, state='absent', stale=True)
+        assert not res.get('failed'), res
+        assert server.shm_files() == [] and 'rl' not in server.system_regions(), (server.shm_files(), res)
+    finally:
+        if run is not None:
+            run.kill()
+        server.cleanup()
+
+
 # -- finding 2: two servers on one port ---------------------------------------------------------------------
 
 

@@ -260,6 +260,26 @@ def test_stale_regions_are_unregistered_first_then_their_files_removed(shm, serv
     assert rerun['changed'] is False and rerun['unregistered'] == [] and rerun['removed_files'] == []
 
 
+@pytest.mark.parametrize('refusal', ['ENOSYS', 'EINVAL', 'EOVERFLOW'])
+def test_a_file_that_cannot_be_quarantined_is_never_unlinked_in_place(shm, server_proc, monkeypatch, refusal):
+    """Issue 40, goal 5: with the quarantine rename refused (no RENAME_NOREPLACE; EOVERFLOW as the owner too), the file
+    is kept with the reason (0.2.x unlinked it in place after the re-check: a client opening it meanwhile lost it)."""
+    import errno
+
+    path = make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    code = getattr(errno, refusal)
+
+    def refuse(*_args):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(shm_fs, '_renameat2', refuse)
+    res = run(fake, shm, server_proc.pid, stale=True)
+    assert res['unregistered'] == ['a'] and res['removed_files'] == [] and os.path.exists(path)
+    (skip,) = [i for i in res['skipped_items'] if i.get('path') == path]
+    assert 'cannot rename it to a quarantine name' in skip['reason'] and 'not removed' in skip['reason'], skip
+
+
 def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc):
     make_file(shm, 'a')
     make_file(shm, 'old_orphan', age=3600)
