@@ -44,10 +44,12 @@ from typing import NamedTuple
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     list_pids,
-    other_tasks as procfs_other_tasks,
     pid_namespace,
     read_comm,
     read_maps,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
+    other_tasks as procfs_other_tasks,
 )
 
 FileKey = tuple[int, int]  # (st_dev, st_ino)
@@ -263,9 +265,7 @@ def other_fd_tables(proc: str, pid: int) -> list[str]:
     that has exited has no table (its /proc/PID/fd is bare): kcmp never finds it equal to a live thread's, so every
     live thread's table is read then.
     """
-    return [
-        f'{proc}/{pid}/task/{tid}/fd/' for tid in procfs_other_tasks(pid, proc) if _kcmp_files(pid, tid) != 0
-    ]
+    return [f'{proc}/{pid}/task/{tid}/fd/' for tid in procfs_other_tasks(pid, proc) if _kcmp_files(pid, tid) != 0]
 
 
 def parse_deleted(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, FileKey]:
