@@ -85,20 +85,18 @@ class Visible(NamedTuple):
 
     readable: bool = True
     value: str | None = None  # None: unset
-    entries: tuple = ()  # up to the first entry CUDA rejects
+    entries: tuple = ()  # the devices it names; empty when any entry is not understood (then it proves nothing)
 
     @classmethod
     def parse(cls, value: str | None) -> Visible:
-        """CUDA's reading: comma-separated indexes or GPU-/MIG- UUIDs (or prefixes), up to the first that is neither."""
+        """Comma-separated indexes or GPU-/MIG- UUIDs (or their prefixes). An entry that is neither (CUDA stops there,
+        and what it takes of other spellings is not this module's to guess) leaves no entry: nothing is narrowed."""
         if value is None:
             return cls()
-        entries = []
-        for item in value.split(','):
-            item = item.strip()
-            if not (item.isdigit() or item.startswith(('GPU-', 'MIG-'))):
-                break
-            entries.append(item)
-        return cls(True, value, tuple(entries))
+        entries = tuple(item.strip() for item in value.split(','))
+        if not all(item.isdigit() or item.startswith(('GPU-', 'MIG-')) for item in entries):
+            entries = ()
+        return cls(True, value, entries)
 
     def uuid_gpu(self, ordinal: object, gpus: Iterable[nvml.Gpu]) -> nvml.Gpu | None:
         """The one NVML GPU whose UUID the entry of ordinal gives (a GPU- UUID or its prefix), or None."""

@@ -325,6 +325,7 @@ def test_a_server_given_one_gpu_of_eight_judges_its_regions_on_that_gpu_alone(tm
         ('GPU-3,GPU-', 'unknown', 'GPU-3'),  # two devices (a prefix of every UUID): ordinal 0 is GPU-3, memory anywhere
         ('3', 'stale', 'GPU-3'),  # one CUDA index, and NVML lists the server's context on one GPU: that one
         ('3,4', 'unknown', None),  # two devices: the ordinal is CUDA's order, not NVML's
+        ('3,abc', 'unknown', None),  # an entry not understood: it proves nothing
         ('MIG-3c1e', 'stale', 'GPU-3'),  # one device (a MIG UUID on a GPU without MIG): the server's context says which
     ],
 )
