@@ -271,20 +271,33 @@ def reclaimable(snap: Snapshot, rec: dict) -> bool:
 
 
 def cuda_record(snap: Snapshot, region: dict) -> dict:
-    """The record of one CUDA region: its possible owners (holders), state and reclaimable (cuda_state)."""
+    """The record of one CUDA region: its possible owners (holders), state and reclaimable (cuda_state), and the UUID
+    of the NVML GPU its device_id is proven to name (gpu.Evidence.placement; None when not proven)."""
     rec = dict(region)
     state, reason, owners = cuda_state(snap, region.get('device_id'))
     rec['holders'] = [o.as_dict() for o in owners]
     rec['state'], rec['state_reason'] = state, reason
     rec['reclaimable'] = state == STALE
+    rec['gpu_uuid'] = cuda_gpu_uuid(snap, region.get('device_id'))
     return rec
+
+
+def cuda_gpu_uuid(snap: Snapshot, device_id: object) -> str | None:
+    """The UUID of the NVML GPU a CUDA region's device_id is proven to name, or None (not read, MIG, not proven)."""
+    ev = snap.gpu if snap.pid is not None and snap.pid_namespace == 'initial' else None
+    if ev is None or ev.reading.error is not None or any(g.mig for g in ev.reading.gpus) or not ev.reading.gpus:
+        return None
+    named = ev.placement(device_id).gpu
+    return named.uuid if named is not None else None
 
 
 def cuda_state(snap: Snapshot, device_id: object) -> tuple[str, str, list]:
     """(state, reason, owners) of a CUDA region on device_id: the CUDA rule (docs/cuda.md).
 
     Stale only when both signals of gpu.py say that no process outside the server and its descendants has a CUDA
-    context on the GPUs the region may live on; unknown whenever either cannot be read or says otherwise.
+    context on the GPUs the region may live on, no zombie candidate is there, and both signals see the server's own
+    context on those GPUs (the positive control, gpu.Evidence.blind); unknown whenever either cannot be read or says
+    otherwise.
     """
     ev = snap.gpu
     if snap.pid is None:
@@ -301,12 +314,22 @@ def cuda_state(snap: Snapshot, device_id: object) -> tuple[str, str, list]:
         return UNKNOWN, 'MIG is on: a context on a MIG instance cannot be told from one on the region', []
     if ev.mps:
         return UNKNOWN, "MPS runs on this host: its clients' contexts belong to the MPS server", []
-    gpus, unproven = ev.gpus_for(device_id)
-    owners = ev.owners(gpus)
-    where = ', '.join(f'GPU {g.index}' for g in gpus) + (f' ({unproven})' if unproven else '')
+    place = ev.placement(device_id)
+    owners = ev.owners(place.gpus)
+    where = ', '.join(f'GPU {g.index}' for g in place.gpus) + (f' ({place.why})' if place.why else '')
+    blind = ev.blind(place.gpus)
+    if blind is not None:
+        return UNKNOWN, f'{blind} (a region on {where} is never stale then)', owners
     if owners:
-        zombies = [o for o in owners if o.zombie]
-        what = f'{len(zombies)} zombie(s) and ' if zombies else ''
+        counts = [
+            f'{n} {what}'
+            for n, what in (
+                (sum(o.zombie for o in owners), 'zombie(s)'),
+                (sum(o.candidate for o in owners), 'zombie candidate(s)'),
+            )
+            if n
+        ]
+        what = ', '.join(counts) + ' and ' if counts else ''
         return (
             UNKNOWN,
             f'{what}{len(owners)} process(es) besides the server may own it, with a CUDA context on {where}: '

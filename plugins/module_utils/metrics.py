@@ -129,14 +129,15 @@ METRICS = {
         Metric(
             'tritonops_shm_cuda_region_bytes',
             'gauge',
-            'GPU bytes of the registered CUDA regions, by device (Triton device_id) and state (stale, unknown).',
+            'GPU bytes of the registered CUDA regions, by device (Triton device_id), uuid (the NVML GPU the device is '
+            'proven to name, empty when not proven) and state (stale, unknown).',
             REPORT,
         ),
         Metric(
             'tritonops_shm_gpu_server_bytes',
             'gauge',
-            "GPU memory NVML charges to the server process, by device (NVML index): a killed client's CUDA region is "
-            'charged to the server.',
+            "GPU memory NVML charges to the server process, by device (NVML index) and uuid (the GPU's UUID): a killed "
+            "client's CUDA region is charged to the server.",
             REPORT,
         ),
         Metric('tritonops_shm_stale_bytes', 'gauge', "Bytes of /dev/shm held by stale regions' files.", REPORT),
@@ -316,21 +317,26 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
 
 
 def cuda_samples(inv: Mapping) -> list:
-    """The CUDA series of one server: region bytes by (device, state), every state of each device with a region
-    (bounded: devices times CUDA_STATES), and the server's NVML charge per GPU read."""
+    """The CUDA series of one server: region bytes by (device, uuid, state), every state of each device with a region,
+    and the server's NVML charge per GPU read, by (device, uuid). Bounded: one server's evidence proves a device_id to
+    name one GPU or none (uuid empty), so a device has one uuid, and the series are devices times CUDA_STATES."""
     by_device: dict = {}
     for r in inv.get('cuda_regions') or ():
-        device = str(r.get('device_id'))
+        device = (str(r.get('device_id')), r.get('gpu_uuid') or '')
         bytes_by_state = by_device.setdefault(device, dict.fromkeys(CUDA_STATES, 0))
         if r.get('state') in bytes_by_state:
             bytes_by_state[r['state']] += int(r.get('byte_size') or 0)
     out = [
-        ('tritonops_shm_cuda_region_bytes', (('device', device), ('state', state)), value)
-        for device in sorted(by_device)
-        for state, value in by_device[device].items()
+        ('tritonops_shm_cuda_region_bytes', (('device', device), ('uuid', uuid), ('state', state)), value)
+        for device, uuid in sorted(by_device)
+        for state, value in by_device[device, uuid].items()
     ]
     out += [
-        ('tritonops_shm_gpu_server_bytes', (('device', str(g['index'])),), g['server_bytes'])
+        (
+            'tritonops_shm_gpu_server_bytes',
+            (('device', str(g['index'])), ('uuid', g.get('uuid') or '')),
+            g['server_bytes'],
+        )
         for g in inv.get('gpus') or ()
         if g.get('server_bytes') is not None
     ]

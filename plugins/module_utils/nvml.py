@@ -11,12 +11,29 @@ dcgm-exporter is not one). Any failure (no ``libnvidia-ml.so.1``, no driver, not
 
 Facts behind it: ../shared/CUDA-FACTS.md (an H200, driver 580): the calls below all return 0 as root, and a pid
 NVML lists that /proc no longer has means a descendant still holds that context (a zombie client).
+
+An answer is trusted only when it is plausible. ``_v3`` entries are 24 bytes with driver 580, but some R535 drivers
+write a 32-byte entry (an extra field), which a fixed 24-byte layout misreads as garbage pids (and a buffer sized for
+24-byte entries overflows): the buffer has room for 32-byte entries and is filled with a sentinel, the entries are
+decoded with both sizes, and only a size that fits what was written (every pid one Linux can have, 1 to
+PID_MAX_LIMIT; plausible charges; every entry's instance ids written; nothing written past the last entry) is taken.
+When neither size, or both with different answers, fit, the reading is an error (so every CUDA region is
+``unknown``), never a list of pids.
+
+The library is looked for on the loader path first, then where drivers are installed in practice (LIBRARY_DIRS:
+the distributions' library directories, the container toolkit's ``/usr/local/nvidia``, the GPU Operator's driver
+root ``/run/nvidia/driver``, and a host root mounted at ``/host``). Those are loaded into a process that runs as
+root: a file outside the loader path is loaded only when it and every directory above it belong to root (or to the
+user running the module) and no one else can write them (a sticky directory such as /tmp excepted).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+import os
+import stat
+import struct
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 LIBRARY = 'libnvidia-ml.so.1'
@@ -26,17 +43,29 @@ ERROR_INSUFFICIENT_SIZE = 7
 VALUE_NOT_AVAILABLE = (1 << 64) - 1  # usedGpuMemory when the driver cannot say (Windows WDDM, some MIG setups)
 UUID_BYTES = 96
 MAX_PROCESSES = 4096  # per GPU: more contexts than this on one GPU is not a state anyone runs
-
-
-class ProcessInfo(ctypes.Structure):
-    """nvmlProcessInfo_t (the _v3 calls): the layout CUDA-FACTS.md recorded."""
-
-    _fields_ = [
-        ('pid', ctypes.c_uint),
-        ('usedGpuMemory', ctypes.c_ulonglong),
-        ('gpuInstanceId', ctypes.c_uint),
-        ('computeInstanceId', ctypes.c_uint),
-    ]
+# nvmlProcessInfo_v3_t as CUDA-FACTS.md recorded it ({uint pid; ulonglong usedGpuMemory; uint gpuInstanceId; uint
+# computeInstanceId}, 24 bytes), and the 32-byte entry some R535 drivers write (one more 8-byte field)
+ENTRY_SIZES = (24, 32)
+ENTRY = struct.Struct('=I4xQ')  # pid, padding, usedGpuMemory: the start of either entry
+SENTINEL = b'\xa5'  # what the entries' buffer holds before the call: what stays so was not written
+PID_MAX_LIMIT = 1 << 22  # the largest pid_max Linux allows (64-bit): a larger pid is garbage
+MAX_USED_BYTES = 1 << 50  # 1 PiB: no GPU has that much memory, so a larger charge is garbage
+LIBRARY_DIRS = (
+    '/usr/lib/x86_64-linux-gnu',
+    '/usr/lib/aarch64-linux-gnu',
+    '/usr/lib64',
+    '/usr/lib',
+    '/usr/local/nvidia/lib64',  # the NVIDIA container toolkit's and device plugin's mount (the H200 of CUDA-FACTS.md)
+    '/usr/local/nvidia/lib',
+    '/run/nvidia/driver/usr/lib/x86_64-linux-gnu',  # the GPU Operator's driver container root, seen from the host
+    '/run/nvidia/driver/usr/lib/aarch64-linux-gnu',
+    '/run/nvidia/driver/usr/lib64',
+    '/host/usr/lib/x86_64-linux-gnu',  # a pod that mounts the host's root at /host
+    '/host/usr/lib/aarch64-linux-gnu',
+    '/host/usr/lib64',
+    '/host/run/nvidia/driver/usr/lib/x86_64-linux-gnu',
+    '/host/run/nvidia/driver/usr/lib64',
+)
 
 
 class GpuProcess(NamedTuple):
@@ -86,6 +115,42 @@ def _check(lib: Any, rc: int, call: str) -> None:
         raise NvmlError(f'{call} returned {rc}' + (f' ({text})' if text else ''))
 
 
+def _decode(raw: bytes, count: int, size: int) -> tuple | None:
+    """The entries of raw read as count entries of size bytes, or None when that cannot be what the driver wrote: a
+    pid Linux cannot have, a charge no GPU can hold, an entry whose instance ids were never written, or bytes written
+    past the last entry (raw was filled with SENTINEL before the call)."""
+    if raw[count * size :].strip(SENTINEL):
+        return None
+    out = []
+    for i in range(count):
+        pid, used = ENTRY.unpack_from(raw, i * size)
+        if not 0 < pid <= PID_MAX_LIMIT or (used != VALUE_NOT_AVAILABLE and used > MAX_USED_BYTES):
+            return None
+        if not raw[i * size + 16 : i * size + 24].strip(SENTINEL):
+            return None
+        out.append(GpuProcess(pid, None if used == VALUE_NOT_AVAILABLE else used))
+    return tuple(sorted(out))
+
+
+def entries(raw: bytes, count: int) -> tuple:
+    """The processes of a _v3 answer of count entries in raw, whichever entry size the driver wrote (ENTRY_SIZES):
+    the one size whose entries are all plausible; NvmlError when none is, or when two sizes give different answers."""
+    if count * max(ENTRY_SIZES) > len(raw):
+        raise NvmlError(
+            f'nvmlDeviceGetComputeRunningProcesses_v3 reports {count} entries, more than it was given room for'
+        )
+    found = {size: _decode(raw, count, size) for size in ENTRY_SIZES}
+    answers = {v for v in found.values() if v is not None}
+    if len(answers) == 1:
+        return answers.pop()
+    if not answers:
+        pids = sorted({ENTRY.unpack_from(raw, i * size)[0] for size in ENTRY_SIZES for i in range(count)})[:8]
+        why = f'implausible entries (pids {pids}) with every entry size {ENTRY_SIZES}'
+    else:
+        why = f'entries that read differently with each entry size {ENTRY_SIZES}'
+    raise NvmlError(f'nvmlDeviceGetComputeRunningProcesses_v3 returned {why}: its answer is not trusted')
+
+
 def _processes(lib: Any, handle: Any) -> tuple:
     count = ctypes.c_uint(0)
     rc = lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), None)
@@ -93,15 +158,16 @@ def _processes(lib: Any, handle: Any) -> tuple:
         if count.value > MAX_PROCESSES:
             raise NvmlError(f'nvmlDeviceGetComputeRunningProcesses_v3 lists {count.value} processes')
         size = count.value + 8  # room for contexts created between the two calls
-        infos = (ProcessInfo * size)()
+        buf = (ctypes.c_ubyte * (size * max(ENTRY_SIZES)))()  # room for the larger entry: a driver writing 32 bytes
+        ctypes.memset(buf, SENTINEL[0], ctypes.sizeof(buf))
         count = ctypes.c_uint(size)
-        rc = lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), infos)
+        rc = lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), buf)
         if rc == SUCCESS:
-            out = [
-                GpuProcess(int(i.pid), None if i.usedGpuMemory == VALUE_NOT_AVAILABLE else int(i.usedGpuMemory))
-                for i in infos[: count.value]
-            ]
-            return tuple(sorted(out))
+            if count.value > size:
+                raise NvmlError(
+                    f'nvmlDeviceGetComputeRunningProcesses_v3 reports {count.value} entries in room for {size}'
+                )
+            return entries(bytes(buf), count.value)
     _check(lib, rc, 'nvmlDeviceGetComputeRunningProcesses_v3')
     return ()  # count 0: no context on this GPU
 
@@ -115,14 +181,59 @@ def _mig(lib: Any, handle: Any) -> bool:
     return bool(current.value)
 
 
-def read(load: Callable[[str], Any] = ctypes.CDLL) -> Reading:
-    """Every GPU NVML sees, with its compute processes; a Reading with error when NVML cannot be read."""
+def trusted(path: str, euid: int | None = None) -> str | None:
+    """Why the library file at path may not be loaded into this process, or None: it and every directory above it
+    (symbolic links resolved) must belong to root or euid, and no one else may write them (a sticky directory excepted:
+    no one else can replace what it holds that belongs to root or euid)."""
+    euid = os.geteuid() if euid is None else euid
+    real = os.path.realpath(path)
+    node = real
+    while True:
+        try:
+            st = os.lstat(node)
+        except OSError as exc:
+            return f'{node}: {exc.strerror}'
+        if node == real and not stat.S_ISREG(st.st_mode):
+            return f'{real} is not a regular file'
+        if st.st_uid not in (0, euid):
+            return f'{node} belongs to uid {st.st_uid}'
+        if st.st_mode & 0o022 and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return f'{node} may be written by others (mode {stat.S_IMODE(st.st_mode):o})'
+        parent = os.path.dirname(node)
+        if parent == node:
+            return None
+        node = parent
+
+
+def load_library(load: Callable[[str], Any], dirs: Iterable[str] = LIBRARY_DIRS) -> Any:
+    """NVML's library: from the loader path, else from the first of dirs that has a trusted one; OSError naming
+    every place tried when there is none."""
     try:
-        lib = load(LIBRARY)
+        return load(LIBRARY)
     except OSError as exc:
-        return Reading(
-            (), f'NVML cannot be loaded ({LIBRARY}: {exc}): no NVIDIA driver here, or not on the loader path'
-        )
+        tried = [f'the loader path: {exc}']
+    for d in dirs:
+        path = os.path.join(d, LIBRARY)
+        if not os.path.lexists(path):
+            continue
+        refusal = trusted(path)
+        if refusal is not None:
+            tried.append(f'{path} not loaded: {refusal}')
+            continue
+        try:
+            return load(path)
+        except OSError as exc:
+            tried.append(f'{path}: {exc}')
+    raise OSError('; '.join(tried) + f'; none in {", ".join(dirs)}')
+
+
+def read(load: Callable[[str], Any] = ctypes.CDLL, dirs: Iterable[str] = LIBRARY_DIRS) -> Reading:
+    """Every GPU NVML sees, with its compute processes; a Reading with error when NVML cannot be read or its answer is
+    not plausible."""
+    try:
+        lib = load_library(load, dirs)
+    except OSError as exc:
+        return Reading((), f'NVML cannot be loaded ({LIBRARY}: {exc}): no NVIDIA driver here, or not where drivers are')
     try:
         _check(lib, lib.nvmlInit_v2(), 'nvmlInit_v2')
     except (NvmlError, AttributeError) as exc:

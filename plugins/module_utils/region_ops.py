@@ -435,7 +435,7 @@ class RegionOps(Operation):
             before, self.snap.pid, expected, self.read_nvml, self.sleep, self.clock, GPU_SETTLE_TIMEOUT
         )
         self.outcome.gpu = freed
-        if freed.bytes is not None and freed.bytes < expected:
+        if freed.bytes is not None and not gpu.all_back(freed.bytes, expected):
             self.warn(
                 f'{expected} bytes of CUDA regions were unregistered, but NVML shows {freed.bytes} bytes back from the '
                 f'server after {freed.seconds}s (it charges the server {freed.after} bytes): a request still in flight '

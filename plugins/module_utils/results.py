@@ -93,7 +93,8 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
 
 def gpu_facts(snap: Snapshot, cuda: Sequence[dict]) -> list | None:
     """Per NVML GPU, what the CUDA rule read (snapshot.gpu): the server's NVML charge, the CUDA regions' bytes by state
-    (a region counts on the GPU whose index is its device_id), the processes with a CUDA context besides the server
+    (a region counts on the GPU its device_id is proven to name, its gpu_uuid; on none when that is not proven), the
+    processes with a CUDA context besides the server
     (its possible owners) and the zombies among them. None when the GPUs were not read (no CUDA region, the server not
     located, or outside the host's initial PID namespace)."""
     ev = snap.gpu
@@ -102,7 +103,7 @@ def gpu_facts(snap: Snapshot, cuda: Sequence[dict]) -> list | None:
     out = []
     for g in ev.reading.gpus:
         owners = ev.owners((g,))
-        mine = [r for r in cuda if r.get('device_id') == g.index]
+        mine = [r for r in cuda if r.get('gpu_uuid') == g.uuid]
         out.append(
             {
                 'index': g.index,

@@ -252,7 +252,8 @@ cuda_regions:
     - Every registered CUDA region (C(name), C(device_id), C(byte_size), and what else the server returns), with its
       possible owners and its state by the CUDA rule (docs/cuda.md).
     - V(stale) only when no process but the server and its own descendants has a CUDA context on the region's GPU, by
-      NVML's compute processes and by the /proc scan (a process that maps C(/dev/nvidia-uvm)); V(unknown) otherwise,
+      NVML's compute processes and by the /proc scan (a process that maps C(/dev/nvidia-uvm)), no zombie candidate is
+      there, and both signals see the server's own context on that GPU (the positive control); V(unknown) otherwise,
       also whenever NVML cannot be read, MIG or MPS is on, or the module runs outside the host's PID namespace.
   returned: always
   type: list
@@ -264,13 +265,22 @@ cuda_regions:
     holders:
       description:
         - The processes that may own the region (C(pid), C(comm), C(why), and C(container) for one in a container).
-        - A C(why) that starts with C(zombie) is a pid NVML lists that /proc no longer has. A descendant of that dead
+        - A C(why) that starts with C(zombie:) is a pid NVML lists that /proc no longer has. A descendant of that dead
           client keeps its context and memory alive. Stop it, and the region becomes stale.
+        - A C(why) that starts with C(zombie candidate) is a process that maps C(/dev/nvidiactl) without
+          C(/dev/nvidia-uvm) and that NVML does not list, as that descendant does (or a process that only counted the
+          GPUs). It keeps the region V(unknown).
       type: list
       elements: dict
       version_added: 0.3.0
     state: {description: "V(stale) or V(unknown), by the CUDA rule.", type: str}
     state_reason: {description: Why the region has its state., type: str}
+    gpu_uuid:
+      description:
+        - The UUID of the NVML GPU that C(device_id) is proven to name (docs/cuda.md) - the server reaches that one GPU,
+          or its C(CUDA_VISIBLE_DEVICES) gives the ordinal's GPU by UUID. Null when that is not proven.
+      type: str
+      version_added: 0.3.0
     reclaimable:
       description: >-
         Whether M(tritonops.shm.triton_shm_region) with O(tritonops.shm.triton_shm_region#module:kind=cuda) and
@@ -393,11 +403,13 @@ gpus:
         the server that imported it. Null when NVML does not say.
       type: int
     cuda_region_bytes:
-      description: "Bytes of the CUDA regions whose C(device_id) is this GPU's index, by state: C(stale) and C(unknown)."
+      description: >-
+        Bytes of the CUDA regions on this GPU (their RV(cuda_regions[].gpu_uuid) is its UUID), by state: C(stale) and
+        C(unknown). A region whose GPU is not proven counts on no GPU (the summary counts every region).
       type: dict
     context_holders:
-      description: The processes besides the server (and its descendants) with a CUDA context on this GPU, as
-        RV(cuda_regions[].holders) names them.
+      description: The processes besides the server (and its descendants) that may have a CUDA context on this GPU
+        (zombie candidates among them), as RV(cuda_regions[].holders) names them.
       type: list
       elements: dict
     zombies:

@@ -88,6 +88,26 @@ def server_proc():
 
 
 @pytest.fixture
+def cuda_server_proc(tmp_path, monkeypatch):
+    """server_proc as a CUDA context process (CUDA-FACTS.md, fact 11: tritonserver maps /dev/nvidia-uvm): it maps a
+    file that stands for the device, and gpu.UVM names that file, so the CUDA rule's positive control sees it."""
+    from ansible_collections.tritonops.shm.plugins.module_utils import gpu  # after sys.path is set above
+
+    uvm = tmp_path / 'nvidia-uvm'
+    uvm.write_bytes(bytes(4096))
+    monkeypatch.setattr(gpu, 'UVM', str(uvm).encode())
+    code = 'import mmap, sys, time; f = open(sys.argv[1], "r+b"); m = mmap.mmap(f.fileno(), 4096); print(1, flush=True)'
+    proc = subprocess.Popen([sys.executable, '-c', code + '; time.sleep(300)', str(uvm)], stdout=subprocess.PIPE)
+    try:
+        proc.stdout.readline()  # mapped
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+@pytest.fixture
 def shm(tmp_path):
     d = tmp_path / 'shm'
     d.mkdir()

@@ -477,20 +477,32 @@ def test_held_by_is_bounded():
 
 def test_cuda_series_are_bounded_by_device_and_state(promtool):
     """Issue 34, goal 3: GPU bytes of CUDA regions by (device, state), every state of a device with a region, and the
-    server's NVML charge per GPU; no series per region."""
+    server's NVML charge per GPU; no series per region. Issue 43, goal 2: both carry the GPU's UUID (empty where a
+    device is not proven to name one), to join DCGM's series."""
     result = info()
     result['cuda_regions'] = [
-        dict(name=f'r{i}', device_id=i % 2, byte_size=MIB, state='stale' if i < 3 else 'unknown') for i in range(50)
+        dict(
+            name=f'r{i}',
+            device_id=i % 2,
+            byte_size=MIB,
+            state='stale' if i < 3 else 'unknown',
+            gpu_uuid='GPU-0' if i % 2 == 0 else None,
+        )
+        for i in range(50)
     ]
     result['gpus'].append(dict(index=1, uuid='GPU-1', mig=False, server_bytes=None))
     text = metrics.report_text(result, 'gpu1', URL)
     check_metrics(promtool, text)
     found = samples(text)
     by = {
-        dict(k[1]).get('device') + '/' + dict(k[1]).get('state', ''): v
+        '/'.join(dict(k[1]).get(label, '') for label in ('device', 'uuid', 'state')): v
         for k, v in found.items()
         if k[0] == 'tritonops_shm_cuda_region_bytes'
     }
-    assert by == {'0/stale': 2 * MIB, '0/unknown': 23 * MIB, '1/stale': MIB, '1/unknown': 24 * MIB}
-    charged = {dict(k[1])['device']: v for k, v in found.items() if k[0] == 'tritonops_shm_gpu_server_bytes'}
-    assert charged == {'0': 583 * MIB}  # GPU 1: NVML did not say, no series
+    assert by == {'0/GPU-0/stale': 2 * MIB, '0/GPU-0/unknown': 23 * MIB, '1//stale': MIB, '1//unknown': 24 * MIB}
+    charged = {
+        (dict(k[1])['device'], dict(k[1])['uuid']): v
+        for k, v in found.items()
+        if k[0] == 'tritonops_shm_gpu_server_bytes'
+    }
+    assert charged == {('0', 'GPU-0'): 583 * MIB}  # GPU 1: NVML did not say, no series

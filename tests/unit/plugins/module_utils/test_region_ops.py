@@ -927,7 +927,7 @@ def test_a_re_register_of_a_region_in_use_says_it_kept_its_spec_and_what_to_do(s
     assert fake.regions['in0']['byte_size'] == KIB
 
 
-def test_cuda_absent_named_and_stale(shm, server_proc, monkeypatch):
+def test_cuda_absent_named_and_stale(shm, cuda_server_proc, monkeypatch):
     """stale=true takes a CUDA region only when the CUDA rule calls it stale (test_cuda_rule.py has the rule): not when
     NVML cannot be read, and yes when NVML lists no context but the server's on the GPU (a killed client's region,
     CUDA-FACTS.md fact 5). A name is unregistered whatever its state."""
@@ -936,19 +936,19 @@ def test_cuda_absent_named_and_stale(shm, server_proc, monkeypatch):
     )
     monkeypatch.setattr(nvml, 'read', lambda: nvml.Reading((), 'NVML cannot be loaded (no GPU here)'))
     warnings = []
-    ops = RegionOps(fake, params(shm, server_proc.pid, kind='cuda', stale=True), warn=warnings.append)
+    ops = RegionOps(fake, params(shm, cuda_server_proc.pid, kind='cuda', stale=True), warn=warnings.append)
     ops.absent()
     assert ops.result(finished=False)['changed'] is False and set(fake.cuda) == {'g', 'h'}
     assert any('leaves 2 CUDA region(s) that are not stale' in w and 'NVML cannot be loaded' in w for w in warnings)
-    only_the_server = nvml.Gpu(0, 0, 'GPU-0', False, (nvml.GpuProcess(server_proc.pid, 1606 << 20),))
+    only_the_server = nvml.Gpu(0, 0, 'GPU-0', False, (nvml.GpuProcess(cuda_server_proc.pid, 1606 << 20),))
     monkeypatch.setattr(nvml, 'read', lambda: nvml.Reading((only_the_server,)))
-    res = run(fake, shm, server_proc.pid, kind='cuda', stale=True)
+    res = run(fake, shm, cuda_server_proc.pid, kind='cuda', stale=True)
     assert res['unregistered'] == ['g', 'h'] and fake.cuda == {}
     fake.cuda['g'] = dict(name='g', device_id=0, byte_size=KIB)
     monkeypatch.setattr(nvml, 'read', lambda: nvml.Reading((), 'NVML cannot be loaded (no GPU here)'))
-    res = run(fake, shm, server_proc.pid, kind='cuda', name=['g'])
+    res = run(fake, shm, cuda_server_proc.pid, kind='cuda', name=['g'])
     assert res['unregistered'] == ['g'] and fake.cuda == {}
-    assert run(fake, shm, server_proc.pid, kind='cuda', name=['g'])['changed'] is False
+    assert run(fake, shm, cuda_server_proc.pid, kind='cuda', name=['g'])['changed'] is False
 
 
 def test_a_cuda_run_reads_the_server_and_holds_its_lock_like_system_memory(shm, server_proc, tmp_path):
