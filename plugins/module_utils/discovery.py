@@ -555,7 +555,7 @@ class _Tracer:
         return self._listeners.get(port, set())
 
     def owners(self, ns: int | None, sock: TcpSocket) -> Iterator[int]:
-        """Pids in namespace ns that have the socket open, likely ones first (a forked forwarder may share it for a moment).
+        """Pids that have the socket of namespace ns open (a forwarder may hold it from another one), likely ones first.
 
         The order only changes how soon an owner is found, never which: the hints first, then every
         process in pid order; a process holding the listener of the socket's port (a forking forwarder's
@@ -585,9 +585,10 @@ class _Tracer:
                     stale.append(pid)
                 mine = self.inodes(pid)
                 if sock.inode in mine:
-                    if netns_inode(pid, self.proc) == ns:
-                        found = True
-                        yield pid
+                    # an owner may live in another network namespace than its socket: rootless podman's rootlessport
+                    # holds the host's listening socket (made there, passed to it) from the container's namespace
+                    found = True
+                    yield pid
                 elif listeners & mine:
                     pending.extend(reversed(child_pids(pid, self.proc)))
             if found or not stale:
@@ -660,6 +661,10 @@ class _Trace:
         if hop >= self.max_hops:
             self.dead_ends.append(f'gave up after {hop} forwarding hops at {who}')
             return False
+        # a forwarder connects onward from its own network namespace (rootlessport: the container's), which need not
+        # be its accepted socket's
+        own = netns_inode(pid, self.tracer.proc)
+        ns = own if own is not None else ns
         onward = self.tracer.outgoing(ns, pid, sock.inode)
         if not onward:
             self.dead_ends.append(
