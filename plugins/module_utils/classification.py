@@ -49,6 +49,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     REGISTERED,
     RESERVED,
     STALE,
+    SUSPECT,
     UNKNOWN,
 )
 
@@ -137,6 +138,7 @@ class RegionFacts(NamedTuple):
     server_known: bool = False
     reserved: bool = False  # its mark names this region
     ambiguous: str | None = None  # why the file that backs it cannot be told (several files of its name)
+    backend: str | None = None  # what makes the backing file one of Triton's own backend files (a pool), if it is
 
 
 def region_state(f: RegionFacts) -> tuple[str, str]:
@@ -154,6 +156,12 @@ def region_state(f: RegionFacts) -> tuple[str, str]:
         return DANGLING, f'backing file {f.path} is missing' + (' (still mapped by a client)' if f.holders else '')
     if f.file_type != 'file':
         return UNKNOWN, f'backing path is a {f.file_type}, not a regular file'
+    if f.backend is not None:
+        return SUSPECT, (
+            f"its key is {f.backend}: a client has no business registering Triton's own pool (step 2 of the 2025 "
+            'attack chain; Triton 25.07 and later refuse it). Never healthy, never stale: unregistered only when asked '
+            '(suspect: true), and the pool file stays'
+        )
     if f.holders:
         return HEALTHY, 'held by ' + holders_mod.holders_text(f.holders)
     if not f.holders_complete:
@@ -197,10 +205,14 @@ def _idents(keys: Iterable[tuple]) -> str:
     return ', '.join(f'inode {ino} on {os.major(dev)}:{os.minor(dev)}' for dev, ino in keys)
 
 
-def region_record(snap: Snapshot, region: dict) -> dict:
-    """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable."""
+def region_record(snap: Snapshot, region: dict, backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS) -> dict:
+    """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable.
+
+    backend_patterns: the names of Triton's own backend files (Criteria.backend_patterns): a region whose existing
+    regular file is one of them is suspect.
+    """
     rec = dict(region)
-    file = key_error = path = file_type = None
+    file = key_error = path = file_type = backend = None
     holders: list = []
     reserved = False
     ambiguous = None
@@ -227,6 +239,9 @@ def region_record(snap: Snapshot, region: dict) -> dict:
                 if file_type == 'file':
                     holders = snap.client_holders(e['dev'], e['inode'])
                     reserved = snap.marks.get(name) == region.get('name')
+                    if matches(name, backend_patterns):
+                        owner = shm_fs.backend_of(name) or 'python'
+                        backend = f"{path}, a file of Triton's {owner} backend"
                 if unlinked:
                     ambiguous = (
                         f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
@@ -251,6 +266,7 @@ def region_record(snap: Snapshot, region: dict) -> dict:
             snap.pid is not None,
             reserved,
             ambiguous,
+            backend,
         )
     )
     rec['reclaimable'] = reclaimable(snap, rec)
@@ -386,10 +402,15 @@ def file_category(
     """
     if e['type'] != 'file':
         return FOREIGN, f'not a regular file ({e["type"]})'
+    if matches(e['name'], criteria.backend_patterns):
+        if regions:
+            return BACKEND, (
+                f"Triton's own backend file, registered as region(s) {', '.join(regions)} (suspect): never an orphan, "
+                'never a leftover while registered'
+            )
+        return backend_category(e, all_holders, holders_complete, criteria.min_age)
     if regions:
         return REGISTERED, f'backs region(s) {", ".join(regions)}'
-    if matches(e['name'], criteria.backend_patterns):
-        return backend_category(e, all_holders, holders_complete, criteria.min_age)
     if all_holders:
         return IN_USE, 'held by ' + holders_mod.holders_text(all_holders)
     software = shm_fs.other_software(e['name'])
@@ -537,7 +558,7 @@ def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
     """
     if snap.shm_unsupported is not None:
         criteria = dataclasses.replace(criteria, orphan_patterns=())
-    regions = [region_record(snap, r) for r in snap.system]
+    regions = [region_record(snap, r, criteria.backend_patterns) for r in snap.system]
     cuda = [cuda_record(snap, r) for r in snap.cuda]
     by_path = _regions_by_path(regions)
     files = [file_record(snap, e, by_path, criteria) for e in snap.entries]

@@ -36,7 +36,7 @@ IN_USE_TIMEOUT = 10
 SAFE_UNREGISTER_VERSION = (2, 50)
 
 # The options that select what state=absent acts on (one of them is required).
-SELECTORS = ('stale', 'reserved', 'all', 'orphan_files', 'backend_leftovers')
+SELECTORS = ('stale', 'reserved', 'suspect', 'all', 'orphan_files', 'backend_leftovers')
 
 Unaddressable = Callable[[str], 'str | None']  # client.unaddressable: why the client cannot address a name, or None
 
@@ -444,6 +444,7 @@ def _wanted(p: dict, rec: dict) -> bool:
         or rec['name'] in (p['name'] or ())
         or (p['stale'] and rec['reclaimable'])
         or (p.get('reserved') and rec['state'] == vocabulary.RESERVED)
+        or (p.get('suspect') and rec['state'] == vocabulary.SUSPECT)
     )
 
 
@@ -544,6 +545,10 @@ def _keep_file_reason(
 ) -> str | None:
     """Why the backing file of a selected region must stay, or None."""
     path = f['path']
+    if rec['state'] == vocabulary.SUSPECT:
+        return (
+            "Triton's own backend file (the region was suspect): kept, backend_leftovers takes it once nobody holds it"
+        )
     if path in kept_paths:
         return 'also backs a region that stays registered'
     if f.get('type') != 'file':

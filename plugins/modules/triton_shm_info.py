@@ -12,8 +12,8 @@ description:
   - Reads, and never changes, everything an operator needs to repair leaked Triton shared memory in one call.
   - The server's metadata and health (C(GET /v2), C(/v2/health/live), C(/v2/health/ready)).
   - Every registered system region (C(GET /v2/systemsharedmemory/status)) joined with its backing file in the server's
-    C(/dev/shm) and the processes that map or hold that file, classified C(healthy), C(stale), C(reserved), C(dangling) or
-    C(unknown).
+    C(/dev/shm) and the processes that map or hold that file, classified C(healthy), C(stale), C(reserved), C(dangling),
+    C(unknown) or C(suspect).
   - Every registered CUDA region (C(GET /v2/cudasharedmemory/status)).
   - Every entry of the server's shm directory, classified C(registered), C(backend), C(leftover), C(in_use), C(orphan) or
     C(foreign).
@@ -232,6 +232,8 @@ system_regions:
           this region, and no holder but the server. Desired state, never stale; C(healthy) once a client maps it."
         - C(dangling) registered, backing file missing.
         - C(unknown) holders or file could not be determined.
+        - "C(suspect) its key is one of Triton's own backend files (a python backend pool): an attack (Triton 25.07 and later
+          refuse such a registration). Never healthy, never stale; the file stays C(backend)."
       type: str
       sample: stale
     state_reason: {description: Why the state was chosen., type: str}
@@ -440,6 +442,8 @@ summary:
     stale_bytes: {description: "Shm bytes occupied by stale regions' files, each file counted once.", type: int}
     dangling_regions: {description: Dangling regions., type: int}
     unknown_regions: {description: Regions in state unknown., type: int}
+    suspect_regions: {description: "Regions in state C(suspect): registered on one of Triton's own backend files.", type: int,
+      version_added: 0.3.0}
     registered_files: {description: Files backing regions., type: int}
     backend_files: {description: "Python-based backends' files that are held (or may be): category C(backend).", type: int}
     backend_bytes: {description: Shm bytes occupied by C(backend) files., type: int, version_added: 0.2.0}

@@ -141,6 +141,16 @@ options:
     type: bool
     default: false
     version_added: 0.2.0
+  suspect:
+    description:
+      - With O(state=absent), select every C(suspect) region: one whose key is one of Triton's own backend files (a python
+        backend pool, C(triton_*_backend_shm_region_*) or a configured backend pattern). Registering Triton's own pool was
+        step 2 of the 2025 attack chain; Triton 25.07 and later refuse it, 2.51 accepts it.
+      - O(stale=true) never selects them. The pool file is never removed by this: it stays the backend's (while any process
+        holds it), and O(backend_leftovers=true) takes it once nobody does.
+    type: bool
+    default: false
+    version_added: 0.3.0
   all:
     description:
       - With O(state=absent), select every registered region of O(kind), live clients' too. Never a default.
@@ -508,6 +518,7 @@ def main() -> None:
         device_id=dict(type='int'),
         stale=dict(type='bool', default=False),
         reserved=dict(type='bool', default=False),
+        suspect=dict(type='bool', default=False),
         all=dict(type='bool', default=False),
         orphan_files=dict(type='bool', default=False),
         backend_leftovers=dict(type='bool', default=False),

@@ -15,7 +15,7 @@ the steps this run took into ``shm_cleanup_result``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -34,6 +34,7 @@ SUMMARY_KEYS = (
     'reserved_regions',
     'dangling_regions',
     'unknown_regions',
+    'suspect_regions',
     'orphan_files',
     'orphan_bytes',
     'backend_files',
@@ -134,8 +135,11 @@ def _decision(threshold: dict, absent: dict, threshold_percent: Any) -> str:
     )
 
 
-def _role_skips(regions: list[dict], reregister_names: list[str], mode: str, names: list[str]) -> list[dict]:
-    """Regions the role leaves alone that the region module's selection does not name, with the module's classification."""
+def _role_skips(
+    regions: list[dict], reregister_names: list[str], mode: str, names: list[str], taken: Collection[str] = ()
+) -> list[dict]:
+    """Regions the role leaves alone that the region module's selection does not name, with the module's classification
+    (taken: the regions this run unregistered)."""
     out = []
     for r in regions:
         name, state = r['name'], r.get('state')
@@ -149,6 +153,10 @@ def _role_skips(regions: list[dict], reregister_names: list[str], mode: str, nam
             out.append(dict(name=name, reason='dangling, but its holders could not be fully determined'))
         elif state == 'unknown':
             out.append(dict(name=name, reason=f'state unknown: {r.get("state_reason") or ""}'))
+        elif state == 'suspect' and name not in taken:
+            out.append(
+                dict(name=name, reason=f'suspect: {r.get("state_reason") or ""} (shm_cleanup_suspect unregisters it)')
+            )
         elif mode == 'names' and state in ('stale', 'dangling') and name not in names:
             out.append(dict(name=name, reason='not selected (shm_cleanup_mode=names)'))
     return out
@@ -243,7 +251,7 @@ def shm_cleanup(
     skipped = [
         s for s in absent.get('skipped_items') or [] if s.get('name') is None or s['name'] not in reregister_names
     ]
-    skipped += _role_skips(regions, reregister_names, mode, shm_list(names))
+    skipped += _role_skips(regions, reregister_names, mode, shm_list(names), done['unregistered'])
     skipped += [dict(s, kind='cuda') for s in cuda.get('skipped_items') or []]
     after = (
         ran['after'] if present and ran['after'] and ran['after'].get('summary') is not None else absent.get('after')

@@ -233,6 +233,17 @@ RESULTS = [
         },
     ),
     (
+        'suspect-left-with-its-reason-unless-unregistered',
+        info(
+            [region('evil', 'suspect', state_reason='its key is a pool'), region('evil2', 'suspect', state_reason='x')]
+        ),
+        {},
+        dict(absent=dict(unregistered=['evil2'])),
+        'ok',
+        True,
+        {'evil': 'suspect: its key is a pool (shm_cleanup_suspect unregisters it)'},
+    ),
+    (
         'dangling-unresolved',
         info([region('d', 'dangling', reclaimable=False)]),
         {},

@@ -236,7 +236,15 @@ def test_ok_host_bar_counts_regions_and_orphans():
     assert (legend['data-used'], legend['data-total']) == (str(16 * MIB), str(64 * MIB))
     assert '16.0 MiB used of 64.0 MiB (25.0%)' in page and 'registered 10.0 MiB; stale 8.0 MiB; orphan 1.0 MiB' in page
     counts = re.findall(r'<div(?: class="hot")? data-state="(\w+)"><dt>\w+</dt><dd>(\d+)</dd>', page)
-    assert dict(counts) == {'healthy': '1', 'stale': '1', 'reserved': '0', 'dangling': '1', 'unknown': '0', 'cuda': '1'}
+    assert dict(counts) == {
+        'healthy': '1',
+        'stale': '1',
+        'reserved': '0',
+        'dangling': '1',
+        'unknown': '0',
+        'suspect': '0',
+        'cuda': '1',
+    }
     assert [a['data-state'] for a in dom.find('div', class_='hot')] == ['stale', 'dangling']
     # regions: the ones that need attention first; holders by name and pid
     assert [(a['data-region'], a['data-state']) for a in dom.find('tr') if 'data-region' in a] == [
