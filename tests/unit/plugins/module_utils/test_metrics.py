@@ -199,7 +199,7 @@ def test_label_values_are_escaped(promtool, host, url):
     assert samples(text)['_hosts'] == {(expected, url)}
     assert (
         len([line for line in text.splitlines() if not line.startswith('#')]) == 28
-    )  # tritonops_shm_holders_complete included; 6 region states; the CUDA series: 2 states of device 0 and the server's GPU charge
+    )  # holders_complete included; 6 region states; the CUDA series: 2 states of device 0 and the server's GPU charge
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
