@@ -125,6 +125,7 @@ class HolderScan:
         self.processes = 0
         self.deleted: dict[str, FileKey] = {}  # files the server maps although they were unlinked (scan(deleted_of=))
         self.deleted_all: dict[str, list[FileKey]] = {}  # the same, every file of each name (names can repeat)
+        self.deleted_bytes: dict[FileKey, int] = {}  # what each of those files occupies (deleted_sizes), when known
         self.hidden = False  # /proc mounted with hidepid and we are not root
         self.hidden_reason: str | None = None
         self.visibility = visibility  # the visibility rule for the proc that was read
@@ -431,6 +432,8 @@ def scan(
             pass  # read again, and judged, in the pass itself
         result.deleted_all = parse_deleted_all(first.get(deleted_of, b''), deleted_prefix)
         result.deleted = {name: found[-1] for name, found in result.deleted_all.items()}
+        if result.deleted_all:
+            result.deleted_bytes = deleted_sizes(deleted_of, first.get(deleted_of, b''), deleted_prefix, proc)
         for found in result.deleted_all.values():
             keys.update(found)
     if not keys:
@@ -440,6 +443,32 @@ def scan(
     for pid in list_pids(proc):
         _scan_process(result, pid, wanted, proc, counted, first.pop(pid, None))
     return result
+
+
+def deleted_sizes(pid: int, data: bytes, path_prefix: str = '/dev/shm/', proc: str = '/proc') -> dict[FileKey, int]:
+    """{(dev, ino): bytes it occupies} of the unlinked files under path_prefix that pid's maps text (bytes) shows:
+    each one's first mapping stat'ed through /proc/PID/map_files/START-END (root only; a file not reachable is left
+    out). An unlinked file no longer has a name to stat, yet the memory stays in the filesystem's use until its last
+    mapping goes: the memory of a dangling region."""
+    out: dict[FileKey, int] = {}
+    prefix = os.fsencode(path_prefix)
+    for line in data.split(b'\n'):
+        if not line.endswith(b' (deleted)'):
+            continue
+        fields = line.split(None, 5)
+        if len(fields) != 6 or not fields[5].startswith(prefix):
+            continue
+        major, minor = fields[3].split(b':')
+        key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+        if key in out:
+            continue
+        try:
+            st = os.stat(f'{proc}/{pid}/map_files/{fields[0].decode("ascii")}')
+        except (OSError, UnicodeDecodeError):
+            continue
+        if (st.st_dev, st.st_ino) == key:
+            out[key] = st.st_blocks * 512
+    return out
 
 
 def deleted_mappings(pid: int, path_prefix: str = '/dev/shm/', proc: str = '/proc') -> dict[str, FileKey]:

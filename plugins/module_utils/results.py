@@ -14,16 +14,15 @@ from collections.abc import Sequence
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records, pool_records
 from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
-    BACKEND,
     CUDA_STATES,
+    DANGLING,
     FILE_CATEGORIES,
-    LEFTOVER,
-    ORPHAN,
     REGION_STATES,
-    STALE,
     cuda_bytes_key,
     cuda_count_key,
+    file_bytes_key,
     file_count_key,
+    region_bytes_key,
     region_count_key,
 )
 
@@ -55,7 +54,7 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
         'backend_pools': pool_records(snap, files),
         'gpus': gpu_facts(snap, cuda),
         'gpu_error': snap.gpu.reading.error if snap.gpu is not None else None,
-        'summary': summarize(regions, cuda, files, fs),
+        'summary': summarize(regions, cuda, files, fs, deleted_bytes(snap)),
         'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
         'holders_complete': snap.holders_complete,
         'holders_incomplete_reason': snap.holders_incomplete_reason,
@@ -64,12 +63,30 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
     }
 
 
-# the file categories whose bytes the summary adds up (``<category>_bytes``), beside the count of every category
-BYTES_OF_CATEGORIES = (BACKEND, LEFTOVER, ORPHAN)
+def deleted_bytes(snap: Snapshot) -> dict | None:
+    """{(dev, ino): bytes} of the files the server maps although they were unlinked (holders.deleted_sizes), or None
+    when the server's maps were not read."""
+    if snap.scan is None or snap.pid is None:
+        return None
+    return snap.scan.deleted_bytes
 
 
-def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dict], fs: dict | None) -> dict:
-    """The counts of a result: every region state and file category of vocabulary.py (in its order), and bytes."""
+def summarize(
+    regions: Sequence[dict],
+    cuda: Sequence[dict],
+    files: Sequence[dict],
+    fs: dict | None,
+    deleted: dict | None = None,
+) -> dict:
+    """The counts of a result: every region state and file category of vocabulary.py (in its order), and bytes.
+
+    Bytes (what each occupies in the filesystem, allocated blocks): ``<state>_bytes`` of every region state (each file
+    once; a dangling region's are the server's unlinked mappings, deleted), ``<category>_bytes`` of every file
+    category, ``files_bytes`` of every listed file, ``unlinked_mapped_bytes`` of the files the server maps although
+    they were unlinked (deleted: {(dev, ino): bytes}; None when not read), and ``other_bytes``: what the filesystem
+    says is used beyond those two (another process's unlinked files, the filesystem's own blocks), so that
+    files_bytes + unlinked_mapped_bytes + other_bytes = used_bytes.
+    """
 
     def file_bytes(rec: dict) -> int:
         f = rec.get('file') or {}
@@ -78,16 +95,29 @@ def summarize(regions: Sequence[dict], cuda: Sequence[dict], files: Sequence[dic
     summary = {'system_regions': len(regions), 'cuda_regions': len(cuda)}
     for state in REGION_STATES:
         summary[region_count_key(state)] = sum(1 for r in regions if r.get('state') == state)
-    summary['stale_bytes'] = sum({r['file']['path']: file_bytes(r) for r in regions if r['state'] == STALE}.values())
+    unlinked = sum((deleted or {}).values())
+    for state in REGION_STATES:
+        if state == DANGLING:
+            summary[region_bytes_key(state)] = unlinked if any(r.get('state') == state for r in regions) else 0
+            continue
+        summary[region_bytes_key(state)] = sum(
+            {r['file']['path']: file_bytes(r) for r in regions if r.get('state') == state and r.get('file')}.values()
+        )
     for state in CUDA_STATES:  # GPU memory: each CUDA region is its own allocation
         summary[cuda_count_key(state)] = sum(1 for r in cuda if r.get('state') == state)
         summary[cuda_bytes_key(state)] = sum(int(r.get('byte_size') or 0) for r in cuda if r.get('state') == state)
     for category in FILE_CATEGORIES:
         summary[file_count_key(category)] = sum(1 for f in files if f.get('category') == category)
-        if category in BYTES_OF_CATEGORIES:
-            summary[f'{category}_bytes'] = sum(f['allocated_bytes'] for f in files if f['category'] == category)
+        summary[file_bytes_key(category)] = sum(f.get('allocated_bytes', 0) for f in files if f['category'] == category)
     for key in ('used_bytes', 'total_bytes', 'used_percent'):
         summary[key] = fs[key] if fs else None
+    summary['files_bytes'] = sum(f.get('allocated_bytes', 0) for f in files)
+    summary['unlinked_mapped_bytes'] = None if deleted is None else unlinked
+    summary['other_bytes'] = (
+        None
+        if not fs or deleted is None
+        else max(0, fs['used_bytes'] - summary['files_bytes'] - summary['unlinked_mapped_bytes'])
+    )
     return summary
 
 

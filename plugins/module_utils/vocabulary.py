@@ -55,6 +55,16 @@ def file_count_key(category: str) -> str:
     return f'{category}_files'
 
 
+def region_bytes_key(state: str) -> str:
+    """The summary key of the bytes the files of the regions in state occupy (``stale`` → ``stale_bytes``)."""
+    return f'{state}_bytes'
+
+
+def file_bytes_key(category: str) -> str:
+    """The summary key of the bytes the files of category occupy (``orphan`` → ``orphan_bytes``)."""
+    return f'{category}_bytes'
+
+
 def cuda_count_key(state: str) -> str:
     """The summary key that counts the CUDA regions in state (``stale`` → ``cuda_stale_regions``)."""
     return f'cuda_{state}_regions'

@@ -456,6 +456,37 @@ summary:
     used_bytes: {description: Used bytes of the shm filesystem., type: int}
     total_bytes: {description: Size of the shm filesystem., type: int}
     used_percent: {description: Percent used., type: float}
+    healthy_bytes: {description: "Shm bytes of the healthy regions' files, each file once.", type: int, version_added: 0.3.0}
+    reserved_bytes: {description: "Shm bytes of the reserved regions' files, each file once.", type: int, version_added: 0.3.0}
+    dangling_bytes:
+      description: "Shm bytes the server still maps for dangling regions: its unlinked files (their memory stays used
+        until the region is unregistered). 0 without dangling regions."
+      type: int
+      version_added: 0.3.0
+    unknown_bytes: {description: "Shm bytes of the files of regions in state C(unknown).", type: int, version_added: 0.3.0}
+    suspect_bytes: {description: "Shm bytes of the files of C(suspect) regions (Triton's own pools).", type: int,
+      version_added: 0.3.0}
+    registered_bytes: {description: Shm bytes occupied by files that back regions., type: int, version_added: 0.3.0}
+    in_use_bytes: {description: Shm bytes occupied by held unregistered files., type: int, version_added: 0.3.0}
+    foreign_bytes: {description: "Shm bytes occupied by C(foreign) files (other software's, never touched).", type: int,
+      version_added: 0.3.0}
+    files_bytes:
+      description: Shm bytes occupied by every listed file (the sum of the categories' bytes).
+      type: int
+      version_added: 0.3.0
+    unlinked_mapped_bytes:
+      description:
+        - Shm bytes of files the server maps although they were unlinked (dangling regions' memory), measured through
+          C(/proc/PID/map_files). None when the server's mappings were not read.
+      type: int
+      version_added: 0.3.0
+    other_bytes:
+      description:
+        - "What the filesystem says is used beyond the listed files and the server's unlinked mappings (another process's
+          unlinked files, the filesystem's own blocks), so that C(files_bytes + unlinked_mapped_bytes + other_bytes = used_bytes).
+          None when either is not known."
+      type: int
+      version_added: 0.3.0
 unreadable_processes:
   description:
     - Processes that could hold a file but whose /proc entries could not be read (the module does not run as root).

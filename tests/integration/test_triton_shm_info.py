@@ -664,3 +664,22 @@ def test_report_as_a_user_who_cannot_read_the_shm_dir_is_incomplete_never_ok(tmp
     assert any(line.strip().strip('",').split()[:2] == ['t1', 'incomplete'] for line in proc.stdout.splitlines()), (
         proc.stdout
     )
+
+
+def test_every_byte_of_the_shm_directory_is_explained(triton):
+    """Issue 42, goal 1: bytes for every region state and file category, and the categories add up to what the
+    filesystem says is used, the rest named: a live, a killed and a dangling client (its file unlinked, still mapped by
+    the server), the python backend's pool, an orphan-shaped file and a foreign one."""
+    triton.client('live', byte_size=2 * MIB)
+    triton.leak('dead', byte_size=3 * MIB)
+    triton.leak('gone', byte_size=4 * MIB, keep_file=False)
+    triton.write_file('postgres_shm_1', 5 * MIB)
+    info = ansible_helpers.run_module(INFO, dict(url=triton.url))
+    s = info['summary']
+    assert s['healthy_bytes'] == 2 * MIB and s['stale_bytes'] == 3 * MIB, s
+    assert s['dangling_bytes'] == 4 * MIB == s['unlinked_mapped_bytes'], s
+    assert s['foreign_bytes'] >= 5 * MIB and s['registered_bytes'] == 5 * MIB, s
+    categories = sum(s[c + '_bytes'] for c in ('registered', 'backend', 'leftover', 'in_use', 'orphan', 'foreign'))
+    assert categories == s['files_bytes'] == sum(f['allocated_bytes'] for f in info['files'])
+    assert s['files_bytes'] + s['unlinked_mapped_bytes'] + s['other_bytes'] == s['used_bytes'], s
+    assert s['other_bytes'] < 64 * 1024, 'nothing else uses this private /dev/shm: at most a few pages'
