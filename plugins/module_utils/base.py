@@ -179,6 +179,7 @@ def run_module_main(
         }
         if on_failure is not None:
             result.update(on_failure(result))
+        time_limit.stop()  # the result is written: no alarm may interrupt it (a second, broken answer)
         module.fail_json(**result)
 
 
@@ -251,7 +252,9 @@ def run_operation(
     """Run op as the module's call: exit_json with its result, or fail_json with the message and what was done."""
 
     def body() -> None:
-        module.exit_json(**run_steps(op, module.check_mode, finish))
+        result = run_steps(op, module.check_mode, finish)
+        time_limit.stop()  # the result is written: no alarm may interrupt it (a second, broken answer)
+        module.exit_json(**result)
 
     def partial() -> dict:
         return {} if op.outcome is None else op.result(op.outcome, finished=False)

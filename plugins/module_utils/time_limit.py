@@ -57,8 +57,8 @@ def _expired(signum: int, frame: Any) -> None:  # noqa: ARG001  pylint: disable=
 def start(seconds: float | None) -> None:
     """Fix the call's deadline seconds from now (None or 0: no limit) and arm the alarm that enforces it."""
     global _deadline, _limit  # pylint: disable=global-statement
+    stop()
     if not seconds or seconds <= 0:
-        _deadline = _limit = None
         return
     _limit = float(seconds)
     _deadline = time.monotonic() + _limit
@@ -67,8 +67,10 @@ def start(seconds: float | None) -> None:
 
 
 def stop() -> None:
-    """No limit any more: the alarm disarmed (tests, and a caller done with its limited work)."""
+    """No limit any more: the alarm disarmed (the call's result is being written; tests). Nothing when none was set."""
     global _deadline, _limit  # pylint: disable=global-statement
+    if _limit is None:
+        return
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     _deadline = _limit = None

@@ -38,6 +38,9 @@ class SlowFake:
     """A slow fake tritonserver, a process of its own on 127.0.0.1; stopped by its pid."""
 
     def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
         self.port = tritonrig.free_port()
         self.proc = subprocess.Popen(
             [PYTHON, FAKE, '--http-port', str(self.port), '--delay', str(DELAY), 'fake_region'],
@@ -49,11 +52,20 @@ class SlowFake:
         self.pid = self.proc.pid
         self.url = f'http://127.0.0.1:{self.port}'
 
-    def ready(self) -> None:
-        line = self.proc.stdout.readline().strip()
-        if line != 'READY':
+    def ready(self, tries: int = 5) -> None:
+        """Wait for READY; a port taken meanwhile (an outgoing connection's, between free_port and the bind) is
+        tried again with another, tries times at most."""
+        for _ in range(tries):
+            line = self.proc.stdout.readline().strip()
+            if line == 'READY':
+                return
             self.proc.kill()
-            raise AssertionError(f'fake did not start: {line!r} {self.proc.stderr.read()[-2000:]}')
+            error = self.proc.stderr.read()[-2000:]
+            self.proc.wait()
+            if 'Address already in use' not in error:
+                break
+            self._start()
+        raise AssertionError(f'fake did not start: {line!r} {error}')
 
     def stop(self) -> None:
         self.proc.kill()
@@ -140,7 +152,7 @@ def test_slow_fakes_before_a_real_leak_hold_no_round(n, tmp_path):
         server.leak('dead_before', byte_size=1 << 20)
         batches = -(-(n + 1) // WORKERS)
         watch = Watch(server, 'dead_before')
-        res, took = run_round(select, state, tmp, round_timeout=batches * (BOUND + 10), timeout=600)
+        res, took = run_round(select, state, tmp, round_timeout=batches * (BOUND + 15), timeout=600)
         first = watch.stop()
         left = module_processes(tmp)
         assert left == [], left  # every module of a timed-out step stopped by itself
@@ -154,8 +166,9 @@ def test_slow_fakes_before_a_real_leak_hold_no_round(n, tmp_path):
             remembered = json.load(f)['servers']
         assert len(remembered) == n and all(f.url in ' '.join(remembered) for f in fakes), remembered
         print(f'FIGURE round_cold_{n}: the round took {took:.1f}s, the leak went after {first:.1f}s')
-        # every fake costs at most its bound, a batch of WORKERS at a time (0.2.x: n * 2 bounds, one after the other)
-        assert took < batches * (BOUND + 10), took
+        # every fake costs at most its bound, a batch of WORKERS at a time (0.2.x: n * 2 bounds, one after the other;
+        # 72 s for 4, 364 s for 20), plus Ansible's own work per batch on a loaded machine
+        assert took < batches * (BOUND + 15), took
 
         # the next round: the fakes failed, they go last; a leak made now goes within one bound plus the real work
         server.leak('dead_after', byte_size=1 << 20)
@@ -166,9 +179,9 @@ def test_slow_fakes_before_a_real_leak_hold_no_round(n, tmp_path):
         assert 'dead_after' not in server.system_regions(), (res.stdout[-4000:], res.stderr[-3000:])
         assert 'dead_after' not in server.shm_files()
         print(f'FIGURE round_warm_{n}: the round took {took:.1f}s, the leak went after {second:.1f}s')
-        assert second is not None and second < BOUND + 10, second
+        assert second is not None and second < BOUND + 12, second  # 0.2.x: 38 s for 4, 196 s for 20
         # the round's own deadline: the fakes it did not reach are named, and it ends near it
-        assert took < 2 * BOUND + 10 + 25, took
+        assert took < 2 * BOUND + 10 + 40, took
         text = res.task(FAILED, 'node1')['msg']
         if n > WORKERS:
             assert "not reached before the round's deadline" in text, text
