@@ -159,6 +159,24 @@ options:
     version_added: 0.2.0
 """
 
+    # The call's own time limit (argument spec: module_utils/base.py, time_limit_argument_spec; module_utils/time_limit.py)
+    TIME_LIMIT = r"""
+options:
+  time_limit:
+    description:
+      - Seconds this call may take as a whole. The module keeps this deadline itself. Each request to Triton is bounded
+        by the time left (its O(timeout), or less), no request is sent once it has passed, and at the deadline the call
+        stops where it is and fails with what it did so far. A call still running 2 seconds later exits at once.
+      - "Ansible's task keyword C(timeout) only stops waiting for a module, which then goes on by itself: give
+        O(time_limit) a little below the task's C(timeout) (the role tritonops.shm.shm_cleanup does, from
+        C(shm_cleanup_task_timeout))."
+      - Stopping part-way is safe. A cleanup marks its files before it unregisters their regions, so the next run
+        converges, as after a kill (docs/concepts.md).
+      - Not set (the default), no limit but O(timeout) per request.
+    type: float
+    version_added: 0.3.0
+"""
+
     # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)
     METRICS = r"""
 options:

@@ -8,11 +8,23 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.node_agent import triton_node_agent
+from ansible_collections.tritonops.shm.plugins.plugin_utils.node_agent import (
+    node_agent_deadline,
+    node_agent_queue,
+    node_agent_state,
+    node_agent_time_left,
+    triton_node_agent,
+)
 
 
 class FilterModule:
     """tritonops.shm filters."""
 
     def filters(self) -> dict:
-        return {'triton_node_agent': triton_node_agent}
+        return {
+            'triton_node_agent': triton_node_agent,
+            '_node_agent_deadline': node_agent_deadline,
+            '_node_agent_time_left': node_agent_time_left,
+            '_node_agent_queue': node_agent_queue,
+            '_node_agent_state': node_agent_state,
+        }

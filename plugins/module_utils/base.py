@@ -15,6 +15,8 @@ Private to the tritonops.shm collection: no stability promise to other code.
 - Operation and run_operation(): the one way a module runs, read -> plan -> execute -> result. The plan is
   pure, check mode is one branch (``preview`` instead of ``execute``), and the result is formatted from an
   explicit outcome object, also after a failure part-way (the work already done).
+- time_limit_argument_spec(): the call's own deadline (doc fragment tritonops.shm.triton.time_limit), started by
+  make_client() (time_limit.py): its requests are bounded by the time left, and the call stops by itself at it.
 - run_module_main(): the one place where a TritonOpsError becomes fail_json: ``msg`` always, the
   ``failure`` of a TritonError (url, status, server_error, transport), and the work already done.
 - metrics_argument_spec() and write_metrics(): the node_exporter textfile options (doc fragment
@@ -33,7 +35,7 @@ from typing import Any, Callable
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils import connection, metrics
+from ansible_collections.tritonops.shm.plugins.module_utils import connection, metrics, time_limit
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     Client,
     check_headers,
@@ -78,6 +80,11 @@ def backend_argument_spec() -> dict:
         backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)),
         client_users=dict(type='list', elements='str', default=[]),
     )
+
+
+def time_limit_argument_spec() -> dict:
+    """The call's own time limit (doc fragment tritonops.shm.triton.time_limit), enforced by time_limit.py."""
+    return dict(time_limit=dict(type='float'))
 
 
 def metrics_argument_spec() -> dict:
@@ -131,6 +138,10 @@ def make_client(module: AnsibleModule) -> Client:
     else the HTTP one (triton_http). Both implement client.Client: the same calls, results and errors.
     """
     params = module.params
+    if params.get('time_limit') is not None and params['time_limit'] <= 0:
+        module.fail_json(msg=f'time_limit must be a positive number of seconds, got {params["time_limit"]:g}')
+    # the call's own deadline, before anything is sent: it stops by itself, whoever waits for it
+    time_limit.start(params.get('time_limit'))
     # a URL with credentials is refused below; its password is masked in whatever the module returns (invocation too)
     module.no_log_values.update(connection.url_secrets(params['url']))
     transport = TritonGrpcClient if is_grpc_url(params['url']) else TritonClient
@@ -168,6 +179,7 @@ def run_module_main(
         }
         if on_failure is not None:
             result.update(on_failure(result))
+        time_limit.stop()  # the result is written: no alarm may interrupt it (a second, broken answer)
         module.fail_json(**result)
 
 
@@ -240,7 +252,9 @@ def run_operation(
     """Run op as the module's call: exit_json with its result, or fail_json with the message and what was done."""
 
     def body() -> None:
-        module.exit_json(**run_steps(op, module.check_mode, finish))
+        result = run_steps(op, module.check_mode, finish)
+        time_limit.stop()  # the result is written: no alarm may interrupt it (a second, broken answer)
+        module.exit_json(**result)
 
     def partial() -> dict:
         return {} if op.outcome is None else op.result(op.outcome, finished=False)

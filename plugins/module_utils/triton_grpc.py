@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ansible_collections.tritonops.shm.plugins.module_utils import connection, records
+from ansible_collections.tritonops.shm.plugins.module_utils import connection, records, time_limit
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     GRPC,
     GRPC_SCHEMES,
@@ -182,7 +182,8 @@ class TritonGrpcClient(Client):
         """One RPC of Triton's GRPCInferenceService; every failure becomes a TritonError naming the URL."""
         self.requests_made += 1
         try:
-            return getattr(self._service(), method)(request, timeout=timeout or self.timeout, metadata=self.metadata)
+            timeout = time_limit.bound(timeout or self.timeout, f'{what} at {self.base}')  # the call's time limit
+            return getattr(self._service(), method)(request, timeout=timeout, metadata=self.metadata)
         except _Lib.grpc.RpcError as exc:
             raise self._rpc_error(exc, what) from exc
 
@@ -365,7 +366,8 @@ class _FutureUnregister(UnregisterBatch):
                 if not name:
                     yield Answer(name, UnaddressableName(f'{what}: {_EMPTY_NAME}'))
                     continue
-                pending.append((name, what, method(make(name=name), timeout=client.timeout, metadata=client.metadata)))
+                timeout = time_limit.bound(client.timeout, what)
+                pending.append((name, what, method(make(name=name), timeout=timeout, metadata=client.metadata)))
             if not pending:
                 return
             name, what, future = pending.popleft()

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
+from ansible_collections.tritonops.shm.plugins.module_utils import time_limit
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     HTTP,
     MAX_ANSWER_BYTES,
@@ -379,7 +380,7 @@ class TritonClient(Client):
 
     def _exchange(self, request: bytes, what: str, url: str) -> Response:
         """The answer to request within self.timeout as a whole; TritonError naming what and url when none came."""
-        timeout = self.timeout
+        timeout = time_limit.bound(self.timeout, f'{what} at {url}')  # no later than the call's own time limit
         if self.scheme == 'https' and self._context is None:
             try:
                 self._context = tls_context(*self._tls_files)

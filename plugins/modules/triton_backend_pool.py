@@ -37,6 +37,7 @@ author:
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
+  - tritonops.shm.triton.time_limit
 attributes:
   check_mode:
     support: full
@@ -196,11 +197,13 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     make_client,
     run_operation,
     shm_dir_argument_spec,
+    time_limit_argument_spec,
 )
 
 
 def main() -> None:
     argument_spec = shm_dir_argument_spec()
+    argument_spec.update(time_limit_argument_spec())
     # client_users decides whose files a cleanup removes: this module removes none (the reload's server does)
     argument_spec.update({k: v for k, v in backend_argument_spec().items() if k != 'client_users'})
     argument_spec.update(

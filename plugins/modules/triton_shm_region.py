@@ -53,6 +53,7 @@ author:
 extends_documentation_fragment:
   - tritonops.shm.triton
   - tritonops.shm.triton.shm_dir
+  - tritonops.shm.triton.time_limit
   - tritonops.shm.triton.backend
   - tritonops.shm.triton.metrics
 attributes:
@@ -495,6 +496,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     metrics_argument_spec,
     run_operation,
     shm_dir_argument_spec,
+    time_limit_argument_spec,
     write_metrics,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import DEFAULT_MIN_AGE
@@ -504,6 +506,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import I
 
 def main() -> None:
     argument_spec = shm_dir_argument_spec()
+    argument_spec.update(time_limit_argument_spec())
     argument_spec.update(backend_argument_spec())
     argument_spec.update(metrics_argument_spec())
     argument_spec.update(

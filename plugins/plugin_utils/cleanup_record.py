@@ -68,11 +68,15 @@ def shm_cleanup_exclude(exclude: Any, reregister: Any = None) -> list[str]:
 
 
 def node_agent_failed(rows: Any, checks: Any = None) -> list[str]:
-    """The node agent's failed servers, one text each: 'NAME: why' for each row whose cleanup failed, then
-    'NAME (check after the cleanup): why' for each server whose check after the cleanup failed (its cleanup did not)."""
+    """The node agent's failed servers, one text each: 'NAME: why' for each row whose cleanup failed or that the round's
+    deadline left out, then 'NAME (check after the cleanup): why' for each server whose check after the cleanup failed
+    or did not run (its cleanup did not fail)."""
     out, failed = [], set()
     for row in rows or ():
-        if isinstance(row, dict) and row.get('status') == 'failed':
+        if isinstance(row, dict) and row.get('status') == 'not_reached':
+            failed.add(row.get('name'))
+            out.append(f"{row.get('name')}: not reached before the round's deadline (node_agent_round_timeout)")
+        elif isinstance(row, dict) and row.get('status') == 'failed':
             failed.add(row.get('name'))
             err = row.get('error') or {}
             step = f" at '{err['step']}'" if err.get('step') else ''
@@ -81,8 +85,12 @@ def node_agent_failed(rows: Any, checks: Any = None) -> list[str]:
         if not isinstance(check, dict) or 'holders_complete' in check:
             continue
         name = (check.get('node_agent_server') or {}).get('name')
-        if name not in failed:
-            out.append(f'{name} (check after the cleanup): {check.get("msg") or "failed"}')
+        if name in failed:
+            continue
+        why = check.get('msg') or 'failed'
+        if check.get('skipped'):
+            why = "not run: the server's bound (node_agent_server_timeout) was spent by its cleanup"
+        out.append(f'{name} (check after the cleanup): {why}')
     return out
 
 

@@ -7,12 +7,19 @@ Private to the tritonops.shm collection: no stability promise to other code. Con
 the filter of the same job adapts (plugins/filter/); it imports what a filter may import (CONTRIBUTING.md, "Imports").
 
 Documentation: plugins/filter/triton_node_agent.yml (``ansible-doc -t filter tritonops.shm.triton_node_agent``).
+
+The round of the playbook tritonops.shm.node_agent (private filters, plugins/filter/_node_agent_*.yml): its clock
+(node_agent_deadline, node_agent_time_left: the round's deadline and each server's, within it) and its queue
+(node_agent_queue, node_agent_state: the servers that failed or were cut off last round go last, the oldest attempt
+first among them, so that no server takes the front of the queue every round and none is left out for ever).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from typing import Any, NoReturn
 
 from ansible.errors import AnsibleFilterError
@@ -32,6 +39,11 @@ CAPABILITIES = {
     'DAC_READ_SEARCH': "list the fds of processes of other users (/proc/PID/fd is 0500, owned by the process's user)",
 }
 TEXTFILE_DIR = '/var/lib/node_exporter/textfile_collector'
+# the round's memory (playbooks/node_agent.yml, node_agent_state_file): a hostPath, so that it outlives a CronJob's pod
+STATE_DIR = '/var/lib/tritonops-shm'
+# a CronJob's Job is killed after this; the round's own deadline (node_agent_round_timeout) ends it well before
+JOB_DEADLINE = 900
+ROUND_TIMEOUT = 240
 _DNS_LABEL = re.compile(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')
 _DNS_SUBDOMAIN = re.compile(r'^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')
 
@@ -42,6 +54,22 @@ def _fail(msg: str, exc: BaseException | None = None) -> NoReturn:
 
 def _int(value: Any, what: str, minimum: int) -> int:
     return whole_number(value, what, _fail, minimum)
+
+
+def _round_timeout(value: Any, interval: Any) -> int:
+    """The round's own deadline: below the CronJob's activeDeadlineSeconds and at most the DaemonSet's interval."""
+    limit = JOB_DEADLINE - 60  # the pod's start and the playbook's own, before the round's clock
+    if interval is not None:
+        limit = min(limit, _int(interval, 'interval', 10))
+    if value is None:
+        return min(ROUND_TIMEOUT, limit)
+    seconds = _int(value, 'round_timeout', 10)
+    if seconds > limit:
+        _fail(
+            f'round_timeout must be at most {limit} s (below the Job deadline of {JOB_DEADLINE} s and the '
+            f'DaemonSet interval), got {seconds}'
+        )
+    return seconds
 
 
 RUN = f'ansible-playbook -i "$NODE_NAME," -e target="$NODE_NAME" -e "$AGENT_VARS" {PLAYBOOK}'
@@ -75,6 +103,7 @@ def triton_node_agent(
     labels: dict | None = None,
     nvml: bool = False,
     runtime_class: str = 'nvidia',
+    round_timeout: Any = None,
 ) -> dict:
     """The node agent's manifests: a DaemonSet running the node_agent playbook in a loop and/or one CronJob per node."""
     if not isinstance(image, str) or not image.strip():
@@ -102,7 +131,10 @@ def triton_node_agent(
         not isinstance(runtime_class, str) or len(runtime_class) > 253 or not _DNS_SUBDOMAIN.match(runtime_class)
     ):
         _fail(f'runtime_class must be the name of a RuntimeClass, got {runtime_class!r}')
-    agent_vars = {'prometheus_textfile_dir': TEXTFILE_DIR if prometheus_textfile_dir else ''}
+    agent_vars = {
+        'prometheus_textfile_dir': TEXTFILE_DIR if prometheus_textfile_dir else '',
+        'node_agent_round_timeout': _round_timeout(round_timeout, interval if 'DaemonSet' in kinds else None),
+    }
     agent_vars.update(extra_vars or {})
 
     selector = {'app.kubernetes.io/name': 'tritonops-shm-agent', 'app.kubernetes.io/instance': name}
@@ -122,8 +154,16 @@ def triton_node_agent(
         security['appArmorProfile'] = {'type': apparmor_profile}
     # the run locks need a directory only root can write (runlock.py): the root filesystem is read-only and /tmp is
     # every user's, so an emptyDir at /run/tritonops_shm (the module makes it private, mode 0700)
-    mounts = [{'name': 'tmp', 'mountPath': '/tmp'}, {'name': 'locks', 'mountPath': '/run/tritonops_shm'}]
-    volumes: list[dict] = [{'name': 'tmp', 'emptyDir': {}}, {'name': 'locks', 'emptyDir': {}}]
+    mounts = [
+        {'name': 'tmp', 'mountPath': '/tmp'},
+        {'name': 'locks', 'mountPath': '/run/tritonops_shm'},
+        {'name': 'state', 'mountPath': STATE_DIR},
+    ]
+    volumes: list[dict] = [
+        {'name': 'tmp', 'emptyDir': {}},
+        {'name': 'locks', 'emptyDir': {}},
+        {'name': 'state', 'hostPath': {'path': STATE_DIR, 'type': 'DirectoryOrCreate'}},
+    ]
     if prometheus_textfile_dir:
         mounts.append({'name': 'textfile', 'mountPath': TEXTFILE_DIR})
         volumes.append({'name': 'textfile', 'hostPath': {'path': prometheus_textfile_dir, 'type': 'DirectoryOrCreate'}})
@@ -221,7 +261,7 @@ def triton_node_agent(
                         'jobTemplate': {
                             'spec': {
                                 'backoffLimit': 0,
-                                'activeDeadlineSeconds': 900,
+                                'activeDeadlineSeconds': JOB_DEADLINE,
                                 'template': {'metadata': {'labels': job_labels}, 'spec': pod_spec(None, node)},
                             }
                         },
@@ -245,3 +285,92 @@ def triton_node_agent(
         'capabilities': {c: CAPABILITIES.get(c, 'given by the caller') for c in caps},
         'command': RUN,
     }
+
+
+# -- the round (playbooks/node_agent.yml) ---------------------------------------------------------------------------
+
+STATE_VERSION = 1
+# a server that failed is remembered this long without being seen again (a pod gone for good), then forgotten
+STATE_KEEP = 7 * 24 * 3600
+# the statuses a server's row may have; 'not_reached': the round's deadline passed before its turn
+NOT_REACHED = 'not_reached'
+
+
+def node_agent_deadline(seconds: Any, within: Any = None, now: float | None = None) -> float:
+    """The epoch time seconds from now, or within (an epoch time) when that comes first."""
+    try:
+        seconds = float(seconds)
+    except (TypeError, ValueError) as exc:
+        _fail(f'a bound must be a number of seconds, got {seconds!r}', exc)
+    if not math.isfinite(seconds) or seconds <= 0:
+        _fail(f'a bound must be a positive number of seconds, got {seconds!r}')
+    deadline = (time.time() if now is None else now) + seconds
+    return deadline if within in (None, '') else min(deadline, float(within))
+
+
+def node_agent_time_left(deadline: Any, now: float | None = None) -> int:
+    """Whole seconds left before deadline (an epoch time), 0 when it has passed."""
+    return max(0, int(float(deadline) - (time.time() if now is None else now)))
+
+
+def _key(server: dict) -> str:
+    """What the state remembers a server by: its name (container or pod, or process and pid) and its URL."""
+    return f'{server.get("name")} {server.get("url")}'
+
+
+def _state(state: Any) -> dict:
+    """The remembered servers of a state file's text (or its parsed JSON); {} for anything else: no memory is kept
+    of a file that is missing, unreadable or not this playbook's."""
+    if isinstance(state, (str, bytes)):
+        try:
+            state = json.loads(state or '{}')
+        except ValueError:
+            return {}
+    if (
+        not isinstance(state, dict)
+        or state.get('version') != STATE_VERSION
+        or not isinstance(state.get('servers'), dict)
+    ):
+        return {}
+    return {
+        str(k): v
+        for k, v in state['servers'].items()
+        if isinstance(v, dict) and isinstance(v.get('attempted'), (int, float))
+    }
+
+
+def node_agent_queue(servers: Any, state: Any = None) -> list:
+    """The servers in the order of the round: those the last rounds did not see fail first (by pid), then those that
+    failed, timed out or were not reached, the oldest attempt first (a server cut off by the round's deadline keeps its
+    older attempt, so it comes before the ones tried last round)."""
+    remembered = _state(state)
+
+    def order(server: dict) -> tuple:
+        seen = remembered.get(_key(server))
+        return (1, seen['attempted'], server.get('pid') or 0) if seen else (0, 0, server.get('pid') or 0)
+
+    return sorted((s for s in servers or () if isinstance(s, dict)), key=order)
+
+
+def node_agent_state(rows: Any, state: Any = None, now: float | None = None) -> dict:
+    """The state file after a round: each server whose row failed, with the time of this attempt and why; a server that
+    was not reached keeps what was known of it; a server cleaned is forgotten, and so is one not seen for STATE_KEEP."""
+    now = time.time() if now is None else now
+    servers = {k: v for k, v in _state(state).items() if now - v['attempted'] < STATE_KEEP}
+    for row in rows or ():
+        if not isinstance(row, dict):
+            continue
+        key = _key(row)
+        status = row.get('status')
+        if status == NOT_REACHED:
+            continue
+        if status == 'failed':
+            error = row.get('error') or {}
+            servers[key] = {
+                'attempted': round(now, 3),
+                'step': error.get('step') or '',
+                'msg': str(error.get('msg') or '')[:500],
+            }
+        else:
+            servers.pop(key, None)
+    return {'version': STATE_VERSION, 'servers': servers}

@@ -274,6 +274,7 @@ class HttpFront(loopback.Closing):
         close_after_each: bool = False,
         idle: float | None = None,
         delay: float = 0.0,
+        port: int = 0,
     ) -> None:
         self.model = model
         self.chunks = chunks
@@ -283,7 +284,7 @@ class HttpFront(loopback.Closing):
         self.headers: dict[str, str] = {}  # sent with every answer (a Location, a Server, ...)
         self.busy = 0
         self.most_busy = 0
-        self.server = loopback.Peer(self._respond, tls=tls, idle=idle)
+        self.server = loopback.Peer(self._respond, tls=tls, idle=idle, port=port)
         self.url = self.server.url
         self.port = self.server.port
 

@@ -112,11 +112,14 @@ class Closing:
 class Peer(Closing):
     """An HTTP server on 127.0.0.1: respond(conn, request) answers each request; True keeps the connection open.
 
-    idle: seconds a kept-alive connection may wait for its next request before the server closes it.
+    idle: seconds a kept-alive connection may wait for its next request before the server closes it; port: the port
+    to listen on (0: one the kernel picks).
     Counts the connections accepted and closed, and keeps every request in ``requests``.
     """
 
-    def __init__(self, respond: Respond, tls: ssl.SSLContext | None = None, idle: float | None = None) -> None:
+    def __init__(
+        self, respond: Respond, tls: ssl.SSLContext | None = None, idle: float | None = None, port: int = 0
+    ) -> None:
         self.respond = respond
         self.tls = tls
         self.idle = idle
@@ -126,7 +129,7 @@ class Peer(Closing):
         self.closed = 0
         self._socks: list[socket.socket] = []
         self.sock = socket.socket()
-        self.sock.bind(('127.0.0.1', 0))
+        self.sock.bind(('127.0.0.1', port))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()

@@ -260,6 +260,7 @@ def test_the_node_agent_finds_the_hostile_pod_by_itself_and_removes_nothing(work
                 'target': 'node1',
                 'node_agent_select': rf'\(pid {fake.pid}\)$',
                 'node_agent_server_timeout': 60,
+                'node_agent_state_file': os.path.join(workdir, 'node_agent.json'),  # not the machine's own
             },
         )
         assert left(vparent) == sorted(VICTIMS)
@@ -322,6 +323,7 @@ def test_one_node_agent_round_cleans_the_real_server_beside_a_failing_and_a_hang
                 'node_agent_select': rf'\(pid ({pids})\)$',
                 'node_agent_server_timeout': 20,
                 'shm_cleanup_timeout': 3,
+                'node_agent_state_file': str(tmp_path / 'node_agent.json'),  # not the machine's own
             },
             timeout=600,
         )

@@ -212,6 +212,8 @@ def test_agent_with_host_pid_cleans_a_pod_by_itself(container_engine, leaky_pod,
     # a second round has nothing to do
     rc, data, text = run_agent(container_engine, select)
     assert rc == 0 and data['stats']['node1']['changed'] == 0, text[-4000:]
+    # the node and each server's own host (the round's queue, issue 40)
+    assert len(data['stats']) == 2 and all(s['changed'] == 0 for s in data['stats'].values()), data['stats']
 
 
 def test_the_manifest_playbook_writes_manifests_that_validate(tmp_path):

@@ -402,6 +402,42 @@ def test_a_module_sigkilled_part_way_then_one_rerun_converges(make_triton, tmp_p
     assert [f['name'] for f in info['files']] == ['live'] and info['files'][0]['category'] == 'registered'
 
 
+def test_a_module_stopped_by_its_own_time_limit_part_way_then_one_rerun_converges(make_triton, tmp_path):
+    """Issue 40, goal 2: the region module keeps its own deadline (time_limit). Slowed down in its unregisters (every
+    request 50 ms), it stops by itself at 6 s with the regions it unregistered so far, its process gone; what it left
+    (regions unregistered, their files marked) is finished by one rerun, as after a SIGKILL."""
+    server = make_triton(models=())
+    live = server.client('live', byte_size=MIB)
+    stale = server.leak_many('stale', 400)
+    run = ModuleRun(
+        REGION,
+        dict(url=server.url, state='absent', stale=True, time_limit=6),
+        tmp_path,
+        delay_in=('sendto',),
+        delay_s=0.05,
+        when='1+',
+    )
+    try:
+        result = run.result(timeout=60)
+    finally:
+        took = time.monotonic() - run.started
+        if run.proc.poll() is None:
+            run.kill()
+    left_registered = set(server.system_regions()) & set(stale)
+    print(
+        f'FIGURE time_limit_stop: stopped after {took:.1f}s with {len(left_registered)} of 400 stale regions registered'
+    )
+    assert result.get('failed') and 'time_limit=6s) is reached' in result['msg'], result.get('msg')
+    assert run.proc.returncode is not None and took < 6 + 2 + 10, took  # its start, its 6 s, the hard exit's 2 s
+    assert 0 < len(left_registered) < len(stale), 'stopped before its first unregister or after its last'
+    rerun = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True))
+    again = ansible_helpers.run_module(REGION, dict(url=server.url, state='absent', stale=True))
+    assert not rerun.get('failed') and not again.get('failed'), (rerun, again)
+    assert set(server.system_regions()) == {'live'}
+    assert server.shm_files() == ['live'], server.shm_files()[:10]
+    assert again['changed'] is False and live.alive
+
+
 # -- finding 9: another user holding the lock ---------------------------------------------------------
 
 HOLD_FLOCK = textwrap.dedent("""

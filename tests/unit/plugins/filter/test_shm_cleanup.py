@@ -373,6 +373,21 @@ def test_node_agent_failed_names_each_failed_server_once():
     assert node_agent_failed([], None) == [] and node_agent_failed(None) == []
 
 
+def test_node_agent_failed_names_the_servers_the_rounds_deadline_left_out_and_the_checks_not_run():
+    rows = [
+        {'name': 'late', 'status': 'not_reached', 'error': {'step': '', 'msg': 'no record was made'}},
+        {'name': 'slow', 'status': 'ok', 'error': None},
+    ]
+    checks = [
+        {'node_agent_server': {'name': 'late'}},
+        {'node_agent_server': {'name': 'slow'}, 'skipped': True, 'skip_reason': 'Conditional result was False'},
+    ]
+    assert node_agent_failed(rows, checks) == [
+        "late: not reached before the round's deadline (node_agent_round_timeout)",
+        "slow (check after the cleanup): not run: the server's bound (node_agent_server_timeout) was spent by its cleanup",
+    ]
+
+
 # (id, results, settings, unregistered, registered, after used_percent)
 STEPS = [
     ('nothing-to-clean', dict(absent=absent(info([LIVE]))), {}, [], [], 10.0),

@@ -12,6 +12,11 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import FilterModule
 from ansible_collections.tritonops.shm.plugins.plugin_utils.node_agent import (
     CAPABILITIES,
+    STATE_KEEP,
+    node_agent_deadline,
+    node_agent_queue,
+    node_agent_state,
+    node_agent_time_left,
     triton_node_agent,
 )
 
@@ -68,8 +73,14 @@ def test_the_daemonset_sees_the_whole_node_with_the_least_privileges():
     env = {e['name']: e for e in container['env']}
     assert env['NODE_NAME']['valueFrom'] == {'fieldRef': {'fieldPath': 'spec.nodeName'}}
     assert json.loads(env['AGENT_VARS']['value']) == {
-        'prometheus_textfile_dir': '/var/lib/node_exporter/textfile_collector'
+        'prometheus_textfile_dir': '/var/lib/node_exporter/textfile_collector',
+        'node_agent_round_timeout': 240,
     }
+    # the round's memory outlives the pod (a CronJob's), on the node
+    assert {'name': 'state', 'hostPath': {'path': '/var/lib/tritonops-shm', 'type': 'DirectoryOrCreate'}} in spec[
+        'volumes'
+    ]
+    assert {'name': 'state', 'mountPath': '/var/lib/tritonops-shm'} in container['volumeMounts']
     assert {
         'name': 'textfile',
         'hostPath': {'path': '/var/lib/node_exporter/textfile_collector', 'type': 'DirectoryOrCreate'},
@@ -107,10 +118,28 @@ def test_options():
     assert container['securityContext']['capabilities']['add'] == ['SYS_PTRACE']
     assert container['securityContext']['appArmorProfile'] == {'type': 'Unconfined'}
     assert container['imagePullPolicy'] == 'Always' and container['command'][2].endswith('sleep 60; done')
-    assert [v['name'] for v in spec['volumes']] == ['tmp', 'locks']
+    assert [v['name'] for v in spec['volumes']] == ['tmp', 'locks', 'state']
     # the run locks need a place only root writes (the root filesystem is read-only, /tmp is every user's): issue 40
     assert {'name': 'locks', 'mountPath': '/run/tritonops_shm'} in container['volumeMounts']
     assert {'name': 'locks', 'emptyDir': {}} in spec['volumes']
+    # the round's deadline: at most the interval
+    assert json.loads(container['env'][1]['value'])['node_agent_round_timeout'] == 60
+
+
+def test_the_rounds_deadline_is_below_the_jobs_and_the_interval():
+    def round_timeout(**kwargs):
+        out = triton_node_agent(IMAGE, **kwargs)
+        (value,) = {json.loads(p['containers'][0]['env'][1]['value'])['node_agent_round_timeout'] for p in _pods(out)}
+        return value
+
+    assert round_timeout(kinds=['CronJob'], nodes=['gpu-1']) == 240
+    assert round_timeout(kinds=['CronJob'], nodes=['gpu-1'], round_timeout=600) == 600
+    assert round_timeout(interval=120) == 120
+    assert round_timeout(round_timeout=100) == 100
+    with pytest.raises(AnsibleFilterError, match='round_timeout must be at most 840 s'):
+        triton_node_agent(IMAGE, kinds=['CronJob'], nodes=['gpu-1'], round_timeout=900)
+    with pytest.raises(AnsibleFilterError, match='round_timeout must be at most 300 s'):
+        triton_node_agent(IMAGE, round_timeout=301)
 
 
 @pytest.mark.parametrize(
@@ -154,3 +183,68 @@ def test_nvml_is_opt_in_and_requests_no_gpu():
     assert not any(e['name'].startswith('NVIDIA_') for e in plain['containers'][0]['env'])
     (other,) = _pods(triton_node_agent(IMAGE, nvml=True, runtime_class='nvidia-cdi'))
     assert other['runtimeClassName'] == 'nvidia-cdi'
+
+
+# -- the round (playbooks/node_agent.yml) ---------------------------------------------------------------------------
+
+
+def test_the_filters_of_the_round_are_registered():
+    names = FilterModule().filters()
+    assert {'_node_agent_deadline', '_node_agent_time_left', '_node_agent_queue', '_node_agent_state'} <= set(names)
+
+
+def test_a_servers_deadline_never_passes_the_rounds():
+    assert node_agent_deadline(240, now=1000.0) == 1240.0
+    assert node_agent_deadline('60', 1240.0, now=1000.0) == 1060.0
+    assert node_agent_deadline(60, 1030.5, now=1000.0) == 1030.5
+    assert node_agent_time_left(1060.0, now=1000.0) == 60
+    assert node_agent_time_left(1000.9, now=1000.0) == 0 and node_agent_time_left(900.0, now=1000.0) == 0
+    for bad in (0, -1, 'soon', None, float('inf')):
+        with pytest.raises(AnsibleFilterError, match='a bound must be'):
+            node_agent_deadline(bad)
+
+
+def _server(pid, name=None):
+    return {'pid': pid, 'name': name or f'tritonserver (pid {pid})', 'url': f'http://127.0.0.1:{8000 + pid}'}
+
+
+def _row(server, status, msg=''):
+    return dict(server, status=status, error={'step': 'Query' if msg else '', 'msg': msg})
+
+
+def test_servers_that_failed_go_last_the_oldest_attempt_first():
+    fakes = [_server(pid) for pid in (10, 11, 12)]
+    real = _server(50)
+    assert node_agent_queue([real, *fakes]) == [*fakes, real]  # no memory: pid order
+    state = node_agent_state([_row(fakes[0], 'failed', 'timed out'), _row(fakes[1], 'failed', 'HTTP 500')], now=100.0)
+    state = node_agent_state([_row(fakes[2], 'failed', 'timed out'), _row(real, 'ok')], json.dumps(state), now=200.0)
+    assert set(state['servers']) == {f'{f["name"]} {f["url"]}' for f in fakes}
+    assert state['servers'][f'{fakes[0]["name"]} {fakes[0]["url"]}'] == {
+        'attempted': 100.0,
+        'step': 'Query',
+        'msg': 'timed out',
+    }
+    # the state file's text (as the playbook reads it) or its data: the same order
+    for remembered in (state, json.dumps(state)):
+        assert node_agent_queue([*fakes, real], remembered) == [real, fakes[0], fakes[1], fakes[2]]
+    # a server not reached keeps its older attempt (it comes before those tried since); one cleaned is forgotten
+    again = node_agent_state(
+        [_row(fakes[0], 'not_reached'), _row(fakes[1], 'ok'), _row(fakes[2], 'failed', 'x')], state, now=300.0
+    )
+    assert [v['attempted'] for v in again['servers'].values()] == [100.0, 300.0]
+    assert node_agent_queue([*fakes, real], again) == [fakes[1], real, fakes[0], fakes[2]]
+
+
+@pytest.mark.parametrize('state', [None, '', 'not json', '[]', '{"version": 2, "servers": {}}', {'servers': 'x'}])
+def test_a_state_that_is_not_this_playbooks_is_no_memory(state):
+    servers = [_server(12), _server(10)]
+    assert node_agent_queue(servers, state) == [servers[1], servers[0]]
+    assert node_agent_state([], state, now=1.0) == {'version': 1, 'servers': {}}
+
+
+def test_a_server_not_seen_for_a_week_is_forgotten():
+    state = node_agent_state([_row(_server(10), 'failed', 'x')], now=0.0)
+    assert (
+        node_agent_state([], state, now=STATE_KEEP - 1)['servers']
+        and not node_agent_state([], state, now=STATE_KEEP)['servers']
+    )
