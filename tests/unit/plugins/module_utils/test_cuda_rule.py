@@ -380,3 +380,21 @@ def test_a_zombie_and_its_child_on_another_gpu_leave_a_proven_region_stale(tmp_p
     ev = evidence(tmp_path / 'b', procs, eight(client_on=None, zombie_on=5), {SERVER: [3], CHILD: None})
     state, why, owners = cuda_state(snap(ev), 0)
     assert state == 'unknown' and [o.pid for o in owners] == [CHILD] and 'zombie candidate' in why, why
+
+
+def test_a_client_whose_main_thread_exited_still_holds_its_context(tmp_path):
+    """Issue 40, goal 1, for the CUDA evidence: a live client whose thread-group leader has exited shows an empty
+    /proc/PID/maps while its worker thread's view (/proc/PID/task/TID/maps) maps /dev/nvidia-uvm; NVML does not list it
+    (an MPS client, a driver that lists nobody else). Before, the scan read the leader's empty view: no context, and
+    the region was stale."""
+    procs = {**H200, CLIENT: ('python3', 1, b'', b'')}
+    root = proc_tree(tmp_path, procs)
+    worker = os.path.join(root, str(CLIENT), 'task', str(CLIENT + 1))
+    os.makedirs(worker)
+    os.makedirs(os.path.join(root, str(CLIENT), 'task', str(CLIENT)))
+    with open(os.path.join(worker, 'maps'), 'wb') as f:
+        f.write(CONTEXT_MAPS)
+    ev = gpu.read_evidence(SERVER, root, lambda: reading((0, [(SERVER, 1606 * MIB)])))
+    assert ev.uvm_mappers == (CLIENT,)
+    state, _why, owners = cuda_state(snap(ev), 0)
+    assert state == 'unknown' and [o.pid for o in owners] == [CLIENT]
