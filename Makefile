@@ -93,12 +93,20 @@ $(PROMETHEUS_BINARIES) &:
 units: collection $(PROMTOOL)  ## unit tests (pytest, no server needed; the Prometheus rules with promtool)
 	cd $(COLL) && $(PYTEST_RUN) $(UNIT_TESTS) $(PYTEST_ARGS)
 
+# the oldest supported controller, ansible-core 2.16, for tests/integration/test_controllers.py (its bin directory)
+VENV216 := $(BUILD)/venv-2.16
+export TRITONOPS_CORE_216 := $(VENV216)/bin
+$(VENV216)/.installed: tests/requirements-2.16.txt | venv
+	$(PYTHON) -m venv $(VENV216)
+	$(VENV216)/bin/python -m pip install --quiet -r tests/requirements-2.16.txt
+	touch $@
+
 # pytest-xdist workers for the integration tests (0: one process); tests/integration/conftest.py groups the tests that
 # must share a worker (the container harness's; a module's, when it starts a server once for the module)
 INTEGRATION_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadgroup)
 
-integration: collection $(PROMETHEUS_BINARIES)  ## integration tests against real tritonserver processes (and a real Prometheus, node_exporter, Alertmanager)
+integration: collection $(PROMETHEUS_BINARIES) $(VENV216)/.installed  ## integration tests against real tritonserver processes (and a real Prometheus, node_exporter, Alertmanager)
 	cd $(COLL) && $(PYTEST_RUN) $(INTEGRATION_TESTS) $(XDIST) $(PYTEST_ARGS)
 
 # The GPU suite: needs an NVIDIA GPU and its driver, root; stops at once and exits non-zero without them. Not part of

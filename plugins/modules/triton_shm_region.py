@@ -144,11 +144,11 @@ options:
     version_added: 0.2.0
   suspect:
     description:
-      - With O(state=absent), select every C(suspect) region: one whose key is one of Triton's own backend files (a python
+      - "With O(state=absent), select every C(suspect) region: one whose key is one of Triton's own backend files (a python
         backend pool, C(triton_*_backend_shm_region_*) or a configured backend pattern). Registering Triton's own pool was
-        step 2 of the 2025 attack chain; Triton 25.07 and later refuse it, 2.51 accepts it.
-      - O(stale=true) never selects them. The pool file is never removed by this: it stays the backend's (while any process
-        holds it), and O(backend_leftovers=true) takes it once nobody does.
+        step 2 of the 2025 attack chain; Triton 25.07 and later refuse it, 2.51 accepts it."
+      - "O(stale=true) never selects them. The pool file is never removed by this: it stays the backend's (while any process
+        holds it), and O(backend_leftovers=true) takes it once nobody does."
     type: bool
     default: false
     version_added: 0.3.0
@@ -213,11 +213,11 @@ options:
       - The directory of the per-server run locks. Default C(/run/tritonops_shm) for root (C(/run/user/UID/tritonops_shm) for
         another user); when it cannot be made (a read-only C(/run)), C(TMPDIR/tritonops_shm-UID) only where no other user can
         write C(TMPDIR).
-      - A run never acts without its lock. Where neither place can be used (a read-only C(/run) and C(TMPDIR) C(/tmp), where
+      - "A run never acts without its lock. Where neither place can be used (a read-only C(/run) and C(TMPDIR) C(/tmp), where
         any user could plant the name first), the run fails with the reason and changes nothing: set this to a directory on a
         writable filesystem that only the module's user can write (the node agent's manifests mount an C(emptyDir) at
         C(/run/tritonops_shm)). It is made private (mode 0700) when it is the user's own and nobody else can replace it; one
-        that belongs to another user, or sits in a directory other users may write, is refused.
+        that belongs to another user, or sits in a directory other users may write, is refused."
     type: path
     version_added: 0.3.0
   threshold_percent:

@@ -55,7 +55,7 @@ class SlowFake:
     def ready(self, tries: int = 5) -> None:
         """Wait for READY; a port taken meanwhile (an outgoing connection's, between free_port and the bind) is
         tried again with another, tries times at most."""
-        for _ in range(tries):
+        for _attempt in range(tries):
             line = self.proc.stdout.readline().strip()
             if line == 'READY':
                 return
@@ -137,7 +137,7 @@ def run_round(select: str, state: str, tmp: str, round_timeout: int, timeout: in
 
 @pytest.mark.parametrize('n', [4, 20])
 def test_slow_fakes_before_a_real_leak_hold_no_round(n, tmp_path):
-    fakes = [SlowFake() for _ in range(n)]
+    fakes = [SlowFake() for _fake in range(n)]
     server = tritonrig.TritonServer(workdir=str(tmp_path / 'server'), models=())
     tmp = str(tmp_path / 'ansible')
     state = str(tmp_path / 'state' / 'node_agent.json')

@@ -81,7 +81,9 @@ class Rootless:
         self.podman('rm', '--force', '--all', '--time', '0', check=False, timeout=120)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            pids = subprocess.run(['pgrep', '-u', str(self.uid)], capture_output=True, text=True).stdout.split()
+            pids = subprocess.run(
+                ['pgrep', '-u', str(self.uid)], capture_output=True, text=True, check=False
+            ).stdout.split()
             if not pids:
                 break
             for pid in pids:  # the test user's own processes only (conmon, slirp4netns, rootlessport, catatonit)
@@ -109,7 +111,7 @@ def _client_pid(name: str, uid: int) -> int:
     """The host's pid of the rig client of region name, run by uid (started by podman exec: its own process group)."""
     for _attempt in range(200):
         found = subprocess.run(
-            ['pgrep', '-u', str(uid), '-f', f'client.py .*--name {name} '], capture_output=True, text=True
+            ['pgrep', '-u', str(uid), '-f', f'client.py .*--name {name} '], capture_output=True, text=True, check=False
         )
         pids = found.stdout.split()
         if len(pids) == 1:
