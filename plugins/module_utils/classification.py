@@ -239,9 +239,10 @@ def region_record(snap: Snapshot, region: dict, backend_patterns: Sequence[str] 
                 if file_type == 'file':
                     holders = snap.client_holders(e['dev'], e['inode'])
                     reserved = snap.marks.get(name) == region.get('name')
-                    if matches(name, backend_patterns):
+                    pool = snap.pool_names.of(name) if snap.pool_names is not None else None
+                    if matches(name, backend_patterns) or pool:
                         owner = shm_fs.backend_of(name) or 'python'
-                        backend = f"{path}, a file of Triton's {owner} backend"
+                        backend = f"{path}, a file of Triton's {owner} backend" + (f' ({pool})' if pool else '')
                 if unlinked:
                     ambiguous = (
                         f'the server maps both the file now at {path} and {len(unlinked)} unlinked file(s) of the '
@@ -364,7 +365,13 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan and e['type'] == 'file') else []
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]
     rec['category'], rec['category_reason'] = file_category(
-        e, rec['regions'], all_holders, snap.holders_complete, criteria, leftover=snap.leftover(e['name'])
+        e,
+        rec['regions'],
+        all_holders,
+        snap.holders_complete,
+        criteria,
+        leftover=snap.leftover(e['name']),
+        pool=snap.pool_names.of(e['name']) if snap.pool_names is not None else None,
     )
     if rec['category'] in (ORPHAN, LEFTOVER):
         refused = removal_refusal(snap, criteria, e)
@@ -394,21 +401,23 @@ def file_category(
     holders_complete: bool,
     criteria: Criteria,
     leftover: shm_fs.CleanupMark | None = None,
+    pool: str | None = None,
 ) -> tuple[str, str]:
     """(category, category_reason) of a directory entry; all_holders include the server process.
 
     leftover: the cleanup mark (Snapshot.leftover) of a file that a stale cleanup of this server process marked,
     then unregistered its region, and was stopped before removing it: an orphan whatever the patterns say.
+    pool: why the file is a python backend pool by a prefix read from a server's command line (PoolNames.of), if it is.
     """
     if e['type'] != 'file':
         return FOREIGN, f'not a regular file ({e["type"]})'
-    if matches(e['name'], criteria.backend_patterns):
+    if matches(e['name'], criteria.backend_patterns) or pool:
         if regions:
             return BACKEND, (
                 f"Triton's own backend file, registered as region(s) {', '.join(regions)} (suspect): never an orphan, "
                 'never a leftover while registered'
             )
-        return backend_category(e, all_holders, holders_complete, criteria.min_age)
+        return backend_category(e, all_holders, holders_complete, criteria.min_age, pool)
     if regions:
         return REGISTERED, f'backs region(s) {", ".join(regions)}'
     if all_holders:
@@ -444,15 +453,19 @@ def file_category(
     return ORPHAN, 'unregistered, unheld, matches an orphan pattern, older than min_age'
 
 
-def backend_category(e: dict, all_holders: Sequence[dict], holders_complete: bool, min_age: float) -> tuple[str, str]:
+def backend_category(
+    e: dict, all_holders: Sequence[dict], holders_complete: bool, min_age: float, pool: str | None = None
+) -> tuple[str, str]:
     """(category, category_reason) of a backend file: backend while any process holds it (or may: an incomplete
-    scan, or younger than min_age), else leftover: the pool of a dead server and its stubs."""
+    scan, or younger than min_age), else leftover: the pool of a dead server and its stubs. pool: why it is a pool by
+    a prefix read from a server's command line, when it is."""
     owner = shm_fs.backend_of(e['name'])
-    what = (
-        f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's file)"
-        if owner is not None
-        else "Triton's python backend shared memory (matches the backend patterns)"
-    )
+    if owner is not None:
+        what = f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's file)"
+    elif pool is not None:
+        what = f"Triton's python backend shared memory ({pool})"
+    else:
+        what = "Triton's python backend shared memory (matches the backend patterns)"
     if all_holders:
         return BACKEND, f'{what}, held by {holders_mod.holders_text(all_holders)}: never an orphan, never a leftover'
     if not holders_complete:

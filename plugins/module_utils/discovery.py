@@ -46,6 +46,13 @@ from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
 )
 
 SERVER_COMMS = ('tritonserver',)
+
+
+def server_pids(proc: str = '/proc') -> list[int]:
+    """The pids of the processes named as a Triton server is (SERVER_COMMS), as proc lists them."""
+    return [pid for pid in list_pids(proc) if read_comm(pid, proc) in SERVER_COMMS]
+
+
 _LISTEN = '0A'
 _ESTABLISHED = '01'
 MAX_HOPS = 4

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -90,6 +91,7 @@ class Snapshot:
     visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
     container: dict | None = None  # the server's container or pod (containers.Identity.as_dict), None on the host
     gpu: gpu_mod.Evidence | None = None  # the CUDA regions' holder evidence (read with them; None: not read)
+    pool_names: PoolNames | None = None  # the python backend pool prefixes read from the servers' command lines
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
     _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -277,12 +279,13 @@ def read_server(
     readable_dir = pinned.path if pinned is not None else None
     scan = None
     pool_holders: dict = {}
-    server_facts = None
+    server_facts = pool_names = None
     if readable_dir is not None:
         scan, warning = read_holders(entries, location.pid, proc, visible)
         if warning:
             warnings.append(warning)
-        pool_holders = read_pool_holders(scan, entries, backend_patterns, location.pid, proc)
+        pool_names = read_pool_names(location.pid, pinned.dev, proc)
+        pool_holders = read_pool_holders(scan, entries, backend_patterns, location.pid, proc, pool_names)
         server_facts = read_server_facts(location.pid, proc) if pool_holders else None
     elif not visible.complete:
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
@@ -317,6 +320,7 @@ def read_server(
         cleanup_marks=cleanup_marks,
         server_id=server_identity(location.pid, proc),
         gpu=gpu,
+        pool_names=pool_names,
     )
 
 
@@ -368,6 +372,81 @@ class PoolHolder(NamedTuple):
     mnt_ns: int | None = None
     exe: tuple | None = None
     own_stub: tuple | None = None
+
+
+# a python backend pool's name after its prefix: a uuid (2.40 and later), or a number (older backends: _1, _2 ...)
+_POOL_TAIL = r'(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|_?[0-9]+)'
+_PREFIX_OPTION = 'shm-region-prefix-name='
+
+
+def pool_prefix(argv: Sequence[str] | None) -> str | None:
+    """The python backend's pool prefix that a tritonserver command line sets
+    (``--backend-config=python,shm-region-prefix-name=P``, also as two arguments), None when it sets none."""
+    args = list(argv or ())
+    found = None
+    for i, arg in enumerate(args):
+        value = arg.split('=', 1)[1] if arg.startswith('--backend-config=') else None
+        if arg == '--backend-config' and i + 1 < len(args):
+            value = args[i + 1]
+        if value and value.startswith('python,' + _PREFIX_OPTION):
+            found = value[len('python,' + _PREFIX_OPTION) :] or None
+    return found
+
+
+class PoolNames(NamedTuple):
+    """The python backend pools named by prefixes read from live servers (issue 42: several ranks share one /dev/shm).
+
+    live: {prefix: the pid of the server that set it}, the located server's own and those of the other tritonservers
+    of the same program and user whose /dev/shm is this same filesystem; a file named PREFIX + a pool's tail (a uuid,
+    or a number) is that server's pool. dead: the families of the live prefixes with a number in them (``prefix0_`` →
+    ``prefix<N>_``): a file of such a family whose prefix no live server uses is a dead rank's pool.
+    """
+
+    live: dict
+    dead: tuple  # compiled patterns of the families
+
+    def of(self, name: str) -> str | None:
+        """Why name is a python backend pool by a read prefix (a live server's, or a dead rank's), or None."""
+        for prefix, pid in self.live.items():
+            if name.startswith(prefix) and re.fullmatch(_POOL_TAIL, name[len(prefix) :]):
+                return f"a pool of the python backend prefix '{prefix}' that server process {pid} sets"
+        for family in self.dead:
+            found = family.fullmatch(name)
+            if found and found.group(1) not in self.live:
+                return (
+                    f"a pool of the python backend prefix '{found.group(1)}', which no live server sets (a dead rank "
+                    f'of the family {", ".join(sorted(self.live))})'
+                )
+        return None
+
+
+def read_pool_names(server_pid: int | None, shm_dev: int | None, proc: str = '/proc') -> PoolNames | None:
+    """The PoolNames of the servers sharing the located server's /dev/shm filesystem (shm_dev), or None when no live
+    server sets a prefix. A prefix is taken from a process only when it runs the located server's very program (its
+    executable's device and inode) as its user: any user can name a process tritonserver and write a command line."""
+    if server_pid is None or shm_dev is None:
+        return None
+    own_exe, own_uids = _exe_key(server_pid, proc), uids(server_pid, proc)
+    if own_exe is None or own_uids is None:
+        return None
+    live: dict = {}
+    for pid in discovery.server_pids(proc):
+        if pid != server_pid and (_exe_key(pid, proc) != own_exe or uids(pid, proc) != own_uids):
+            continue
+        prefix = pool_prefix(read_cmdline(pid, proc))
+        if prefix is None:
+            continue
+        shm = rootfs.stat_in(f'{proc}/{pid}/root', '/dev/shm')
+        if pid == server_pid or (shm is not None and shm.st_dev == shm_dev):
+            live.setdefault(prefix, pid)
+    if not live:
+        return None
+    dead = []
+    for prefix in live:
+        if re.search(r'[0-9]', prefix):
+            family = ''.join(r'[0-9]+' if part.isdigit() else re.escape(part) for part in re.split(r'([0-9]+)', prefix))
+            dead.append(re.compile(f'({family}){_POOL_TAIL}'))
+    return PoolNames(live, tuple(dead))
 
 
 class ServerFacts(NamedTuple):
@@ -446,12 +525,15 @@ def read_pool_holders(
     backend_patterns: Sequence[str],
     server_pid: int | None,
     proc: str = '/proc',
+    pool_names: PoolNames | None = None,
 ) -> dict:
     """{pid: PoolHolder} of the processes (the server aside) that hold a backend file: the python stubs, and whoever
     else maps one. Only those few processes are read, nothing when no backend file is held."""
     pids: set = set()
     for e in entries:
-        if e['type'] == 'file' and matches(e['name'], backend_patterns):
+        if e['type'] == 'file' and (
+            matches(e['name'], backend_patterns) or (pool_names is not None and pool_names.of(e['name']))
+        ):
             pids.update(scan.holders.get((e['dev'], e['inode'])) or ())
     pids.discard(server_pid)
     if not pids:

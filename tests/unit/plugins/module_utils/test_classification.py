@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -1001,3 +1002,26 @@ def test_outside_the_initial_pid_namespace_no_backend_file_is_leftover():
     # the operator's statement that every client shares this PID namespace makes it complete again
     snap.scan.visibility = holders.Visibility(holders.OTHER, True, None, True)
     assert by_name(classify(snap, Criteria.of(min_age=0)).files)[LEFTOVER_FILE]['category'] == 'leftover'
+
+
+# -- pool prefixes read from the servers' command lines (issue 42, goal 3) --------------------------------------
+
+
+def test_the_pool_prefix_a_command_line_sets():
+    pool_prefix = snapshot.pool_prefix
+    assert pool_prefix(['tritonserver', '--backend-config=python,shm-region-prefix-name=prefix0_']) == 'prefix0_'
+    assert pool_prefix(['tritonserver', '--backend-config', 'python,shm-region-prefix-name=r1_']) == 'r1_'
+    assert pool_prefix(['tritonserver', '--backend-config=python,shm-default-byte-size=1048576']) is None
+    assert pool_prefix(['tritonserver', '--backend-config=onnxruntime,shm-region-prefix-name=x']) is None
+    assert pool_prefix(None) is None
+
+
+def test_pool_names_of_live_prefixes_and_of_a_dead_ranks_family():
+    uuid = '31274a2d-1650-4a25-b33f-bfadc290be1a'
+    names = snapshot.PoolNames({'prefix0_': 10}, (re.compile(f'(prefix[0-9]+_){snapshot._POOL_TAIL}'),))
+    assert 'server process 10' in names.of(f'prefix0_{uuid}')
+    assert 'no live server sets' in names.of(f'prefix3_{uuid}')
+    assert 'no live server sets' in names.of('prefix3__2'), 'an older backend numbers its pools'
+    assert names.of(f'prefix3_{uuid}.bak') is None, "a pool's shape, or nothing"
+    assert names.of(f'prefixA_{uuid}') is None and names.of(f'other_{uuid}') is None
+    assert names.of('prefix0_notes') is None
