@@ -81,7 +81,7 @@ def test_the_fleet_playbooks_on_each_controller_from_the_tarball(core, tarball, 
     def play(name, *extra):
         cmd = [os.path.join(bindir, 'ansible-playbook'), '-i', str(inventory), f'tritonops.shm.{name}', *extra]
         cmd += ['-e', f'report_dir={tmp_path / "report"}', '-e', 'prometheus_textfile_dir=']
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0, (core, name, proc.stdout[-4000:], proc.stderr[-2000:])
         assert 'does not support Ansible version' not in proc.stderr, proc.stderr
         return _recap(proc.stdout, 't1')
