@@ -46,6 +46,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import Parame
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wedged import WEDGED_AFTER
 
 
 def connection_argument_spec() -> dict:
@@ -80,6 +81,11 @@ def backend_argument_spec() -> dict:
         backend_patterns=dict(type='list', elements='str', default=list(BACKEND_PATTERNS)),
         client_users=dict(type='list', elements='str', default=[]),
     )
+
+
+def wedged_argument_spec() -> dict:
+    """When a region Triton will not let go is wedged (doc fragment tritonops.shm.triton.wedged; wedged.py)."""
+    return dict(wedged_after=dict(type='int', default=WEDGED_AFTER))
 
 
 def time_limit_argument_spec() -> dict:

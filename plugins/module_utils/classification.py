@@ -17,12 +17,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import wedged as wedged_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ShmFsError,
 )
@@ -51,6 +53,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     STALE,
     SUSPECT,
     UNKNOWN,
+    WEDGED,
 )
 
 DEFAULT_MIN_AGE = 300
@@ -68,6 +71,7 @@ class Criteria:
     min_age: float = DEFAULT_MIN_AGE
     backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
     client_uids: frozenset = frozenset()  # uids whose files a cleanup may remove besides the server's user's
+    wedged_after: int = wedged_mod.WEDGED_AFTER  # runs whose unregister Triton refused or deferred before wedged
 
     @classmethod
     def of(
@@ -76,6 +80,7 @@ class Criteria:
         min_age: float = DEFAULT_MIN_AGE,
         backend_patterns: Iterable[str] | None = None,
         client_users: Iterable[object] | None = None,
+        wedged_after: int | None = None,
     ) -> Criteria:
         """From module options: None patterns are none (orphans) or the default (backend).
 
@@ -89,6 +94,7 @@ class Criteria:
             min_age=min_age,
             backend_patterns=backend,
             client_uids=authority_mod.client_uids(client_users),
+            wedged_after=wedged_mod.WEDGED_AFTER if wedged_after is None else max(1, int(wedged_after)),
         )
 
 
@@ -139,6 +145,7 @@ class RegionFacts(NamedTuple):
     reserved: bool = False  # its mark names this region
     ambiguous: str | None = None  # why the file that backs it cannot be told (several files of its name)
     backend: str | None = None  # what makes the backing file one of Triton's own backend files (a pool), if it is
+    wedged: str | None = None  # why Triton will not let it go (wedged.Attempts reached wedged_after), if so
 
 
 def region_state(f: RegionFacts) -> tuple[str, str]:
@@ -173,6 +180,8 @@ def region_state(f: RegionFacts) -> tuple[str, str]:
             f'registered by tritonops.shm (its file carries the mark {shm_fs.RESERVED_XATTR}) and not '
             'mapped by a client yet: desired state, never stale'
         )
+    if f.wedged is not None:
+        return WEDGED, f.wedged
     return STALE, 'no process but the server holds the backing file: the client is gone'
 
 
@@ -205,7 +214,12 @@ def _idents(keys: Iterable[tuple]) -> str:
     return ', '.join(f'inode {ino} on {os.major(dev)}:{os.minor(dev)}' for dev, ino in keys)
 
 
-def region_record(snap: Snapshot, region: dict, backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS) -> dict:
+def region_record(
+    snap: Snapshot,
+    region: dict,
+    backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
+    wedged_after: int = wedged_mod.WEDGED_AFTER,
+) -> dict:
     """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable.
 
     backend_patterns: the names of Triton's own backend files (Criteria.backend_patterns): a region whose existing
@@ -268,10 +282,23 @@ def region_record(snap: Snapshot, region: dict, backend_patterns: Sequence[str] 
             reserved,
             ambiguous,
             backend,
+            _wedged(snap.wedged.get(region.get('name')), region, wedged_after),
         )
     )
     rec['reclaimable'] = reclaimable(snap, rec)
     return rec
+
+
+def _wedged(attempts: wedged_mod.Attempts | None, region: dict, wedged_after: int) -> str | None:
+    """Why a region Triton would not let go on wedged_after consecutive runs is wedged (None: it is not)."""
+    if attempts is None or attempts.runs < wedged_after or attempts.spec != wedged_mod.spec_of(region):
+        return None
+    since = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(attempts.since))
+    return (
+        f'no process but the server holds it, and Triton refused or deferred its unregister on {attempts.runs} '
+        f'consecutive runs since {since}: a reference leaked inside the server keeps it (Triton 2.53 and later, '
+        'server issue 7688); only a restart of the server frees it'
+    )
 
 
 def reclaimable(snap: Snapshot, rec: dict) -> bool:
@@ -282,7 +309,7 @@ def reclaimable(snap: Snapshot, rec: dict) -> bool:
     the holders are fully known and the server process, whose mapping of the file is the
     only way to find it after the unlink, is known.
     """
-    if rec['state'] == STALE:
+    if rec['state'] in (STALE, WEDGED):
         return True
     return rec['state'] == DANGLING and not rec['holders'] and snap.pid is not None and snap.holders_complete
 
@@ -571,7 +598,7 @@ def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
     """
     if snap.shm_unsupported is not None:
         criteria = dataclasses.replace(criteria, orphan_patterns=())
-    regions = [region_record(snap, r, criteria.backend_patterns) for r in snap.system]
+    regions = [region_record(snap, r, criteria.backend_patterns, criteria.wedged_after) for r in snap.system]
     cuda = [cuda_record(snap, r) for r in snap.cuda]
     by_path = _regions_by_path(regions)
     files = [file_record(snap, e, by_path, criteria) for e in snap.entries]

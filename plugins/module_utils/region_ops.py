@@ -35,6 +35,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
     runlock,
     shm_fs,
     snapshot,
+    vocabulary,
+    wedged,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
@@ -244,6 +246,7 @@ class RegionOps(Operation):
                 clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
                 on_located=None if self.check_mode else self._lock,
                 read_nvml=self.read_nvml,
+                lock_dir=self.lock_dir or p.get('lock_dir'),
             )
         except BaseException:
             self.release()
@@ -457,12 +460,13 @@ class RegionOps(Operation):
 
     # -- the I/O: unregister with the in-use retry ---------------------------------------------------
 
-    def _unregister(self, kind: str, name: str, refused: TritonError | None = None) -> Unregister:
+    def _unregister(self, kind: str, name: str, refused: TritonError | None = None, once: bool = False) -> Unregister:
         """Unregister one region; KEPT means it stays registered, with the reason recorded in skipped.
 
         refused: the server's refusal of an unregister already sent (by a batch), handled as the first answer.
+        once: a wedged region (wedged.py) is tried once a run, its refusal not waited out.
         """
-        backoff = Backoff(timeout=self.in_use_timeout, sleep=self.sleep, clock=self.clock)
+        backoff = Backoff(timeout=0 if once else self.in_use_timeout, sleep=self.sleep, clock=self.clock)
         while True:
             exc = refused
             refused = None
@@ -480,11 +484,15 @@ class RegionOps(Operation):
             if not exc.in_use:
                 raise exc
             if not backoff.wait():
-                reason = f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
+                reason = (
+                    f'wedged: still refused as in use, tried once this run (a restart frees it): {exc.server_error}'
+                    if once
+                    else f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
+                )
                 self.outcome.skipped.append({'name': name, 'reason': reason})
                 return Unregister.KEPT
 
-    def _wait_gone(self, kind: str, specs: dict) -> set:
+    def _wait_gone(self, kind: str, specs: dict, once: bool = False) -> set:
         """Poll the status until no region of specs {name: spec} is listed, within in_use_timeout; return those still listed.
 
         Triton 24.12 and later accept an unregister while requests are in flight and keep the region
@@ -493,7 +501,7 @@ class RegionOps(Operation):
         """
         if not specs:
             return set()
-        backoff = Backoff(timeout=self.in_use_timeout, sleep=self.sleep, clock=self.clock)
+        backoff = Backoff(timeout=0 if once else self.in_use_timeout, sleep=self.sleep, clock=self.clock)
         while True:
             listed = {
                 r.get('name')
@@ -593,6 +601,31 @@ class RegionOps(Operation):
             self.snap_after = self._remove_files(snap, file_plan, still_registered)
         finally:
             self._update_record(snap, still_registered)
+            self._update_wedged(snap, selected, still_registered)
+
+    def _update_wedged(self, snap: Snapshot, selected: list, still_registered: set) -> None:
+        """Count, in the record beside the run lock (wedged.py), the stale regions this run tried and Triton kept
+        registered (refused as in use, or pending); forget those it let go. Under the lock only; a record that cannot be
+        written is warned about, and the regions are counted again from the start."""
+        if self.lock is None or snap.shm_dir is None or not snap.server_id or not self.kind.files:
+            return
+        tried = [r for r in selected if r.get('state') in (vocabulary.STALE, vocabulary.WEDGED)]
+        if not tried and not snap.wedged:
+            return
+        kept = set(still_registered) | set(self.outcome.pending)
+        gone = set(self.outcome.unregistered)
+        listed = [r for r in snap.system if r.get('name') not in gone]
+        after = wedged.updated(snap.wedged, tried, kept, listed, time.time())
+        if after == snap.wedged:
+            return
+        try:
+            fd = os.open(self.lock.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                wedged.write(fd, snap.shm.dev, snap.shm.ino, snap.server_id, after)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.warn(f'cannot write the record of wedged regions in {self.lock.directory}: {exc.strerror or exc}')
 
     def _mark_files(self, snap: Snapshot, file_plan: list) -> set:
         """Invariant 8: record the planned backing files (shm_fs.CLEANUP_XATTR) before their regions are unregistered.
@@ -677,6 +710,7 @@ class RegionOps(Operation):
         failure no further unregister is sent, the answers of those already sent are recorded, then it is raised.
         """
         batch = unregister_batch(self.client, kind, [rec['name'] for rec in selected])
+        tried_once = {rec['name'] for rec in selected if rec.get('state') == vocabulary.WEDGED}
         first = len(self.outcome.unregistered)
         failure = None
         try:
@@ -686,7 +720,11 @@ class RegionOps(Operation):
                         self.outcome.unregistered.append(name)
                     continue
                 try:
-                    outcome = self._unregister(kind, name, refused) if refused is not None else Unregister.UNREGISTERED
+                    outcome = (
+                        self._unregister(kind, name, refused, once=name in tried_once)
+                        if refused is not None
+                        else Unregister.UNREGISTERED
+                    )
                 except TritonError as exc:
                     failure = exc
                     batch.stop()
@@ -753,7 +791,9 @@ class RegionOps(Operation):
             self.outcome.unregistered
         )  # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
         specs = {r['name']: r for r in selected if r['name'] in done and r['name'] not in still_registered}
-        listed = self._wait_gone(self.kind.name, specs)
+        # a wedged region's deferral is looked at once, never waited out (wedged.py)
+        once = all(r.get('state') == vocabulary.WEDGED for r in specs.values())
+        listed = self._wait_gone(self.kind.name, specs, once=once)
         for name in sorted(listed):
             still_registered.add(name)
             self.outcome.pending.append(name)

@@ -141,6 +141,7 @@ def criteria(p: dict, orphans: bool = True) -> classification.Criteria:
         min_age=p.get('min_age', classification.DEFAULT_MIN_AGE),
         backend_patterns=p.get('backend_patterns'),
         client_users=p.get('client_users'),
+        wedged_after=p.get('wedged_after'),
     )
 
 

@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, rootfs, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, rootfs, runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils import gpu as gpu_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
+from ansible_collections.tritonops.shm.plugins.module_utils import wedged as wedged_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     PathRefused,
     ShmFsError,
@@ -92,6 +93,7 @@ class Snapshot:
     container: dict | None = None  # the server's container or pod (containers.Identity.as_dict), None on the host
     gpu: gpu_mod.Evidence | None = None  # the CUDA regions' holder evidence (read with them; None: not read)
     pool_names: PoolNames | None = None  # the python backend pool prefixes read from the servers' command lines
+    wedged: dict = dataclasses.field(default_factory=dict)  # {region name: wedged.Attempts} of this server process
     _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
     _listed: set = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -202,8 +204,11 @@ def read_server(
     on_located: Callable[[shm_fs.PinnedDir | None], object] | None = None,
     shm: shm_fs.PinnedDir | None = None,
     read_nvml: Callable[[], Any] | None = None,
+    lock_dir: str | None = None,
 ) -> Snapshot:
     """Read the server behind client: metadata, location, shm directory, region lists, holders, marks.
+
+    lock_dir: where the run locks, and beside them the record of wedged regions, are (runlock.lock_dir() when None).
 
     kinds: the region lists to read ('cuda' only when the server offers the extension).
     server_pid / shm_dir: as the modules' options (discovery from the URL when both are None).
@@ -296,6 +301,7 @@ def read_server(
         gpu = gpu_mod.read_evidence(location.pid, proc, read_nvml)
     authority = authority_mod.read_authority(location.pid, pinned, proc) if pinned is not None else None
     ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
+    server = server_identity(location.pid, proc)
     return Snapshot(
         url=client.base,
         metadata=metadata,
@@ -318,10 +324,23 @@ def read_server(
         authority=authority,
         container=ident.as_dict() if ident.found else None,
         cleanup_marks=cleanup_marks,
-        server_id=server_identity(location.pid, proc),
+        server_id=server,
         gpu=gpu,
         pool_names=pool_names,
+        wedged=read_wedged(pinned, server, lock_dir),
     )
+
+
+def read_wedged(pinned: shm_fs.PinnedDir | None, server: str | None, lock_dir: str | None) -> dict:
+    """The wedged.Attempts of the server process server in the shm directory's record, beside its run lock (lock_dir,
+    else runlock.lock_dir(), else its fallback)."""
+    if pinned is None or server is None:
+        return {}
+    for directory in (lock_dir,) if lock_dir else (runlock.lock_dir(), runlock.fallback_lock_dir()):
+        found = wedged_mod.read(directory, pinned.dev, pinned.ino, server)
+        if found:
+            return found
+    return {}
 
 
 def _dir_error(path: str, exc: OSError | PathRefused, given: str | None) -> str:

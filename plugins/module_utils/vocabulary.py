@@ -18,9 +18,10 @@ RESERVED = 'reserved'
 DANGLING = 'dangling'
 UNKNOWN = 'unknown'
 SUSPECT = 'suspect'  # its key is one of Triton's own backend files (a python backend pool): an attack, never healthy
-REGION_STATES = (HEALTHY, STALE, RESERVED, DANGLING, UNKNOWN, SUSPECT)
+WEDGED = 'wedged'  # stale, but Triton refused or deferred its unregister run after run: only a restart frees it
+REGION_STATES = (HEALTHY, STALE, RESERVED, DANGLING, UNKNOWN, SUSPECT, WEDGED)
 # the states a reader must look at (the HTML report marks them), most urgent first
-ATTENTION_STATES = (SUSPECT, STALE, DANGLING, UNKNOWN)
+ATTENTION_STATES = (SUSPECT, WEDGED, STALE, DANGLING, UNKNOWN)
 # every state, those that need attention first: the order of a host's region table
 REGION_STATES_BY_ATTENTION = ATTENTION_STATES + tuple(s for s in REGION_STATES if s not in ATTENTION_STATES)
 

@@ -13,7 +13,7 @@ description:
   - The server's metadata and health (C(GET /v2), C(/v2/health/live), C(/v2/health/ready)).
   - Every registered system region (C(GET /v2/systemsharedmemory/status)) joined with its backing file in the server's
     C(/dev/shm) and the processes that map or hold that file, classified C(healthy), C(stale), C(reserved), C(dangling),
-    C(unknown) or C(suspect).
+    C(unknown), C(suspect) or C(wedged).
   - Every registered CUDA region (C(GET /v2/cudasharedmemory/status)).
   - Every entry of the server's shm directory, classified C(registered), C(backend), C(leftover), C(in_use), C(orphan) or
     C(foreign).
@@ -33,6 +33,7 @@ extends_documentation_fragment:
   - tritonops.shm.triton.shm_dir
   - tritonops.shm.triton.time_limit
   - tritonops.shm.triton.backend
+  - tritonops.shm.triton.wedged
   - tritonops.shm.triton.metrics
 attributes:
   check_mode:
@@ -235,6 +236,8 @@ system_regions:
         - C(unknown) holders or file could not be determined.
         - "C(suspect) its key is one of Triton's own backend files (a python backend pool): an attack (Triton 25.07 and later
           refuse such a registration). Never healthy, never stale; the file stays C(backend)."
+        - "C(wedged) no process but the server holds it, and Triton refused or deferred its unregister on O(wedged_after)
+          consecutive cleanup runs: only a restart of the server frees it (Triton 2.53 and later, server issue 7688)."
       type: str
       sample: stale
     state_reason: {description: Why the state was chosen., type: str}
@@ -445,6 +448,10 @@ summary:
     unknown_regions: {description: Regions in state unknown., type: int}
     suspect_regions: {description: "Regions in state C(suspect): registered on one of Triton's own backend files.", type: int,
       version_added: 0.3.0}
+    wedged_regions: {description: "Regions in state C(wedged): only a restart of the server frees them.", type: int,
+      version_added: 0.3.0}
+    wedged_bytes: {description: "Shm bytes of the wedged regions' files: what a restart of the server frees.", type: int,
+      version_added: 0.3.0}
     registered_files: {description: Files backing regions., type: int}
     backend_files: {description: "Python-based backends' files that are held (or may be): category C(backend).", type: int}
     backend_bytes: {description: Shm bytes occupied by C(backend) files., type: int, version_added: 0.2.0}
@@ -554,6 +561,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     run_operation,
     shm_dir_argument_spec,
     time_limit_argument_spec,
+    wedged_argument_spec,
     write_metrics,
 )
 
@@ -591,7 +599,11 @@ class ShmInfo(Operation):
         live = client.health('live')
         ready = client.health('ready')
         criteria = classification.Criteria.of(
-            params['orphan_patterns'], params['min_age'], params['backend_patterns'], params['client_users']
+            params['orphan_patterns'],
+            params['min_age'],
+            params['backend_patterns'],
+            params['client_users'],
+            params['wedged_after'],
         )
         snap = snapshot.read_server(
             client,
@@ -622,6 +634,7 @@ def main() -> None:
     argument_spec = shm_dir_argument_spec()
     argument_spec.update(time_limit_argument_spec())
     argument_spec.update(backend_argument_spec())
+    argument_spec.update(wedged_argument_spec())
     argument_spec.update(metrics_argument_spec())
     argument_spec.update(
         orphan_patterns=dict(type='list', elements='str', default=[]),

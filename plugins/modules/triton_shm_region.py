@@ -55,6 +55,7 @@ extends_documentation_fragment:
   - tritonops.shm.triton.shm_dir
   - tritonops.shm.triton.time_limit
   - tritonops.shm.triton.backend
+  - tritonops.shm.triton.wedged
   - tritonops.shm.triton.metrics
 attributes:
   check_mode:
@@ -497,6 +498,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     run_operation,
     shm_dir_argument_spec,
     time_limit_argument_spec,
+    wedged_argument_spec,
     write_metrics,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import DEFAULT_MIN_AGE
@@ -508,6 +510,7 @@ def main() -> None:
     argument_spec = shm_dir_argument_spec()
     argument_spec.update(time_limit_argument_spec())
     argument_spec.update(backend_argument_spec())
+    argument_spec.update(wedged_argument_spec())
     argument_spec.update(metrics_argument_spec())
     argument_spec.update(
         state=dict(type='str', choices=['present', 'absent'], default='present'),

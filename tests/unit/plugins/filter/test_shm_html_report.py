@@ -243,6 +243,7 @@ def test_ok_host_bar_counts_regions_and_orphans():
         'dangling': '1',
         'unknown': '0',
         'suspect': '0',
+        'wedged': '0',
         'cuda': '1',
     }
     assert [a['data-state'] for a in dom.find('div', class_='hot')] == ['stale', 'dangling']

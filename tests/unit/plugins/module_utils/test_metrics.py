@@ -115,7 +115,7 @@ def test_report_of_a_located_server(promtool):
         'tritonops_shm_leftover_bytes': 0,
     }
     by_state = {dict(k[1])['state']: v for k, v in s.items() if k[0] == 'tritonops_shm_regions'}
-    assert by_state == {'healthy': 2, 'stale': 1, 'reserved': 1, 'dangling': 1, 'unknown': 0, 'suspect': 0}
+    assert by_state == {'healthy': 2, 'stale': 1, 'reserved': 1, 'dangling': 1, 'unknown': 0, 'suspect': 0, 'wedged': 0}
     by_category = {dict(k[1])['category']: v for k, v in s.items() if k[0] == 'tritonops_shm_files'}
     assert by_category == {'registered': 4, 'backend': 1, 'leftover': 0, 'in_use': 1, 'orphan': 1, 'foreign': 0}
     assert s[('tritonops_shm_server_info', frozenset({('version', '2.51.0')}))] == 1
@@ -198,8 +198,8 @@ def test_label_values_are_escaped(promtool, host, url):
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
     assert (
-        len([line for line in text.splitlines() if not line.startswith('#')]) == 28
-    )  # holders_complete included; 6 region states; the CUDA series: 2 states of device 0 and the server's GPU charge
+        len([line for line in text.splitlines() if not line.startswith('#')]) == 29
+    )  # holders_complete included; 7 region states; the CUDA series: 2 states of device 0 and the server's GPU charge
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):

@@ -195,6 +195,53 @@ def test_2_53_deferred_past_the_timeout_is_pending_and_its_file_kept(serve, shm,
     assert os.listdir(shm) == []
 
 
+# -- wedged: a region Triton will not let go, run after run (issue 42, goal 5) ----------------------------------
+
+
+@pytest.mark.parametrize('version', ['2.52.0', '2.53.0'])
+def test_a_region_refused_or_deferred_three_runs_running_is_wedged_and_counted(
+    serve, shm, server_proc, tmp_path, version
+):
+    """2.50 to 2.52 refuse the unregister while in use, 2.53 and later defer it; a reference leaked inside the server
+    (server issue 7688) makes either last for good. Three stale cleanups that leave it registered make it wedged: the
+    summary counts it and its bytes (what a restart frees), and the next run tries it once and waits for nothing."""
+    model = Triton(version)
+    client = serve(model)
+    make_file(shm, 'stuck')
+    listed(model, 'stuck')
+    model.in_flight['stuck'] = -1
+    locks = str(tmp_path / 'locks')
+
+    def stale_run():
+        p = region_params(shm, server_proc.pid, backend_patterns=None, stale=True, in_use_timeout=1, wedged_after=3)
+        clock = Clock()
+        op = RegionOps(client, p, warn=lambda m: None, sleep=clock.sleep, clock=clock.clock, lock_dir=locks)
+        try:
+            op.run()
+            return op.result(), clock
+        finally:
+            op.release()
+
+    def info():
+        snap = snapshot.read_server(client, server_pid=server_proc.pid, shm_dir=shm, lock_dir=locks)
+        return results.info_result(snap, classification.classify(snap, classification.Criteria.of(wedged_after=3)))
+
+    for _run in range(3):
+        res, clock = stale_run()
+        assert res['removed_files'] == [] and os.listdir(shm) == ['stuck'], res
+    summary = info()['summary']
+    assert summary['wedged_regions'] == 1 and summary['stale_regions'] == 0, summary
+    assert summary['wedged_bytes'] == 64 * KIB
+    calls = model.calls.count('unregister')
+    res, clock = stale_run()
+    assert model.calls.count('unregister') == calls + 1 and clock.sleeps == [], 'tried once, nothing waited out'
+    assert os.listdir(shm) == ['stuck'], 'never unlinked while registered'
+    # the reference comes back (or the server restarts): the region goes, and the record with it
+    model.in_flight['stuck'] = 0
+    res, _clock = stale_run()
+    assert res['removed_files'] and os.listdir(shm) == [] and info()['summary']['wedged_regions'] == 0
+
+
 # -- 2.58: integer overflow ------------------------------------------------------------------------
 
 

@@ -1475,3 +1475,67 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
     again = run(FakeTriton(shm), shm, server_proc.pid, stale=True, backend_leftovers=True)
     assert again['removed_files'] == [os.path.join(shm, kept[0])], again
     assert os.listdir(shm) == [name] and shm_fs.read_cleanup_record(shm) == {}
+
+
+# -- wedged regions (issue 42, goal 5) ------------------------------------------------------------------------
+
+
+def _wedged_run(fake, shm, pid, lock_dir, clock=None):
+    clock = clock or FakeClock()
+    ops = RegionOps(
+        fake,
+        params(shm, pid, stale=True, wedged_after=3, in_use_timeout=2),
+        warn=lambda m: None,
+        sleep=clock.sleep,
+        clock=clock.clock,
+        serialise=True,
+        lock_dir=lock_dir,
+    )
+    try:
+        ops.run()
+        return ops.result(), clock
+    finally:
+        ops.release()
+
+
+def _state_of(shm, pid, lock_dir, name):
+    snap = snapshot_mod.read_server(FakeTritonFor.last, server_pid=pid, shm_dir=shm, lock_dir=lock_dir)
+    crit = classification.Criteria.of(wedged_after=3)
+    return {r['name']: r for r in classification.classify(snap, crit).system_regions}[name]
+
+
+class FakeTritonFor:
+    last = None
+
+
+@pytest.mark.parametrize('how', ['refused', 'deferred'])
+def test_a_region_triton_will_not_let_go_is_wedged_after_three_runs_then_tried_once_a_run(
+    shm, server_proc, tmp_path, how
+):
+    """Triton 2.53 and later: a leaked reference keeps a region in use (2.50-2.52: refused; 2.53+: deferred, listed)
+    for good. Three stale cleanups that each leave it registered make it wedged (counted beside the run lock); the
+    fourth tries it once, waiting for nothing, and reports why; once Triton lets it go, it is forgotten."""
+    make_file(shm, 'w')
+    fake = FakeTriton(shm, regions=[region('w')], in_use={'w': -1} if how == 'refused' else None)
+    if how == 'deferred':
+        listed = dict(region('w'))
+        fake.on_unregister = lambda name: fake.regions.setdefault(name, dict(listed))
+    FakeTritonFor.last = fake
+    locks = str(tmp_path / 'locks')
+    for run_no in (1, 2, 3):
+        res, clock = _wedged_run(fake, shm, server_proc.pid, locks)
+        assert 'w' in fake.regions and res['removed_files'] == [], res
+        assert clock.sleeps, 'a stale region is waited for, up to in_use_timeout'
+        assert _state_of(shm, server_proc.pid, locks, 'w')['state'] == ('wedged' if run_no == 3 else 'stale')
+    rec = _state_of(shm, server_proc.pid, locks, 'w')
+    assert '3 consecutive runs' in rec['state_reason'] and 'restart' in rec['state_reason'] and rec['reclaimable']
+    calls = fake.unregister_calls
+    res, clock = _wedged_run(fake, shm, server_proc.pid, locks)
+    assert fake.unregister_calls == calls + 1 and clock.sleeps == [], 'tried once, nothing waited out'
+    assert any('wedged' in i['reason'] or 'pending' in i['reason'] for i in res['skipped_items']), res
+    # Triton lets it go at last (a restart, or the reference returned): unregistered, its file removed, forgotten
+    fake.in_use.clear()
+    fake.on_unregister = None
+    res, _clock = _wedged_run(fake, shm, server_proc.pid, locks)
+    assert res['unregistered'] == ['w'] and 'w' not in fake.regions
+    assert not [n for n in os.listdir(locks) if n.endswith('.wedged.json')], 'the record is gone with the region'
