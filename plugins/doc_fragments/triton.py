@@ -136,7 +136,9 @@ options:
       - "Every Python-based backend (python, vllm, ...) names its files C(triton_<backend>_backend_shm_region_<uuid>) (a counter
         instead of the UUID before Triton 24.04). That form is always a backend file, whatever this list says: the patterns
         given here add to it and never replace it. The file record's C(backend) says whose file it is."
-      - Add a pattern when the server runs with C(--backend-config=python,shm-region-prefix-name=PREFIX), for example V(PREFIX*).
+      - "A prefix that a server sets on its own command line (C(--backend-config=python,shm-region-prefix-name=PREFIX)) is read
+        from it, also for the other servers (ranks) sharing its C(/dev/shm): add a pattern only for a server whose command
+        line cannot be read."
     type: list
     elements: str
     default: ["triton_*_backend_shm_region_*"]
@@ -189,6 +191,16 @@ options:
         tries a wedged region once a run, never waiting its refusal out."
     type: int
     default: 3
+    version_added: 0.3.0
+  extra_families:
+    description:
+      - "Families of other software's files of your own, added before the built-in table (NCCL, vLLM, SGLang, Python's
+        shared_memory, PyTorch, PSM, MPI/UCX, CUDA IPC, POSIX semaphores and others; docs/shm-families.md). Each is a dict
+        with C(name), C(patterns) (shell-style) and an optional C(description). A file of a family is never an orphan,
+        and M(tritonops.shm.triton_shm_info) counts the files that are not Triton's by family (its C(families))."
+    type: list
+    elements: dict
+    default: []
     version_added: 0.3.0
 """
 

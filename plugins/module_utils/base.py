@@ -84,8 +84,12 @@ def backend_argument_spec() -> dict:
 
 
 def wedged_argument_spec() -> dict:
-    """When a region Triton will not let go is wedged (doc fragment tritonops.shm.triton.wedged; wedged.py)."""
-    return dict(wedged_after=dict(type='int', default=WEDGED_AFTER))
+    """When a region Triton will not let go is wedged, and whose files are other software's (doc fragment
+    tritonops.shm.triton.wedged; wedged.py, families.py)."""
+    return dict(
+        wedged_after=dict(type='int', default=WEDGED_AFTER),
+        extra_families=dict(type='list', elements='dict', default=[]),
+    )
 
 
 def time_limit_argument_spec() -> dict:

@@ -18,14 +18,16 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
+from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils import wedged as wedged_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ParameterError,
     ShmFsError,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
@@ -72,6 +74,7 @@ class Criteria:
     backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
     client_uids: frozenset = frozenset()  # uids whose files a cleanup may remove besides the server's user's
     wedged_after: int = wedged_mod.WEDGED_AFTER  # runs whose unregister Triton refused or deferred before wedged
+    families: tuple = families_mod.FAMILIES  # other software's files: never orphans (families.table())
 
     @classmethod
     def of(
@@ -81,13 +84,18 @@ class Criteria:
         backend_patterns: Iterable[str] | None = None,
         client_users: Iterable[object] | None = None,
         wedged_after: int | None = None,
+        extra_families: Iterable[Mapping] | None = None,
     ) -> Criteria:
         """From module options: None patterns are none (orphans) or the default (backend).
 
         The files of every Python-based backend (shm_fs.BACKEND_FILE_PATTERN) are backend files whatever
         backend_patterns says: the configured patterns add to them, never replace them.
         client_users: names or numeric uids (authority.client_uids; ParameterError for an unknown name).
+        extra_families: the users' families (families.check_extra; ParameterError when they cannot be used).
         """
+        refused = families_mod.check_extra(extra_families)
+        if refused is not None:
+            raise ParameterError(refused)
         backend = tuple(dict.fromkeys(shm_fs.BACKEND_PATTERNS + tuple(backend_patterns or ())))
         return cls(
             orphan_patterns=tuple(orphan_patterns or ()),
@@ -95,6 +103,7 @@ class Criteria:
             backend_patterns=backend,
             client_uids=authority_mod.client_uids(client_users),
             wedged_after=wedged_mod.WEDGED_AFTER if wedged_after is None else max(1, int(wedged_after)),
+            families=families_mod.table(extra_families),
         )
 
 
@@ -449,7 +458,7 @@ def file_category(
         return REGISTERED, f'backs region(s) {", ".join(regions)}'
     if all_holders:
         return IN_USE, 'held by ' + holders_mod.holders_text(all_holders)
-    software = shm_fs.other_software(e['name'])
+    software = families_mod.describe(e['name'], criteria.families)
     if software is not None:
         return FOREIGN, f'{software}: never an orphan, whatever orphan_patterns says'
     if leftover is not None:

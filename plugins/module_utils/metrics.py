@@ -150,6 +150,13 @@ METRICS = {
             REPORT,
         ),
         Metric(
+            'tritonops_shm_family_bytes',
+            'gauge',
+            "Bytes of /dev/shm held by files that are not Triton's, by family of other software (nccl, vllm, sglang, ...; "
+            'other for files of no known family), and held (true when a process maps or holds them).',
+            REPORT,
+        ),
+        Metric(
             'tritonops_shm_backend_pool_bytes',
             'gauge',
             "Bytes of /dev/shm held by the held pools of Triton's Python-based backends, by model (at most "
@@ -309,6 +316,11 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
         ]
         samples.append(('tritonops_shm_orphan_bytes', (), summary.get('orphan_bytes') or 0))
         samples.append(('tritonops_shm_leftover_bytes', (), summary.get('leftover_bytes') or 0))
+        for family in inv.get('families') or ():
+            for held in ('true', 'false'):
+                key = 'held_bytes' if held == 'true' else 'unheld_bytes'
+                labels = (('family', str(family.get('name'))), ('held', held))
+                samples.append(('tritonops_shm_family_bytes', labels, family.get(key) or 0))
         samples += [
             ('tritonops_shm_backend_pool_bytes', (('model', model),), value)
             for model, value in pool_bytes_by_model(inv.get('backend_pools') or ())

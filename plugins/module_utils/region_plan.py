@@ -142,6 +142,7 @@ def criteria(p: dict, orphans: bool = True) -> classification.Criteria:
         backend_patterns=p.get('backend_patterns'),
         client_users=p.get('client_users'),
         wedged_after=p.get('wedged_after'),
+        extra_families=p.get('extra_families'),
     )
 
 

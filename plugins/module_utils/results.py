@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records, pool_records
 from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     CUDA_STATES,
     DANGLING,
     FILE_CATEGORIES,
+    FOREIGN,
+    IN_USE,
     REGION_STATES,
     cuda_bytes_key,
     cuda_count_key,
@@ -27,8 +30,15 @@ from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
 )
 
 
-def info_result(snap: Snapshot, records: Records, live: bool | None = None, ready: bool | None = None) -> dict:
-    """What triton_shm_info returns for a snapshot and its records (live, ready: the health calls, if made)."""
+def info_result(
+    snap: Snapshot,
+    records: Records,
+    live: bool | None = None,
+    ready: bool | None = None,
+    families: Sequence = families_mod.FAMILIES,
+) -> dict:
+    """What triton_shm_info returns for a snapshot and its records (live, ready: the health calls, if made; families:
+    the table the files that are not Triton's are counted by, families.table())."""
     regions, cuda, files = records
     fs = dict(snap.fs) if snap.fs else None
     server = {
@@ -52,6 +62,7 @@ def info_result(snap: Snapshot, records: Records, live: bool | None = None, read
         'cuda_regions': cuda,
         'files': files,
         'backend_pools': pool_records(snap, files),
+        'families': families_mod.count(files, families, (FOREIGN, IN_USE)),
         'gpus': gpu_facts(snap, cuda),
         'gpu_error': snap.gpu.reading.error if snap.gpu is not None else None,
         'summary': summarize(regions, cuda, files, fs, deleted_bytes(snap)),

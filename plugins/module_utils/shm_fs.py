@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fnmatch
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import rootfs
+from ansible_collections.tritonops.shm.plugins.module_utils import families, rootfs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 
 BACKEND_PREFIX = 'triton_python_backend_shm_region_'
@@ -43,37 +42,10 @@ def backend_of(name: str) -> str | None:
 
 
 # Files of other software that live in /dev/shm: never an orphan, whatever orphan_patterns says (V(*) included).
-# (pattern, whose). Documented in docs/concepts.md ("Files of other software"); case-sensitive, as names are.
-OTHER_SOFTWARE = (
-    ('.org.chromium.*', 'Chromium, Chrome or Electron shared memory'),
-    ('.com.google.Chrome.*', 'Chrome shared memory'),
-    ('org.chromium.*', 'Chromium shared memory'),
-    ('org.mozilla.ipc.*', 'Firefox shared memory'),
-    ('wayland.mozilla.ipc.*', 'Firefox shared memory'),
-    ('sem.*', 'a POSIX named semaphore (sem_open)'),
-    ('pulse-shm-*', 'PulseAudio shared memory'),
-    ('jack-*', 'JACK audio shared memory'),
-    ('vader_segment.*', "Open MPI's shared memory (vader)"),
-    ('sm_segment.*', "Open MPI's shared memory (sm)"),
-    ('ucx_shm_posix_*', "UCX's shared memory"),
-    ('psm2_shm.*', "Intel PSM2's shared memory"),
-    ('nccl-*', "NCCL's shared memory"),
-    ('cuda.shm.*', "the CUDA driver's IPC shared memory"),
-    ('torch_*', "PyTorch's shared tensors"),
-    ('PostgreSQL.*', "PostgreSQL's dynamic shared memory"),
-    ('mono.*', "the Mono runtime's shared memory"),
-    ('qipc_sharedmemory_*', "Qt's shared memory"),
-    ('qipc_systemsem_*', "Qt's system semaphore"),
-    ('lttng-ust-*', "LTTng's shared memory"),
-)
-
-
+# One table, families.FAMILIES (docs/shm-families.md); case-sensitive, as names are.
 def other_software(name: str) -> str | None:
     """Whose file a name of a well-known family of other software is ('PostgreSQL's dynamic shared memory'), else None."""
-    for pattern, whose in OTHER_SOFTWARE:
-        if fnmatch.fnmatchcase(name, pattern):
-            return f'{whose} ({pattern})'
-    return None
+    return families.describe(name)
 
 
 # The mark of a region this collection registered (the 建 step): an extended attribute of the

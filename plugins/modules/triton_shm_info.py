@@ -343,6 +343,28 @@ files:
       type: str
       sample: vllm
       version_added: 0.2.0
+families:
+  description:
+    - "The files that are not Triton's (categories C(foreign) and C(in_use)) by family of other software: NCCL, vLLM, SGLang,
+      Python's shared_memory, PyTorch, PSM, MPI/UCX, CUDA IPC, POSIX semaphores and others (docs/shm-families.md), yours
+      first (O(extra_families)), and C(other) for the files of no known family. Families with no file are left out."
+  returned: always
+  type: list
+  elements: dict
+  version_added: 0.3.0
+  contains:
+    name: {description: "The family (C(nccl), C(vllm), ..., C(other)).", type: str}
+    description: {description: Whose files they are., type: str}
+    files: {description: Files of the family., type: int}
+    bytes: {description: Shm bytes they occupy., type: int}
+    held_files: {description: Those a process maps or holds., type: int}
+    held_bytes: {description: Their bytes., type: int}
+    unheld_files: {description: Those no process holds (a dead process's, as far as seen)., type: int}
+    unheld_bytes: {description: Their bytes., type: int}
+    containers:
+      description: The containers or pods of their holders.
+      type: list
+      elements: str
 backend_pools:
   description:
     - The shared-memory pools of Triton's Python-based backends (every C(backend) and C(leftover) file), one per model instance,
@@ -604,6 +626,7 @@ class ShmInfo(Operation):
             params['backend_patterns'],
             params['client_users'],
             params['wedged_after'],
+            params['extra_families'],
         )
         snap = snapshot.read_server(
             client,
@@ -618,7 +641,9 @@ class ShmInfo(Operation):
             self.module.warn(warning)
         for warning in classification.broad_pattern_warnings(params['orphan_patterns']):
             self.module.warn(warning)
-        return results.info_result(snap, classification.classify(snap, criteria), live=live, ready=ready)
+        return results.info_result(
+            snap, classification.classify(snap, criteria), live=live, ready=ready, families=criteria.families
+        )
 
     def result(self, outcome: dict, finished: bool = True) -> dict:
         result = dict(outcome, changed=False)

@@ -683,3 +683,59 @@ def test_every_byte_of_the_shm_directory_is_explained(triton):
     assert categories == s['files_bytes'] == sum(f['allocated_bytes'] for f in info['files'])
     assert s['files_bytes'] + s['unlinked_mapped_bytes'] + s['other_bytes'] == s['used_bytes'], s
     assert s['other_bytes'] < 64 * 1024, 'nothing else uses this private /dev/shm: at most a few pages'
+
+
+def test_the_files_that_are_not_tritons_are_counted_by_family_held_and_unheld(triton, tmp_path):
+    """Issue 42, goal 1: NCCL, vLLM, Python shared_memory and PyTorch files beside a real 2.51's regions, some held by a
+    live process, some left by a dead one. triton_shm_info counts them by family with their bytes, the textfile
+    exports them, and not even orphan_patterns '*' makes any of them an orphan."""
+    made = {
+        'nccl-Xy12ab': 3 * MIB,
+        'vllm_offload_0.mmap': 2 * MIB,
+        'psm_1a2b3c4d': MIB,
+        'torch_4711_0': MIB,
+        'mystery.bin': 4096,
+    }
+    for name, size in made.items():
+        triton.write_file(name, size)
+    holder = subprocess.Popen(
+        [sys.executable, '-c', HOLD_FILES, triton.shm_path('nccl-Xy12ab'), triton.shm_path('torch_4711_0')],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == 'READY'
+        info = ansible_helpers.run_module(
+            INFO, dict(url=triton.url, orphan_patterns=['*'], min_age=0, metrics_dir=str(tmp_path), metrics_host='t1')
+        )
+        fams = {f['name']: f for f in info['families']}
+        assert (fams['nccl']['held_files'], fams['nccl']['held_bytes']) == (1, 3 * MIB), fams['nccl']
+        assert (fams['vllm']['unheld_files'], fams['vllm']['unheld_bytes']) == (1, 2 * MIB), fams['vllm']
+        assert fams['python_shared_memory']['unheld_files'] == 1 and fams['pytorch']['held_files'] == 1
+        assert 'other' not in fams, 'mystery.bin is an orphan here (a name of no family, under orphan_patterns *)'
+        files = {f['name']: f for f in info['files']}
+        assert all(files[n]['category'] in ('foreign', 'in_use') for n in made if n != 'mystery.bin')
+        assert files['mystery.bin']['category'] == 'orphan', "only a name of no family may be an orphan on a '*'"
+        text = ''.join(open(p).read() for p in info['metrics_files'])
+        (line,) = [
+            x
+            for x in text.splitlines()
+            if x.startswith('tritonops_shm_family_bytes{') and 'family="nccl"' in x and 'held="true"' in x
+        ]
+        assert line.endswith(f' {3 * MIB}'), line
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# a process that opens and maps the files given and waits (a live NCCL peer, a live PyTorch worker)
+HOLD_FILES = """
+import mmap, os, sys, time
+maps = []
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDWR)
+    maps.append(mmap.mmap(fd, 0))
+    os.close(fd)
+print('READY', flush=True)
+time.sleep(600)
+"""

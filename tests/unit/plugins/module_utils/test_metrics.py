@@ -64,6 +64,7 @@ def info(pid=4242, **over):
         ],
         summary=dict(stale_bytes=4 * MIB, orphan_bytes=MIB),
         backend_pools=[pool('echo', MIB)],
+        families=[dict(name='other', files=1, bytes=MIB, held_files=1, held_bytes=MIB, unheld_files=0, unheld_bytes=0)],
         scanned_at=1764760000.25,
     )
     result.update(over)
@@ -198,8 +199,8 @@ def test_label_values_are_escaped(promtool, host, url):
     expected = host.encode('utf-8', 'backslashreplace').decode('utf-8')
     assert samples(text)['_hosts'] == {(expected, url)}
     assert (
-        len([line for line in text.splitlines() if not line.startswith('#')]) == 29
-    )  # holders_complete included; 7 region states; the CUDA series: 2 states of device 0 and the server's GPU charge
+        len([line for line in text.splitlines() if not line.startswith('#')]) == 31
+    )  # 7 region states; a family held and not; the CUDA series: 2 states of device 0 and the server's GPU charge
 
 
 def test_cleanup_outcome_and_counters_that_go_on(promtool):
@@ -506,3 +507,26 @@ def test_cuda_series_are_bounded_by_device_and_state(promtool):
         if k[0] == 'tritonops_shm_gpu_server_bytes'
     }
     assert charged == {('0', 'GPU-0'): 583 * MIB}  # GPU 1: NVML did not say, no series
+
+
+def test_the_files_that_are_not_tritons_are_exported_by_family_held_and_not(promtool):
+    """Issue 42, goal 1: bounded labels, one series per family and held."""
+    fams = [
+        dict(
+            name='nccl',
+            files=3,
+            bytes=30 * MIB,
+            held_files=2,
+            held_bytes=20 * MIB,
+            unheld_files=1,
+            unheld_bytes=10 * MIB,
+        ),
+        dict(name='other', files=1, bytes=MIB, held_files=0, held_bytes=0, unheld_files=1, unheld_bytes=MIB),
+    ]
+    text = metrics.report_text(info(families=fams), 'gpu1', URL)
+    check_metrics(promtool, text)
+    s = samples(text)
+    got = {
+        dict(k[1])['family'] + '/' + dict(k[1])['held']: v for k, v in s.items() if k[0] == 'tritonops_shm_family_bytes'
+    }
+    assert got == {'nccl/true': 20 * MIB, 'nccl/false': 10 * MIB, 'other/true': 0, 'other/false': MIB}
