@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import classification, shm_fs, vocabulary
+from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ServerNotFound, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
@@ -36,7 +37,7 @@ IN_USE_TIMEOUT = 10
 SAFE_UNREGISTER_VERSION = (2, 50)
 
 # The options that select what state=absent acts on (one of them is required).
-SELECTORS = ('stale', 'reserved', 'suspect', 'all', 'orphan_files', 'backend_leftovers')
+SELECTORS = ('stale', 'reserved', 'suspect', 'all', 'orphan_files', 'backend_leftovers', 'families')
 
 Unaddressable = Callable[[str], 'str | None']  # client.unaddressable: why the client cannot address a name, or None
 
@@ -174,6 +175,13 @@ def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
         )
     if p.get('in_use_timeout', IN_USE_TIMEOUT) < 0:
         raise ParameterError('in_use_timeout must be 0 or more seconds')
+    known = {f.name for f in families_mod.table(p.get('extra_families'))}
+    unknown = sorted(set(p.get('families') or ()) - known)
+    if unknown:
+        raise ParameterError(
+            f'families: {", ".join(unknown)} is no family of docs/shm-families.md nor of extra_families '
+            f'(known: {", ".join(sorted(known))})'
+        )
     return classification.broad_pattern_warnings(p.get('orphan_patterns')) if p.get('orphan_files') else []
 
 
@@ -480,6 +488,7 @@ def require_server(snap: Snapshot, p: dict) -> None:
             ('stale', snap.pid is None),
             ('orphan_files', snap.shm_dir is None),
             ('backend_leftovers', snap.shm_dir is None),
+            ('families', snap.shm_dir is None),
         )
         if p.get(w) and needs
     ]
@@ -539,7 +548,44 @@ def plan_files(
         )
     if p.get('backend_leftovers'):
         file_plan.extend(FileAction(entries[f['path']], None) for f in files if f['category'] == vocabulary.LEFTOVER)
+    for f in family_files(snap, p, owners, files, notes):
+        file_plan.append(FileAction(entries[f['path']], None))
     return file_plan
+
+
+def family_files(snap: Snapshot, p: dict, owners: classification.Criteria, files: list, notes: _Notes) -> list:
+    """The files of the families asked for (p['families'], opt-in; docs/shm-families.md) that may go: regular files
+    no process holds (a complete scan), older than min_age, whose owner the authority rule accepts; each other one of
+    those families is kept, with its reason in notes."""
+    wanted = set(p.get('families') or ())
+    if not wanted:
+        return []
+    out = []
+    for f in files:
+        family = families_mod.family_of(f['name'], owners.families)
+        if family is None or family.name not in wanted or f['category'] not in (vocabulary.FOREIGN, vocabulary.IN_USE):
+            continue
+        why = None
+        if f.get('type') != 'file':
+            why = f'not a regular file ({f.get("type")})'
+        elif f['holders']:
+            why = f'{family.name}: held by {holders_text(f["holders"])}'
+        elif not snap.holders_complete:
+            why = f'{family.name}: holders could not be fully determined'
+        elif f['age_s'] < owners.min_age:
+            why = f'{family.name}: younger than min_age ({f["age_s"]}s < {owners.min_age}s)'
+        else:
+            entry = snap.entry(f['name'])
+            why = (
+                'not listed in the shm directory'
+                if entry is None
+                else classification.removal_refusal(snap, owners, entry)
+            )
+        if why is None:
+            out.append(f)
+        else:
+            notes.skipped.append({'path': f['path'], 'reason': why})
+    return out
 
 
 def _keep_file_reason(

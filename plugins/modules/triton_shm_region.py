@@ -153,6 +153,18 @@ options:
     type: bool
     default: false
     version_added: 0.3.0
+  families:
+    description:
+      - "With O(state=absent), also remove the files of these families of other software (opt-in, default none; names from
+        docs/shm-families.md, for example V(nccl), V(vllm), or your O(extra_families)) that a dead process left: regular
+        files no process maps or holds (a complete holder scan), older than O(min_age), whose owner is the server's user or
+        one of O(client_users). The same rules as orphans: quarantine, the holders scanned again, never through a symlink."
+      - A held file of such a family, a younger one and every file of another family are kept, with the reason in
+        RV(skipped_items).
+    type: list
+    elements: str
+    default: []
+    version_added: 0.3.0
   all:
     description:
       - With O(state=absent), select every registered region of O(kind), live clients' too. Never a default.
@@ -525,6 +537,7 @@ def main() -> None:
         stale=dict(type='bool', default=False),
         reserved=dict(type='bool', default=False),
         suspect=dict(type='bool', default=False),
+        families=dict(type='list', elements='str', default=[]),
         all=dict(type='bool', default=False),
         orphan_files=dict(type='bool', default=False),
         backend_leftovers=dict(type='bool', default=False),

@@ -12,6 +12,7 @@ import base64
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -559,3 +560,33 @@ def test_a_restarted_server_leaves_orphans_that_patterns_clean(tmp_path):
         for server in servers:
             server.stop()
         ns.stop()
+
+
+def test_families_opt_in_removes_a_dead_processs_files_of_those_families_only(triton):
+    """Issue 42, goal 2: families: [nccl] removes the NCCL files no process holds (older than min_age), under the orphan
+    rules; a held NCCL file, a vLLM file and a file of no family stay. Check mode tells exactly that and touches nothing."""
+    for name in ('nccl-dead01', 'nccl-live01', 'vllm_offload_0.mmap', 'mystery.bin'):
+        triton.write_file(name, MIB)
+    holder = subprocess.Popen(
+        [sys.executable, '-c', 'import mmap,os,sys,time\nfd=os.open(sys.argv[1],os.O_RDWR)\nm=mmap.mmap(fd,0)\n'
+         "print('READY',flush=True)\ntime.sleep(600)", triton.shm_path('nccl-live01')],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == 'READY'
+        before = snapshot(triton)
+        args = conn(triton, state='absent', families=['nccl'], min_age=0)
+        check, real, again = one(args, check=True), one(args), one(args)
+        assert snapshot(triton)[1].keys() - {'nccl-dead01'} == before[1].keys() - {'nccl-dead01'}
+        for res in (check, real):
+            assert [os.path.basename(p) for p in res['removed_files']] == ['nccl-dead01'], res
+            kept = skipped(res, 'path')
+            assert 'held by' in kept[triton.shm_path('nccl-live01')], kept
+        assert 'nccl-dead01' not in triton.shm_files() and again['changed'] is False
+        assert {'nccl-live01', 'vllm_offload_0.mmap', 'mystery.bin'} <= set(triton.shm_files())
+        refused = one(conn(triton, state='absent', families=['ncl']))
+        assert refused.get('failed') and 'no family' in refused['msg'], refused
+    finally:
+        holder.kill()
+        holder.wait()
