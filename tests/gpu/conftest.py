@@ -8,6 +8,7 @@ import contextlib
 import glob
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -100,9 +101,13 @@ def clients():
             ['--fork'] if fork else []
         )
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        line = proc.stdout.readline()
+        with selectors.DefaultSelector() as sel:  # its line within 60 s (a CUDA context and a registration)
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            line = proc.stdout.readline() if sel.select(60) else ''
         if not line:
-            raise AssertionError(f'the CUDA client did not register {name}: {proc.stderr.read()[-2000:]}')
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f'the CUDA client did not register {name} within 60 s: {proc.stderr.read()[-2000:]}')
         client = CudaClient(proc, json.loads(line))
         started.append(client)
         return client
