@@ -36,7 +36,7 @@ def build(directory: str) -> str:
         raise RuntimeError('no C compiler (cc) to build the stub NVML')
     os.makedirs(directory, exist_ok=True)
     out = os.path.join(directory, LIBRARY)
-    subprocess.run([cc, '-shared', '-fPIC', '-O1', '-Wall', '-Werror', '-o', out, SOURCE], check=True)
+    subprocess.run([cc, '-shared', '-fPIC', '-O1', '-o', out, SOURCE], check=True)
     return directory
 
 
