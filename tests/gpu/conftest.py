@@ -33,11 +33,16 @@ MIB = 1 << 20
 
 def pytest_sessionstart(session):
     if os.geteuid() != 0:
-        pytest.exit('make test-gpu needs root (private /dev/shm namespaces, NVML and every process maps)', returncode=3)
+        pytest.exit(
+            'the GPU suite (make test-gpu, run-gpu-suite) needs root (private /dev/shm namespaces, NVML and every process maps)',
+            returncode=3,
+        )
     reading = nvml.read()
     if reading.error or not reading.gpus:
         pytest.exit(
-            f'make test-gpu needs an NVIDIA GPU and its driver: {reading.error or "NVML lists no GPU"}', returncode=3
+            'the GPU suite (make test-gpu, run-gpu-suite) needs an NVIDIA GPU and its driver: '
+            + (reading.error or 'NVML lists no GPU'),
+            returncode=3,
         )
     print(f'GPUs: {", ".join(f"{g.index} {g.uuid}" for g in reading.gpus)}')
 
