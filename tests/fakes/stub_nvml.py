@@ -107,6 +107,21 @@ class Config:
     def procs(self) -> dict:
         return read_procs(self.path)
 
+    def charge(self, gpu: int, pid: int, used: int | None) -> None:
+        """NVML lists a context of pid on gpu, charged used bytes (None: not available)."""
+        self.update(lambda procs: procs.update({(gpu, pid): used}))
+
+    def end(self, gpu: int, pid: int, heir: tuple[int, int] | None = None, moved: int = 0) -> None:
+        """pid's context on gpu ends; moved bytes of it go to heir's charge ((gpu, pid): the server that imported a
+        killed client's region holds that memory now, CUDA-FACTS.md, fact 5)."""
+
+        def ended(procs: dict) -> None:
+            del procs[gpu, pid]
+            if heir is not None:
+                procs[heir] = (procs.get(heir) or 0) + moved
+
+        self.update(ended)
+
 
 def read_procs(path: str) -> dict:
     """The compute processes of a configuration file: {(gpu index, pid): bytes or None}."""

@@ -125,7 +125,7 @@ class Scene:
         self.started.append(proc)
         assert _line(popen, 'the fake tritonserver').strip() == 'READY'
         proc.url = f'http://127.0.0.1:{port}'
-        self.config.update(lambda p: p.__setitem__((gpu, proc.pid), SERVER_BASE))
+        self.config.charge(gpu, proc.pid, SERVER_BASE)
         return proc
 
     def process(self, kind: str, gpu: int = 0, fork: bool = False, comm: str | None = None) -> Proc:
@@ -141,7 +141,7 @@ class Scene:
     def client(self, server: Proc, name: str, size: int, gpu: int = 0, fork: bool = False) -> Proc:
         """A CUDA client: a context on gpu listed by NVML with its allocation, its region registered by name."""
         proc = self.process('context', gpu, fork, comm='cuda_client')
-        self.config.update(lambda p: p.__setitem__((gpu, proc.pid), CONTEXT + size))
+        self.config.charge(gpu, proc.pid, CONTEXT + size)
         body = {'raw_handle': {'b64': 'AAAA'}, 'device_id': 0, 'byte_size': size}
         status, _ = tritonrig.http_json(f'{server.url}/v2/cudasharedmemory/region/{name}/register', 'POST', body)
         assert status == 200
@@ -150,12 +150,7 @@ class Scene:
     def crash(self, client: Proc, server: Proc, size: int, gpu: int = 0, server_gpu: int = 0) -> None:
         """SIGKILL a client: NVML lists it no more and charges its region to the server (fact 5)."""
         client.kill()
-
-        def moved(procs: dict) -> None:
-            del procs[gpu, client.pid]
-            procs[server_gpu, server.pid] += size
-
-        self.config.update(moved)
+        self.config.end(gpu, client.pid, heir=(server_gpu, server.pid), moved=size)
 
     def regions(self, server: Proc) -> list:
         _status, listed = tritonrig.http_json(f'{server.url}/v2/cudasharedmemory/status')
@@ -280,7 +275,7 @@ def test_zombie_the_forked_child_is_named_and_the_region_reclaimed_once_it_is_st
     assert kept['unregistered'] == [] and s.regions(server) == ['cuda_zombie'], kept
 
     parent.kill_child()  # the context ends; its region is the server's now (fact 5)
-    s.config.update(lambda p: (p.pop((0, parent.pid)), p.__setitem__((0, server.pid), SERVER_BASE + 128 * MIB)))
+    s.config.end(0, parent.pid, heir=(0, server.pid), moved=128 * MIB)
     res = s.reclaim(server)
     assert res['unregistered'] == ['cuda_zombie'] and res['freed_gpu_bytes'] == 128 * MIB, res
 
@@ -311,7 +306,7 @@ def test_eight_gpus_a_context_on_another_gpu_does_not_keep_the_servers_region_un
     s = scene(stub_nvml.Config.h200(str(tmp_path / 'nvml.conf'), count=8))
     server = s.server(gpu=3, visible=h200_uuid(3))
     trainer = s.process('context', gpu=5, comm='trainer')
-    s.config.update(lambda p: p.__setitem__((5, trainer.pid), 40 << 30))
+    s.config.charge(5, trainer.pid, 40 << 30)
     killed = s.client(server, 'cuda_killed', 128 * MIB, gpu=3)
     s.crash(killed, server, 128 * MIB, gpu=3, server_gpu=3)
     (tmp_path / 'textfiles').mkdir()
