@@ -30,7 +30,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 changelog-check units integration integration-matrix test test-gpu test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 changelog-check units integration integration-matrix test test-gpu gpu-bundle test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -114,6 +114,13 @@ integration: collection $(PROMETHEUS_BINARIES) $(VENV216)/.installed  ## integra
 # perf_analyzer comes from the tritonclient 2.51 wheel. Under 5 minutes.
 test-gpu: collection  ## the CUDA suite (tests/gpu/) on a real NVIDIA GPU: the CUDA rule, its reclaim, NVML's figures
 	cd $(COLL) && $(PYTEST_RUN) tests/gpu -p no:xdist -v $(PYTEST_ARGS)
+
+# The GPU suite for a GPU machine with Python 3.12, the driver and no network: one archive of at most 60 MiB
+# (build/tritonops-shm-gpu-bundle.tar.xz) with the wheels of ansible-core and pytest, the collection tarball, ansible.posix,
+# the wheel's tritonserver and its libraries and perf_analyzer of tritonclient 2.51 (.ci/gpu-bundle says what and why);
+# on the GPU machine, as root: tar xJf tritonops-shm-gpu-bundle.tar.xz && tritonops-shm-gpu/run-gpu-suite
+gpu-bundle: build  ## pack the GPU suite into one archive (<= 60 MiB) that runs with `run-gpu-suite` on a machine with no network
+	.ci/gpu-bundle $(VPY) $$(ls -t $(BUILD)/tritonops-shm-*.tar.gz | head -n 1) $(BUILD)
 
 # The version matrix: the core integration tests against the tritonserver of an older
 # nvidia-pytriton (0.5.10 bundles Triton 2.48), installed apart from the venv (see tests/integration/containers/README.md).

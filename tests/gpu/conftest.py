@@ -8,6 +8,7 @@ import contextlib
 import glob
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -32,11 +33,16 @@ MIB = 1 << 20
 
 def pytest_sessionstart(session):
     if os.geteuid() != 0:
-        pytest.exit('make test-gpu needs root (private /dev/shm namespaces, NVML and every process maps)', returncode=3)
+        pytest.exit(
+            'the GPU suite (make test-gpu, run-gpu-suite) needs root (private /dev/shm namespaces, NVML and every process maps)',
+            returncode=3,
+        )
     reading = nvml.read()
     if reading.error or not reading.gpus:
         pytest.exit(
-            f'make test-gpu needs an NVIDIA GPU and its driver: {reading.error or "NVML lists no GPU"}', returncode=3
+            'the GPU suite (make test-gpu, run-gpu-suite) needs an NVIDIA GPU and its driver: '
+            + (reading.error or 'NVML lists no GPU'),
+            returncode=3,
         )
     print(f'GPUs: {", ".join(f"{g.index} {g.uuid}" for g in reading.gpus)}')
 
@@ -100,9 +106,13 @@ def clients():
             ['--fork'] if fork else []
         )
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        line = proc.stdout.readline()
+        with selectors.DefaultSelector() as sel:  # its line within 60 s (a CUDA context and a registration)
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            line = proc.stdout.readline() if sel.select(60) else ''
         if not line:
-            raise AssertionError(f'the CUDA client did not register {name}: {proc.stderr.read()[-2000:]}')
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f'the CUDA client did not register {name} within 60 s: {proc.stderr.read()[-2000:]}')
         client = CudaClient(proc, json.loads(line))
         started.append(client)
         return client

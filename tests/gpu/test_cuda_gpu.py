@@ -40,6 +40,21 @@ def charge(server) -> int:
     return value
 
 
+def until_stale(server, names: list, timeout: float = 30.0) -> dict:
+    """triton_shm_info once every region of names is stale, within timeout seconds: a killed client's context is torn
+    down by the driver after the kill, and NVML lists it until then. Fails with each region's state and reason."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = info(server)
+        seen = regions(res)
+        if all(seen.get(n, {}).get('state') == 'stale' for n in names):
+            return res
+        if time.monotonic() > deadline:
+            states = {n: (seen.get(n, {}).get('state'), seen.get(n, {}).get('state_reason')) for n in names}
+            raise AssertionError(f'not stale {timeout:.0f} s after the kill: {states}')
+        time.sleep(0.5)
+
+
 def settled(server, at_most: int, timeout: float = 15.0) -> int:
     """The server's charge once it is at most at_most bytes (the memory came back), or the last reading."""
     deadline = time.monotonic() + timeout
@@ -51,13 +66,14 @@ def settled(server, at_most: int, timeout: float = 15.0) -> int:
 
 
 def cleanup(server, **extra) -> dict:
-    """The cleanup playbook with its defaults; the host's record (the AWX artifact)."""
+    """The cleanup playbook with its defaults (the suite runs as root: no become, a GPU machine may have no sudo); the
+    host's record (the AWX artifact)."""
     inventory = {'all': {'children': {'triton': {'hosts': {'gpu': dict(
         ansible_connection='local', ansible_python_interpreter=sys.executable, triton_url=server.url)}}}}}  # fmt: skip
     res = ansible_playbook(
         'tritonops.shm.cleanup',
         inventory=inventory,
-        extra_vars=dict(prometheus_textfile_dir='', **extra),
+        extra_vars=dict(prometheus_textfile_dir='', triton_become=False, **extra),  # root already: no sudo needed
         env={'ANSIBLE_SHOW_CUSTOM_STATS': '1'},
     )
     assert res.data is not None, res.stdout[-3000:]
@@ -77,9 +93,7 @@ def test_a_killed_client_is_stale_once_no_other_context_remains_and_the_cleanup_
     owners = {h['pid'] for h in seen['cuda_killed']['holders']}
     assert live.pid in owners and nvml_only.pid not in owners, seen['cuda_killed']
     live.kill()  # the live one leaves without unregistering
-    res = info(triton)
-    seen = regions(res)
-    assert seen['cuda_live']['state'] == seen['cuda_killed']['state'] == 'stale', seen
+    res = until_stale(triton, ['cuda_live', 'cuda_killed'])
     assert res['summary']['cuda_stale_bytes'] == 320 * MIB and res['gpus'][0]['zombies'] == []
     assert nvml_only.pid not in {h['pid'] for g in res['gpus'] for h in g['context_holders']}
     before = charge(triton)
@@ -98,6 +112,7 @@ def test_a_live_clients_region_is_never_stale_and_check_mode_touches_nothing(tri
     res = run_module(REGION, dict(url=triton.url, kind='cuda', state='absent', stale=True))
     assert res['changed'] is False and res['unregistered'] == [] and res['freed_gpu_bytes'] is None, res
     live.kill()
+    until_stale(triton, ['cuda_live'])
     checked = run_module(REGION, dict(url=triton.url, kind='cuda', state='absent', stale=True), check=True)
     assert (
         checked['changed'] is True and checked['unregistered'] == ['cuda_live'] and checked['freed_gpu_bytes'] is None
@@ -117,6 +132,7 @@ def test_a_zombie_child_is_named_and_its_region_reclaimed_once_it_is_stopped(tri
     child = [h for h in region['holders'] if h['pid'] == parent.child]
     assert child and child[0]['why'].startswith('zombie candidate'), region['holders']
     parent.kill_child()
+    until_stale(triton, ['cuda_zombie'])  # NVML lists the parent's pid until the driver has torn the context down
     res = run_module(REGION, dict(url=triton.url, kind='cuda', state='absent', stale=True))
     assert res['unregistered'] == ['cuda_zombie'] and res['freed_gpu_bytes'] >= 128 * MIB * 0.99, res
 
@@ -130,21 +146,33 @@ def _perf_analyzer() -> str:
     return found
 
 
-def test_perf_analyzer_regions_are_kept_while_it_runs_and_reclaimed_once_it_is_killed(triton):
+def _tail(path, size: int = 4000) -> str:
+    with open(path, 'rb') as f:
+        return f.read()[-size:].decode('utf-8', 'replace')
+
+
+def test_perf_analyzer_regions_are_kept_while_it_runs_and_reclaimed_once_it_is_killed(triton, tmp_path):
     cmd = [_perf_analyzer(), '-m', 'echo', '-u', triton.url.split('://', 1)[1], '--shared-memory=cuda',
            '--shape', 'INPUT0:65536', '--concurrency-range', '1', '--measurement-interval', '120000']  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tmp_path / 'perf_analyzer.log'  # a file, not a pipe: a pipe nobody reads would stop it once full
+    with open(log, 'wb') as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
-        while not regions(info(triton)) and time.monotonic() < deadline:
-            time.sleep(0.5)
         live = regions(info(triton))
-        assert live and all(r['state'] == 'unknown' for r in live.values()), live
+        while not live and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            live = regions(info(triton))
+        if not live:
+            why = f'exited with {proc.returncode}' if proc.poll() is not None else 'still running'
+            pytest.fail(f'perf_analyzer registered no CUDA region within 60 s ({why}); its output:\n{_tail(log)}')
+        assert all(r['state'] == 'unknown' for r in live.values()), live
         kept = run_module(REGION, dict(url=triton.url, kind='cuda', state='absent', stale=True))
-        assert kept['unregistered'] == [], kept
+        assert kept['unregistered'] == [], (kept, _tail(log))
     finally:
         proc.kill()
         proc.wait(30)
+    until_stale(triton, sorted(live))
     res = run_module(REGION, dict(url=triton.url, kind='cuda', state='absent', stale=True))
     assert sorted(res['unregistered']) == sorted(live) and res['freed_gpu_bytes'] > 0, res
     assert regions(info(triton)) == {}

@@ -184,6 +184,15 @@ def _site_packages() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(pytriton.__file__)))
 
 
+def _numpy_site() -> list[str]:
+    """The directory this interpreter imports numpy from (none when it has none)."""
+    try:
+        import numpy  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return []
+    return [os.path.dirname(os.path.dirname(os.path.abspath(numpy.__file__)))]
+
+
 def triton_paths() -> dict[str, Any]:
     """Locate tritonserver, its backends and libraries inside the wheel."""
     try:
@@ -193,8 +202,9 @@ def triton_paths() -> dict[str, Any]:
     root = os.path.join(site, 'pytriton', 'tritonserver')
     paths = {
         'site': site,
-        # the stub's sys.path: the wheel's site-packages, then this interpreter's (numpy), when they differ
-        'model_path': list(dict.fromkeys([site, sysconfig.get_paths()['purelib']])),
+        # the stub's sys.path: the wheel's site-packages, then this interpreter's, then wherever this interpreter finds
+        # numpy (a venv with the system site-packages: the GPU bundle's on a machine whose Python has numpy)
+        'model_path': list(dict.fromkeys([site, sysconfig.get_paths()['purelib'], *_numpy_site()])),
         'root': root,
         'binary': os.path.join(root, 'bin', 'tritonserver'),
         'backends': os.path.join(root, 'backends'),

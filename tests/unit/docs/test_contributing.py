@@ -27,9 +27,10 @@ def _layout_paths() -> list[str]:
     return paths
 
 
-def test_the_guide_is_at_most_7_kb():
-    # 6 KB until issue 35 added its recipes (what each kind of change touches)
-    assert os.path.getsize(GUIDE) <= 7 * 1024
+def test_the_guide_is_at_most_7_5_kb():
+    # 6 KB until issue 35 added its recipes (what each kind of change touches), 7 KB until issue 43 added how to run the
+    # GPU suite on a machine with no network
+    assert os.path.getsize(GUIDE) <= 7.5 * 1024
 
 
 def test_every_path_of_the_layout_table_exists():
