@@ -219,7 +219,16 @@ def test_report_html_in_chromium(fleet, tmp_path):
     located = ok.one(data_located='true').text()
     assert located.startswith('Server found: listener') and f'pid {seen.pid}' in located
     assert states(ok) == {'live': 'healthy', 'dead': 'stale', 'gone': 'dangling', HOSTILE: 'stale'}
-    assert counts(ok) == {'healthy': 1, 'stale': 2, 'reserved': 0, 'dangling': 1, 'unknown': 0, 'cuda': 0}
+    assert counts(ok) == {
+        'healthy': 1,
+        'stale': 2,
+        'reserved': 0,
+        'dangling': 1,
+        'unknown': 0,
+        'suspect': 0,
+        'wedged': 0,
+        'cuda': 0,
+    }
     rows = {tr.attrs['data-region']: tr for tr in ok.all('tr') if 'data-region' in tr.attrs}
     assert rows[HOSTILE].one('td', **{'class': 'name'}).text() == HOSTILE
     assert f'(pid {live.pid})' in rows['live'].one('td', **{'class': 'holders'}).text()
