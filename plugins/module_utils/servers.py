@@ -17,13 +17,16 @@ loopback in this namespace, else the namespace's own address from its fib_trie),
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import holders
 from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import identity
 from ansible_collections.tritonops.shm.plugins.module_utils.discovery import SERVER_COMMS, listening_sockets
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonOpsError
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     list_pids,
     netns_inode,
@@ -31,6 +34,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     read_comm,
     socket_inodes,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
 
 DEFAULT_PORTS = {'http': 8000, 'grpc': 8001, 'metrics': 8002}
 SCHEMES = {'http': 'http', 'grpc': 'grpc'}
@@ -175,6 +179,35 @@ def list_servers(proc: str = '/proc', names: tuple[str, ...] = SERVER_COMMS) -> 
     return out
 
 
+def _answer_time(url: str, timeout: float) -> float | None:
+    """Seconds the server at url took to answer its readiness check (any answer), None when none came within timeout."""
+    start = time.monotonic()
+    client = TritonClient(url, timeout=timeout)
+    try:
+        client.health('ready')
+    except (TritonOpsError, OSError, ValueError):
+        return None
+    finally:
+        client.close()
+    took = time.monotonic() - start
+    return round(took, 3) if took <= timeout else None
+
+
+def probe(found: list, timeout: float) -> None:
+    """Set each server's ``answered_s``: how long its HTTP readiness check took, all servers at once, each bounded by
+    timeout (None: no answer in time, no HTTP endpoint, or not probed when timeout is 0). The node agent cleans the
+    servers that answer first: a process that answers slowly, or not at all, cannot hold the others' round."""
+    for entry in found:
+        entry['answered_s'] = None
+    targets = [e for e in found if timeout > 0 and e.get('http_url')]
+    if not targets:
+        return
+    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+        answers = list(pool.map(lambda e: _answer_time(str(e['http_url']), timeout), targets))
+    for entry, answered in zip(targets, answers):
+        entry['answered_s'] = answered
+
+
 class ServerList(Operation):
     """triton_server_info as a base.Operation: it reads (the servers, and whether every one can be seen) and changes
     nothing, so its plan is its reading and check mode is the same call."""
@@ -185,6 +218,7 @@ class ServerList(Operation):
     def read(self) -> tuple:
         visible = holders.visibility(self.proc, self.params['clients_share_pid_namespace'])
         found = list_servers(self.proc, tuple(self.params['process_names']))
+        probe(found, float(self.params.get('probe_timeout') or 0))
         for entry in found:
             for warning in entry['warnings']:
                 self.warn(warning)

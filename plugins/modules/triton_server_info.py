@@ -46,6 +46,15 @@ options:
       - V(true) asserts that every Triton server and client of interest runs in the module's own PID namespace.
     type: bool
     default: false
+  probe_timeout:
+    description:
+      - "With a value above 0, each server's HTTP readiness check (C(GET /v2/health/ready)) is made, all servers at once, each
+        bounded by this many seconds, and RV(servers[].answered_s) says how long it took (null: no answer in time). The
+        node agent cleans the servers that answer first, so that processes that answer slowly cannot hold its round."
+      - V(0) (the default) makes no request.
+    type: float
+    default: 0
+    version_added: 0.3.0
 notes:
   - The pod's name is its containers' C(/etc/hostname) (what the kubelet writes, unless the pod sets C(hostname) or runs
     with C(hostNetwork)); its namespace is the mounted service account's C(namespace) file, when mounted. The pod UID and
@@ -90,6 +99,11 @@ servers:
       type: str
       sample: http://10.88.0.7:8000
     http_url: {description: "Its HTTP endpoint, or null.", type: str, sample: 'http://10.88.0.7:8000'}
+    answered_s:
+      description: "Seconds its readiness check took (O(probe_timeout)); null when it did not answer in time or was not probed."
+      type: float
+      sample: 0.004
+      version_added: 0.3.0
     grpc_url: {description: "Its gRPC endpoint, or null.", type: str, sample: 'grpc://10.88.0.7:8001'}
     http_port: {description: "Its listening HTTP port, or null.", type: int, sample: 8000}
     grpc_port: {description: "Its listening gRPC port, or null.", type: int, sample: 8001}
@@ -132,6 +146,7 @@ def main() -> None:
         argument_spec=dict(
             process_names=dict(type='list', elements='str', default=list(servers.SERVER_COMMS)),
             clients_share_pid_namespace=dict(type='bool', default=False),
+            probe_timeout=dict(type='float', default=0),
         ),
         supports_check_mode=True,
     )

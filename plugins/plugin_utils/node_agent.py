@@ -340,14 +340,20 @@ def _state(state: Any) -> dict:
 
 
 def node_agent_queue(servers: Any, state: Any = None) -> list:
-    """The servers in the order of the round: those the last rounds did not see fail first (by pid), then those that
+    """The servers in the order of the round: those the last rounds did not see fail first, those among them that
+    answered triton_server_info's probe before those that did not (quickest first, then by pid), then those that
     failed, timed out or were not reached, the oldest attempt first (a server cut off by the round's deadline keeps its
     older attempt, so it comes before the ones tried last round)."""
     remembered = _state(state)
 
     def order(server: dict) -> tuple:
         seen = remembered.get(_key(server))
-        return (1, seen['attempted'], server.get('pid') or 0) if seen else (0, 0, server.get('pid') or 0)
+        pid = server.get('pid') or 0
+        if seen:
+            return (2, seen['attempted'], pid)
+        # never failed yet: those that answered the probe (triton_server_info probe_timeout) first, the quickest first
+        answered = server.get('answered_s')
+        return (0, answered, pid) if isinstance(answered, (int, float)) else (1, 0, pid)
 
     return sorted((s for s in servers or () if isinstance(s, dict)), key=order)
 

@@ -148,7 +148,8 @@ def test_slow_fakes_before_a_real_leak_hold_no_round(n, tmp_path):
         assert max(f.pid for f in fakes) < server.pid  # the fakes come first in pid order
         select = rf'\(pid ({"|".join(str(p) for p in [*(f.pid for f in fakes), server.pid])})\)$'
 
-        # the first round: nothing is known of the fakes; a leak made before it is cleaned when its batch comes
+        # the first round: nothing is remembered of the fakes, but they answer the probe too late: the real server,
+        # which answers at once, is cleaned in the first batch
         server.leak('dead_before', byte_size=1 << 20)
         batches = -(-(n + 1) // WORKERS)
         watch = Watch(server, 'dead_before')
@@ -169,6 +170,8 @@ def test_slow_fakes_before_a_real_leak_hold_no_round(n, tmp_path):
         # every fake costs at most its bound, a batch of WORKERS at a time (0.2.x: n * 2 bounds, one after the other;
         # 72 s for 4, 364 s for 20), plus Ansible's own work per batch on a loaded machine
         assert took < batches * (BOUND + 15), took
+        # the real server answered the probe and the fakes did not: it went first, within one bound plus the real work
+        assert first is not None and first < BOUND + 12, first
 
         # the next round: the fakes failed, they go last; a leak made now goes within one bound plus the real work
         server.leak('dead_after', byte_size=1 << 20)

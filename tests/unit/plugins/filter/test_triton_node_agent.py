@@ -235,6 +235,17 @@ def test_servers_that_failed_go_last_the_oldest_attempt_first():
     assert node_agent_queue([*fakes, real], again) == [fakes[1], real, fakes[0], fakes[2]]
 
 
+def test_servers_that_answered_the_probe_go_first_the_quickest_first():
+    """Issue 40, goal 2: nothing remembered yet (a first round), processes that did not answer the readiness probe in
+    time (answered_s null) come after those that did: twenty slow fakes with lower pids cannot hold a real server."""
+    fakes = [dict(_server(pid), answered_s=None) for pid in range(10, 30)]
+    real, slowish = dict(_server(50), answered_s=0.004), dict(_server(40), answered_s=0.9)
+    queue = node_agent_queue([*fakes, slowish, real])
+    assert queue[:2] == [real, slowish] and queue[2:] == fakes
+    remembered = node_agent_state([_row(real, 'failed', 'x')], now=1.0)
+    assert node_agent_queue([*fakes, slowish, real], remembered)[-1] == real, 'a failure outweighs a quick answer'
+
+
 @pytest.mark.parametrize('state', [None, '', 'not json', '[]', '{"version": 2, "servers": {}}', {'servers': 'x'}])
 def test_a_state_that_is_not_this_playbooks_is_no_memory(state):
     servers = [_server(12), _server(10)]

@@ -8,10 +8,12 @@ tritonservers, one in a podman container) is tests/integration/test_node_agent.p
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import servers
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import HttpFront, Triton
 
 CID = 'ab6a24e700069997e526947833f0caa9f645503ff2fb102c91da07f2af90b1fb'
 UID_ = '5c1e2d4a_9b7f_4e31_8a0c_1f2e3d4c5b6a'
@@ -197,3 +199,23 @@ def test_a_server_whose_sockets_cannot_be_read_says_why(tree, monkeypatch):
     monkeypatch.setattr(servers.os, 'readlink', readlink)
     (entry,) = servers.list_servers(tree.root)
     assert any('cannot be read (Permission denied)' in w and 'SYS_PTRACE' in w for w in entry['warnings'])
+
+
+def test_the_probe_times_each_servers_readiness_at_once_and_bounds_it():
+    """Issue 40, goal 2: answered_s for a server that answers, null for one that answers after the bound (a slow fake)
+    and for one with no HTTP endpoint; all at once, so twenty slow ones cost one bound, not twenty."""
+    quick = HttpFront(Triton('2.51.0'))
+    slow = [HttpFront(Triton('2.51.0'), delay=3.0) for _i in range(6)]
+    try:
+        found = [{'http_url': quick.url}, *({'http_url': s.url} for s in slow), {'http_url': None}]
+        start = time.monotonic()
+        servers.probe(found, 0.5)
+        took = time.monotonic() - start
+        assert isinstance(found[0]['answered_s'], float) and found[0]['answered_s'] <= 0.5
+        assert [f['answered_s'] for f in found[1:]] == [None] * 7
+        assert took < 3.0, f'the probes ran one after the other: {took:.1f}s'
+        servers.probe(found, 0)
+        assert all(f['answered_s'] is None for f in found), 'no probe: no request'
+    finally:
+        for front in (quick, *slow):
+            front.close()
