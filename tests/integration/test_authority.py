@@ -201,7 +201,7 @@ def test_a_rootless_servers_file_is_quarantined_as_its_owner_never_unlinked_in_p
 
     server = tritonrig.TritonServer(workdir=open_dir, models=(), run_as=NOBODY, shm_size='16m')
     server.start()
-    run = None
+    stopped = None
     try:
         subprocess.run(
             [
@@ -217,23 +217,23 @@ def test_a_rootless_servers_file_is_quarantined_as_its_owner_never_unlinked_in_p
             check=True,
         )
         register(server, 'rl', '/rl', 65536)
-        run = ModuleRun(
+        stopped = ModuleRun(
             REGION, dict(url=server.url, state='absent', stale=True), tmp_path, delay_in=('unlinkat',), delay_s=30
         )
-        assert run.wait_stopped(('unlinkat',), timeout=120), 'the module never reached its first unlink'
+        assert stopped.wait_stopped(('unlinkat',), timeout=120), 'the module never reached its first unlink'
         names = server.shm_files()
         assert 'rl' not in names, 'the file is still under its name at the unlink: a client could open it'
         (quarantined,) = [n for n in names if n.startswith('.tritonops_shm.quarantine.')]
         assert os.stat(server.shm_path(quarantined)).st_uid == int(NOBODY)
-        run.kill()
-        run = None
+        stopped.kill()
+        stopped = None
         # the rerun finishes what the killed run left, as the owner again
         res = run(REGION, url=server.url, state='absent', stale=True)
         assert not res.get('failed'), res
         assert server.shm_files() == [] and 'rl' not in server.system_regions(), (server.shm_files(), res)
     finally:
-        if run is not None:
-            run.kill()
+        if stopped is not None:
+            stopped.kill()
         server.cleanup()
 
 
