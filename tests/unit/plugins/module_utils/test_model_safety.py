@@ -1,0 +1,947 @@
+"""A model-based safety test (issue 40, goal 7): random sequences of steps on real shm directories, invariants after each.
+
+A ``hypothesis.stateful.RuleBasedStateMachine`` (``Scene``) drives, per example:
+
+- **the server**: a real process standing in for tritonserver (``SERVER``), started by ``unshare --mount --propagation
+  private`` in its own mount namespace with its own small tmpfs on /dev/shm (``size``, ``nr_inodes``), so that "the
+  directory fills up" (blocks and inodes) and "turns read-only" (``mount -o remount,ro`` in that namespace) are real.
+  It runs as root or, per example, as an unprivileged uid (``SERVER_UID``) after the mount: then no borrowed authority
+  (invariant 12) decides what may go. It maps each file it registers, as Triton does (glibc's shm_open: O_NOFOLLOW),
+  and a register it cannot map is refused. The tests reach the directory at /proc/PID/root/dev/shm;
+- **the API**: tests/fakes' versioned ``Triton`` (2.51: unregister at once; 2.53: deferred while requests are in
+  flight) served over HTTP on 127.0.0.1 (``HttpFront``), the same for the in-process cleanups and the module
+  processes. ``Audited`` checks invariant 2 at each call, before it answers: no region still listed (registered, or
+  unregistered but deferred) has lost its backing inode, unless a client unlinked that file itself;
+- **clients**: real processes (``CLIENT``: Python in the server's mount namespace, as the server's uid or root) that
+  create, open by name, map, close their fds, unmap, unlink, register and fork (the child keeps what it inherited),
+  the compiled tests/rig/leader_exit.c (its main thread exits while a worker maps the file, fd closed or kept), and
+  SIGKILLs of any of them;
+- **other users**: files, symlinks (to a file outside the directory, or to a file inside) and whole fills (blocks,
+  inodes) owned by uid 65534, a region registered on a planted file, a planted file swapped for a symlink;
+- **cleanups**: ``RegionOps`` in-process (stale, or ``state=absent`` by name; sometimes ``client_users: ['0']`` under an
+  unprivileged server, so that only authority stands between root and root's files), and the module
+  ``triton_shm_region`` as its own process, SIGKILLed part-way at a drawn point: at its Nth status or unregister call
+  (before or after the fake acts on it), or after a drawn delay. Never ``all=true`` (invariant 9: never a default, so
+  no step asks for it).
+
+After every step (``@invariant``), on the real state, never on the module's word:
+
+1. every inode a live model process maps or has open is still linked in the directory (the model tracks holds: fds
+   and maps per process, inherited on fork); nothing else that a step did not remove itself disappeared outside a
+   cleanup;
+2. ``Audited`` saw no listed region without its file; every file a cleanup removed backed a region that is no longer
+   listed and that was unregistered before;
+4. the files outside the directory (symlink targets) are unchanged; no symlink in the directory was removed or
+   changed; only regular files were removed;
+9. a stale cleanup never unregisters a region whose file a live model process held from before the cleanup to its
+   end, nor a region this collection reserved that no client attached to;
+12, 13. no file of uid 65534 is ever removed (no ``client_users`` names it: a registration on it is a client's word);
+   every removed file was the server's user's own: an unprivileged server's cleanup removes no root file even when the
+   owner rule is widened to root.
+
+Decisions: the fake API instead of a real Triton (a real one cannot be made to defer, refuse or die on demand, and
+starts in seconds, not milliseconds); one namespace, server and API per example (no state leaks between examples);
+every process a step starts is tracked by pid and killed at teardown; waits are bounded loops on a condition.
+``SHORT`` runs in ``make test`` (derandomized: the same examples each run, so CI is reproducible); ``make soak`` sets
+``TRITONOPS_MODEL_EXAMPLES`` (random seeds; ``TRITONOPS_MODEL_STEPS`` for longer sequences). Each profile prints a
+``FIGURE model_safety`` line: examples, steps, seconds. A counterexample becomes a named regression test below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+hypothesis = pytest.importorskip('hypothesis')
+
+# pylint: disable=wrong-import-position
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import (  # noqa: E402
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from ansible_collections.tritonops.shm.plugins.module_utils import region_ops as region_ops_mod  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.modules import triton_shm_region  # noqa: E402
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import Drop, HttpFront, Refusal, Triton  # noqa: E402
+
+NOBODY = 65534
+SERVER_UID = 4242  # an unprivileged server's uid (no name needed: authority works on numbers)
+KEYS = ('a', 'b', 'c', 'd')
+PLANTED = ('p', 'q')
+KIB = 1024
+TMPFS = 'size=256k,nr_inodes=40,mode=1777'
+WAIT = 20.0  # the bound of every wait on a process
+
+# _ROOT/ansible_collections/tritonops/shm/plugins/module_utils/region_ops.py
+COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(region_ops_mod.__file__))))
+COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
+LEADER_EXIT_SOURCE = os.path.join(COLLECTION, 'tests', 'rig', 'leader_exit.c')
+
+EXAMPLES = int(os.environ.get('TRITONOPS_MODEL_EXAMPLES', '0') or 0)
+STEPS = int(os.environ.get('TRITONOPS_MODEL_STEPS', '0') or 0)
+SHORT = settings(
+    max_examples=EXAMPLES or 12,
+    stateful_step_count=STEPS or 40,
+    deadline=None,
+    derandomize=not EXAMPLES,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    print_blob=True,
+)
+
+# The server: mounts happen before (sh, as root); then it drops to its uid and maps what it registers.
+SERVER = r"""
+import mmap, os, sys
+uid = int(sys.argv[1])
+if uid:
+    os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
+maps = {}
+print('READY', flush=True)
+for line in sys.stdin:
+    cmd, name, key = (line.split() + ['', ''])[:3]
+    try:
+        if cmd == 'map':
+            fd = os.open('/dev/shm/' + key, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                m = mmap.mmap(fd, st.st_size)
+            finally:
+                os.close(fd)
+            maps.setdefault(name, []).append(m)
+            print('ok %d' % st.st_ino, flush=True)
+        elif cmd == 'unmap':
+            for m in maps.pop(name, []):
+                m.close()
+            print('ok 0', flush=True)
+    except (OSError, ValueError) as exc:
+        print('err %s' % getattr(exc, 'errno', 0), flush=True)
+"""
+
+# A client in the server's mount namespace, as uid: one command a line, one answer a line.
+CLIENT = r"""
+import mmap, os, signal, sys, time
+fd = os.open('/proc/%s/ns/mnt' % sys.argv[2], os.O_RDONLY)
+os.setns(fd, os.CLONE_NEWNS)
+os.close(fd)
+uid = int(sys.argv[1])
+if uid:
+    os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked children are reaped when killed
+fds, maps = {}, {}
+print('READY', flush=True)
+for line in sys.stdin:
+    cmd, key, size = (line.split() + ['', ''])[:3]
+    path = '/dev/shm/' + key
+    try:
+        if cmd == 'create':
+            f = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            fds[key] = f
+            os.fchmod(f, 0o666)
+            os.ftruncate(f, int(size))
+            print('ok %d' % os.fstat(f).st_ino, flush=True)
+        elif cmd == 'open':
+            f = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if key in fds:
+                os.close(fds.pop(key))
+            fds[key] = f
+            print('ok %d' % os.fstat(f).st_ino, flush=True)
+        elif cmd == 'map':
+            maps.setdefault(key, []).append(mmap.mmap(fds[key], os.fstat(fds[key]).st_size))
+            print('ok 0', flush=True)
+        elif cmd == 'close':
+            os.close(fds.pop(key))
+            print('ok 0', flush=True)
+        elif cmd == 'unmap':
+            for m in maps.pop(key, []):
+                m.close()
+            print('ok 0', flush=True)
+        elif cmd == 'unlink':
+            ino = os.lstat(path).st_ino
+            os.unlink(path)
+            print('ok %d' % ino, flush=True)
+        elif cmd == 'fork':
+            pid = os.fork()
+            if pid == 0:
+                sys.stdin.close()
+                while True:
+                    time.sleep(60)
+            print('ok %d' % pid, flush=True)
+    except (OSError, ValueError, KeyError) as exc:
+        print('err %s' % getattr(exc, 'errno', 0), flush=True)
+"""
+
+
+def module_params(args: dict) -> dict:
+    """The parameters triton_shm_region's AnsibleModule makes of args (its own argument spec, defaults filled in)."""
+    spec: dict = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(argument_spec: dict, **_kw: object) -> None:
+        spec.update(argument_spec)
+        raise Captured
+
+    real = triton_shm_region.AnsibleModule
+    triton_shm_region.AnsibleModule = capture
+    try:
+        triton_shm_region.main()
+    except Captured:
+        pass
+    finally:
+        triton_shm_region.AnsibleModule = real
+    result = ArgumentSpecValidator(spec).validate(args)
+    assert not result.error_messages, result.error_messages
+    return result.validated_parameters
+
+
+class StepFailed(Exception):
+    """A process of the scene did not answer within WAIT."""
+
+
+def ask(proc: subprocess.Popen, line: str) -> tuple[bool, int]:
+    """Send one command line; (ok, the number it answered)."""
+    proc.stdin.write(line + '\n')
+    proc.stdin.flush()
+    ready, _w, _x = select.select([proc.stdout], [], [], WAIT)
+    if not ready:
+        raise StepFailed(f'no answer to {line!r} within {WAIT}s')
+    answer = proc.stdout.readline().split()
+    if not answer:
+        raise StepFailed(f'process {proc.pid} ended at {line!r}')
+    return answer[0] == 'ok', int(answer[1]) if len(answer) > 1 and answer[1].lstrip('-').isdigit() else 0
+
+
+def ready(proc: subprocess.Popen) -> None:
+    rd, _w, _x = select.select([proc.stdout], [], [], WAIT)
+    line = proc.stdout.readline() if rd else ''
+    if not line.startswith('READY'):
+        proc.kill()
+        raise StepFailed(f'process did not start: {line!r} {proc.stderr.read()[-2000:] if proc.stderr else ""}')
+
+
+def gone(pid: int, timeout: float = WAIT) -> bool:
+    """Wait (bounded) until pid is dead or a zombie: it maps and holds nothing any more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                if f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X'):
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.002)
+    return False
+
+
+@dataclasses.dataclass
+class Holder:
+    """One model process: what it has open and what it maps (key -> inode)."""
+
+    pid: int
+    kind: str  # 'client', 'child' (forked), 'leader_exit'
+    proc: subprocess.Popen | None = None
+    uid: int = 0
+    fds: dict = dataclasses.field(default_factory=dict)
+    maps: dict = dataclasses.field(default_factory=dict)
+    alive: bool = True
+
+    def held(self) -> set:
+        return set(self.fds.values()) | set(self.maps.values()) if self.alive else set()
+
+
+class Audited(Triton):
+    """The fake API, auditing invariant 2 before each call: a listed region never lacks its backing inode."""
+
+    def __init__(self, scene: Scene, version: str) -> None:
+        super().__init__(version)
+        self.scene = scene
+        self.backing: dict[str, int] = {}  # region -> inode the server mapped at its register
+        self.unregistered: list[tuple[str, int, str]] = []  # (region, step number, step tag) in order
+        self.violations: list[str] = []
+        self.on_call = None  # (method, name, before) -> None: the kill hook of a module run
+        self.mapped: set = set()  # regions whose file the server maps
+
+    def audit(self, when: str) -> None:
+        linked = self.scene.linked()
+        for name in list(self.regions):
+            ino = self.backing.get(name)
+            if (
+                ino is not None
+                and ino not in linked
+                and ino not in self.scene.client_unlinked | self.scene.removed_by_test
+            ):
+                self.violations.append(f'invariant 2 at {when}: region {name!r} listed, its file (inode {ino}) gone')
+
+    def _hook(self, method: str, name: str, before: bool) -> None:
+        if self.on_call is not None:
+            self.on_call(method, name, before)
+
+    def status(self, kind: str = 'system') -> list[dict]:
+        self.audit('status')
+        self._hook('status', '', True)
+        out = super().status(kind)
+        self._unmap_gone()
+        self._hook('status', '', False)
+        return out
+
+    def _unmap_gone(self) -> None:
+        """The server unmaps a region's file once the region is gone (at once, or when a deferred one leaves)."""
+        for name in sorted(self.mapped - set(self.regions)):
+            self.mapped.discard(name)
+            ask(self.scene.server, f'unmap {name}')
+
+    def unregister(self, kind: str, name: str, peer: object = None) -> None:
+        self.audit(f'unregister {name}')
+        self._hook('unregister', name, True)
+        listed = name in self.regions
+        super().unregister(kind, name, peer)
+        if listed:
+            self.unregistered.append((name, self.scene.step_no, self.scene.tag))
+        self._unmap_gone()
+        self._hook('unregister', name, False)
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.audit(f'register {name}')
+        if name in self.regions:
+            super().register(name, key, offset, byte_size)  # refused as the server does
+        ok, ino = ask(self.scene.server, f'map {name} {key.lstrip("/")}')
+        if not ok:
+            raise Refusal((400, 'INVALID_ARGUMENT'), f"Unable to open shared memory region: '{key}'")
+        super().register(name, key, offset, byte_size)
+        self.backing[name] = ino
+        self.mapped.add(name)
+
+
+class Scene(RuleBasedStateMachine):
+    """One server, its tmpfs, its API, and what clients and other users do around them (the module docstring)."""
+
+    workdir = ''  # set by the test: a directory for the leader_exit program, locks, args, outside files
+    leader_exit = ''
+    figures: dict = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.procs: list[subprocess.Popen] = []
+        self.holders: list[Holder] = []
+        self.client_unlinked: set = set()  # inodes a client or the test itself unlinked
+        self.removed_by_test: set = set()
+        self.step_no = 0
+        self.tag = ''
+        self.reserved_untouched: set = set()  # regions this collection registered, no client attached yet
+        self.readonly = False
+        self.fills: list[str] = []
+        self.links: dict[str, tuple[int, str]] = {}  # symlink name -> (inode, target)
+        self.planted: set = set()  # inodes of uid 65534's regular files
+        self.front = None
+        self.server = None
+        self.before: dict = {}
+        Scene.figures['examples'] = Scene.figures.get('examples', 0) + 1
+
+    # -- the scene's set-up and teardown -----------------------------------------------------------------------------
+
+    @initialize(server_root=st.booleans(), version=st.sampled_from(['2.51.0', '2.53.0']))
+    def start(self, server_root: bool, version: str) -> None:
+        self.server_uid = 0 if server_root else SERVER_UID
+        shell = f'mount -t tmpfs -o {TMPFS} tmpfs /dev/shm && exec "$0" -c "$1" "$2"'
+        argv = 'unshare --mount --propagation private sh -c'.split() + [shell, sys.executable, SERVER]
+        self.server = self._spawn([*argv, str(self.server_uid)])
+        self.shm = f'/proc/{self.server.pid}/root/dev/shm'
+        self.model = Audited(self, version)
+        self.front = HttpFront(self.model)
+        self.outside = tempfile.mkdtemp(prefix='outside-', dir=self.workdir)
+        for name in ('target', 'passwd'):
+            with open(os.path.join(self.outside, name), 'w') as f:
+                f.write(f'{name} stays as it is\n')
+        self.outside_before = self._outside()
+        self.before = self._listing()
+
+    def teardown(self) -> None:
+        if self.front is not None:
+            self.front.close()
+        for h in self.holders:
+            if h.alive and h.proc is None:
+                try:
+                    os.kill(h.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (p.stdin, p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
+        if getattr(self, 'outside', None):
+            shutil.rmtree(self.outside, ignore_errors=True)
+
+    def _spawn(self, argv: list[str], answers: bool = True, **kw: object) -> subprocess.Popen:
+        """Start one process of the scene (killed by pid at teardown); answers: it takes commands and says READY."""
+        opts = dict(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if answers:
+            opts.update(stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        opts.update(kw)
+        proc = subprocess.Popen(argv, text=True, start_new_session=True, **opts)
+        self.procs.append(proc)
+        if answers:
+            ready(proc)
+        return proc
+
+    # -- reading the real state --------------------------------------------------------------------------------------
+
+    def _listing(self) -> dict:
+        """name -> (inode, uid, type, symlink target) of every entry of the directory."""
+        out = {}
+        for name in os.listdir(self.shm):
+            try:
+                s = os.lstat(os.path.join(self.shm, name))
+            except FileNotFoundError:
+                continue
+            target = os.readlink(os.path.join(self.shm, name)) if stat.S_ISLNK(s.st_mode) else None
+            out[name] = (s.st_ino, s.st_uid, stat.S_IFMT(s.st_mode), target)
+        return out
+
+    def linked(self) -> set:
+        return {v[0] for v in self._listing().values()}
+
+    def _outside(self) -> dict:
+        out = {}
+        for name in sorted(os.listdir(self.outside)):
+            path = os.path.join(self.outside, name)
+            s = os.lstat(path)
+            with open(path, 'rb') as f:
+                out[name] = (s.st_ino, s.st_size, s.st_mtime_ns, f.read())
+        return out
+
+    def _live(self, kinds: tuple = ('client',)) -> list[Holder]:
+        return [h for h in self.holders if h.alive and h.kind in kinds]
+
+    def _pick(self, i: int, kinds: tuple = ('client',)) -> Holder:
+        live = self._live(kinds)
+        return live[i % len(live)]
+
+    def _held(self) -> dict:
+        """inode -> the pids of live model processes holding it."""
+        out: dict = {}
+        for h in self.holders:
+            for ino in h.held():
+                out.setdefault(ino, set()).add(h.pid)
+        return out
+
+    def _root_path(self, key: str) -> str:
+        return os.path.join(self.shm, key)
+
+    # -- clients -----------------------------------------------------------------------------------------------------
+
+    def _step(self, tag: str) -> None:
+        self.step_no += 1
+        self.tag = tag
+        Scene.figures['steps'] = Scene.figures.get('steps', 0) + 1
+        tags = Scene.figures.setdefault('tags', {})
+        tags[tag] = tags.get(tag, 0) + 1
+
+    @precondition(lambda self: len(self._live()) < 3)
+    @rule(as_root=st.booleans())
+    def new_client(self, as_root: bool) -> None:
+        self._step('new_client')
+        uid = 0 if as_root else self.server_uid
+        proc = self._spawn([sys.executable, '-c', CLIENT, str(uid), str(self.server.pid)])
+        self.holders.append(Holder(proc.pid, 'client', proc, uid))
+
+    @precondition(lambda self: len(self._live()) < 4)
+    @rule(
+        as_root=st.booleans(),
+        key=st.sampled_from(KEYS),
+        size=st.sampled_from([4 * KIB, 48 * KIB]),
+        close_fd=st.booleans(),
+        then=st.sampled_from(['stay', 'exit', 'fork_exit']),
+    )
+    def client_region(self, as_root: bool, key: str, size: int, close_fd: bool, then: str) -> None:
+        """The usual client: a new process creates KEY, maps it, closes its fd (or not), registers region KEY; then
+        stays, exits (its region is left stale), or forks a child that keeps the mapping and exits."""
+        self._step('client_region')
+        uid = 0 if as_root else self.server_uid
+        proc = self._spawn([sys.executable, '-c', CLIENT, str(uid), str(self.server.pid)])
+        h = Holder(proc.pid, 'client', proc, uid)
+        self.holders.append(h)
+        ok, ino = ask(proc, f'create {key} {size}')
+        if not ok:
+            return
+        h.fds[key] = ino
+        if ask(proc, f'map {key}')[0]:
+            h.maps[key] = ino
+        if close_fd:
+            ask(proc, f'close {key}')
+            del h.fds[key]
+        try:
+            self.model.register(key, '/' + key, 0, 4 * KIB)
+        except Refusal:
+            pass
+        if then == 'fork_exit':
+            ok, pid = ask(proc, 'fork')
+            if ok:
+                self.holders.append(Holder(pid, 'child', None, uid, dict(h.fds), dict(h.maps)))
+        if then != 'stay':
+            proc.kill()
+            proc.wait(timeout=WAIT)
+            h.alive = False
+
+    @precondition(lambda self: self._live())
+    @rule(i=st.integers(0, 7), key=st.sampled_from(KEYS), size=st.sampled_from([4 * KIB, 48 * KIB]))
+    def create(self, i: int, key: str, size: int) -> None:
+        self._step('create')
+        h = self._pick(i)
+        ok, ino = ask(h.proc, f'create {key} {size}')
+        if ok:
+            h.fds[key] = ino
+
+    @precondition(lambda self: self._live())
+    @rule(i=st.integers(0, 7), key=st.sampled_from(KEYS + PLANTED))
+    def open_by_name(self, i: int, key: str) -> None:
+        self._step('open')
+        h = self._pick(i)
+        ok, ino = ask(h.proc, f'open {key}')
+        if ok:
+            h.fds[key] = ino
+            self.reserved_untouched.discard(key)
+
+    @precondition(lambda self: any(h.fds or h.maps for h in self._live()))
+    @rule(i=st.integers(0, 7), k=st.integers(0, 7), what=st.sampled_from(['map', 'close', 'unmap']))
+    def use(self, i: int, k: int, what: str) -> None:
+        """A client maps one of its open files, closes an fd (a mapping stays: the usual C idiom), or unmaps."""
+        self._step(what)
+        h = self._pick(i)
+        table = h.maps if what == 'unmap' else h.fds
+        if not table:
+            return
+        key = sorted(table)[k % len(table)]
+        if ask(h.proc, f'{what} {key}')[0]:
+            if what == 'map':
+                h.maps[key] = h.fds[key]
+            else:
+                del table[key]
+
+    @precondition(lambda self: self._live())
+    @rule(i=st.integers(0, 7), key=st.sampled_from(KEYS))
+    def client_unlinks(self, i: int, key: str) -> None:
+        """A client removes its file by name (a resource tracker does): its region becomes dangling."""
+        self._step('client_unlink')
+        ok, ino = ask(self._pick(i).proc, f'unlink {key}')
+        if ok:
+            self.client_unlinked.add(ino)
+
+    @precondition(lambda self: self._live())
+    @rule(i=st.integers(0, 7), key=st.sampled_from(KEYS + PLANTED))
+    def register(self, i: int, key: str) -> None:
+        """A client registers region KEY on the file KEY (its own, or another user's: a client's word)."""
+        self._step('register')
+        try:
+            self.model.register(key, '/' + key, 0, 4 * KIB)
+        except Refusal:
+            pass
+
+    @precondition(lambda self: self._live() and len(self._live(('child',))) < 3)
+    @rule(i=st.integers(0, 7))
+    def fork(self, i: int) -> None:
+        self._step('fork')
+        h = self._pick(i)
+        ok, pid = ask(h.proc, 'fork')
+        if ok:
+            self.holders.append(Holder(pid, 'child', None, h.uid, dict(h.fds), dict(h.maps)))
+
+    @precondition(lambda self: len(self._live(('leader_exit',))) < 2)
+    @rule(key=st.sampled_from(KEYS), keep_fd=st.booleans())
+    def leader_exits(self, key: str, keep_fd: bool) -> None:
+        """leader_exit.c on an existing regular file: its main thread exits, a worker maps and writes."""
+        self._step('leader_exit')
+        try:
+            s = os.lstat(self._root_path(key))
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(s.st_mode) or s.st_size == 0:
+            return
+        argv = ['nsenter', f'--mount=/proc/{self.server.pid}/ns/mnt', self.leader_exit, '/dev/shm/' + key]
+        proc = self._spawn(argv + [str(s.st_size), 'keep' if keep_fd else 'close'], answers=False)
+        rd, _w, _x = select.select([proc.stdout], [], [], WAIT)
+        line = proc.stdout.readline() if rd else ''
+        if not line.startswith('READY'):
+            return  # the file went meanwhile, or it could not map it: nothing held
+        h = Holder(proc.pid, 'leader_exit', proc, 0, maps={key: s.st_ino})
+        if keep_fd:
+            h.fds[key] = s.st_ino
+        self.holders.append(h)
+        self.reserved_untouched.discard(key)
+
+    @precondition(lambda self: self._live(('client', 'child', 'leader_exit')))
+    @rule(i=st.integers(0, 7))
+    def kill(self, i: int) -> None:
+        """SIGKILL one model process (its forked children live on, as they do)."""
+        self._step('kill')
+        h = self._pick(i, ('client', 'child', 'leader_exit'))
+        os.kill(h.pid, signal.SIGKILL)
+        if h.proc is not None:
+            h.proc.wait(timeout=WAIT)
+        elif not gone(h.pid):
+            raise StepFailed(f'process {h.pid} still alive after SIGKILL')
+        h.alive = False
+
+    # -- other users, the directory ---------------------------------------------------------------------------------
+
+    @rule(name=st.sampled_from(PLANTED + KEYS), size=st.sampled_from([0, 4 * KIB]))
+    def plant_file(self, name: str, size: int) -> None:
+        """uid 65534 plants a regular file (mode 0666: a server may map it, and a client register it)."""
+        self._step('plant_file')
+        path = self._root_path(name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        except OSError:
+            return
+        try:
+            os.fchown(fd, NOBODY, NOBODY)
+            os.fchmod(fd, 0o666)
+            os.ftruncate(fd, size)
+            self.planted.add(os.fstat(fd).st_ino)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    @rule(name=st.sampled_from(PLANTED + KEYS + ('l',)), inside=st.sampled_from(['', *KEYS]), swap=st.booleans())
+    def plant_link(self, name: str, inside: str, swap: bool) -> None:
+        """uid 65534 plants a symlink (to a file outside, or to a file of the directory); swap: over its own file."""
+        self._step('plant_link')
+        target = os.path.join(self.outside, 'target') if not inside else '/dev/shm/' + inside
+        path = self._root_path(name)
+        tmp = self._root_path('.tmp-link')
+        try:
+            if swap:
+                s = os.lstat(path)
+                if s.st_uid != NOBODY or not stat.S_ISREG(s.st_mode):
+                    return
+                os.symlink(target, tmp)
+                os.lchown(tmp, NOBODY, NOBODY)
+                os.rename(tmp, path)
+                self.removed_by_test.add(s.st_ino)
+            else:
+                os.symlink(target, path)
+                os.lchown(path, NOBODY, NOBODY)
+        except OSError:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            return
+        self.links[name] = (os.lstat(path).st_ino, target)
+
+    @rule(inodes=st.booleans())
+    def fill(self, inodes: bool) -> None:
+        """uid 65534 fills the tmpfs: its blocks (one file to ENOSPC) or its inodes (empty files to ENOSPC)."""
+        self._step('fill')
+        for n in range(64):
+            path = self._root_path(f'fill{len(self.fills)}')
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                return
+            self.fills.append(path)
+            os.fchown(fd, NOBODY, NOBODY)
+            self.planted.add(os.fstat(fd).st_ino)
+            try:
+                if not inodes:
+                    while True:
+                        os.write(fd, b'\0' * (16 * KIB))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            if not inodes and n == 0:
+                return
+
+    @precondition(lambda self: self.fills)
+    @rule()
+    def unfill(self) -> None:
+        """The user removes its fill files (the test does it: those removals are the test's own)."""
+        self._step('unfill')
+        for path in self.fills:
+            try:
+                ino = os.lstat(path).st_ino
+                os.unlink(path)
+                self.removed_by_test.add(ino)
+            except OSError:
+                pass
+        self.fills = []
+
+    @rule(ro=st.booleans())
+    def remount(self, ro: bool) -> None:
+        """The directory turns read-only (or writable again); the kernel refuses ro while a file is open for writing."""
+        self._step('remount')
+        done = subprocess.run(
+            [
+                'nsenter',
+                f'--mount=/proc/{self.server.pid}/ns/mnt',
+                'mount',
+                '-o',
+                'remount,' + ('ro' if ro else 'rw'),
+                '/dev/shm',
+            ],  # fmt: skip
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+        if done.returncode == 0:
+            self.readonly = ro
+        else:
+            assert 'busy' in done.stderr, done.stderr
+
+    @rule(key=st.sampled_from(KEYS), reads=st.integers(1, 3))
+    def in_flight(self, key: str, reads: int) -> None:
+        """Requests in flight on region KEY: refused (2.51) or deferred (2.53) for that many calls."""
+        self._step('in_flight')
+        if key in self.model.regions:
+            self.model.in_flight[key] = reads
+
+    # -- cleanups ----------------------------------------------------------------------------------------------------
+
+    def _args(self, **kw: object) -> dict:
+        """A cleanup's module arguments: this scene's URL and server, no shm_dir (from /proc/PID/root), kw."""
+        args = dict(url=self.front.url, server_pid=self.server.pid, state='absent', in_use_timeout=2)
+        args.update(kw)
+        return args
+
+    def _protected(self) -> set:
+        """Regions a stale cleanup must keep: held by a live model process, or reserved and never attached to."""
+        held = self._held()
+        names = {n for n, ino in self.model.backing.items() if n in self.model.regions and ino in held}
+        return names | (self.reserved_untouched & set(self.model.regions))
+
+    def _cleanup(self, tag: str, run: object) -> None:
+        protected = self._protected() if tag.endswith('stale') else set()
+        first = len(self.model.unregistered)
+        run()
+        if protected:
+            still = self._protected() & protected  # holds that lasted the whole cleanup
+            wrong = {n for n, _s, _t in self.model.unregistered[first:]} & still
+            assert not wrong, f'invariant 9: a stale cleanup unregistered live or reserved region(s) {sorted(wrong)}'
+
+    @rule(
+        by_name=st.one_of(st.none(), st.sampled_from(KEYS + PLANTED)),
+        widen=st.booleans(),
+        inventory=st.booleans(),
+    )
+    def cleanup(self, by_name: str | None, widen: bool, inventory: bool) -> None:
+        """RegionOps in-process: stale=true, or state=absent of one named region (live or not)."""
+        tag = 'absent' if by_name else 'stale'
+        self._step(tag)
+        users = ['0'] if widen and self.server_uid else []
+        selector = dict(name=[by_name]) if by_name else dict(stale=True)
+        p = module_params(self._args(client_users=users, inventory=inventory, **selector))
+
+        def run() -> None:
+            ops = RegionOps(TritonClient(self.front.url, timeout=5), p, warn=lambda m: None)
+            try:
+                ops.run()
+                Scene.figures['removed'] = Scene.figures.get('removed', 0) + len(ops.result()['removed_files'])
+            except Exception:  # noqa: BLE001  a refused or failed run: the invariants judge what it did
+                pass
+            finally:
+                ops.release()
+
+        self._cleanup(tag, run)
+
+    @rule(name=st.sampled_from(('r', 's')), size=st.sampled_from([4 * KIB]))
+    def reserve(self, name: str, size: int) -> None:
+        """This collection registers a region and creates its file (state=present, create_file): reserved."""
+        self._step('reserve')
+        p = module_params(self._args(state='present', name=[name], key='/' + name, byte_size=size, create_file=True))
+        ops = RegionOps(TritonClient(self.front.url, timeout=5), p, warn=lambda m: None)
+        try:
+            ops.run()
+        except Exception:  # noqa: BLE001
+            return
+        finally:
+            ops.release()
+        if name in self.model.regions:
+            self.reserved_untouched.add(name)
+
+    @rule(
+        point=st.sampled_from(['status', 'unregister', 'time', 'none']),
+        nth=st.integers(1, 4),
+        before=st.booleans(),
+        delay=st.floats(0.0, 1.5),
+    )
+    def module_killed(self, point: str, nth: int, before: bool, delay: float) -> None:
+        """triton_shm_region stale=true as its own process, SIGKILLed at its nth status/unregister call or after delay."""
+        self._step('module_stale')
+        args = self._args(stale=True, lock_dir=os.path.join(self.workdir, 'locks'))
+        args_file = os.path.join(self.workdir, f'args-{time.monotonic_ns()}.json')
+        with open(args_file, 'w') as f:
+            json.dump({'ANSIBLE_MODULE_ARGS': args}, f)
+        env = dict(os.environ, PYTHONPATH=COLLECTIONS_ROOT, PYTHONDONTWRITEBYTECODE='1')
+        argv = [sys.executable, '-m', 'ansible_collections.tritonops.shm.plugins.modules.triton_shm_region', args_file]
+
+        def run() -> None:
+            proc = self._spawn(argv, answers=False, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+            seen = {'status': 0, 'unregister': 0}
+
+            def hook(method: str, _name: str, at_before: bool) -> None:
+                if at_before:
+                    seen[method] += 1
+                if point == method and seen[method] == nth and at_before == before and proc.poll() is None:
+                    proc.kill()
+                    Scene.figures['killed'] = Scene.figures.get('killed', 0) + 1
+                    if before:
+                        raise Drop(method)
+
+            timer = None
+            if point == 'time':
+                timer = threading.Timer(delay, proc.kill)
+                timer.start()
+            self.model.on_call = hook
+            try:
+                out, _err = proc.communicate(timeout=120)
+                self._count_module(proc.returncode, out)
+            finally:
+                self.model.on_call = None
+                if timer is not None:
+                    timer.cancel()
+
+        self._cleanup('module_stale', run)
+
+    @staticmethod
+    def _count_module(rc: int, out: str) -> None:
+        """Count how module runs ended: killed, or their result (a run that fails to start is a test failure)."""
+        f = Scene.figures
+        if rc == -signal.SIGKILL:
+            return
+        try:
+            result = json.loads(out[out.index('{') :])
+        except ValueError:
+            raise StepFailed(f'the module printed no result (rc {rc}): {out[-2000:]}') from None
+        assert 'unsupported parameter' not in result.get('msg', ''), result['msg']
+        f['module_results'] = f.get('module_results', 0) + 1
+        f['removed'] = f.get('removed', 0) + len(result.get('removed_files', []))
+
+    # -- the invariants ----------------------------------------------------------------------------------------------
+
+    @invariant()
+    def safety(self) -> None:
+        if self.server is None:
+            return
+        assert not self.model.violations, self.model.violations
+        self.model.audit('after the step')
+        assert not self.model.violations, self.model.violations
+        now = self._listing()
+        linked = {v[0] for v in now.values()}
+        # 1: every inode a live model process holds is still linked
+        for ino, pids in self._held().items():
+            assert ino in linked or ino in self.client_unlinked, (
+                f'invariant 1: inode {ino} held by {sorted(pids)} was removed (step {self.step_no} {self.tag})'
+            )
+        # what disappeared in this step, beyond what the step itself removed
+        removed = {v[0]: (name, v) for name, v in self.before.items()}
+        for ino in linked | self.client_unlinked | self.removed_by_test:
+            removed.pop(ino, None)
+        cleanup = self.tag in ('stale', 'absent', 'module_stale', 'reserve')
+        for ino, (name, (_i, uid, ftype, _t)) in removed.items():
+            what = f'{name} (inode {ino}, uid {uid}) removed at step {self.step_no} {self.tag}'
+            assert cleanup, f'{what}: by no cleanup'
+            assert ftype == stat.S_IFREG, f'invariant 4: {what} was not a regular file'
+            assert ino not in self.planted and uid != NOBODY, f'invariants 12/13: {what} was planted by uid 65534'
+            assert uid == self.server_uid, f'invariant 12: {what} is not the server user ({self.server_uid})'
+            regions = {n for n, i in self.model.backing.items() if i == ino}
+            done = {n for n, _s, _t in self.model.unregistered}
+            assert regions & done, f'invariant 2: {what} backed no region that was unregistered'
+            assert not regions & set(self.model.regions), f'invariant 2: {what} backs a region still listed'
+        # 4: symlinks unchanged, the files outside unchanged
+        for name, (ino, target) in self.links.items():
+            if ino in self.removed_by_test:
+                continue
+            assert name in now and now[name][0] == ino and now[name][3] == target, (
+                f'invariant 4: symlink {name} changed'
+            )
+        assert self._outside() == self.outside_before, 'invariant 4: a file outside the directory changed'
+        self.before = now
+
+
+@pytest.fixture
+def scene_dir(tmp_path_factory):
+    """A workdir every scene process can reach, with leader_exit compiled into it."""
+    if os.geteuid() != 0:
+        pytest.skip('needs root: mount namespaces, tmpfs mounts, other users')
+    for tool in ('unshare', 'nsenter', 'mount', 'cc'):
+        if shutil.which(tool) is None:
+            pytest.fail(f'{tool} is not installed')
+    work = str(tmp_path_factory.mktemp('model'))
+    os.chmod(work, 0o755)
+    program = os.path.join(work, 'leader_exit')
+    subprocess.run(['cc', '-O2', '-pthread', '-o', program, LEADER_EXIT_SOURCE], check=True, capture_output=True)
+    os.makedirs(os.path.join(work, 'locks'))
+    return work
+
+
+def test_safety_invariants_hold_after_every_step(scene_dir):
+    Scene.workdir = scene_dir
+    Scene.leader_exit = os.path.join(scene_dir, 'leader_exit')
+    Scene.figures = {}
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(Scene, settings=SHORT)
+    finally:
+        f = Scene.figures
+        print(
+            f'FIGURE model_safety: {f.get("examples", 0)} examples, {f.get("steps", 0)} steps '
+            f'({f.get("killed", 0)} module runs SIGKILLed part-way, {f.get("module_results", 0)} finished; '
+            f'{f.get("removed", 0)} files removed) in {time.monotonic() - started:.1f}s '
+            f'(max_examples {SHORT.max_examples}, up to {SHORT.stateful_step_count} steps each); '
+            + ', '.join(f'{k} {v}' for k, v in sorted(f.get('tags', {}).items()))
+        )
+
+
+def test_the_scene_reclaims_what_is_stale(scene_dir):
+    """The positive control: in this scene a stale region and its file do go (so the invariants are not vacuous),
+    in-process and by the module's own process, under a root and an unprivileged server."""
+    Scene.workdir = scene_dir
+    Scene.leader_exit = os.path.join(scene_dir, 'leader_exit')
+    for server_root in (True, False):
+        scene = Scene()
+        try:
+            scene.start(server_root=server_root, version='2.51.0')
+            scene.client_region(as_root=False, key='a', size=4 * KIB, close_fd=True, then='exit')
+            scene.client_region(as_root=False, key='c', size=4 * KIB, close_fd=True, then='stay')
+            scene.safety()
+            removed = Scene.figures.get('removed', 0)
+            scene.cleanup(by_name=None, widen=False, inventory=False)
+            scene.safety()
+            assert sorted(scene.model.regions) == ['c'] and sorted(scene._listing()) == ['c']
+            assert Scene.figures['removed'] == removed + 1
+            scene.client_region(as_root=False, key='b', size=4 * KIB, close_fd=False, then='fork_exit')
+            scene.kill(i=1)  # the forked child (live: c's client, this child): the last holder
+            scene.module_killed(point='none', nth=1, before=True, delay=0.0)
+            scene.safety()
+            assert sorted(scene.model.regions) == ['c'] and sorted(scene._listing()) == ['c']
+            assert Scene.figures['removed'] == removed + 2
+        finally:
+            scene.teardown()
