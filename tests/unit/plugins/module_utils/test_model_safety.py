@@ -61,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -92,6 +93,7 @@ PLANTED = ('p', 'q')
 KIB = 1024
 TMPFS = 'size=256k,nr_inodes=40,mode=1777'
 WAIT = 20.0  # the bound of every wait on a process
+SYSCALLS = {'renameat2': 316, 'unlinkat': 263}  # x86_64 numbers, as /proc/PID/syscall shows them
 
 # _ROOT/ansible_collections/tritonops/shm/plugins/module_utils/region_ops.py
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(region_ops_mod.__file__))))
@@ -220,12 +222,18 @@ class StepFailed(Exception):
     """A process of the scene did not answer within WAIT."""
 
 
+def readable(stream: object, timeout: float = WAIT) -> bool:
+    """Whether stream has something to read (or its end) within timeout (poll: no limit on the fd number)."""
+    poller = select.poll()
+    poller.register(stream, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
+
+
 def ask(proc: subprocess.Popen, line: str) -> tuple[bool, int]:
     """Send one command line; (ok, the number it answered)."""
     proc.stdin.write(line + '\n')
     proc.stdin.flush()
-    ready, _w, _x = select.select([proc.stdout], [], [], WAIT)
-    if not ready:
+    if not readable(proc.stdout):
         raise StepFailed(f'no answer to {line!r} within {WAIT}s')
     answer = proc.stdout.readline().split()
     if not answer:
@@ -234,11 +242,27 @@ def ask(proc: subprocess.Popen, line: str) -> tuple[bool, int]:
 
 
 def ready(proc: subprocess.Popen) -> None:
-    rd, _w, _x = select.select([proc.stdout], [], [], WAIT)
-    line = proc.stdout.readline() if rd else ''
+    line = proc.stdout.readline() if readable(proc.stdout) else ''
     if not line.startswith('READY'):
         proc.kill()
         raise StepFailed(f'process did not start: {line!r} {proc.stderr.read()[-2000:] if proc.stderr else ""}')
+
+
+def stopped_in(tracer: subprocess.Popen, number: int) -> bool:
+    """Wait (bounded) until strace's child, the module, sits in system call number (delayed there); False when the
+    module ended first (it never made that call)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and tracer.poll() is None:
+        try:
+            with open(f'/proc/{tracer.pid}/task/{tracer.pid}/children') as f:
+                child = f.read().split()[:1]
+            with open(f'/proc/{child[0]}/syscall') as f:
+                if f.read().split()[:1] == [str(number)]:
+                    return True
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.002)
+    return False
 
 
 def gone(pid: int, timeout: float = WAIT) -> bool:
@@ -586,8 +610,7 @@ class Scene(RuleBasedStateMachine):
             return
         argv = ['nsenter', f'--mount=/proc/{self.server.pid}/ns/mnt', self.leader_exit, '/dev/shm/' + key]
         proc = self._spawn(argv + [str(s.st_size), 'keep' if keep_fd else 'close'], answers=False)
-        rd, _w, _x = select.select([proc.stdout], [], [], WAIT)
-        line = proc.stdout.readline() if rd else ''
+        line = proc.stdout.readline() if readable(proc.stdout) else ''
         if not line.startswith('READY'):
             return  # the file went meanwhile, or it could not map it: nothing held
         h = Holder(proc.pid, 'leader_exit', proc, 0, maps={key: s.st_ino})
@@ -731,13 +754,30 @@ class Scene(RuleBasedStateMachine):
         args.update(kw)
         return args
 
+    def _run_ops(self, p: dict) -> Callable[[], None]:
+        """A cleanup in-process: RegionOps over HTTP, as the module runs it (its failures are the invariants' to judge)."""
+
+        def run() -> None:
+            client = TritonClient(self.front.url, timeout=5)
+            ops = RegionOps(client, p, warn=lambda m: None)
+            try:
+                ops.run()
+                Scene.figures['removed'] = Scene.figures.get('removed', 0) + len(ops.result()['removed_files'])
+            except Exception:  # noqa: BLE001  a refused or failed run: the invariants judge what it did
+                pass
+            finally:
+                ops.release()
+                client.close()
+
+        return run
+
     def _protected(self) -> set:
         """Regions a stale cleanup must keep: held by a live model process, or reserved and never attached to."""
         held = self._held()
         names = {n for n, ino in self.model.backing.items() if n in self.model.regions and ino in held}
         return names | (self.reserved_untouched & set(self.model.regions))
 
-    def _cleanup(self, tag: str, run: object) -> None:
+    def _cleanup(self, tag: str, run: Callable[[], None]) -> None:
         protected = self._protected() if tag.endswith('stale') else set()
         first = len(self.model.unregistered)
         run()
@@ -758,42 +798,62 @@ class Scene(RuleBasedStateMachine):
         users = ['0'] if widen and self.server_uid else []
         selector = dict(name=[by_name]) if by_name else dict(stale=True)
         p = module_params(self._args(client_users=users, inventory=inventory, **selector))
+        self._cleanup(tag, self._run_ops(p))
 
-        def run() -> None:
-            ops = RegionOps(TritonClient(self.front.url, timeout=5), p, warn=lambda m: None)
-            try:
-                ops.run()
-                Scene.figures['removed'] = Scene.figures.get('removed', 0) + len(ops.result()['removed_files'])
-            except Exception:  # noqa: BLE001  a refused or failed run: the invariants judge what it did
-                pass
-            finally:
-                ops.release()
+    @precondition(lambda self: self._live())
+    @rule(i=st.integers(0, 7), key=st.sampled_from(KEYS), at=st.sampled_from(['unregister', 'status']))
+    def cleanup_raced(self, i: int, key: str, at: str) -> None:
+        """Invariant 13: a stale cleanup in-process, and while it runs (at its first unregister of KEY, or at the
+        first status read after an unregister: between its holder scan and its quarantine rename) a client opens
+        KEY by name and maps it. The client keeps the file."""
+        self._step('stale')
+        h = self._pick(i)
+        done = []
 
-        self._cleanup(tag, run)
+        def attach(method: str, name: str, before: bool) -> None:
+            if done or before or method != at or (at == 'unregister' and name != key) or not self.model.unregistered:
+                return
+            done.append(True)
+            ok, ino = ask(h.proc, f'open {key}')
+            if ok:
+                h.fds[key] = ino
+                if ask(h.proc, f'map {key}')[0]:
+                    h.maps[key] = ino
+                Scene.figures['raced'] = Scene.figures.get('raced', 0) + 1
+
+        self.model.on_call = attach
+        try:
+            self._cleanup('stale', self._run_ops(module_params(self._args(stale=True))))
+        finally:
+            self.model.on_call = None
 
     @rule(name=st.sampled_from(('r', 's')), size=st.sampled_from([4 * KIB]))
     def reserve(self, name: str, size: int) -> None:
         """This collection registers a region and creates its file (state=present, create_file): reserved."""
         self._step('reserve')
         p = module_params(self._args(state='present', name=[name], key='/' + name, byte_size=size, create_file=True))
-        ops = RegionOps(TritonClient(self.front.url, timeout=5), p, warn=lambda m: None)
+        client = TritonClient(self.front.url, timeout=5)
+        ops = RegionOps(client, p, warn=lambda m: None)
         try:
             ops.run()
         except Exception:  # noqa: BLE001
             return
         finally:
             ops.release()
+            client.close()
         if name in self.model.regions:
             self.reserved_untouched.add(name)
 
     @rule(
-        point=st.sampled_from(['status', 'unregister', 'time', 'none']),
+        point=st.sampled_from(['status', 'unregister', 'renameat2', 'unlinkat', 'time', 'none']),
         nth=st.integers(1, 4),
         before=st.booleans(),
         delay=st.floats(0.0, 1.5),
     )
     def module_killed(self, point: str, nth: int, before: bool, delay: float) -> None:
-        """triton_shm_region stale=true as its own process, SIGKILLed at its nth status/unregister call or after delay."""
+        """triton_shm_region stale=true as its own process, SIGKILLed part-way: at its nth status or unregister call
+        (before or after the server acts on it), stopped by strace in its nth renameat2 (a quarantine rename) or
+        unlinkat (an unlink, after every rename and the re-check), or after delay seconds."""
         self._step('module_stale')
         args = self._args(stale=True, lock_dir=os.path.join(self.workdir, 'locks'))
         args_file = os.path.join(self.workdir, f'args-{time.monotonic_ns()}.json')
@@ -801,26 +861,36 @@ class Scene(RuleBasedStateMachine):
             json.dump({'ANSIBLE_MODULE_ARGS': args}, f)
         env = dict(os.environ, PYTHONPATH=COLLECTIONS_ROOT, PYTHONDONTWRITEBYTECODE='1')
         argv = [sys.executable, '-m', 'ansible_collections.tritonops.shm.plugins.modules.triton_shm_region', args_file]
+        traced = point in SYSCALLS and os.uname().machine == 'x86_64'
+        if traced:
+            argv = ['strace', '-f', '-qq', '--seccomp-bpf', '-o', '/dev/null', '-e', f'trace={point}', '-e',
+                    f'inject={point}:delay_enter={int(WAIT * 1e6)}:when={nth}', *argv]  # fmt: skip
 
         def run() -> None:
             proc = self._spawn(argv, answers=False, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
             seen = {'status': 0, 'unregister': 0}
 
+            def kill() -> None:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own session: strace and the module
+                    Scene.figures['killed'] = Scene.figures.get('killed', 0) + 1
+
             def hook(method: str, _name: str, at_before: bool) -> None:
                 if at_before:
                     seen[method] += 1
-                if point == method and seen[method] == nth and at_before == before and proc.poll() is None:
-                    proc.kill()
-                    Scene.figures['killed'] = Scene.figures.get('killed', 0) + 1
+                if point == method and seen[method] == nth and at_before == before:
+                    kill()
                     if before:
                         raise Drop(method)
 
             timer = None
             if point == 'time':
-                timer = threading.Timer(delay, proc.kill)
+                timer = threading.Timer(delay, kill)
                 timer.start()
             self.model.on_call = hook
             try:
+                if traced and stopped_in(proc, SYSCALLS[point]):
+                    kill()
                 out, _err = proc.communicate(timeout=120)
                 self._count_module(proc.returncode, out)
             finally:
@@ -877,7 +947,7 @@ class Scene(RuleBasedStateMachine):
             assert not regions & set(self.model.regions), f'invariant 2: {what} backs a region still listed'
         # 4: symlinks unchanged, the files outside unchanged
         for name, (ino, target) in self.links.items():
-            if ino in self.removed_by_test:
+            if ino in self.removed_by_test | self.client_unlinked:
                 continue
             assert name in now and now[name][0] == ino and now[name][3] == target, (
                 f'invariant 4: symlink {name} changed'
@@ -912,10 +982,11 @@ def test_safety_invariants_hold_after_every_step(scene_dir):
     finally:
         f = Scene.figures
         print(
-            f'FIGURE model_safety: {f.get("examples", 0)} examples, {f.get("steps", 0)} steps '
-            f'({f.get("killed", 0)} module runs SIGKILLed part-way, {f.get("module_results", 0)} finished; '
-            f'{f.get("removed", 0)} files removed) in {time.monotonic() - started:.1f}s '
-            f'(max_examples {SHORT.max_examples}, up to {SHORT.stateful_step_count} steps each); '
+            f'FIGURE model_safety: {f.get("examples", 0)} examples, {f.get("steps", 0)} steps in '
+            f'{time.monotonic() - started:.1f}s (max_examples {SHORT.max_examples}, up to '
+            f'{SHORT.stateful_step_count} steps each): {f.get("killed", 0)} module runs SIGKILLed part-way, '
+            f'{f.get("module_results", 0)} finished; {f.get("removed", 0)} files removed; {f.get("raced", 0)} '
+            'clients attached mid-cleanup; steps: '
             + ', '.join(f'{k} {v}' for k, v in sorted(f.get('tags', {}).items()))
         )
 
