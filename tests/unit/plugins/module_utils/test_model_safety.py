@@ -610,10 +610,13 @@ class Scene(RuleBasedStateMachine):
             self.holders.append(Holder(pid, 'child', None, h.uid, dict(h.fds), dict(h.maps)))
 
     @precondition(lambda self: len(self._live(('leader_exit',))) < 2)
-    @rule(key=st.sampled_from(KEYS + ('r',)), keep_fd=st.booleans())
-    def leader_exits(self, key: str, keep_fd: bool) -> None:
-        """leader_exit.c on an existing regular file: its main thread exits, a worker maps and writes."""
+    @rule(k=st.integers(0, 7), keep_fd=st.booleans())
+    def leader_exits(self, k: int, keep_fd: bool) -> None:
+        """leader_exit.c on the file of a registered region (of a key, when none is): its main thread exits, a worker
+        maps and writes (the case of goal 1: the region must stay healthy)."""
         self._step('leader_exit')
+        keys = sorted(r['key'].lstrip('/') for r in self.model.regions.values()) or list(KEYS)
+        key = keys[k % len(keys)]
         try:
             s = os.lstat(self._root_path(key))
         except FileNotFoundError:
