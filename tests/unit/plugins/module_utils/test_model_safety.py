@@ -385,6 +385,7 @@ class Scene(RuleBasedStateMachine):
         self.tag = ''
         self.reserved_untouched: set = set()  # regions this collection registered, no client attached yet
         self.fills: list[str] = []
+        self.readonly = False
         self.links: dict[str, tuple[int, str]] = {}  # symlink name -> (inode, target)
         self.planted: set = set()  # inodes of uid 65534's regular files
         self.front = None
@@ -712,22 +713,26 @@ class Scene(RuleBasedStateMachine):
     def directory(self, action: str) -> None:
         """uid 65534 fills the tmpfs (its blocks: one file to ENOSPC; its inodes: empty files to ENOSPC) or removes
         its fill files again (the test does it: those removals are the test's own); or the directory is remounted
-        read-only (the kernel refuses while a file is open for writing: it stays writable then) or writable."""
+        read-only (the kernel refuses while a file is open for writing: it stays writable then) or writable. A fill
+        or a read-only remount lasts until the end of the next cleanup (_cleanup)."""
         self._step(action)
         if action in ('ro', 'rw'):
             self._remount(action)
         elif action == 'free':
-            for path in self.fills:
-                try:
-                    ino = os.lstat(path).st_ino
-                    os.unlink(path)
-                    self.removed_by_test.add(ino)
-                except OSError:
-                    pass
-            self.fills = []
+            self._free()
         else:
             while self._fill_one(blocks=action == 'blocks') and action == 'inodes':
                 pass
+
+    def _free(self) -> None:
+        for path in self.fills:
+            try:
+                ino = os.lstat(path).st_ino
+                os.unlink(path)
+                self.removed_by_test.add(ino)
+            except OSError:
+                pass
+        self.fills = []
 
     def _fill_one(self, blocks: bool) -> bool:
         """One fill file of uid 65534 (written to ENOSPC when blocks); False when it could not be created."""
@@ -757,6 +762,7 @@ class Scene(RuleBasedStateMachine):
             timeout=WAIT,
         )
         assert done.returncode == 0 or 'busy' in done.stderr, done.stderr
+        self.readonly = mode == 'ro' if done.returncode == 0 else self.readonly
 
     @rule(key=st.sampled_from(KEYS), reads=st.integers(1, 3))
     def in_flight(self, key: str, reads: int) -> None:
@@ -800,6 +806,11 @@ class Scene(RuleBasedStateMachine):
         protected = self._protected() if tag.endswith('stale') else set()
         first = len(self.model.unregistered)
         run()
+        # a full or read-only directory lasts for one cleanup: then the space comes back, the directory is writable
+        # again (else one fill early in an example would leave nothing to clean for the rest of it)
+        self._free()
+        if self.readonly:
+            self._remount('rw')
         if protected:
             still = self._protected() & protected  # holds that lasted the whole cleanup
             wrong = {u.region for u in self.model.unregistered[first:]} & still
