@@ -1094,3 +1094,40 @@ def test_a_name_reused_after_a_kill_in_the_first_unlink_and_the_next_stale_clean
         assert scene.model.regions == {} and scene._listing() == {}
     finally:
         scene.teardown()
+
+
+@pytest.fixture
+def scene(scene_dir):
+    """One scene for an explicit sequence (a shrunk counterexample), torn down after the test."""
+    Scene.workdir = scene_dir
+    Scene.leader_exit = os.path.join(scene_dir, 'leader_exit')
+    made = Scene()
+    try:
+        yield made
+    finally:
+        made.teardown()
+
+
+@pytest.mark.parametrize('keep_fd', [False, True], ids=['fd-closed', 'fd-kept'])
+def test_a_region_held_by_a_client_whose_main_thread_exited_stays(scene, keep_fd):
+    """The profile's counterexample with the holder scan reading the thread-group leader's view only (procfs.read_maps
+    before goal 1), shrunk: a leak, leader_exit.c attaching to its file, a stale cleanup. Invariant 1 failed there."""
+    scene.start(server_root=False, version='2.51.0')
+    scene.leak()
+    scene.leader_exits(k=0, keep_fd=keep_fd)
+    scene.safety()
+    scene.reclaim()
+    scene.safety()
+    assert len(scene.model.regions) == 1 and len(scene._listing()) == 1
+
+
+@pytest.mark.parametrize('at', ['unregister', 'status'])
+def test_a_client_attaching_mid_cleanup_keeps_its_file(scene, at):
+    """The profile's counterexample without the re-check before the unlink, shrunk: a leak, a live client, a stale
+    cleanup during which the client opens and maps the file of the region just unregistered. Invariant 1 (13)."""
+    scene.start(server_root=False, version='2.51.0')
+    scene.leak()
+    scene.new_client(as_root=False)
+    scene.cleanup_raced(i=0, at=at)
+    scene.safety()
+    assert Scene.figures.get('raced', 0) >= 1 and scene.model.regions == {} and len(scene._listing()) == 1
