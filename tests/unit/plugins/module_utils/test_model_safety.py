@@ -48,8 +48,12 @@ arguments: ``leak`` (a client registers a region and is killed) and ``reclaim`` 
 short profile in ``make test`` (``make units``), derandomized so that CI runs the same examples every time; ``make
 soak`` sets ``TRITONOPS_MODEL_EXAMPLES`` and ``TRITONOPS_MODEL_STEPS`` (random seeds). Each prints a ``FIGURE
 model_safety`` line: examples, steps, seconds, kills, files removed. ``test_the_scene_reclaims_what_is_stale`` is the
-positive control (the scene does remove stale files, kills land where drawn), so the invariants are not vacuous. A
-counterexample becomes a named regression test here (none found so far).
+positive control (the scene does remove stale files, kills land where drawn), so the invariants are not vacuous. Each
+counterexample becomes a named test below, as an explicit sequence (the profiles' draws change with the rules). None
+was found in the collection's code; found: one of the model (``test_a_name_reused_after_...``), and, on the code with
+a fix taken out, the shrunk sequences ``test_a_region_held_by_a_client_whose_main_thread_exited_stays`` (the holder
+scan reading the leader's maps only, before goal 1) and ``test_a_client_attaching_mid_cleanup_keeps_its_file`` (no
+re-check before the unlink).
 """
 
 from __future__ import annotations
