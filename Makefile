@@ -173,8 +173,13 @@ BENCHES ?=
 bench: collection  ## benchmarks (not tests); print their figures, then the goals next to this run's ratios
 	cd $(COLL) && $(VPY) tests/bench/run.py $(BENCHES)
 
-soak: collection  ## bounded soak: live traffic while cleanup runs repeatedly
+# the model-based safety test's long profile in `make soak` (its short profile runs in `make units`)
+MODEL_EXAMPLES ?= 200
+MODEL_STEPS ?= 60
+soak: collection  ## bounded soak: live traffic while cleanup runs repeatedly; then the model-based safety test's long profile
 	cd $(COLL) && $(VPY) tests/bench/soak.py
+	cd $(COLL) && TRITONOPS_MODEL_EXAMPLES=$(MODEL_EXAMPLES) TRITONOPS_MODEL_STEPS=$(MODEL_STEPS) $(PYTEST_RUN) \
+		tests/unit/plugins/module_utils/test_model_safety.py -s -p no:xdist --timeout 5400 -k every_step $(PYTEST_ARGS)
 
 build: collection  ## build the collection tarball into build/
 	cd $(COLL) && ansible-galaxy collection build --force --output-path $(BUILD)
