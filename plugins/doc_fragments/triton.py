@@ -187,8 +187,8 @@ options:
       - "A region that no process but the server holds is V(wedged), not V(stale), once Triton has refused its unregister as
         in use, or left it pending, on this many consecutive cleanup runs of the same server process (Triton 2.53 and later:
         a reference leaked inside the server, server issue 7688). Only a restart of the server frees it."
-      - "M(tritonops.shm.triton_shm_region) counts the runs in a small record beside its run lock (see its O(lock_dir)) and
-        tries a wedged region once a run, never waiting its refusal out."
+      - "M(tritonops.shm.triton_shm_region) counts the runs in a small record beside its run lock (its
+        O(tritonops.shm.triton_shm_region#module:lock_dir)) and tries a wedged region once a run, never waiting its refusal out."
     type: int
     default: 3
     version_added: 0.3.0

@@ -359,7 +359,7 @@ families:
     bytes: {description: Shm bytes they occupy., type: int}
     held_files: {description: Those a process maps or holds., type: int}
     held_bytes: {description: Their bytes., type: int}
-    unheld_files: {description: Those no process holds (a dead process's, as far as seen)., type: int}
+    unheld_files: {description: "Those no process holds (a dead process's, as far as seen).", type: int}
     unheld_bytes: {description: Their bytes., type: int}
     containers:
       description: The containers or pods of their holders.

@@ -40,7 +40,7 @@ KEPT: list = []  # every descriptor and mapping, for the process's life
 def _maps(path: str, count: int, dontfork: bool = False) -> None:
     """count mappings of path, each of offset 0 (never merged into one line of /proc/PID/maps)."""
     fd = os.open(path, os.O_RDWR)
-    for _ in range(count):
+    for _n in range(count):
         m = mmap.mmap(fd, PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         if dontfork:
             m.madvise(mmap.MADV_DONTFORK)
@@ -53,8 +53,8 @@ def hold(kind: str, gpu: int = 0) -> None:
     fds_gpu, fds_uvm, maps_ctl, maps_gpu, maps_uvm = SHAPES[kind]
     device = f'/dev/nvidia{gpu}'
     KEPT.append(os.open('/dev/nvidiactl', os.O_RDWR))
-    KEPT.extend(os.open(device, os.O_RDWR) for _ in range(fds_gpu))
-    KEPT.extend(os.open('/dev/nvidia-uvm', os.O_RDWR) for _ in range(fds_uvm))
+    KEPT.extend(os.open(device, os.O_RDWR) for _n in range(fds_gpu))
+    KEPT.extend(os.open('/dev/nvidia-uvm', os.O_RDWR) for _n in range(fds_uvm))
     if kind == 'nvml':
         KEPT.extend(os.open(f'/dev/nvidia-caps/nvidia-cap{i}', os.O_RDONLY) for i in (1, 2))
     _maps('/dev/nvidiactl', maps_ctl)

@@ -143,7 +143,7 @@ class Scene:
         proc = self.process('context', gpu, fork, comm='cuda_client')
         self.config.charge(gpu, proc.pid, CONTEXT + size)
         body = {'raw_handle': {'b64': 'AAAA'}, 'device_id': 0, 'byte_size': size}
-        status, _ = tritonrig.http_json(f'{server.url}/v2/cudasharedmemory/region/{name}/register', 'POST', body)
+        status, _answer = tritonrig.http_json(f'{server.url}/v2/cudasharedmemory/region/{name}/register', 'POST', body)
         assert status == 200
         return proc
 
@@ -205,7 +205,7 @@ def metrics(res: dict) -> list:
 def sample(lines: list, name: str, **labels: str) -> float | None:
     """The value of the sample of name whose labels include labels, or None."""
     for line in lines:
-        series, _, value = line.rpartition(' ')
+        series, _sep, value = line.rpartition(' ')
         if series.split('{')[0] == name and all(f'{k}="{v}"' in series for k, v in labels.items()):
             return float(value)
     return None
