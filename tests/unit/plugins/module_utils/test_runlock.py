@@ -462,15 +462,12 @@ def test_a_run_with_no_lock_place_acts_not_and_says_which_option_gives_one(shm, 
     assert list(fake.regions) == ['k'] and os.listdir(shm) == ['k']
 
 
-def test_another_users_run_keeps_its_lock_in_a_sticky_tmpdir_and_refuses_a_planted_one(shm, tmp_path, monkeypatch):
-    """Not root: with no runtime directory the lock goes to TMPDIR/tritonops_shm-UID as before (a sticky /tmp), and a
-    name another user made first is refused, never replaced by another place (the run fails, it never acts unlocked)."""
+def test_the_chain_rule_lets_only_another_users_runs_use_a_sticky_parent(tmp_path):
+    """Not root: with no runtime directory the lock goes to TMPDIR/tritonops_shm-UID as before (a sticky /tmp); a name
+    another user made there first is refused by _open_lock_dir, never replaced by another place. Root never uses it."""
     tmpdir = tmp_path / 'tmp'
     tmpdir.mkdir()
     tmpdir.chmod(0o1777)
-    monkeypatch.setattr(tempfile, 'tempdir', str(tmpdir))
-    for name in ('TMPDIR', 'TEMP', 'TMP'):
-        monkeypatch.delenv(name, raising=False)
     assert runlock.chain_problem(str(tmpdir), euid=1000, sticky_parent=True) is None
     assert 'writable by other users' in runlock.chain_problem(str(tmpdir), euid=1000)
     tmpdir.chmod(0o777)
