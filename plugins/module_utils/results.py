@@ -21,6 +21,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     FOREIGN,
     IN_USE,
     REGION_STATES,
+    TRITON_CATEGORIES,
     cuda_bytes_key,
     cuda_count_key,
     file_bytes_key,
@@ -30,15 +31,48 @@ from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
 )
 
 
+LIMITED, ALL = 'limited', 'all'
+FILE_RECORDS = (LIMITED, ALL)
+OTHER_FILE_RECORDS = 1000
+"""With file_records=limited, at most this many records of files that are not Triton's (in_use, foreign)."""
+
+
+def listed_files(files: Sequence[dict], file_records: str = LIMITED) -> tuple[list, dict]:
+    """The file records an answer lists, and what it leaves out ({files, bytes, by_category}).
+
+    ALL lists every file. LIMITED lists every file of Triton's, which a cleanup acts on or protects (registered,
+    backend, leftover, orphan), and the OTHER_FILE_RECORDS largest of the rest (in_use, foreign), in the records' own
+    order: a directory that other software fills with 100,000 files gives an answer of a few hundred kilobytes, not
+    tens of megabytes. The families count every file, and the summary's counts and bytes too.
+    """
+    omitted: dict = {'files': 0, 'bytes': 0, 'by_category': {}}
+    if file_records == ALL:
+        return list(files), omitted
+    others = [i for i, f in enumerate(files) if f.get('category') not in TRITON_CATEGORIES]
+    if len(others) <= OTHER_FILE_RECORDS:
+        return list(files), omitted
+    ranked = sorted(others, key=lambda i: (-int(files[i].get('allocated_bytes') or 0), i))
+    dropped = set(ranked[OTHER_FILE_RECORDS:])
+    for i in sorted(dropped):
+        f = files[i]
+        omitted['files'] += 1
+        omitted['bytes'] += int(f.get('allocated_bytes') or 0)
+        category = str(f.get('category'))
+        omitted['by_category'][category] = omitted['by_category'].get(category, 0) + 1
+    return [f for i, f in enumerate(files) if i not in dropped], omitted
+
+
 def info_result(
     snap: Snapshot,
     records: Records,
     live: bool | None = None,
     ready: bool | None = None,
     families: Sequence = families_mod.FAMILIES,
+    file_records: str = LIMITED,
 ) -> dict:
     """What triton_shm_info returns for a snapshot and its records (live, ready: the health calls, if made; families:
-    the table the files that are not Triton's are counted by, families.table())."""
+    the table the files that are not Triton's are counted by, families.table(); file_records: LIMITED or ALL, see
+    listed_files). The summary, the families and the pools count every file, listed or not."""
     regions, cuda, files = records
     fs = dict(snap.fs) if snap.fs else None
     server = {
@@ -55,12 +89,14 @@ def info_result(
         'shm_unsupported': snap.shm_unsupported,
         'container': snap.container,
     }
+    listed, omitted = listed_files(files, file_records)
     return {
         'server': server,
         'shm_fs': fs,
         'system_regions': regions,
         'cuda_regions': cuda,
-        'files': files,
+        'files': listed,
+        'files_omitted': omitted,
         'backend_pools': pool_records(snap, files),
         'families': families_mod.count(files, families, (FOREIGN, IN_USE)),
         'gpus': gpu_facts(snap, cuda),

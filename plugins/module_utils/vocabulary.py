@@ -36,6 +36,8 @@ IN_USE = 'in_use'
 ORPHAN = 'orphan'
 FOREIGN = 'foreign'
 FILE_CATEGORIES = (REGISTERED, BACKEND, LEFTOVER, IN_USE, ORPHAN, FOREIGN)
+# the categories of Triton's files, which a cleanup acts on or protects: always listed file by file (results.py)
+TRITON_CATEGORIES = (REGISTERED, BACKEND, LEFTOVER, ORPHAN)
 
 # backend pool states (triton_shm_info's backend_pools): held by a process, a leftover file, or not decidable
 POOL_LIVE = 'live'

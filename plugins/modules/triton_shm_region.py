@@ -411,6 +411,8 @@ before:
       (C(server), C(shm_fs), C(system_regions), C(cuda_regions), C(files), C(summary), C(holders_complete),
       C(unreadable_processes), C(scanned_at)). C(server.live) and C(server.ready) are not measured here (null);
       C(cuda_regions) is empty.
+    - C(files) is limited as M(tritonops.shm.triton_shm_info) limits it by default (every file of Triton's and the 1,000
+      largest of the others; C(files_omitted) counts the rest).
   returned: when O(inventory=true) and the server could be read (also when the task fails afterwards, for example because the
     server process was not found)
   type: dict
