@@ -30,7 +30,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     region_count_key,
 )
 
-
 LIMITED, ALL = 'limited', 'all'
 FILE_RECORDS = (LIMITED, ALL)
 OTHER_FILE_RECORDS = 1000

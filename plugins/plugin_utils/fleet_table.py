@@ -24,6 +24,7 @@ from jinja2.filters import do_filesizeformat, do_truncate
 from ansible_collections.tritonops.shm.plugins.module_utils.client import GRPC_SCHEMES, split_url
 from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import FILE_CATEGORIES
 
 _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'
@@ -163,7 +164,13 @@ ROW_SUMMARY = (
     ('unknown_regions', 'unknown_regions'),
     ('orphan_files', 'orphan_files'),
     ('orphan_bytes', 'orphan_bytes'),
+    ('suspect_regions', 'suspect_regions'),
+    ('wedged_regions', 'wedged_regions'),
+    ('wedged_bytes', 'wedged_bytes'),
 )
+# the bytes that explain what the shm filesystem uses (results.summarize): each file category, then the rest
+ROW_BYTES = tuple(f'{c}_bytes' for c in FILE_CATEGORIES) + ('unlinked_mapped_bytes', 'other_bytes')
+ROW_FAMILY = ('name', 'files', 'bytes', 'held_files', 'unheld_files', 'unheld_bytes', 'containers')
 
 
 def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
@@ -203,6 +210,10 @@ def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
         clients=client_names(regions),
         stale=[r['name'] for r in regions if r.get('state') == 'stale'],
         dangling=[r['name'] for r in regions if r.get('state') == 'dangling'],
+        wedged=[r['name'] for r in regions if r.get('state') == 'wedged'],
+        suspect=[r['name'] for r in regions if r.get('state') == 'suspect'],
+        bytes_by_category={key: summary.get(key) for key in ROW_BYTES},
+        families=[{k: f.get(k) for k in ROW_FAMILY} for f in info.get('families') or () if isinstance(f, Mapping)],
         scanned_at=info.get('scanned_at'),
     )
     return row

@@ -318,6 +318,70 @@ def _orphans_table(files: Sequence[Mapping], removed: set | None = None, check_m
     return _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', rows), class_='orphans')
 
 
+def _bytes_table(summary: Mapping, families: Any) -> _Html:
+    """What fills the shm directory: the bytes of each file category (Triton's, then the rest), the server's unlinked
+    mappings and the rest of what the filesystem says is used, then the files that are not Triton's by family."""
+    rows = []
+    for category in CATEGORIES:
+        key = v.file_bytes_key(category)
+        if summary.get(key) is not None:
+            rows.append(
+                _h(
+                    'tr',
+                    _h('td', f'{category} files'),
+                    _h('td', _int(summary.get(v.file_count_key(category))), class_='num'),
+                    _h('td', _size(summary[key]), class_='num'),
+                    data_bytes=category,
+                )
+            )
+    for key, name in (('unlinked_mapped_bytes', "server's unlinked mappings"), ('other_bytes', 'other use')):
+        if summary.get(key) is not None:
+            rows.append(
+                _h('tr', _h('td', name), _h('td', ''), _h('td', _size(summary[key]), class_='num'), data_bytes=key)
+            )
+    if not rows:
+        return _Html('')
+    out = _h(
+        'table',
+        _h('thead', _h('tr', [_h('th', c) for c in ('what', 'files', 'bytes')])),
+        _h('tbody', rows),
+        class_='bytes',
+    )
+    fams = [f for f in families if isinstance(f, Mapping)] if isinstance(families, (list, tuple)) else []
+    if fams:
+        head = ['family', 'files', 'bytes', 'held', 'unheld', 'holders in']
+        fam_rows = [
+            _h(
+                'tr',
+                _h('td', f.get('name'), title=f.get('description') or ''),
+                _h('td', _int(f.get('files')), class_='num'),
+                _h('td', _size(f.get('bytes')), class_='num'),
+                _h('td', f'{_int(f.get("held_files"))} ({_size(f.get("held_bytes"))})', class_='num'),
+                _h('td', f'{_int(f.get("unheld_files"))} ({_size(f.get("unheld_bytes"))})', class_='num'),
+                _h('td', ', '.join(str(c) for c in f.get('containers') or ())),
+                data_family=f.get('name'),
+            )
+            for f in fams
+        ]
+        out = _Html(
+            out
+            + _h('p', "Files that are not Triton's, by family (docs/shm-families.md):", class_='muted')
+            + _h('table', _h('thead', _h('tr', [_h('th', c) for c in head])), _h('tbody', fam_rows), class_='families')
+        )
+    return out
+
+
+def restart_note(summary: Mapping) -> str | None:
+    """What a restart of the server would free, when regions are wedged (only a restart frees them), else None."""
+    n = _int(summary.get(v.region_count_key(v.WEDGED)))
+    if not n:
+        return None
+    return (
+        f'needs a restart: {n} wedged region(s) that Triton keeps refusing to unregister; '
+        f'a restart of the server frees {_size(summary.get(v.region_bytes_key(v.WEDGED)))}'
+    )
+
+
 def _pools_table(pools: Sequence[Mapping], removed: set | None = None, check_mode: bool = False) -> _Html:
     """The pools of Triton's Python-based backends, one row per pool (a model instance), by model; leftovers first."""
     if not pools:
@@ -423,6 +487,7 @@ class _Host:
         self.host, self.status, self.url, self.error = str(host), status, url, error
         self.body: list = []
         self.error_shown_below = False  # the body already says it (an unlocated server's reason)
+        self.restart: str | None = None  # restart_note: the server needs a restart (wedged regions)
 
     def section(self, index: int) -> _Html:
         tone = _tone(self.status)
@@ -489,6 +554,9 @@ def _inventory_body(
         )
     )
     out.append(_counts(summary, summary.get('cuda_regions')))
+    restart = restart_note(summary)
+    if restart:
+        out.append(_h('p', _h('b', 'Restart: '), restart, class_='note', data_restart='true'))
     out.append(_h('h3', 'Regions'))
     out.append(_regions_table(inventory.get('system_regions') or [], outcome))
     out.append(_h('h3', 'Orphan files'))
@@ -496,6 +564,10 @@ def _inventory_body(
     if inventory.get('backend_pools') is not None:
         out.append(_h('h3', 'Python backend pools by model'))
         out.append(_pools_table(inventory['backend_pools'], removed, check_mode))
+    explained = _bytes_table(summary, inventory.get('families'))
+    if explained:
+        out.append(_h('h3', f'What fills {label}'))
+        out.append(explained)
     return out
 
 
@@ -504,6 +576,7 @@ def _report_host(row: Mapping, info: Mapping | None) -> _Host:
     item = _Host(row.get('host', '?'), status, row.get('url'), row.get('error'))
     if info and info.get('summary') is not None and status in ('ok', 'unlocated', 'incomplete'):
         item.body = _inventory_body(info, info['summary'])
+        item.restart = restart_note(info['summary'])
         item.error_shown_below = (
             status == 'unlocated'
             and row.get('error') == (info.get('server') or {}).get('not_found_reason')
@@ -587,6 +660,7 @@ def _cleanup_host(host: str, result: Mapping | None, region_result: Any, check_m
             '/dev/shm before',
         )
         lines = body[:1] + lines + body[1:]  # how the server was found, then what was decided and done
+        item.restart = restart_note(inventory['summary'])
         reason = (inventory.get('server') or {}).get('not_found_reason')
         item.error_shown_below = bool(reason and item.error and reason in item.error)
     elif before:
@@ -620,16 +694,19 @@ def _cleanup_host(host: str, result: Mapping | None, region_result: Any, check_m
 
 def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: str) -> str:
     order = sorted(range(len(items)), key=lambda i: (SEVERITY.get(items[i].status, 0), i))
-    problems = [i for i in order if items[i].status != 'ok']
+    problems = [i for i in order if items[i].status != 'ok' or items[i].restart]
     fleet = [
         _h('span', _h('b', len(items)), ' host(s)'),
-        _h('span', _h('b', len(items) - len(problems)), ' ok', data_fleet='ok'),
+        _h('span', _h('b', sum(1 for it in items if it.status == 'ok')), ' ok', data_fleet='ok'),
         _h('span', _h('b', len(problems)), ' need attention', data_fleet='attention'),
     ]
     for status in ('failed', 'down', 'misconfigured', 'unlocated', 'incomplete', 'unsupported', 'not run'):
         n = sum(1 for it in items if it.status == status)
         if n:
             fleet.append(_h('span', _h('b', n), f' {status}', data_fleet=status))
+    restarts = [it for it in items if it.restart]
+    if restarts:
+        fleet.append(_h('span', _h('b', len(restarts)), ' need a restart', data_fleet='restart'))
     attention = ''
     if problems:
         lines = [
@@ -638,6 +715,8 @@ def _page(items: list, kind: str, generated_at: str, check_mode: bool, title: st
                 _h('a', items[i].host, href=f'#host-{i + 1}'),
                 f' ({items[i].status})',
                 f': {items[i].error}' if items[i].error else '',
+                f'; {items[i].restart}' if items[i].restart and items[i].error else '',
+                f': {items[i].restart}' if items[i].restart and not items[i].error else '',
                 data_host=items[i].host,
                 data_status=items[i].status,
             )

@@ -35,6 +35,16 @@ DEFAULTS = {
     'python_backend_shm_default_byte_size': MIB,
     'python_backend_shm_growth_byte_size': MIB,
     'python_backend_reloads': False,
+    'nccl': None,
+}
+# NCCL's shared-memory transport (docs/sizing.md, "NCCL"): one segment per connection, about 9.2 MiB at the default
+# NCCL_BUFFSIZE (4 MiB Simple + LL + LL128 buffers); the reports give 6 to 10 MB per nccl-* file
+NCCL_DEFAULTS = {
+    'tensor_parallel': 1,
+    'pipeline_parallel': 1,
+    'channels': 2,
+    'segment_byte_size': 10 * MIB,
+    'replicas': 1,
 }
 MODEL_KEYS = ('name', 'instances', 'largest_tensor_bytes')
 # Triton's python backend defaults (python_backend README, "Managing Shared Memory"); measured the same on 2.51
@@ -313,6 +323,45 @@ def _python_backend(models: list, default: int, growth: int, reloads: bool) -> d
     }
 
 
+def nccl_plan(value: Any) -> dict:
+    """NCCL's nccl-* segments in the shm directory for ranks of tensor and pipeline parallel models on one node.
+
+    Each rank of a replica keeps, per channel, a send and a receive connection to its ring neighbours when tensor
+    parallel (tp > 1), and to the stages before and after it when pipeline parallel (pp > 1); each connection is one
+    segment. segments = replicas * tp * pp * ((2 if tp > 1 else 0) + (2 if pp > 1 else 0)) * channels.
+    """
+    if value is None:
+        return {'segments': 0, 'bytes': 0, 'explanation': 'no NCCL ranks planned'}
+    if not isinstance(value, dict):
+        _fail(f'nccl must be a dict ({", ".join(NCCL_DEFAULTS)}), got {type(value).__name__}')
+    unknown = sorted(set(value) - set(NCCL_DEFAULTS))
+    if unknown:
+        _fail(f'nccl: unknown key(s) {", ".join(unknown)} (known: {", ".join(sorted(NCCL_DEFAULTS))})')
+    opts = dict(NCCL_DEFAULTS)
+    opts.update((k, v) for k, v in value.items() if v is not None)
+    tp = _count(opts['tensor_parallel'], 'nccl.tensor_parallel')
+    pp = _count(opts['pipeline_parallel'], 'nccl.pipeline_parallel')
+    channels = _count(opts['channels'], 'nccl.channels')
+    replicas = _count(opts['replicas'], 'nccl.replicas')
+    segment = _size(opts['segment_byte_size'], 'nccl.segment_byte_size')
+    if min(tp, pp) < 1:
+        _fail('nccl.tensor_parallel and nccl.pipeline_parallel must be at least 1')
+    per_rank = ((2 if tp > 1 else 0) + (2 if pp > 1 else 0)) * channels
+    ranks = replicas * tp * pp
+    segments = ranks * per_rank
+    return {
+        'ranks': ranks,
+        'segments_per_rank': per_rank,
+        'segments': segments,
+        'bytes': segments * segment,
+        'explanation': (
+            f'{replicas} replica(s) x tp {tp} x pp {pp} = {ranks} rank(s), each with {per_rank} nccl-* segment(s) '
+            f'(a send and a receive connection per ring neighbour and pipeline stage, {channels} channel(s)) '
+            f'of {segment} bytes'
+        ),
+    }
+
+
 def shm_size(workload: dict | None = None, **overrides: Any) -> dict:
     """Plan a /dev/shm size: ``{bytes, docker, capped, breakdown, kubernetes}`` (see shm_size.yml)."""
     if workload is None:
@@ -354,8 +403,9 @@ def shm_size(workload: dict | None = None, **overrides: Any) -> dict:
         _fail(f'python_backend_reloads must be true or false, got {reloads!r}')
     python = _python_backend(_models(opts['python_models'], shm_default, shm_growth), shm_default, shm_growth, reloads)
 
+    nccl = nccl_plan(opts['nccl'])
     python_bytes = instances * peak
-    subtotal = client_bytes + python_bytes + python['pools_bytes'] + python['reload_bytes'] + extra
+    subtotal = client_bytes + python_bytes + python['pools_bytes'] + python['reload_bytes'] + nccl['bytes'] + extra
     with_headroom = _ceil_mib(subtotal * (1 + headroom))
     planned = max(floor, with_headroom)
     cap = None
@@ -379,6 +429,7 @@ def shm_size(workload: dict | None = None, **overrides: Any) -> dict:
             'python_models_bytes': python['pools_bytes'],
             'python_growth_bytes': python['growth_bytes'],
             'python_reload_bytes': python['reload_bytes'],
+            'nccl_bytes': nccl['bytes'],
             'extra_bytes': extra,
             'subtotal_bytes': subtotal,
             'headroom': float(headroom),
@@ -388,5 +439,6 @@ def shm_size(workload: dict | None = None, **overrides: Any) -> dict:
             'cap_bytes': cap,
         },
         'python_backend': python,
+        'nccl': nccl,
         'kubernetes': kubernetes,
     }

@@ -13,7 +13,6 @@ import json
 import os
 import time
 
-import tritonrig
 from ansible_helpers import run_module
 
 INFO = 'tritonops.shm.triton_shm_info'
@@ -39,14 +38,16 @@ def test_100k_files_a_small_answer_that_still_explains_every_byte(triton):
         triton.leak(name, byte_size=64 * KIB)
     _fill(triton.shm_dir)
     pools = triton.backend_files()
-    assert pools, 'the echo model runs a python stub: its pool is one of Triton\'s files'
+    assert pools, "the echo model runs a python stub: its pool is one of Triton's files"
 
     started = time.monotonic()
     info = run_module(INFO, dict(url=triton.url))
     limited_s = time.monotonic() - started
     assert not info.get('failed'), info
     size = len(json.dumps(info))
-    print(f'\n100,030 other files: default answer {size / 1e6:.2f} MB in {limited_s:.1f} s (ansible-playbook, whole run)')
+    print(
+        f'\n100,030 other files: default answer {size / 1e6:.2f} MB in {limited_s:.1f} s (ansible-playbook, whole run)'
+    )
     assert size < 1_000_000, size
 
     listed = {f['name']: f for f in info['files']}
@@ -63,7 +64,9 @@ def test_100k_files_a_small_answer_that_still_explains_every_byte(triton):
     families = {f['name']: f for f in info['families']}
     assert families['nccl']['files'] + families['vllm']['files'] + families['sglang']['files'] == SMALL
     assert families['other']['files'] == BIG and families['other']['bytes'] == BIG * 64 * KIB
-    categories = sum(summary[f'{c}_bytes'] for c in ('registered', 'backend', 'leftover', 'in_use', 'orphan', 'foreign'))
+    categories = sum(
+        summary[f'{c}_bytes'] for c in ('registered', 'backend', 'leftover', 'in_use', 'orphan', 'foreign')
+    )
     assert categories == summary['files_bytes']
     assert summary['files_bytes'] + summary['unlinked_mapped_bytes'] + summary['other_bytes'] == summary['used_bytes']
 

@@ -488,3 +488,34 @@ def test_a_report_row_carries_the_cuda_summary():
     info = dict(server=dict(pid=1, version='2.51.0'), summary=summary, holders_complete=True, system_regions=[])
     row = shm_report_row(info, 'h', 'http://h:8000')
     assert (row['cuda_stale_regions'], row['cuda_stale_bytes'], row['cuda_unknown_regions']) == (1, MIB, 0)
+
+
+def test_report_row_names_wedged_and_suspect_regions_and_explains_the_bytes():
+    info = info_result()
+    info['summary'].update(
+        wedged_regions=1, wedged_bytes=4 * MIB, suspect_regions=1, registered_bytes=5 * MIB, foreign_bytes=MIB
+    )
+    info['summary'].update(unlinked_mapped_bytes=0, other_bytes=2 * MIB)
+    info['system_regions'] += [dict(name='w', state='wedged'), dict(name='s', state='suspect')]
+    info['families'] = [
+        dict(
+            name='nccl',
+            description='NCCL',
+            files=2,
+            bytes=MIB,
+            held_files=1,
+            held_bytes=MIB,
+            unheld_files=1,
+            unheld_bytes=0,
+            containers=['pod ml/a'],
+        )
+    ]
+    row = shm_report_row(info, 't1', 'http://t1:8000')
+    assert (row['wedged'], row['wedged_regions'], row['wedged_bytes']) == (['w'], 1, 4 * MIB)
+    assert (row['suspect'], row['suspect_regions']) == (['s'], 1)
+    assert row['bytes_by_category']['registered_bytes'] == 5 * MIB
+    assert row['bytes_by_category']['other_bytes'] == 2 * MIB
+    assert row['bytes_by_category']['backend_bytes'] is None  # not in this summary: unknown, not 0
+    assert row['families'] == [
+        dict(name='nccl', files=2, bytes=MIB, held_files=1, unheld_files=1, unheld_bytes=0, containers=['pod ml/a'])
+    ]

@@ -580,3 +580,48 @@ def test_stale_cuda_regions_are_counted_with_their_gpu_bytes_and_marked():
     assert found == {'cuda_stale': 'CUDA stale (1.0 GiB)', 'cuda_unknown': 'CUDA unknown (0 B)'}
     hot = [a['data-state'] for a in Dom(page).find('div', class_='hot')]
     assert 'cuda_stale' in hot and 'cuda_unknown' in hot
+
+
+def test_what_fills_the_shm_directory_by_category_and_family():
+    summary = dict(SUMMARY, registered_bytes=10 * MIB, foreign_bytes=MIB, orphan_bytes=MIB, other_bytes=3 * MIB)
+    summary.update(unlinked_mapped_bytes=MIB, in_use_bytes=0, backend_bytes=0, leftover_bytes=0)
+    fams = [
+        dict(
+            name='nccl',
+            description='NCCL',
+            files=2,
+            bytes=MIB,
+            held_files=1,
+            held_bytes=MIB,
+            unheld_files=1,
+            unheld_bytes=0,
+            containers=[HOSTILE],
+        ),
+    ]
+    page = shm_html_report([row()], 'report', details=[info(summary=summary, families=fams)])
+    dom = Dom(page)
+    shown = {a['data-bytes'] for a in dom.find('tr') if 'data-bytes' in a}
+    assert shown == {
+        'registered',
+        'backend',
+        'leftover',
+        'in_use',
+        'orphan',
+        'foreign',
+        'unlinked_mapped_bytes',
+        'other_bytes',
+    }
+    assert dom.find('tr', data_family='nccl')
+    assert HOSTILE not in page and ESCAPED in page
+    assert 'What fills /dev/shm' in page
+
+
+def test_a_server_with_wedged_regions_needs_a_restart_and_says_what_it_frees():
+    summary = dict(SUMMARY, wedged_regions=2, wedged_bytes=6 * MIB)
+    page = shm_html_report([row('t1'), row('t2')], 'report', details=[info(summary=summary), info()])
+    dom = Dom(page)
+    attention = re.search(r'<section id="attention">(.*?)</section>', page, re.S).group(1)
+    assert 'data-host="t1"' in attention and 'data-host="t2"' not in attention
+    assert 'a restart of the server frees 6.0 MiB' in attention
+    assert dom.find('p', data_restart='true') and 'need a restart' in page
+    assert '2 wedged region(s)' in sections(page)['t1'] and 'Restart:' not in sections(page)['t2']

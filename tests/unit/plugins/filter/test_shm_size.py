@@ -161,7 +161,7 @@ def test_plan(workload, overrides, expected_bytes, expected_docker, expected_cap
     assert plan['bytes'] == expected_bytes
     assert plan['docker'] == expected_docker
     assert plan['capped'] is expected_capped
-    assert set(plan) == {'bytes', 'docker', 'capped', 'breakdown', 'python_backend', 'kubernetes'}
+    assert set(plan) == {'bytes', 'docker', 'capped', 'breakdown', 'python_backend', 'nccl', 'kubernetes'}
 
 
 def test_breakdown_of_the_first_vector():
@@ -180,6 +180,7 @@ def test_breakdown_of_the_first_vector():
         'python_models_bytes': 0,
         'python_growth_bytes': 0,
         'python_reload_bytes': 0,
+        'nccl_bytes': 0,
         'extra_bytes': 0,
         'subtotal_bytes': 576 * MIB,
         'headroom': 0.25,
@@ -563,3 +564,33 @@ def test_python_pool_errors(workload, words):
     with pytest.raises(AnsibleFilterError) as err:
         shm_size(workload)
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize(
+    'nccl, segments, per_rank',
+    [
+        (None, 0, None),
+        ({'tensor_parallel': 1}, 0, 0),  # one rank: no peer, no segment
+        ({'tensor_parallel': 4}, 4 * 2 * 2, 4),  # a ring of 4: a send and a receive per channel, 2 channels
+        ({'tensor_parallel': 2, 'pipeline_parallel': 2}, 4 * 4 * 2, 8),
+        ({'pipeline_parallel': 3, 'channels': 1, 'replicas': 2}, 6 * 2, 2),
+    ],
+)
+def test_nccl_segments_per_rank_and_their_bytes_in_the_plan(nccl, segments, per_rank):
+    plan = shm_size({'nccl': nccl, 'headroom': 0, 'floor_bytes': 0})
+    assert plan['nccl']['segments'] == segments
+    assert plan['nccl'].get('segments_per_rank') == per_rank
+    assert plan['breakdown']['nccl_bytes'] == segments * 10 * MIB == plan['nccl']['bytes']
+    assert plan['breakdown']['subtotal_bytes'] == segments * 10 * MIB
+
+
+def test_nccl_segment_size_is_a_size_string_and_bad_input_is_named():
+    plan = shm_size({'nccl': {'tensor_parallel': 8, 'segment_byte_size': '6m'}, 'headroom': 0})
+    assert plan['bytes'] == 8 * 2 * 2 * 6 * MIB
+    assert 'tp 8' in plan['nccl']['explanation']
+    with pytest.raises(AnsibleFilterError, match='nccl: unknown key'):
+        shm_size({'nccl': {'tp': 2}})
+    with pytest.raises(AnsibleFilterError, match='at least 1'):
+        shm_size({'nccl': {'tensor_parallel': 0}})
+    with pytest.raises(AnsibleFilterError, match='nccl must be a dict'):
+        shm_size({'nccl': 4})
