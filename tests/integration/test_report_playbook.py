@@ -32,6 +32,8 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
     with open(orphan, 'wb') as f:
         f.write(b'\1' * MiB)
     os.utime(orphan, (time.time() - 3600,) * 2)
+    with open(up.shm_path('/nccl-shm-rank0'), 'wb') as f:  # another program's file: explained, never touched
+        f.write(b'\1' * 2 * MiB)
     down.stop()
     before = (up.system_regions(), up.shm_files())
     prom = {s.name: tmp_path / ('prom-' + s.name) for s in fleet.servers}
@@ -94,6 +96,13 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
     md = (report_dir / 'report.md').read_text()
     assert '| triton1 | ok |' in md and '| triton2 | **down** |' in md
     assert '- **triton1**: dead' in md
+    # what fills /dev/shm: the categories add up to what the filesystem says is used, nccl's file is named
+    explained = rows['triton1']['bytes_by_category']
+    assert explained['registered_bytes'] == 10 * MiB and explained['foreign_bytes'] == 2 * MiB
+    assert sum(explained.values()) == rows['triton1']['shm_used_bytes'], explained
+    assert rows['triton1']['families'][0]['name'] == 'nccl' and rows['triton1']['families'][0]['unheld_files'] == 1
+    fills = md.split('## What fills /dev/shm', 1)[1]
+    assert '| triton1 |' in fills and 'nccl 1 file(s), 2.0 MiB (1 unheld)' in fills and 'triton2' not in fills
 
     m = metrics(prom['triton1'], 'tritonops_shm', 'triton1')
     assert m['tritonops_shm_up'] == (1.0, {'host': 'triton1', 'triton_url': up.url})
