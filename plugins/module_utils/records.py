@@ -76,6 +76,11 @@ class Kind(NamedTuple):
     registration: tuple = ()  # what registering one takes beside its name (triton_shm_region's options)
 
     @property
+    def extension(self) -> str:
+        """The protocol extension a server that offers this kind lists in GET /v2 (``cuda_shared_memory``)."""
+        return f'{self.name}_shared_memory'
+
+    @property
     def required(self) -> tuple:
         return tuple(f for f in self.fields if f.required)
 

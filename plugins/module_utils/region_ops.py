@@ -40,7 +40,12 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError, ShmFsError, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    LockError,
+    ShmFsError,
+    TritonError,
+    TritonOpsError,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
@@ -960,6 +965,90 @@ class RegionOps(Operation):
             d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
+
+
+EVERY_KIND = 'all'
+# what the parts of a call for every kind after the first leave to that first part: the shm directory's files, the
+# inventory, the threshold verdict and the metrics textfile
+LATER_PART = dict(
+    orphan_files=False,
+    backend_leftovers=False,
+    suspect=False,
+    families=[],
+    inventory=False,
+    threshold_percent=0,
+    metrics_dir=None,
+)
+
+
+class EveryKind(Operation):
+    """triton_shm_region state=absent kind=all: one call for every kind of region the server offers.
+
+    The first kind (system: the regions, their files, the orphans, pools and families, the inventory, the threshold and
+    the metrics) runs as RegionOps does. Then, under the same per-server lock and on the same connection, each other
+    kind the server lists in its extensions (GET /v2, read by the first part) runs as a RegionOps of its own with the
+    same selectors; its result is the call's ``kinds[NAME]``. A failure in a later part fails the call with the part's
+    name and keeps what the earlier parts did.
+    """
+
+    def __init__(self, client: Any, params: dict, check_mode: bool = False, **options: Any) -> None:
+        self.client, self.params, self.check_mode, self.options = client, params, check_mode, options
+        first, *self.others = list(kinds.KINDS)
+        self.first = RegionOps(client, dict(params, kind=first), check_mode=check_mode, **options)
+        self.parts: dict = {}  # kind name -> the RegionOps of a later part that started
+
+    @property
+    def outcome(self) -> Outcome | None:  # base.run_operation: what was done so far, for a failure part-way
+        return self.first.outcome
+
+    def check(self) -> None:
+        self.first.check()
+
+    def read(self) -> Reading:
+        return self.first.read()
+
+    def hold(self, reading: Reading) -> contextlib.AbstractContextManager:
+        return self.first.hold(reading)
+
+    def plan(self, reading: Reading) -> Plan:
+        return self.first.plan(reading)
+
+    def preview(self, plan: Plan) -> Outcome:
+        outcome = self.first.preview(plan)
+        self._later_parts()
+        return outcome
+
+    def execute(self, plan: Plan) -> Outcome:
+        outcome = self.first.execute(plan)
+        self._later_parts()
+        return outcome
+
+    def _later_parts(self) -> None:
+        """The other kinds the server offers, each a whole run; the first part's lock covers them (same server)."""
+        snap = self.first.snap
+        offered = set((snap.metadata.get('extensions') if snap is not None else None) or ())
+        for name in self.others:
+            if kinds.KINDS[name].record.extension not in offered:
+                continue
+            part = RegionOps(
+                self.client,
+                dict(self.params, kind=name, **LATER_PART),
+                check_mode=self.check_mode,
+                **dict(self.options, serialise=False),
+            )
+            self.parts[name] = part
+            try:
+                run_steps(part, self.check_mode)
+            except TritonOpsError as exc:
+                exc.msg = f'{name} regions, after the {self.first.kind.name} regions were done: {exc.msg}'
+                raise
+
+    def result(self, outcome: Outcome | None = None, finished: bool = True) -> dict:
+        out = self.first.result(outcome, finished)
+        parts = {name: part.result(finished=finished) for name, part in self.parts.items()}
+        out['kinds'] = parts
+        out['changed'] = bool(out['changed'] or any(r.get('changed') for r in parts.values()))
+        return out
 
 
 def _as_owner(q: shm_fs.Quarantined) -> contextlib.AbstractContextManager:

@@ -80,8 +80,12 @@ options:
   kind:
     description:
       - V(system) regions are backed by files in C(/dev/shm); V(cuda) regions by CUDA IPC handles (no files).
+      - V(all), with O(state=absent) only, is one call for every kind the server offers (its extensions in C(GET /v2)) - the
+        system regions and files as with V(system), then, under the same per-server lock and on the same connection, the
+        CUDA regions with the same selectors (O(stale), O(all), O(name), O(exclude)) as with V(cuda). The CUDA part's result
+        is RV(kinds.cuda). The C(shm_cleanup) role makes this one call per server (version 0.3.0 made two).
     type: str
-    choices: [system, cuda]
+    choices: [system, cuda, all]
     default: system
   name:
     description:
@@ -397,6 +401,15 @@ server_gpu_bytes_after:
   returned: when CUDA regions were unregistered and NVML could be read
   type: int
   version_added: 0.3.0
+kinds:
+  description:
+    - With O(kind=all), the result of each later part by kind (C(cuda) when the server offers CUDA shared memory), with the
+      keys this module returns for that O(kind) (RV(unregistered), RV(freed_gpu_bytes), RV(skipped_items) ...). The keys
+      at the top are the system part's; RV(changed) is true when any part changed something.
+  returned: with O(kind=all)
+  type: dict
+  sample: {cuda: {changed: true, unregistered: [gpu_input0], freed_gpu_bytes: 67108864}}
+  version_added: 0.3.0
 shm_used_bytes_before:
   description: Used bytes of the server's shm filesystem before the change.
   returned: when the shm directory is known
@@ -503,7 +516,7 @@ metrics_files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics, records
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY,
     backend_argument_spec,
@@ -516,7 +529,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     write_metrics,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import DEFAULT_MIN_AGE
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import EVERY_KIND, EveryKind, RegionOps
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT
 
 
@@ -528,7 +541,7 @@ def main() -> None:
     argument_spec.update(metrics_argument_spec())
     argument_spec.update(
         state=dict(type='str', choices=['present', 'absent'], default='present'),
-        kind=dict(type='str', choices=['system', 'cuda'], default='system'),
+        kind=dict(type='str', choices=[*records.KINDS, EVERY_KIND], default=records.SYSTEM.name),
         name=dict(type='list', elements='str', default=[]),
         key=dict(type='str', no_log=False),
         offset=dict(type='int', default=0),
@@ -558,9 +571,16 @@ def main() -> None:
         required_if=[('state', 'present', ('byte_size',))],
         supports_check_mode=True,
     )
+    every = module.params['kind'] == EVERY_KIND
+    if every and module.params['state'] != 'absent':
+        module.fail_json(
+            msg=f'kind={EVERY_KIND} is for state=absent: a region to register is of one kind (system or cuda)'
+        )
     client = make_client(module)
     client.use_keep_alive()  # one connection for any number of regions
-    ops = RegionOps(client, module.params, check_mode=module.check_mode, warn=module.warn, diff=module._diff)
+    ops = (EveryKind if every else RegionOps)(
+        client, module.params, check_mode=module.check_mode, warn=module.warn, diff=module._diff
+    )
     if module.params['state'] != 'absent':
         run_operation(module, ops)
         return
