@@ -46,6 +46,23 @@ _CHUNK_SIZE = re.compile(rb'([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7
 _HEAD, _LENGTH, _SIZE, _DATA, _CRLF, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 
 
+def not_http(start: bytes) -> str:
+    """What a server whose answer does not start with ``HTTP/`` is, from its first bytes, and what to use instead.
+
+    An HTTP/2 server (Triton's gRPC port) opens with a SETTINGS frame (9-byte frame header: length, type 4, flags,
+    stream 0); a TLS server answers a clear-text request with a TLS record (an alert or a handshake, version 3.x).
+    Anything else is shown escaped.
+    """
+    if len(start) >= 9 and start[3] == 0x04 and start[4] in (0, 1) and start[5:9] == bytes(4):
+        return (
+            "this port speaks HTTP/2, as Triton's gRPC port does (8001 by default): use grpc://HOST:PORT for it, or the "
+            "URL of Triton's HTTP port (8000 by default)"
+        )
+    if len(start) >= 3 and start[0] in (0x15, 0x16) and start[1] == 0x03:
+        return 'this port speaks TLS: use https:// (or grpcs:// for a gRPC port with TLS)'
+    return escape(start, 60)
+
+
 class HttpError(ValueError):
     """What came is not an HTTP/1.1 answer this reader accepts; the message says why (the server's bytes escaped)."""
 
@@ -202,7 +219,7 @@ class ResponseReader:
     def _head(self) -> bool:
         buf = self._buf
         if len(buf) >= 5 and not buf.startswith(b'HTTP/'):
-            raise HttpError(f'the answer is not HTTP: {escape(bytes(buf[:60]), 60)}')
+            raise HttpError(f'the answer is not HTTP: {not_http(bytes(buf[:60]))}')
         end = buf.find(b'\r\n\r\n', self._scan)
         if end < 0:
             if len(buf) > self.max_head:

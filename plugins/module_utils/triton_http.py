@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import socket
 import ssl
 import string
@@ -399,10 +400,16 @@ class TritonClient(Client):
         except ssl.SSLCertVerificationError as exc:
             raise self.error(f'{what} at {url}: TLS verification failed: {short(exc)}', url) from exc
         except ssl.SSLError as exc:
-            raise self.error(f'{what} at {url}: TLS failed: {short(exc)}', url) from exc
+            hint = ''
+            if 'WRONG_VERSION_NUMBER' in str(exc) or 'wrong version number' in str(exc):
+                hint = ' (the port does not speak TLS: use http:// for it, or grpc:// for a gRPC port without TLS)'
+            raise self.error(f'{what} at {url}: TLS failed: {short(exc)}{hint}', url) from exc
         except (_Stale, ConnectionError, socket.gaierror) as exc:
+            hint = ''
+            if self.scheme == 'https' and ('UNEXPECTED_EOF' in str(exc) or 'violation of protocol' in str(exc)):
+                hint = ' (the server closed the connection in the TLS handshake: if this port serves plain HTTP, use http://)'
             raise self.error(
-                f'{what} at {url}: cannot connect to Triton (refused or unreachable): {short(exc)}', url
+                f'{what} at {url}: cannot connect to Triton (refused or unreachable): {short(exc)}{hint}', url
             ) from exc
         except OSError as exc:
             raise self.error(
@@ -442,9 +449,14 @@ class TritonClient(Client):
                 transport=self.transport,
             )
         if expect_json and decode_error is not None:
+            where = (
+                ": check the port (Triton's HTTP port is 8000 by default) and the path of any proxy in front of it"
+                if _is_html(resp)
+                else ''
+            )
             raise TritonError(
                 f'{what} at {url}: the response is not Triton JSON (is another web server on this port?): '
-                f'{_text(resp.body)}',
+                f'{_text(resp.body)}{where}',
                 url=url,
                 status=status,
                 transport=self.transport,
@@ -591,8 +603,19 @@ class _Unregisters(UnregisterBatch):
                 yield Answer(name, None)
 
 
+_TAG = re.compile(r'<[^<>]{0,512}>')  # bounded: a hostile page of 4 KiB costs at most a few million steps
+
+
+def _is_html(resp: Response) -> bool:
+    """Whether an answer is an HTML page (its content type, or a body that starts with a tag): Triton answers JSON."""
+    return 'html' in _header(resp.headers, b'content-type').lower() or resp.body.lstrip()[:1] == b'<'
+
+
 def _text(body: bytes) -> str:
-    """The start of an answer's body on one line, for a message."""
+    """The start of an answer's body on one line, for a message; an HTML page as its text, without its markup."""
+    text = body[:4096].decode('utf-8', 'replace')
+    if text.lstrip()[:1] == '<':
+        return 'an HTML page: ' + snippet(' '.join(_TAG.sub(' ', text).split()) or '(no text)')
     return snippet(body.decode('utf-8', 'replace'))
 
 

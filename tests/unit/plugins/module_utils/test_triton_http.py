@@ -234,7 +234,7 @@ def test_http_error_without_json_quotes_the_body_or_the_reason(serve):
     client = TritonClient(srv.url)
     err = _fails(
         client.server_metadata,
-        f'read server metadata at {srv.url}/v2: HTTP 502: <html><body>Bad Gateway from the proxy',
+        f'read server metadata at {srv.url}/v2: HTTP 502: an HTML page: Bad Gateway from the proxy',
     )
     assert err.server_error is None
     _fails(lambda: client.status('system'), 'HTTP 500: Internal Server Error')
@@ -247,7 +247,7 @@ def test_html_is_not_triton_json(serve):
         f'at {srv.url}/v2: the response is not Triton JSON (is another web server on this port?)',
         'Welcome to nginx!',
     )
-    assert err.msg.endswith('...'), 'long bodies are cut'
+    assert '...:' in err.msg, 'long bodies are cut'
     assert err.status == 200
 
 
@@ -515,7 +515,7 @@ def test_keep_alive_errors_read_like_requests_errors(front):
         f"unregister system region 'busy' at {server.url}/v2/systemsharedmemory/region/busy/unregister: HTTP 500: "
         in info.value.msg
     )
-    with pytest.raises(TritonError, match=r'HTTP 404: <html>nope</html>'):
+    with pytest.raises(TritonError, match=r'HTTP 404: an HTML page: nope'):
         client.status('system')
     silent = front(Triton())
     silent.answers[('POST', '/v2/systemsharedmemory/region/a/unregister')] = loopback.silent(2)
@@ -826,3 +826,31 @@ def test_a_restricted_api_without_its_header_names_the_headers_option_and_the_ke
     assert (
         isinstance(err, Restricted) and err.header == 'shm-key' and err.status == 403 and err.server_error == RESTRICTED
     )
+
+
+@pytest.mark.parametrize(
+    'start, says',
+    [
+        # a gRPC server's first frame: SETTINGS (type 4) on stream 0, as Triton's gRPC port sends it
+        (bytes.fromhex('000018040000000000000400400000000500ffffff'), ['speaks HTTP/2', 'grpc://HOST:PORT', '8000']),
+        (bytes.fromhex('150301000202'), ['speaks TLS', 'https://']),  # a TLS alert to a clear-text request
+        (bytes.fromhex('160303007a0200'), ['speaks TLS']),  # a TLS handshake record
+        (b'SSH-2.0-OpenSSH_9.6\r\n', ['SSH-2.0-OpenSSH_9.6']),  # anything else: shown, escaped
+    ],
+)
+def test_an_answer_that_is_not_http_says_what_speaks_on_the_port(start, says):
+    from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import not_http
+
+    text = not_http(start)
+    assert all(s in text for s in says), text
+
+
+def test_an_html_page_is_shown_as_its_text_and_a_hostile_one_costs_nothing(serve):
+    page = '<!DOCTYPE html><html><head><title>Welcome to nginx!</title></head><body><p>It works</p></body></html>'
+    srv = serve({('GET', '/v2'): (200, 'text/html', page)})
+    err = _fails(TritonClient(srv.url).server_metadata, 'an HTML page: Welcome to nginx! It works', 'check the port')
+    assert '<' not in err.msg
+    hostile = serve({('GET', '/v2'): (200, 'text/html', '<a' + 'x' * 100000 + '<' * 100000)})
+    started = time.monotonic()
+    _fails(TritonClient(hostile.url).server_metadata, 'not Triton JSON')
+    assert time.monotonic() - started < 5
