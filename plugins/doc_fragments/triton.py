@@ -220,6 +220,16 @@ options:
       - Not set (the default), nothing is written.
     type: path
     version_added: 0.2.0
+  metrics_dir_missing:
+    description:
+      - What a O(metrics_dir) that does not exist on this host gives. V(warn) (the default) a warning. V(skip) no warning and
+        nothing written; the result's C(metrics_skipped) says why, so that a playbook run over a fleet where only some hosts
+        run node_exporter says it once (the report and cleanup playbooks do, when C(prometheus_textfile_dir) is not set).
+      - A directory that is a symlink, reached through one, or not writable always warns.
+    type: str
+    choices: [warn, skip]
+    default: warn
+    version_added: 0.3.0
   metrics_host:
     description:
       - The inventory host the metrics belong to, normally the play's C(inventory_hostname). It is the

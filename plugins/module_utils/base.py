@@ -99,7 +99,14 @@ def time_limit_argument_spec() -> dict:
 
 def metrics_argument_spec() -> dict:
     """The node_exporter textfile options (doc fragment tritonops.shm.triton.metrics)."""
-    return dict(metrics_dir=dict(type='path'), metrics_host=dict(type='str'))
+    return dict(
+        metrics_dir=dict(type='path'),
+        metrics_host=dict(type='str'),
+        metrics_dir_missing=dict(type='str', choices=list(METRICS_DIR_MISSING), default='warn'),
+    )
+
+
+METRICS_DIR_MISSING = ('warn', 'skip')
 
 
 METRICS_REQUIRED_BY = {'metrics_dir': 'metrics_host'}
@@ -117,6 +124,9 @@ def write_metrics(
         return {}
     if module.check_mode:
         return {'metrics_files': []}
+    if p.get('metrics_dir_missing') == 'skip' and not os.path.lexists(p['metrics_dir']):
+        # nobody collects metrics on this host: said once per run by the playbook, not warned per call
+        return {'metrics_files': [], 'metrics_skipped': f'{p["metrics_dir"]} does not exist on this host'}
     done = metrics.write_server_metrics(
         p['metrics_dir'], p['metrics_host'], p['url'], report=report, with_report=with_report, outcome=outcome
     )

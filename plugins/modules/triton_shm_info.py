@@ -580,6 +580,12 @@ query_result:
   description: Value of O(query) applied to the result.
   returned: when O(query) is set
   type: raw
+metrics_skipped:
+  description: Why no textfile was written, with O(metrics_dir_missing=skip) and a O(metrics_dir) that does not exist.
+  returned: when O(metrics_dir_missing=skip) skipped the textfiles
+  type: str
+  sample: /var/lib/node_exporter/textfile_collector does not exist on this host
+  version_added: 0.3.0
 metrics_files:
   description:
     - The node_exporter textfiles this call wrote (the report file C(tritonops_shm.HOST.DIGEST.prom)); empty in check mode and

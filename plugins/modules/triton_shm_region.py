@@ -502,6 +502,12 @@ pid_namespace:
   type: str
   choices: [initial, other]
   version_added: 0.2.0
+metrics_skipped:
+  description: Why no textfile was written, with O(metrics_dir_missing=skip) and a O(metrics_dir) that does not exist.
+  returned: when O(metrics_dir_missing=skip) skipped the textfiles
+  type: str
+  sample: /var/lib/node_exporter/textfile_collector does not exist on this host
+  version_added: 0.3.0
 metrics_files:
   description:
     - The node_exporter textfile this call wrote (C(tritonops_shm_cleanup.HOST.DIGEST.prom)); empty in check mode and when the

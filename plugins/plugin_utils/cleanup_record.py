@@ -303,6 +303,8 @@ def shm_cleanup(
         done=done,
         skipped=skipped,
         error=error,
+        # the cleanup call wrote no textfile: its directory does not exist (metrics_dir_missing: skip)
+        metrics_skipped=absent.get('metrics_skipped'),
         # incomplete: the holders could not all be seen, so nothing was stale (never 'ok': issue 25, issue 26 finding 7)
         status='failed' if error else ('incomplete' if before.get('holders_complete') is False else 'ok'),
         changed=bool(

@@ -99,7 +99,7 @@ def _report(rows: list, width: int) -> list[str]:
             out.append(
                 f'{str(r["host"]):<{width}}  {str(r.get("status")).upper():<9}  {_truncate(r.get("error"), 200)}'
             )
-    return out
+    return out + _metrics_skipped([(r.get('host'), r.get('metrics_skipped')) for r in rows])
 
 
 def _cleanup_line(width: int, *cells: Any) -> str:
@@ -144,7 +144,23 @@ def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
                 f'{"":<{width}}  {"":<7}  CUDA: {len(done["cuda_unregistered"])} region(s) unregistered, {shown}'
             )
     out.append(f'(* changed{"; check mode: what would be done, nothing was changed" if check_mode else ""})')
+    out += _metrics_skipped([(host, r.get('metrics_skipped')) for host, r in rows if r])
     return out
+
+
+def _metrics_skipped(hosts: list) -> list[str]:
+    """One line for the hosts whose module call wrote no metrics because the textfile directory does not exist there
+    (metrics_dir_missing: skip): said once for the run, not warned per host."""
+    skipped = [(host, why) for host, why in hosts if why]
+    if not skipped:
+        return []
+    names = ', '.join(str(h) for h, _why in skipped[:10]) + (
+        f' and {len(skipped) - 10} more' if len(skipped) > 10 else ''
+    )
+    return [
+        f'no metrics written on {len(skipped)} host(s) ({names}): {skipped[0][1]}; set prometheus_textfile_dir to '
+        "the node_exporter textfile directory, or '' to stop looking for one"
+    ]
 
 
 ROW_SUMMARY = (
@@ -215,6 +231,7 @@ def shm_report_row(info: dict, host: str, url: Any = None) -> dict:
         bytes_by_category={key: summary.get(key) for key in ROW_BYTES},
         families=[{k: f.get(k) for k in ROW_FAMILY} for f in info.get('families') or () if isinstance(f, Mapping)],
         scanned_at=info.get('scanned_at'),
+        metrics_skipped=info.get('metrics_skipped'),
     )
     return row
 

@@ -519,3 +519,17 @@ def test_report_row_names_wedged_and_suspect_regions_and_explains_the_bytes():
     assert row['families'] == [
         dict(name='nccl', files=2, bytes=MIB, held_files=1, unheld_files=1, unheld_bytes=0, containers=['pod ml/a'])
     ]
+
+
+def test_metrics_skipped_on_some_hosts_is_said_once_under_each_table():
+    rows = [
+        dict(shm_report_row(info_result(), f't{i}', f'http://t{i}:8000'), metrics_skipped=why)
+        for i, why in enumerate(['/var/lib/node_exporter/textfile_collector does not exist on this host', None] * 2)
+    ]
+    lines = shm_fleet_table(rows, 'report')
+    said = [line for line in lines if line.startswith('no metrics written')]
+    assert said == [
+        'no metrics written on 2 host(s) (t0, t2): /var/lib/node_exporter/textfile_collector does not exist on this '
+        "host; set prometheus_textfile_dir to the node_exporter textfile directory, or '' to stop looking for one"
+    ]
+    assert not [line for line in shm_fleet_table(rows[1:2], 'report') if line.startswith('no metrics')]

@@ -194,3 +194,31 @@ def test_a_read_only_bind_mount_is_one_warning(tmp_path):
     assert len(warnings) == 1 and warnings[0].startswith(
         f'{directory} is not writable (Read-only file system): no metrics written'
     )
+
+
+@pytest.mark.parametrize('missing', ['warn', 'skip'])
+def test_a_missing_directory_is_one_warning_or_with_skip_a_reason_in_the_result(tmp_path, missing):
+    module = FakeModule(str(tmp_path / 'textfile_collector'))
+    module.params['metrics_dir_missing'] = missing
+    result = base.write_metrics(module, report=info_result(), with_report=True)
+    assert result['metrics_files'] == []
+    if missing == 'warn':
+        assert len(module.warnings) == 1 and 'does not exist' in module.warnings[0] and 'metrics_skipped' not in result
+    else:
+        assert module.warnings == [] and result['metrics_skipped'].endswith('does not exist on this host')
+
+
+def test_skip_never_hides_a_planted_symlink_or_a_directory_that_cannot_be_written(tmp_path):
+    target = tmp_path / 'elsewhere'
+    target.mkdir()
+    link = tmp_path / 'textfile_collector'
+    link.symlink_to(target)
+    dangling = tmp_path / 'dangling'
+    dangling.symlink_to(tmp_path / 'nothing')
+    for path in (link, dangling):
+        module = FakeModule(str(path))
+        module.params['metrics_dir_missing'] = 'skip'
+        result = base.write_metrics(module, report=info_result(), with_report=True)
+        assert result['metrics_files'] == [] and 'metrics_skipped' not in result
+        assert len(module.warnings) == 1 and 'symlink' in module.warnings[0], module.warnings
+    assert os.listdir(target) == []
