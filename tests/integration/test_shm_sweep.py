@@ -1,0 +1,139 @@
+"""triton_shm_sweep (issue 42, goal 4) on the real Triton 2.51: clean a /dev/shm no server runs on, before one starts.
+
+A server started with a custom pool prefix (``--backend-config=python,shm-region-prefix-name=sweep0_``) in a private
+/dev/shm that outlives it (tritonrig.ShmNamespace) is SIGKILLed with its python stubs (tritonrig.crash): its pools stay,
+unheld, as on a host whose Triton container died with ``--ipc=host``. The sweep, given only the directory, removes them
+and nothing else; refuses while a server runs there; keeps a pool a process maps, and a pool-named symlink.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import tritonrig
+from ansible_helpers import run_module
+
+SWEEP = 'tritonops.shm.triton_shm_sweep'
+PREFIX = 'sweep0_'
+OLD = time.time() - 7200
+
+
+def _write(path: str, size: int = 4096, old: bool = True) -> str:
+    with open(path, 'wb') as f:
+        f.write(b'\1' * size)
+    if old:
+        os.utime(path, (OLD, OLD))
+    return path
+
+
+def _names(paths) -> list:
+    return sorted(os.path.basename(p) for p in paths)
+
+
+def _server(tmp_path, ns: tritonrig.ShmNamespace) -> tritonrig.TritonServer:
+    """A running server with the custom pool prefix, in ns."""
+    return tritonrig.TritonServer(
+        workdir=str(tmp_path), name='sweep', namespace=ns, backend_config=(f'python,shm-region-prefix-name={PREFIX}',)
+    ).start()
+
+
+def _crashed_server(tmp_path, ns: tritonrig.ShmNamespace) -> list:
+    """Start a server with the custom prefix in ns, crash it with its stubs; its pool file names."""
+    server = _server(tmp_path, ns)
+    try:
+        pools = [f for f in server.shm_files() if f.startswith(PREFIX)]
+        assert pools, server.shm_files()
+    finally:
+        tritonrig.crash(server)
+        server.stop()
+    return pools
+
+
+def _args(ns: tritonrig.ShmNamespace, **kw) -> dict:
+    return dict(dict(shm_dir=ns.shm_dir, backend_patterns=[f'{PREFIX}*'], min_age=0), **kw)
+
+
+def test_after_a_crash_the_sweep_removes_the_pools_of_a_custom_prefix_and_keeps_everything_else(tmp_path):
+    with tritonrig.ShmNamespace(shm_size='64m') as ns:
+        pools = _crashed_server(tmp_path, ns)
+        foreign = _write(os.path.join(ns.shm_dir, 'client_input0'))
+        nccl = _write(os.path.join(ns.shm_dir, 'nccl-a1b2c3'), old=False)
+
+        preview = run_module(SWEEP, _args(ns), check=True)
+        assert not preview.get('failed'), preview
+        assert preview['changed'] is True and _names(preview['removed_files']) == sorted(pools), preview
+        assert set(pools) <= set(os.listdir(ns.shm_dir)), 'check mode removed a file'
+
+        done = run_module(SWEEP, _args(ns))
+        assert done['changed'] is True and _names(done['removed_files']) == sorted(pools), done
+        assert done['freed_bytes'] > 0 and done['scan']['holders_complete'] is True
+        left = set(os.listdir(ns.shm_dir))
+        assert not set(pools) & left and {'client_input0', 'nccl-a1b2c3'} <= left, left
+        kept = {os.path.basename(k['path']): k for k in done['kept']}
+        assert kept['client_input0']['category'] == 'foreign' and kept['nccl-a1b2c3']['category'] == 'foreign'
+
+        again = run_module(SWEEP, _args(ns))
+        assert again['changed'] is False and again['removed_files'] == [], again
+
+        # families are opt-in, and keep their grace age
+        young = run_module(SWEEP, _args(ns, families=['nccl'], min_age=600))
+        assert young['changed'] is False and os.path.exists(nccl), young
+        reasons = {os.path.basename(k['path']): k['reason'] for k in young['kept']}
+        assert 'younger than min_age' in reasons['nccl-a1b2c3'], reasons
+        os.utime(nccl, (OLD, OLD))
+        old = run_module(SWEEP, _args(ns, families=['nccl'], min_age=600))
+        assert _names(old['removed_files']) == ['nccl-a1b2c3'], old
+        assert os.path.exists(foreign) and not os.path.exists(nccl)
+        assert run_module(SWEEP, _args(ns, families=['nccl'], min_age=600))['changed'] is False
+
+
+def test_refused_while_a_server_runs_in_that_namespace_naming_its_pid(tmp_path):
+    with tritonrig.ShmNamespace(shm_size='64m') as ns:
+        server = _server(tmp_path, ns)
+        try:
+            before = server.shm_files()
+            for check in (True, False):
+                res = run_module(SWEEP, _args(ns), check=check)
+                assert res.get('failed') and f'tritonserver (pid {server.pid})' in res['msg'], res
+                assert 'Nothing was changed' in res['msg']
+            assert server.shm_files() == before
+        finally:
+            server.stop()
+
+
+def test_a_held_pool_and_a_pool_named_symlink_are_kept(tmp_path):
+    with tritonrig.ShmNamespace(shm_size='64m') as ns:
+        pools = _crashed_server(tmp_path, ns)
+        held = pools[0]
+        target = _write(str(tmp_path / 'outside'))
+        link = os.path.join(ns.shm_dir, f'{PREFIX}00000000-0000-0000-0000-000000000000')
+        os.symlink(target, link)
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                '-c',
+                'import mmap, sys; f = open(sys.argv[1], "r+b"); m = mmap.mmap(f.fileno(), 0); f.close(); '
+                'print("ready", flush=True); sys.stdin.read()',
+                os.path.join(ns.shm_dir, held),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout.readline().strip() == 'ready'  # returns once the file is mapped (or the child ended)
+            done = run_module(SWEEP, _args(ns))
+            assert _names(done['removed_files']) == sorted(pools[1:]), done
+            kept = {os.path.basename(k['path']): k for k in done['kept']}
+            assert kept[held]['category'] == 'backend' and f'held by {holder.pid}' in kept[held]['reason'], kept[held]
+            assert kept[os.path.basename(link)]['category'] == 'foreign', kept
+            assert os.path.islink(link) and os.path.exists(target) and os.path.exists(os.path.join(ns.shm_dir, held))
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=10)
+        done = run_module(SWEEP, _args(ns))
+        assert _names(done['removed_files']) == [held], done  # its holder gone, the next run takes it
+        assert os.path.islink(link) and os.path.exists(target)
