@@ -235,6 +235,7 @@ class Sweep(ShmDirWork, Operation):
         self.snap: snapshot.Snapshot | None = None
         self.kept: list = []
         self.categories: dict = {}
+        self.in_use: str | None = None  # why a server's use of the directory skipped the sweep (in_use: skip)
         self._finished: list = []
         self._criteria: classification.Criteria | None = None
 
@@ -254,7 +255,8 @@ class Sweep(ShmDirWork, Operation):
         region_plan.check_families(p)
         _ = self.criteria  # client_users and extra_families: ParameterError now, before anything is read
 
-    def read(self) -> snapshot.Snapshot:
+    def read(self) -> snapshot.Snapshot | None:
+        """The directory read under its run lock; None when a server uses it and in_use is skip (a warning says so)."""
         self.outcome = Outcome(check_mode=self.check_mode)
         try:
             return read_dir(
@@ -263,13 +265,23 @@ class Sweep(ShmDirWork, Operation):
                 self.proc,
                 on_pinned=None if self.check_mode else self._lock,
             )
+        except ShmDirInUse as exc:
+            self.release()
+            if self.params.get('in_use') != 'skip':
+                raise
+            self.in_use = exc.msg
+            self.warn(exc.msg)
+            return None
         except BaseException:
             self.release()
             raise
 
     @contextlib.contextmanager
-    def hold(self, reading: snapshot.Snapshot) -> Iterator[snapshot.Snapshot]:
+    def hold(self, reading: snapshot.Snapshot | None) -> Iterator[snapshot.Snapshot | None]:
         """Hold the run lock read() took (not in check mode) until the result is written."""
+        if reading is None:
+            yield None
+            return
         try:
             self.snap = reading
             for w in reading.warnings:
@@ -285,7 +297,9 @@ class Sweep(ShmDirWork, Operation):
         finally:
             self.release()
 
-    def plan(self, reading: snapshot.Snapshot) -> Plan:
+    def plan(self, reading: snapshot.Snapshot | None) -> Plan:
+        if reading is None:
+            return Plan([], [], [], {})
         return plan(reading, self.criteria, self.params.get('families') or ())
 
     def _planned(self, planned: Plan) -> Outcome:
@@ -333,6 +347,7 @@ class Sweep(ShmDirWork, Operation):
             'kept_counts': kept_counts(kept),
             'skipped_items': list(outcome.skipped),
             'scan': outcome.scan,
+            'in_use': self.in_use,
             'used_bytes_before': outcome.used_before,
             'used_bytes_after': outcome.used_after,
         }

@@ -101,6 +101,16 @@ options:
         yet (init containers run before the others; not with sidecar containers started before it).
     type: bool
     default: false
+  in_use:
+    description:
+      - What to do when a running C(tritonserver) uses O(shm_dir) (or its root cannot be read).
+      - V(fail) (the default) fails the task with the server's pid and changes nothing.
+      - V(skip) changes nothing either, but returns C(changed=false) with the reason in RV(in_use) and a warning, for a step that
+        runs whether or not a server is up (the C(tritonops.shm.triton_server) role's, a systemd C(ExecStartPre) of one of
+        several servers sharing the host's C(/dev/shm)).
+    type: str
+    choices: [fail, skip]
+    default: fail
   lock_dir:
     description:
       - The directory of the run locks, as O(tritonops.shm.triton_shm_region#module:lock_dir) (one run per shm directory,
@@ -183,6 +193,10 @@ scan:
     holders_complete: {description: Whether every process could be seen; when false nothing is removed., type: bool}
     holders_incomplete_reason: {description: Why not; null when complete., type: str}
     pid_namespace: {description: V(initial) in the host's initial PID namespace, else V(other)., type: str}
+in_use:
+  description: With O(in_use=skip), why a running server stopped the sweep (nothing was read or changed); null otherwise.
+  returned: always
+  type: str
 used_bytes_before:
   description: The shm filesystem's used bytes when it was read.
   returned: always
@@ -208,6 +222,7 @@ def main() -> None:
         extra_families=dict(type='list', elements='dict', default=[]),
         min_age=dict(type='float', default=DEFAULT_MIN_AGE),
         clients_share_pid_namespace=dict(type='bool', default=False),
+        in_use=dict(type='str', choices=['fail', 'skip'], default='fail'),
         lock_dir=dict(type='path'),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)

@@ -99,6 +99,9 @@ def test_refused_while_a_server_runs_in_that_namespace_naming_its_pid(tmp_path):
                 res = run_module(SWEEP, _args(ns), check=check)
                 assert res.get('failed') and f'tritonserver (pid {server.pid})' in res['msg'], res
                 assert 'Nothing was changed' in res['msg']
+            skipped = run_module(SWEEP, _args(ns, in_use='skip'))
+            assert not skipped.get('failed') and skipped['changed'] is False, skipped
+            assert f'tritonserver (pid {server.pid})' in skipped['in_use'] and skipped['removed_files'] == []
             assert server.shm_files() == before
         finally:
             server.stop()

@@ -249,6 +249,14 @@ def test_a_live_process_on_the_directory_stops_the_sweep_before_anything_is_read
         sweep.read_dir('/dev/shm')
 
 
+def test_in_use_skip_changes_nothing_and_says_why(monkeypatch):
+    monkeypatch.setattr(sweep, 'tritonserver_pids', lambda proc='/proc': [os.getpid()])
+    warnings = []
+    done = run_steps(sweep.Sweep(_params('/dev/shm', in_use='skip'), warn=warnings.append), False)
+    assert done['changed'] is False and done['removed_files'] == [] and done['kept'] == []
+    assert f'pid {os.getpid()}' in done['in_use'] and warnings == [done['in_use']]
+
+
 def test_the_module_fails_on_a_relative_directory(capsys):
     with patch_module_args(dict(shm_dir='relative')):
         with pytest.raises(SystemExit):
