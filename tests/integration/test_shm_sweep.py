@@ -9,8 +9,10 @@ and nothing else; refuses while a server runs there; keeps a pool a process maps
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
+import tempfile
 import time
 
 import tritonrig
@@ -140,3 +142,61 @@ def test_a_held_pool_and_a_pool_named_symlink_are_kept(tmp_path):
         done = run_module(SWEEP, _args(ns))
         assert _names(done['removed_files']) == [held], done  # its holder gone, the next run takes it
         assert os.path.islink(link) and os.path.exists(target)
+
+
+# -- not root: a user who cannot see every process removes nothing ------------------------------------------------
+
+from test_triton_shm_info import (  # noqa: E402  pylint: disable=wrong-import-position
+    _interpreter_wrapper,
+    run_plays_wrapped,
+    unprivileged_user,  # noqa: F401  the fixture
+)
+
+
+def test_as_a_user_who_cannot_see_every_process_nothing_is_removed(unprivileged_user):  # noqa: F811
+    """The user's own directory and its own unheld, old pool: the user cannot read root's processes, so the scan is
+    incomplete and the sweep decides nothing (where a tritonserver of root runs meanwhile, its root cannot be read
+    either, and the sweep is refused: nothing is removed in both cases)."""
+    user = pwd.getpwnam(unprivileged_user)
+    workdir = tempfile.mkdtemp(prefix='sweep-nonroot-', dir='/tmp')
+    os.chmod(workdir, 0o755)
+    cleanup = None
+    try:
+        shm, locks = os.path.join(workdir, 'shm'), os.path.join(workdir, 'locks')
+        for d, mode in ((shm, 0o755), (locks, 0o700)):
+            os.mkdir(d, mode)
+            os.chown(d, user.pw_uid, user.pw_gid)
+        pool = _write(os.path.join(shm, 'triton_python_backend_shm_region_0c4e5f6a-1b2c-4d3e-8f9a-0b1c2d3e4f5a'))
+        os.chown(pool, user.pw_uid, user.pw_gid)
+        prefix, cleanup = _interpreter_wrapper(workdir)
+        plays = [
+            {
+                'name': 'sweep as a user who is not root',
+                'hosts': 'localhost',
+                'connection': 'local',
+                'gather_facts': False,
+                'tasks': [
+                    {
+                        'name': 'user',
+                        SWEEP: dict(shm_dir=shm, min_age=0, in_use='skip', lock_dir=locks),
+                        'become': True,
+                        'become_user': unprivileged_user,
+                        'become_method': 'ansible.builtin.su',
+                    }
+                ],
+            }
+        ]
+        res = run_plays_wrapped(prefix, plays, workdir)
+        assert res.data, res
+        done = res.task('user')
+        assert not done.get('failed') and done['changed'] is False and done['removed_files'] == [], done
+        assert os.path.exists(pool)
+        if done['in_use'] is None:
+            assert done['scan']['holders_complete'] is False, done
+            assert any('it decides nothing' in w for w in done.get('warnings', [])), done.get('warnings')
+        else:
+            assert 'cannot be read' in done['in_use'], done['in_use']
+    finally:
+        if cleanup is not None:
+            cleanup()
+        subprocess.run(['rm', '-rf', '--one-file-system', workdir], check=False)
