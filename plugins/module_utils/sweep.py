@@ -15,7 +15,7 @@ family cleanup without a server, and it takes every decision from the code paths
   scanned (snapshot.read_holders, the visibility rule included), the authority of the directory's owner
   (authority.read_authority with no server process: root removes only files of the directory's owner or of
   client_users);
-- **one plan** (``plan``): classification.classify (a python backend pool nobody holds, older than min_age, with a
+- **one plan** (``plan_sweep``): classification.classify (a python backend pool nobody holds, older than min_age, with a
   complete scan, is ``leftover``) and region_plan.plan_files with backend_leftovers and the families asked for, as
   triton_shm_region plans them; where the module cannot see every process, it decides nothing;
 - **one removal** (region_ops.ShmDirWork): the run lock of the directory, then each file renamed to a quarantine name,
@@ -178,7 +178,7 @@ class Plan(NamedTuple):
     categories: dict
 
 
-def plan(snap: snapshot.Snapshot, criteria: classification.Criteria, families: Iterable[str] = ()) -> Plan:
+def plan_sweep(snap: snapshot.Snapshot, criteria: classification.Criteria, families: Iterable[str] = ()) -> Plan:
     """The sweep of one read (pure): the leftover pools, the files a killed run left quarantined and the unheld, old
     enough files of the families asked for, as triton_shm_region plans them; every other file kept, with its reason."""
     records = classification.classify(snap, criteria)
@@ -253,7 +253,8 @@ class Sweep(ShmDirWork, Operation):
         if p.get('min_age', 0) < 0:
             raise ParameterError('min_age must be 0 or more seconds')
         region_plan.check_families(p)
-        _ = self.criteria  # client_users and extra_families: ParameterError now, before anything is read
+        # client_users and extra_families: ParameterError now, before anything is read
+        self._criteria = region_plan.criteria(p, orphans=False)
 
     def read(self) -> snapshot.Snapshot | None:
         """The directory read under its run lock; None when a server uses it and in_use is skip (a warning says so)."""
@@ -300,28 +301,28 @@ class Sweep(ShmDirWork, Operation):
     def plan(self, reading: snapshot.Snapshot | None) -> Plan:
         if reading is None:
             return Plan([], [], [], {})
-        return plan(reading, self.criteria, self.params.get('families') or ())
+        return plan_sweep(reading, self.criteria, self.params.get('families') or ())
 
-    def _planned(self, planned: Plan) -> Outcome:
-        for w in planned.warnings:
+    def _planned(self, plan: Plan) -> Outcome:
+        for w in plan.warnings:
             self.warn(w)
-        self.kept = list(planned.kept)
-        self.categories = dict(planned.categories)
+        self.kept = list(plan.kept)
+        self.categories = dict(plan.categories)
         return self.outcome
 
-    def preview(self, planned: Plan) -> Outcome:
+    def preview(self, plan: Plan) -> Outcome:
         """Check mode: what would be removed, touching nothing."""
-        outcome = self._planned(planned)
-        outcome.removed_files = [a.entry['path'] for a in planned.files]
-        outcome.freed_bytes = sum(a.entry['allocated_bytes'] for a in planned.files)
+        outcome = self._planned(plan)
+        outcome.removed_files = [a.entry['path'] for a in plan.files]
+        outcome.freed_bytes = sum(a.entry['allocated_bytes'] for a in plan.files)
         return outcome
 
-    def execute(self, planned: Plan) -> Outcome:
+    def execute(self, plan: Plan) -> Outcome:
         """Remove the planned files (ShmDirWork._remove_files: quarantine, re-check, unlink or give back)."""
-        outcome = self._planned(planned)
-        if planned.files:
+        outcome = self._planned(plan)
+        if plan.files:
             try:
-                self._remove_files(self.snap, [(a.entry, a.region) for a in planned.files], set())
+                self._remove_files(self.snap, [(a.entry, a.region) for a in plan.files], set())
             finally:
                 with contextlib.suppress(OSError):
                     outcome.used_after = shm_fs.usage(self.snap.shm)['used_bytes']

@@ -168,7 +168,9 @@ kept:
   elements: dict
   contains:
     path: {description: The file's path., type: str}
-    category: {description: Its category (V(backend), V(in_use), V(foreign), ...)., type: str}
+    category:
+      description: Its category (V(backend), V(in_use), V(foreign), and so on).
+      type: str
     reason: {description: Why it stays., type: str}
 kept_counts:
   description: The kept files counted by category.
@@ -192,7 +194,9 @@ scan:
   contains:
     holders_complete: {description: Whether every process could be seen; when false nothing is removed., type: bool}
     holders_incomplete_reason: {description: Why not; null when complete., type: str}
-    pid_namespace: {description: V(initial) in the host's initial PID namespace, else V(other)., type: str}
+    pid_namespace:
+      description: V(initial) in the host's initial PID namespace, else V(other).
+      type: str
 in_use:
   description: With O(in_use=skip), why a running server stopped the sweep (nothing was read or changed); null otherwise.
   returned: always

@@ -146,7 +146,7 @@ def test_a_held_pool_and_a_pool_named_symlink_are_kept(tmp_path):
 
 # -- not root: a user who cannot see every process removes nothing ------------------------------------------------
 
-from test_triton_shm_info import (  # noqa: E402  pylint: disable=wrong-import-position
+from test_triton_shm_info import (  # noqa: E402  pylint: disable=wrong-import-position,unused-import
     _interpreter_wrapper,
     run_plays_wrapped,
     unprivileged_user,  # noqa: F401  the fixture
