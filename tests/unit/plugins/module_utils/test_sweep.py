@@ -118,6 +118,18 @@ def test_an_unreadable_root_refuses(tmp_path):
     assert [u.pid for u in uses] == [4242] and 'cannot be read' in uses[0].why
 
 
+def test_a_dev_shm_that_is_a_symlink_in_the_servers_root_is_followed_there(tmp_path):
+    """A server whose /dev/shm is a symlink (/dev/shm -> /run/shm, resolved inside its root) uses /run/shm."""
+    root = tmp_path / 'root'
+    (root / 'run' / 'shm').mkdir(parents=True)
+    (root / 'dev').mkdir()
+    os.symlink('/run/shm', root / 'dev' / 'shm')
+    (tmp_path / 'proc' / '4242').mkdir(parents=True)
+    os.symlink(root, tmp_path / 'proc' / '4242' / 'root')
+    uses = sweep.servers_using(os.stat(root / 'run' / 'shm').st_dev, proc=str(tmp_path / 'proc'), pids=[4242])
+    assert [u.pid for u in uses] == [4242] and 'runs with it as its /dev/shm' in uses[0].why
+
+
 def test_tritonserver_pids_reads_comm_and_program():
     """Processes named tritonserver are found; this test's own process is not one."""
     assert os.getpid() not in sweep.tritonserver_pids()
@@ -160,6 +172,16 @@ def test_sweep_removes_unheld_old_pools_only_and_check_mode_first_changes_nothin
 
     again = run_steps(sweep.Sweep(params), False)
     assert again['changed'] is False and again['removed_files'] == []
+
+
+@needs_root
+def test_a_file_a_killed_sweep_left_under_its_quarantine_name_is_finished(shm):
+    """Invariant 8: a run killed between its quarantine rename and its unlink; the next one removes the file."""
+    path = _file(shm, POOL)
+    quarantined = os.path.join(shm, f'.tritonops_shm.quarantine.{os.stat(path).st_ino}.0123456789ab')
+    os.rename(path, quarantined)
+    done = run_steps(sweep.Sweep(_params(shm)), False)
+    assert done['removed_files'] == [quarantined] and not os.path.exists(quarantined), done
 
 
 @needs_root
