@@ -16,7 +16,7 @@ import tempfile
 import time
 
 import tritonrig
-from ansible_helpers import run_module
+from ansible_helpers import ansible_playbook, run_module
 
 SWEEP = 'tritonops.shm.triton_shm_sweep'
 PREFIX = 'sweep0_'
@@ -142,6 +142,40 @@ def test_a_held_pool_and_a_pool_named_symlink_are_kept(tmp_path):
         done = run_module(SWEEP, _args(ns))
         assert _names(done['removed_files']) == [held], done  # its holder gone, the next run takes it
         assert os.path.islink(link) and os.path.exists(target)
+
+
+ROLE_SWEEP = "tritonops.shm.triton_server : Sweep the host's /dev/shm before the server starts"
+
+
+def test_the_triton_server_role_sweeps_the_hosts_dev_shm_before_a_container_with_ipc_host():
+    """The role's step runs before the engine's tasks with ipc_mode host (check mode: nothing changes on this host),
+    and not with a private /dev/shm or triton_server_shm_sweep: false. The engine is unreachable on purpose: the role
+    stops at it, after the sweep."""
+    base = dict(
+        triton_server_engine='docker',
+        triton_server_check_collection=False,
+        triton_server_docker_host='unix:///nonexistent/docker.sock',
+        triton_server_image='nvcr.io/nvidia/tritonserver:24.10-py3',
+    )
+    seen = {}
+    for case, extra in (
+        ('host', dict(triton_server_ipc_mode='host')),
+        ('off', dict(triton_server_ipc_mode='host', triton_server_shm_sweep=False)),
+        ('private', dict(triton_server_ipc_mode='private')),
+    ):
+        play = [
+            {
+                'name': 'the role',
+                'hosts': 'localhost',
+                'connection': 'local',
+                'gather_facts': False,
+                'roles': [{'role': 'tritonops.shm.triton_server', 'vars': dict(base, **extra)}],
+            }
+        ]
+        seen[case] = ansible_playbook(play, check=True).task(ROLE_SWEEP)
+    assert not seen['host'].get('skipped') and not seen['host'].get('failed'), seen['host']
+    assert seen['host']['changed'] is False and 'removed_files' in seen['host']
+    assert seen['off'].get('skipped') and seen['private'].get('skipped'), seen
 
 
 # -- not root: a user who cannot see every process removes nothing ------------------------------------------------
