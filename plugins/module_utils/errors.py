@@ -14,7 +14,8 @@ matching subclass; nothing later reads message text::
     ├── ParameterError          an option value refused before anything is done
     ├── ShmFsError              a refused or failed operation on the shm directory or a file in it
     │   ├── LockError           the per-server lock could not be taken in time
-    │   └── PathRefused         a path that could lead outside a root or the shm directory (a symlink on the way)
+    │   ├── PathRefused         a path that could lead outside a root or the shm directory (a symlink on the way)
+    │   └── ShmDirInUse         a running tritonserver uses the shm directory a sweep was asked to clean
     ├── DiscoveryError          server_pid or shm_dir cannot be used
     │   └── ServerNotFound      an action needs the server process and it was not found
     └── TritonError             a failed request to Triton (url, status, server_error)
@@ -62,6 +63,10 @@ class LockError(ShmFsError):
 
 class PathRefused(ShmFsError):
     """A path refused before it is used: a symlink on the way through another process's root, or one that changed."""
+
+
+class ShmDirInUse(ShmFsError):
+    """A running tritonserver uses the shm directory (or cannot be proven not to): a sweep of it is refused."""
 
 
 class DiscoveryError(TritonOpsError):

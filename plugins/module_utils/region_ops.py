@@ -172,7 +172,194 @@ class Outcome:
         return out
 
 
-class RegionOps(Operation):
+class ShmDirWork:
+    """What a run that changes a shm directory does there, whichever module runs it (triton_shm_region, triton_shm_sweep):
+    take the run lock of the directory (runlock.py), and remove planned files safely (quarantine rename, holders
+    scanned again, unlink by device and inode, or give the file back).
+
+    The class using it sets: params (lock_dir, inventory), serialise, lock (None), lock_dir, sleep, clock, warn,
+    outcome (an Outcome: skipped, removed_files, freed_bytes), _finished ([]); and, when params has inventory,
+    _read_again().
+    """
+
+    def _lock(self, shm: shm_fs.PinnedDir | None) -> Lock:
+        """Serialise runs on the shm directory shm (read() asks once, before it reads the regions): runlock.py."""
+        if not self.serialise or self.lock is not None or shm is None:
+            return Lock.NOT_NEEDED
+        directory = self.lock_dir or self.params.get('lock_dir')
+        lock = runlock.ServerLock(shm, sleep=self.sleep, clock=self.clock, directory=directory)
+        try:
+            waited = lock.acquire()
+        except OSError as exc:
+            raise LockError(
+                f'cannot take the run lock {lock.path} ({exc.strerror or exc}): not acting, since a run at the same time '
+                'could count the same regions again. Set lock_dir (role variable shm_cleanup_lock_dir) to a directory '
+                'on a writable filesystem that only this user can write'
+            ) from exc
+        if lock.squatter is not None:
+            self.warn(
+                f'the flock on the shm directory {shm.path} itself is {lock.squatter}: not waiting for it (any tenant of '
+                f'the directory can take it); this run holds its own lock ({lock.path})'
+            )
+        self.lock = lock
+        return Lock.WAITED if waited else Lock.TAKEN
+
+    def release(self) -> None:
+        """Release the per-server lock (locked() does at the end of its block; the end of the process does too)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
+        """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
+
+        Invariants 3 and 13: each file is first renamed to a quarantine name inside the shm directory (no client
+        can open it by name any more), then the holders are scanned again, then each quarantined file is unlinked,
+        or renamed back when someone holds it. A client that attached before the rename is seen by that scan; one
+        that opens the name after it finds no file. When the state after the change is asked for, that scan is a
+        full read of the server (status, files, holders), returned without the files unlinked here.
+        """
+        if not file_plan:
+            return None
+        want_after = bool(self.params.get('inventory'))
+        moved = []
+        with shm_fs.ShmDir(snap.shm) as d:
+            for entry, region in file_plan:
+                q = self._quarantine(d, snap, entry, region, still_registered)
+                if q is not None:
+                    moved.append((entry, region, q))
+            check = self._read_again() if want_after else snapshot.rescan(snap)
+            gone = []
+            restored = False
+            for entry, region, q in moved:
+                reason = self._unlink(d, check, entry, q)
+                if reason is None:
+                    gone.append(os.path.join(snap.shm_dir, q.name))
+                else:
+                    self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
+                    restored = restored or q.name != q.original
+        if not want_after:
+            return None
+        if restored:
+            check = self._read_again()  # the listing of the scan saw quarantine names since renamed back
+        fs = None
+        if check.shm_dir is not None:
+            try:
+                fs = shm_fs.usage(check.shm)
+            except OSError:
+                pass
+        return check.without(gone, fs=fs)
+
+    def _quarantine(
+        self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None, still_registered: set
+    ) -> shm_fs.Quarantined | None:
+        """Rename one planned file to its quarantine name; None (the reason recorded) when it stays as it is."""
+        name = entry['name']
+        reason = None
+        if region in still_registered:
+            reason = f"region '{region}' is still registered"
+        elif shm_fs.is_quarantine_name(name):
+            # left quarantined by a run stopped before its unlink: no client can open it by name
+            mark = snap.cleanup_marks.get(name)
+            original = mark.name if mark is not None else name
+            return shm_fs.Quarantined(name, original, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
+        else:
+            try:
+                q = self._rename_to_quarantine(d, entry)
+            except ShmFsError as exc:
+                self.warn(str(exc))
+                reason = str(exc)
+            except OSError as exc:
+                # never unlinked in place: a client that opens the name between the re-check and the unlink would lose it
+                reason = (
+                    f'cannot rename it to a quarantine name before removing it ({exc.strerror or exc}): not removed, '
+                    'since a client could open it by name between the re-check and the unlink'
+                )
+            else:
+                if q is not None:
+                    return q
+                reason = 'already removed (by another process) before this run unlinked it'
+        self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
+        return None
+
+    @staticmethod
+    def _rename_to_quarantine(d: shm_fs.ShmDir, entry: dict) -> shm_fs.Quarantined | None:
+        """d.quarantine(), and on a tmpfs of another user namespace (a rootless server's, where root's ids are not
+        mapped: EOVERFLOW) once more as the directory's owner, whose ids that namespace maps (shm_fs.acting_as)."""
+        args = (entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'))
+        try:
+            return d.quarantine(*args)
+        except OSError as exc:
+            if isinstance(exc, ShmFsError) or exc.errno != errno.EOVERFLOW:
+                raise
+        st = os.fstat(d.fd)
+        with shm_fs.acting_as(st.st_uid, st.st_gid):
+            q = d.quarantine(*args)
+        return q._replace(owner=(st.st_uid, st.st_gid)) if q is not None else None
+
+    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, q: shm_fs.Quarantined) -> str | None:
+        """Unlink one quarantined file (recorded in removed_files and freed_bytes), or give it back and return why it stays."""
+        reason = None
+        if not check.holders_complete:
+            reason = 'holders could not be fully determined'
+        else:
+            holders = check.scan.holders_of(q.dev, q.ino)
+            if holders:
+                reason = f'held by {holders_text(holders)} (re-checked before removal)'
+        if reason is not None:
+            return reason + self._give_back(d, q, check.server_id)
+        try:
+            with _as_owner(q):
+                freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
+        except ShmFsError as exc:
+            self.warn(str(exc))
+            return str(exc) + self._give_back(d, q, check.server_id)
+        if freed is None:
+            # removed by someone else since it was listed: not this run's work
+            return 'already removed (by another process) before this run unlinked it'
+        self._finished.append(q.ino)
+        self.outcome.removed_files.append(entry['path'])
+        self.outcome.freed_bytes += freed
+        return None
+
+    def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> str:
+        """Rename a quarantined file that stays back to its name and unmark it; the text to add to its reason.
+
+        One that stays under its quarantine name is recorded (an orphan or leftover file was not), so that a later
+        stale cleanup of this server finishes it once nobody holds it: no pattern matches a quarantine name.
+        """
+        if q.name == q.original:
+            return ''
+        try:
+            with _as_owner(q):
+                back = d.restore(q.name, q.original)
+        except ShmFsError as exc:
+            self.warn(str(exc))
+            self._record_quarantined(d, q, server)
+            return f'; it stays under {q.name}: {exc}'
+        if not back:
+            self._record_quarantined(d, q, server)
+            self.warn(
+                f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
+                f'kept under {q.name} (a stale cleanup removes it once nobody holds it)'
+            )
+            return f'; its name was taken meanwhile, so it stays under {q.name}'
+        self._finished.append(q.ino)
+        return ''
+
+    def _record_quarantined(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> None:
+        """Add a file left under its quarantine name to the cleanup record, unless it is there (a warning when refused)."""
+        record = shm_fs.read_cleanup_record(d.fd)
+        if q.ino in record or not server:
+            return
+        record[q.ino] = shm_fs.CleanupMark('', q.original, server)
+        try:
+            d.write_cleanup_record(record)
+        except ShmFsError as exc:
+            self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
+
+
+class RegionOps(ShmDirWork, Operation):
     """One module run: read, plan (region_plan), then, unless check mode, act, recording everything done."""
 
     def __init__(
@@ -278,34 +465,6 @@ class RegionOps(Operation):
             self.release()
 
     hold = locked  # base.Operation
-
-    def _lock(self, shm: shm_fs.PinnedDir | None) -> Lock:
-        """Serialise runs on the shm directory shm (read() asks once, before it reads the regions): runlock.py."""
-        if not self.serialise or self.lock is not None or shm is None:
-            return Lock.NOT_NEEDED
-        directory = self.lock_dir or self.params.get('lock_dir')
-        lock = runlock.ServerLock(shm, sleep=self.sleep, clock=self.clock, directory=directory)
-        try:
-            waited = lock.acquire()
-        except OSError as exc:
-            raise LockError(
-                f'cannot take the run lock {lock.path} ({exc.strerror or exc}): not acting, since a run at the same time '
-                'could count the same regions again. Set lock_dir (role variable shm_cleanup_lock_dir) to a directory '
-                'on a writable filesystem that only this user can write'
-            ) from exc
-        if lock.squatter is not None:
-            self.warn(
-                f'the flock on the shm directory {shm.path} itself is {lock.squatter}: not waiting for it (any tenant of '
-                f'the directory can take it); this run holds its own lock ({lock.path})'
-            )
-        self.lock = lock
-        return Lock.WAITED if waited else Lock.TAKEN
-
-    def release(self) -> None:
-        """Release the per-server lock (locked() does at the end of its block; the end of the process does too)."""
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
 
     # -- plan (pure: region_plan) ----------------------------------------------------------------
 
@@ -817,154 +976,6 @@ class RegionOps(Operation):
             )
         if listed:
             self.outcome.unregistered[:] = [n for n in self.outcome.unregistered if n not in listed]
-
-    def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
-        """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
-
-        Invariants 3 and 13: each file is first renamed to a quarantine name inside the shm directory (no client
-        can open it by name any more), then the holders are scanned again, then each quarantined file is unlinked,
-        or renamed back when someone holds it. A client that attached before the rename is seen by that scan; one
-        that opens the name after it finds no file. When the state after the change is asked for, that scan is a
-        full read of the server (status, files, holders), returned without the files unlinked here.
-        """
-        if not file_plan:
-            return None
-        want_after = bool(self.params.get('inventory'))
-        moved = []
-        with shm_fs.ShmDir(snap.shm) as d:
-            for entry, region in file_plan:
-                q = self._quarantine(d, snap, entry, region, still_registered)
-                if q is not None:
-                    moved.append((entry, region, q))
-            check = self._read_again() if want_after else snapshot.rescan(snap)
-            gone = []
-            restored = False
-            for entry, region, q in moved:
-                reason = self._unlink(d, check, entry, q)
-                if reason is None:
-                    gone.append(os.path.join(snap.shm_dir, q.name))
-                else:
-                    self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
-                    restored = restored or q.name != q.original
-        if not want_after:
-            return None
-        if restored:
-            check = self._read_again()  # the listing of the scan saw quarantine names since renamed back
-        fs = None
-        if check.shm_dir is not None:
-            try:
-                fs = shm_fs.usage(check.shm)
-            except OSError:
-                pass
-        return check.without(gone, fs=fs)
-
-    def _quarantine(
-        self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None, still_registered: set
-    ) -> shm_fs.Quarantined | None:
-        """Rename one planned file to its quarantine name; None (the reason recorded) when it stays as it is."""
-        name = entry['name']
-        reason = None
-        if region in still_registered:
-            reason = f"region '{region}' is still registered"
-        elif shm_fs.is_quarantine_name(name):
-            # left quarantined by a run stopped before its unlink: no client can open it by name
-            mark = snap.cleanup_marks.get(name)
-            original = mark.name if mark is not None else name
-            return shm_fs.Quarantined(name, original, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
-        else:
-            try:
-                q = self._rename_to_quarantine(d, entry)
-            except ShmFsError as exc:
-                self.warn(str(exc))
-                reason = str(exc)
-            except OSError as exc:
-                # never unlinked in place: a client that opens the name between the re-check and the unlink would lose it
-                reason = (
-                    f'cannot rename it to a quarantine name before removing it ({exc.strerror or exc}): not removed, '
-                    'since a client could open it by name between the re-check and the unlink'
-                )
-            else:
-                if q is not None:
-                    return q
-                reason = 'already removed (by another process) before this run unlinked it'
-        self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
-        return None
-
-    @staticmethod
-    def _rename_to_quarantine(d: shm_fs.ShmDir, entry: dict) -> shm_fs.Quarantined | None:
-        """d.quarantine(), and on a tmpfs of another user namespace (a rootless server's, where root's ids are not
-        mapped: EOVERFLOW) once more as the directory's owner, whose ids that namespace maps (shm_fs.acting_as)."""
-        args = (entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'))
-        try:
-            return d.quarantine(*args)
-        except OSError as exc:
-            if isinstance(exc, ShmFsError) or exc.errno != errno.EOVERFLOW:
-                raise
-        st = os.fstat(d.fd)
-        with shm_fs.acting_as(st.st_uid, st.st_gid):
-            q = d.quarantine(*args)
-        return q._replace(owner=(st.st_uid, st.st_gid)) if q is not None else None
-
-    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, q: shm_fs.Quarantined) -> str | None:
-        """Unlink one quarantined file (recorded in removed_files and freed_bytes), or give it back and return why it stays."""
-        reason = None
-        if not check.holders_complete:
-            reason = 'holders could not be fully determined'
-        else:
-            holders = check.scan.holders_of(q.dev, q.ino)
-            if holders:
-                reason = f'held by {holders_text(holders)} (re-checked before removal)'
-        if reason is not None:
-            return reason + self._give_back(d, q, check.server_id)
-        try:
-            with _as_owner(q):
-                freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
-        except ShmFsError as exc:
-            self.warn(str(exc))
-            return str(exc) + self._give_back(d, q, check.server_id)
-        if freed is None:
-            # removed by someone else since it was listed: not this run's work
-            return 'already removed (by another process) before this run unlinked it'
-        self._finished.append(q.ino)
-        self.outcome.removed_files.append(entry['path'])
-        self.outcome.freed_bytes += freed
-        return None
-
-    def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> str:
-        """Rename a quarantined file that stays back to its name and unmark it; the text to add to its reason.
-
-        One that stays under its quarantine name is recorded (an orphan or leftover file was not), so that a later
-        stale cleanup of this server finishes it once nobody holds it: no pattern matches a quarantine name.
-        """
-        if q.name == q.original:
-            return ''
-        try:
-            with _as_owner(q):
-                back = d.restore(q.name, q.original)
-        except ShmFsError as exc:
-            self.warn(str(exc))
-            self._record_quarantined(d, q, server)
-            return f'; it stays under {q.name}: {exc}'
-        if not back:
-            self._record_quarantined(d, q, server)
-            self.warn(
-                f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
-                f'kept under {q.name} (a stale cleanup removes it once nobody holds it)'
-            )
-            return f'; its name was taken meanwhile, so it stays under {q.name}'
-        self._finished.append(q.ino)
-        return ''
-
-    def _record_quarantined(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> None:
-        """Add a file left under its quarantine name to the cleanup record, unless it is there (a warning when refused)."""
-        record = shm_fs.read_cleanup_record(d.fd)
-        if q.ino in record or not server:
-            return
-        record[q.ino] = shm_fs.CleanupMark('', q.original, server)
-        try:
-            d.write_cleanup_record(record)
-        except ShmFsError as exc:
-            self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
 
 
 EVERY_KIND = 'all'

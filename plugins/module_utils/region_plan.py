@@ -175,6 +175,12 @@ def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
         )
     if p.get('in_use_timeout', IN_USE_TIMEOUT) < 0:
         raise ParameterError('in_use_timeout must be 0 or more seconds')
+    check_families(p)
+    return classification.broad_pattern_warnings(p.get('orphan_patterns')) if p.get('orphan_files') else []
+
+
+def check_families(p: dict) -> None:
+    """ParameterError when p['families'] names a family neither families.FAMILIES nor p['extra_families'] has."""
     known = {f.name for f in families_mod.table(p.get('extra_families'))}
     unknown = sorted(set(p.get('families') or ()) - known)
     if unknown:
@@ -182,7 +188,6 @@ def check_params(p: dict, unaddressable: Unaddressable) -> list[str]:
             f'families: {", ".join(unknown)} is no family of docs/shm-families.md nor of extra_families '
             f'(known: {", ".join(sorted(known))})'
         )
-    return classification.broad_pattern_warnings(p.get('orphan_patterns')) if p.get('orphan_files') else []
 
 
 def _check_present(p: dict, names: list, unaddressable: Unaddressable) -> None:
@@ -375,7 +380,7 @@ def _fits(snap: Snapshot, key_name: str, need: int) -> list[str]:
 # -- state=absent -----------------------------------------------------------------------------------------------
 
 
-class _Notes:
+class Notes:
     """The reasons to keep and the warnings, gathered in the order the plan meets them."""
 
     def __init__(self) -> None:
@@ -390,7 +395,7 @@ def plan_absent(
     orphan and leftover files. records: classify(snap) with the parameters' criteria; owners: whose files may go."""
     regions, files = records.system_regions, records.files
     require_server(snap, p)
-    notes = _Notes()
+    notes = Notes()
     selected = _select((rec for rec in regions if _wanted(p, rec)), p, unaddressable, notes)
     selected_names = {r['name'] for r in selected}
     remaining = [r for r in regions if r['name'] not in selected_names]
@@ -424,7 +429,7 @@ def plan_absent_cuda(
     server has a CUDA context on its GPU, by NVML and by /proc.
     """
     current = snap.cuda
-    notes = _Notes()
+    notes = Notes()
     names = set(p['name'] or ())
     regions = records.cuda_regions
     selected = _select((rec for rec in regions if _wanted(p, rec)), p, unaddressable, notes)
@@ -458,7 +463,7 @@ def _wanted(p: dict, rec: dict) -> bool:
     )
 
 
-def _select(candidates: Iterable[dict], p: dict, unaddressable: Unaddressable, notes: _Notes) -> list:
+def _select(candidates: Iterable[dict], p: dict, unaddressable: Unaddressable, notes: Notes) -> list:
     """The candidate regions to unregister, minus the excluded and the unaddressable ones (skipped with the reason).
 
     A name the client cannot address stays registered and its file is kept: decided here, so that check mode
@@ -507,7 +512,7 @@ def plan_files(
     selected: list,
     remaining: list,
     files: list,
-    notes: _Notes | None = None,
+    notes: Notes | None = None,
     threshold: Threshold | None = None,
 ) -> list:
     """[FileAction]: the files to remove, each file kept recorded with its reason in notes.
@@ -515,7 +520,7 @@ def plan_files(
     threshold: orphan files (orphan_files) are removed only when its gate is open; the backing files of the selected
     regions, the files a killed cleanup left and leftover backend pools whatever the use.
     """
-    notes = notes or _Notes()
+    notes = notes or Notes()
     kept_paths = {r['file']['path'] for r in remaining if r.get('file') and r['file'].get('exists')}
     entries = {e['path']: e for e in snap.entries}
     file_plan = []
@@ -553,7 +558,7 @@ def plan_files(
     return file_plan
 
 
-def family_files(snap: Snapshot, p: dict, owners: classification.Criteria, files: list, notes: _Notes) -> list:
+def family_files(snap: Snapshot, p: dict, owners: classification.Criteria, files: list, notes: Notes) -> list:
     """The files of the families asked for (p['families'], opt-in; docs/shm-families.md) that may go: regular files
     no process holds (a complete scan), older than min_age, whose owner the authority rule accepts; each other one of
     those families is kept, with its reason in notes."""
@@ -589,7 +594,7 @@ def family_files(snap: Snapshot, p: dict, owners: classification.Criteria, files
 
 
 def _keep_file_reason(
-    snap: Snapshot, owners: classification.Criteria, rec: dict, f: dict, kept_paths: set, notes: _Notes
+    snap: Snapshot, owners: classification.Criteria, rec: dict, f: dict, kept_paths: set, notes: Notes
 ) -> str | None:
     """Why the backing file of a selected region must stay, or None."""
     path = f['path']

@@ -13,6 +13,7 @@ number), so an unquoted env value or label ``y`` would change meaning or be refu
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -195,6 +196,44 @@ def _memory_limit(resources: dict, shm: dict | None, server_memory_bytes: int | 
     return resources, []
 
 
+SWEEP_CONTAINER = 'shm-sweep'
+SWEEP_TMP = 'shm-sweep-tmp'
+
+
+def _sweep_container(image: str, image_pull: str, shm: dict, families: list) -> dict:
+    """The initContainer that runs tritonops.shm.triton_shm_sweep on the pod's /dev/shm emptyDir before tritonserver
+    starts (an image with ansible-core and the collection: the node agent's, docs/ee). It runs before every other
+    container of the pod, so every process that may hold a file there is its own: clients_share_pid_namespace."""
+    args = {'shm_dir': '/dev/shm', 'clients_share_pid_namespace': True, 'families': [str(f) for f in families]}
+    return {
+        'name': SWEEP_CONTAINER,
+        'image': image,
+        'imagePullPolicy': PULL_POLICY[image_pull],
+        'command': [
+            'ansible',
+            'localhost',
+            '--connection',
+            'local',
+            '--module-name',
+            'tritonops.shm.triton_shm_sweep',
+            '--args',
+            json.dumps(args, sort_keys=True),
+        ],
+        'env': [
+            {'name': 'HOME', 'value': '/tmp'},
+            {'name': 'ANSIBLE_LOCAL_TEMP', 'value': '/tmp/ansible'},
+            {'name': 'ANSIBLE_PYTHON_INTERPRETER', 'value': 'auto_silent'},
+        ],
+        'securityContext': {
+            'runAsUser': 0,
+            'runAsNonRoot': False,
+            'allowPrivilegeEscalation': False,
+            'capabilities': {'drop': ['ALL']},
+        },
+        'volumeMounts': [dict(shm['volume_mount']), {'name': SWEEP_TMP, 'mountPath': '/tmp'}],
+    }
+
+
 def _named(name: str, source: dict) -> dict:
     """A volume: its name first (and always ours: the mount refers to it), then its source."""
     return dict({'name': name}, **{k: v for k, v in source.items() if k != 'name'})
@@ -223,8 +262,11 @@ def triton_kubernetes(
     service_type: str = 'ClusterIP',
     share_process_namespace: bool = False,
     ready_timeout: Any = 180,
+    sweep_image: str = '',
+    sweep_families: list | None = None,
 ) -> dict:
-    """A Deployment and a Service for one Triton server, with its /dev/shm as a memory-backed emptyDir."""
+    """A Deployment and a Service for one Triton server, with its /dev/shm as a memory-backed emptyDir (swept by an
+    initContainer before tritonserver starts when sweep_image is given)."""
     if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.match(name):
         _fail(f'the name must be a DNS-1123 label (lower case letters, digits and "-", at most 63), got {name!r}')
     if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
@@ -238,6 +280,10 @@ def triton_kubernetes(
         )
     if image_pull not in PULL_POLICY:
         _fail(f'image_pull must be one of {", ".join(PULL_POLICY)}, got {image_pull!r}')
+    if not isinstance(sweep_image, str):
+        _fail(f'sweep_image must be an image reference or "", got {sweep_image!r}')
+    if not isinstance(sweep_families, (list, type(None))) or any(not isinstance(f, str) for f in sweep_families or ()):
+        _fail(f'sweep_families must be a list of family names, got {sweep_families!r}')
     if service_type not in SERVICE_TYPES:
         _fail(f'service_type must be one of ClusterIP, NodePort, LoadBalancer or "" (no Service), got {service_type!r}')
     if args is None:
@@ -308,6 +354,15 @@ def triton_kubernetes(
     }
     if not container['env']:
         del container['env']
+    if sweep_image.strip():
+        if shm is None:
+            warnings.append(
+                "sweep_image: no initContainer with ipc_mode host: the node's /dev/shm is every pod's, and a pod without "
+                'hostPID cannot see who holds its files (sweep it on the node: docs/prevention.md)'
+            )
+        else:
+            pod_spec['initContainers'] = [_sweep_container(sweep_image.strip(), image_pull, shm, sweep_families or [])]
+            pod_spec['volumes'].append({'name': SWEEP_TMP, 'emptyDir': {}})
     if ipc_mode == 'host':
         pod_spec['hostIPC'] = True
     if share_process_namespace:

@@ -196,3 +196,29 @@ def test_the_role_renders_a_deployment_and_service_that_validate(tmp_path):
     assert res.rc == 0 and res.stats['localhost']['changed'] > 0 and not path.exists(), res
     res = _render(tmp_path, triton_server_state='absent')
     assert res.rc == 0 and res.stats['localhost']['changed'] == 0, res
+
+
+def test_the_role_adds_the_sweep_init_container_with_the_agents_image(tmp_path):
+    """triton_server_kubernetes_sweep_image: an initContainer runs triton_shm_sweep on the pod's /dev/shm emptyDir before
+    tritonserver starts; triton_server_shm_sweep: false leaves it out. The Deployment validates either way."""
+    path = tmp_path / 'out' / 'triton.yml'
+    role_vars = dict(
+        triton_server_image='nvcr.io/nvidia/tritonserver:26.04-py3',
+        triton_server_shm_plan=dict(WORKLOAD, host_memory_bytes='64G', server_memory_bytes='4G'),
+        triton_server_kubernetes_sweep_image='registry.example.com/tritonops/shm-agent:0.3.0',
+        triton_server_shm_sweep_families=['nccl'],
+    )
+    res = _render(tmp_path, **role_vars)
+    assert res.rc == 0, res
+    deployment = next(yaml.safe_load_all(path.read_text()))
+    spec = deployment['spec']['template']['spec']
+    (init,) = spec['initContainers']
+    assert init['image'] == 'registry.example.com/tritonops/shm-agent:0.3.0'
+    assert 'tritonops.shm.triton_shm_sweep' in init['command'] and '"families": ["nccl"]' in init['command'][-1]
+    assert {'name': 'dshm', 'mountPath': '/dev/shm'} in init['volumeMounts']
+    for version in K8S_VERSIONS:
+        assert kubernetes_validate.validate(deployment, version, strict=True) == version
+
+    res = _render(tmp_path, triton_server_shm_sweep=False, **role_vars)
+    assert res.rc == 0 and res.stats['localhost']['changed'] > 0, res
+    assert 'initContainers' not in next(yaml.safe_load_all(path.read_text()))['spec']['template']['spec']

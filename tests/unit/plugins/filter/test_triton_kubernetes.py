@@ -7,6 +7,7 @@ to 1.37 that it bundles.
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import kubernetes_validate
@@ -142,6 +143,30 @@ def test_gpus_host_ipc_share_process_namespace_and_a_pvc():
     assert result['shm'] is None
 
 
+def test_the_sweep_init_container_runs_the_module_on_the_pods_dev_shm_before_the_server():
+    result = manifest(sweep_image='registry.example.com/tritonops/shm-agent:0.3.0', sweep_families=['nccl'])
+    spec = pod_spec(result)
+    (init,) = spec['initContainers']
+    assert init['name'] == 'shm-sweep' and init['image'] == 'registry.example.com/tritonops/shm-agent:0.3.0'
+    command = ' '.join(init['command'][:-1])
+    assert command == 'ansible localhost --connection local --module-name tritonops.shm.triton_shm_sweep --args'
+    assert json.loads(init['command'][-1]) == {
+        'shm_dir': '/dev/shm',
+        'clients_share_pid_namespace': True,
+        'families': ['nccl'],
+    }
+    assert {'name': 'dshm', 'mountPath': '/dev/shm'} in init['volumeMounts']
+    assert init['securityContext']['capabilities'] == {'drop': ['ALL']}
+    assert {'name': 'shm-sweep-tmp', 'emptyDir': {}} in spec['volumes']
+    assert 'initContainers' not in pod_spec(manifest())
+
+
+def test_no_sweep_init_container_with_the_nodes_dev_shm():
+    result = manifest(sweep_image='agent:1', ipc_mode='host')
+    assert 'initContainers' not in pod_spec(result)
+    assert any('sweep_image' in w for w in result['warnings'])
+
+
 def test_env_labels_and_pull_policy():
     result = manifest(env={'B': 2, 'A': 'x'}, labels={'team': 'ml'}, image_pull='always', replicas=3)
     assert container(result)['env'] == [{'name': 'A', 'value': 'x'}, {'name': 'B', 'value': '2'}]
@@ -169,6 +194,10 @@ CASES = {
     'default': {},
     'memory': {'server_memory_bytes': '4G'},
     'gpus-pvc-host-ipc': {'gpus': 1, 'ipc_mode': 'host', 'model_volume': {'persistentVolumeClaim': {'claimName': 'm'}}},
+    'sweep-init-container': {
+        'sweep_image': 'registry.example.com/tritonops/shm-agent:0.3.0',
+        'sweep_families': ['nccl'],
+    },
     'share-process-namespace-nodeport': {'share_process_namespace': True, 'service_type': 'NodePort', 'grpc_port': 0},
     'odd-size': {'shm_bytes': 1000, 'resources': {'limits': {'memory': '2G'}}, 'env': {'X': 1}},
     'secret-env-yes-no-labels': {
