@@ -76,6 +76,18 @@ def as_nobody():
 # -- RegionOps on real files: a stand-in server process, a shm directory, a complete /proc scan ----------------
 
 
+@pytest.fixture(scope='session')
+def wait_older():
+    """wait_older(paths, seconds): tests/rig/tritonrig.py's, a bounded poll until every path's newest time (atime,
+    mtime, ctime) is more than seconds old. The modules age a file from that time and utime() cannot set ctime back."""
+    sys.path.insert(0, os.path.join(_COLLECTION, 'tests', 'rig'))
+    try:
+        import tritonrig  # standard library only  # pylint: disable=import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    return tritonrig.wait_older
+
+
 @pytest.fixture
 def server_proc():
     """A real process standing in for tritonserver (so that the test process itself is a client)."""
