@@ -79,11 +79,13 @@ def normalized(result: dict) -> dict:
         info.pop('scanned_at', None)
         for rec in info.get('files', []):
             rec.pop('age_s', None)
+            rec.pop('age_from', None)
             if 'younger than min_age' in rec.get('category_reason', ''):
                 rec['category_reason'] = rec['category_reason'].split(' (')[0]
         for rec in info.get('system_regions', []):
             if rec.get('file'):
                 rec['file'].pop('age_s', None)
+                rec['file'].pop('age_from', None)
     return out
 
 

@@ -658,6 +658,7 @@ def entry(name, ino, kind='file', size=4096, age=0.0):
         'mode': '0600',
         'mtime': 1000.0,
         'age_s': age,
+        'age_from': 'mtime',
         'inode': ino,
         'dev': 7,
         'ctime_ns': 1,

@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -1307,6 +1308,41 @@ def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, mon
     assert res['removed_files'] == [] and os.path.exists(pool)
     assert [s['path'] for s in res['skipped_items']] == [pool]
     assert 're-checked before removal' in res['skipped_items'][0]['reason']
+
+
+def test_a_file_read_written_renamed_or_chmodded_since_is_young_whatever_its_mtime(shm, server_proc, wait_older):
+    """Issue 42, goal 8: a file's age counts from the newest of its atime, mtime and ctime, as systemd-tmpfiles ages
+    files. An orphan, a leftover pool or a family's file whose mtime was set back an hour, but that was read, chmod'ed
+    or renamed since (or whose mtime was just set back: that is a ctime change too), is young at min_age 60; one whose
+    three times are all older than min_age goes."""
+    groups = {'client_input_': 'orphan', shm_fs.BACKEND_PREFIX: 'leftover', 'nccl-': 'nccl'}
+    hour_ago = time.time() - 3600
+    paths = {}
+    for prefix in groups:
+        for what in ('old', 'read', 'chmod', 'torename', 'backdated'):
+            paths[prefix + what] = make_file(shm, prefix + what)
+            os.utime(paths[prefix + what], (hour_ago, hour_ago))
+    wait_older(paths.values(), AGED)
+    for prefix in groups:
+        read = paths[prefix + 'read']
+        with open(read, 'rb') as f:
+            f.read(1)
+        assert os.stat(read).st_atime > hour_ago + 1, 'reading it set its atime (relatime: atime was not after mtime)'
+        os.chmod(paths[prefix + 'chmod'], 0o640)
+        os.rename(paths[prefix + 'torename'], os.path.join(shm, prefix + 'renamed'))
+        os.utime(paths[prefix + 'backdated'], (hour_ago, hour_ago))
+    fake = FakeTriton(shm)
+    asked = dict(orphan_files=True, orphan_patterns=['client_input_*'], backend_leftovers=True, families=['nccl'])
+    young = run(fake, shm, server_proc.pid, check_mode=True, inventory=True, min_age=60, **asked)
+    assert young['removed_files'] == [] and young['changed'] is False, young['removed_files']
+    cats = {f['name']: (f['category'], f['age_from']) for f in young['before']['files']}
+    for prefix in groups:
+        assert cats[prefix + 'read'][1] == 'atime' and cats[prefix + 'chmod'][1] == 'ctime', cats
+    res = run(fake, shm, server_proc.pid, min_age=AGED, **asked)
+    assert sorted(res['removed_files']) == sorted(paths[prefix + 'old'] for prefix in groups)
+    for prefix in groups:
+        for what in ('read', 'chmod', 'renamed', 'backdated'):
+            assert os.path.exists(os.path.join(shm, prefix + what)), prefix + what
 
 
 def test_backend_leftovers_is_for_system_files_only(shm, server_proc):
