@@ -38,7 +38,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import T
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
 KIB = 1024
-AGED = 2.0  # seconds: the min_age of the tests with an old file (wait_older) beside a young one made after the wait
+AGED = 2.0  # seconds: the min_age of the tests with old files (wait_older); a young one beside them is dated ahead
 
 
 class FakeTriton:
@@ -279,10 +279,10 @@ def test_a_file_that_cannot_be_quarantined_is_never_unlinked_in_place(shm, serve
     assert 'cannot rename it to a quarantine name' in skip['reason'] and 'not removed' in skip['reason'], skip
 
 
-def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc, wait_older):
+def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc, wait_older, keep_young):
     make_file(shm, 'a')
     wait_older([make_file(shm, 'old_orphan')], AGED)
-    make_file(shm, 'young_orphan')
+    keep_young(make_file(shm, 'young_orphan'))
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
     orphans = dict(orphan_files=True, orphan_patterns=['*orphan'], min_age=AGED)
@@ -540,13 +540,13 @@ def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why)
 # -- invariant 5: backend and foreign files, orphans by pattern and age ---------------------------
 
 
-def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc, wait_older):
+def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc, wait_older, keep_young):
     backend = make_file(shm, shm_fs.BACKEND_PREFIX + 'abc')
     old = make_file(shm, 'client_input_0')
     other = make_file(shm, 'postgres_shm')
     held = make_file(shm, 'client_input_held')
     wait_older([backend, old, other, held], AGED)
-    young = make_file(shm, 'client_input_1')
+    young = keep_young(make_file(shm, 'client_input_1'))
     os.mkfifo(os.path.join(shm, 'client_input_fifo'))
     os.mkdir(os.path.join(shm, 'client_input_dir'))
     fake = FakeTriton(shm)
@@ -1254,13 +1254,15 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
     assert os.path.exists(os.path.join(shm, 'b'))
 
 
-def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_removal_path(shm, server_proc, wait_older):
+def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_removal_path(
+    shm, server_proc, wait_older, keep_young
+):
     """Issue 27: a backend file no process holds is a dead server's pool; one any process maps stays, as does a young one."""
     dead = make_file(shm, 'triton_python_backend_shm_region_dead')
     vllm = make_file(shm, 'triton_vllm_backend_shm_region_dead')
     held = make_file(shm, 'triton_python_backend_shm_region_live')
     wait_older([dead, vllm, held], AGED)
-    young = make_file(shm, 'triton_python_backend_shm_region_young')
+    young = keep_young(make_file(shm, 'triton_python_backend_shm_region_young'))
     with open(held, 'r+b') as f:
         mapping = mmap.mmap(f.fileno(), 0)  # this test process maps it, as a stub maps its pool
     try:
@@ -1333,16 +1335,15 @@ def test_a_file_read_written_renamed_or_chmodded_since_is_young_whatever_its_mti
         os.utime(paths[prefix + 'backdated'], (hour_ago, hour_ago))
     fake = FakeTriton(shm)
     asked = dict(orphan_files=True, orphan_patterns=['client_input_*'], backend_leftovers=True, families=['nccl'])
+    res = run(fake, shm, server_proc.pid, min_age=AGED, **asked)  # first: the touched files are younger than AGED
+    assert sorted(res['removed_files']) == sorted(paths[prefix + 'old'] for prefix in groups)
     young = run(fake, shm, server_proc.pid, check_mode=True, inventory=True, min_age=60, **asked)
     assert young['removed_files'] == [] and young['changed'] is False, young['removed_files']
-    cats = {f['name']: (f['category'], f['age_from']) for f in young['before']['files']}
-    for prefix in groups:
-        assert cats[prefix + 'read'][1] == 'atime' and cats[prefix + 'chmod'][1] == 'ctime', cats
-    res = run(fake, shm, server_proc.pid, min_age=AGED, **asked)
-    assert sorted(res['removed_files']) == sorted(paths[prefix + 'old'] for prefix in groups)
+    ages = {f['name']: f['age_from'] for f in young['before']['files']}
     for prefix in groups:
         for what in ('read', 'chmod', 'renamed', 'backdated'):
             assert os.path.exists(os.path.join(shm, prefix + what)), prefix + what
+        assert (ages[prefix + 'read'], ages[prefix + 'chmod'], ages[prefix + 'renamed']) == ('atime', 'ctime', 'ctime')
 
 
 def test_backend_leftovers_is_for_system_files_only(shm, server_proc):
