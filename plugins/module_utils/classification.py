@@ -206,6 +206,7 @@ def _file_summary(e: dict) -> dict:
         'mode': e['mode'],
         'mtime': e['mtime'],
         'age_s': e['age_s'],
+        'age_from': e['age_from'],
     }
 
 

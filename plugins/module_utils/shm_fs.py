@@ -342,9 +342,21 @@ def _kind(mode: int) -> str:
     return 'other'
 
 
+def age_of(st: os.stat_result, now: float) -> tuple[float, str]:
+    """Seconds from the newest of a stat result's atime, mtime and ctime to now (never negative), and which time it is.
+
+    As systemd-tmpfiles ages files: a file read (atime), written (mtime), or renamed, chmod'ed, chown'ed or marked
+    (ctime) since is young again. ctime cannot be set back (utime() sets it to now), so a file's age can only be
+    what really passed. On ties mtime is named, then ctime.
+    """
+    newest, which = max((st.st_mtime, 'mtime'), (st.st_ctime, 'ctime'), (st.st_atime, 'atime'), key=lambda t: t[0])
+    return round(max(0.0, now - newest), 3), which
+
+
 def describe(name: str, full_path: str, st: os.stat_result, now: float) -> dict:
-    """The public description of one directory entry (full_path) from its lstat result, its age as of now."""
+    """The public description of one directory entry (full_path) from its lstat result, its age as of now (age_of)."""
     mode = st.st_mode
+    age, age_from = age_of(st, now)
     return {
         'name': name,
         'path': full_path,
@@ -354,7 +366,8 @@ def describe(name: str, full_path: str, st: os.stat_result, now: float) -> dict:
         'uid': st.st_uid,
         'mode': f'{stat.S_IMODE(mode):04o}',
         'mtime': st.st_mtime,
-        'age_s': round(max(0.0, now - st.st_mtime), 3),
+        'age_s': age,
+        'age_from': age_from,
         'inode': st.st_ino,
         'dev': st.st_dev,
         'ctime_ns': st.st_ctime_ns,

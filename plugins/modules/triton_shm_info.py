@@ -56,8 +56,9 @@ options:
     default: []
   min_age:
     description:
-      - Minimum age in seconds (since last modification) for a pattern-matching file to be orphan, and for an unheld backend
-        file to be C(leftover).
+      - Minimum age in seconds for a pattern-matching file to be orphan, and for an unheld backend file to be C(leftover).
+      - "A file's age is the time since the newest of its atime, mtime and ctime (as systemd-tmpfiles ages files): a file
+        read, written, renamed or chmod'ed since is young again, and a backdated mtime does not make it old."
       - A younger file may belong to a client that is about to register it, or to a server that is starting its model.
     type: float
     default: 300
@@ -220,7 +221,10 @@ system_regions:
         uid: {description: Owner uid., type: int}
         mode: {description: Permission bits (octal string)., type: str, sample: "0600"}
         mtime: {description: Modification time (epoch seconds)., type: float}
-        age_s: {description: Seconds since modification., type: float}
+        age_s:
+          description: "Seconds since the newest of the file's atime, mtime and ctime (what O(min_age) is compared with)."
+          type: float
+        age_from: {description: "Which time C(age_s) counts from: C(atime), C(mtime) or C(ctime).", type: str, sample: mtime}
     holders:
       description: Processes other than the server that map or hold the backing file.
       type: list
@@ -321,7 +325,10 @@ files:
     uid: {description: Owner uid., type: int}
     mode: {description: Permission bits., type: str}
     mtime: {description: Modification time., type: float}
-    age_s: {description: Seconds since modification., type: float}
+    age_s:
+      description: "Seconds since the newest of its atime, mtime and ctime (what O(min_age) is compared with)."
+      type: float
+    age_from: {description: "Which time C(age_s) counts from: C(atime), C(mtime) or C(ctime).", type: str, sample: mtime}
     inode: {description: Inode number., type: int}
     holders:
       description: Processes other than the server that map or hold it.

@@ -201,7 +201,9 @@ options:
     default: []
   min_age:
     description:
-      - Minimum age in seconds of an orphan file, and of a C(leftover) backend file.
+      - Minimum age in seconds of an orphan file, of a C(leftover) backend file, and of a file of O(families).
+      - "A file's age is the time since the newest of its atime, mtime and ctime (as systemd-tmpfiles ages files): a file
+        read, written, renamed or chmod'ed since is young again, and a backdated mtime does not make it old."
     type: float
     default: 300
   exclude:

@@ -40,11 +40,16 @@ REGION = 'tritonops.shm.triton_shm_region'
 MARK = 'trusted.tritonops_shm.reserved'
 PATTERNS = ['client_*']
 MIB = 1 << 20
-OLD = 3600
+AGED = 2.0  # seconds: the runs' min_age; the scene's old files are waited for, its young one is dated ahead
 
 
 def build_scene(server: tritonrig.TritonServer) -> dict:
     """Every region state and file category on one server; returns the live processes to keep."""
+    old = [
+        server.write_file('client_old', 64 * 1024),  # orphan (first: it ages while the clients start)
+        server.write_file('PostgreSQL.1234', 8192),  # foreign: no pattern
+        server.write_file('triton_python_backend_shm_region_test', 4096),  # backend
+    ]
     keep = {'live': server.client('live_region', byte_size=MIB)}  # healthy
     server.leak('stale_region', byte_size=2 * MIB)  # stale
     server.leak('leaked_unlinked', keep_file=False)  # dangling
@@ -60,12 +65,10 @@ def build_scene(server: tritonrig.TritonServer) -> dict:
     os.unlink(server.shm_path('replaced'))
     os.mkdir(server.shm_path('replaced'))
     keep['held'] = server.client('client_held', register=False)  # in_use
-    server.write_file('client_old', 64 * 1024, age=OLD)  # orphan
-    server.write_file('client_young', 4096)  # foreign: too young
-    server.write_file('PostgreSQL.1234', 8192, age=OLD)  # foreign: no pattern
+    tritonrig.keep_young(server.write_file('client_young', 4096))  # foreign: too young, through every run
     os.mkfifo(server.shm_path('client_fifo'))  # foreign: not a file
     os.symlink('client_old', server.shm_path('client_link'))
-    server.write_file('triton_python_backend_shm_region_test', 4096, age=OLD)  # backend
+    tritonrig.wait_older(old, AGED)
     return keep
 
 
@@ -76,18 +79,20 @@ def normalized(result: dict) -> dict:
         info.pop('scanned_at', None)
         for rec in info.get('files', []):
             rec.pop('age_s', None)
+            rec.pop('age_from', None)
             if 'younger than min_age' in rec.get('category_reason', ''):
                 rec['category_reason'] = rec['category_reason'].split(' (')[0]
         for rec in info.get('system_regions', []):
             if rec.get('file'):
                 rec['file'].pop('age_s', None)
+                rec['file'].pop('age_from', None)
     return out
 
 
 def run(collections: str, name: str, url: str) -> dict:
     env = {'ANSIBLE_COLLECTIONS_PATH': collections}
     if name == 'info':
-        return run_module(INFO, {'url': url, 'orphan_patterns': PATTERNS}, env=env)
+        return run_module(INFO, {'url': url, 'orphan_patterns': PATTERNS, 'min_age': AGED}, env=env)
     return run_module(
         REGION,
         {
@@ -96,6 +101,7 @@ def run(collections: str, name: str, url: str) -> dict:
             'stale': True,
             'orphan_files': True,
             'orphan_patterns': PATTERNS,
+            'min_age': AGED,
             'inventory': True,
         },
         check=True,

@@ -19,7 +19,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
 
 import tritonrig
@@ -27,11 +26,10 @@ from ansible_helpers import run_module
 
 REGION = 'tritonops.shm.triton_shm_region'
 INFO = 'tritonops.shm.triton_shm_info'
-HOUR = 3600
 MIB = 1 << 20
 
 PLANT = (
-    'import os, sys, time\n'
+    'import os, sys\n'
     'os.chdir("/dev/shm")\n'
     'with open("triton_python_backend_shm_region_planted", "wb") as f:\n'
     '    f.truncate(1 << 20)\n'
@@ -39,9 +37,6 @@ PLANT = (
     '    f.truncate(4096)\n'
     'q = ".tritonops_shm.quarantine.%d.0123456789ab" % os.stat("bait").st_ino\n'
     'os.rename("bait", q)\n'
-    'then = time.time() - 3600\n'
-    'for n in ("triton_python_backend_shm_region_planted", q):\n'
-    '    os.utime(n, (then, then))\n'
     'print(q)\n'
 )
 
@@ -76,8 +71,6 @@ def test_files_nobody_plants_under_the_collections_own_names_are_never_removed_o
         lookalike = os.path.join(shm, f'.tritonops_shm.quarantine.{os.getpid()}.feedfacecafe')
         with open(lookalike, 'wb') as f:
             f.truncate(4096)
-        then = time.time() - HOUR
-        os.utime(lookalike, (then, then))
 
         # everything the cleanup can be asked for, at min_age 0: the planted files stay, by the owner rule
         res = run_module(

@@ -21,7 +21,7 @@ import tritonrig
 INFO = 'tritonops.shm.triton_shm_info'
 REGION = 'tritonops.shm.triton_shm_region'
 NOBODY = '65534'
-DAY = 86400
+AGED = 2.0  # seconds: an orphan's min_age; the test waits until the file is older (tritonrig.wait_older)
 
 
 def run(module, **args):
@@ -117,7 +117,6 @@ def fake_server(open_dir):
         with open(path, 'wb') as f:
             f.write(b'secret\n')
         os.chmod(path, 0o600)
-        os.utime(path, (time.time() - DAY, time.time() - DAY))
     script = os.path.join(open_dir, 'fake.py')
     with open(script, 'w') as f:
         f.write(FAKE_SERVER)
@@ -174,14 +173,13 @@ def test_a_rootless_server_still_gets_its_own_leaks_cleaned(open_dir):
     server = tritonrig.TritonServer(workdir=open_dir, models=(), run_as=NOBODY, shm_size='16m')
     server.start()
     try:
-        make = (
-            'head -c 65536 /dev/zero > /dev/shm/rootless_leak && head -c 4096 /dev/zero > /dev/shm/client_old '
-            '&& touch -d "1 day ago" /dev/shm/client_old'
-        )
+        make = 'head -c 65536 /dev/zero > /dev/shm/rootless_leak && head -c 4096 /dev/zero > /dev/shm/client_old'
         subprocess.run(['nsenter', '--user', '--mount', '--target', str(server.pid), 'sh', '-c', make], check=True)
         assert os.stat(server.shm_path('rootless_leak')).st_uid == int(NOBODY)
         register(server, 'rl', '/rootless_leak', 65536)
-        res = run(REGION, url=server.url, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'])
+        tritonrig.wait_older([server.shm_path('client_old')], AGED)
+        orphans = dict(orphan_files=True, orphan_patterns=['client_*'], min_age=AGED)
+        res = run(REGION, url=server.url, state='absent', stale=True, **orphans)
         assert not res.get('failed'), res
         assert res['unregistered'] == ['rl']
         assert sorted(os.path.basename(p) for p in res['removed_files']) == ['client_old', 'rootless_leak']
@@ -281,7 +279,7 @@ def test_two_servers_sharing_a_port_are_refused_unless_server_pid_says_which(mak
 def test_a_live_clients_unlinked_file_is_not_judged_by_a_new_file_of_its_name(triton):
     live = triton.client('live', key='/k', byte_size=4096)
     os.unlink(triton.shm_path('k'))  # the live client unlinks its file right after registering it
-    triton.write_file('k', 4096, age=DAY)  # a dead client's file under the same name ...
+    triton.write_file('k', 4096)  # a dead client's file under the same name ...
     register(triton, 'dead', '//k')  # ... registered as //k (Triton 2.51 opens /dev/shm/k)
     res = run(REGION, url=triton.url, state='absent', stale=True)
     assert not res.get('failed'), res
@@ -294,7 +292,7 @@ def test_a_live_clients_unlinked_file_is_not_judged_by_a_new_file_of_its_name(tr
 
 def test_a_file_literally_named_deleted_is_not_the_live_clients(triton):
     # a dead client's file literally named "k (deleted)": Triton's maps print it as an unlinked /dev/shm/k
-    triton.write_file('k (deleted)', 4096, age=DAY)
+    triton.write_file('k (deleted)', 4096)
     register(triton, 'dead', '/k (deleted)')
     live = triton.client('live', key='/k', byte_size=4096)
     os.unlink(triton.shm_path('k'))  # the live client unlinks its file right after registering it
@@ -312,7 +310,7 @@ PG = 'PostgreSQL.1804289383'
 
 
 def _plant_pg(triton):
-    path = triton.write_file(PG, 4096, age=DAY)
+    path = triton.write_file(PG, 4096)
     os.chown(path, 999, 999)
     os.chmod(path, 0o600)
     register(triton, 'pg', '/' + PG)

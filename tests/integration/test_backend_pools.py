@@ -22,6 +22,7 @@ REGION = 'tritonops.shm.triton_shm_region'
 MODELS = ('echo', 'mirror')
 PREFIX = 'triton_python_backend_shm_region_'
 HOUR = 3600
+AGED = 2.0  # seconds: the min_age here; a crashed server's pools are waited for until older (tritonrig.wait_older)
 
 
 def pools(ns):
@@ -55,7 +56,7 @@ def host_result(res):
 
 @pytest.fixture
 def crashed(tmp_path):
-    """A /dev/shm holding the pools of a crashed server (aged an hour: it crashed then), and a new server serving in it."""
+    """A /dev/shm holding the pools of a crashed server (older than AGED), and a new server serving in it."""
     with tritonrig.ShmNamespace('64m') as ns:
         first = tritonrig.TritonServer(workdir=str(tmp_path), namespace=ns, name='first', models=MODELS)
         second = None
@@ -64,11 +65,9 @@ def crashed(tmp_path):
             old = pools(ns)
             assert len(old) == len(MODELS), os.listdir(ns.shm_dir)
             tritonrig.crash(first)
-            time.sleep(2)  # a stub that outlived its server would have unlinked its pool by now (about 0.5 s on 2.51)
+            time.sleep(2)  # a stub that outlived its server would have unlinked its pool by now (0.06 to 0.3 s on 2.51)
             assert pools(ns) == old, 'a server and its stubs killed together (one killpg) leave their pools'
-            then = time.time() - HOUR
-            for name in old:
-                os.utime(os.path.join(ns.shm_dir, name), (then, then))
+            tritonrig.wait_older([os.path.join(ns.shm_dir, name) for name in old], AGED)
             second = tritonrig.TritonServer(
                 workdir=str(tmp_path), namespace=ns, name='second', models=MODELS, http_port=first.http_port
             ).start()
@@ -103,7 +102,7 @@ def test_each_pool_is_named_for_its_model_and_instance(tmp_path):
 
 def test_the_cleanup_removes_the_pools_of_a_crashed_server_and_keeps_the_new_servers(crashed):
     ns, server, old, new = crashed['ns'], crashed['server'], crashed['old'], crashed['new']
-    info = run_module(INFO, dict(url=server.url))
+    info = run_module(INFO, dict(url=server.url, min_age=AGED))
     by_name = {p['name']: p for p in info['backend_pools']}
     assert [(by_name[n]['state'], by_name[n]['model'], by_name[n]['holders']) for n in old] == [
         ('leftover', None, [])
@@ -115,13 +114,13 @@ def test_the_cleanup_removes_the_pools_of_a_crashed_server_and_keeps_the_new_ser
     assert info['summary']['backend_files'] == 2
 
     # check mode: says what it would remove, removes nothing
-    dry = cleanup(server, check=True)
+    dry = cleanup(server, check=True, shm_cleanup_min_age=AGED)
     assert dry.stats['triton1']['failures'] == 0, dry
     r = host_result(dry)
     assert r['check_mode'] is True and sorted(os.path.basename(p) for p in r['done']['removed_files']) == old, r
     assert pools(ns) == sorted(old + new)
 
-    res = cleanup(server, shm_cleanup_report_dir=str(crashed['report_dir']))
+    res = cleanup(server, shm_cleanup_report_dir=str(crashed['report_dir']), shm_cleanup_min_age=AGED)
     assert res.stats['triton1']['failures'] == 0 and res.stats['triton1']['changed'] >= 1, res
     r = host_result(res)
     assert sorted(os.path.basename(p) for p in r['done']['removed_files']) == old, r
@@ -141,7 +140,7 @@ def test_the_cleanup_removes_the_pools_of_a_crashed_server_and_keeps_the_new_ser
     for model in MODELS:
         assert infer(server, model) == [1, 2, 3, 4], 'the new server still serves through its pools'
 
-    again = cleanup(server)
+    again = cleanup(server, shm_cleanup_min_age=AGED)
     assert again.stats['triton1']['failures'] == 0 and again.stats['triton1']['changed'] == 0, again
     assert host_result(again)['done']['removed_files'] == [] and pools(ns) == new
 
@@ -149,14 +148,14 @@ def test_the_cleanup_removes_the_pools_of_a_crashed_server_and_keeps_the_new_ser
 def test_leftovers_stay_unless_asked_and_a_held_pool_is_never_one(crashed):
     ns, server, old, new = crashed['ns'], crashed['server'], crashed['old'], crashed['new']
     # the region module's default: leftovers are reported, never removed
-    stale = run_module(REGION, dict(url=server.url, state='absent', stale=True, inventory=True))
+    stale = run_module(REGION, dict(url=server.url, state='absent', stale=True, inventory=True, min_age=AGED))
     assert not stale.get('failed') and stale['removed_files'] == [] and stale['changed'] is False, stale
     assert stale['before']['summary']['leftover_files'] == 2 and pools(ns) == sorted(old + new)
     # younger than min_age: not yet a leftover
     young = run_module(REGION, dict(url=server.url, state='absent', backend_leftovers=True, min_age=2 * HOUR))
     assert not young.get('failed') and young['removed_files'] == [] and young['changed'] is False, young
     # asked for: only the unheld pools of the dead server go; the live ones (held by the server and its stubs) stay
-    done = run_module(REGION, dict(url=server.url, state='absent', backend_leftovers=True))
+    done = run_module(REGION, dict(url=server.url, state='absent', backend_leftovers=True, min_age=AGED))
     assert not done.get('failed') and sorted(os.path.basename(p) for p in done['removed_files']) == old, done
     assert pools(ns) == new
     assert [infer(server, model) for model in MODELS] == [[1, 2, 3, 4]] * 2
@@ -172,7 +171,7 @@ def test_with_an_incomplete_holder_scan_nothing_is_leftover(crashed):
     """
     ns, server, old = crashed['ns'], crashed['server'], crashed['old']
     prefix = ('nsenter', '--mount', '--target', str(ns.pid), 'setpriv', '--bounding-set=-all', '--inh-caps=-all')
-    args = dict(url=server.url, server_pid=server.pid, shm_dir='/dev/shm')
+    args = dict(url=server.url, server_pid=server.pid, shm_dir='/dev/shm', min_age=AGED)
     info = run_module(INFO, args, prefix=prefix)
     assert not info.get('failed'), info
     assert info['holders_complete'] is False and info['unreadable_processes'] > 0, info

@@ -27,6 +27,7 @@ import tritonrig
 INFO = 'tritonops.shm.triton_shm_info'
 REGION = 'tritonops.shm.triton_shm_region'
 KiB = 4096
+AGED = 2.0  # seconds: the orphan's min_age; `both` waits until it is older (tritonrig.wait_older)
 UNADDRESSABLE = {'a b': '/un_space', 'x#y': '/un_hash', 'ünï': '/un_unicode', 's/l': '/un_slash'}
 VOLATILE = ('age_s', 'scanned_at', 'url', 'located_by')
 SECRET = 'Bearer s3cr3t-grpc-metadata-do-not-log'
@@ -76,14 +77,15 @@ def both(tmp_path):
     server = tritonrig.TritonServer(workdir=str(tmp_path), models=(), grpc=True)
     server.start()
     try:
+        orphan = server.write_file('client_orphan', KiB)  # first: it ages while the clients start
         server.client('healthy', byte_size=KiB)
         server.leak('stale', byte_size=KiB)
         server.leak('dangling', byte_size=KiB, keep_file=False)
-        server.write_file('client_orphan', KiB, age=600)
         with server.grpc_client() as client:
             for name, key in UNADDRESSABLE.items():
                 server.write_file(key, KiB)  # the file a gRPC client left behind: nobody holds it
                 client.register_system_shared_memory(name, key, KiB)
+        tritonrig.wait_older([orphan], AGED)
         yield server
     finally:
         server.stop()
@@ -91,8 +93,8 @@ def both(tmp_path):
 
 def test_same_results_over_http_and_grpc_and_grpc_cleans_what_http_cannot(both):
     http, grpc = both.url, 'grpc://' + both.grpc_url
-    info = dict(orphan_patterns=['client_*'], min_age=60)
-    clean = dict(state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], min_age=60)
+    info = dict(orphan_patterns=['client_*'], min_age=AGED)
+    clean = dict(state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], min_age=AGED)
     res = ansible_helpers.ansible_playbook(
         play(
             [

@@ -19,11 +19,13 @@ from html.parser import HTMLParser
 
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonrig
 from ansible_helpers import PYTHON, REPO, ansible_playbook
 
 MiB = 1 << 20
 HOSTILE = '<img src=x onerror=alert(1)>'
 ORPHAN = 'client_' + HOSTILE
+AGED = 2.0  # seconds: the orphan's min_age (shm_cleanup_min_age); the fleet fixture waits until it is older
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
 OUT = os.path.join(REPO, 'tests', 'output', 'ops-panel')
 DOCS_IMAGES = ('report', 'cleanup')  # the screenshots docs/ops-panel.md shows
@@ -108,13 +110,13 @@ def chromium(page: str, name: str) -> Node:
 def fleet(make_triton, tmp_path):
     """(inventory, servers, live client): one server to see, one whose process is invisible, one down."""
     seen = make_triton(models=(), grpc=True, shm_size='32m')
+    orphan = seen.write_file(ORPHAN, MiB)  # first: it ages while the rest of the fleet starts
     live = seen.client('live', byte_size=2 * MiB)
     seen.leak('dead', byte_size=8 * MiB)
     seen.leak('gone', byte_size=MiB, keep_file=False)
     seen.write_file('/hostile', MiB)  # a client's file, left behind: nobody holds it
     with grpcclient.InferenceServerClient(seen.grpc_url) as client:
         client.register_system_shared_memory(HOSTILE, '/hostile', MiB)
-    seen.write_file(ORPHAN, MiB, age=3600)
     blind = make_triton(models=(), shm_size='16m')
     blind.leak('elsewhere', byte_size=MiB)
     down = make_triton(models=(), shm_size='16m')
@@ -131,6 +133,7 @@ def fleet(make_triton, tmp_path):
     }
     inventory = {'all': {'children': {'triton': {'hosts': hosts}}}}
     assert sorted(seen.system_regions()) == sorted(['live', 'dead', 'gone', HOSTILE])
+    tritonrig.wait_older([orphan], AGED)
     yield inventory, seen, live
     assert live.alive
 
@@ -200,7 +203,11 @@ def test_report_html_in_chromium(fleet, tmp_path):
     res = ansible_playbook(
         'tritonops.shm.report',
         inventory=inventory,
-        extra_vars={'report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']},
+        extra_vars={
+            'report_dir': str(report_dir),
+            'shm_cleanup_orphan_patterns': ['client_*'],
+            'shm_cleanup_min_age': AGED,
+        },
     )
     assert res.stats['seen']['failures'] == 0 and res.stats['blind']['failures'] == 1, res
     assert res.stats['down']['failures'] == 1 and res.stats['localhost']['changed'] == 0, res
@@ -260,7 +267,11 @@ def test_cleanup_html_in_chromium(fleet, tmp_path):
     inventory, seen, live = fleet
     before = (seen.system_regions(), seen.shm_files())
     report_dir = tmp_path / 'cleanup'
-    extra = {'shm_cleanup_report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']}
+    extra = {
+        'shm_cleanup_report_dir': str(report_dir),
+        'shm_cleanup_orphan_patterns': ['client_*'],
+        'shm_cleanup_min_age': AGED,
+    }
 
     res = ansible_playbook('tritonops.shm.cleanup', inventory=inventory, extra_vars=extra, check=True, diff=True)
     assert res.stats['seen']['failures'] == 0 and res.stats['blind']['failures'] == 1, res

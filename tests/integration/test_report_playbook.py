@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
+import tritonrig
 from ansible_helpers import COLLECTIONS_PATH, PYTHON, ansible_playbook
 from prometheus_client.parser import text_string_to_metric_families
 
 MiB = 1 << 20
+AGED = 2.0  # seconds: the orphan's min_age; the test waits until the file is older (tritonrig.wait_older)
 
 
 def metrics(directory, kind, host):
@@ -26,15 +27,13 @@ def metrics(directory, kind, host):
 
 def test_report_table_files_and_metrics(fleet, tmp_path):
     up, down = fleet.servers
+    orphan = up.write_file('client_orphan', MiB)  # first: it ages while the clients start
     live = up.client('live', byte_size=2 * MiB)
     up.leak('dead', byte_size=8 * MiB)
-    orphan = up.shm_path('/client_orphan')
-    with open(orphan, 'wb') as f:
-        f.write(b'\1' * MiB)
-    os.utime(orphan, (time.time() - 3600,) * 2)
     with open(up.shm_path('/nccl-shm-rank0'), 'wb') as f:  # another program's file: explained, never touched
         f.write(b'\1' * 2 * MiB)
     down.stop()
+    tritonrig.wait_older([orphan], AGED)
     before = (up.system_regions(), up.shm_files())
     prom = {s.name: tmp_path / ('prom-' + s.name) for s in fleet.servers}
     for d in prom.values():
@@ -53,11 +52,12 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
     )
     inv = {'all': {'children': {'triton': {'hosts': hosts}}}}
     report_dir = tmp_path / 'report'
+    orphans = {'shm_cleanup_orphan_patterns': ['client_*'], 'shm_cleanup_min_age': AGED}
 
     res = ansible_playbook(
         'tritonops.shm.report',
         inventory=inv,
-        extra_vars={'report_dir': str(report_dir), 'shm_cleanup_orphan_patterns': ['client_*']},
+        extra_vars={'report_dir': str(report_dir), **orphans},
     )
 
     # read-only: nothing changed on the server
@@ -116,9 +116,7 @@ def test_report_table_files_and_metrics(fleet, tmp_path):
 
     # the cleanup playbook writes the last cleanup's time and outcome next to it
     start = time.time()
-    res = ansible_playbook(
-        'tritonops.shm.cleanup', inventory=inv, extra_vars={'shm_cleanup_orphan_patterns': ['client_*']}
-    )
+    res = ansible_playbook('tritonops.shm.cleanup', inventory=inv, extra_vars=orphans)
     assert res.stats['triton1']['failures'] == 0 and res.stats['triton2']['failures'] == 1, res
     m = metrics(prom['triton1'], 'tritonops_shm_cleanup', 'triton1')
     assert m['tritonops_shm_cleanup_last_success'][0] == 1

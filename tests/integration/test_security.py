@@ -538,7 +538,6 @@ def test_not_root_region_module_unregisters_and_removes_nothing(tmp_path, unpriv
         orphan = server.shm_path('client_old')
         with open(orphan, 'wb') as f:
             f.write(b'o' * 4096)
-        os.utime(orphan, (0, 0))
         prefix, cleanup = _interpreter_wrapper(workdir)
         prefix = ['nsenter', '--mount', '--target', str(server.pid)] + prefix
         args = dict(

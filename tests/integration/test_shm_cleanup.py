@@ -17,6 +17,7 @@ from ansible_helpers import PYTHON, ansible_playbook
 MiB = 1 << 20
 REREGISTER = [{'name': 'warm', 'key': '/warm', 'byte_size': 1 * MiB}]
 ORPHANS = ['client_*']
+AGED = 2.0  # seconds: the cleanups' min_age (shm_cleanup_min_age)
 SUMMARY_TASK = "Show the fleet's cleanup"
 
 
@@ -65,16 +66,20 @@ def fleet(tmp_path):
 
 
 def leak_everything(server, infer=False):
-    """Live clients (optionally one running inferences), stale and dangling leaks, old and young orphans, a foreign file."""
+    """Live clients (optionally one running inferences), stale and dangling leaks, old and young orphans, a foreign file.
+
+    The old files are written first and waited for at the end (tritonrig.wait_older: older than AGED); the young one is
+    dated ahead (tritonrig.keep_young), so it stays young through every run of the test.
+    """
+    old = [server.write_file('client_old', 3 * MiB), server.write_file('other_app.dat', 1 * MiB)]
     live = [server.client('live_hold', byte_size=2 * MiB)]
     # an inferring client saturates a core: one in the fleet is enough
     live.append(server.client('live_infer', byte_size=64 * 1024, mode='infer' if infer else 'hold'))
     server.leak('dead_a', byte_size=8 * MiB)
     server.leak('dead_b', byte_size=4 * MiB)
     server.leak('dangling', byte_size=2 * MiB, keep_file=False)
-    server.write_file('client_old', 3 * MiB, age=3600)
-    server.write_file('client_young', 1 * MiB)
-    server.write_file('other_app.dat', 1 * MiB, age=3600)
+    tritonrig.keep_young(server.write_file('client_young', 1 * MiB))
+    tritonrig.wait_older(old, AGED)
     return live
 
 
@@ -86,7 +91,10 @@ def test_cleanup_fleet_with_a_down_host(fleet, tmp_path):
     assert all(backend.values())
     report_dir = str(tmp_path / 'report')
     args = dict(
-        shm_cleanup_orphan_patterns=ORPHANS, shm_cleanup_reregister=REREGISTER, shm_cleanup_report_dir=report_dir
+        shm_cleanup_orphan_patterns=ORPHANS,
+        shm_cleanup_min_age=AGED,
+        shm_cleanup_reregister=REREGISTER,
+        shm_cleanup_report_dir=report_dir,
     )
 
     # --- check mode: the whole role runs, says what it would do, touches nothing ---------
@@ -180,12 +188,16 @@ def test_cleanup_fleet_with_a_down_host(fleet, tmp_path):
 
 def test_threshold_above_use_changes_nothing(make_triton, tmp_path):
     server = make_triton(models=())
+    old = server.write_file('client_old', 2 * MiB)
     live = server.client('live', byte_size=1 * MiB)
-    server.write_file('client_old', 2 * MiB, age=3600)
     server.leak('excluded_dead', byte_size=1 * MiB)
+    tritonrig.wait_older([old], AGED)
     before = state(server)
     args = dict(
-        shm_cleanup_orphan_patterns=ORPHANS, shm_cleanup_reregister=REREGISTER, shm_cleanup_exclude=['excluded_*']
+        shm_cleanup_orphan_patterns=ORPHANS,
+        shm_cleanup_min_age=AGED,
+        shm_cleanup_reregister=REREGISTER,
+        shm_cleanup_exclude=['excluded_*'],
     )
 
     # about 6% used, threshold 50%: the only stale region is excluded, so nothing is done

@@ -29,13 +29,10 @@ import yaml
 INFO = 'tritonops.shm.triton_shm_info'
 PATTERNS = ['client_*']
 MIB = 1 << 20
-OLD = 3600  # seconds: well past the default min_age of 300
+AGED = (
+    2.0  # seconds: the scene's min_age; its old files are waited for (tritonrig.wait_older), its young one dated ahead
+)
 QUERY = "{stale: system_regions[?state=='stale'].name, orphans: files[?category=='orphan'].name, dangling: summary.dangling_regions}"  # noqa: E501
-
-
-def _age(path, seconds):
-    then = time.time() - seconds
-    os.utime(path, (then, then), follow_symlinks=False)
 
 
 def _write(path, size):
@@ -96,6 +93,16 @@ def scene(tmp_path_factory):
     server.start()
     try:
         s = dict(server=server)
+        shm = server.shm_dir
+        old = [
+            os.path.join(shm, n) for n in ('client_old', 'PostgreSQL.1234', 'client_fifo', 'client_dir', 'client_link')
+        ]
+        _write(os.path.join(shm, 'client_old'), 64 * 1024)  # first: they age while the clients start
+        _write(os.path.join(shm, 'PostgreSQL.1234'), 8192)
+        os.mkfifo(os.path.join(shm, 'client_fifo'))
+        os.mkdir(os.path.join(shm, 'client_dir'))
+        _write(os.path.join(shm, 'client_dir', 'client_inner'), 4096)
+        os.symlink('client_old', os.path.join(shm, 'client_link'))
         s['live'] = server.client('live_region', byte_size=MIB)
         s['stale'] = server.leak('stale_region', byte_size=2 * MIB)
         s['leaked_unlinked'] = server.leak('leaked_unlinked', keep_file=False)
@@ -104,25 +111,14 @@ def scene(tmp_path_factory):
         server.leak('unlinked_by_test')
         os.unlink(server.shm_path('unlinked_by_test'))
         s['held'] = server.client('client_held', register=False)
-        shm = server.shm_dir
-        _write(os.path.join(shm, 'client_old'), 64 * 1024)
-        _age(os.path.join(shm, 'client_old'), OLD)
+        tritonrig.wait_older(old, AGED)
         _write(os.path.join(shm, 'client_young'), 4096)
-        _write(os.path.join(shm, 'PostgreSQL.1234'), 8192)
-        _age(os.path.join(shm, 'PostgreSQL.1234'), OLD)
-        os.mkfifo(os.path.join(shm, 'client_fifo'))
-        _age(os.path.join(shm, 'client_fifo'), OLD)
-        os.mkdir(os.path.join(shm, 'client_dir'))
-        _write(os.path.join(shm, 'client_dir', 'client_inner'), 4096)
-        _age(os.path.join(shm, 'client_dir', 'client_inner'), OLD)
-        _age(os.path.join(shm, 'client_dir'), OLD)
-        os.symlink('client_old', os.path.join(shm, 'client_link'))
-        _age(os.path.join(shm, 'client_link'), OLD)
+        tritonrig.keep_young(os.path.join(shm, 'client_young'))
         s['before'] = snapshot(server)
-        args = dict(url=server.url, orphan_patterns=PATTERNS, query=QUERY)
-        s['plain'] = ansible_helpers.run_module(INFO, dict(url=server.url))
+        args = dict(url=server.url, orphan_patterns=PATTERNS, min_age=AGED, query=QUERY)
         s['info'] = ansible_helpers.run_module(INFO, args)
         s['check'] = ansible_helpers.run_module(INFO, args, check=True)
+        s['plain'] = ansible_helpers.run_module(INFO, dict(url=server.url, min_age=AGED))
         s['after'] = snapshot(server)
         s['usage_after'] = server.shm_usage()
         for key in ('plain', 'info', 'check'):
@@ -197,7 +193,7 @@ def test_held_unregistered_file_is_in_use_even_when_it_matches_a_pattern(scene):
 def test_orphan_needs_a_pattern_match_and_the_age(scene):
     files = by_name(scene['info']['files'])
     assert files['client_old']['category'] == 'orphan'
-    assert files['client_old']['age_s'] >= OLD
+    assert files['client_old']['age_s'] >= AGED
     assert files['client_young']['category'] == 'foreign'
     assert 'younger than min_age' in files['client_young']['category_reason']
     # without orphan_patterns (the default) nothing is orphan
@@ -532,11 +528,11 @@ def test_not_root_nothing_is_stale_and_a_warning_says_why(tmp_path, unprivileged
         server.leak('root_stale')
         orphan = server.shm_path('client_old')
         _write(orphan, 4096)
-        _age(orphan, OLD)
+        tritonrig.wait_older([orphan], 1)
         assert pwd.getpwnam(unprivileged_user).pw_uid != 0
         prefix, cleanup = _interpreter_wrapper(workdir)
         prefix = ['nsenter', '--mount', '--target', str(server.pid)] + prefix
-        common = dict(url=server.url, server_pid=server.pid, orphan_patterns=PATTERNS)
+        common = dict(url=server.url, server_pid=server.pid, orphan_patterns=PATTERNS, min_age=1)
         become = dict(become=True, become_user=unprivileged_user, become_method='ansible.builtin.su')
         plays = [
             {

@@ -24,6 +24,9 @@ from ansible_helpers import COLLECTIONS_PATH, ansible_playbook, run_module
 MODULE = 'tritonops.shm.triton_shm_region'
 MIB = 1 << 20
 BACKEND = 'triton_python_backend_shm_region_'
+# seconds: the min_age of a test with old files, which it waits for (tritonrig.wait_older: a file's age counts from its
+# newest of atime, mtime and ctime, and utime() cannot set ctime back); a young file beside them is dated ahead
+AGED = 2.0
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -56,8 +59,8 @@ def snapshot(server):
     return server.system_regions(), files
 
 
-def foreign(server, name='postgres_shm_1234', size=4096, age=0):
-    return server.write_file(name, size, age=age, fill=b'f')
+def foreign(server, name='postgres_shm_1234', size=4096):
+    return server.write_file(name, size, fill=b'f')
 
 
 def skipped(result, key):
@@ -165,14 +168,14 @@ def test_stale_cleanup_spares_live_backend_and_foreign_and_frees_memory(triton):
 
 def test_inventory_is_what_queries_right_before_and_after_see(triton):
     """inventory returns the state this run selected from and the state after its change, as triton_shm_info reports them."""
+    orphan = triton.write_file('client_old', MIB, fill=b'x')  # first: it ages while the clients start
     live = triton.client('live', byte_size=MIB)
     triton.leak('dead', byte_size=2 * MIB)
     triton.leak('gone', byte_size=MIB, keep_file=False)
-    with open(triton.shm_path('client_old'), 'wb') as f:
-        f.write(b'x' * MIB)
-    os.utime(triton.shm_path('client_old'), (time.time() - 3600, time.time() - 3600))
-    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], inventory=True)
-    first = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*']))
+    tritonrig.wait_older([orphan], AGED)
+    orphans = dict(orphan_files=True, orphan_patterns=['client_*'], min_age=AGED)
+    args = conn(triton, state='absent', stale=True, inventory=True, **orphans)
+    first = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*'], min_age=AGED))
     checked = steps(args, check=True)[0]
     assert 'after' not in checked and checked['unregistered'] == ['dead', 'gone']
     assert (
@@ -185,7 +188,7 @@ def test_inventory_is_what_queries_right_before_and_after_see(triton):
     assert acted['before']['summary'] == first['summary']
     assert acted['unregistered'] == ['dead', 'gone'] and not acted.get('failed'), acted
     after = acted['after']
-    query = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*']))
+    query = run_module('tritonops.shm.triton_shm_info', conn(triton, orphan_patterns=['client_*'], min_age=AGED))
     # the same picture a query right after gives: regions with their states, files, counts, usage
     assert [(r['name'], r['state']) for r in after['system_regions']] == [('live', 'healthy')]
     assert [(r['name'], r['state']) for r in query['system_regions']] == [('live', 'healthy')]
@@ -203,13 +206,20 @@ def test_inventory_is_what_queries_right_before_and_after_see(triton):
 
 def test_threshold_percent_gates_orphans_but_not_stale_regions(triton):
     """Below threshold_percent a stale region and its file still go; the orphan file stays until the use reaches it."""
+    orphan = triton.write_file('client_old', MIB)
     triton.leak('dead', byte_size=4 * MIB)
-    orphan = triton.write_file('client_old', MIB, age=3600)
+    tritonrig.wait_older([orphan], AGED)
     usage = triton.shm_usage()
     used = 100.0 * usage['used_bytes'] / usage['total_bytes']
     gate = round(used + 20.0, 1)  # 64 MiB: 20% is about 13 MiB above what is used now
     args = conn(
-        triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_*'], threshold_percent=gate
+        triton,
+        state='absent',
+        stale=True,
+        orphan_files=True,
+        orphan_patterns=['client_*'],
+        min_age=AGED,
+        threshold_percent=gate,
     )
     below = one(args)
     assert below['changed'] is True and below['unregistered'] == ['dead'], below
@@ -225,12 +235,13 @@ def test_threshold_percent_gates_orphans_but_not_stale_regions(triton):
 
 
 def test_absent_check_mode_reports_exactly_what_the_real_run_does(triton):
+    old = foreign(triton, 'client_input_old')
     triton.client('live', byte_size=MIB)
     triton.leak('dead', byte_size=2 * MIB)
     triton.leak('gone', byte_size=2 * MIB, keep_file=False)
-    foreign(triton, 'client_input_old', age=3600)
+    tritonrig.wait_older([old], AGED)
     before = snapshot(triton)
-    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_input_*'], min_age=60)
+    args = conn(triton, state='absent', stale=True, orphan_files=True, orphan_patterns=['client_input_*'], min_age=AGED)
     (check,) = steps(args, check=True, diff=True)
     assert snapshot(triton) == before
     assert check['changed'] is True
@@ -333,23 +344,17 @@ def test_bulk_many_regions_in_one_call(triton):
 
 
 def test_orphan_patterns_never_take_backend_foreign_young_held_or_odd_files(triton):
-    backend = triton.backend_files()
-    for name in backend:  # even an old backend file is Triton's own
-        past = time.time() - 3600
-        os.utime(triton.shm_path(name), (past, past))
-    old = foreign(triton, 'client_input_old', age=3600)
-    young = foreign(triton, 'client_input_young')
-    holder = triton.client('client_input_held', byte_size=MIB, register=False)
-    past = time.time() - 3600
-    os.utime(triton.shm_path('client_input_held'), (past, past))
+    backend = triton.backend_files()  # Triton's own, whatever their age (its stubs hold them)
+    old = foreign(triton, 'client_input_old')
     os.mkfifo(triton.shm_path('old_fifo'))
     os.mkdir(triton.shm_path('old_dir'))
-    for name in ('old_fifo', 'old_dir'):
-        os.utime(triton.shm_path(name), (past, past))
+    holder = triton.client('client_input_held', byte_size=MIB, register=False)  # held: in use, whatever its age
     triton.client('registered', byte_size=MIB)
+    tritonrig.wait_older([old, triton.shm_path('old_fifo'), triton.shm_path('old_dir')], AGED)
+    young = tritonrig.keep_young(foreign(triton, 'client_input_young'))
     first, second = steps(
-        conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=600),
-        conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=600),
+        conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=AGED),
+        conn(triton, state='absent', orphan_files=True, orphan_patterns=['*'], min_age=AGED),
     )
     assert first['changed'] is True and first['removed_files'] == [old], first
     assert first['unregistered'] == []

@@ -36,6 +36,7 @@ import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 MiB = 1 << 20
 BIN = os.path.dirname(os.path.abspath(sys.executable))
 START = time.monotonic()
+MIN_AGE = 5  # seconds: the orphans' grace age in this story
 
 
 def step(title: str) -> None:
@@ -156,12 +157,12 @@ def story(server: tritonrig.TritonServer, workdir: str) -> int:
         )
     c = server.leak('crashed', byte_size=6 * MiB, keep_file=False)
     say('killed client %d: region crashed (6.0 MiB) - file unlinked, Triton still maps the memory (dangling)' % c.pid)
+    orphans = []
     for i in range(2):
-        path = server.shm_path('/client_tmp_%d' % i)
-        with open(path, 'wb') as f:
+        orphans.append(server.shm_path('/client_tmp_%d' % i))
+        with open(orphans[-1], 'wb') as f:
             f.write(b'\0' * (2 * MiB))
-        os.utime(path, (time.time() - 3600,) * 2)
-    say('two old client_tmp_* files nobody registered or holds (orphans), 2.0 MiB each')
+    say('two client_tmp_* files nobody registered or holds (orphans once older than min_age), 2.0 MiB each')
     with open(server.shm_path('/other_app.lock'), 'w') as f:
         f.write('not ours\n')
     say('one foreign file other_app.lock (never touched)')
@@ -183,7 +184,13 @@ def story(server: tritonrig.TritonServer, workdir: str) -> int:
             'triton:\n  hosts:\n    local-triton:\n      ansible_connection: local\n'
             '      ansible_python_interpreter: %s\n      triton_url: %s\n' % (sys.executable, server.url)
         )
-    extra = {'shm_cleanup_orphan_patterns': 'client_tmp_*', 'prometheus_textfile_dir': ''}
+    # a file's age counts from its newest of atime, mtime and ctime: the orphans age for real, min_age is short
+    extra = {
+        'shm_cleanup_orphan_patterns': 'client_tmp_*',
+        'shm_cleanup_min_age': MIN_AGE,
+        'prometheus_textfile_dir': '',
+    }
+    tritonrig.wait_older(orphans, MIN_AGE)
 
     step('5. Report (read-only)')
     rc, _data = playbook('report', inventory, dict(extra, report_dir=os.path.join(workdir, 'report')))

@@ -351,6 +351,39 @@ def http_json(url: str, method: str = 'GET', body: Any = None, timeout: float = 
         return resp.status, (json.loads(raw) if raw else None)
 
 
+def newest_time(path: str) -> float:
+    """The newest of path's atime, mtime and ctime (lstat): where the modules count a file's age from."""
+    st = os.lstat(path)
+    return max(st.st_atime, st.st_mtime, st.st_ctime)
+
+
+def wait_older(paths: Iterable[str], seconds: float, timeout: float = 30.0) -> None:
+    """Wait until every path's newest time (newest_time) is more than seconds old, polling the real stat.
+
+    The modules age a file from the newest of its three times, and utime() cannot set ctime back, so a test that
+    needs an "old" file makes it, waits here, and passes a min_age of seconds. A young control file is created
+    after the wait. RigError after timeout seconds.
+    """
+    paths = list(paths)
+    deadline = time.monotonic() + timeout
+    while True:
+        newest = max((newest_time(p) for p in paths), default=0.0)
+        left = newest + seconds - time.time()
+        if left < 0:
+            return
+        if time.monotonic() + left > deadline:
+            raise RigError(f'{paths} not {seconds}s old within {timeout}s (the newest time moved)')
+        time.sleep(min(left + 0.01, 0.5))
+
+
+def keep_young(path: str, seconds: float = 3600.0) -> str:
+    """Date path's atime and mtime seconds ahead: its age (from its newest time) stays 0 until then, so a young
+    control file stays younger than any min_age through every run of a long test. Returns path."""
+    ahead = time.time() + seconds
+    os.utime(path, (ahead, ahead))
+    return path
+
+
 def crash(server: TritonServer) -> None:
     """SIGKILL a server and its python backend stubs together, as a container's end does: the server leads its own
     process group (start() makes it a session leader), and one killpg() reaches it and every stub before any stub
@@ -933,14 +966,11 @@ class TritonServer:
     def shm_path(self, name: str) -> str:
         return os.path.join(self.shm_dir, name.lstrip('/'))
 
-    def write_file(self, name: str, size: int, age: float = 0.0, fill: bytes = b'\1') -> str:
-        """A file in the server's /dev/shm written with size bytes (so it really uses shm), age seconds old."""
+    def write_file(self, name: str, size: int, fill: bytes = b'\1') -> str:
+        """A file in the server's /dev/shm written with size bytes (so it really uses shm); wait_older() ages it."""
         path = self.shm_path(name)
         with open(path, 'wb') as f:
             f.write(fill * size)
-        if age:
-            then = time.time() - age
-            os.utime(path, (then, then))
         return path
 
     def version(self) -> str:

@@ -76,6 +76,29 @@ def as_nobody():
 # -- RegionOps on real files: a stand-in server process, a shm directory, a complete /proc scan ----------------
 
 
+def _rig():
+    """tests/rig/tritonrig.py (standard library only)."""
+    sys.path.insert(0, os.path.join(_COLLECTION, 'tests', 'rig'))
+    try:
+        import tritonrig  # pylint: disable=import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    return tritonrig
+
+
+@pytest.fixture(scope='session')
+def wait_older():
+    """wait_older(paths, seconds): the rig's bounded poll until every path's newest time (atime, mtime, ctime) is more
+    than seconds old. The modules age a file from that time and utime() cannot set ctime back."""
+    return _rig().wait_older
+
+
+@pytest.fixture(scope='session')
+def keep_young():
+    """keep_young(path): the rig's, path dated an hour ahead, so it stays younger than any min_age through every run."""
+    return _rig().keep_young
+
+
 @pytest.fixture
 def server_proc():
     """A real process standing in for tritonserver (so that the test process itself is a client)."""

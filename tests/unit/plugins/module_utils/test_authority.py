@@ -153,6 +153,7 @@ def entry(name, ino, uid=0, age=3600.0):
         'mode': '0600',
         'mtime': 1000.0,
         'age_s': age,
+        'age_from': 'mtime',
         'inode': ino,
         'dev': DEV,
         'ctime_ns': 1,

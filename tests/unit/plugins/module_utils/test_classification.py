@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -36,6 +35,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount nam
 
 MIB = 1 << 20
 OLD = 3600
+AGED = 2.0  # seconds: the scene's min_age; its old files are made, then waited for (wait_older), then its young one
 
 # A process driven over stdin: "map NAME", "open NAME", "listen PORT"; answers OK or ERR.
 HELPER = textwrap.dedent("""
@@ -119,15 +119,10 @@ class Namespace:
     def path(self, name):
         return os.path.join(self.shm_dir, name)
 
-    def write(self, name, size=4096, age=0):
+    def write(self, name, size=4096):
         with open(self.path(name), 'wb') as f:
             f.write(b'\1' * size)
-        if age:
-            self.age(name, age)
-
-    def age(self, name, seconds):
-        then = time.time() - seconds
-        os.utime(self.path(name), (then, then), follow_symlinks=False)
+        return self.path(name)
 
     def close(self):
         for proc in self.procs:
@@ -206,7 +201,7 @@ CUDA = [dict(name='gpu0', device_id=0, byte_size=1024)]
 
 
 @pytest.fixture(scope='module')
-def ns():
+def ns(wait_older):
     if os.geteuid() != 0:
         pytest.skip('needs root: mount namespaces with a private /dev/shm')
     space = Namespace()
@@ -230,16 +225,14 @@ def ns():
         client.do('open held_file')
         space.write('server_only')
         space.server.do('open server_only')
-        space.write('triton_python_backend_shm_region_1234', 8192, age=OLD)
+        space.write('triton_python_backend_shm_region_1234', 8192)
         space.server.do('map triton_python_backend_shm_region_1234')  # Triton maps its python backend's pools
-        space.write('client_old', 65536, age=OLD)
-        space.write('client_young', 4096)
-        space.write('PostgreSQL.7', 4096, age=OLD)
+        old = [space.write('client_old', 65536), space.write('PostgreSQL.7', 4096)]
         os.mkfifo(space.path('client_fifo'))
         os.mkdir(space.path('client_dir'))
         os.symlink('client_old', space.path('client_link'))
-        for name in ('client_fifo', 'client_dir', 'client_link'):
-            space.age(name, OLD)
+        wait_older(old + [space.path(n) for n in ('client_fifo', 'client_dir', 'client_link')], AGED)
+        space.write('client_young', 4096)  # after the wait (`result` writes it again just before its read)
         space.client_proc = client
         yield space
     finally:
@@ -254,7 +247,8 @@ def scene_triton():
 
 @pytest.fixture(scope='module')
 def result(ns):
-    inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=300)
+    ns.write('client_young', 4096)  # written again: younger than AGED now, whichever test made the scene
+    inv = Read(scene_triton(), server_pid=ns.server.pid, orphan_patterns=['client_*'], min_age=AGED)
     assert inv.scan.complete, inv.scan.incomplete_reason()
     return inv.result(live=True, ready=False)
 
@@ -612,7 +606,7 @@ def test_reserved_needs_complete_holders_like_stale(ns, as_nobody):
     ],
 )
 def test_backend_patterns_name_the_backend_files(ns, patterns, category):
-    ns.write('myprefix_1', 4096, age=OLD)
+    ns.write('myprefix_1', 4096)
     try:
         inv = Read(
             scene_triton(),
@@ -664,6 +658,7 @@ def entry(name, ino, kind='file', size=4096, age=0.0):
         'mode': '0600',
         'mtime': 1000.0,
         'age_s': age,
+        'age_from': 'mtime',
         'inode': ino,
         'dev': 7,
         'ctime_ns': 1,

@@ -38,6 +38,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import T
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
 KIB = 1024
+AGED = 2.0  # seconds: the min_age of the tests with old files (wait_older); a young one beside them is dated ahead
 
 
 class FakeTriton:
@@ -161,16 +162,14 @@ class FakeClock:
 pytestmark = pytest.mark.usefixtures('complete_scan')
 
 
-def make_file(shm_dir, name, size=64 * KIB, age=0.0, fill=True):
+def make_file(shm_dir, name, size=64 * KIB, fill=True):
+    """A file in shm_dir; wait_older() ages it (its age counts from the newest of atime, mtime and ctime)."""
     path = os.path.join(shm_dir, name)
     with open(path, 'wb') as f:
         if fill:
             f.write(b'\1' * size)
         else:
             f.truncate(size)
-    if age:
-        past = time.time() - age
-        os.utime(path, (past, past))
     return path
 
 
@@ -280,13 +279,14 @@ def test_a_file_that_cannot_be_quarantined_is_never_unlinked_in_place(shm, serve
     assert 'cannot rename it to a quarantine name' in skip['reason'] and 'not removed' in skip['reason'], skip
 
 
-def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc):
+def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc, wait_older, keep_young):
     make_file(shm, 'a')
-    make_file(shm, 'old_orphan', age=3600)
-    make_file(shm, 'young_orphan')
+    wait_older([make_file(shm, 'old_orphan')], AGED)
+    keep_young(make_file(shm, 'young_orphan'))
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
-    res = run(fake, shm, server_proc.pid, check_mode=True, stale=True, orphan_files=True, orphan_patterns=['*orphan'])
+    orphans = dict(orphan_files=True, orphan_patterns=['*orphan'], min_age=AGED)
+    res = run(fake, shm, server_proc.pid, check_mode=True, stale=True, **orphans)
     assert res['changed'] is True
     assert res['unregistered'] == ['a']
     assert sorted(os.path.basename(p) for p in res['removed_files']) == ['a', 'old_orphan']
@@ -296,7 +296,7 @@ def test_check_mode_reports_the_plan_and_touches_nothing(shm, server_proc):
     assert snapshot(shm) == before
     assert res['shm_used_bytes_after'] == res['shm_used_bytes_before']
     # and the real run does exactly that
-    real = run(fake, shm, server_proc.pid, stale=True, orphan_files=True, orphan_patterns=['*orphan'])
+    real = run(fake, shm, server_proc.pid, stale=True, **orphans)
     assert (real['unregistered'], sorted(real['removed_files'])) == (res['unregistered'], sorted(res['removed_files']))
 
 
@@ -540,22 +540,23 @@ def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why)
 # -- invariant 5: backend and foreign files, orphans by pattern and age ---------------------------
 
 
-def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc):
-    backend = make_file(shm, shm_fs.BACKEND_PREFIX + 'abc', age=3600)
-    old = make_file(shm, 'client_input_0', age=3600)
-    young = make_file(shm, 'client_input_1')
-    other = make_file(shm, 'postgres_shm', age=3600)
-    held = make_file(shm, 'client_input_held', age=3600)
+def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc, wait_older, keep_young):
+    backend = make_file(shm, shm_fs.BACKEND_PREFIX + 'abc')
+    old = make_file(shm, 'client_input_0')
+    other = make_file(shm, 'postgres_shm')
+    held = make_file(shm, 'client_input_held')
+    wait_older([backend, old, other, held], AGED)
+    young = keep_young(make_file(shm, 'client_input_1'))
     os.mkfifo(os.path.join(shm, 'client_input_fifo'))
     os.mkdir(os.path.join(shm, 'client_input_dir'))
     fake = FakeTriton(shm)
     with open(held, 'r+b') as f:
         m = mmap.mmap(f.fileno(), 0)
         try:
-            res = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['client_input_*'], min_age=300)
+            res = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['client_input_*'], min_age=AGED)
             assert res['removed_files'] == [old]
-            res_all = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['*'], min_age=300)
-            rerun = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['*'], min_age=300)
+            res_all = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['*'], min_age=AGED)
+            rerun = run(fake, shm, server_proc.pid, orphan_files=True, orphan_patterns=['*'], min_age=AGED)
         finally:
             m.close()
     # even "*" never takes the backend file, a young file, a held file, a FIFO or a directory
@@ -580,8 +581,8 @@ def test_incomplete_holders_make_nothing_stale_and_remove_nothing(shm, server_pr
         return result
 
     monkeypatch.setattr(holders, 'scan', incomplete)
-    path = make_file(shm, 'a', age=3600)
-    orphan = make_file(shm, 'client_input_0', age=3600)
+    path = make_file(shm, 'a')
+    orphan = make_file(shm, 'client_input_0')
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
     res = run(
@@ -611,8 +612,8 @@ def test_outside_the_initial_pid_namespace_nothing_is_stale_and_nothing_removed(
     shm, server_proc, other_pid_namespace, inventory
 ):
     """Issue 25: a client in another container is invisible here: its live region must not look stale."""
-    path = make_file(shm, 'a', age=3600)
-    orphan = make_file(shm, 'client_input_0', age=3600)
+    path = make_file(shm, 'a')
+    orphan = make_file(shm, 'client_input_0')
     fake = FakeTriton(shm, regions=[region('a'), region('gone', key='/gone')])
     before = snapshot(shm)
     res = run(
@@ -671,8 +672,8 @@ def test_in_the_initial_pid_namespace_the_result_says_so(shm, server_proc):
 )
 def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, selector, shm_given, what):
     """Nothing listens on the fake's port 9: discovery fails, and a silent no-op would report 'ok'."""
-    make_file(shm, 'a', age=3600)
-    make_file(shm, 'client_input_0', age=3600)
+    make_file(shm, 'a')
+    make_file(shm, 'client_input_0')
     fake = FakeTriton(shm, regions=[region('a')])
     before = snapshot(shm)
     with pytest.raises(ServerNotFound) as err:
@@ -686,7 +687,7 @@ def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, s
 
 def test_orphan_cleanup_with_shm_dir_but_no_server_still_works(shm):
     """shm_dir given, server unknown: orphans can still be judged (the server's own files count as held)."""
-    orphan = make_file(shm, 'client_input_0', age=3600)
+    orphan = make_file(shm, 'client_input_0')
     fake = FakeTriton(shm)
     res = run(fake, shm, None, orphan_files=True, orphan_patterns=['client_*'], min_age=0)
     assert res['removed_files'] == [orphan]
@@ -1253,22 +1254,25 @@ def test_a_status_lost_after_unregistering_keeps_files_only_where_unregisters_ma
     assert os.path.exists(os.path.join(shm, 'b'))
 
 
-def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_removal_path(shm, server_proc):
+def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_removal_path(
+    shm, server_proc, wait_older, keep_young
+):
     """Issue 27: a backend file no process holds is a dead server's pool; one any process maps stays, as does a young one."""
-    dead = make_file(shm, 'triton_python_backend_shm_region_dead', age=3600)
-    vllm = make_file(shm, 'triton_vllm_backend_shm_region_dead', age=3600)
-    young = make_file(shm, 'triton_python_backend_shm_region_young')
-    held = make_file(shm, 'triton_python_backend_shm_region_live', age=3600)
+    dead = make_file(shm, 'triton_python_backend_shm_region_dead')
+    vllm = make_file(shm, 'triton_vllm_backend_shm_region_dead')
+    held = make_file(shm, 'triton_python_backend_shm_region_live')
+    wait_older([dead, vllm, held], AGED)
+    young = keep_young(make_file(shm, 'triton_python_backend_shm_region_young'))
     with open(held, 'r+b') as f:
         mapping = mmap.mmap(f.fileno(), 0)  # this test process maps it, as a stub maps its pool
     try:
         fake = FakeTriton(shm)
         off = run(fake, shm, server_proc.pid, stale=True)
         assert off['removed_files'] == [] and off['changed'] is False
-        dry = run(fake, shm, server_proc.pid, check_mode=True, backend_leftovers=True)
+        dry = run(fake, shm, server_proc.pid, check_mode=True, backend_leftovers=True, min_age=AGED)
         assert sorted(dry['removed_files']) == [dead, vllm] and dry['changed'] is True
         assert all(os.path.exists(p) for p in (dead, vllm, young, held))
-        res = run(fake, shm, server_proc.pid, backend_leftovers=True, inventory=True)
+        res = run(fake, shm, server_proc.pid, backend_leftovers=True, inventory=True, min_age=AGED)
         assert sorted(res['removed_files']) == [dead, vllm] and res['freed_bytes'] == 2 * 64 * KIB
         assert not os.path.exists(dead) and not os.path.exists(vllm) and os.path.exists(young) and os.path.exists(held)
         cats = {f['name']: f['category'] for f in res['before']['files']}
@@ -1279,16 +1283,17 @@ def test_backend_leftovers_removes_only_unheld_old_backend_files_through_the_rem
             'triton_python_backend_shm_region_live': 'backend',
         }
         assert res['after']['summary']['leftover_files'] == 0
-        again = run(fake, shm, server_proc.pid, backend_leftovers=True)
+        again = run(fake, shm, server_proc.pid, backend_leftovers=True, min_age=AGED)
         assert again['removed_files'] == [] and again['changed'] is False
         assert fake.actions() == []  # no region was touched
     finally:
         mapping.close()
 
 
-def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, monkeypatch):
+def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, monkeypatch, wait_older):
     """The re-check right before the unlink: a process that maps the pool after the plan keeps it."""
-    pool = make_file(shm, 'triton_python_backend_shm_region_x', age=3600)
+    pool = make_file(shm, 'triton_python_backend_shm_region_x')
+    wait_older([pool], AGED)
     st = os.stat(pool)  # by (dev, inode): at the re-check the file is under its quarantine name
     kept = []
     real = holders.scan
@@ -1301,10 +1306,44 @@ def test_a_leftover_held_by_the_time_of_the_unlink_is_kept(shm, server_proc, mon
         return result
 
     monkeypatch.setattr(holders, 'scan', scan)
-    res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
+    res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True, min_age=AGED)
     assert res['removed_files'] == [] and os.path.exists(pool)
     assert [s['path'] for s in res['skipped_items']] == [pool]
     assert 're-checked before removal' in res['skipped_items'][0]['reason']
+
+
+def test_a_file_read_written_renamed_or_chmodded_since_is_young_whatever_its_mtime(shm, server_proc, wait_older):
+    """Issue 42, goal 8: a file's age counts from the newest of its atime, mtime and ctime, as systemd-tmpfiles ages
+    files. An orphan, a leftover pool or a family's file whose mtime was set back an hour, but that was read, chmod'ed
+    or renamed since (or whose mtime was just set back: that is a ctime change too), is young at min_age 60; one whose
+    three times are all older than min_age goes."""
+    groups = {'client_input_': 'orphan', shm_fs.BACKEND_PREFIX: 'leftover', 'nccl-': 'nccl'}
+    hour_ago = time.time() - 3600
+    paths = {}
+    for prefix in groups:
+        for what in ('old', 'read', 'chmod', 'torename', 'backdated'):
+            paths[prefix + what] = make_file(shm, prefix + what)
+            os.utime(paths[prefix + what], (hour_ago, hour_ago))
+    wait_older(paths.values(), AGED)
+    for prefix in groups:
+        read = paths[prefix + 'read']
+        with open(read, 'rb') as f:
+            f.read(1)
+        assert os.stat(read).st_atime > hour_ago + 1, 'reading it set its atime (relatime: atime was not after mtime)'
+        os.chmod(paths[prefix + 'chmod'], 0o640)
+        os.rename(paths[prefix + 'torename'], os.path.join(shm, prefix + 'renamed'))
+        os.utime(paths[prefix + 'backdated'], (hour_ago, hour_ago))
+    fake = FakeTriton(shm)
+    asked = dict(orphan_files=True, orphan_patterns=['client_input_*'], backend_leftovers=True, families=['nccl'])
+    res = run(fake, shm, server_proc.pid, min_age=AGED, **asked)  # first: the touched files are younger than AGED
+    assert sorted(res['removed_files']) == sorted(paths[prefix + 'old'] for prefix in groups)
+    young = run(fake, shm, server_proc.pid, check_mode=True, inventory=True, min_age=60, **asked)
+    assert young['removed_files'] == [] and young['changed'] is False, young['removed_files']
+    ages = {f['name']: f['age_from'] for f in young['before']['files']}
+    for prefix in groups:
+        for what in ('read', 'chmod', 'renamed', 'backdated'):
+            assert os.path.exists(os.path.join(shm, prefix + what)), prefix + what
+        assert (ages[prefix + 'read'], ages[prefix + 'chmod'], ages[prefix + 'renamed']) == ('atime', 'ctime', 'ctime')
 
 
 def test_backend_leftovers_is_for_system_files_only(shm, server_proc):
@@ -1444,13 +1483,13 @@ def test_two_root_runs_that_overlap_keep_each_others_record(shm, server_proc):
 
 
 def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_later_cleanup(
-    shm, server_proc, monkeypatch
+    shm, server_proc, monkeypatch, wait_older
 ):
     """A failed rename-back: a leftover pool (no region, so not in the record) is mapped in the window and its name is
     created again meanwhile (any user can, in a 1777 /dev/shm). It stays under its quarantine name: it must be
     recorded then, or no later cleanup ever finishes it (a quarantine name matches no backend pattern)."""
     name = 'triton_python_backend_shm_region_x'
-    make_file(shm, name, age=3600)
+    wait_older([make_file(shm, name)], AGED)
     maps = []
     real_rescan = snapshot_mod.rescan
 
@@ -1463,7 +1502,7 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
 
     monkeypatch.setattr(snapshot_mod, 'rescan', attach_then_rescan)
     try:
-        res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True)
+        res = run(FakeTriton(shm), shm, server_proc.pid, backend_leftovers=True, min_age=AGED)
     finally:
         monkeypatch.setattr(snapshot_mod, 'rescan', real_rescan)
         for m in maps:
@@ -1472,7 +1511,7 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
     kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
     assert len(kept) == 1
     # nobody holds it any more: the next cleanup (the role's: stale and backend_leftovers) finishes it, and only it
-    again = run(FakeTriton(shm), shm, server_proc.pid, stale=True, backend_leftovers=True)
+    again = run(FakeTriton(shm), shm, server_proc.pid, stale=True, backend_leftovers=True, min_age=AGED)
     assert again['removed_files'] == [os.path.join(shm, kept[0])], again
     assert os.listdir(shm) == [name] and shm_fs.read_cleanup_record(shm) == {}
 

@@ -102,7 +102,8 @@ def test_list_entries_lstats_every_kind_and_never_follows(tmp_path):
     assert reg['allocated_bytes'] == st.st_blocks * 512
     assert reg['mode'] == f'{stat.S_IMODE(st.st_mode):04o}'
     assert reg['mtime'] == pytest.approx(old, abs=1e-3)
-    assert reg['age_s'] == pytest.approx(now - old, abs=0.01)
+    # the age counts from the newest time: utime() set mtime back, and ctime to now (issue 42, goal 8)
+    assert (reg['age_s'], reg['age_from']) == (pytest.approx(max(0.0, now - st.st_ctime), abs=0.01), 'ctime')
     link = entries['symlink']
     assert link['inode'] == os.lstat(os.path.join(d, 'symlink')).st_ino != reg['inode']
     assert link['size'] == len('regular')
@@ -117,6 +118,27 @@ def test_list_entries_is_sorted_and_age_never_negative(tmp_path):
     entries = shm_fs.list_entries(d)
     assert [e['name'] for e in entries] == ['a', 'b', 'c']
     assert entries[1]['age_s'] == 0.0
+
+
+def test_age_counts_from_the_newest_of_atime_mtime_and_ctime(tmp_path):
+    """As systemd-tmpfiles ages files: a file read, written, or renamed or chmod'ed since is young (issue 42, goal 8)."""
+    path = str(tmp_path / 'f')
+    open(path, 'w').close()
+    t = time.time()
+    later = t + 60
+
+    def aged():
+        (e,) = shm_fs.list_entries(str(tmp_path), now=later)
+        return e['age_s'], e['age_from']
+
+    os.utime(path, (t + 50, t - 3600))  # read 50 s from now, written an hour ago
+    assert aged() == (pytest.approx(10.0, abs=0.01), 'atime')
+    os.utime(path, (t - 3600, t + 40))  # written 40 s from now
+    assert aged() == (pytest.approx(20.0, abs=0.01), 'mtime')
+    os.utime(path, (t - 3600, t - 3600))  # both an hour back: ctime (the utime itself, now) is the newest
+    ctime = os.lstat(path).st_ctime
+    assert aged() == (pytest.approx(later - ctime, abs=0.01), 'ctime')
+    assert aged()[0] < 61
 
 
 def test_shm_dir_create_is_exclusive_and_sized(tmp_path):

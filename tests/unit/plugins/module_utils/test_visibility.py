@@ -146,6 +146,7 @@ def _snapshot(vis, scan=True):
             mode='0600',
             mtime=0,
             age_s=3600,
+            age_from='mtime',
         )
     ]
     hs = holders.HolderScan(vis) if scan else None
