@@ -13,21 +13,18 @@ import pwd
 import subprocess
 import sys
 import tempfile
-import time
 
 import tritonrig
 from ansible_helpers import ansible_playbook, run_module
 
 SWEEP = 'tritonops.shm.triton_shm_sweep'
 PREFIX = 'sweep0_'
-OLD = time.time() - 7200
+AGED = 2.0  # seconds: the min_age of the family step; the file is waited for (a file's age counts from its newest time)
 
 
-def _write(path: str, size: int = 4096, old: bool = True) -> str:
+def _write(path: str, size: int = 4096) -> str:
     with open(path, 'wb') as f:
         f.write(b'\1' * size)
-    if old:
-        os.utime(path, (OLD, OLD))
     return path
 
 
@@ -62,7 +59,7 @@ def test_after_a_crash_the_sweep_removes_the_pools_of_a_custom_prefix_and_keeps_
     with tritonrig.ShmNamespace(shm_size='64m') as ns:
         pools = _crashed_server(tmp_path, ns)
         foreign = _write(os.path.join(ns.shm_dir, 'client_input0'))
-        nccl = _write(os.path.join(ns.shm_dir, 'nccl-a1b2c3'), old=False)
+        nccl = _write(os.path.join(ns.shm_dir, 'nccl-a1b2c3'))
 
         preview = run_module(SWEEP, _args(ns), check=True)
         assert not preview.get('failed'), preview
@@ -85,11 +82,11 @@ def test_after_a_crash_the_sweep_removes_the_pools_of_a_custom_prefix_and_keeps_
         assert young['changed'] is False and os.path.exists(nccl), young
         reasons = {os.path.basename(k['path']): k['reason'] for k in young['kept']}
         assert 'younger than min_age' in reasons['nccl-a1b2c3'], reasons
-        os.utime(nccl, (OLD, OLD))
-        old = run_module(SWEEP, _args(ns, families=['nccl'], min_age=600))
+        tritonrig.wait_older([nccl], AGED)
+        old = run_module(SWEEP, _args(ns, families=['nccl'], min_age=AGED))
         assert _names(old['removed_files']) == ['nccl-a1b2c3'], old
         assert os.path.exists(foreign) and not os.path.exists(nccl)
-        assert run_module(SWEEP, _args(ns, families=['nccl'], min_age=600))['changed'] is False
+        assert run_module(SWEEP, _args(ns, families=['nccl'], min_age=AGED))['changed'] is False
 
 
 def test_refused_while_a_server_runs_in_that_namespace_naming_its_pid(tmp_path):

@@ -17,10 +17,12 @@ from ansible_collections.tritonops.shm.plugins.module_utils import sweep
 from ansible_collections.tritonops.shm.plugins.module_utils.base import run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse
 from ansible_collections.tritonops.shm.plugins.modules import triton_shm_sweep
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.conftest import _rig
 
 POOL = 'triton_python_backend_shm_region_4f5c1f8e-9b5d-4a63-8d0e-2d5c2f1a7b21'
 CUSTOM = 'rank0_11111111-2222-3333-4444-555555555555'
-OLD = time.time() - 3600
+AGED = 2.0  # seconds: the min_age of these tests; old files are waited for (_aged), young ones dated ahead
+RIG = _rig()
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='a private tmpfs and a complete holder scan need root')
 
@@ -60,12 +62,21 @@ class Shm:
 
 
 def _file(d, name: str, old: bool = True) -> str:
+    """A 4 KiB file; old=False dates it ahead (RIG.keep_young), so it stays younger than min_age through every run.
+    A file's age counts from the newest of its atime, mtime and ctime, which utime() cannot set back: _aged() waits."""
     path = os.path.join(d, name)
     with open(path, 'wb') as f:
         f.write(b'x' * 4096)
-    if old:
-        os.utime(path, (OLD, OLD))
+    if not old:
+        RIG.keep_young(path)
     return path
+
+
+def _aged(d) -> None:
+    """Wait (bounded) until every file of d not dated ahead is older than AGED."""
+    now = time.time()
+    paths = [os.path.join(d, n) for n in os.listdir(d)]
+    RIG.wait_older([p for p in paths if RIG.newest_time(p) <= now], AGED)
 
 
 def _params(d, **kw) -> dict:
@@ -75,7 +86,7 @@ def _params(d, **kw) -> dict:
         extra_families=[],
         backend_patterns=['triton_*_backend_shm_region_*'],
         client_users=[],
-        min_age=300.0,
+        min_age=AGED,
         clients_share_pid_namespace=False,
         lock_dir=getattr(d, 'lock_dir', None),
     )
@@ -148,6 +159,7 @@ def test_sweep_removes_unheld_old_pools_only_and_check_mode_first_changes_nothin
     _file(d, 'nccl-abc123')
     os.symlink('/etc/hostname', d / 'triton_python_backend_shm_region_link')
     params = _params(d, backend_patterns=['triton_*_backend_shm_region_*', 'rank0_*'])
+    _aged(d)
 
     preview = run_steps(sweep.Sweep(params, check_mode=True), True)
     assert preview['changed'] is True
@@ -190,6 +202,7 @@ def test_families_are_opt_in_and_keep_their_grace_age(shm):
     _file(d, 'nccl-old')
     _file(d, 'nccl-young', old=False)
     _file(d, 'vllm_offload_1.mmap')
+    _aged(d)
     done = run_steps(sweep.Sweep(_params(d, families=['nccl'])), False)
     assert _names(done['removed_files']) == ['nccl-old'], done
     kept = {os.path.basename(k['path']): k['reason'] for k in done['kept']}
@@ -215,6 +228,7 @@ def test_a_held_pool_is_kept(shm):
     )
     try:
         assert holder.stdout.readline().strip() == 'ready'
+        _aged(d)
         done = run_steps(sweep.Sweep(_params(d)), False)
         assert done['changed'] is False and (d / POOL).exists()
         (kept,) = done['kept']
@@ -229,6 +243,7 @@ def test_a_file_of_another_owner_is_kept(shm):
     """No borrowed authority: the directory is root's, the pool another user's, not among client_users."""
     d = shm
     os.chown(_file(d, POOL), 65534, 65534)
+    _aged(d)
     done = run_steps(sweep.Sweep(_params(d)), False)
     assert done['changed'] is False and (d / POOL).exists()
     assert 'owned by uid 65534' in done['kept'][0]['reason']
@@ -241,6 +256,7 @@ def test_an_incomplete_scan_decides_nothing(shm):
     """Outside the host's initial PID namespace (here: the module's visibility judged from another proc) nothing goes."""
     d = shm
     _file(d, POOL)
+    _aged(d)
     snap = sweep.read_dir(str(d))
     blind = snap.scan
     blind.unreadable.append(1)  # one process that could not be read
