@@ -561,7 +561,8 @@ def call_outcome(result: Mapping, failed: bool, now: float | None = None) -> dic
         'done': {
             'unregistered': list(result.get('unregistered') or ()),
             'removed_files': list(result.get('removed_files') or ()),
-            'freed_bytes': int(result.get('freed_bytes') or 0),
+            # what /dev/shm got back: the removed files and the dangling regions' unlinked memory
+            'freed_bytes': int(result.get('freed_bytes') or 0) + int(result.get('freed_unlinked_bytes') or 0),
         },
     }
 

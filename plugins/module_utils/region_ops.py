@@ -22,7 +22,7 @@ import enum
 import errno
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import (
@@ -109,6 +109,7 @@ class Outcome:
     marked_files: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
     freed_bytes: int = 0
+    freed_unlinked_bytes: int = 0  # the unlinked files the server mapped for the dangling regions unregistered
     gpu: gpu.Freed | None = None  # CUDA: the server's NVML charge before and after the unregister (None: not measured)
     before: dict | None = None  # the diff: regions (and files) before, and after
     after: dict | None = None
@@ -148,6 +149,7 @@ class Outcome:
             'marked_files': self.marked_files,
             'skipped_items': self.skipped,
             'freed_bytes': self.freed_bytes,
+            'freed_unlinked_bytes': self.freed_unlinked_bytes,
             'freed_gpu_bytes': self.gpu.bytes if self.gpu is not None else None,
         }
         if self.before_result is not None:
@@ -498,6 +500,7 @@ class RegionOps(ShmDirWork, Operation):
         outcome.unregistered = sorted(plan.selected_names)
         outcome.removed_files = [e['path'] for e, _n in plan.files]
         outcome.freed_bytes = sum(e['allocated_bytes'] for e, _n in plan.files)
+        outcome.freed_unlinked_bytes = unlinked_freed(self.snap, plan.selected_names) if self.kind.files else 0
         outcome.created_files = [os.path.join(self.snap.shm_dir, plan.create)] if plan.create else []
         outcome.marked_files = [path for path, _n in plan.marks]
         outcome.regions_after = plan.predicted_regions()
@@ -514,6 +517,8 @@ class RegionOps(ShmDirWork, Operation):
             try:
                 self._unregister_then_remove(self.snap, plan.selected, plan.files)
             finally:
+                if self.kind.files:  # what the dangling regions' unlinked files gave back, once gone from the status
+                    self.outcome.freed_unlinked_bytes = unlinked_freed(self.snap, self.outcome.unregistered)
                 self._record_after()
                 self._measure_gpu()
         self._read_after()
@@ -976,6 +981,23 @@ class RegionOps(ShmDirWork, Operation):
             )
         if listed:
             self.outcome.unregistered[:] = [n for n in self.outcome.unregistered if n not in listed]
+
+
+def unlinked_freed(snap: Snapshot | None, gone: Iterable[str]) -> int:
+    """Bytes of the unlinked files the server mapped for the regions named in gone whose file is no longer listed
+    (dangling regions, unregistered): each file once, none that a region staying registered still names. Their memory
+    comes back when the server unmaps them at the unregister, so /dev/shm's use falls by them beside the removed files."""
+    if snap is None or snap.scan is None or snap.shm_dir is None:
+        return 0
+    gone = set(gone)
+    freed: set = set()
+    kept: set = set()
+    for region in snap.system:
+        name = str(region.get('key') or '').lstrip('/')
+        if not name or '/' in name or snap.entry(name) is not None:
+            continue
+        (freed if region.get('name') in gone else kept).update(snap.unlinked(name))
+    return sum(int(snap.scan.deleted_bytes.get(key) or 0) for key in freed - kept)
 
 
 EVERY_KIND = 'all'

@@ -381,6 +381,14 @@ freed_bytes:
   description: Bytes of shm the removed files occupied.
   returned: always
   type: int
+freed_unlinked_bytes:
+  description:
+    - Bytes of shm the dangling regions unregistered gave back - the unlinked files Triton kept mapped for them (measured
+      through C(/proc/PID/map_files)), each file once. With RV(freed_bytes), what the run freed in C(/dev/shm); in check
+      mode, what it would free. The node_exporter textfile's freed bytes count both.
+  returned: always
+  type: int
+  version_added: 0.3.0
 freed_gpu_bytes:
   description:
     - With O(kind=cuda), the GPU memory the unregistered CUDA regions gave back, measured through NVML - the memory NVML

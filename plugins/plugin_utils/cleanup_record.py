@@ -236,6 +236,8 @@ def shm_cleanup(
         pending=list(absent.get('pending') or []),
         removed_files=list(absent.get('removed_files') or []),
         freed_bytes=absent.get('freed_bytes') or 0,
+        # the dangling regions' unlinked memory that came back with their unregister
+        freed_unlinked_bytes=absent.get('freed_unlinked_bytes') or 0,
         registered=[n for r in present for n in r.get('registered') or []],
         created_files=[p for r in present for p in r.get('created_files') or []],
         reloaded=list((ran['reload'] or {}).get('reloaded') or []),

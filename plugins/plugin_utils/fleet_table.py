@@ -132,7 +132,7 @@ def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
                 used_after,
                 len(done['unregistered']),
                 len(done['removed_files']),
-                _size(done['freed_bytes']),
+                freed(r),
                 len(r.get('skipped') or ()),
                 _truncate(note, 160),
             )
@@ -144,8 +144,22 @@ def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
                 f'{"":<{width}}  {"":<7}  CUDA: {len(done["cuda_unregistered"])} region(s) unregistered, {shown}'
             )
     out.append(f'(* changed{"; check mode: what would be done, nothing was changed" if check_mode else ""})')
+    out.append(FREED_SAYS)
     out += _metrics_skipped([(host, r.get('metrics_skipped')) for host, r in rows if r])
     return out
+
+
+FREED_SAYS = (
+    '(FREED: the removed files and the memory of the dangling regions unregistered, which Triton kept mapped; '
+    'SHM AFTER also moves with what clients did meanwhile)'
+)
+
+
+def freed(record: dict) -> str:
+    """The FREED cell of a cleanup record: the bytes of the files removed and of the dangling regions' unlinked memory
+    that came back with their unregister (in check mode, what would be)."""
+    done = record.get('done') or {}
+    return _size(int(done.get('freed_bytes') or 0) + int(done.get('freed_unlinked_bytes') or 0))
 
 
 def _metrics_skipped(hosts: list) -> list[str]:

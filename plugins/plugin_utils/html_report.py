@@ -631,7 +631,10 @@ def _cleanup_host(host: str, result: Mapping | None, region_result: Any, check_m
         (n, 'pending: unregister accepted, still listed (requests in flight), file kept')
         for n in done.get('pending') or ()
     )
-    freed = f'{"would free" if would else "freed"} {_size(done.get("freed_bytes"))}'
+    files, unlinked = int(done.get('freed_bytes') or 0), int(done.get('freed_unlinked_bytes') or 0)
+    freed = f'{"would free" if would else "freed"} {_size(files + unlinked)}'
+    if unlinked:  # the dangling regions' memory: no file to remove, Triton kept it mapped until the unregister
+        freed += f" ({_size(files)} of files, {_size(unlinked)} of the dangling regions' memory)"
     lines = []
     if result.get('decision'):
         lines.append(_h('p', _h('b', 'Decision: '), result['decision']))

@@ -210,6 +210,18 @@ def story(server: tritonrig.TritonServer, workdir: str) -> int:
     if result:
         say('unregistered: %s' % ', '.join(result['done']['unregistered']))
         say('removed files: %s' % ', '.join(os.path.basename(p) for p in result['done']['removed_files']))
+        done = result['done']
+        files, unlinked = done['freed_bytes'], done.get('freed_unlinked_bytes') or 0
+        say(
+            "freed: %s (%s of files, %s of the dangling region's memory, which Triton kept mapped until the "
+            'unregister)' % (mib(files + unlinked), mib(files), mib(unlinked))
+        )
+        before, after = (result.get('before') or {}).get('used_bytes'), (result.get('after') or {}).get('used_bytes')
+        if before is not None and after is not None:
+            say(
+                '/dev/shm used fell by %s meanwhile: new_client, waiting for room, registered and ran again at once'
+                % mib(before - after)
+            )
     say(usage(server))
 
     step('7. The same new client works again, Triton was never restarted')
@@ -248,7 +260,35 @@ def story(server: tritonrig.TritonServer, workdir: str) -> int:
     )
     say('registered now: %s' % ', '.join(sorted(regions)))
     say(usage(server))
-    written = [os.path.join(d, f) for d in ('report', 'cleanup') for f in sorted(os.listdir(os.path.join(workdir, d)))]
+
+    step('8. Where /dev/shm is now: every byte explained (report.json, bytes_by_category)')
+    rc, _data = playbook('report', inventory, dict(extra, report_dir=os.path.join(workdir, 'report-after')))
+    if rc != 0:
+        raise SystemExit('report failed')
+    with open(os.path.join(workdir, 'report-after', 'report.json')) as f:
+        row = json.load(f)['hosts'][0]
+    parts = row['bytes_by_category']
+    for key, what in (
+        ('registered_bytes', 'registered regions: the live clients, new_client, fresh_client and warmup'),
+        ('backend_bytes', "the python backend's pool (it grew to carry the clients' requests and never shrinks)"),
+        ('leftover_bytes', 'leftover pools'),
+        ('in_use_bytes', 'held, unregistered files'),
+        ('orphan_bytes', 'orphans'),
+        ('foreign_bytes', "other software's files (other_app.lock)"),
+        ('unlinked_mapped_bytes', "the server's unlinked mappings"),
+        ('other_bytes', "the filesystem's own blocks and other processes' unlinked files"),
+    ):
+        if parts.get(key):
+            say('%9s  %s' % (mib(parts[key]), what))
+    total = sum(v or 0 for v in parts.values())
+    say('%9s  in all, what /dev/shm says is used (%s)' % (mib(total), mib(row['shm_used_bytes'])))
+    if total != row['shm_used_bytes']:
+        raise SystemExit('the parts do not add up to what /dev/shm says is used: %s' % parts)
+    written = [
+        os.path.join(d, f)
+        for d in ('report', 'cleanup', 'report-after')
+        for f in sorted(os.listdir(os.path.join(workdir, d)))
+    ]
     say('reports kept in %s: %s' % (workdir, ', '.join(written)))
     return 0
 

@@ -280,6 +280,7 @@ NOTHING_DONE = dict(
     pending=[],
     removed_files=[],
     freed_bytes=0,
+    freed_unlinked_bytes=0,
     registered=[],
     created_files=[],
     reloaded=[],

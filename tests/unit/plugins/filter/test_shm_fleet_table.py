@@ -7,6 +7,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import FilterModule
 from ansible_collections.tritonops.shm.plugins.plugin_utils.fleet_table import (
+    FREED_SAYS,
+    freed,
     shm_fleet_table,
     shm_report_results,
     shm_report_row,
@@ -189,7 +191,8 @@ def test_cleanup_rows(result, check_mode, expected):
         'NOTE',
     ]
     assert lines[1].split() == expected
-    assert lines[-1] == f'(* changed{"; check mode: what would be done, nothing was changed" if check_mode else ""})'
+    assert lines[-2] == f'(* changed{"; check mode: what would be done, nothing was changed" if check_mode else ""})'
+    assert lines[-1] == FREED_SAYS
 
 
 @pytest.mark.parametrize(
@@ -533,3 +536,18 @@ def test_metrics_skipped_on_some_hosts_is_said_once_under_each_table():
         "host; set prometheus_textfile_dir to the node_exporter textfile directory, or '' to stop looking for one"
     ]
     assert not [line for line in shm_fleet_table(rows[1:2], 'report') if line.startswith('no metrics')]
+
+
+@pytest.mark.parametrize(
+    'files, unlinked, shown',
+    [
+        (24, 4, '28.0 MiB'),  # the files and a dangling region's memory: what df shows came back
+        (24, 0, '24.0 MiB'),
+        (0, None, '0 Bytes'),  # a record of before 0.3.0 has no freed_unlinked_bytes
+    ],
+)
+def test_freed_counts_the_files_and_the_dangling_regions_memory(files, unlinked, shown):
+    done = dict(freed_bytes=files * MIB)
+    if unlinked is not None:
+        done['freed_unlinked_bytes'] = unlinked * MIB
+    assert freed(dict(done=done)) == shown
