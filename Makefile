@@ -30,7 +30,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 changelog-check units integration integration-matrix test test-gpu gpu-bundle test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 sanity-2.16 changelog-check units integration integration-matrix test test-gpu gpu-bundle test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -61,8 +61,12 @@ SANITY_COLL := $(SANITY_ROOT)/ansible_collections/tritonops/shm
 sanity-collection: venv
 	@$(call copy_collection,$(SANITY_COLL))
 
-sanity: sanity-collection  ## ansible-test sanity with ansible-core 2.21 (empty ignore files)
-	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) ansible-test sanity --color no --python $(PYVER) --venv --requirements
+# the target Pythons of tests/config.yml (3.9 and later): sanity's compile and import tests run on each one found on
+# PATH; this machine kind has them under pyenv (not on PATH by default), others may have none (then skipped, said)
+TARGET_PYTHONS := $(subst $(eval) ,:,$(wildcard $(foreach v,3.9 3.10 3.11 3.13,$(HOME)/.pyenv/versions/$(v).*/bin)))
+
+sanity: sanity-collection  ## ansible-test sanity with ansible-core 2.21 (empty ignore files; compile and import on Python 3.9-3.13)
+	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV)/bin:$(TARGET_PYTHONS):$$PATH ansible-test sanity --color no --venv --requirements
 
 VENV219 := $(BUILD)/venv-2.19
 $(VENV219)/.installed: tests/requirements-2.19.txt | venv
@@ -71,8 +75,12 @@ $(VENV219)/.installed: tests/requirements-2.19.txt | venv
 	.ci/setup-ansible-test $(VENV219)/bin/python
 	touch $@
 
-sanity-2.19: sanity-collection $(VENV219)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.19)
+sanity-2.19: sanity-collection $(VENV219)/.installed  ## ansible-test sanity with ansible-core 2.19 (the first with data tagging)
 	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV219)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
+
+sanity-2.16: sanity-collection $(VENV216)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.16)
+	.ci/setup-ansible-test $(VENV216)/bin/python
+	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV216)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
 changelog-check:  ## lint changelog fragments and dry-run the release of galaxy.yml's version
 	VENV_BIN=$(VENV)/bin .ci/release-changelog --check >/dev/null
@@ -144,13 +152,13 @@ deps:  ## install missing Debian packages the tests need (as root), else list th
 	@.ci/deps
 
 # `make test` (CI: 2 cores) runs two lanes at once, each one step after the other, its lines prefixed with its name:
-#   sanity: sanity (2.21), sanity-2.19 (both use ~/.ansible/test: never two at once), lint, changelog-check, docs,
+#   sanity: sanity (2.21), sanity-2.19, sanity-2.16 (all use ~/.ansible/test: never two at once), lint, changelog-check, docs,
 #           integration-matrix (Triton 2.48)
 #   tests:  units, integration (Triton 2.51, two pytest-xdist workers)
 # The lanes share no files: sanity runs in build/sanity/, docs and changelog-check in temporary copies; the matrix and
 # the integration tests start their own servers (tritonrig.free_port never hands a port out twice). `make test-serial`
 # runs the same steps one after the other.
-TEST_LANE_SANITY := sanity sanity-2.19 lint changelog-check docs integration-matrix
+TEST_LANE_SANITY := sanity sanity-2.19 sanity-2.16 lint changelog-check docs integration-matrix
 TEST_LANE_TESTS := units integration
 lane = set -o pipefail; $(MAKE) --no-print-directory -j1 $(2) 2>&1 | sed -u 's/^/[$(1)] /'
 
@@ -163,7 +171,7 @@ test-lane-sanity:
 test-lane-tests:
 	+@$(call lane,tests,$(TEST_LANE_TESTS))
 
-test-serial: deps sanity sanity-2.19 lint changelog-check docs units integration integration-matrix  ## the steps of `make test`, one after the other
+test-serial: deps sanity sanity-2.19 sanity-2.16 lint changelog-check docs units integration integration-matrix  ## the steps of `make test`, one after the other
 
 demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
 	cd $(COLL) && $(VPY) tests/rig/demo.py

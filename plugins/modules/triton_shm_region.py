@@ -83,7 +83,7 @@ options:
       - V(all), with O(state=absent) only, is one call for every kind the server offers (its extensions in C(GET /v2)) - the
         system regions and files as with V(system), then, under the same per-server lock and on the same connection, the
         CUDA regions with the same selectors (O(stale), O(all), O(name), O(exclude)) as with V(cuda). The CUDA part's result
-        is RV(kinds.cuda). The C(shm_cleanup) role makes this one call per server (version 0.3.0 made two).
+        is C(cuda) in RV(kinds). The C(shm_cleanup) role makes this one call per server (version 0.3.0 made two).
     type: str
     choices: [system, cuda, all]
     default: system
@@ -415,7 +415,7 @@ kinds:
   description:
     - With O(kind=all), the result of each later part by kind (C(cuda) when the server offers CUDA shared memory), with the
       keys this module returns for that O(kind) (RV(unregistered), RV(freed_gpu_bytes), RV(skipped_items) ...). The keys
-      at the top are the system part's; RV(changed) is true when any part changed something.
+      at the top are the system part's; C(changed) is true when any part changed something.
   returned: with O(kind=all)
   type: dict
   sample: {cuda: {changed: true, unregistered: [gpu_input0], freed_gpu_bytes: 67108864}}
