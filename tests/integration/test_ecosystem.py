@@ -39,7 +39,9 @@ JUNK = [
     'changelogs/.plugin-cache.yaml',
     'tritonops-shm-0.0.9.tar.gz',
 ]
-SHIPPED_DIRS = ('plugins', 'roles', 'playbooks', 'meta', 'docs', 'changelogs')
+SHIPPED_DIRS = ('plugins', 'roles', 'playbooks', 'meta', 'docs', 'changelogs', 'extensions')
+# What only a checkout uses (galaxy.yml's build_ignore says why): never in the tarball.
+CHECKOUT_ONLY = ('tests/', 'DEVELOPERS.md', 'docs/images/')
 
 
 def _run(cmd, env=None, cwd=None, timeout=600):
@@ -66,9 +68,13 @@ def _source_files():
             dirs[:] = [d for d in dirs if d != '__pycache__']
             for name in files:
                 rel = os.path.relpath(os.path.join(root, name), REPO)
-                if not name.endswith('.pyc') and rel != 'changelogs/.plugin-cache.yaml':
+                if not name.endswith('.pyc') and rel != 'changelogs/.plugin-cache.yaml' and not _checkout_only(rel):
                     found.add(rel)
-    return found | {'README.md', 'requirements.txt'}
+    return found | {'README.md', 'requirements.txt', 'CONTRIBUTING.md'}
+
+
+def _checkout_only(member):
+    return any(member == path.rstrip('/') or member.startswith(path) for path in CHECKOUT_ONLY)
 
 
 def _forbidden(member):
@@ -77,6 +83,7 @@ def _forbidden(member):
         set(parts) & {'.venv', 'build', '__pycache__', '.pytest_cache', '.git', 'bench-results', '.ansible', '.ci'}
         or member.startswith('tests/output')
         or member.endswith(('.pyc', '.tar.gz', '.plugin-cache.yaml'))
+        or _checkout_only(member)
     )
 
 
