@@ -30,7 +30,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 sanity-2.16 changelog-check units integration integration-matrix test test-gpu gpu-bundle test-serial test-lane-sanity test-lane-tests demo demo-stop bench soak lint docs build install-test clean
+.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 sanity-2.16 changelog-check units integration integration-matrix test test-gpu gpu-bundle test-serial test-lane-sanity test-lane-tests demo bench soak lint docs build clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -78,10 +78,6 @@ $(VENV219)/.installed: tests/requirements-2.19.txt | venv
 sanity-2.19: sanity-collection $(VENV219)/.installed  ## ansible-test sanity with ansible-core 2.19 (the first with data tagging)
 	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV219)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
-sanity-2.16: sanity-collection $(VENV216)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.16)
-	.ci/setup-ansible-test $(VENV216)/bin/python
-	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV216)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
-
 changelog-check:  ## lint changelog fragments and dry-run the release of galaxy.yml's version
 	VENV_BIN=$(VENV)/bin .ci/release-changelog --check >/dev/null
 
@@ -108,6 +104,10 @@ $(VENV216)/.installed: tests/requirements-2.16.txt | venv
 	$(PYTHON) -m venv $(VENV216)
 	$(VENV216)/bin/python -m pip install --quiet -r tests/requirements-2.16.txt
 	touch $@
+
+sanity-2.16: sanity-collection $(VENV216)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.16)
+	.ci/setup-ansible-test $(VENV216)/bin/python
+	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV216)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
 
 # pytest-xdist workers for the integration tests (0: one process); tests/integration/conftest.py groups the tests that
 # must share a worker (the container harness's; a module's, when it starts a server once for the module)
@@ -162,7 +162,7 @@ TEST_LANE_SANITY := sanity sanity-2.19 sanity-2.16 lint changelog-check docs int
 TEST_LANE_TESTS := units integration
 lane = set -o pipefail; $(MAKE) --no-print-directory -j1 $(2) 2>&1 | sed -u 's/^/[$(1)] /'
 
-test: deps collection  ## every test: sanity (2.21, 2.19), lint, changelog, docs, units, integration (Triton 2.51), integration-matrix (2.48); in two lanes
+test: deps collection  ## every test: sanity (2.21, 2.19, 2.16), lint, changelog, docs, units, integration (Triton 2.51), integration-matrix (2.48); in two lanes
 	@$(MAKE) --no-print-directory -j2 test-lane-sanity test-lane-tests KEEP_COLLECTION=1
 
 test-lane-sanity:
@@ -173,8 +173,21 @@ test-lane-tests:
 
 test-serial: deps sanity sanity-2.19 sanity-2.16 lint changelog-check docs units integration integration-matrix  ## the steps of `make test`, one after the other
 
-demo: collection  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm
-	cd $(COLL) && $(VPY) tests/rig/demo.py
+# the demo's own venv: ansible-core, the Triton server nvidia-pytriton bundles and tritonclient (tests/requirements-demo.txt),
+# a fraction of the test venv; it runs from its own copy of the collection
+DEMO_VENV ?= $(BUILD)/venv-demo
+DEMO_ROOT := $(BUILD)/demo
+$(DEMO_VENV)/.installed: tests/requirements-demo.txt
+	@mkdir -p $(BUILD)
+	@test -n "$(PYTHON)" || { echo "no usable python found" >&2; exit 1; }
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install --quiet -r tests/requirements-demo.txt
+	touch $@
+
+demo: $(DEMO_VENV)/.installed  ## the main job on an embedded local Triton with a private 64 MiB /dev/shm (its own small venv)
+	@rm -rf $(DEMO_ROOT) && .ci/copy-collection $(DEMO_ROOT)/ansible_collections/tritonops/shm
+	cd $(DEMO_ROOT)/ansible_collections/tritonops/shm && PATH=$(DEMO_VENV)/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$(DEMO_ROOT) \
+		ANSIBLE_PYTHON_INTERPRETER=$(DEMO_VENV)/bin/python $(DEMO_VENV)/bin/python tests/rig/demo.py
 
 # which benchmarks `make bench` runs (names of tests/bench/bench_NAME.py, e.g. BENCHES='cost bulk'); default all
 BENCHES ?=
