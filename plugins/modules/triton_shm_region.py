@@ -84,7 +84,8 @@ options:
         system regions and files as with V(system), then, under the same per-server lock and on the same connection, the
         CUDA regions with the same selectors (O(stale), O(all), O(name), O(exclude)) as with V(cuda). The CUDA part's result
         is RV(kinds.cuda). With none of O(stale), O(all), O(reserved), O(name) (only the files' selectors such as
-        O(orphan_files) or O(backend_leftovers)) there is no CUDA part and RV(kinds) is empty. The C(shm_cleanup) role makes this one call per server (version 0.3.0 made two).
+        O(orphan_files) or O(backend_leftovers)) there is no CUDA part and RV(kinds) is empty. The C(shm_cleanup) role makes
+        this one call per server (version 0.3.0 made two).
     type: str
     choices: [system, cuda, all]
     default: system
