@@ -34,7 +34,7 @@ description:
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
     holds it, re-checked right before the unlink (the file is first renamed to a quarantine name inside the shm directory, every
     process is scanned again, then it is unlinked, or renamed back when someone holds it); only a regular file inside the shm
-    directory, never through a symlink;
+    directory, never through a symlink, never one with another name (a hard link);
     Triton's python backend files that any process holds, and files matching no O(orphan_patterns), are never removed; when
     holders cannot all be seen (not root), nothing is stale, no backend file is a leftover and no file is removed; a file the
     server process's own user could not remove, or whose owner is neither the server's user nor one of O(client_users), is never
