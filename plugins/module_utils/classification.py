@@ -130,6 +130,8 @@ def removal_refusal(snap: Snapshot, criteria: Criteria, entry: dict) -> str | No
     """
     if snap.authority is None:
         return 'not removed: what the server process may remove in its shm directory is not known'
+    if entry.get('links', 1) > 1:
+        return f'not removed: it {shm_fs.hard_links_refusal(entry["links"])}'
     return snap.authority.refusal(entry['uid'], criteria.client_uids)
 
 
@@ -398,6 +400,7 @@ def file_record(snap: Snapshot, e: dict, regions_by_path: dict, criteria: Criter
     rec = dict(e)
     rec.pop('dev', None)
     rec.pop('ctime_ns', None)
+    rec.pop('links', None)
     rec['regions'] = sorted(regions_by_path.get(e['path'], ()))
     all_holders = snap.scan.holders_of(e['dev'], e['inode']) if (snap.scan and e['type'] == 'file') else []
     rec['holders'] = [h for h in all_holders if h['pid'] != snap.pid]

@@ -1060,12 +1060,17 @@ class EveryKind(Operation):
         """The other kinds the server offers, each a whole run; the first part's lock covers them (same server)."""
         snap = self.first.snap
         offered = set((snap.metadata.get('extensions') if snap is not None else None) or ())
+        later = dict(self.params, **LATER_PART)
+        if not (later.get('name') or any(later.get(opt) for opt in region_plan.SELECTORS)):
+            # only the shm directory's selectors were given (orphan_files, backend_leftovers, families, suspect): they
+            # are the first part's, and select no region of another kind
+            return
         for name in self.others:
             if kinds.KINDS[name].record.extension not in offered:
                 continue
             part = RegionOps(
                 self.client,
-                dict(self.params, kind=name, **LATER_PART),
+                dict(later, kind=name),
                 check_mode=self.check_mode,
                 **dict(self.options, serialise=False),
             )

@@ -322,6 +322,16 @@ def read_mark(path: str) -> str | None:
     return value.decode('utf-8', 'replace')
 
 
+def hard_links_refusal(links: int) -> str:
+    """Why a file with other names is never removed: shm_open makes one name per file, so other links are another
+    program's (or a user's, who linked a file of root's under a name a cleanup takes: protected_hardlinks lets anyone
+    link a file readable and writable by all); removing one name frees nothing and touches that file."""
+    return (
+        f'has {links} hard links: not removed, a file shm_open made has one name; the others are another '
+        "program's, and removing this one would free nothing"
+    )
+
+
 def check_name(name: str) -> str:
     if not name or '/' in name or '\x00' in name or name in ('.', '..'):
         raise ShmFsError(f'refusing unsafe file name {name!r} (must be one component inside the shm directory)')
@@ -371,6 +381,7 @@ def describe(name: str, full_path: str, st: os.stat_result, now: float) -> dict:
         'inode': st.st_ino,
         'dev': st.st_dev,
         'ctime_ns': st.st_ctime_ns,
+        'links': st.st_nlink,
     }
 
 
@@ -529,6 +540,8 @@ class ShmDir:
                 f'{name} in {self.path} was replaced since it was checked (inode {st.st_ino}, '
                 f'expected {expect_ino}): not removed'
             )
+        if st.st_nlink > 1:
+            raise ShmFsError(f'{name} in {self.path} {hard_links_refusal(st.st_nlink)}')
         if expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns:
             raise ShmFsError(
                 f'{name} in {self.path} changed since it was checked (its inode change time differs): not removed'
@@ -554,6 +567,7 @@ class ShmDir:
             st.st_ino != expect_ino
             or st.st_dev != expect_dev
             or not stat.S_ISREG(st.st_mode)
+            or st.st_nlink > 1
             or (expect_ctime_ns is not None and st.st_ctime_ns != expect_ctime_ns)
         ):
             self._check_same(name, st, expect_dev, expect_ino, expect_ctime_ns)  # raises, saying why

@@ -34,7 +34,7 @@ description:
   - "Safety rules, always on: a file is unlinked only after its region is unregistered; only when no process but the server
     holds it, re-checked right before the unlink (the file is first renamed to a quarantine name inside the shm directory, every
     process is scanned again, then it is unlinked, or renamed back when someone holds it); only a regular file inside the shm
-    directory, never through a symlink;
+    directory, never through a symlink, never one with another name (a hard link);
     Triton's python backend files that any process holds, and files matching no O(orphan_patterns), are never removed; when
     holders cannot all be seen (not root), nothing is stale, no backend file is a leftover and no file is removed; a file the
     server process's own user could not remove, or whose owner is neither the server's user nor one of O(client_users), is never
@@ -83,7 +83,9 @@ options:
       - V(all), with O(state=absent) only, is one call for every kind the server offers (its extensions in C(GET /v2)) - the
         system regions and files as with V(system), then, under the same per-server lock and on the same connection, the
         CUDA regions with the same selectors (O(stale), O(all), O(name), O(exclude)) as with V(cuda). The CUDA part's result
-        is C(cuda) in RV(kinds). The C(shm_cleanup) role makes this one call per server (version 0.3.0 made two).
+        is C(cuda) in RV(kinds). With none of O(stale), O(all), O(reserved), O(name) (only the files' selectors such as
+        O(orphan_files) or O(backend_leftovers)) there is no CUDA part and RV(kinds) is empty. The C(shm_cleanup) role makes
+        this one call per server (version 0.3.0 made two).
     type: str
     choices: [system, cuda, all]
     default: system

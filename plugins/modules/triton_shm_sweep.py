@@ -26,12 +26,12 @@ description:
   - "Where the module cannot see every process, it decides nothing: when the holder scan is incomplete (a process that cannot
     be read, C(/proc) mounted with C(hidepid), or a run outside the host's initial PID namespace without
     O(clients_share_pid_namespace)), no file is removed, and a warning and RV(scan) say why."
-  - "The safety rules of the cleanup apply (docs/concepts.md): only regular files directly in O(shm_dir), never through a
-    symlink; only files no process maps or holds, older than O(min_age); only files of the directory's owner or of
-    O(client_users) (no borrowed authority: root removes no other user's file); each file is first renamed to a quarantine name
-    in the directory, its holders are scanned again, and it is unlinked by device and inode, or renamed back when a process
-    took it meanwhile; one run at a time per directory (the run lock, O(lock_dir)). A run killed part-way leaves files under
-    the quarantine name, which the next run removes."
+  - "The safety rules of the cleanup apply (docs/concepts.md): only regular files directly in O(shm_dir), never through a symlink,
+    never one with another name (a hard link); only files no process maps or holds, older than O(min_age); only files of the
+    directory's owner or of O(client_users) (no borrowed authority: root removes no other user's file); each file is first renamed
+    to a quarantine name in the directory, its holders are scanned again, and it is unlinked by device and inode, or renamed back
+    when a process took it meanwhile; one run at a time per directory (the run lock, O(lock_dir)). A run killed part-way leaves
+    files under the quarantine name, which the next run removes."
 author:
   - tritonops.shm developers (@tritonops)
 attributes:
@@ -120,6 +120,11 @@ notes:
   - Run as root (C(become)) so that every process can be read; otherwise the scan is incomplete and nothing is removed.
   - The refusal compares filesystems, not paths. Two directories of one tmpfs are one filesystem; a server whose C(/dev/shm) is
     another filesystem does not stop a sweep.
+  - "The refusal trusts no name either way: any process called C(tritonserver), whoever runs it (a user's fake too), stops a
+    sweep of its C(/dev/shm)'s filesystem. That errs on the side of removing nothing; O(in_use=skip) makes it a warning."
+  - "O(shm_dir) is not required to be a tmpfs (a server's C(/dev/shm) may be a bind mount of a disk directory). Wherever it
+    points (V(/tmp), V(/)), the same rules hold: only single-link regular files of the pool or family names, of the directory's
+    owner or O(client_users), no process holds, older than O(min_age)."
 seealso:
   - module: tritonops.shm.triton_shm_region
     description: Cleans a running server's shm directory through its URL (C(backend_leftovers), C(families)).

@@ -31,7 +31,7 @@ def every(fake, shm, pid, check_mode=False, **kw):
     warnings = []
     op = EveryKind(
         fake,
-        params(shm, pid, kind='all', stale=True, inventory=True, **kw),
+        params(shm, pid, **dict(dict(kind='all', stale=True, inventory=True), **kw)),
         check_mode=check_mode,
         warn=warnings.append,
         sleep=clock.sleep,
@@ -116,3 +116,30 @@ def test_a_failing_cuda_part_names_itself_and_keeps_what_the_system_part_did(shm
     partial = op.result(op.outcome, finished=False)
     assert partial['unregistered'] == ['sys_dead'] and partial['removed_files'] == [f'{shm}/sys_dead']
     assert 'cuda' in partial['kinds'] and partial['kinds']['cuda']['unregistered'] == []
+
+
+@pytest.mark.parametrize(
+    'selector',
+    [
+        dict(orphan_files=True, orphan_patterns=['orphan_*'], min_age=0),
+        dict(backend_leftovers=True),
+        dict(families=['nccl']),
+        dict(suspect=True),
+    ],
+    ids=['orphan_files', 'backend_leftovers', 'families', 'suspect'],
+)
+def test_file_selectors_alone_clean_the_files_and_leave_the_cuda_regions_alone(
+    shm, cuda_server_proc, wait_older, selector
+):
+    """The selectors of the shm directory's files are the system part's: the CUDA part selects no region by them
+    (LATER_PART), so it has nothing to do. It must neither fail the call after the system part did its work (a
+    ParameterError 'needs a selector' on every run) nor unregister a CUDA region the user did not select."""
+    path = make_file(shm, 'orphan_1')
+    wait_older([path], 0)
+    fake = FakeTriton(shm, cuda=[dict(name='cuda_live', device_id=0, byte_size=MIB)])
+    op, _w = every(fake, shm, cuda_server_proc.pid, **dict(selector, stale=False))
+    result = run_steps(op, False)
+    assert result['kinds'] == {}, result['kinds']
+    assert set(fake.cuda) == {'cuda_live'} and ('status', 'cuda') not in fake.calls
+    if 'orphan_files' in selector:
+        assert result['removed_files'] == [path], result

@@ -280,6 +280,21 @@ def test_quarantine_checks_like_unlink_and_leaves_what_it_refuses(tmp_path):
     assert sorted(os.listdir(str(tmp_path))) == ['link', 'r', 'target']
 
 
+def test_a_file_linked_elsewhere_after_the_plan_is_neither_quarantined_nor_unlinked(tmp_path):
+    """A hard link made between the read and the act (another program's name for the same file): refused at the act,
+    as the plan refuses it (classification.removal_refusal); the file keeps both names."""
+    with ShmDir(str(tmp_path)) as sd:
+        st = sd.create('f', 10)
+        q = sd.quarantine('f', st.st_dev, st.st_ino)
+        os.link(str(tmp_path / q.name), str(tmp_path / 'other'))
+        with pytest.raises(ShmFsError, match='has 2 hard links'):
+            sd.unlink(q.name, q.dev, q.ino)
+        assert sd.restore(q.name, 'f') is True
+        with pytest.raises(ShmFsError, match='has 2 hard links'):
+            sd.quarantine('f', st.st_dev, st.st_ino)
+    assert sorted(os.listdir(str(tmp_path))) == ['f', 'other'] and os.stat(str(tmp_path / 'f')).st_nlink == 2
+
+
 @pytest.fixture
 def tmpfs_dir():
     """A directory on tmpfs (/dev/shm): ext4 keeps all of an inode's attributes in one block, tmpfs has no such limit."""

@@ -302,3 +302,35 @@ def test_the_module_fails_on_a_relative_directory(capsys):
     out = capsys.readouterr().out
     result = json.loads(out[out.index('{') :])
     assert result['failed'] and 'absolute' in result['msg']
+
+
+def _link_as_user(target: str, names: list) -> list:
+    """In the tmpfs's mount namespace, as nobody: hard links to target under names in /dev/shm."""
+    for name in names:
+        os.link(target, f'/dev/shm/{name}')
+    return sorted(os.listdir('/dev/shm'))
+
+
+@needs_root
+def test_a_hard_link_a_user_made_to_roots_file_is_not_a_pool_nor_a_quarantined_file(shm, as_nobody):
+    """A hostile user links a file of root's (readable and writable by all, so protected_hardlinks lets anyone link it;
+    elsewhere on the same tmpfs) under a pool name and under the collection's quarantine name for that very inode.
+    Both names are root's file (uid 0, the directory's owner): neither is Triton's, and removing them would touch root's
+    file (its ctime, its link count) and report bytes freed that are not. Kept, in check mode too."""
+    d = shm
+    os.mkdir(d / 'app', 0o755)
+    target = d / 'app' / 'state'
+    target.write_bytes(b'x' * 4096)
+    os.chmod(target, 0o666)
+    quarantine = f'.tritonops_shm.quarantine.{os.stat(target).st_ino}.0123456789ab'
+    holder_pid = int(str(d).split('/')[2])
+    planted = as_nobody(_link_as_user, '/dev/shm/app/state', [POOL, quarantine], setns_pid=holder_pid)
+    assert planted == sorted([POOL, quarantine, 'app']), planted
+    _aged(d)
+    preview = run_steps(sweep.Sweep(_params(d), check_mode=True), True)
+    assert preview['removed_files'] == [] and preview['changed'] is False, preview
+    done = run_steps(sweep.Sweep(_params(d)), False)
+    assert done['removed_files'] == [] and done['freed_bytes'] == 0, done
+    assert os.stat(target).st_nlink == 3 and (d / POOL).exists() and (d / quarantine).exists()
+    kept = {os.path.basename(k['path']): k['reason'] for k in done['kept']}
+    assert 'hard links' in kept[POOL] and 'hard links' in kept[quarantine], kept
