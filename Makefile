@@ -30,7 +30,7 @@ PYTEST = $(VPY) -m pytest -p no:cacheprovider --timeout 600
 # pytest exits 5 when it collected nothing: that is a broken test tree, not a pass
 PYTEST_RUN = bash -c '$(PYTEST) "$$@"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; exit 1; fi; exit $$rc' pytest
 
-.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 sanity-2.16 changelog-check units integration integration-matrix test test-gpu gpu-bundle test-serial test-lane-sanity test-lane-tests demo bench soak lint docs build clean
+.PHONY: deps promtool prometheus help venv collection sanity-collection sanity sanity-2.19 sanity-2.16 units-2.16 changelog-check units integration integration-matrix test test-gpu gpu-bundle test-serial test-lane-sanity test-lane-tests demo bench soak lint docs build clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -105,6 +105,17 @@ $(VENV216)/.installed: tests/requirements-2.16.txt | venv
 	$(VENV216)/bin/python -m pip install --quiet -r tests/requirements-2.16.txt
 	touch $@
 
+# the unit tests on ansible-core 2.16 (ansible 9): a venv of its own (tests/requirements-units-2.16.txt)
+VENV216U := $(BUILD)/venv-units-2.16
+$(VENV216U)/.installed: tests/requirements-units-2.16.txt | venv
+	$(PYTHON) -m venv $(VENV216U)
+	$(VENV216U)/bin/python -m pip install --quiet -r tests/requirements-units-2.16.txt
+	touch $@
+
+units-2.16: collection $(PROMTOOL) $(VENV216U)/.installed  ## the unit tests with the oldest supported ansible-core (2.16)
+	cd $(COLL) && PATH=$(VENV216U)/bin:$$PATH ANSIBLE_PYTHON_INTERPRETER=$(VENV216U)/bin/python \
+		$(VENV216U)/bin/python -m pytest -p no:cacheprovider --timeout 600 $(UNIT_TESTS) $(PYTEST_ARGS)
+
 sanity-2.16: sanity-collection $(VENV216)/.installed  ## ansible-test sanity with the oldest supported ansible-core (2.16)
 	.ci/setup-ansible-test $(VENV216)/bin/python
 	cd $(SANITY_COLL) && ANSIBLE_COLLECTIONS_PATH=$(SANITY_ROOT) PATH=$(VENV216)/bin:$$PATH ansible-test sanity --color no --python $(PYVER) --venv --requirements
@@ -152,17 +163,18 @@ deps:  ## install missing Debian packages the tests need (as root), else list th
 	@.ci/deps
 
 # `make test` (CI: 2 cores) runs two lanes at once, each one step after the other, its lines prefixed with its name:
-#   sanity: sanity (2.21), sanity-2.19, sanity-2.16 (all use ~/.ansible/test: never two at once), lint, changelog-check, docs,
+#   sanity: sanity (2.21), sanity-2.19, sanity-2.16 (all use ~/.ansible/test: never two at once), units-2.16, lint,
+#           changelog-check, docs,
 #           integration-matrix (Triton 2.48)
 #   tests:  units, integration (Triton 2.51, two pytest-xdist workers)
 # The lanes share no files: sanity runs in build/sanity/, docs and changelog-check in temporary copies; the matrix and
 # the integration tests start their own servers (tritonrig.free_port never hands a port out twice). `make test-serial`
 # runs the same steps one after the other.
-TEST_LANE_SANITY := sanity sanity-2.19 sanity-2.16 lint changelog-check docs integration-matrix
+TEST_LANE_SANITY := sanity sanity-2.19 sanity-2.16 units-2.16 lint changelog-check docs integration-matrix
 TEST_LANE_TESTS := units integration
 lane = set -o pipefail; $(MAKE) --no-print-directory -j1 $(2) 2>&1 | sed -u 's/^/[$(1)] /'
 
-test: deps collection  ## every test: sanity (2.21, 2.19, 2.16), lint, changelog, docs, units, integration (Triton 2.51), integration-matrix (2.48); in two lanes
+test: deps collection  ## every test: sanity (2.21, 2.19, 2.16), units (2.21, 2.16), lint, changelog, docs, units, integration (Triton 2.51), integration-matrix (2.48); in two lanes
 	@$(MAKE) --no-print-directory -j2 test-lane-sanity test-lane-tests KEEP_COLLECTION=1
 
 test-lane-sanity:
@@ -171,7 +183,7 @@ test-lane-sanity:
 test-lane-tests:
 	+@$(call lane,tests,$(TEST_LANE_TESTS))
 
-test-serial: deps sanity sanity-2.19 sanity-2.16 lint changelog-check docs units integration integration-matrix  ## the steps of `make test`, one after the other
+test-serial: deps sanity sanity-2.19 sanity-2.16 units-2.16 lint changelog-check docs units integration integration-matrix  ## the steps of `make test`, one after the other
 
 # the demo's own venv: ansible-core, the Triton server nvidia-pytriton bundles and tritonclient (tests/requirements-demo.txt),
 # a fraction of the test venv; it runs from its own copy of the collection

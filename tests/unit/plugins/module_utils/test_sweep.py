@@ -11,12 +11,12 @@ import sys
 import time
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.tritonops.shm.plugins.module_utils import sweep
 from ansible_collections.tritonops.shm.plugins.module_utils.base import run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse
 from ansible_collections.tritonops.shm.plugins.modules import triton_shm_sweep
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_args import patch_module_args
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.conftest import _rig
 
 POOL = 'triton_python_backend_shm_region_4f5c1f8e-9b5d-4a63-8d0e-2d5c2f1a7b21'

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.tritonops.shm.plugins.modules import triton_backend_pool, triton_shm_info, triton_shm_region
+from ansible_collections.tritonops.shm.tests.unit.plugins.module_args import patch_module_args
 
 URL = 'http://127.0.0.1:9'  # discard port: nothing answers
 
