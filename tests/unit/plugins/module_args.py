@@ -10,16 +10,23 @@ import contextlib
 import json
 from collections.abc import Iterator
 
-try:
-    from ansible.module_utils.testing import patch_module_args  # noqa: F401  (ansible-core 2.19 and later)
-except ImportError:  # ansible-core 2.16 to 2.18
-    from ansible.module_utils import basic
+from ansible.module_utils import basic
 
-    @contextlib.contextmanager
-    def patch_module_args(args: dict | None = None) -> Iterator[None]:
-        saved = basic._ANSIBLE_ARGS
-        basic._ANSIBLE_ARGS = json.dumps({'ANSIBLE_MODULE_ARGS': args or {}}).encode('utf-8')
-        try:
-            yield
-        finally:
-            basic._ANSIBLE_ARGS = saved
+try:
+    from ansible.module_utils.testing import patch_module_args as core_patch_module_args  # ansible-core 2.19 and later
+except ImportError:  # ansible-core 2.16 to 2.18
+    core_patch_module_args = None
+
+
+@contextlib.contextmanager
+def legacy_patch_module_args(args: dict | None = None) -> Iterator[None]:
+    """What ansible-core 2.16-2.18 read a module's arguments from, set for the block."""
+    saved = basic._ANSIBLE_ARGS
+    basic._ANSIBLE_ARGS = json.dumps({'ANSIBLE_MODULE_ARGS': args or {}}).encode('utf-8')
+    try:
+        yield
+    finally:
+        basic._ANSIBLE_ARGS = saved
+
+
+patch_module_args = core_patch_module_args or legacy_patch_module_args
