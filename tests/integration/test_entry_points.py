@@ -147,7 +147,8 @@ def markdown_problems(text: str) -> list:
         if t.type in ('th_open', 'td_open'):
             cells += 1
         if t.type == 'tr_close':
-            problems += [] if cells == 12 or cells == 10 else [f'a table row with {cells} cells']
+            # report.md's fleet table has 12 cells, its "What fills /dev/shm" and summary.md's table 11
+            problems += [] if cells in (11, 12) else [f'a table row with {cells} cells']
         for c in t.children or []:
             if c.type in ('html_inline', 'link_open', 'image') or c.type == 'code_inline' and c.content != 'stale':
                 problems.append(f'{c.type}: {c.content or c.attrs}')

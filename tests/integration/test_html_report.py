@@ -312,7 +312,11 @@ def test_cleanup_html_in_chromium(fleet, tmp_path):
         and orphan.one('td', **{'class': 'outcome'}).text() == 'removed'
     )
     done = ok.one('p', **{'class': 'done'}).text()
-    assert '2 region(s) unregistered' in done and '2 file(s) removed' in done and 'freed 9.0 MiB' in done
+    assert (
+        '2 region(s) unregistered' in done
+        and '2 file(s) removed' in done
+        and "freed 10.0 MiB (9.0 MiB of files, 1.0 MiB of the dangling regions' memory)" in done
+    )
     bars = [b.attrs['data-bar'] for b in ok.all('div', **{'class': 'bar'})]
     assert bars == ['/dev/shm before', '/dev/shm after']
     blind = host_section(dom, 'blind')

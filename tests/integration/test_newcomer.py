@@ -66,7 +66,10 @@ def readme() -> dict:
 
     inventories = [b.text for b in blocks if b.lang == 'yaml' and b.text.startswith('# inventory.yml')]
     assert len(inventories) == 1
+    requirements = [b.text for b in blocks if b.lang == 'yaml' and b.text.startswith('# collections/requirements.yml')]
+    assert len(requirements) == 1
     return dict(
+        requirements=requirements[0],
         install=command('ansible-galaxy', 'install'),
         pip=command('pip', 'requirements.txt'),
         report=command('ansible-playbook', 'tritonops.shm.report'),
@@ -176,6 +179,15 @@ def test_the_readme_as_written_from_the_built_tarball(venv, tmp_path):
         assert built.returncode == 0, built.stdout + built.stderr
         collections = os.path.join(base, 'collections')
         env = env_of(venv, os.path.join(base, 'home'), collections)
+        # the README's collections/requirements.yml, with the tarball it offers beside the git source (CI reaches no
+        # GitHub): the same entry, `type: file`
+        listed = yaml.safe_load(steps['requirements'])['collections']
+        assert listed[0] == {'name': 'https://github.com/tritonops/shm.git', 'type': 'git', 'version': 'main'}, listed
+        assert '#   type: file' in steps['requirements']
+        (tarball,) = [n for n in os.listdir(base) if n.startswith('tritonops-shm-') and n.endswith('.tar.gz')]
+        os.makedirs(collections)
+        with open(os.path.join(collections, 'requirements.yml'), 'w') as f:
+            yaml.safe_dump({'collections': [{'name': os.path.join(base, tarball), 'type': 'file'}]}, f)
         installed = run(steps['install'], cwd=base, env=env)
         assert installed.returncode == 0, f'README: {steps["install"]}\n{installed.stdout}{installed.stderr}'
         shipped = os.path.join(collections, 'ansible_collections', 'tritonops', 'shm')

@@ -331,7 +331,19 @@ def test_return_docs_match_the_result(scene, tmp_path):
     )
     assert not fed.get('failed'), fed
     assert fed['metrics_files'] and all(os.path.dirname(p) == str(tmp_path) for p in fed['metrics_files'])
-    results = [scene['info'], scene['plain'], fed]
+    # and where its directory does not exist, with metrics_dir_missing: skip (metrics_skipped is returned only then)
+    unfed = ansible_helpers.run_module(
+        INFO,
+        dict(
+            url=scene['server'].url,
+            metrics_dir=str(tmp_path / 'no-node-exporter'),
+            metrics_host='triton1',
+            metrics_dir_missing='skip',
+        ),
+    )
+    assert unfed['metrics_files'] == [] and 'does not exist' in unfed['metrics_skipped'], unfed
+    assert not unfed.get('warnings'), unfed
+    results = [scene['info'], scene['plain'], fed, unfed]
     # every top-level key the module returns is documented, and every key documented as always returned is there
     for res in results:
         assert set(res) - ANSIBLE_KEYS - set(docs) == set()
@@ -362,6 +374,7 @@ def test_return_docs_match_the_result(scene, tmp_path):
 
     collect(dict(scene['info']), 'result')
     collect(dict(fed), 'result')
+    collect(dict(unfed), 'result')
 
     def documented(spec, where):
         for key, sub in spec.items():
