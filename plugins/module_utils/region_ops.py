@@ -993,10 +993,12 @@ def unlinked_freed(snap: Snapshot | None, gone: Iterable[str]) -> int:
     freed: set = set()
     kept: set = set()
     for region in snap.system:
-        name = str(region.get('key') or '').lstrip('/')
-        if not name or '/' in name or snap.entry(name) is not None:
+        try:
+            name = shm_fs.key_to_name(region.get('key'))  # the one reading of a key, as classification's
+        except ShmFsError:
             continue
-        (freed if region.get('name') in gone else kept).update(snap.unlinked(name))
+        if snap.entry(name) is None:  # no listed file: the server may map an unlinked one (a dangling region)
+            (freed if region.get('name') in gone else kept).update(snap.unlinked(name))
     return sum(int(snap.scan.deleted_bytes.get(key) or 0) for key in freed - kept)
 
 
