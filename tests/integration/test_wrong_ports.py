@@ -24,7 +24,7 @@ def failed_with(result, *needles):
 
 
 def test_the_grpc_port_given_as_http_and_the_http_port_given_as_https_say_what_to_use(tmp_path):
-    with tritonrig.TritonServer(workdir=str(tmp_path), models=(), grpc=True).start() as server:
+    with tritonrig.TritonServer(workdir=str(tmp_path), models=(), grpc=True) as server:  # __enter__ starts it
         failed_with(
             run_module(INFO, dict(url=f'http://{server.grpc_url}')),
             f'http://{server.grpc_url}',

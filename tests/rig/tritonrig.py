@@ -826,6 +826,9 @@ class TritonServer:
     def start(self, timeout: float = 90.0) -> TritonServer:
         if os.geteuid() != 0:
             raise RigError('the rig needs root (mount namespaces and tmpfs mounts)')
+        if self.proc is not None and self.proc.poll() is None:
+            # a second start would lose the running process (never stopped): `with TritonServer(...)` starts it once
+            raise RigError(f'{self.name} already runs (pid {self.proc.pid}): stop it before starting it again')
         if self.models:
             ensure_python_stub(self.paths)
         command = self.command()
