@@ -63,7 +63,8 @@ class Rootless:
     def podman(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
         cmd = ['unshare', '--mount', '--propagation', 'slave', 'runuser', '-u', self.user, '--']
         cmd += ['env', f'XDG_RUNTIME_DIR={self.runtime}', f'HOME={self.home}', 'podman', *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        # from the user's home: the checkout may sit where the user cannot go (a clone in a 0700 mktemp directory)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.home)
         if check and proc.returncode != 0:
             raise AssertionError(f'podman {" ".join(args)} failed ({proc.returncode}): {proc.stderr[-3000:]}')
         return proc
