@@ -13,7 +13,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics, outputs
 
 
 def shm_metrics(value: Mapping | None, kind: str, host: str, url: str | None, previous: str | None = None) -> str:
@@ -38,17 +38,10 @@ def shm_metrics_file(kind: str, host: str, url: Any) -> str:
 
 
 def shm_dir_refusal(directory: Any) -> str:
-    """Why the playbooks refuse to write their report files into directory ('' when they may): metrics.dir_refusal."""
+    """Why the playbooks refuse to write their report files into directory ('' when they may): outputs.report_dir_refusal."""
     if not isinstance(directory, str) or not directory:
         raise AnsibleFilterError(f'shm_dir_refusal: the directory must be a non-empty string, got {directory!r}')
-    if not directory.startswith('/'):
-        # Ansible runs a local task in its playbook's (or role's) directory: inside the installed collection
-        return (
-            f'{directory} is a relative path: the report would be written inside the installed collection '
-            f"(Ansible runs the controller's tasks in the playbook's directory); give an absolute path, "
-            f'e.g. $PWD/{directory}'
-        )
-    return metrics.dir_refusal(directory, missing_ok=True) or ''
+    return outputs.report_dir_refusal(directory) or ''
 
 
 class FilterModule:

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils import connection, metrics, time_limit
+from ansible_collections.tritonops.shm.plugins.module_utils import connection, metrics, outputs, time_limit
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     Client,
     check_headers,
@@ -126,7 +126,7 @@ def write_metrics(
         return {'metrics_files': []}
     if p.get('metrics_dir_missing') == 'skip' and not os.path.lexists(p['metrics_dir']):
         # nobody collects metrics on this host: said once per run by the playbook, not warned per call
-        return {'metrics_files': [], 'metrics_skipped': metrics.dir_refusal(p['metrics_dir'])}
+        return {'metrics_files': [], 'metrics_skipped': outputs.dir_refusal(p['metrics_dir'])}
     done = metrics.write_server_metrics(
         p['metrics_dir'], p['metrics_host'], p['url'], report=report, with_report=with_report, outcome=outcome
     )

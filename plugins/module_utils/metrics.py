@@ -1,7 +1,7 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Private to tritonops.shm: the node_exporter textfile metrics of one Triton server, and their atomic writer.
+"""Private to tritonops.shm: the node_exporter textfile metrics of one Triton server.
 
 The one definition of the metric set (``METRICS``). Two files per (inventory host, URL), so that
 several servers on one machine never overwrite each other's series:
@@ -11,8 +11,8 @@ several servers on one machine never overwrite each other's series:
 - ``cleanup_text()``: the outcome of the last cleanup (the shm_cleanup role), file
   ``file_name(CLEANUP, host, url)``; its counters go on from the previous file (``read_textfile()``).
 
-``write_textfile()`` writes one of them atomically. It never fails the caller: a missing directory,
-a directory reached through a symlink, or one that cannot be written gives a warning and writes
+``write_textfile()`` writes one of them by the one writer of outputs (outputs.py: atomic). It never fails the caller:
+a missing directory, a directory reached through a symlink, or one that cannot be written gives a warning and writes
 nothing. Check mode is the caller's job: do not call it in check mode.
 
 ``write_server_metrics()`` is what the modules' ``metrics_dir`` option does (module_utils/base.py):
@@ -20,24 +20,20 @@ the report file from the module's own result and, for triton_shm_region, the cle
 call's outcome (``call_outcome()``), its counter continued from the previous file; one warning at
 most when the directory cannot take them.
 
-Standard library only (and the collection's records.py, connection.py, metrics_text.py (the text format, both ways)
-and vocabulary.py, standard library too): the filters import it in every Ansible worker process.
+Standard library only (and the collection's records.py, connection.py, metrics_text.py (the text format, both ways),
+outputs.py and vocabulary.py, standard library too): the filters import it in every Ansible worker process.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import math
-import os
 import re
-import secrets
-import stat
 import time
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics_text, records
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics_text, outputs, records
 from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
 
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
@@ -210,16 +206,6 @@ class Written(NamedTuple):
 
     paths: list
     warnings: list
-
-
-class WriteResult(NamedTuple):
-    """What write_textfile() did: the path, whether the file was written, the warning when it was not, and whether
-    the directory itself was the cause (missing, a symlink, not writable) rather than this one file."""
-
-    path: str
-    written: bool
-    warning: str | None
-    directory_refused: bool = False
 
 
 def file_name(kind: str, host: str, url: str | None) -> str:
@@ -449,105 +435,19 @@ def _check_name(name: str) -> None:
         raise ValueError(f'metrics file name must be a plain NAME.prom, got {name!r}')
 
 
-def dir_refusal(directory: str, missing_ok: bool = False) -> str | None:
-    """Why nothing may be written into directory (a symlink, or a path through one: not followed), or None.
-
-    The one check of an output directory: the modules' metrics_dir and the playbooks' report_dir (filter
-    shm_dir_refusal). Another user may have planted the link to make root write where they choose.
-    missing_ok: a directory that does not exist yet is no refusal when no component of its path is a symlink.
-    """
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        if not missing_ok:
-            return f'{directory} does not exist on this host'
-        st = None
-    except OSError as exc:
-        return f'{directory} cannot be read ({exc.strerror})'
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        return f'{directory} is a symlink to {os.path.realpath(directory)} (not followed; give the real directory)'
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        return f'{directory} is not a directory'
-    real = os.path.realpath(directory)
-    if real != os.path.abspath(directory):
-        return f'{directory} leads to {real} through a symlink (not followed; give the real directory)'
-    return None
-
-
-def _open_dir(directory: str) -> tuple:
-    """(fd, None) for the directory itself, or (None, why nothing is written)."""
-    why = dir_refusal(directory)
-    if why:
-        return None, why
-    st = os.lstat(directory)
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        return None, f'{directory} cannot be opened ({exc.strerror})'
-    fst = os.fstat(fd)
-    if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-        os.close(fd)
-        return None, f'{directory} was replaced while it was opened'
-    return fd, None
-
-
 def read_textfile(directory: str, name: str) -> str | None:
     """The current text of a metrics file (None when absent, not a regular file, or unreadable); never follows symlinks."""
     _check_name(name)
-    fd, _why = _open_dir(directory)
-    if fd is None:
-        return None
-    try:
-        ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        if not stat.S_ISREG(os.fstat(ffd).st_mode):
-            return None
-        with os.fdopen(ffd, 'rb') as f:
-            ffd = None
-            return f.read(1 << 20).decode('utf-8', 'replace')
-    finally:
-        if ffd is not None:
-            os.close(ffd)
+    return outputs.read(directory, name)
 
 
-def write_textfile(directory: str, name: str, text: str) -> WriteResult:
-    """Write text to directory/name atomically (a temporary file in the same directory, then rename), mode 0644.
+def write_textfile(directory: str, name: str, text: str) -> outputs.WriteResult:
+    """Write text to directory/name by the one writer of outputs (outputs.write(): atomic, mode 0644).
 
     Never raises for the directory's condition: returns written=False and a warning instead. Not for check mode.
     """
     _check_name(name)
-    path = os.path.join(directory, name)
-    fd, why = _open_dir(directory)
-    if fd is None:
-        return WriteResult(path, False, f'{why}: no metrics written ({name})', True)
-    # node_exporter reads *.prom only: the temporary name never matches
-    tmp = f'.{name}.{secrets.token_hex(6)}.tmp'
-    try:
-        try:
-            tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
-        except OSError as exc:
-            reason = 'is not writable' if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else 'cannot be written'
-            return WriteResult(path, False, f'{directory} {reason} ({exc.strerror}): no metrics written ({name})', True)
-        try:
-            with os.fdopen(tfd, 'wb') as f:
-                os.fchmod(f.fileno(), 0o644)  # whatever the umask
-                f.write(text.encode('utf-8'))
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except OSError as exc:
-            try:
-                os.unlink(tmp, dir_fd=fd)
-            except OSError:
-                pass
-            return WriteResult(path, False, f'{path} cannot be written ({exc.strerror}): no metrics written')
-        return WriteResult(path, True, None)
-    finally:
-        os.close(fd)
+    return outputs.write(directory, name, text, nothing='no metrics written')
 
 
 def call_outcome(result: Mapping, failed: bool, now: float | None = None) -> dict:

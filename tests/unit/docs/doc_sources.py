@@ -134,6 +134,9 @@ def module_options(name: str) -> set[str]:
         seen.update(argument_spec)
         raise _Captured()
 
+    if not hasattr(module, 'main'):  # the documentation of an action (plugins/action/NAME.py): its ARGUMENT_SPEC
+        seen.update(importlib.import_module(f'ansible_collections.tritonops.shm.plugins.action.{name}').ARGUMENT_SPEC)
+        return {n for opt, spec in seen.items() for n in [opt, *(spec.get('aliases') or [])]}
     real = module.AnsibleModule
     module.AnsibleModule = capture
     try:

@@ -11,7 +11,7 @@ from ansible_collections.tritonops.shm.plugins.filter.shm_metrics import (
     shm_metrics,
     shm_metrics_file,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics, outputs
 
 URL = 'http://127.0.0.1:8000'
 
@@ -38,7 +38,7 @@ def test_the_filters_are_the_module_utils_functions():
 
 def test_shm_dir_refusal_is_metrics_dir_refusal(tmp_path):
     (tmp_path / 'link').symlink_to(tmp_path)
-    assert shm_dir_refusal(str(tmp_path / 'link')) == metrics.dir_refusal(str(tmp_path / 'link'))
+    assert shm_dir_refusal(str(tmp_path / 'link')) == outputs.dir_refusal(str(tmp_path / 'link'))
     assert shm_dir_refusal(str(tmp_path / 'new')) == '' and shm_dir_refusal(str(tmp_path)) == ''
     with pytest.raises(AnsibleFilterError):
         shm_dir_refusal('')

@@ -12,7 +12,7 @@ import tempfile
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils import metrics, outputs
 
 MIB = 1 << 20
 URL = 'http://127.0.0.1:8000'
@@ -270,7 +270,7 @@ def test_write_is_atomic_and_0644_whatever_the_umask(tmp_path):
         res = metrics.write_textfile(str(tmp_path), 'x.prom', 'a 1\n')
     finally:
         os.umask(old)
-    assert res == metrics.WriteResult(str(tmp_path / 'x.prom'), True, None)
+    assert res == outputs.WriteResult(str(tmp_path / 'x.prom'), True, None)
     assert stat.S_IMODE(os.stat(res.path).st_mode) == 0o644 and (tmp_path / 'x.prom').read_text() == 'a 1\n'
     inode = os.stat(res.path).st_ino
     assert metrics.write_textfile(str(tmp_path), 'x.prom', 'a 2\n').written
@@ -350,12 +350,12 @@ def test_dir_refusal_is_the_one_check_of_metrics_dir_and_report_dir(tmp_path):
     elsewhere = tmp_path / 'elsewhere'
     elsewhere.mkdir()
     (tmp_path / 'link').symlink_to(elsewhere)
-    assert f'is a symlink to {elsewhere}' in metrics.dir_refusal(str(tmp_path / 'link'), missing_ok=True)
+    assert f'is a symlink to {elsewhere}' in outputs.dir_refusal(str(tmp_path / 'link'), missing_ok=True)
     # a directory still to be made, under a symlink: refused; under a real path: fine
-    assert 'through a symlink' in metrics.dir_refusal(str(tmp_path / 'link' / 'new'), missing_ok=True)
-    assert metrics.dir_refusal(str(tmp_path / 'new'), missing_ok=True) is None
-    assert 'does not exist' in metrics.dir_refusal(str(tmp_path / 'new'))
-    assert metrics.dir_refusal(str(elsewhere)) is None
+    assert 'through a symlink' in outputs.dir_refusal(str(tmp_path / 'link' / 'new'), missing_ok=True)
+    assert outputs.dir_refusal(str(tmp_path / 'new'), missing_ok=True) is None
+    assert 'does not exist' in outputs.dir_refusal(str(tmp_path / 'new'))
+    assert outputs.dir_refusal(str(elsewhere)) is None
 
 
 def test_a_url_with_credentials_never_reaches_the_label(tmp_path):
