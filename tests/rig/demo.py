@@ -36,7 +36,7 @@ import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 MiB = 1 << 20
 BIN = os.path.dirname(os.path.abspath(sys.executable))
 START = time.monotonic()
-MIN_AGE = 5  # seconds: the orphans' grace age in this story
+MIN_AGE = 2  # seconds: the orphans' grace age in this story (a file ages from its newest of atime, mtime, ctime)
 PAUSE = 0.05  # seconds between a busy client's inferences: busy, but leaving the 2 cores to Triton and Ansible
 
 

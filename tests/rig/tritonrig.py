@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -179,9 +180,12 @@ def _site_packages() -> str:
         if not os.path.isdir(os.path.join(site, 'pytriton')):
             raise ImportError('%s=%s has no pytriton package' % (SITE_ENV, site))
         return site
-    import pytriton  # pylint: disable=import-outside-toplevel
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(pytriton.__file__)))
+    # found, not imported: the server is all the rig uses of the wheel, and the demo's venv installs the wheel
+    # without the Python API's dependencies (tests/requirements-demo.txt)
+    spec = importlib.util.find_spec('pytriton')
+    if spec is None or not spec.origin:
+        raise ImportError('no module named pytriton')
+    return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
 
 
 def _numpy_site() -> list[str]:
