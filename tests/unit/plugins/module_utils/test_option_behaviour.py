@@ -23,7 +23,7 @@ pytest.importorskip('grpc')
 pytest.importorskip('tritonclient.grpc.service_pb2')
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'extensions', 'eda'))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), 'extensions', 'eda'))
 
 # pylint: disable=wrong-import-position
 from test_triton_shm_source import collect, make_ca, make_cert, source  # noqa: E402
