@@ -43,7 +43,7 @@ GRPC = 'grpc'
 GRPC_SCHEMES = ('grpc', 'grpcs')
 KINDS = tuple(records.KINDS)  # ('system', 'cuda')
 HEALTH_CHECKS = ('live', 'ready')
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_TIMEOUT = connection.OPTIONS['timeout'].default
 # The largest answer the modules read, over HTTP (body) and gRPC (message): a status of 100,000 regions is
 # about 15 MiB of JSON. A larger answer fails with a message naming the URL (docs/reliability.md).
 MAX_ANSWER_BYTES = 64 << 20
@@ -188,6 +188,19 @@ def check_headers(headers: Any) -> None:
         raise ParameterError(str(exc)) from None
 
 
+def wire_of(url: str | connection.WireConfig, options: dict) -> connection.WireConfig:
+    """What a transport's constructor was given as a WireConfig: one as it is, or a URL and connection options by name
+    (connection.wire_config); TypeError for a name that is not a connection option."""
+    if isinstance(url, connection.WireConfig):
+        if options:
+            raise TypeError(f'a WireConfig and options by name: {", ".join(sorted(options))}')
+        return url
+    unknown = sorted(set(options) - set(connection.OPTIONS))
+    if unknown:
+        raise TypeError(f'not connection options: {", ".join(unknown)}')
+    return connection.wire_config({**options, 'url': url})
+
+
 def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
     """url split into a Url; TritonError(refusal) for another scheme or no host, and for an invalid port."""
     parts = urlsplit(url)
@@ -312,8 +325,8 @@ class Client(abc.ABC):
     channel) serves the calls until close(); a call after close() connects again. A client is a
     context manager that closes itself.
 
-    Each transport's constructor takes ``(url, timeout, validate_certs, ca_path, headers, client_cert,
-    client_key)`` (what from_params passes), sends nothing, and raises TritonError for options it
+    Each transport's constructor takes a connection.WireConfig (what from_params passes), or a URL and
+    connection options by name (``wire_of``), sends nothing, and raises TritonError for options it
     cannot use.
     """
 
@@ -333,15 +346,7 @@ class Client(abc.ABC):
     @classmethod
     def from_params(cls, params: dict) -> Client:
         """The client for a module's connection options (base.connection_argument_spec)."""
-        return cls(
-            params['url'],
-            timeout=params.get('timeout') or DEFAULT_TIMEOUT,
-            validate_certs=params.get('validate_certs', True),
-            ca_path=params.get('ca_path'),
-            headers=params.get('headers'),
-            client_cert=params.get('client_cert'),
-            client_key=params.get('client_key'),
-        )
+        return cls(connection.wire_config(params))
 
     def __enter__(self) -> Client:
         return self

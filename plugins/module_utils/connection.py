@@ -17,9 +17,13 @@ the collection: the event source (extensions/eda) loads it by its path. What rea
 - tests/unit/plugins/test_connection_options.py: the doc fragment, the role, the playbooks and the event source's
   DOCUMENTATION agree with ``OPTIONS``.
 
-**Add a connection option**: one ``Option`` here; the doc fragment tritonops.shm.triton and the copies
-test_connection_options.py names (it fails until each has it); the transport that uses it (triton_http.py,
-triton_grpc.py, the event source's request); a changelog fragment.
+Each option says how it goes on the wire (``Option.wire``: the address, the timeout, a TLS parameter, the headers, one
+header), and ``wire_config()`` is the one place that turns the options' values into what a transport sends
+(``WireConfig``): triton_http, triton_grpc and the event source take that and nothing else, with one ``USER_AGENT``.
+
+**Add a connection option**: one ``Option`` here, with its ``wire``; the doc fragment tritonops.shm.triton and the
+copies test_connection_options.py names (it fails until each has it); a changelog fragment. test_option_behaviour.py
+sets every option over HTTP, gRPC and the event source and fails until the servers see it.
 """
 
 from __future__ import annotations
@@ -84,25 +88,129 @@ class OptionError(ValueError):
     """A value of an option that cannot be used; the text names the option, never a secret value."""
 
 
+# What every request of the collection says it is, over HTTP (User-Agent) and gRPC (the channel's user agent), from
+# the modules and the event source alike.
+USER_AGENT = 'tritonops.shm'
+
+# Where an option's value goes on the wire (Wire.part).
+ADDRESS = 'address'  # the URL: scheme, host, port (and an HTTP path)
+TIMEOUT = 'timeout'  # seconds a request (HTTP) or a call (gRPC) may take as a whole
+TLS = 'tls'  # a field of Tls: how the TLS handshake is made
+HEADERS = 'headers'  # a dict of headers: HTTP headers, gRPC metadata
+HEADER = 'header'  # one header, named by Wire.name (the headers option wins over it)
+
+
+class Wire(NamedTuple):
+    """How an option goes on the wire: its part (ADDRESS, TIMEOUT, TLS, HEADERS, HEADER) and, for TLS, the Tls field
+    it sets, for HEADER the header it is sent as."""
+
+    part: str
+    name: str = ''
+
+
 class Option(NamedTuple):
-    """One connection option: its Ansible type, default, whether it is required, an environment fallback, no_log."""
+    """One connection option: its Ansible type, default, whether it is required, an environment fallback, no_log, and
+    how it goes on the wire."""
 
     type: str
     default: Any = None
     required: bool = False
     env: str | None = None
     no_log: bool | None = None
+    wire: Wire | None = None
 
 
 OPTIONS = {
-    'url': Option('str', required=True, env='TRITON_URL'),
-    'timeout': Option('float', 10.0),
-    'validate_certs': Option('bool', True),
-    'ca_path': Option('path'),
-    'headers': Option('dict', {}, no_log=True),
-    'client_cert': Option('path'),
-    'client_key': Option('path', no_log=False),
+    'url': Option('str', required=True, env='TRITON_URL', wire=Wire(ADDRESS)),
+    'timeout': Option('float', 10.0, wire=Wire(TIMEOUT)),
+    'validate_certs': Option('bool', True, wire=Wire(TLS, 'verify')),
+    'ca_path': Option('path', wire=Wire(TLS, 'ca')),
+    'headers': Option('dict', {}, no_log=True, wire=Wire(HEADERS)),
+    'client_cert': Option('path', wire=Wire(TLS, 'cert')),
+    'client_key': Option('path', no_log=False, wire=Wire(TLS, 'key')),
 }
+
+
+class Tls(NamedTuple):
+    """The TLS parameters of a connection: verify the server's certificate, against ca (a PEM file or a directory,
+    None: the system's store), present cert (with key when it is not in the same file)."""
+
+    verify: bool = True
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+class WireConfig(NamedTuple):
+    """What a transport sends, as wire_config() built it from the options: the address, the timeout, the TLS
+    parameters, the headers (as given: each transport checks them by its own rule) and the user agent."""
+
+    url: str
+    timeout: float
+    tls: Tls
+    headers: dict
+    user_agent: str = USER_AGENT
+
+
+def wire_config(params: dict) -> WireConfig:
+    """The WireConfig of the options in params (a missing or None value: the option's default), each placed where its
+    Option.wire says; ValueError for an option of OPTIONS without a known wire (a new option must say how it is sent).
+    """
+    address, timeout, tls, headers, single = None, None, {}, {}, {}
+    for name, option in OPTIONS.items():
+        value = params.get(name)
+        if value is None:
+            value = option.default
+        part, field = option.wire or (None, '')
+        if part == ADDRESS:
+            address = value
+        elif part == TIMEOUT:
+            timeout = value
+        elif part == TLS and field in Tls._fields:
+            tls[field] = value
+        elif part == HEADERS:
+            headers = dict(value or {})
+        elif part == HEADER and field:
+            if value is not None:
+                single[field] = value
+        else:
+            raise ValueError(f'connection option {name} does not say how it goes on the wire ({option.wire!r})')
+    for field, value in single.items():
+        if not any(field.lower() == str(given).lower() for given in headers):
+            headers[field] = value
+    return WireConfig(address, timeout, Tls(**tls), headers)
+
+
+# Header names the connection itself sets: a header of the same name in the headers option is not sent.
+FRAMING_HEADERS = frozenset(('content-length', 'transfer-encoding', 'connection'))
+
+
+def http_headers(wire: WireConfig, host: str, accept: str, basic: bool = False) -> dict:
+    """The headers of an HTTP request to wire's server: Host, Accept, Accept-Encoding, User-Agent, with basic the URL's
+    user:password as Basic credentials (the modules refuse such a URL), then wire's headers (they win, whatever their
+    case) but those the connection itself sets (Content-Length, Transfer-Encoding, Connection)."""
+    parts = urlsplit(wire.url)
+    out = {'Host': host, 'Accept': accept, 'Accept-Encoding': 'identity', 'User-Agent': wire.user_agent}
+    if basic and (parts.username is not None or parts.password is not None):
+        credentials = f'{unquote(parts.username or "")}:{unquote(parts.password or "")}'
+        out['Authorization'] = 'Basic ' + base64.b64encode(credentials.encode('utf-8')).decode('ascii')
+    for name, value in wire.headers.items():
+        name = str(name)
+        if name.lower() in FRAMING_HEADERS:
+            continue
+        for same in [h for h in out if h.lower() == name.lower()]:
+            del out[same]
+        out[name] = str(value)
+    return out
+
+
+def grpc_channel_options(wire: WireConfig, max_message: int) -> list[tuple[str, Any]]:
+    """The gRPC channel options for wire: the user agent, the largest message received and sent."""
+    return [
+        ('grpc.primary_user_agent', wire.user_agent),
+        ('grpc.max_receive_message_length', max_message),
+        ('grpc.max_send_message_length', max_message),
+    ]
 
 
 def argument_spec() -> dict:
@@ -265,23 +373,11 @@ def grpc_target(url: str) -> str:
     return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
 
 
-def http_request(url: str, headers: dict, path: str, accept: str, close: bool = False) -> bytes:
-    """The GET of path under url as HTTP/1.1 bytes: Host, Accept, the URL's user:password as Basic credentials, then
-    the configured headers (they win, whatever their case); ``Connection: close`` when close."""
-    parts = urlsplit(url)
-    out = {
-        'Host': parts.netloc.rpartition('@')[2],
-        'Accept': accept,
-        'Accept-Encoding': 'identity',
-        'User-Agent': 'tritonops.shm-triton_shm',
-    }
-    if parts.username is not None or parts.password is not None:
-        credentials = f'{unquote(parts.username or "")}:{unquote(parts.password or "")}'
-        out['Authorization'] = 'Basic ' + base64.b64encode(credentials.encode('utf-8')).decode('ascii')
-    for name, value in headers.items():
-        for same in [h for h in out if h.lower() == name.lower()]:
-            del out[same]
-        out[name] = value
+def http_request(wire: WireConfig, path: str, accept: str, close: bool = False) -> bytes:
+    """The GET of path under wire's URL as HTTP/1.1 bytes (the headers of http_headers); ``Connection: close`` when
+    close."""
+    parts = urlsplit(wire.url)
+    out = http_headers(wire, parts.netloc.rpartition('@')[2], accept, basic=True)
     if close:
         out['Connection'] = 'close'
     target = f'{parts.path}{path}' + (f'?{parts.query}' if parts.query else '')
@@ -289,15 +385,15 @@ def http_request(url: str, headers: dict, path: str, accept: str, close: bool = 
     return ('\r\n'.join(lines) + '\r\n\r\n').encode('utf-8')
 
 
-def secrets(url: str, headers: dict) -> list[str]:
+def secrets(wire: WireConfig) -> list[str]:
     """What must never reach an event or a log: header values, the URL's password and the Basic credentials sent."""
-    found = [v for v in headers.values() if v]
-    parts = urlsplit(url)
+    found = [v for v in wire.headers.values() if v]
+    parts = urlsplit(wire.url)
     if parts.password:
         found += [parts.password, unquote(parts.password)]
     found += [
         token.decode('ascii')
-        for token in re.findall(rb'^Authorization: Basic (\S+)\r$', http_request(url, headers, '', ''), re.M)
+        for token in re.findall(rb'^Authorization: Basic (\S+)\r$', http_request(wire, '', ''), re.M)
     ]
     return sorted(set(found), key=len, reverse=True)
 

@@ -41,6 +41,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     index_entry,
     short,
     split_url,
+    wire_of,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     MODEL_CONTROL_TEXT,
@@ -100,19 +101,11 @@ class TritonGrpcClient(Client):
 
     transport = GRPC
 
-    def __init__(
-        self,
-        url: str,
-        timeout: float = 10.0,
-        validate_certs: bool = True,
-        ca_path: str | None = None,
-        headers: dict | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-    ) -> None:
+    def __init__(self, url: str | connection.WireConfig, **options: Any) -> None:
+        wire = wire_of(url, options)
         if not load_grpc().ok:
             raise RuntimeError(f'{GRPC_REQUIREMENT} is required')
-        url = (url or '').strip()
+        url = (wire.url or '').strip()
         parsed = split_url(
             url,
             GRPC_SCHEMES,
@@ -129,11 +122,12 @@ class TritonGrpcClient(Client):
         self.port = parsed.port or DEFAULT_GRPC_PORT
         self.target = host_port(self.host, self.port)
         self.base = f'{self.scheme}://{self.target}'
-        self.timeout = timeout
-        self.metadata = grpc_metadata(headers)
+        self.timeout = wire.timeout
+        self.metadata = grpc_metadata(wire.headers)
+        self.options = connection.grpc_channel_options(wire, _MAX_MESSAGE)
         self.credentials = None
         if self.scheme == 'grpcs':
-            if not validate_certs:
+            if not wire.tls.verify:
                 raise TritonError(
                     f'validate_certs=false is not possible with {self.base}: grpcio always verifies the server '
                     'certificate. Set ca_path to the CA that issued it (or to the certificate itself when it is '
@@ -141,7 +135,7 @@ class TritonGrpcClient(Client):
                     url=self.base,
                 )
             try:
-                pems = grpc_pems(ca_path, client_cert, client_key)
+                pems = grpc_pems(wire.tls.ca, wire.tls.cert, wire.tls.key)
             except TlsFileError as exc:
                 raise TritonError(str(exc), url=None) from exc
             self.credentials = _Lib.grpc.ssl_channel_credentials(*pems)
@@ -167,10 +161,7 @@ class TritonGrpcClient(Client):
 
     def _service(self) -> Any:
         if self._stub is None:
-            options = [
-                ('grpc.max_receive_message_length', _MAX_MESSAGE),
-                ('grpc.max_send_message_length', _MAX_MESSAGE),
-            ]
+            options = self.options
             if self.credentials is None:
                 self._channel = _Lib.grpc.insecure_channel(self.target, options=options)
             else:

@@ -49,7 +49,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     short,
     snippet,
     split_url,
+    wire_of,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.connection import WireConfig, http_headers
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError, UnaddressableName
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import (
     HttpError,
@@ -107,11 +109,6 @@ def region_path(kind: str, name: str) -> str:
 
 def _kind_root(kind: str) -> str:
     return _KIND_ROOT[check_kind(kind)]
-
-
-# Header names the connection itself sets: a headers option of the same name is not sent.
-_FRAMING_HEADERS = frozenset(('content-length', 'transfer-encoding', 'connection'))
-USER_AGENT = 'tritonops.shm'
 
 
 class Proxy(NamedTuple):
@@ -282,17 +279,9 @@ class TritonClient(Client):
 
     transport = HTTP
 
-    def __init__(
-        self,
-        url: str,
-        timeout: float = 10.0,
-        validate_certs: bool = True,
-        ca_path: str | None = None,
-        headers: dict | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-    ) -> None:
-        url = (url or '').strip()
+    def __init__(self, url: str | WireConfig, **options: Any) -> None:
+        wire = wire_of(url, options)
+        url = (wire.url or '').strip()
         if '://' not in url:
             url = f'http://{url}'
         parsed = split_url(
@@ -305,23 +294,16 @@ class TritonClient(Client):
         self.host = parsed.host
         self.port = parsed.port or (443 if parsed.scheme == 'https' else 80)
         self.scheme = parsed.scheme
-        self.timeout = timeout
-        self.validate_certs = bool(validate_certs)
+        self.timeout = wire.timeout
+        self.validate_certs = bool(wire.tls.verify)
         self.requests_made = 0
         self.proxy = environment_proxy(self.scheme, self.host, self.port)
         self._context: ssl.SSLContext | None = None
-        self._tls_files = (self.validate_certs, ca_path, client_cert, client_key)
+        self._tls = wire.tls._replace(verify=self.validate_certs)
         host = (
             host_port(self.host, parsed.port) if parsed.port else (f'[{self.host}]' if ':' in self.host else self.host)
         )
-        sent = {'Host': host, 'Accept': 'application/json', 'Accept-Encoding': 'identity', 'User-Agent': USER_AGENT}
-        for name, value in (headers or {}).items():  # the headers option wins, whatever the case of its names
-            name = str(name)
-            if name.lower() in _FRAMING_HEADERS:
-                continue
-            for same in [k for k in sent if k.lower() == name.lower()]:
-                del sent[same]
-            sent[name] = str(value)
+        sent = http_headers(wire._replace(url=url), host, 'application/json')
         if self.proxy is not None and self.proxy.authorization and self.scheme == 'http':
             sent['Proxy-Authorization'] = self.proxy.authorization
         try:
@@ -336,13 +318,13 @@ class TritonClient(Client):
         # a proxy is sent the whole URL (absolute form); a server or a CONNECT tunnel the path alone
         self._prefix = f'http://{host}' if self.proxy is not None and self.scheme == 'http' else ''
         self._path = parsed.parts.path.rstrip('/')  # a URL with a path (behind a reverse proxy) keeps it
-        self._conn = Connection(self.host, self.port, self._tls if self.scheme == 'https' else None, self.proxy)
+        self._conn = Connection(self.host, self.port, self._tls_context if self.scheme == 'https' else None, self.proxy)
 
     @classmethod
     def library(cls) -> Library:
         return Library('Python standard library')  # nothing beyond it
 
-    def _tls(self) -> ssl.SSLContext:
+    def _tls_context(self) -> ssl.SSLContext:
         return self._context  # built by _exchange before the first connect
 
     def use_keep_alive(self) -> bool:
@@ -384,7 +366,7 @@ class TritonClient(Client):
         timeout = time_limit.bound(self.timeout, f'{what} at {url}')  # no later than the call's own time limit
         if self.scheme == 'https' and self._context is None:
             try:
-                self._context = tls_context(*self._tls_files)
+                self._context = tls_context(*self._tls)
             except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
                 raise self.error(
                     f'{what} at {url}: cannot load the TLS files (ca_path, client_cert, client_key): {short(exc)}', url

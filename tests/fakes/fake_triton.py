@@ -19,7 +19,8 @@ shared_memory_manager.cc, http_server.cc and grpc_server.cc make it answer (2.48
 ``HttpFront`` serves the model over a loopback socket (tests/fakes/loopback.py: keep-alive, chunked
 answers, idle and per-answer closes) and lets a test put any answer, hostile ones included, on a route;
 ``GrpcFront`` serves it with grpcio and tritonclient's messages, with scripted codes, slow, missing and
-malformed methods. The collection's real clients talk to both; each records what reached it.
+malformed methods (over TLS with ``tls``, a GrpcTls). The collection's real clients talk to both; each records what
+reached it.
 """
 
 from __future__ import annotations
@@ -400,6 +401,20 @@ SHM_METHODS = (
 GARBAGE = b'\xff\xff\xff\xff not a protobuf message'
 
 
+class GrpcTls(NamedTuple):
+    """A grpcs:// front's PEM files: its key and certificate, and the CA its clients' certificates must come from (None:
+    it asks for none)."""
+
+    key: str
+    cert: str
+    client_ca: str | None = None
+
+
+def _pem(path: str) -> bytes:
+    with open(path, 'rb') as f:
+        return f.read()
+
+
 class GrpcFront(loopback.Closing):
     """The model's gRPC service (inference.GRPCInferenceService) on 127.0.0.1, with Triton's messages and codes.
 
@@ -408,7 +423,7 @@ class GrpcFront(loopback.Closing):
     does; garbage holds methods whose answer is not a protobuf message. Every call is kept in ``calls``.
     """
 
-    def __init__(self, model: Triton) -> None:
+    def __init__(self, model: Triton, tls: GrpcTls | None = None) -> None:
         import grpc  # pylint: disable=import-outside-toplevel
         from tritonclient.grpc import service_pb2  # pylint: disable=import-outside-toplevel
 
@@ -432,8 +447,16 @@ class GrpcFront(loopback.Closing):
             )
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-        self.port = self.server.add_insecure_port('127.0.0.1:0')
-        self.url = f'grpc://127.0.0.1:{self.port}'
+        if tls is None:
+            self.port = self.server.add_insecure_port('127.0.0.1:0')
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(_pem(tls.key), _pem(tls.cert))],
+                root_certificates=_pem(tls.client_ca) if tls.client_ca else None,
+                require_client_auth=tls.client_ca is not None,
+            )
+            self.port = self.server.add_secure_port('127.0.0.1:0', credentials)
+        self.url = f'{"grpc" if tls is None else "grpcs"}://127.0.0.1:{self.port}'
         self.server.start()
 
     def close(self) -> None:

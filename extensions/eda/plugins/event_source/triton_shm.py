@@ -255,6 +255,7 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
             server['threshold_percent'] = connection.number(
                 server['threshold_percent'], f'{what}: threshold_percent', positive=False
             )
+        server['wire'] = connection.wire_config(server)  # what goes on the wire, from the options alone
         server['grpc'] = _grpc_settings(server, what) if connection.is_grpc(url) else None
         _http(server, what, STATUS_PATH, 'application/json')
         server['metrics'] = _metrics_server(server, what)
@@ -263,17 +264,17 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
 
 
 def _http(server: dict, what: str, path: str, accept: str) -> dict:
-    """server with what reaching it over HTTP takes: its TLS context, its request, the secrets its errors never show."""
+    """server with what reaching it over HTTP takes (from its wire): its TLS context, its request, the secrets its
+    errors never show."""
+    wire = server['wire']
     server['ssl'] = None
-    if server['grpc'] is None and urlsplit(server['url']).scheme == 'https':
+    if server['grpc'] is None and urlsplit(wire.url).scheme == 'https':
         try:
-            server['ssl'] = tls.tls_context(
-                server['validate_certs'], server.get('ca_path'), server.get('client_cert'), server.get('client_key')
-            )
+            server['ssl'] = tls.tls_context(*wire.tls)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f'{what}: cannot load the TLS files: {exc}') from None
-    server['request'] = connection.http_request(server['url'], server['headers'], path, accept)
-    server['secrets'] = connection.secrets(server['url'], server['headers'])
+    server['request'] = connection.http_request(wire, path, accept)
+    server['secrets'] = connection.secrets(wire)
     return server
 
 
@@ -286,7 +287,8 @@ class _Grpc:
 
 
 def _grpc_settings(server: dict, what: str) -> dict:
-    """How a grpc(s):// server is reached: its target, metadata (the headers, keys in lower case), credentials."""
+    """How a grpc(s):// server is reached (from its wire): its target, metadata (the headers, keys in lower case),
+    channel options, credentials."""
     if _Grpc.grpc is None:
         try:
             import grpc  # pylint: disable=import-outside-toplevel
@@ -298,19 +300,25 @@ def _grpc_settings(server: dict, what: str) -> dict:
                 f"ansible-rulebook runs: pip install 'tritonclient[grpc]' ({exc})"
             ) from None
         _Grpc.grpc, _Grpc.pb, _Grpc.pb_grpc = grpc, service_pb2, service_pb2_grpc
+    wire = server['wire']
     try:
-        metadata = connection.grpc_metadata(server['headers'])
+        metadata = connection.grpc_metadata(wire.headers)
     except ConfigError as exc:
         raise ConfigError(f'{what}: {exc}') from None
-    settings = {'target': connection.grpc_target(server['url']), 'metadata': metadata, 'credentials': None}
-    if urlsplit(server['url']).scheme.lower() == 'grpcs':
-        if not server['validate_certs']:
+    settings = {
+        'target': connection.grpc_target(wire.url),
+        'metadata': metadata,
+        'options': connection.grpc_channel_options(wire, MAX_ANSWER_BYTES),
+        'credentials': None,
+    }
+    if urlsplit(wire.url).scheme.lower() == 'grpcs':
+        if not wire.tls.verify:
             raise ConfigError(
                 f'{what}: validate_certs false is not possible with grpcs://: grpcio always verifies the '
                 'server certificate; set ca_path to the CA that issued it'
             )
         try:
-            pems = tls.grpc_pems(server.get('ca_path'), server.get('client_cert'), server.get('client_key'))
+            pems = tls.grpc_pems(wire.tls.ca, wire.tls.cert, wire.tls.key)
         except tls.TlsFileError as exc:
             raise ConfigError(f'{what}: cannot load the TLS files: {exc}') from None
         settings['credentials'] = _Grpc.grpc.ssl_channel_credentials(*pems)
@@ -327,8 +335,8 @@ def _metrics_server(server: dict, what: str) -> dict | None:
     url = connection.checked_url(server['metrics_url'], f'{what}: metrics_url', of)
     url += '' if urlsplit(url).path else '/metrics'
     # the server's headers (a Bearer token for Triton) and client certificate are never sent to another endpoint
-    metrics = {'url': url, 'shown_url': redact_url(url), 'timeout': server['timeout'], 'headers': {}, 'grpc': None}
-    metrics.update(validate_certs=server['validate_certs'], ca_path=server.get('ca_path'))
+    wire = server['wire']._replace(url=url, headers={}, tls=server['wire'].tls._replace(cert=None, key=None))
+    metrics = {'url': url, 'shown_url': redact_url(url), 'timeout': server['timeout'], 'grpc': None, 'wire': wire}
     return _http(metrics, f'{what}: metrics_url', '', 'text/plain;version=0.0.4')
 
 
@@ -454,7 +462,7 @@ class _Target:
     def __init__(self, server: dict, keep_alive: bool, name: str = 'Triton') -> None:
         self.server = server
         self.name = name
-        parts = urlsplit(server['url'])
+        parts = urlsplit(server['wire'].url)
         self.address = (parts.hostname, parts.port or (443 if parts.scheme == 'https' else 80))
         self.keep_alive = keep_alive
         self.request = (
@@ -485,7 +493,7 @@ class _Target:
 
     async def fetch(self, loop: asyncio.AbstractEventLoop) -> Any:
         """The server's answer to the status request, within its timeout; PollError otherwise."""
-        timeout = self.server['timeout']
+        timeout = self.server['wire'].timeout
         deadline = loop.time() + timeout
         for attempt in (1, 2):
             conn = self.conn
@@ -631,9 +639,9 @@ class _GrpcTarget(_Target):
         self.stub: Any = None
 
     async def _regions(self, loop: asyncio.AbstractEventLoop) -> Any:
-        grpc, settings, timeout = _Grpc.grpc, self.server['grpc'], self.server['timeout']
+        grpc, settings, timeout = _Grpc.grpc, self.server['grpc'], self.server['wire'].timeout
         if self.stub is None:
-            options = [('grpc.max_receive_message_length', MAX_ANSWER_BYTES)]
+            options = settings['options']
             if settings['credentials'] is None:
                 self.channel = grpc.aio.insecure_channel(settings['target'], options=options)
             else:

@@ -22,7 +22,7 @@ service_pb2 = pytest.importorskip('tritonclient.grpc.service_pb2')
 service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
 
 # pylint: disable=wrong-import-position
-from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils import tls, triton_grpc  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.client import is_grpc_url  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, Restricted, TritonError  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
@@ -220,6 +220,16 @@ def test_unreadable_tls_files_are_named(tmp_path):
     with pytest.raises(TritonError) as err:
         TritonGrpcClient('grpcs://127.0.0.1:8001', ca_path=str(tmp_path))
     assert 'without PEM certificates' in err.value.msg
+
+
+def test_a_client_key_without_a_client_cert_is_left_out_as_over_https(tmp_path):
+    """grpcio aborts the whole process on a private key without a certificate chain: the key alone is not passed."""
+    key = tmp_path / 'client.key'
+    key.write_text('-----BEGIN PRIVATE KEY-----\n')
+    assert tls.grpc_pems(None, None, str(key)) == (None, None, None)
+    both = tmp_path / 'both.pem'
+    both.write_text('cert and key')
+    assert tls.grpc_pems(None, str(both), None) == (None, b'cert and key', b'cert and key')
 
 
 # Triton 2.68 and later without --allow-client-shm=true (the server's exact text; 2.51 here has no such switch)
