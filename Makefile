@@ -191,7 +191,7 @@ DEMO_VENV ?= $(BUILD)/venv-demo
 DEMO_ROOT := $(BUILD)/demo
 # Every package pinned, --no-deps (no resolver), --no-compile (Python compiles what the demo imports as it runs), and
 # the venv made without pip of its own, filled by this Python's pip (--python, pip 22.3+; else the venv's own pip):
-# 7 s instead of 23 s here (docs/performance.md)
+# 8 s instead of 26 s here (docs/performance.md)
 DEMO_PIP := install --quiet --no-deps --no-compile -r tests/requirements-demo.txt
 $(DEMO_VENV)/.installed: tests/requirements-demo.txt
 	@mkdir -p $(BUILD)
