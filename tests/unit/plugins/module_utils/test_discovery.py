@@ -102,7 +102,9 @@ class Host:
         """A network namespace joined to this one by a veth pair: (name, host-side address, namespace address)."""
         name = f'tops-{self.tag}-{index}'
         host_if, ns_if = f'th{self.tag}{index}', f'tn{self.tag}{index}'
-        host_ip, ns_ip = f'10.231.{index}.1', f'10.231.{index}.2'
+        # a subnet of this run's own (from its tag): two suites at once (worktrees) never route to each other's peers
+        subnet = f'10.{200 + int(self.tag, 16) % 50}.{(int(self.tag, 16) >> 8) % 200 + index}'
+        host_ip, ns_ip = f'{subnet}.1', f'{subnet}.2'
         _run('ip', 'netns', 'add', name)
         self.namespaces.append((name, host_if))
         _run('ip', 'link', 'add', host_if, 'type', 'veth', 'peer', 'name', ns_if)
