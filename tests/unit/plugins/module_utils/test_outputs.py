@@ -1,0 +1,130 @@
+"""module_utils/outputs.py: the one writer of outputs, and that no other code of the collection writes files its own way.
+
+The recipe "An output" in CONTRIBUTING.md says: outputs.write() on a target, action shm_output_files on the
+controller, no other writer. The scan below holds it: a new writer elsewhere fails until it goes through outputs, or is
+named here with why it is not an output.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import stat
+
+import pytest
+import yaml
+
+from ansible_collections.tritonops.shm.plugins.module_utils import outputs
+
+ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
+
+# Files that are not outputs, each with what it writes and why it is not written through outputs.write().
+NOT_OUTPUTS = {
+    'plugins/module_utils/runlock.py': 'the run lock: a file held open and locked, never replaced',
+    'plugins/module_utils/wedged.py': "the wedged regions' attempts: state read back by the next run, 0600 in the "
+    'pinned lock directory (by its descriptor)',
+    'plugins/module_utils/shm_fs.py': "a region's backing file in the shm directory, created for a registration",
+}
+# Tasks that write with ansible.builtin.copy or template: configuration a run changes, or a node's own state.
+NOT_OUTPUT_TASKS = {
+    'playbooks/node_agent.yml': "the node agent's memory of the round, on the node, as root (become), 0600",
+    'playbooks/node_agent_manifest.yml': "the node agent's manifests: configuration, a change when it changes",
+    'roles/triton_server/tasks/kubernetes.yml': 'a Kubernetes manifest: configuration, a change when it changes',
+}
+# os.NAME and tempfile.NAME that write; pathlib's write_text and write_bytes
+WRITES = {
+    'os': {'rename', 'replace', 'O_CREAT', 'O_WRONLY', 'O_RDWR', 'makedirs', 'mkdir'},
+    'tempfile': {'mkstemp', 'NamedTemporaryFile', 'mkdtemp'},
+}
+
+
+def _writes(path: str) -> set[str]:
+    """What in a Python file writes a file: the names above, and open() with a mode that writes."""
+    tree = ast.parse(open(path, encoding='utf-8').read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.attr in WRITES.get(node.value.id, ()):
+                found.add(f'{node.value.id}.{node.attr}')
+        if isinstance(node, ast.Attribute) and node.attr in ('write_text', 'write_bytes'):
+            found.add(node.attr)
+        if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'open':
+            modes = node.args[1:2] + [k.value for k in node.keywords if k.arg == 'mode']
+            if any(isinstance(m, ast.Constant) and set(str(m.value)) & set('wax+') for m in modes):
+                found.add('open for writing')
+    return found
+
+
+def test_no_code_but_outputs_writes_files_its_own_way():
+    code = [
+        p
+        for pattern in ('plugins/**/*.py', 'extensions/**/*.py')
+        for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)
+    ]
+    writers = {os.path.relpath(p, ROOT): _writes(p) for p in code}
+    writers = {p: w for p, w in writers.items() if w and p != 'plugins/module_utils/outputs.py'}
+    assert writers.keys() - NOT_OUTPUTS.keys() == set(), {p: writers[p] for p in writers.keys() - NOT_OUTPUTS.keys()}
+    assert NOT_OUTPUTS.keys() <= writers.keys(), 'a file named here writes nothing any more: drop it'
+
+
+def _tasks(node):
+    if isinstance(node, list):
+        for item in node:
+            yield from _tasks(item)
+    elif isinstance(node, dict):
+        yield node
+        for key in ('tasks', 'block', 'rescue', 'always', 'pre_tasks', 'post_tasks', 'handlers'):
+            yield from _tasks(node.get(key) or [])
+
+
+def test_no_playbook_or_role_writes_an_output_with_copy_or_template():
+    paths = glob.glob(os.path.join(ROOT, 'playbooks', '*.yml')) + glob.glob(
+        os.path.join(ROOT, 'roles', '*', 'tasks', '*.yml')
+    )
+    found = set()
+    for path in paths:
+        for task in _tasks(yaml.safe_load(open(path, encoding='utf-8')) or []):
+            if any(k in task for k in ('ansible.builtin.copy', 'ansible.builtin.template', 'copy', 'template')):
+                found.add(os.path.relpath(path, ROOT))
+    assert found == set(NOT_OUTPUT_TASKS), found ^ set(NOT_OUTPUT_TASKS)
+
+
+@pytest.mark.parametrize('name', ['', '.hidden', '../x', 'a/b', 'x\0y', None])
+def test_only_plain_names(name):
+    assert outputs.plain_name(name)
+
+
+def test_a_plain_name():
+    assert outputs.plain_name('report.json') is None and outputs.plain_name('h1.example.com.json') is None
+
+
+def test_write_replaces_whole_with_the_mode_asked_and_leaves_no_temporary(tmp_path):
+    old = os.umask(0o077)
+    try:
+        res = outputs.write(str(tmp_path), 'r.md', 'one\n', mode=0o640)
+    finally:
+        os.umask(old)
+    assert res == outputs.WriteResult(str(tmp_path / 'r.md'), True, None)
+    assert stat.S_IMODE((tmp_path / 'r.md').stat().st_mode) == 0o640
+    inode = (tmp_path / 'r.md').stat().st_ino
+    assert outputs.write(str(tmp_path), 'r.md', 'two\n').written
+    assert (tmp_path / 'r.md').stat().st_ino != inode and (tmp_path / 'r.md').read_text() == 'two\n'
+    assert os.listdir(tmp_path) == ['r.md']
+
+
+def test_make_dir_creates_parents_and_refuses_a_path_through_a_symlink(tmp_path):
+    assert outputs.make_dir(str(tmp_path / 'a' / 'b')) is None
+    assert stat.S_IMODE((tmp_path / 'a' / 'b').stat().st_mode) == 0o755
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    (tmp_path / 'link').symlink_to(elsewhere)
+    assert 'through a symlink' in outputs.make_dir(str(tmp_path / 'link' / 'new'))
+    assert not (elsewhere / 'new').exists()
+    (tmp_path / 'file').write_text('')
+    assert 'Not a directory' in outputs.make_dir(str(tmp_path / 'file' / 'sub'))
+
+
+def test_a_report_dir_must_be_absolute(tmp_path):
+    assert 'is a relative path' in outputs.report_dir_refusal('reports')
+    assert outputs.report_dir_refusal(str(tmp_path / 'new')) is None
