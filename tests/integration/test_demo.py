@@ -68,3 +68,26 @@ def test_the_demo_venv_has_every_dependency_at_the_test_venv_s_version():
             if canonicalize_name(req.name) not in locked and req.name not in left_out:
                 missing.append(f'{name} needs {text}')
     assert not missing, missing
+
+
+def test_make_demo_runs_with_its_own_small_venv(tmp_path):
+    """The README's first command as a newcomer runs it: `make demo` builds its venv from tests/requirements-demo.txt
+    alone (--no-deps: a package missing there fails here, not only on a user's machine) and tells the story."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('ANSIBLE_', 'PYTHON', 'VIRTUAL_ENV', 'PYTEST'))}
+    build = tmp_path / 'build'
+    proc = subprocess.run(
+        ['make', '-s', 'demo', f'BUILD={build}'],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=COLLECTION,
+        timeout=900,
+        check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-3000:]
+    assert 'PLAY RECAP' in out and 'in all, what /dev/shm says is used' in out and 'Done in' in out, out[-4000:]
+    assert 'Traceback' not in out + proc.stderr
+    venv = build / 'venv-demo'
+    size = sum(f.stat().st_size for f in venv.rglob('*') if f.is_file() and not f.is_symlink())
+    assert size < 350 * 2**20, f'the demo venv is {size / 2**20:.0f} MiB'
