@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import classification, snapshot
-from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ModelControlRefused,
     ParameterError,
     TritonError,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import read_bytes
 
 RELOAD_PARAMETER = 'tritonops_shm_reload'

@@ -12,9 +12,8 @@ Private to the tritonops.shm collection: no stability promise to other code.
 - make_client(): the client.Client for those options. The URL's scheme picks the transport:
   triton_http.TritonClient for http(s), triton_grpc.TritonGrpcClient for grpc(s); the transport's
   library is checked once, and the options neither transport checks (timeout, TLS files) here.
-- Operation and run_operation(): the one way a module runs, read -> plan -> execute -> result. The plan is
-  pure, check mode is one branch (``preview`` instead of ``execute``), and the result is formatted from an
-  explicit outcome object, also after a failure part-way (the work already done).
+- run_operation(): runs an operation.Operation (the run protocol, operation.py: read -> plan -> execute -> result)
+  as the module's call: exit_json with its result, or fail_json with the message and the work already done.
 - time_limit_argument_spec(): the call's own deadline (doc fragment tritonops.shm.triton.time_limit), started by
   make_client() (time_limit.py): its requests are bounded by the time left, and the call stops by itself at it.
 - run_module_main(): the one place where a TritonOpsError becomes fail_json: ``msg`` always, the
@@ -27,11 +26,9 @@ Modules pass only their own options; they never talk HTTP or gRPC themselves.
 
 from __future__ import annotations
 
-import abc
-import contextlib
 import os
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Callable
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
@@ -43,6 +40,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     is_grpc_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
+from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
@@ -201,66 +199,6 @@ def run_module_main(
             result.update(on_failure(result))
         time_limit.stop()  # the result is written: no alarm may interrupt it (a second, broken answer)
         module.fail_json(**result)
-
-
-class Operation(abc.ABC):
-    """One module call in four steps; run_operation() (and run_steps(), for tests and benches) runs them in order:
-
-        check()                          the parameters the argument spec cannot check (ParameterError)
-        with hold(read()) as reading:    everything the call decides from (all the I/O before a change); hold()
-                                         keeps what read() took (the per-server lock) until the result is written
-            plan(reading)                what to do: pure, from the reading and the parameters
-            preview(plan) | execute(plan)  check mode: the plan as an outcome, nothing touched; else carry it out
-            result(outcome)              the module's result, formatted from the outcome (no I/O)
-
-    ``outcome`` is the outcome recorded so far: after a failure part-way, result(outcome, finished=False) reports the
-    work already done. An operation that changes nothing (an info module) keeps the defaults: its plan is its
-    reading, and preview and execute return the plan.
-    """
-
-    outcome: Any = None
-
-    def check(self) -> None:
-        """ParameterError for what the argument spec cannot say; nothing is sent before it."""
-
-    @abc.abstractmethod
-    def read(self) -> Any:
-        """Everything the call decides from."""
-
-    def hold(self, reading: Any) -> contextlib.AbstractContextManager:
-        """What read() took, held until the block ends (default: nothing); yields reading."""
-        return contextlib.nullcontext(reading)
-
-    def plan(self, reading: Any) -> Any:
-        """What to do, from the reading and the parameters; pure."""
-        return reading
-
-    def preview(self, plan: Any) -> Any:
-        """Check mode: the plan as the call's outcome, touching nothing."""
-        self.outcome = plan
-        return plan
-
-    def execute(self, plan: Any) -> Any:
-        """Carry the plan out, recording each step in ``outcome`` as it is done; the outcome."""
-        self.outcome = plan
-        return plan
-
-    @abc.abstractmethod
-    def result(self, outcome: Any, finished: bool = True) -> dict:
-        """The module's result from outcome; finished=False after a failure (what was done so far)."""
-
-
-def run_steps(op: Operation, check_mode: bool, finish: Callable[[dict], Mapping] | None = None) -> dict:
-    """check, read, plan, preview or execute, result: the one order of every module; finish(result) adds keys while
-    what read() took is still held (the metrics textfiles)."""
-    op.check()
-    with op.hold(op.read()) as reading:
-        plan = op.plan(reading)
-        outcome = op.preview(plan) if check_mode else op.execute(plan)
-        result = op.result(outcome)
-        if finish is not None:
-            result.update(finish(result))
-        return result
 
 
 def run_operation(

@@ -8,7 +8,7 @@ What to do is decided by region_plan.py (pure, from one read and the parameters)
 in the order the safety invariants require (docs/concepts.md): unregister first, wait until the region is
 gone from the status, quarantine each file, re-check holders, then unlink only unheld regular files by
 (device, inode) inside the shm directory, or give them back. Each step is recorded in an Outcome,
-whose result() only formats it, on success and after a failure part-way. RegionOps is a base.Operation:
+whose result() only formats it, on success and after a failure part-way. RegionOps is a operation.Operation:
 base.run_operation runs it as every module runs, check -> read -> plan -> preview (check mode) or execute ->
 result, with the per-server lock (taken inside read() once the server is located, before its regions are read;
 not in check mode) held from read() until the result and the metrics textfile are written.
@@ -38,7 +38,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
     vocabulary,
     wedged,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     LockError,
@@ -47,6 +46,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     TritonOpsError,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
+from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
 from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
@@ -408,7 +408,7 @@ class RegionOps(ShmDirWork, Operation):
         return self._criteria
 
     def run(self) -> dict:
-        """The whole run, as a module's main() does it (base.run_steps: the tests' and benches' entry); its result."""
+        """The whole run, as a module's main() does it (operation.run_steps: the tests' and benches' entry); its result."""
         return run_steps(self, self.check_mode)
 
     present = absent = run  # the state comes from the parameters
@@ -466,7 +466,7 @@ class RegionOps(ShmDirWork, Operation):
         finally:
             self.release()
 
-    hold = locked  # base.Operation
+    hold = locked  # operation.Operation
 
     # -- plan (pure: region_plan) ----------------------------------------------------------------
 
@@ -509,7 +509,7 @@ class RegionOps(ShmDirWork, Operation):
     def execute(self, plan: Plan) -> Outcome:
         """Carry the plan out, recording each step in the outcome as it is done, then read the state after."""
         if self.check_mode:
-            raise RuntimeError('check mode previews the plan (base.run_steps), it never executes it')
+            raise RuntimeError('check mode previews the plan (operation.run_steps), it never executes it')
         self._planned(plan)
         if plan.register or plan.marks:
             self._present(plan)

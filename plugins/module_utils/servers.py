@@ -4,7 +4,7 @@
 """Every Triton server of this host, found from /proc alone (no inventory): the node agent's listing.
 
 Private to the tritonops.shm collection. Standard library only, plus the collection's own module_utils.
-ServerList is triton_server_info's base.Operation.
+ServerList is triton_server_info's operation.Operation.
 
 Per tritonserver process (by name, as discovery.py finds servers): its listening TCP sockets (the sockets of its
 network namespace whose inode is one of its own fds, through discovery.listening_sockets: sock_diag in this
@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import holders
-from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.containers import identity
 from ansible_collections.tritonops.shm.plugins.module_utils.discovery import SERVER_COMMS, listening_sockets
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonOpsError
+from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     list_pids,
     netns_inode,
@@ -209,7 +209,7 @@ def probe(found: list, timeout: float) -> None:
 
 
 class ServerList(Operation):
-    """triton_server_info as a base.Operation: it reads (the servers, and whether every one can be seen) and changes
+    """triton_server_info as a operation.Operation: it reads (the servers, and whether every one can be seen) and changes
     nothing, so its plan is its reading and check mode is the same call."""
 
     def __init__(self, params: dict, warn: Callable[[str], object], proc: str = '/proc') -> None:

@@ -40,8 +40,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
     snapshot,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
-from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse, ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_comm
 from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Outcome, ShmDirWork
 

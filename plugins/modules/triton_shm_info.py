@@ -612,7 +612,6 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.tritonops.shm.plugins.module_utils import classification, results, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY,
-    Operation,
     backend_argument_spec,
     make_client,
     metrics_argument_spec,
@@ -622,6 +621,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     wedged_argument_spec,
     write_metrics,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation
 
 JMESPATH_IMPORT_ERROR = None
 try:
@@ -634,7 +634,7 @@ except ImportError:
 
 
 class ShmInfo(Operation):
-    """triton_shm_info as a base.Operation: it reads the server (health, status, files, holders) and changes nothing,
+    """triton_shm_info as a operation.Operation: it reads the server (health, status, files, holders) and changes nothing,
     so its plan is its reading; the result is what results.info_result builds, with the query applied."""
 
     def __init__(self, module: AnsibleModule, client: Any) -> None:

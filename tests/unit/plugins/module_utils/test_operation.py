@@ -1,4 +1,4 @@
-"""One way to run a module (issue 35, goal 6): base.Operation's steps in one order, check mode as one branch, the
+"""One way to run a module (issue 35, goal 6): operation.Operation's steps in one order, check mode as one branch, the
 result from an outcome object, also after a failure part-way; every module runs through base.run_operation."""
 
 from __future__ import annotations
@@ -7,16 +7,18 @@ import ast
 import contextlib
 import glob
 import os
+import subprocess
+import sys
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import base
+from ansible_collections.tritonops.shm.plugins.module_utils import operation
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 
 MODULES = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'modules')
 
 
-class Recorder(base.Operation):
+class Recorder(operation.Operation):
     """An operation that records each step; execute() fails after its first step when told to."""
 
     def __init__(self, fail: bool = False) -> None:
@@ -66,7 +68,7 @@ class Recorder(base.Operation):
 def test_the_steps_run_in_one_order_and_check_mode_only_previews(check_mode):
     op = Recorder()
     seen_held = []
-    result = base.run_steps(op, check_mode, finish=lambda r: seen_held.append(op.held) or {'extra': 1})
+    result = operation.run_steps(op, check_mode, finish=lambda r: seen_held.append(op.held) or {'extra': 1})
     step = 'preview' if check_mode else 'execute'
     assert op.calls == ['check', 'read', 'plan(reading)', step, 'release']
     assert result == {'changed': True, 'done': ['a', 'b'], 'finished': True, 'extra': 1}
@@ -76,7 +78,7 @@ def test_the_steps_run_in_one_order_and_check_mode_only_previews(check_mode):
 def test_a_failure_part_way_reports_the_work_done_from_the_outcome():
     op = Recorder(fail=True)
     with pytest.raises(TritonError):
-        base.run_steps(op, False)
+        operation.run_steps(op, False)
     assert op.calls[-1] == 'release'
     assert op.result(op.outcome, finished=False) == {'changed': True, 'done': ['a'], 'finished': False}
 
@@ -105,3 +107,29 @@ def test_every_module_runs_through_run_operation(path):
     }
     assert 'run_operation' in calls, f'{os.path.basename(path)}: main() does not call base.run_operation'
     assert 'exit_json' not in calls and 'run_module_main' not in calls
+
+
+def test_the_run_protocol_imports_no_transport():
+    """operation.py, the protocol every executor imports, pulls in no transport, metrics or shm directory code: run in
+    a fresh interpreter, importing it loads none of them (nor Ansible)."""
+    code = (
+        'import sys\n'
+        'from ansible_collections.tritonops.shm.plugins.module_utils import operation\n'
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('ansible', 'grpc', 'http.client')))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, '-c', code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+    )
+    loaded = set(out.stdout.split())
+    assert loaded <= {
+        'ansible_collections',
+        'ansible_collections.tritonops',
+        'ansible_collections.tritonops.shm',
+        'ansible_collections.tritonops.shm.plugins',
+        'ansible_collections.tritonops.shm.plugins.module_utils',
+        'ansible_collections.tritonops.shm.plugins.module_utils.operation',
+    }, loaded

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import sweep
-from ansible_collections.tritonops.shm.plugins.module_utils.base import run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse
+from ansible_collections.tritonops.shm.plugins.module_utils.operation import run_steps
 from ansible_collections.tritonops.shm.plugins.modules import triton_shm_sweep
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_args import patch_module_args
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.conftest import _rig
