@@ -18,7 +18,7 @@ description:
   - "The report playbook (C(report.json), C(report.md), C(report.html)) and the C(tritonops.shm.shm_cleanup) role (each host's
     record, C(summary.md), C(report.html)) write their files with it: one task for every file, where a task per file cost a
     process each."
-  - "An output is never a change: the task reports C(changed=false) (docs/concepts.md, outputs)."
+  - "An output is never a change: the task reports C(changed=false) (docs/concepts.md, safety rule 14)."
   - "It runs in the controller's process whatever the play's hosts are: O(dir) is a controller path. Nothing is sent to a host,
     so C(become) and C(delegate_to) change nothing."
 author:
