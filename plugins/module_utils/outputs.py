@@ -86,21 +86,57 @@ def report_dir_refusal(directory: str) -> str | None:
     return dir_refusal(directory, missing_ok=True)
 
 
+def _walk(directory: str, create: int | None = None) -> tuple:
+    """(fd, None) for directory, opened one component at a time from the root with O_NOFOLLOW at each step, so that
+    no symlink is ever followed, whatever is swapped meanwhile; or (None, why). create: a mode, to make each missing
+    component on the way (mkdirat, then that mode whatever the umask)."""
+    path = os.path.abspath(directory)
+    # O_PATH: a component needs search permission only (a 0711 home), as a path lookup does; the fd serves as dir_fd
+    flags = getattr(os, 'O_PATH', os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open('/', flags)
+    try:
+        for part in [p for p in path.split('/') if p]:
+            try:
+                try:
+                    nfd = os.open(part, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    if create is None:
+                        return None, f'{directory} does not exist on this host'
+                    try:
+                        os.mkdir(part, 0o700, dir_fd=fd)  # 0700 until its mode is set: never wider meanwhile
+                        made = True
+                    except FileExistsError:
+                        made = False
+                    if made:  # this run's own directory: readable to set its mode (an O_PATH fd cannot)
+                        mfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                        try:
+                            os.fchmod(mfd, create)
+                        finally:
+                            os.close(mfd)
+                    nfd = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    return None, dir_refusal(
+                        directory
+                    ) or f'{directory} leads through a symlink or a file (not followed)'
+                verb = 'created' if create is not None and exc.errno != errno.EACCES else 'opened'
+                return None, f'{directory} cannot be {verb} ({exc.strerror})'
+            os.close(fd)
+            fd = nfd
+        found, fd = fd, None
+        return found, None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def open_dir(directory: str) -> tuple:
-    """(fd, None) for the directory itself, or (None, why nothing is written)."""
+    """(fd, None) for the directory itself, or (None, why nothing is written): refused as dir_refusal() says, then
+    opened without following any symlink (_walk), so that a swap after the check is refused too."""
     why = dir_refusal(directory)
     if why:
         return None, why
-    st = os.lstat(directory)
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        return None, f'{directory} cannot be opened ({exc.strerror})'
-    fst = os.fstat(fd)
-    if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-        os.close(fd)
-        return None, f'{directory} was replaced while it was opened'
-    return fd, None
+    return _walk(directory)
 
 
 def read(directory: str, name: str, limit: int = 1 << 20) -> str | None:
@@ -162,15 +198,12 @@ def write(directory: str, name: str, text: str, nothing: str = 'nothing written'
 
 
 def make_dir(directory: str, mode: int = 0o755) -> str | None:
-    """Create directory (and its missing parents) unless it exists; why it cannot be written into, or None.
-
-    Refused before and after: a path through a symlink is never created into, nor one replaced meanwhile.
-    """
+    """Create directory (and its missing parents, each with mode) unless it exists; why it cannot be written into, or
+    None. A path through a symlink is refused before, and never followed while the components are made (_walk)."""
     why = dir_refusal(directory, missing_ok=True)
     if why:
         return why
-    try:
-        os.makedirs(directory, mode=mode, exist_ok=True)
-    except OSError as exc:
-        return f'{directory} cannot be created ({exc.strerror})'
-    return dir_refusal(directory)
+    fd, why = _walk(directory, create=mode)
+    if fd is not None:
+        os.close(fd)
+    return why

@@ -10,7 +10,9 @@ from __future__ import annotations
 import ast
 import glob
 import os
+import shutil
 import stat
+import tempfile
 
 import pytest
 import yaml
@@ -128,3 +130,41 @@ def test_make_dir_creates_parents_and_refuses_a_path_through_a_symlink(tmp_path)
 def test_a_report_dir_must_be_absolute(tmp_path):
     assert 'is a relative path' in outputs.report_dir_refusal('reports')
     assert outputs.report_dir_refusal(str(tmp_path / 'new')) is None
+
+
+def test_a_symlink_swapped_in_after_the_check_is_never_followed(tmp_path, monkeypatch):
+    """The race: the directory passes dir_refusal(), then a component becomes a symlink before the open. The walk opens
+    each component with O_NOFOLLOW, so the swap is refused as well, and nothing lands in the link's target."""
+    elsewhere = tmp_path / 'elsewhere'
+    (elsewhere / 'sub').mkdir(parents=True)
+    (tmp_path / 'reports').symlink_to(elsewhere)
+    monkeypatch.setattr(outputs, 'dir_refusal', lambda directory, missing_ok=False: None)  # the check was raced
+    res = outputs.write(str(tmp_path / 'reports' / 'sub'), 'report.json', '{}')
+    assert not res.written and res.directory_refused and 'symlink' in res.warning
+    assert outputs.make_dir(str(tmp_path / 'reports' / 'new')) is not None
+    assert sorted(p.name for p in elsewhere.rglob('*')) == ['sub'], 'nothing made or written through the link'
+
+
+def test_make_dir_sets_the_mode_whatever_the_umask(tmp_path):
+    old = os.umask(0o077)
+    try:
+        assert outputs.make_dir(str(tmp_path / 'x' / 'y'), mode=0o750) is None
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / 'x').stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / 'x' / 'y').stat().st_mode) == 0o750
+
+
+def test_a_directory_on_a_search_only_path_is_written_as_a_lookup_would(as_nobody):
+    """A component nobody may list but may pass (0711, a home directory) is no obstacle, as for any path lookup."""
+    top = tempfile.mkdtemp(prefix='tritonops-outputs-')
+    try:
+        os.chmod(top, 0o711)
+        inner = os.path.join(top, 'inner')
+        os.mkdir(inner)
+        os.chown(inner, 65534, 65534)
+        res = as_nobody(outputs.write, inner, 'r.md', 'x\n')
+        assert res[1] is True, res
+        assert open(os.path.join(inner, 'r.md')).read() == 'x\n'
+    finally:
+        shutil.rmtree(top)
