@@ -19,7 +19,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.classification impor
     classify,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot
 
 STATUS = """Name:\ttritonserver
 Uid:\t{uid}\t{uid}\t{uid}\t{uid}
