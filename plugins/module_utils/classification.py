@@ -6,8 +6,8 @@
 Private to the tritonops.shm collection: no stability promise to other code.
 
 Given a snapshot (facts.Snapshot, which snapshot.py reads; a literal one in the unit tests) and the caller's
-``Criteria``, ``classify()`` and the functions under it decide without
-reading anything (facts.py holds what they judge). A region is called
+``Criteria`` (client users already resolved to uids), ``classify()`` and the functions under it decide without
+reading anything: this file imports facts.py, never a module that reads (test_layers.py). A region is called
 healthy, stale, reserved, dangling or unknown here (``region_state``), and a file registered, backend, leftover,
 in_use, orphan or foreign (``file_category``); see docs/concepts.md. ``pool_records()`` turns the backend files
 into the per-model pools (``backend_pools``), a pool naming its model only on evidence its holder cannot fake
@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import facts
 from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
@@ -82,7 +81,7 @@ class Criteria:
         orphan_patterns: Iterable[str] | None = None,
         min_age: float = DEFAULT_MIN_AGE,
         backend_patterns: Iterable[str] | None = None,
-        client_users: Iterable[object] | None = None,
+        client_uids: Iterable[int] | None = None,
         wedged_after: int | None = None,
         extra_families: Iterable[Mapping] | None = None,
     ) -> Criteria:
@@ -90,7 +89,8 @@ class Criteria:
 
         The files of every Python-based backend (facts.BACKEND_FILE_PATTERN) are backend files whatever
         backend_patterns says: the configured patterns add to them, never replace them.
-        client_users: names or numeric uids (authority.client_uids; ParameterError for an unknown name).
+        client_uids: the uids of the client_users option, already resolved (authority.client_uids: at the edge, never
+        here, so that the rules look nobody up).
         extra_families: the users' families (families.check_extra; ParameterError when they cannot be used).
         """
         refused = families_mod.check_extra(extra_families)
@@ -101,7 +101,7 @@ class Criteria:
             orphan_patterns=tuple(orphan_patterns or ()),
             min_age=min_age,
             backend_patterns=backend,
-            client_uids=authority_mod.client_uids(client_users),
+            client_uids=frozenset(client_uids or ()),
             wedged_after=facts.WEDGED_AFTER if wedged_after is None else max(1, int(wedged_after)),
             families=families_mod.table(extra_families),
         )

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import (
+    authority,
     classification,
     facts,
     gpu,
@@ -84,6 +85,12 @@ DEFERRED_UNREGISTER_VERSION = (2, 53)
 # Seconds to wait, after CUDA regions were unregistered, for NVML to stop charging their memory to the server (1 GiB
 # came back within 3 s on an H200, docs/cuda.md)
 GPU_SETTLE_TIMEOUT = 10.0
+
+
+def criteria_of(p: dict, orphans: bool = True) -> classification.Criteria:
+    """The parameters' classification criteria, their client_users resolved here, at the edge (authority.client_uids:
+    ParameterError for an unknown name): the rules (region_plan, classification) get uids and look nobody up."""
+    return region_plan.criteria(p, authority.client_uids(p.get('client_users')), orphans)
 
 
 def _may_defer(snap: Snapshot) -> bool:
@@ -411,7 +418,7 @@ class RegionOps(ShmDirWork, Operation):
     @property
     def criteria(self) -> classification.Criteria:
         if self._criteria is None:
-            self._criteria = region_plan.criteria(self.params)
+            self._criteria = criteria_of(self.params)
         return self._criteria
 
     def run(self) -> dict:
@@ -486,7 +493,7 @@ class RegionOps(ShmDirWork, Operation):
         if p['state'] == 'present':
             return self.kind.plan_present(snap, p)
         orphans = bool(p.get('orphan_files') or p.get('inventory'))
-        records = classification.classify(snap, self.criteria if orphans else region_plan.criteria(p, orphans=False))
+        records = classification.classify(snap, self.criteria if orphans else criteria_of(p, orphans=False))
         if p.get('inventory'):
             self.outcome.before_result = results.info_result(snap, records)
         return self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)

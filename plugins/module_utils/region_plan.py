@@ -134,13 +134,14 @@ def same(listed: dict, wanted: dict) -> bool:
     return all(listed.get(k) == wanted.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in wanted)
 
 
-def criteria(p: dict, orphans: bool = True) -> classification.Criteria:
-    """The classification criteria of the parameters (client_users resolved: ParameterError for an unknown name)."""
+def criteria(p: dict, client_uids: Iterable[int], orphans: bool = True) -> classification.Criteria:
+    """The classification criteria of the parameters, with the uids of their client_users as the executor resolved them
+    (region_ops.criteria_of: no user is looked up here)."""
     return classification.Criteria.of(
         orphan_patterns=p.get('orphan_patterns') if orphans else None,
         min_age=p.get('min_age', classification.DEFAULT_MIN_AGE),
         backend_patterns=p.get('backend_patterns'),
-        client_users=p.get('client_users'),
+        client_uids=client_uids,
         wedged_after=p.get('wedged_after'),
         extra_families=p.get('extra_families'),
     )

@@ -44,7 +44,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import holders as ho
 from ansible_collections.tritonops.shm.plugins.module_utils.base import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_comm
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Outcome, ShmDirWork
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Outcome, ShmDirWork, criteria_of
 
 SERVER_SHM = '/dev/shm'  # where a tritonserver's python backend (shm_open) puts its pools, inside its own root
 LOCATED_BY = 'shm_dir given: triton_shm_sweep, no server'
@@ -243,7 +243,7 @@ class Sweep(ShmDirWork, Operation):
     @property
     def criteria(self) -> classification.Criteria:
         if self._criteria is None:
-            self._criteria = region_plan.criteria(self.params, orphans=False)
+            self._criteria = criteria_of(self.params, orphans=False)
         return self._criteria
 
     def check(self) -> None:
@@ -255,7 +255,7 @@ class Sweep(ShmDirWork, Operation):
             raise ParameterError('min_age must be 0 or more seconds')
         region_plan.check_families(p)
         # client_users and extra_families: ParameterError now, before anything is read
-        self._criteria = region_plan.criteria(p, orphans=False)
+        self._criteria = criteria_of(p, orphans=False)
 
     def read(self) -> facts.Snapshot | None:
         """The directory read under its run lock; None when a server uses it and in_use is skip (a warning says so)."""
