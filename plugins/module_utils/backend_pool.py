@@ -266,11 +266,17 @@ class PoolReload(Operation):
         self.threshold = Threshold(params['max_bytes'], params['max_percent'])
         self.outcome: Outcome | None = None
         self.snap: Any = None
+        self.shm: Any = None  # the shm directory (shm_fs.PinnedDir) the first read pinned: wait_gone looks in it
 
     def check(self) -> None:
         for opt in ('max_bytes', 'max_percent'):
             if self.params[opt] is not None and self.params[opt] < 0:
                 raise ParameterError(f'{opt} must not be negative, got {self.params[opt]}')
+
+    def _located(self, shm: Any) -> None:
+        """read_server's on_located: keep the shm directory the first read pinned (the snapshot holds no descriptor)."""
+        if self.shm is None:
+            self.shm = shm
 
     def _pools(self) -> tuple:
         """(snapshot, backend_pools) of one read of the server."""
@@ -284,6 +290,7 @@ class PoolReload(Operation):
             kinds=('system',),
             backend_patterns=criteria.backend_patterns,
             clients_share_pid_namespace=p['clients_share_pid_namespace'],
+            on_located=self._located,
         )
         return snap, classification.pool_records(snap, classification.classify(snap, criteria).files)
 
@@ -347,7 +354,7 @@ class PoolReload(Operation):
             entry = self._entry(p)
             start = time.monotonic()
             reload_model(self.client, p.model, self.params['load_timeout'])
-            left = wait_gone(self.snap.shm, p.pools, wait)
+            left = wait_gone(self.shm, p.pools, wait)
             entry.update(seconds=round(time.monotonic() - start, 3), old_gone=not left)
             _snap, after = self._pools()
             mine = [q for q in after if q.get('model') == p.model and q['name'] not in p.pools]

@@ -40,11 +40,10 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     is_grpc_url,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import BACKEND_PATTERNS, WEDGED_AFTER
 from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation, run_steps
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import BACKEND_PATTERNS
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
-from ansible_collections.tritonops.shm.plugins.module_utils.wedged import WEDGED_AFTER
 
 
 def connection_argument_spec() -> dict:

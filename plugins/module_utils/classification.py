@@ -5,11 +5,13 @@
 
 Private to the tritonops.shm collection: no stability promise to other code.
 
-Given a snapshot (snapshot.py; a literal one in the unit tests) and the caller's ``Criteria``, ``classify()`` and the
-functions under it decide without reading anything. A region is called healthy, stale, reserved, dangling or unknown
-here (``region_state``), and a file registered, backend, leftover, in_use, orphan or foreign (``file_category``); see
-docs/concepts.md. ``pool_records()`` turns the backend files into the per-model pools (``backend_pools``), a pool
-naming its model only on evidence its holder cannot fake (``pool_attribution``).
+Given a snapshot (facts.Snapshot, which snapshot.py reads; a literal one in the unit tests) and the caller's
+``Criteria`` (client users already resolved to uids), ``classify()`` and the functions under it decide without
+reading anything: this file imports facts.py, never a module that reads (test_layers.py). A region is called
+healthy, stale, reserved, dangling or unknown here (``region_state``), and a file registered, backend, leftover,
+in_use, orphan or foreign (``file_category``); see docs/concepts.md. ``pool_records()`` turns the backend files
+into the per-model pools (``backend_pools``), a pool naming its model only on evidence its holder cannot fake
+(``pool_attribution``).
 """
 
 from __future__ import annotations
@@ -21,24 +23,21 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
+from ansible_collections.tritonops.shm.plugins.module_utils import facts
 from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
-from ansible_collections.tritonops.shm.plugins.module_utils import wedged as wedged_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ParameterError,
     ShmFsError,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import (
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import (
     STUB_NAME,
     PoolHolder,
     ServerFacts,
     Snapshot,
-    _file_name,
+    backing_name,
     stub_args,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     BACKEND,
     DANGLING,
@@ -71,9 +70,9 @@ class Criteria:
 
     orphan_patterns: tuple = ()
     min_age: float = DEFAULT_MIN_AGE
-    backend_patterns: tuple = shm_fs.BACKEND_PATTERNS
+    backend_patterns: tuple = facts.BACKEND_PATTERNS
     client_uids: frozenset = frozenset()  # uids whose files a cleanup may remove besides the server's user's
-    wedged_after: int = wedged_mod.WEDGED_AFTER  # runs whose unregister Triton refused or deferred before wedged
+    wedged_after: int = facts.WEDGED_AFTER  # runs whose unregister Triton refused or deferred before wedged
     families: tuple = families_mod.FAMILIES  # other software's files: never orphans (families.table())
 
     @classmethod
@@ -82,27 +81,28 @@ class Criteria:
         orphan_patterns: Iterable[str] | None = None,
         min_age: float = DEFAULT_MIN_AGE,
         backend_patterns: Iterable[str] | None = None,
-        client_users: Iterable[object] | None = None,
+        client_uids: Iterable[int] | None = None,
         wedged_after: int | None = None,
         extra_families: Iterable[Mapping] | None = None,
     ) -> Criteria:
         """From module options: None patterns are none (orphans) or the default (backend).
 
-        The files of every Python-based backend (shm_fs.BACKEND_FILE_PATTERN) are backend files whatever
+        The files of every Python-based backend (facts.BACKEND_FILE_PATTERN) are backend files whatever
         backend_patterns says: the configured patterns add to them, never replace them.
-        client_users: names or numeric uids (authority.client_uids; ParameterError for an unknown name).
+        client_uids: the uids of the client_users option, already resolved (authority.client_uids: at the edge, never
+        here, so that the rules look nobody up).
         extra_families: the users' families (families.check_extra; ParameterError when they cannot be used).
         """
         refused = families_mod.check_extra(extra_families)
         if refused is not None:
             raise ParameterError(refused)
-        backend = tuple(dict.fromkeys(shm_fs.BACKEND_PATTERNS + tuple(backend_patterns or ())))
+        backend = tuple(dict.fromkeys(facts.BACKEND_PATTERNS + tuple(backend_patterns or ())))
         return cls(
             orphan_patterns=tuple(orphan_patterns or ()),
             min_age=min_age,
             backend_patterns=backend,
-            client_uids=authority_mod.client_uids(client_users),
-            wedged_after=wedged_mod.WEDGED_AFTER if wedged_after is None else max(1, int(wedged_after)),
+            client_uids=frozenset(client_uids or ()),
+            wedged_after=facts.WEDGED_AFTER if wedged_after is None else max(1, int(wedged_after)),
             families=families_mod.table(extra_families),
         )
 
@@ -131,7 +131,7 @@ def removal_refusal(snap: Snapshot, criteria: Criteria, entry: dict) -> str | No
     if snap.authority is None:
         return 'not removed: what the server process may remove in its shm directory is not known'
     if entry.get('links', 1) > 1:
-        return f'not removed: it {shm_fs.hard_links_refusal(entry["links"])}'
+        return f'not removed: it {facts.hard_links_refusal(entry["links"])}'
     return snap.authority.refusal(entry['uid'], criteria.client_uids)
 
 
@@ -156,7 +156,7 @@ class RegionFacts(NamedTuple):
     reserved: bool = False  # its mark names this region
     ambiguous: str | None = None  # why the file that backs it cannot be told (several files of its name)
     backend: str | None = None  # what makes the backing file one of Triton's own backend files (a pool), if it is
-    wedged: str | None = None  # why Triton will not let it go (wedged.Attempts reached wedged_after), if so
+    wedged: str | None = None  # why Triton will not let it go (facts.Attempts reached wedged_after), if so
 
 
 def region_state(f: RegionFacts) -> tuple[str, str]:
@@ -181,14 +181,14 @@ def region_state(f: RegionFacts) -> tuple[str, str]:
             '(suspect: true), and the pool file stays'
         )
     if f.holders:
-        return HEALTHY, 'held by ' + holders_mod.holders_text(f.holders)
+        return HEALTHY, 'held by ' + facts.holders_text(f.holders)
     if not f.holders_complete:
         return UNKNOWN, 'holders could not be fully determined'
     if not f.server_known:
         return UNKNOWN, 'the server process is not known, so its own mapping cannot be told apart'
     if f.reserved:
         return RESERVED, (
-            f'registered by tritonops.shm (its file carries the mark {shm_fs.RESERVED_XATTR}) and not '
+            f'registered by tritonops.shm (its file carries the mark {facts.RESERVED_XATTR}) and not '
             'mapped by a client yet: desired state, never stale'
         )
     if f.wedged is not None:
@@ -229,8 +229,8 @@ def _idents(keys: Iterable[tuple]) -> str:
 def region_record(
     snap: Snapshot,
     region: dict,
-    backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
-    wedged_after: int = wedged_mod.WEDGED_AFTER,
+    backend_patterns: Sequence[str] = facts.BACKEND_PATTERNS,
+    wedged_after: int = facts.WEDGED_AFTER,
 ) -> dict:
     """The record of one system region: the server's fields, its file, holders, mark, state and reclaimable.
 
@@ -243,7 +243,7 @@ def region_record(
     reserved = False
     ambiguous = None
     if snap.shm_dir is not None:
-        name = _file_name(region.get('key'))
+        name = backing_name(region.get('key'))
         if isinstance(name, ShmFsError):
             key_error = str(name)
         else:
@@ -267,7 +267,7 @@ def region_record(
                     reserved = snap.marks.get(name) == region.get('name')
                     pool = snap.pool_names.of(name) if snap.pool_names is not None else None
                     if matches(name, backend_patterns) or pool:
-                        owner = shm_fs.backend_of(name) or 'python'
+                        owner = facts.backend_of(name) or 'python'
                         backend = f"{path}, a file of Triton's {owner} backend" + (f' ({pool})' if pool else '')
                 if unlinked:
                     ambiguous = (
@@ -301,9 +301,9 @@ def region_record(
     return rec
 
 
-def _wedged(attempts: wedged_mod.Attempts | None, region: dict, wedged_after: int) -> str | None:
+def _wedged(attempts: facts.Attempts | None, region: dict, wedged_after: int) -> str | None:
     """Why a region Triton would not let go on wedged_after consecutive runs is wedged (None: it is not)."""
-    if attempts is None or attempts.runs < wedged_after or attempts.spec != wedged_mod.spec_of(region):
+    if attempts is None or attempts.runs < wedged_after or attempts.spec != facts.spec_of(region):
         return None
     since = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(attempts.since))
     return (
@@ -431,7 +431,7 @@ def file_backend(name: str, category: str) -> str | None:
     """
     if category not in (BACKEND, LEFTOVER):
         return None
-    return shm_fs.backend_of(name) or 'python'
+    return facts.backend_of(name) or 'python'
 
 
 def file_category(
@@ -440,7 +440,7 @@ def file_category(
     all_holders: Sequence[dict],
     holders_complete: bool,
     criteria: Criteria,
-    leftover: shm_fs.CleanupMark | None = None,
+    leftover: facts.CleanupMark | None = None,
     pool: str | None = None,
 ) -> tuple[str, str]:
     """(category, category_reason) of a directory entry; all_holders include the server process.
@@ -461,7 +461,7 @@ def file_category(
     if regions:
         return REGISTERED, f'backs region(s) {", ".join(regions)}'
     if all_holders:
-        return IN_USE, 'held by ' + holders_mod.holders_text(all_holders)
+        return IN_USE, 'held by ' + facts.holders_text(all_holders)
     software = families_mod.describe(e['name'], criteria.families)
     if software is not None:
         return FOREIGN, f'{software}: never an orphan, whatever orphan_patterns says'
@@ -474,10 +474,10 @@ def file_category(
             else 'that found it held and could not give its name back (taken again meanwhile)'
         )
         return ORPHAN, (
-            f'left by a stale cleanup of this server {what} (recorded in {shm_fs.CLEANUP_XATTR} on the shm '
+            f'left by a stale cleanup of this server {what} (recorded in {facts.CLEANUP_XATTR} on the shm '
             'directory): the next stale cleanup removes it'
         )
-    if shm_fs.own_quarantine(e['name'], e['inode']):
+    if facts.own_quarantine(e['name'], e['inode']):
         if not holders_complete:
             return FOREIGN, 'holders could not be fully determined'
         return ORPHAN, (
@@ -499,7 +499,7 @@ def backend_category(
     """(category, category_reason) of a backend file: backend while any process holds it (or may: an incomplete
     scan, or younger than min_age), else leftover: the pool of a dead server and its stubs. pool: why it is a pool by
     a prefix read from a server's command line, when it is."""
-    owner = shm_fs.backend_of(e['name'])
+    owner = facts.backend_of(e['name'])
     if owner is not None:
         what = f"Triton's {owner} backend shared memory (triton_{owner}_backend_shm_region_*, a Python-based backend's file)"
     elif pool is not None:
@@ -507,7 +507,7 @@ def backend_category(
     else:
         what = "Triton's python backend shared memory (matches the backend patterns)"
     if all_holders:
-        return BACKEND, f'{what}, held by {holders_mod.holders_text(all_holders)}: never an orphan, never a leftover'
+        return BACKEND, f'{what}, held by {facts.holders_text(all_holders)}: never an orphan, never a leftover'
     if not holders_complete:
         return BACKEND, f'{what}: never an orphan; not held as far as seen, but holders could not be fully determined'
     if e['age_s'] < min_age:

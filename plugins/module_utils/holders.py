@@ -38,10 +38,10 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from collections.abc import Collection, Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Collection, Iterable
 
-from ansible_collections.tritonops.shm.plugins.module_utils.containers import Identity, identity
+from ansible_collections.tritonops.shm.plugins.module_utils.containers import identity
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import INITIAL, OTHER, FileKey, HolderScan, Visibility
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     list_pids,
     pid_namespace,
@@ -52,8 +52,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.procfs import (
     other_tasks as procfs_other_tasks,
 )
 
-FileKey = tuple[int, int]  # (st_dev, st_ino)
-
 
 def dev_maps_str(dev: int) -> str:
     """st_dev as printed in /proc/PID/maps: hex major:minor, at least two digits each."""
@@ -63,29 +61,6 @@ def dev_maps_str(dev: int) -> str:
 def dev_mountinfo_str(dev: int) -> str:
     """st_dev as printed in /proc/PID/mountinfo: decimal major:minor."""
     return f'{os.major(dev)}:{os.minor(dev)}'
-
-
-def holders_text(holders: Iterable[Mapping[str, object]]) -> str:
-    """Holders as people read them: '4711 (python), 4712 (tritonserver in pod ml/triton-0)'."""
-    return ', '.join(f'{h["pid"]} ({h["comm"]}{_in(h)})' for h in holders)
-
-
-def _in(holder: Mapping[str, object]) -> str:
-    container = holder.get('container')
-    return f' in {container["name"]}' if isinstance(container, Mapping) else ''
-
-
-INITIAL = 'initial'
-OTHER = 'other'
-
-
-class Visibility(NamedTuple):
-    """Whether a pass over a proc filesystem can see every process that may hold the server's files."""
-
-    pid_namespace: str  # INITIAL (the host's) or OTHER
-    complete: bool  # every possible holder is visible (or the operator says so)
-    reason: str | None = None  # why not, and what to do; None when complete
-    clients_share_pid_namespace: bool = False  # the operator's statement, as given
 
 
 def visibility(proc: str = '/proc', clients_share_pid_namespace: bool = False) -> Visibility:
@@ -107,62 +82,6 @@ def visibility(proc: str = '/proc', clients_share_pid_namespace: bool = False) -
         ),
         False,
     )
-
-
-# what a HolderScan built by hand (unit tests' literal snapshots) assumes: nothing judged, nothing hidden
-NOT_JUDGED = Visibility(INITIAL, True)
-
-
-class HolderScan:
-    """Result of one /proc pass."""
-
-    def __init__(self, visibility: Visibility = NOT_JUDGED) -> None:
-        self.holders: dict[FileKey, set[int]] = {}
-        self.comms: dict[int, str | None] = {}
-        self.identities: dict[int, Identity] = {}  # read for the holders found only (one cgroup read each)
-        self.unreadable: list[int] = []  # pids that could hold a target and could not be read
-        self.unreadable_ignored: list[int] = []  # unreadable pids whose mount namespace cannot see the shm fs
-        self.processes = 0
-        self.deleted: dict[str, FileKey] = {}  # files the server maps although they were unlinked (scan(deleted_of=))
-        self.deleted_all: dict[str, list[FileKey]] = {}  # the same, every file of each name (names can repeat)
-        self.deleted_bytes: dict[FileKey, int] = {}  # what each of those files occupies (deleted_sizes), when known
-        self.hidden = False  # /proc mounted with hidepid and we are not root
-        self.hidden_reason: str | None = None
-        self.visibility = visibility  # the visibility rule for the proc that was read
-
-    @property
-    def complete(self) -> bool:
-        return not self.unreadable and not self.hidden and self.visibility.complete
-
-    def incomplete_reason(self) -> str | None:
-        """Every reason the scan is incomplete, joined with '; ' (None when it is complete)."""
-        reasons = []
-        if self.hidden:
-            reasons.append(self.hidden_reason)
-        if self.unreadable:
-            sample = ', '.join(str(p) for p in sorted(self.unreadable)[:5])
-            more = ', ...' if len(self.unreadable) > 5 else ''
-            reasons.append(
-                f'{len(self.unreadable)} process(es) could not be inspected (pids {sample}{more}): '
-                'run the module as root (become: true) so every holder can be seen'
-            )
-        if not self.visibility.complete:
-            reasons.append(self.visibility.reason)
-        return '; '.join(r for r in reasons if r) or None
-
-    def holders_of(self, dev: int, ino: int, exclude: Iterable[int] = ()) -> list[dict[str, object]]:
-        pids = self.holders.get((dev, ino))
-        if not pids:
-            return []
-        return [self._holder(p) for p in sorted(pids) if p not in exclude]
-
-    def _holder(self, pid: int) -> dict[str, object]:
-        """{'pid', 'comm'}, and 'container' (containers.Identity.as_dict) when the host shows the process in one."""
-        out: dict[str, object] = {'pid': pid, 'comm': self.comms.get(pid)}
-        found = self.identities.get(pid)
-        if found is not None and found.found:
-            out['container'] = found.as_dict()
-        return out
 
 
 def proc_hidepid(proc: str = '/proc') -> str | None:
@@ -282,7 +201,7 @@ def parse_deleted_all(data: bytes, path_prefix: str = '/dev/shm/') -> dict[str, 
 
     A name can stand for several files (a file unlinked, another made under its name and mapped too), and a
     file literally named "k (deleted)" prints as the unlinked "k": the caller tells them apart by (dev, ino)
-    (snapshot.Snapshot.unlinked).
+    (facts.Snapshot.unlinked).
     """
     out: dict[str, list[FileKey]] = {}
     prefix = os.fsencode(path_prefix)

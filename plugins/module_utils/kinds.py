@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import classification, records, region_plan
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot
 
 
 class RegionKind(NamedTuple):

@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import (
+    authority,
     classification,
+    facts,
     gpu,
     kinds,
     nvml,
@@ -45,11 +47,10 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     TritonError,
     TritonOpsError,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot, holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
 from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
 
@@ -84,6 +85,12 @@ DEFERRED_UNREGISTER_VERSION = (2, 53)
 # Seconds to wait, after CUDA regions were unregistered, for NVML to stop charging their memory to the server (1 GiB
 # came back within 3 s on an H200, docs/cuda.md)
 GPU_SETTLE_TIMEOUT = 10.0
+
+
+def criteria_of(p: dict, orphans: bool = True) -> classification.Criteria:
+    """The parameters' classification criteria, their client_users resolved here, at the edge (authority.client_uids:
+    ParameterError for an unknown name): the rules (region_plan, classification) get uids and look nobody up."""
+    return region_plan.criteria(p, authority.client_uids(p.get('client_users')), orphans)
 
 
 def _may_defer(snap: Snapshot) -> bool:
@@ -179,10 +186,16 @@ class ShmDirWork:
     take the run lock of the directory (runlock.py), and remove planned files safely (quarantine rename, holders
     scanned again, unlink by device and inode, or give the file back).
 
-    The class using it sets: params (lock_dir, inventory), serialise, lock (None), lock_dir, sleep, clock, warn,
-    outcome (an Outcome: skipped, removed_files, freed_bytes), _finished ([]); and, when params has inventory,
-    _read_again().
+    The class using it sets: params (lock_dir, inventory), serialise, lock (None), shm (None), lock_dir, sleep, clock,
+    warn, check_mode, outcome (an Outcome: skipped, removed_files, freed_bytes), _finished ([]); and, when params has
+    inventory, _read_again(). shm is the shm directory the read pinned (_located keeps it): the snapshot is plain data
+    (facts.py), and every change in the directory goes through this descriptor, never its path.
     """
+
+    def _located(self, shm: shm_fs.PinnedDir | None) -> Lock:
+        """What the read calls once the server is located: keep the directory it pinned, and (not in check mode) lock it."""
+        self.shm = shm
+        return Lock.NOT_NEEDED if self.check_mode else self._lock(shm)
 
     def _lock(self, shm: shm_fs.PinnedDir | None) -> Lock:
         """Serialise runs on the shm directory shm (read() asks once, before it reads the regions): runlock.py."""
@@ -225,7 +238,7 @@ class ShmDirWork:
             return None
         want_after = bool(self.params.get('inventory'))
         moved = []
-        with shm_fs.ShmDir(snap.shm) as d:
+        with shm_fs.ShmDir(self.shm) as d:
             for entry, region in file_plan:
                 q = self._quarantine(d, snap, entry, region, still_registered)
                 if q is not None:
@@ -247,7 +260,7 @@ class ShmDirWork:
         fs = None
         if check.shm_dir is not None:
             try:
-                fs = shm_fs.usage(check.shm)
+                fs = shm_fs.usage(self.shm)
             except OSError:
                 pass
         return check.without(gone, fs=fs)
@@ -260,7 +273,7 @@ class ShmDirWork:
         reason = None
         if region in still_registered:
             reason = f"region '{region}' is still registered"
-        elif shm_fs.is_quarantine_name(name):
+        elif facts.is_quarantine_name(name):
             # left quarantined by a run stopped before its unlink: no client can open it by name
             mark = snap.cleanup_marks.get(name)
             original = mark.name if mark is not None else name
@@ -354,7 +367,7 @@ class ShmDirWork:
         record = shm_fs.read_cleanup_record(d.fd)
         if q.ino in record or not server:
             return
-        record[q.ino] = shm_fs.CleanupMark('', q.original, server)
+        record[q.ino] = facts.CleanupMark('', q.original, server)
         try:
             d.write_cleanup_record(record)
         except ShmFsError as exc:
@@ -381,6 +394,7 @@ class RegionOps(ShmDirWork, Operation):
         self.serialise = serialise
         self.lock_dir = lock_dir  # runlock.lock_dir() when None
         self.lock = None
+        self.shm = None  # the shm directory the read pinned (_located): this run acts through it
         self.params = params
         self.kind = kinds.KINDS[params.get('kind') or 'system']  # what differs between kinds (kinds.py)
         self.check_mode = check_mode
@@ -393,7 +407,7 @@ class RegionOps(ShmDirWork, Operation):
         self.snap = None  # the read this run planned from
         self.snap_after = None  # the read before unlinking, when it is also the state returned after the change
         self._criteria = None  # the parameters' classification.Criteria, client users resolved once per run
-        self._record = None  # the cleanup record this run wrote ({inode: shm_fs.CleanupMark}), if it did
+        self._record = None  # the cleanup record this run wrote ({inode: facts.CleanupMark}), if it did
         self._ours = set()  # the inodes this run added to it
         self._finished = []  # the inodes of files this run removed or gave back to a holder
 
@@ -404,7 +418,7 @@ class RegionOps(ShmDirWork, Operation):
     @property
     def criteria(self) -> classification.Criteria:
         if self._criteria is None:
-            self._criteria = region_plan.criteria(self.params)
+            self._criteria = criteria_of(self.params)
         return self._criteria
 
     def run(self) -> dict:
@@ -438,13 +452,15 @@ class RegionOps(ShmDirWork, Operation):
                 kinds=(self.kind.name,),
                 backend_patterns=self.criteria.backend_patterns,
                 clients_share_pid_namespace=bool(p.get('clients_share_pid_namespace')),
-                on_located=None if self.check_mode else self._lock,
+                on_located=self._located,
                 read_nvml=self.read_nvml,
                 lock_dir=self.lock_dir or p.get('lock_dir'),
             )
         except BaseException:
             self.release()
             raise
+        if snap.shm_dir is None:
+            self.shm = None  # pinned, then not listed: nothing in it is judged or touched
         return Reading(snap, self.kind.regions(snap))
 
     @contextlib.contextmanager
@@ -477,7 +493,7 @@ class RegionOps(ShmDirWork, Operation):
         if p['state'] == 'present':
             return self.kind.plan_present(snap, p)
         orphans = bool(p.get('orphan_files') or p.get('inventory'))
-        records = classification.classify(snap, self.criteria if orphans else region_plan.criteria(p, orphans=False))
+        records = classification.classify(snap, self.criteria if orphans else criteria_of(p, orphans=False))
         if p.get('inventory'):
             self.outcome.before_result = results.info_result(snap, records)
         return self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
@@ -534,7 +550,7 @@ class RegionOps(ShmDirWork, Operation):
             return
         created = None
         if plan.create:
-            with shm_fs.ShmDir(snap.shm) as d:
+            with shm_fs.ShmDir(self.shm) as d:
                 created = d.create(plan.create, plan.need)
             self.outcome.created_files.append(os.path.join(snap.shm_dir, plan.create))
         try:
@@ -545,13 +561,13 @@ class RegionOps(ShmDirWork, Operation):
                 lambda cur: self.kind.restore(self.client, cur),
             )
             if self.kind.files and snap.shm_dir is not None:
-                key_name = shm_fs.key_to_name(p['key'])
+                key_name = facts.key_to_name(p['key'])
                 for name in self.outcome.registered:
                     self._mark(snap, key_name, name)
         except TritonError:
             if created is not None and not self.outcome.registered:
                 # nothing uses the file we created: take it back (only that very file, by device and inode)
-                with shm_fs.ShmDir(snap.shm) as d:
+                with shm_fs.ShmDir(self.shm) as d:
                     d.unlink(plan.create, created.st_dev, created.st_ino)
                 self.outcome.created_files = []
             raise
@@ -588,7 +604,7 @@ class RegionOps(ShmDirWork, Operation):
             self.client,
             server_pid=self.snap.pid,
             shm_dir=self.snap.shm_dir,
-            shm=self.snap.shm,
+            shm=self.shm,
             kinds=(self.kind.name,),
             backend_patterns=self.criteria.backend_patterns,
             clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
@@ -617,7 +633,7 @@ class RegionOps(ShmDirWork, Operation):
     def _measure_after(self) -> None:
         if self.snap and self.snap.shm_dir and not self.check_mode:
             try:
-                self.outcome.used_after = shm_fs.usage(self.snap.shm)['used_bytes']
+                self.outcome.used_after = shm_fs.usage(self.shm)['used_bytes']
             except OSError:
                 pass
 
@@ -686,7 +702,7 @@ class RegionOps(ShmDirWork, Operation):
         """Mark the backing file as this region's (reserved); a refusal is a warning, the region stays registered."""
         path = os.path.join(snap.shm_dir, key_name)
         try:
-            with shm_fs.ShmDir(snap.shm) as d:
+            with shm_fs.ShmDir(self.shm) as d:
                 st = d.lstat(key_name)
                 if st is None:
                     raise ShmFsError(f'{path} does not exist')
@@ -790,14 +806,14 @@ class RegionOps(ShmDirWork, Operation):
         try:
             fd = os.open(self.lock.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                wedged.write(fd, snap.shm.dev, snap.shm.ino, snap.server_id, after)
+                wedged.write(fd, self.shm.dev, self.shm.ino, snap.server_id, after)
             finally:
                 os.close(fd)
         except OSError as exc:
             self.warn(f'cannot write the record of wedged regions in {self.lock.directory}: {exc.strerror or exc}')
 
     def _mark_files(self, snap: Snapshot, file_plan: list) -> set:
-        """Invariant 8: record the planned backing files (shm_fs.CLEANUP_XATTR) before their regions are unregistered.
+        """Invariant 8: record the planned backing files (facts.CLEANUP_XATTR) before their regions are unregistered.
 
         One record on the shm directory (the files themselves, their ctimes included, are untouched). It keeps
         what an earlier record still names (another server's, or a killed run's), and adds this run's files;
@@ -809,24 +825,24 @@ class RegionOps(ShmDirWork, Operation):
         ``foreign`` for good; kept registered (skipped with the reason), a later run on a writable directory finishes
         both. When the record is refused otherwise (no trusted.* attributes: a container without CAP_SYS_ADMIN), the
         cleanup goes on with a warning: a run stopped after a quarantine rename leaves a file under the collection's
-        quarantine name, which the next stale cleanup recognises (shm_fs.own_quarantine), and one stopped between an
+        quarantine name, which the next stale cleanup recognises (facts.own_quarantine), and one stopped between an
         unregister and its rename leaves the file to orphan patterns.
         """
         ours = {
-            e['inode']: shm_fs.CleanupMark(region, e['name'], snap.server_id or '')
+            e['inode']: facts.CleanupMark(region, e['name'], snap.server_id or '')
             for e, region in file_plan
             if region is not None
         }
         if not ours:
             return set()
         present = {e['inode'] for e in snap.entries}
-        record = {ino: m for ino, m in shm_fs.read_cleanup_record(snap.shm.fd).items() if ino in present}
+        record = {ino: m for ino, m in shm_fs.read_cleanup_record(self.shm.fd).items() if ino in present}
         record.update(ours)
         try:
-            with shm_fs.ShmDir(snap.shm) as d:
+            with shm_fs.ShmDir(self.shm) as d:
                 d.write_cleanup_record(record)
         except ShmFsError as exc:
-            if shm_fs.read_only(snap.shm):
+            if shm_fs.read_only(self.shm):
                 kept = {m.region for m in ours.values()}
                 reason = (
                     f'the shm directory {snap.shm_dir} is read-only: its file could not be recorded nor removed, so '
@@ -861,12 +877,12 @@ class RegionOps(ShmDirWork, Operation):
             return
         # read again, never this run's copy: a run that found the lock squatted by another user overlaps other root
         # runs, and writing back its copy would erase what they recorded meanwhile (their files then lost to a kill)
-        current = shm_fs.read_cleanup_record(snap.shm.fd)
+        current = shm_fs.read_cleanup_record(self.shm.fd)
         if not done & set(current):
             return
         record = {ino: m for ino, m in current.items() if ino not in done}
         try:
-            with shm_fs.ShmDir(snap.shm) as d:
+            with shm_fs.ShmDir(self.shm) as d:
                 d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(str(exc))
@@ -994,7 +1010,7 @@ def unlinked_freed(snap: Snapshot | None, gone: Iterable[str]) -> int:
     kept: set = set()
     for region in snap.system:
         try:
-            name = shm_fs.key_to_name(region.get('key'))  # the one reading of a key, as classification's
+            name = facts.key_to_name(region.get('key'))  # the one reading of a key, as classification's
         except ShmFsError:
             continue
         if snap.entry(name) is None:  # no listed file: the server may map an unlinked one (a dangling region)

@@ -18,14 +18,13 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import classification, shm_fs, vocabulary
+from ansible_collections.tritonops.shm.plugins.module_utils import classification, facts, vocabulary
 from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ServerNotFound, ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.holders import holders_text
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot, holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.records import CUDA, KINDS, SYSTEM
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
 # Seconds to retry an unregister Triton refuses as "in use", and to wait for a deferred one to leave
@@ -135,13 +134,14 @@ def same(listed: dict, wanted: dict) -> bool:
     return all(listed.get(k) == wanted.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in wanted)
 
 
-def criteria(p: dict, orphans: bool = True) -> classification.Criteria:
-    """The classification criteria of the parameters (client_users resolved: ParameterError for an unknown name)."""
+def criteria(p: dict, client_uids: Iterable[int], orphans: bool = True) -> classification.Criteria:
+    """The classification criteria of the parameters, with the uids of their client_users as the executor resolved them
+    (region_ops.criteria_of: no user is looked up here)."""
     return classification.Criteria.of(
         orphan_patterns=p.get('orphan_patterns') if orphans else None,
         min_age=p.get('min_age', classification.DEFAULT_MIN_AGE),
         backend_patterns=p.get('backend_patterns'),
-        client_users=p.get('client_users'),
+        client_uids=client_uids,
         wedged_after=p.get('wedged_after'),
         extra_families=p.get('extra_families'),
     )
@@ -238,21 +238,21 @@ def _check_key(key: object, backend_patterns: Sequence[str] | None) -> str:
                 f"(Triton 2.61 and later refuse it: '... - invalid shm key '{key}''): choose a key like "
                 "'/my_region'"
             )
-        if stripped.startswith(shm_fs.BACKEND_PREFIX):
+        if stripped.startswith(facts.BACKEND_PREFIX):
             raise ParameterError(
-                f"key '{key}' starts with '{shm_fs.BACKEND_PREFIX}', the prefix Triton reserves "
+                f"key '{key}' starts with '{facts.BACKEND_PREFIX}', the prefix Triton reserves "
                 'for its python backend (Triton 2.60 and later refuse it as a reserved prefix, 2.61 '
                 'and later also after leading slashes): choose another key'
             )
-        owner = shm_fs.backend_of(stripped)
+        owner = facts.backend_of(stripped)
         if owner is not None:
             raise ParameterError(
-                f"key '{key}' has the form {shm_fs.BACKEND_FILE_PATTERN} of a Python-based backend's "
+                f"key '{key}' has the form {facts.BACKEND_FILE_PATTERN} of a Python-based backend's "
                 f"files (here the {owner} backend's): registering it as a client region would hand "
                 "Triton's own memory to clients; choose another key"
             )
     try:
-        return shm_fs.key_to_name(key)
+        return facts.key_to_name(key)
     except ShmFsError as exc:
         raise ParameterError(exc.msg) from exc
 
@@ -278,7 +278,7 @@ def _check_absent(p: dict) -> None:
 
 def plan_present(snap: Snapshot, p: dict) -> Plan:
     """Register the one name of p with key, offset and byte_size; create the backing file when asked and missing."""
-    key_name = shm_fs.key_to_name(p['key'])
+    key_name = facts.key_to_name(p['key'])
     need = p['offset'] + p['byte_size']
     current = {r['name']: r for r in snap.system}
     wanted = {'key': p['key'], 'offset': p['offset'], 'byte_size': p['byte_size']}
@@ -549,7 +549,7 @@ def plan_files(
             FileAction(entries[f['path']], None)
             for f in files
             if f['category'] == 'orphan'
-            and (snap.leftover(f['name']) is not None or shm_fs.own_quarantine(f['name'], f['inode']))
+            and (snap.leftover(f['name']) is not None or facts.own_quarantine(f['name'], f['inode']))
         )
     if p.get('backend_leftovers'):
         file_plan.extend(FileAction(entries[f['path']], None) for f in files if f['category'] == vocabulary.LEFTOVER)

@@ -3,8 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """What triton_shm_info returns for a classified snapshot: the result and its summary.
 
-Private to the tritonops.shm collection: no stability promise to other code. Pure: snapshot.py reads, classification.py
-decides, this builds.
+Private to the tritonops.shm collection: no stability promise to other code. Pure: snapshot.py reads (facts.py, the
+plain data), classification.py decides, this builds.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records, pool_records
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
     CUDA_STATES,
     DANGLING,

@@ -24,21 +24,13 @@ from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import families, rootfs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
-
-BACKEND_PREFIX = 'triton_python_backend_shm_region_'
-# Every Python-based backend (python, vllm, …: the python backend's stub serves them all) names its
-# files triton_<backend>_backend_shm_region_<suffix> (a counter before Triton 24.04, a UUID since);
-# --backend-config=python,shm-region-prefix-name=X replaces the whole prefix. Files of this form are
-# always backend files, whatever backend_patterns adds (classification.Criteria).
-BACKEND_FILE_PATTERN = 'triton_*_backend_shm_region_*'
-BACKEND_PATTERNS = (BACKEND_FILE_PATTERN,)
-_BACKEND_FILE = re.compile(r'triton_(.+?)_backend_shm_region_')
-
-
-def backend_of(name: str) -> str | None:
-    """The backend a file of the form triton_<backend>_backend_shm_region_* belongs to ('vllm'), else None."""
-    found = _BACKEND_FILE.match(name)
-    return found.group(1) if found else None
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import (
+    CLEANUP_XATTR,
+    QUARANTINE_PREFIX,
+    RESERVED_XATTR,
+    CleanupMark,
+    hard_links_refusal,
+)
 
 
 # Files of other software that live in /dev/shm: never an orphan, whatever orphan_patterns says (V(*) included).
@@ -48,34 +40,10 @@ def other_software(name: str) -> str | None:
     return families.describe(name)
 
 
-# The mark of a region this collection registered (the 建 step): an extended attribute of the
-# backing file, whose value is the region's name. trusted.* needs CAP_SYS_ADMIN to set and to read,
-# tmpfs supports it, and it goes with the file: a file removed and created again has no mark.
-RESERVED_XATTR = 'trusted.tritonops_shm.reserved'
-
-# The marks of the files a stale cleanup is about to remove (invariant 8): written before their regions are
-# unregistered, so that a run killed part-way leaves files a rerun can tell apart from everyone else's. One
-# record on the shm directory itself (not an attribute per file: one write for 3,000 files, and no file's
-# ctime changes), in chunks CLEANUP_XATTR.0, .1, … of JSON: {"files": [[inode, name, region, server], …]},
-# server being the server process (pid:start time) that listed the region: only that same server's later
-# runs finish the job. trusted.* needs root to set and to read, and the kernel enforces it.
-CLEANUP_XATTR = 'trusted.tritonops_shm.cleanup'
+# The marks (RESERVED_XATTR, CLEANUP_XATTR) and the quarantine names (QUARANTINE_PREFIX): facts.py.
 _CHUNK = 60000  # below the 64 KiB limit of one attribute value
 
-# A file to remove is first renamed to a quarantine name inside the shm directory (one component,
-# never an existing name: RENAME_NOREPLACE), its holders are scanned again, then it is unlinked, or
-# renamed back when someone attached meanwhile (invariant 13). A client that opens it by name in
-# between finds nothing (ENOENT) rather than a file about to go.
-QUARANTINE_PREFIX = '.tritonops_shm.quarantine.'
 _RENAME_NOREPLACE = 1
-
-
-class CleanupMark(NamedTuple):
-    """One file of the cleanup record: the region unregistered, the file's own name, the server (pid:start time)."""
-
-    region: str
-    name: str
-    server: str
 
 
 def _record_names(names: list) -> list:
@@ -97,21 +65,6 @@ def read_cleanup_record(path: str | int) -> dict:
         }
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-
-
-def is_quarantine_name(name: str) -> bool:
-    return name.startswith(QUARANTINE_PREFIX)
-
-
-def own_quarantine(name: str, inode: int) -> bool:
-    """Whether name is the quarantine name a cleanup gives the file of this very inode (QUARANTINE_PREFIX, the inode,
-    a dot and the run's 12 hex digits): such a file is past its region's unregister (or had none), and a run that
-    was stopped, or could not record it, left it. Who may remove it is still the authority rule's question: a file
-    another user made under such a name is theirs (classification.removal_refusal)."""
-    if not name.startswith(QUARANTINE_PREFIX):
-        return False
-    ino, dot, token = name[len(QUARANTINE_PREFIX) :].partition('.')
-    return bool(dot) and ino == str(inode) and len(token) == 12 and all(c in '0123456789abcdef' for c in token)
 
 
 def read_only(pinned: PinnedDir) -> bool:
@@ -292,26 +245,6 @@ def usage(path: str | PinnedDir) -> dict:
     }
 
 
-def key_to_name(key: object) -> str:
-    """The file name a system region key refers to, or raise ShmFsError saying why the key is unsafe.
-
-    Triton opens ``shm_open(key)``, i.e. ``/dev/shm`` + key: a valid key is ``/`` followed by
-    one path component that is not ``.`` or ``..`` and holds no NUL.
-    """
-    if not isinstance(key, str) or not key:
-        raise ShmFsError('key must be a non-empty string like "/my_region"')
-    if '\x00' in key:
-        raise ShmFsError(f'key {key!r} contains a NUL byte')
-    if not key.startswith('/'):
-        raise ShmFsError(f'key {key!r} must start with "/" (Triton opens it with shm_open in the shm directory)')
-    name = key[1:]
-    if not name or '/' in name:
-        raise ShmFsError(f'key {key!r} must be exactly one path component after the leading "/"')
-    if name in ('.', '..'):
-        raise ShmFsError(f'key {key!r} points outside the shm directory')
-    return name
-
-
 def read_mark(path: str) -> str | None:
     """The reserved mark (a region name) of the file at path, never followed; None when absent or unreadable."""
     try:
@@ -320,16 +253,6 @@ def read_mark(path: str) -> str | None:
         # no mark (ENODATA), gone, no xattr support, or not privileged to read trusted.*
         return None
     return value.decode('utf-8', 'replace')
-
-
-def hard_links_refusal(links: int) -> str:
-    """Why a file with other names is never removed: shm_open makes one name per file, so other links are another
-    program's (or a user's, who linked a file of root's under a name a cleanup takes: protected_hardlinks lets anyone
-    link a file readable and writable by all); removing one name frees nothing and touches that file."""
-    return (
-        f'has {links} hard links: not removed, a file shm_open made has one name; the others are another '
-        "program's, and removing this one would free nothing"
-    )
 
 
 def check_name(name: str) -> str:

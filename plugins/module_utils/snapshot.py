@@ -7,11 +7,12 @@ Private to the tritonops.shm collection: no stability promise to other code.
 
 ``read_server()`` reads the server's metadata and region lists, where its process and shm directory are, the
 directory's usage and entries, the holders of every file, the reserved marks of the files that back regions and who
-holds the python backend's pools (``read_pool_holders``, ``read_server_facts``). It returns a plain ``Snapshot``,
+holds the python backend's pools (``read_pool_holders``, ``read_server_facts``). It returns a plain
+``facts.Snapshot`` (no descriptor: the shm directory it pinned goes to ``on_located``, and the executor keeps it),
 which classification.py judges and results.py turns into what the modules return. Nothing here decides a state.
 
 A region is the operator's (``reserved`` while no client maps it) when its backing file carries the mark
-triton_shm_region sets when it registers a region (shm_fs.RESERVED_XATTR) and the mark names that region.
+triton_shm_region sets when it registers a region (facts.RESERVED_XATTR) and the mark names that region.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, rootfs, runlock, shm_fs
@@ -35,157 +36,25 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ShmUnsupported,
     TritonError,
 )
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import (
+    BACKEND_PATTERNS,
+    DEFAULT_BACKEND_DIR,
+    POOL_TAIL,
+    QUARANTINE_PREFIX,
+    STUB_NAME,
+    HolderScan,
+    PoolHolder,
+    PoolNames,
+    ServerFacts,
+    Snapshot,
+    Visibility,
+    backing_name,
+    stub_args,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import lineage, read_cmdline, start_time, uids
 
 # the state vocabulary (region states, file categories, pool states) and its one order: vocabulary.py
-
-# The python backend stub's command line (Triton 2.4x-2.6x, python_backend's stub_launcher.cc):
-#   triton_python_backend_stub MODEL_PATH SHM_REGION_NAME SHM_DEFAULT_SIZE SHM_GROWTH_SIZE PARENT_PID
-#                              PYTHON_LIB_PATH IPC_CONTROL_HANDLE INSTANCE_NAME RUNTIME_MODELDIR
-STUB_NAME = 'triton_python_backend_stub'
-DEFAULT_BACKEND_DIR = '/opt/tritonserver/backends'  # tritonserver's --backend-directory when not given
-_STUB_ARGS = 9
-
-
-# -- the snapshot: what one read of the server saw ---------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """Everything read about one server's shared memory at one moment. Plain data: no I/O.
-
-    shm_dir is the directory that was read (None when unknown or unreadable: dir_error says why);
-    entries are shm_fs.list_entries() records; scan is the holders.HolderScan of their regular
-    files (None without a directory); marks maps the names of regular files that back a system
-    region to their reserved mark (None when they have none); cleanup_marks maps the names of regular files that
-    back no region to their entry in the cleanup record (shm_fs.CLEANUP_XATTR) a stale cleanup wrote before it
-    unregistered their regions; server_id is the server process as that record names it (pid:start time).
-    visibility is the visibility rule's answer (holders.visibility()) for the proc that was read: an incomplete
-    one makes the scan incomplete too.
-    """
-
-    url: str
-    metadata: dict
-    system: list
-    cuda: list
-    location: discovery.Location
-    shm_dir: str | None = None
-    pinned: shm_fs.PinnedDir | None = dataclasses.field(default=None, compare=False, repr=False)
-    fs: dict | None = None
-    entries: list = dataclasses.field(default_factory=list)
-    scan: holders_mod.HolderScan | None = None
-    marks: dict = dataclasses.field(default_factory=dict)
-    warnings: list = dataclasses.field(default_factory=list)
-    dir_error: str | None = None
-    scanned_at: float = 0.0
-    shm_unsupported: str | None = (
-        None  # why the server offers no shared memory (its status refused: errors.ShmUnsupported)
-    )
-    cleanup_marks: dict = dataclasses.field(default_factory=dict)
-    server_id: str | None = None
-    authority: authority_mod.Authority | None = (
-        None  # what the server's own user may remove there (None: not read, nothing may)
-    )
-    pool_holders: dict = dataclasses.field(default_factory=dict)  # {pid: PoolHolder} of the holders of backend files
-    server_facts: ServerFacts | None = None  # what attributes a pool to the server's own stub (read with pool_holders)
-    visibility: holders_mod.Visibility = holders_mod.NOT_JUDGED
-    container: dict | None = None  # the server's container or pod (containers.Identity.as_dict), None on the host
-    gpu: gpu_mod.Evidence | None = None  # the CUDA regions' holder evidence (read with them; None: not read)
-    pool_names: PoolNames | None = None  # the python backend pool prefixes read from the servers' command lines
-    wedged: dict = dataclasses.field(default_factory=dict)  # {region name: wedged.Attempts} of this server process
-    _by_name: dict = dataclasses.field(init=False, repr=False, compare=False)
-    _listed: set = dataclasses.field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, '_by_name', {e['name']: e for e in self.entries})
-        object.__setattr__(self, '_listed', {(e['dev'], e['inode']) for e in self.entries if e['type'] == 'file'})
-
-    @property
-    def pid(self) -> int | None:
-        return self.location.pid
-
-    @property
-    def shm(self) -> shm_fs.PinnedDir | None:
-        """The shm directory as read (its descriptor: every operation on it goes through this, never shm_dir).
-
-        A snapshot built by hand with a shm_dir only (unit tests) opens it on first use, with shm_fs.pin's rules.
-        """
-        if self.pinned is None and self.shm_dir is not None:
-            object.__setattr__(self, 'pinned', shm_fs.pin(self.shm_dir, self.location.shm_root))
-        return self.pinned
-
-    @property
-    def located_by(self) -> str | None:
-        return self.location.located_by
-
-    @property
-    def server_reason(self) -> str | None:
-        return self.location.reason
-
-    @property
-    def deleted(self) -> dict:
-        """{name: (dev, ino)} of files the server still maps although they were unlinked."""
-        return self.scan.deleted if (self.scan is not None and self.pid is not None) else {}
-
-    @property
-    def holders_complete(self) -> bool:
-        return bool(self.scan is not None and self.scan.complete)
-
-    def unlinked(self, name: str) -> list:
-        """[(dev, ino)] of the unlinked files named name that the server still maps, matched by (dev, ino).
-
-        Its maps print an unlinked file as "NAME (deleted)", and a file literally named "NAME (deleted)" the same way:
-        a file still listed in the directory (same device and inode) is not unlinked, whatever its maps line says.
-        """
-        if self.scan is None or self.pid is None:
-            return []
-        found = self.scan.deleted_all.get(name)
-        if found is None:
-            found = [self.scan.deleted[name]] if name in self.scan.deleted else []
-        return [k for k in found if k not in self._listed]
-
-    @property
-    def pid_namespace(self) -> str:
-        """holders.INITIAL or holders.OTHER: the PID namespace the module read /proc from."""
-        return self.visibility.pid_namespace
-
-    @property
-    def holders_incomplete_reason(self) -> str | None:
-        """Why the holders are not fully known (None when they are): the scan's reasons, or why there was no scan."""
-        if self.holders_complete:
-            return None
-        if self.scan is not None:
-            return self.scan.incomplete_reason() or 'holders could not be fully determined'
-        why = self.dir_error or (
-            'the shm directory of the server is not known'
-            + (f': {self.server_reason}' if self.pid is None and self.server_reason else '')
-        )
-        if not self.visibility.complete and self.visibility.reason not in why:
-            return f'{why}; {self.visibility.reason}'
-        return why
-
-    def entry(self, name: str) -> dict | None:
-        return self._by_name.get(name)
-
-    def leftover(self, name: str) -> shm_fs.CleanupMark | None:
-        """The cleanup mark of an unregistered file that a stale cleanup of this very server process left, or None."""
-        mark = self.cleanup_marks.get(name)
-        return mark if (mark is not None and self.server_id is not None and mark.server == self.server_id) else None
-
-    def client_holders(self, dev: int, ino: int) -> list[dict]:
-        """Holders of (dev, ino) other than the server process."""
-        if self.scan is None:
-            return []
-        return self.scan.holders_of(dev, ino, exclude=(self.pid,) if self.pid is not None else ())
-
-    def without(self, paths: Iterable[str], fs: dict | None = None) -> Snapshot:
-        """A new snapshot without the entries at paths (files unlinked since the read), with fs when given."""
-        gone = set(paths)
-        return dataclasses.replace(
-            self, entries=[e for e in self.entries if e['path'] not in gone], fs=self.fs if fs is None else fs
-        )
-
 
 # -- the one read ------------------------------------------------------------------------------------
 
@@ -199,7 +68,7 @@ def read_server(
     proc: str = '/proc',
     now: float | None = None,
     report_unsupported: bool = False,
-    backend_patterns: Sequence[str] = shm_fs.BACKEND_PATTERNS,
+    backend_patterns: Sequence[str] = BACKEND_PATTERNS,
     clients_share_pid_namespace: bool = False,
     on_located: Callable[[shm_fs.PinnedDir | None], object] | None = None,
     shm: shm_fs.PinnedDir | None = None,
@@ -309,7 +178,6 @@ def read_server(
         cuda=cuda,
         location=location,
         shm_dir=readable_dir,
-        pinned=pinned,
         fs=fs,
         entries=entries,
         scan=scan,
@@ -332,7 +200,7 @@ def read_server(
 
 
 def read_wedged(pinned: shm_fs.PinnedDir | None, server: str | None, lock_dir: str | None) -> dict:
-    """The wedged.Attempts of the server process server in the shm directory's record, beside its run lock (lock_dir,
+    """The facts.Attempts of the server process server in the shm directory's record, beside its run lock (lock_dir,
     else runlock.lock_dir(), else its fallback)."""
     if pinned is None or server is None:
         return {}
@@ -373,28 +241,6 @@ def _unreadable_hint(exc: OSError, given: str | None) -> str:
     return f'{where}: check the path, and run the task as root (become: true)'
 
 
-class PoolHolder(NamedTuple):
-    """What one holder of a backend file is (the evidence that attributes a pool to a model: pool_attribution()).
-
-    argv: its command line (what a stub says it serves: anyone can say anything there); ppid, start: its parent and
-    start time (procfs.lineage); uids: its real, effective, saved and filesystem uids; mnt_ns: its mount namespace's
-    inode; exe: (st_dev, st_ino) of its program (/proc/PID/exe); own_stub: (st_dev, st_ino) of a custom stub in the
-    model's own directory (MODEL/triton_python_backend_stub, as the python backend allows) when its model directory
-    lies in one of the server's model repositories, else None.
-    """
-
-    pid: int
-    argv: list | None = None
-    ppid: int | None = None
-    start: int | None = None
-    uids: tuple | None = None
-    mnt_ns: int | None = None
-    exe: tuple | None = None
-    own_stub: tuple | None = None
-
-
-# a python backend pool's name after its prefix: a uuid (2.40 and later), or a number (older backends: _1, _2 ...)
-_POOL_TAIL = r'(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|_?[0-9]+)'
 _PREFIX_OPTION = 'shm-region-prefix-name='
 
 
@@ -410,33 +256,6 @@ def pool_prefix(argv: Sequence[str] | None) -> str | None:
         if value and value.startswith('python,' + _PREFIX_OPTION):
             found = value[len('python,' + _PREFIX_OPTION) :] or None
     return found
-
-
-class PoolNames(NamedTuple):
-    """The python backend pools named by prefixes read from live servers (issue 42: several ranks share one /dev/shm).
-
-    live: {prefix: the pid of the server that set it}, the located server's own and those of the other tritonservers
-    of the same program and user whose /dev/shm is this same filesystem; a file named PREFIX + a pool's tail (a uuid,
-    or a number) is that server's pool. dead: the families of the live prefixes with a number in them (``prefix0_`` →
-    ``prefix<N>_``): a file of such a family whose prefix no live server uses is a dead rank's pool.
-    """
-
-    live: dict
-    dead: tuple  # compiled patterns of the families
-
-    def of(self, name: str) -> str | None:
-        """Why name is a python backend pool by a read prefix (a live server's, or a dead rank's), or None."""
-        for prefix, pid in self.live.items():
-            if name.startswith(prefix) and re.fullmatch(_POOL_TAIL, name[len(prefix) :]):
-                return f"a pool of the python backend prefix '{prefix}' that server process {pid} sets"
-        for family in self.dead:
-            found = family.fullmatch(name)
-            if found and found.group(1) not in self.live:
-                return (
-                    f"a pool of the python backend prefix '{found.group(1)}', which no live server sets (a dead rank "
-                    f'of the family {", ".join(sorted(self.live))})'
-                )
-        return None
 
 
 def read_pool_names(server_pid: int | None, shm_dev: int | None, proc: str = '/proc') -> PoolNames | None:
@@ -464,22 +283,8 @@ def read_pool_names(server_pid: int | None, shm_dev: int | None, proc: str = '/p
     for prefix in live:
         if re.search(r'[0-9]', prefix):
             family = ''.join(r'[0-9]+' if part.isdigit() else re.escape(part) for part in re.split(r'([0-9]+)', prefix))
-            dead.append(re.compile(f'({family}){_POOL_TAIL}'))
+            dead.append(re.compile(f'({family}){POOL_TAIL}'))
     return PoolNames(live, tuple(dead))
-
-
-class ServerFacts(NamedTuple):
-    """The server process as pool attribution checks it: pid, start time, uids, mount namespace, and the (st_dev,
-    st_ino) of its python backend stub program (BACKEND_DIR/python/triton_python_backend_stub, resolved in the server's
-    root; None when it cannot be read), backend_dir as its command line gives it."""
-
-    pid: int
-    start: int | None = None
-    uids: tuple | None = None
-    mnt_ns: int | None = None
-    stub: tuple | None = None
-    backend_dir: str = DEFAULT_BACKEND_DIR
-    repositories: tuple = ()
 
 
 def _key(st: os.stat_result | None) -> tuple | None:
@@ -539,7 +344,7 @@ def read_server_facts(pid: int | None, proc: str = '/proc') -> ServerFacts | Non
 
 
 def read_pool_holders(
-    scan: holders_mod.HolderScan,
+    scan: HolderScan,
     entries: Iterable[dict],
     backend_patterns: Sequence[str],
     server_pid: int | None,
@@ -597,28 +402,28 @@ def server_identity(pid: int | None, proc: str = '/proc') -> str | None:
 
 
 def read_cleanup_marks(shm_dir: shm_fs.PinnedDir, system: Iterable[dict], entries: Iterable[dict]) -> dict:
-    """{file name: shm_fs.CleanupMark} of the regular files that back no system region and are in the cleanup record.
+    """{file name: facts.CleanupMark} of the regular files that back no system region and are in the cleanup record.
 
     A file is the record's when its inode is, under the name recorded or a quarantine name of that inode.
     """
     record = shm_fs.read_cleanup_record(shm_dir.fd)
     if not record:
         return {}
-    backing = {_file_name(r.get('key')) for r in system}
+    backing = {backing_name(r.get('key')) for r in system}
     out = {}
     for e in entries:
         mark = record.get(e['inode'])
         if mark is None or e['type'] != 'file' or e['name'] in backing:
             continue
-        if e['name'] == mark.name or e['name'].startswith(f'{shm_fs.QUARANTINE_PREFIX}{e["inode"]}.'):
+        if e['name'] == mark.name or e['name'].startswith(f'{QUARANTINE_PREFIX}{e["inode"]}.'):
             out[e['name']] = mark
     return out
 
 
 def read_holders(
-    entries: Iterable[dict], server_pid: int | None, proc: str = '/proc', visible: holders_mod.Visibility | None = None
-) -> tuple[holders_mod.HolderScan, str | None]:
-    """(holders.HolderScan of the regular files among entries, the warning when it is incomplete or None).
+    entries: Iterable[dict], server_pid: int | None, proc: str = '/proc', visible: Visibility | None = None
+) -> tuple[HolderScan, str | None]:
+    """(facts.HolderScan of the regular files among entries, the warning when it is incomplete or None).
 
     The server's unlinked-but-mapped files come from the same read of its maps as its holdings.
     visible: the visibility rule's answer (holders.visibility()); judged for proc with the option off when None.
@@ -644,23 +449,8 @@ def read_marks(shm_dir: shm_fs.PinnedDir, system: Iterable[dict], entries: Itera
     by_name = {e['name']: e for e in entries}
     marks = {}
     for region in system:
-        name = _file_name(region.get('key'))
+        name = backing_name(region.get('key'))
         entry = by_name.get(name) if isinstance(name, str) else None
         if entry is not None and entry['type'] == 'file' and name not in marks:
             marks[name] = shm_fs.read_mark(shm_dir.file_at(name))
     return marks
-
-
-def _file_name(key: Any) -> str | ShmFsError:
-    """The backing file name of a region key, or the ShmFsError saying why it cannot be located safely."""
-    try:
-        return shm_fs.key_to_name(key)
-    except ShmFsError as exc:
-        return exc
-
-
-def stub_args(argv: Sequence[str] | None) -> dict | None:
-    """{model_path, region, instance} from a python backend stub's command line, or None when argv is not one."""
-    if not argv or len(argv) < _STUB_ARGS or os.path.basename(argv[0]) != STUB_NAME:
-        return None
-    return {'model_path': argv[1], 'region': argv[2], 'instance': argv[8]}

@@ -34,6 +34,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
     authority,
     classification,
     discovery,
+    facts,
     region_plan,
     rootfs,
     shm_fs,
@@ -43,7 +44,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils import holders as ho
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_comm
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Outcome, ShmDirWork
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Outcome, ShmDirWork, criteria_of
 
 SERVER_SHM = '/dev/shm'  # where a tritonserver's python backend (shm_open) puts its pools, inside its own root
 LOCATED_BY = 'shm_dir given: triton_shm_sweep, no server'
@@ -127,7 +128,7 @@ def read_dir(
     proc: str = '/proc',
     now: float | None = None,
     on_pinned: Callable[[shm_fs.PinnedDir], object] | None = None,
-) -> snapshot.Snapshot:
+) -> facts.Snapshot:
     """The snapshot of shm_dir with no server: its files, their holders, the authority of its owner.
 
     on_pinned: called with the pinned directory before anything else is read (the run lock). Raises ShmFsError when
@@ -150,14 +151,13 @@ def read_dir(
         raise ShmFsError(f'cannot list shm_dir {shm_dir}: {exc.strerror or exc}; nothing was changed') from exc
     visible = holders_mod.visibility(proc, clients_share_pid_namespace)
     scan, warning = snapshot.read_holders(entries, None, proc, visible)
-    return snapshot.Snapshot(
+    return facts.Snapshot(
         url='',
         metadata={},
         system=[],
         cuda=[],
         location=discovery.Location(None, pinned.path, LOCATED_BY, [], None),
         shm_dir=pinned.path,
-        pinned=pinned,
         fs=fs,
         entries=entries,
         scan=scan,
@@ -178,7 +178,7 @@ class Plan(NamedTuple):
     categories: dict
 
 
-def plan_sweep(snap: snapshot.Snapshot, criteria: classification.Criteria, families: Iterable[str] = ()) -> Plan:
+def plan_sweep(snap: facts.Snapshot, criteria: classification.Criteria, families: Iterable[str] = ()) -> Plan:
     """The sweep of one read (pure): the leftover pools, the files a killed run left quarantined and the unheld, old
     enough files of the families asked for, as triton_shm_region plans them; every other file kept, with its reason."""
     records = classification.classify(snap, criteria)
@@ -230,9 +230,10 @@ class Sweep(ShmDirWork, Operation):
         self.proc = proc
         self.serialise = True
         self.lock = None
+        self.shm = None  # the directory read_dir pinned (_located): the sweep acts through it
         self.lock_dir = params.get('lock_dir')
         self.outcome: Outcome | None = None
-        self.snap: snapshot.Snapshot | None = None
+        self.snap: facts.Snapshot | None = None
         self.kept: list = []
         self.categories: dict = {}
         self.in_use: str | None = None  # why a server's use of the directory skipped the sweep (in_use: skip)
@@ -242,7 +243,7 @@ class Sweep(ShmDirWork, Operation):
     @property
     def criteria(self) -> classification.Criteria:
         if self._criteria is None:
-            self._criteria = region_plan.criteria(self.params, orphans=False)
+            self._criteria = criteria_of(self.params, orphans=False)
         return self._criteria
 
     def check(self) -> None:
@@ -254,9 +255,9 @@ class Sweep(ShmDirWork, Operation):
             raise ParameterError('min_age must be 0 or more seconds')
         region_plan.check_families(p)
         # client_users and extra_families: ParameterError now, before anything is read
-        self._criteria = region_plan.criteria(p, orphans=False)
+        self._criteria = criteria_of(p, orphans=False)
 
-    def read(self) -> snapshot.Snapshot | None:
+    def read(self) -> facts.Snapshot | None:
         """The directory read under its run lock; None when a server uses it and in_use is skip (a warning says so)."""
         self.outcome = Outcome(check_mode=self.check_mode)
         try:
@@ -264,7 +265,7 @@ class Sweep(ShmDirWork, Operation):
                 self.params['shm_dir'],
                 bool(self.params.get('clients_share_pid_namespace')),
                 self.proc,
-                on_pinned=None if self.check_mode else self._lock,
+                on_pinned=self._located,
             )
         except ShmDirInUse as exc:
             self.release()
@@ -278,7 +279,7 @@ class Sweep(ShmDirWork, Operation):
             raise
 
     @contextlib.contextmanager
-    def hold(self, reading: snapshot.Snapshot | None) -> Iterator[snapshot.Snapshot | None]:
+    def hold(self, reading: facts.Snapshot | None) -> Iterator[facts.Snapshot | None]:
         """Hold the run lock read() took (not in check mode) until the result is written."""
         if reading is None:
             yield None
@@ -298,7 +299,7 @@ class Sweep(ShmDirWork, Operation):
         finally:
             self.release()
 
-    def plan(self, reading: snapshot.Snapshot | None) -> Plan:
+    def plan(self, reading: facts.Snapshot | None) -> Plan:
         if reading is None:
             return Plan([], [], [], {})
         return plan_sweep(reading, self.criteria, self.params.get('families') or ())
@@ -325,7 +326,7 @@ class Sweep(ShmDirWork, Operation):
                 self._remove_files(self.snap, [(a.entry, a.region) for a in plan.files], set())
             finally:
                 with contextlib.suppress(OSError):
-                    outcome.used_after = shm_fs.usage(self.snap.shm)['used_bytes']
+                    outcome.used_after = shm_fs.usage(self.shm)['used_bytes']
         return outcome
 
     def result(self, outcome: Outcome | None, finished: bool = True) -> dict:

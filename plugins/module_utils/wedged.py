@@ -12,7 +12,7 @@ reaches the setting ``wedged_after`` (WEDGED_AFTER runs by default).
 The record is one small JSON file per shm directory beside its run lock (runlock.py: a directory only the module's
 user can write, ``shm-MAJOR-MINOR-INODE.wedged.json``), written under that lock, atomically, by triton_shm_region,
 and read by every module. It names the server process (pid:start time) it counts for: another server starts from 0.
-Standard library only.
+Standard library only. What it records (Attempts, WEDGED_AFTER) is plain data in facts.py, which the rules read.
 """
 
 from __future__ import annotations
@@ -20,25 +20,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
-WEDGED_AFTER = 3
-
-
-class Attempts(NamedTuple):
-    """How many consecutive runs left one region registered, and since when (epoch seconds of the first)."""
-
-    runs: int
-    since: float
-    spec: tuple  # (key, offset, byte_size) of the region they tried: a new registration of the name starts again
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Attempts, spec_of
 
 
 def record_name(dev: int, ino: int) -> str:
     return f'shm-{os.major(dev)}-{os.minor(dev)}-{ino}.wedged.json'
-
-
-def spec_of(region: Mapping) -> tuple:
-    return (region.get('key'), region.get('offset'), region.get('byte_size'))
 
 
 def read(directory: str | None, dev: int, ino: int, server: str | None) -> dict:

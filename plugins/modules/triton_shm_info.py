@@ -609,7 +609,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils import classification, results, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils import authority, classification, results, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     METRICS_REQUIRED_BY,
     backend_argument_spec,
@@ -660,7 +660,7 @@ class ShmInfo(Operation):
             params['orphan_patterns'],
             params['min_age'],
             params['backend_patterns'],
-            params['client_users'],
+            authority.client_uids(params['client_users']),  # resolved here: the rules look nobody up
             params['wedged_after'],
             params['extra_families'],
         )

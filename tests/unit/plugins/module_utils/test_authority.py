@@ -19,7 +19,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.classification impor
     classify,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot
 
 STATUS = """Name:\ttritonserver
 Uid:\t{uid}\t{uid}\t{uid}\t{uid}
@@ -103,7 +103,8 @@ def test_client_uids_take_names_and_numbers():
     assert authority.client_uids(['0', 'root', 999, ' 1000 ']) == frozenset([0, 999, 1000])
     with pytest.raises(ParameterError, match='no user named'):
         authority.client_uids(['no-such-user-tritonops'])
-    assert Criteria.of(client_users=['nobody']).client_uids == frozenset([pwd.getpwnam('nobody').pw_uid])
+    nobody = frozenset([pwd.getpwnam('nobody').pw_uid])
+    assert Criteria.of(client_uids=authority.client_uids(['nobody'])).client_uids == nobody, 'the rules get uids'
 
 
 def test_read_authority_of_this_process(tmp_path):
@@ -218,10 +219,10 @@ def test_orphans_of_another_owner_or_beyond_the_servers_rights_are_foreign():
     assert (
         files['sem.mp-1']['category'] == 'foreign' and 'POSIX named semaphore' in files['sem.mp-1']['category_reason']
     )
-    with_999 = classify(snapshot([], entries, {}, {}), Criteria.of(['*'], min_age=0, client_users=['999'])).files
+    with_999 = classify(snapshot([], entries, {}, {}), Criteria.of(['*'], min_age=0, client_uids=[999])).files
     assert {f['name']: f['category'] for f in with_999}['client_b'] == 'orphan'
     fake = server(65534, dir_uid=0, dir_mode=0o40755)
-    files = classify(snapshot([], entries, {}, {}, who=fake), Criteria.of(['*'], min_age=0, client_users=['999'])).files
+    files = classify(snapshot([], entries, {}, {}, who=fake), Criteria.of(['*'], min_age=0, client_uids=[999])).files
     assert {f['category'] for f in files} == {'foreign'}
     nothing = classify(snapshot([], entries, {}, {}, who=None), Criteria.of(['*'], min_age=0)).files
     assert {f['category'] for f in nothing} == {'foreign'}

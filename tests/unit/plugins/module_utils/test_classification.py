@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders, nvml, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, facts, nvml, snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import (
     Criteria,
     RegionFacts,
@@ -666,8 +666,8 @@ def entry(name, ino, kind='file', size=4096, age=0.0):
 
 
 def literal_scan(held, complete=True, deleted=None):
-    """A holders.HolderScan as one /proc pass would leave it: held = {inode: pids}."""
-    scan = holders.HolderScan()
+    """A facts.HolderScan as one /proc pass would leave it: held = {inode: pids}."""
+    scan = facts.HolderScan()
     scan.holders = {(7, ino): set(pids) for ino, pids in held.items()}
     scan.comms = {SERVER: 'tritonserver', CLIENT: 'python'}
     scan.deleted = dict(deleted or {})
@@ -784,7 +784,7 @@ def test_a_literal_snapshot_without_the_server_process_or_directory():
 
 
 @pytest.mark.parametrize(
-    'facts, state, reason',
+    'given, state, reason',
     [
         (RegionFacts(shm_dir_known=False), 'unknown', 'the shm directory of the server is not known'),
         (RegionFacts(True, key_error='bad key'), 'unknown', 'backing file cannot be located safely: bad key'),
@@ -827,8 +827,8 @@ def test_a_literal_snapshot_without_the_server_process_or_directory():
         ),
     ],
 )
-def test_region_state_rules_in_order(facts, state, reason):
-    assert region_state(facts) == (state, reason)
+def test_region_state_rules_in_order(given, state, reason):
+    assert region_state(given) == (state, reason)
 
 
 # -- backend pools (issue 27): the model of each pool, and the leftovers of dead servers ----------------
@@ -863,14 +863,14 @@ def pool_snapshot(complete=True):
 
 
 STUB_PROGRAM = (8, 1234)  # (st_dev, st_ino) of the server's backends/python/triton_python_backend_stub
-SERVER_FACTS = snapshot.ServerFacts(SERVER, start=100, uids=(0, 0, 0, 0), mnt_ns=4026531841, stub=STUB_PROGRAM)
+SERVER_FACTS = facts.ServerFacts(SERVER, start=100, uids=(0, 0, 0, 0), mnt_ns=4026531841, stub=STUB_PROGRAM)
 
 
 def stub_holder(argv, **kw):
     """A holder with every piece of evidence of the server's own stub (pool_attribution), but what kw changes."""
-    facts = dict(argv=argv, ppid=SERVER, start=150, uids=(0, 0, 0, 0), mnt_ns=4026531841, exe=STUB_PROGRAM)
-    facts.update(kw)
-    return snapshot.PoolHolder(STUB, **facts)
+    evidence = dict(argv=argv, ppid=SERVER, start=150, uids=(0, 0, 0, 0), mnt_ns=4026531841, exe=STUB_PROGRAM)
+    evidence.update(kw)
+    return facts.PoolHolder(STUB, **evidence)
 
 
 def test_backend_pools_are_named_for_their_model_and_a_pool_no_process_holds_is_leftover():
@@ -988,14 +988,14 @@ def test_server_dirs_from_the_command_line(argv, expected):
 def test_outside_the_initial_pid_namespace_no_backend_file_is_leftover():
     """The visibility rule (issue 25): a scan that cannot see other PID namespaces' processes calls nothing leftover."""
     snap = pool_snapshot()
-    snap.scan.visibility = holders.Visibility(
-        holders.OTHER, False, "the module runs outside the host's initial PID namespace"
+    snap.scan.visibility = facts.Visibility(
+        facts.OTHER, False, "the module runs outside the host's initial PID namespace"
     )
     records = classify(snap, Criteria.of(min_age=0))
     assert by_name(records.files)[LEFTOVER_FILE]['category'] == 'backend'
     assert info_result(snap, records)['summary']['leftover_files'] == 0
     # the operator's statement that every client shares this PID namespace makes it complete again
-    snap.scan.visibility = holders.Visibility(holders.OTHER, True, None, True)
+    snap.scan.visibility = facts.Visibility(facts.OTHER, True, None, True)
     assert by_name(classify(snap, Criteria.of(min_age=0)).files)[LEFTOVER_FILE]['category'] == 'leftover'
 
 
@@ -1013,7 +1013,7 @@ def test_the_pool_prefix_a_command_line_sets():
 
 def test_pool_names_of_live_prefixes_and_of_a_dead_ranks_family():
     uuid = '31274a2d-1650-4a25-b33f-bfadc290be1a'
-    names = snapshot.PoolNames({'prefix0_': 10}, (re.compile(f'(prefix[0-9]+_){snapshot._POOL_TAIL}'),))
+    names = facts.PoolNames({'prefix0_': 10}, (re.compile(f'(prefix[0-9]+_){facts.POOL_TAIL}'),))
     assert 'server process 10' in names.of(f'prefix0_{uuid}')
     assert 'no live server sets' in names.of(f'prefix3_{uuid}')
     assert 'no live server sets' in names.of('prefix3__2'), 'an older backend numbers its pools'

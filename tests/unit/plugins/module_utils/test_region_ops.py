@@ -19,6 +19,7 @@ import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import (
     classification,
+    facts,
     holders,
     nvml,
     procfs,
@@ -199,7 +200,7 @@ def params(shm_dir, pid, **kw):
         server_pid=pid,
         shm_dir=shm_dir,
         reserved=False,
-        backend_patterns=list(shm_fs.BACKEND_PATTERNS),
+        backend_patterns=list(facts.BACKEND_PATTERNS),
         inventory=False,
     )
     p.update(kw)
@@ -541,7 +542,7 @@ def test_present_refuses_unsafe_keys_before_anything(shm, server_proc, key, why)
 
 
 def test_orphan_removal_respects_categories_patterns_and_age(shm, server_proc, wait_older, keep_young):
-    backend = make_file(shm, shm_fs.BACKEND_PREFIX + 'abc')
+    backend = make_file(shm, facts.BACKEND_PREFIX + 'abc')
     old = make_file(shm, 'client_input_0')
     other = make_file(shm, 'postgres_shm')
     held = make_file(shm, 'client_input_held')
@@ -1317,7 +1318,7 @@ def test_a_file_read_written_renamed_or_chmodded_since_is_young_whatever_its_mti
     files. An orphan, a leftover pool or a family's file whose mtime was set back an hour, but that was read, chmod'ed
     or renamed since (or whose mtime was just set back: that is a ctime change too), is young at min_age 60; one whose
     three times are all older than min_age goes."""
-    groups = {'client_input_': 'orphan', shm_fs.BACKEND_PREFIX: 'leftover', 'nccl-': 'nccl'}
+    groups = {'client_input_': 'orphan', facts.BACKEND_PREFIX: 'leftover', 'nccl-': 'nccl'}
     hour_ago = time.time() - 3600
     paths = {}
     for prefix in groups:
@@ -1421,7 +1422,7 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
             q = [
                 n
                 for n in os.listdir(shm)
-                if shm_fs.is_quarantine_name(n) and os.lstat(os.path.join(shm, n)).st_ino == snap.entry(name)['inode']
+                if facts.is_quarantine_name(n) and os.lstat(os.path.join(shm, n)).st_ino == snap.entry(name)['inode']
             ][0]
             with open(os.path.join(shm, q), 'r+b') as f:
                 maps.append(mmap.mmap(f.fileno(), 0))
@@ -1440,7 +1441,7 @@ def test_a_held_quarantined_file_goes_back_to_its_name_or_stays_when_the_name_is
     assert why[paths[0]].startswith(f'held by {os.getpid()}') and 're-checked before removal' in why[paths[0]]
     assert _cleanup_mark(paths[0]) is None and os.path.getsize(paths[0]) == 64 * KIB
     assert 'stays under' in why[paths[1]] and os.path.getsize(paths[1]) == KIB
-    kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
+    kept = [n for n in os.listdir(shm) if facts.is_quarantine_name(n)]
     assert len(kept) == 1 and any('created again' in w for w in res['warnings'])
     # the one left in quarantine stays recorded: a later stale cleanup removes it once nobody holds it
     assert _cleanup_mark(os.path.join(shm, kept[0])).name == 'b'
@@ -1466,7 +1467,7 @@ def test_two_root_runs_that_overlap_keep_each_others_record(shm, server_proc):
         if name != 'a':
             return
         ops_b = RegionOps(fake, params(shm, pid, name=['b']), warn=lambda m: None, serialise=False)
-        snap_b = snapshot_mod.read_server(fake, server_pid=pid, shm_dir=shm)
+        snap_b = snapshot_mod.read_server(fake, server_pid=pid, shm_dir=shm, on_located=ops_b._located)
         recs = classification.classify(snap_b)
         plan_b = region_plan.plan_absent(snap_b, recs, ops_b.params, ops_b.criteria, fake.unaddressable)
         ops_b._mark_files(snap_b, plan_b.files)
@@ -1494,7 +1495,7 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
     real_rescan = snapshot_mod.rescan
 
     def attach_then_rescan(snap, *a, **kw):
-        q = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)][0]
+        q = [n for n in os.listdir(shm) if facts.is_quarantine_name(n)][0]
         with open(os.path.join(shm, q), 'r+b') as f:
             maps.append(mmap.mmap(f.fileno(), 0))
         make_file(shm, name, size=KIB)  # the name taken again (young: not a leftover itself)
@@ -1508,7 +1509,7 @@ def test_a_held_leftover_whose_name_is_taken_in_the_window_is_finished_by_a_late
         for m in maps:
             m.close()
     assert res['removed_files'] == [] and 'stays under' in res['skipped_items'][0]['reason']
-    kept = [n for n in os.listdir(shm) if shm_fs.is_quarantine_name(n)]
+    kept = [n for n in os.listdir(shm) if facts.is_quarantine_name(n)]
     assert len(kept) == 1
     # nobody holds it any more: the next cleanup (the role's: stale and backend_leftovers) finishes it, and only it
     again = run(FakeTriton(shm), shm, server_proc.pid, stale=True, backend_leftovers=True, min_age=AGED)

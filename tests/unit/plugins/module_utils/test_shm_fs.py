@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import facts, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmDir
 
@@ -42,7 +42,7 @@ def test_usage_of_missing_dir_raises_oserror(tmp_path):
     ],
 )
 def test_key_to_name_accepts_one_component(key, name):
-    assert shm_fs.key_to_name(key) == name
+    assert facts.key_to_name(key) == name
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_key_to_name_accepts_one_component(key, name):
 )
 def test_key_to_name_refuses_unsafe_keys(key, why):
     with pytest.raises(ShmFsError, match=why.replace('"', '.').replace('(', '.')):
-        shm_fs.key_to_name(key)
+        facts.key_to_name(key)
 
 
 @pytest.mark.parametrize('name', ['', '.', '..', 'a/b', '/abs', 'a\x00'])
@@ -248,7 +248,7 @@ def test_quarantine_renames_inside_the_dir_and_restore_gives_the_name_back(tmp_p
     with ShmDir(str(tmp_path)) as sd:
         st = sd.create('f', 4096)
         q = sd.quarantine('f', st.st_dev, st.st_ino, st.st_ctime_ns)
-        assert not (tmp_path / 'f').exists() and shm_fs.is_quarantine_name(q.name)
+        assert not (tmp_path / 'f').exists() and facts.is_quarantine_name(q.name)
         assert os.listdir(str(tmp_path)) == [q.name] and (q.dev, q.ino, q.original) == (st.st_dev, st.st_ino, 'f')
         assert q.ctime_ns is None  # the rename changed it: the unlink checks device and inode
         assert sd.restore(q.name, 'f') is True
@@ -346,9 +346,9 @@ def test_own_quarantine_is_the_quarantine_name_of_that_very_inode():
     """issue 40, goal 4: a file under the quarantine name a cleanup gives its own inode is past its region's
     unregister; any other name (another inode's, a short or foreign token, a prefix alone) is not."""
     prefix = shm_fs.QUARANTINE_PREFIX
-    assert shm_fs.own_quarantine(f'{prefix}42.0123456789ab', 42)
-    assert not shm_fs.own_quarantine(f'{prefix}42.0123456789ab', 43)
-    assert not shm_fs.own_quarantine(f'{prefix}42.0123456789a', 42)
-    assert not shm_fs.own_quarantine(f'{prefix}42.0123456789aB', 42)
-    assert not shm_fs.own_quarantine(f'{prefix}42', 42)
-    assert not shm_fs.own_quarantine('42.0123456789ab', 42)
+    assert facts.own_quarantine(f'{prefix}42.0123456789ab', 42)
+    assert not facts.own_quarantine(f'{prefix}42.0123456789ab', 43)
+    assert not facts.own_quarantine(f'{prefix}42.0123456789a', 42)
+    assert not facts.own_quarantine(f'{prefix}42.0123456789aB', 42)
+    assert not facts.own_quarantine(f'{prefix}42', 42)
+    assert not facts.own_quarantine('42.0123456789ab', 42)

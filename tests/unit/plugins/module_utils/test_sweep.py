@@ -260,7 +260,7 @@ def test_an_incomplete_scan_decides_nothing(shm):
     snap = sweep.read_dir(str(d))
     blind = snap.scan
     blind.unreadable.append(1)  # one process that could not be read
-    planned = sweep.plan_sweep(snap, sweep.region_plan.criteria(_params(d), orphans=False))
+    planned = sweep.plan_sweep(snap, sweep.criteria_of(_params(d), orphans=False))
     assert planned.files == []
     assert any('it decides nothing' in w for w in planned.warnings)
 
