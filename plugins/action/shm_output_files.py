@@ -55,34 +55,39 @@ class ActionModule(ActionBase):
         directory, files, label = args['dir'], args['files'], args['label']
         result.update(changed=False, dir=directory, written=[])  # an output is never a change (DESIGN invariant 11)
         mode = _mode(args['mode'])
-        problems = [why for why in (outputs.plain_name(name) for name in files) if why]
         if mode is None:
-            problems.append(f'mode must be an octal file mode without execute bits, e.g. 0644, got {args["mode"]!r}')
-        texts = {name: _text(content) for name, content in files.items()}
-        problems += [
-            f'the content of {name} must be a string, a dict or a list, got {type(files[name]).__name__}'
-            for name, text in texts.items()
-            if text is None
-        ]
-        if problems:
-            return dict(result, failed=True, msg='; '.join(problems))
+            return dict(
+                result,
+                failed=True,
+                msg=f'mode must be an octal file mode without execute bits, e.g. 0644, got {args["mode"]!r}',
+            )
+        # a file that cannot be written is said, and every other file is still written: nothing else is lost for it
+        refused = {name: outputs.plain_name(name) for name in files}
+        texts = {name: _text(content) for name, content in files.items() if not refused[name]}
+        for name, text in texts.items():
+            if text is None:
+                kind = type(files[name]).__name__
+                refused[name] = f'the content of {name} must be a string, a dict or a list, got {kind}'
+        texts = {name: text for name, text in texts.items() if text is not None}
+        problems = [why for why in refused.values() if why]
         why = outputs.report_dir_refusal(directory)
         if why:
             return dict(result, failed=True, msg=f'{label} {why}')
         if self._task.check_mode:
             result['msg'] = 'check mode: nothing written (run the task with check_mode: false to write the outputs)'
-            result['would_write'] = [os.path.join(directory, name) for name in sorted(files)]
-            return result
+            result['would_write'] = [os.path.join(directory, name) for name in sorted(texts)]
+            return dict(result, failed=True, msg='; '.join(problems)) if problems else result
+        if not texts:
+            return dict(result, failed=True, msg=f'{label}: ' + '; '.join(problems))
         why = outputs.make_dir(directory)
         if why:
             return dict(result, failed=True, msg=f'{label} {why}')
-        warnings = []
-        for name in sorted(files):
+        for name in sorted(texts):
             done = outputs.write(directory, name, texts[name], nothing='not written', mode=mode)
             if done.written:
                 result['written'].append(done.path)
             else:
-                warnings.append(done.warning)
-        if warnings:
-            return dict(result, failed=True, msg=f'{label}: ' + '; '.join(warnings))
+                problems.append(done.warning)
+        if problems:
+            return dict(result, failed=True, msg=f'{label}: ' + '; '.join(problems))
         return result

@@ -124,9 +124,14 @@ def write_metrics(
     if p.get('metrics_dir_missing') == 'skip' and not os.path.lexists(p['metrics_dir']):
         # nobody collects metrics on this host: said once per run by the playbook, not warned per call
         return {'metrics_files': [], 'metrics_skipped': outputs.dir_refusal(p['metrics_dir'])}
-    done = metrics.write_server_metrics(
-        p['metrics_dir'], p['metrics_host'], p['url'], report=report, with_report=with_report, outcome=outcome
-    )
+    try:
+        done = metrics.write_server_metrics(
+            p['metrics_dir'], p['metrics_host'], p['url'], report=report, with_report=with_report, outcome=outcome
+        )
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        # written after the call's changes: whatever goes wrong here must not lose the result (what was done)
+        module.warn(f'{p["metrics_dir"]}: no metrics written ({type(exc).__name__}: {exc})')
+        return {'metrics_files': []}
     for warning in done.warnings:
         module.warn(warning)
     return {'metrics_files': done.paths}

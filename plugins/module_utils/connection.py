@@ -181,8 +181,11 @@ def wire_config(params: dict) -> WireConfig:
     return WireConfig(address, timeout, Tls(**tls), headers)
 
 
-# Header names the connection itself sets: a header of the same name in the headers option is not sent.
-FRAMING_HEADERS = frozenset(('content-length', 'transfer-encoding', 'connection'))
+# Header names the connection itself sets: a header of the same name in the headers option is not sent (a request
+# with a body says its own Content-Type; a proxy's credentials are the proxy's, from the environment).
+FRAMING_HEADERS = frozenset(
+    ('content-length', 'transfer-encoding', 'connection', 'content-type', 'proxy-authorization')
+)
 
 
 def http_headers(wire: WireConfig, host: str, accept: str, basic: bool = False) -> dict:
@@ -281,6 +284,18 @@ def check_headers(headers: Any, what: str = 'headers') -> dict:
                 f'NUL, ...; a YAML block scalar "|" ends in a newline: use "|-" or a plain string); '
                 f'the value is not shown, nothing was sent'
             )
+        if any(0x80 <= ord(c) < 0xA0 for c in text):
+            raise OptionError(
+                f'{what}: the value of header {name!r} contains a control character (U+0080 to U+009F); the value is '
+                f'not shown, nothing was sent'
+            )
+        try:
+            text.encode('latin-1')
+        except UnicodeEncodeError:
+            raise OptionError(
+                f'{what}: the value of header {name!r} has a character HTTP cannot carry (only Latin-1 text, as both '
+                f'transports send it); the value is not shown, nothing was sent'
+            ) from None
         if text != text.strip():
             raise OptionError(
                 f'{what}: the value of header {name!r} begins or ends with whitespace; the value is '
@@ -381,8 +396,9 @@ def http_request(wire: WireConfig, path: str, accept: str, close: bool = False) 
     if close:
         out['Connection'] = 'close'
     target = f'{parts.path}{path}' + (f'?{parts.query}' if parts.query else '')
-    lines = [f'GET {target} HTTP/1.1'] + [f'{k}: {v}' for k, v in out.items()]
-    return ('\r\n'.join(lines) + '\r\n\r\n').encode('utf-8')
+    head = ''.join(f'{k}: {v}\r\n' for k, v in out.items())
+    # the headers in Latin-1, as the modules' HTTP transport sends them (check_headers refuses any other character)
+    return f'GET {target} HTTP/1.1\r\n'.encode() + head.encode('latin-1') + b'\r\n'
 
 
 def secrets(wire: WireConfig) -> list[str]:

@@ -24,6 +24,7 @@ import errno
 import os
 import secrets
 import stat
+import time
 from typing import NamedTuple
 
 
@@ -53,6 +54,8 @@ def dir_refusal(directory: str, missing_ok: bool = False) -> str | None:
     shm_dir_refusal, action shm_output_files). Another user may have planted the link to make root write where they
     choose. missing_ok: a directory that does not exist yet is no refusal when no component of its path is a symlink.
     """
+    if '\0' in directory:
+        return f'{directory!r} contains a NUL character'
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
@@ -61,22 +64,32 @@ def dir_refusal(directory: str, missing_ok: bool = False) -> str | None:
         st = None
     except OSError as exc:
         return f'{directory} cannot be read ({exc.strerror})'
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        return f'{directory} is a symlink to {os.path.realpath(directory)} (not followed; give the real directory)'
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        return f'{directory} is not a directory'
-    real = os.path.realpath(directory)
-    if real != os.path.abspath(directory):
+    try:
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            return f'{directory} is a symlink to {os.path.realpath(directory)} (not followed; give the real directory)'
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            return f'{directory} is not a directory'
+        real = os.path.realpath(directory)
+    except OSError as exc:  # a component changed while it was resolved (a swap in progress)
+        return f'{directory} changed while it was checked ({exc.strerror}): not followed'
+    if real != _absolute(directory):
         return f'{directory} leads to {real} through a symlink (not followed; give the real directory)'
     return None
+
+
+def _absolute(directory: str) -> str:
+    """The absolute path, normalised as realpath would (POSIX keeps a leading '//': realpath does not)."""
+    return '/' + os.path.abspath(directory).lstrip('/')
 
 
 def report_dir_refusal(directory: str) -> str | None:
     """Why a report directory on the controller is refused (None when it may be written into or created).
 
     dir_refusal() with missing_ok, and a relative path refused: Ansible runs a local task in its playbook's (or role's)
-    directory, inside the installed collection.
+    directory, inside the installed collection. Whose directory it is, is checked as it is opened (_walk).
     """
+    if not isinstance(directory, str) or '\0' in directory:
+        return f'{directory!r} is not a path'
     if not directory.startswith('/'):
         return (
             f'{directory} is a relative path: the report would be written inside the installed collection '
@@ -86,10 +99,30 @@ def report_dir_refusal(directory: str) -> str | None:
     return dir_refusal(directory, missing_ok=True)
 
 
+def _swap_risk(directory: str, part: str, parent: os.stat_result, st: os.stat_result) -> str | None:
+    """Why another user could have made or could replace the directory part (stat st) of directory, in parent; None
+    when nobody but the caller or root could. A parent anyone may write in renames at anyone's word, unless it is sticky
+    (/tmp), where only an entry's owner does: there, part must be the caller's or root's (not made first by another)."""
+    if not parent.st_mode & stat.S_IWOTH:
+        return None
+    if not parent.st_mode & stat.S_ISVTX:
+        return (
+            f'{directory}: {part} is in a directory anyone may write in (no sticky bit): give a directory of your own'
+        )
+    if st.st_uid in (0, os.geteuid()):
+        return None
+    return (
+        f"{directory}: {part} is uid {st.st_uid}'s, in a directory anyone may write in: another user may have made it "
+        'first, and could replace what is written; give a directory of your own'
+    )
+
+
 def _walk(directory: str, create: int | None = None) -> tuple:
     """(fd, None) for directory, opened one component at a time from the root with O_NOFOLLOW at each step, so that
     no symlink is ever followed, whatever is swapped meanwhile; or (None, why). create: a mode, to make each missing
-    component on the way (mkdirat, then that mode whatever the umask)."""
+    component on the way (mkdirat, then that mode whatever the umask). A directory another user could have planted
+    or could swap (_swap_risk: in /tmp, one that is not the caller's or root's) is refused, and so is a final
+    directory anyone may write in without the sticky bit."""
     path = os.path.abspath(directory)
     # O_PATH: a component needs search permission only (a 0711 home), as a path lookup does; the fd serves as dir_fd
     flags = getattr(os, 'O_PATH', os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -121,8 +154,19 @@ def _walk(directory: str, create: int | None = None) -> tuple:
                     ) or f'{directory} leads through a symlink or a file (not followed)'
                 verb = 'created' if create is not None and exc.errno != errno.EACCES else 'opened'
                 return None, f'{directory} cannot be {verb} ({exc.strerror})'
+            parent = os.fstat(fd)
             os.close(fd)
             fd = nfd
+            st = os.fstat(fd)
+            risk = _swap_risk(directory, part, parent, st)
+            if risk:
+                return None, risk
+        st = os.fstat(fd)
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            return None, (
+                f'{directory} may be written by anyone (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit): another '
+                'user could replace the files; give a directory of your own'
+            )
         found, fd = fd, None
         return found, None
     finally:
@@ -161,18 +205,31 @@ def read(directory: str, name: str, limit: int = 1 << 20) -> str | None:
             os.close(ffd)
 
 
+# our temporary files: hidden (no reader of *.prom, *.json or *.html takes one for an output), short (any name of up to
+# 255 bytes can be written), and ours by their prefix (a run killed part-way leaves one: a later write removes it)
+TMP_PREFIX = '.tritonops-tmp-'
+STALE_TMP_AGE = 3600.0  # seconds: a temporary file older than this is a killed run's, never one being written
+
+
 def write(directory: str, name: str, text: str, nothing: str = 'nothing written', mode: int = 0o644) -> WriteResult:
     """Write text to directory/name atomically (a temporary file in the same directory, then rename), with mode.
 
-    Never raises for the directory's condition: returns written=False and a warning ending with nothing (what the
-    caller did not get, e.g. 'no metrics written') instead. The caller checks the name (plain_name()).
+    Never raises for the directory's or the text's condition: returns written=False and a warning ending with nothing
+    (what the caller did not get, e.g. 'no metrics written') instead. The caller checks the name (plain_name()).
+    An interrupted write (the call's time limit) removes
+    its temporary file before the interruption goes on.
     """
     path = os.path.join(directory, name)
+    try:
+        data = text.encode('utf-8')
+    except UnicodeEncodeError:
+        return WriteResult(
+            path, False, f'{path}: the text has a character UTF-8 cannot carry (from non-UTF-8 input): {nothing}'
+        )
     fd, why = open_dir(directory)
     if fd is None:
         return WriteResult(path, False, f'{why}: {nothing} ({name})', True)
-    # a hidden name: no reader of *.prom, *.json or *.html ever takes it for an output
-    tmp = f'.{name}.{secrets.token_hex(6)}.tmp'
+    tmp = f'{TMP_PREFIX}{secrets.token_hex(6)}'
     try:
         try:
             tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
@@ -182,19 +239,45 @@ def write(directory: str, name: str, text: str, nothing: str = 'nothing written'
         try:
             with os.fdopen(tfd, 'wb') as f:
                 os.fchmod(f.fileno(), mode)  # whatever the umask
-                f.write(text.encode('utf-8'))
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except OSError as exc:
+        except BaseException as exc:  # an OSError, or the call's time limit: no temporary file stays behind
             try:
                 os.unlink(tmp, dir_fd=fd)
             except OSError:
                 pass
+            if not isinstance(exc, OSError):
+                raise
             return WriteResult(path, False, f'{path} cannot be written ({exc.strerror}): {nothing}')
+        _remove_stale_temporaries(fd)
         return WriteResult(path, True, None)
     finally:
         os.close(fd)
+
+
+def _remove_stale_temporaries(fd: int) -> None:
+    """Remove our temporary files (TMP_PREFIX) that a killed run left in the directory: regular files of the caller's,
+    untouched for STALE_TMP_AGE. Best effort: what cannot be looked at stays."""
+    try:  # the directory's fd is an O_PATH one: a readable one of the same directory lists it
+        lfd = os.open('.', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return
+    try:
+        names = [n for n in os.listdir(lfd) if n.startswith(TMP_PREFIX)]
+    except OSError:
+        return
+    finally:
+        os.close(lfd)
+    now = time.time()
+    for n in names:
+        try:
+            st = os.lstat(n, dir_fd=fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and now - st.st_mtime > STALE_TMP_AGE:
+                os.unlink(n, dir_fd=fd)
+        except OSError:
+            pass
 
 
 def make_dir(directory: str, mode: int = 0o755) -> str | None:

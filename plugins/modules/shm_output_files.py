@@ -48,11 +48,16 @@ options:
       - Refused, with nothing written, when it or a directory on its way is a symlink (another user may have planted it to make
         the controller's user write where they choose), or when it is a relative path (Ansible runs a controller task in the
         playbook's or role's directory, inside the installed collection).
+      - Refused too when another user could replace what is written there: a directory on the way, or O(dir) itself, that sits
+        in a directory anyone may write in (such as C(/tmp)) and is not yours or root's (another user made it first), or a
+        directory anyone may write in without the sticky bit. Each directory is opened one at a time from C(/), never following
+        a symlink, so a symlink swapped in after the check is refused as well.
     type: path
     required: true
   files:
     description:
       - What to write, a dict of file name to content. Each name is one plain file name, no C(/), not starting with C(.).
+      - A name or a content that cannot be written fails the task with its reason, after every other file is written.
       - A string is written as it is (UTF-8); a dict or a list is written as JSON, as C(to_nice_json(indent=2)) writes it,
         with a newline.
     type: dict

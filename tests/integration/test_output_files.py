@@ -97,3 +97,39 @@ def test_a_directory_in_place_of_a_file_fails_and_the_others_are_written(tmp_pat
     res, task = write(tmp_path, {'report.html': '<p>', 'report.md': 'x\n'}, label='report_dir')
     assert res.rc != 0 and 'report_dir: ' in task['msg'] and 'report.html cannot be written' in task['msg'], task
     assert (tmp_path / 'report.md').read_text() == 'x\n' and task['written'] == [str(tmp_path / 'report.md')]
+
+
+def test_a_bad_name_is_said_and_every_other_file_is_still_written(tmp_path):
+    res, task = write(tmp_path / 'out', {'.hidden.json': {}, 'a/b.json': {}, 'good.json': {'a': 1}})
+    assert res.rc != 0 and '.hidden.json' in task['msg'] and 'a/b.json' in task['msg'], task
+    assert os.listdir(tmp_path / 'out') == ['good.json'] and task['written'] == [str(tmp_path / 'out' / 'good.json')]
+
+
+RECORD = "{{ {} | tritonops.shm._shm_cleanup(host=inventory_hostname, url='http://127.0.0.1:1') }}"
+
+
+def test_the_cleanup_role_writes_a_record_for_every_inventory_name_in_its_directory(tmp_path):
+    """Inventory names Ansible accepts but a file name cannot be as they are (a leading ".", a "/", ".."): each host's
+    record is still written, as one plain file in the report directory, and nothing is written elsewhere."""
+    hosts = {name: {'ansible_connection': 'local'} for name in ('.hidden', 'a/b', '..', 'good')}
+    report = tmp_path / 'reports'
+    play = [
+        {
+            'hosts': 'all',
+            'gather_facts': False,
+            'tasks': [
+                {'ansible.builtin.set_fact': {'shm_cleanup_result': RECORD}},
+                {
+                    'ansible.builtin.include_role': {'name': 'tritonops.shm.shm_cleanup', 'tasks_from': 'report_files'},
+                    'vars': {'shm_cleanup_report_dir': str(report)},
+                },
+            ],
+        }
+    ]
+    res = ansible_playbook(play, inventory={'all': {'hosts': hosts}})
+    assert res.rc == 0, res.stdout[-3000:]
+    assert sorted(os.listdir(report)) == sorted(
+        ['_..json', '_hidden.json', 'a_b.json', 'good.json', 'report.html', 'summary.md']
+    )
+    assert json.loads((report / 'a_b.json').read_text())['host'] == 'a/b'
+    assert sorted(os.listdir(tmp_path)) == ['reports']

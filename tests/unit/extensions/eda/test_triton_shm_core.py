@@ -104,6 +104,9 @@ HEADERS = [
     {'X-Key': 'v\x00w'},
     {'': 'v'},
     {'X-Key': 'tab\tinside'},
+    {'X-Key': 'caf\u00e9'},
+    {'X-Key': '\u4e2d'},
+    {'X-Key': 'a\x85b'},
 ]
 
 
@@ -134,3 +137,11 @@ def test_the_event_source_reads_the_holders_series_metrics_py_writes(source):
         seen = source.holders_from_metrics(text, host, 'triton:8000/')
         assert (seen.complete, seen.reason) == (complete, reason)
     assert source.holders_from_metrics(text, 'other', url).complete is None
+
+
+def test_the_event_source_sends_a_header_as_the_modules_do_in_latin_1(source):
+    """The same option puts the same bytes on the wire: the modules' HTTP transport writes its headers in Latin-1, and so
+    does the event source's request (it wrote UTF-8: c3 a9 for an e-acute where the modules sent e9)."""
+    wire = source.connection.wire_config({'url': 'http://h:1', 'headers': {'X-Key': 'caf\u00e9'}})
+    request = source.connection.http_request(wire, '/v2', 'application/json')
+    assert b'X-Key: caf\xe9\r\n' in request and b'\xc3\xa9' not in request

@@ -356,6 +356,8 @@ SECRET = 'Bearer s3cr3t-value'
         ({'Bad Name': 's3cr3t-value'}, "'Bad?Name'"),
         ({'X-Tok:en': 's3cr3t-value'}, "'X-Tok?en'"),
         ({'': 's3cr3t-value'}, "''"),
+        ({'X-Token': 's3cr3t-\u4e2d'}, 'X-Token'),  # not Latin-1: the two transports would send other bytes
+        ({'X-Token': 's3cr3t-\x85value'}, 'X-Token'),  # a C1 control (NEL)
     ],
 )
 def test_a_bad_header_is_refused_by_name_and_its_value_never_shown(headers, named):

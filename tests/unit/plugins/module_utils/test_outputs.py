@@ -168,3 +168,82 @@ def test_a_directory_on_a_search_only_path_is_written_as_a_lookup_would(as_nobod
         assert open(os.path.join(inner, 'r.md')).read() == 'x\n'
     finally:
         shutil.rmtree(top)
+
+
+# -- what the attack review of round 4 found (each failed before its fix) --
+
+
+def test_a_path_that_changes_while_it_is_resolved_is_a_refusal_never_an_exception(tmp_path, monkeypatch):
+    """realpath() raised EINVAL when a component was swapped between its lstat and its readlink: the metrics written
+    after a cleanup then lost the cleanup's result. Any such error is a refusal now, and so is a NUL."""
+
+    def swapped(path):
+        raise OSError(22, 'Invalid argument', path)
+
+    monkeypatch.setattr(os.path, 'realpath', swapped)
+    assert 'changed while it was checked' in outputs.dir_refusal(str(tmp_path))
+    res = outputs.write(str(tmp_path), 'r.md', 'x')
+    assert not res.written and 'changed while it was checked' in res.warning
+    monkeypatch.undo()
+    assert 'NUL' in outputs.dir_refusal(str(tmp_path) + '\0x')
+    assert not outputs.write(str(tmp_path) + '\0x', 'r.md', 'x').written
+    assert outputs.dir_refusal('/' + str(tmp_path)) is None, 'a leading // is no symlink'
+
+
+def test_text_utf8_cannot_carry_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    (tmp_path / 'a.prom').write_text('good 1\n')
+    res = outputs.write(str(tmp_path), 'a.prom', 'bad \udcff')
+    assert not res.written and 'UTF-8 cannot carry' in res.warning and not res.directory_refused
+    assert os.listdir(tmp_path) == ['a.prom'] and (tmp_path / 'a.prom').read_text() == 'good 1\n'
+
+
+def test_an_interrupted_write_removes_its_temporary_and_goes_on_being_interrupted(tmp_path, monkeypatch):
+    class TimeUp(BaseException):
+        pass
+
+    def interrupted(fd):
+        raise TimeUp()
+
+    (tmp_path / 'a.prom').write_text('good 1\n')
+    monkeypatch.setattr(os, 'fsync', interrupted)
+    with pytest.raises(TimeUp):
+        outputs.write(str(tmp_path), 'a.prom', 'new 2\n')
+    assert os.listdir(tmp_path) == ['a.prom'] and (tmp_path / 'a.prom').read_text() == 'good 1\n'
+
+
+def test_a_killed_run_s_temporary_is_removed_by_a_later_write_once_it_is_old(tmp_path):
+    old, fresh = tmp_path / (outputs.TMP_PREFIX + 'old'), tmp_path / (outputs.TMP_PREFIX + 'fresh')
+    for f in (old, fresh):
+        f.write_text('half')
+    hour_ago = os.stat(old).st_mtime - outputs.STALE_TMP_AGE - 60
+    os.utime(old, (hour_ago, hour_ago))
+    assert outputs.write(str(tmp_path), 'r.md', 'x').written
+    assert sorted(os.listdir(tmp_path)) == sorted([fresh.name, 'r.md']), 'a fresh one may be being written: kept'
+
+
+def test_a_name_of_255_bytes_is_written(tmp_path):
+    name = 'h' * 250 + '.json'
+    assert outputs.write(str(tmp_path), name, '{}').written and (tmp_path / name).read_text() == '{}'
+
+
+def test_a_directory_another_user_made_first_in_tmp_is_refused(as_nobody):
+    """A world-writable sticky directory (/tmp): another user may make the report directory first and then swap or
+    forge what root writes in it. Such a directory (or one on the way) is refused, whoever asks; the caller's own or
+    root's is fine, and so is one that is made now."""
+    shared = tempfile.mkdtemp(prefix='tritonops-outputs-')
+    try:
+        os.chmod(shared, 0o1777)
+        planted = os.path.join(shared, 'reports')
+        as_nobody(os.mkdir, planted, 0o755)
+        assert os.stat(planted).st_uid == 65534
+        res = outputs.write(planted, 'report.json', '{}')
+        assert not res.written and 'uid 65534' in res.warning and os.listdir(planted) == []
+        assert 'uid 65534' in outputs.make_dir(os.path.join(planted, 'sub'))
+        assert not os.path.exists(os.path.join(planted, 'sub'))
+        mine = os.path.join(shared, 'mine', 'deep')
+        assert outputs.make_dir(mine) is None and outputs.write(mine, 'report.json', '{}').written
+        # anyone may write in a directory without the sticky bit: refused as the report's directory and on the way
+        os.chmod(os.path.join(shared, 'mine'), 0o777)
+        assert 'no sticky bit' in outputs.write(mine, 'report.json', '{}').warning
+    finally:
+        shutil.rmtree(shared)
