@@ -472,8 +472,10 @@ def test_slow_and_dead_servers_delay_no_one_and_every_server_keeps_its_place():
     for i in range(30):
         polls = hosts['fast%02d' % i]
         assert len(polls) in (5, 6) and all(d['status'] == 'up' for _t, d in polls), polls
-        gaps = [b[0] - a[0] for a, b in zip(polls, polls[1:])]
-        assert all(interval * 0.75 < gap < interval * 1.25 for gap in gaps), gaps
+        # each poll keeps its place on the server's schedule (k * interval from a start): one poll late under load
+        # (a short gap after it) is no drift, a server that held the loop up would shift every later poll
+        offsets = [t - k * interval for k, (t, _d) in enumerate(polls)]
+        assert max(offsets) - min(offsets) < interval * 0.5, offsets
     # the polls of one round are spread: 32 servers start 0.01 s apart, not all at once
     first = sorted(polls[0][0] for name, polls in hosts.items() if name.startswith('fast'))
     assert first[-1] - first[0] > 0.2
