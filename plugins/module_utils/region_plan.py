@@ -128,9 +128,14 @@ class Plan:
 spec = SYSTEM.spec  # a system region's registration (records.Kind.spec)
 
 
+# what a region's spec is: every kind's fields but the name, each once
+_SPEC_KEYS = tuple(dict.fromkeys(f.name for kind in KINDS.values() for f in kind.fields if f.name != 'name'))
+
+
 def same(listed: dict, wanted: dict) -> bool:
-    """Whether a listed region has the spec (key, offset, byte_size; device_id for CUDA) of an earlier record."""
-    return all(listed.get(k) == wanted.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in wanted)
+    """Whether a listed region has the spec (its kind's fields but the name: key, offset, byte_size; device_id for
+    CUDA) of an earlier record."""
+    return all(listed.get(k) == wanted.get(k) for k in _SPEC_KEYS if k in wanted)
 
 
 def criteria(p: dict, client_uids: Iterable[int], orphans: bool = True) -> classification.Criteria:

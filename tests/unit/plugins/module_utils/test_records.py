@@ -27,7 +27,7 @@ def _return_doc(module: str) -> dict:
     return yaml.safe_load(node.value.value)
 
 
-@pytest.mark.parametrize('kind, key', [(records.SYSTEM, 'system_regions'), (records.CUDA, 'cuda_regions')])
+@pytest.mark.parametrize('kind, key', [(kind, kind.result_key) for kind in records.KINDS.values()])
 def test_the_info_modules_return_doc_lists_every_field_of_each_kind_with_its_type(kind, key):
     contains = _return_doc('triton_shm_info')[key]['contains']
     for field in kind.fields:
