@@ -20,10 +20,10 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils import facts
+from ansible_collections.tritonops.shm.plugins.module_utils import facts, records
 from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ParameterError,
@@ -138,9 +138,12 @@ def removal_refusal(snap: Snapshot, criteria: Criteria, entry: dict) -> str | No
 class Records(NamedTuple):
     """The classified records of one snapshot, as triton_shm_info returns them."""
 
-    system_regions: list
-    cuda_regions: list
+    regions: dict  # {kind name: [region record]}, every kind of records.KINDS in its order
     files: list
+
+    def of(self, kind: str) -> list:
+        """The region records of kind (a kind name of records.KINDS)."""
+        return self.regions.get(kind, [])
 
 
 class RegionFacts(NamedTuple):
@@ -326,19 +329,24 @@ def reclaimable(snap: Snapshot, rec: dict) -> bool:
     return rec['state'] == DANGLING and not rec['holders'] and snap.pid is not None and snap.holders_complete
 
 
-def cuda_record(snap: Snapshot, region: dict) -> dict:
-    """The record of one CUDA region: its possible owners (holders), state and reclaimable (cuda_state), and the UUID
+def file_region_record(snap: Snapshot, region: dict, criteria: Criteria) -> dict:
+    """The state rule of a region backed by a file of the shm directory (region_record with the criteria's values)."""
+    return region_record(snap, region, criteria.backend_patterns, criteria.wedged_after)
+
+
+def gpu_record(snap: Snapshot, region: dict, _criteria: Criteria | None = None) -> dict:
+    """The record of one CUDA region: its possible owners (holders), state and reclaimable (gpu_state), and the UUID
     of the NVML GPU its device_id is proven to name (gpu.Evidence.placement; None when not proven)."""
     rec = dict(region)
-    state, reason, owners = cuda_state(snap, region.get('device_id'))
+    state, reason, owners = gpu_state(snap, region.get('device_id'))
     rec['holders'] = [o.as_dict() for o in owners]
     rec['state'], rec['state_reason'] = state, reason
     rec['reclaimable'] = state == STALE
-    rec['gpu_uuid'] = cuda_gpu_uuid(snap, region.get('device_id'))
+    rec['gpu_uuid'] = gpu_uuid(snap, region.get('device_id'))
     return rec
 
 
-def cuda_gpu_uuid(snap: Snapshot, device_id: object) -> str | None:
+def gpu_uuid(snap: Snapshot, device_id: object) -> str | None:
     """The UUID of the NVML GPU a CUDA region's device_id is proven to name, or None (not read, MIG, not proven)."""
     ev = snap.gpu if snap.pid is not None and snap.pid_namespace == 'initial' else None
     if ev is None or ev.reading.error is not None or any(g.mig for g in ev.reading.gpus) or not ev.reading.gpus:
@@ -347,7 +355,7 @@ def cuda_gpu_uuid(snap: Snapshot, device_id: object) -> str | None:
     return named.uuid if named is not None else None
 
 
-def cuda_state(snap: Snapshot, device_id: object) -> tuple[str, str, list]:
+def gpu_state(snap: Snapshot, device_id: object) -> tuple[str, str, list]:
     """(state, reason, owners) of a CUDA region on device_id: the CUDA rule (docs/cuda.md).
 
     Stale only when both signals of gpu.py say that no process outside the server and its descendants has a CUDA
@@ -604,18 +612,23 @@ def pool_records(snap: Snapshot, files: Iterable[dict]) -> list:
     return sorted(pools, key=lambda p: (p['model'] is None, p['model'] or '', p['instance'] or '', p['name']))
 
 
-def classify(snap: Snapshot, criteria: Criteria = Criteria()) -> Records:
+def classify(snap: Snapshot, criteria: Criteria = Criteria(), rules: Mapping[str, Callable] | None = None) -> Records:
     """Every region and file of the snapshot, classified.
 
+    rules: {kind name: its state rule (snap, region, criteria) -> record}; None: each kind's own (kinds.RegionKind.state).
     Without the server's status (snap.shm_unsupported) no file can be told unregistered: none is an orphan.
     """
+    if rules is None:
+        # kinds.py holds each kind's rule and imports this module: read it when called, not when imported
+        from ansible_collections.tritonops.shm.plugins.module_utils import kinds  # pylint: disable=import-outside-toplevel
+
+        rules = kinds.rules()
     if snap.shm_unsupported is not None:
         criteria = dataclasses.replace(criteria, orphan_patterns=())
-    regions = [region_record(snap, r, criteria.backend_patterns, criteria.wedged_after) for r in snap.system]
-    cuda = [cuda_record(snap, r) for r in snap.cuda]
-    by_path = _regions_by_path(regions)
+    regions = {k: [rules[k](snap, r, criteria) for r in snap.of(k)] for k in records.KINDS}
+    by_path = _regions_by_path(r for k, kind in records.KINDS.items() if kind.files for r in regions[k])
     files = [file_record(snap, e, by_path, criteria) for e in snap.entries]
-    return Records(regions, cuda, files)
+    return Records(regions, files)
 
 
 def _regions_by_path(region_records: Iterable[dict]) -> dict:

@@ -41,7 +41,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import e
 HTTP = 'http'
 GRPC = 'grpc'
 GRPC_SCHEMES = ('grpc', 'grpcs')
-KINDS = tuple(records.KINDS)  # ('system', 'cuda')
 HEALTH_CHECKS = ('live', 'ready')
 DEFAULT_TIMEOUT = connection.OPTIONS['timeout'].default
 # The largest answer the modules read, over HTTP (body) and gRPC (message): a status of 100,000 regions is
@@ -127,10 +126,15 @@ def check_metadata(data: dict, where: str, url: str, transport: str) -> dict:
 
 
 def check_kind(kind: str) -> str:
-    """kind when it is a shared-memory kind (system, cuda); ValueError otherwise (a caller's bug)."""
-    if kind not in KINDS:
+    """kind when it is a shared-memory kind (records.KINDS); ValueError otherwise (a caller's bug)."""
+    if kind not in records.KINDS:
         raise ValueError(f'unknown shared memory kind {kind!r}')
     return kind
+
+
+def record_kind(kind: str) -> records.Kind:
+    """The records.Kind of the kind name (ValueError for none: a caller's bug)."""
+    return records.KINDS[check_kind(kind)]
 
 
 def check_health(which: str) -> str:
@@ -382,15 +386,12 @@ class Client(abc.ABC):
 
     @abc.abstractmethod
     def status(self, kind: str) -> list[dict]:
-        """The regions of kind: system ones {name, key, offset, byte_size}, CUDA ones {name, device_id, byte_size}."""
+        """The regions of kind, each with the fields of its records.Kind."""
 
     @abc.abstractmethod
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Register a system region on the file key (relative to the server's /dev/shm)."""
-
-    @abc.abstractmethod
-    def register_cuda(self, name: str, raw_handle_b64: str, device_id: int, byte_size: int) -> None:
-        """Register a CUDA region from a base64 cudaIpcMemHandle."""
+    def register(self, kind: str, name: str, values: dict) -> None:
+        """Register a region of kind: values maps each of its records.Kind.register names to its value (a HANDLE as
+        base64 text), say {key, offset, byte_size} for a system region on the file key (relative to /dev/shm)."""
 
     @abc.abstractmethod
     def unregister(self, kind: str, name: str) -> None:

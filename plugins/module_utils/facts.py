@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ansible_collections.tritonops.shm.plugins.module_utils import records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
 
 if TYPE_CHECKING:  # the types of fields that reading modules fill (never imported at run time)
@@ -333,8 +334,7 @@ class Snapshot:
 
     url: str
     metadata: dict
-    system: list
-    cuda: list
+    regions: dict  # {kind name: [region]}: each kind's status (records.KINDS; a kind not read: absent or [])
     location: Location
     shm_dir: str | None = None
     fs: dict | None = None
@@ -363,6 +363,15 @@ class Snapshot:
     def __post_init__(self) -> None:
         object.__setattr__(self, '_by_name', {e['name']: e for e in self.entries})
         object.__setattr__(self, '_listed', {(e['dev'], e['inode']) for e in self.entries if e['type'] == 'file'})
+
+    def of(self, kind: str) -> list:
+        """The regions of kind (a kind name of records.KINDS) the server listed; [] when not read."""
+        return self.regions.get(kind, [])
+
+    @property
+    def in_files(self) -> list:
+        """The regions of the kinds backed by files of the shm directory (records.Kind.files), kinds in their order."""
+        return [r for k, kind in records.KINDS.items() if kind.files for r in self.of(k)]
 
     @property
     def pid(self) -> int | None:

@@ -38,7 +38,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.connection import re
 
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
-    CUDA_STATES,
     FILE_CATEGORIES,
     POOL_LEFTOVER,
     REGION_STATES,
@@ -121,13 +120,27 @@ METRICS = {
         # the region fields' gauges, declared with their field (records.py)
         *(Metric(f.metric, 'gauge', f.metric_help, REPORT) for _kind, f in records.metric_fields()),
         Metric('tritonops_shm_regions', 'gauge', 'Registered system shared-memory regions by state.', REPORT),
-        Metric('tritonops_shm_cuda_regions', 'gauge', 'Registered CUDA shared-memory regions.', REPORT),
-        Metric(
-            'tritonops_shm_cuda_region_bytes',
-            'gauge',
-            'GPU bytes of the registered CUDA regions, by device (Triton device_id), uuid (the NVML GPU the device is '
-            'proven to name, empty when not proven) and state (stale, unknown).',
-            REPORT,
+        # each kind without files: its count; a kind of GPU memory: its bytes by device, GPU and state
+        *(
+            Metric(
+                f'tritonops_shm_{k.name}_regions',
+                'gauge',
+                f'Registered {k.name.upper()} shared-memory regions.',
+                REPORT,
+            )
+            for k in records.KINDS.values()
+            if not k.files
+        ),
+        *(
+            Metric(
+                f'tritonops_shm_{k.name}_region_bytes',
+                'gauge',
+                f'GPU bytes of the registered {k.name.upper()} regions, by device (Triton device_id), uuid (the NVML GPU '
+                f'the device is proven to name, empty when not proven) and state ({", ".join(k.states)}).',
+                REPORT,
+            )
+            for k in records.KINDS.values()
+            if k.gpu
         ),
         Metric(
             'tritonops_shm_gpu_server_bytes',
@@ -292,8 +305,13 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
             ('tritonops_shm_regions', (('state', s),), sum(1 for r in regions if r.get('state') == s))
             for s in REGION_STATES
         ]
-        samples.append(('tritonops_shm_cuda_regions', (), len(inv.get('cuda_regions') or ())))
-        samples += cuda_samples(inv)
+        for kind in records.KINDS.values():
+            if not kind.files:
+                samples.append((f'tritonops_shm_{kind.name}_regions', (), len(inv.get(kind.result_key) or ())))
+        for kind in records.KINDS.values():
+            if kind.gpu:
+                samples += gpu_region_samples(inv, kind)
+        samples += gpu_server_samples(inv)
         samples.append(('tritonops_shm_stale_bytes', (), summary.get('stale_bytes') or 0))
         files = inv.get('files') or []
         samples += [
@@ -314,22 +332,26 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
     return _render(samples, host, url)
 
 
-def cuda_samples(inv: Mapping) -> list:
-    """The CUDA series of one server: region bytes by (device, uuid, state), every state of each device with a region,
-    and the server's NVML charge per GPU read, by (device, uuid). Bounded: one server's evidence proves a device_id to
-    name one GPU or none (uuid empty), so a device has one uuid, and the series are devices times CUDA_STATES."""
+def gpu_region_samples(inv: Mapping, kind: records.Kind) -> list:
+    """The region bytes of one server's regions of a kind of GPU memory, by (device, uuid, state): every state of
+    the kind for each device with a region. Bounded: one server's evidence proves a device_id to name one GPU or none
+    (uuid empty), so a device has one uuid, and the series are devices times the kind's states."""
     by_device: dict = {}
-    for r in inv.get('cuda_regions') or ():
+    for r in inv.get(kind.result_key) or ():
         device = (str(r.get('device_id')), r.get('gpu_uuid') or '')
-        bytes_by_state = by_device.setdefault(device, dict.fromkeys(CUDA_STATES, 0))
+        bytes_by_state = by_device.setdefault(device, dict.fromkeys(kind.states, 0))
         if r.get('state') in bytes_by_state:
             bytes_by_state[r['state']] += int(r.get('byte_size') or 0)
-    out = [
-        ('tritonops_shm_cuda_region_bytes', (('device', device), ('uuid', uuid), ('state', state)), value)
+    return [
+        (f'tritonops_shm_{kind.name}_region_bytes', (('device', device), ('uuid', uuid), ('state', state)), value)
         for device, uuid in sorted(by_device)
         for state, value in by_device[device, uuid].items()
     ]
-    out += [
+
+
+def gpu_server_samples(inv: Mapping) -> list:
+    """The server's NVML charge per GPU read, by (device, uuid)."""
+    return [
         (
             'tritonops_shm_gpu_server_bytes',
             (('device', str(g['index'])), ('uuid', g.get('uuid') or '')),
@@ -338,7 +360,6 @@ def cuda_samples(inv: Mapping) -> list:
         for g in inv.get('gpus') or ()
         if g.get('server_bytes') is not None
     ]
-    return out
 
 
 def pool_bytes_by_model(pools: Iterable[Mapping], cap: int = MODEL_LABEL_CAP) -> list:

@@ -7,7 +7,7 @@ read() returns every GPU of the host: its NVML index, its device minor number (`
 MIG is on, and its compute processes (``nvmlDeviceGetComputeRunningProcesses_v3``: the processes with a CUDA context
 on it, by **host** pid, also for a process in its own PID namespace; an NVML-only process such as nvidia-smi or
 dcgm-exporter is not one). Any failure (no ``libnvidia-ml.so.1``, no driver, not permitted) is a reading with an
-``error`` and no GPU: the CUDA rule then decides nothing (classification.cuda_record).
+``error`` and no GPU: the CUDA rule then decides nothing (classification.gpu_record).
 
 Facts behind it: ../shared/CUDA-FACTS.md (an H200, driver 580): the calls below all return 0 as root, and a pid
 NVML lists that /proc no longer has means a descendant still holds that context (a zombie client).

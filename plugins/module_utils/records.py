@@ -42,6 +42,7 @@ _UINT64_END = 1 << 64
 
 
 BYTES = 'bytes'
+HANDLE = 'base64'  # a register value sent as base64 text over HTTP ({'b64': ...}), as its bytes over gRPC
 
 
 class Field(NamedTuple):
@@ -68,12 +69,31 @@ class Field(NamedTuple):
 
 
 class Kind(NamedTuple):
-    """A region kind (``system``, ``cuda``) and its fields, in the order Triton documents them."""
+    """A region kind (``system``, ``cuda``) and its fields, in the order Triton documents them.
+
+    What the transports need: ``api``, the name of its API (HTTP: ``/v2/{api.lower()}/...``; gRPC: the methods
+    ``{api}Status``, ``{api}Register``, ``{api}Unregister`` and their ``...Request`` messages), and ``register``, the
+    (name, type) of each value its register call sends beside the region name, in order (``HANDLE``: base64 text).
+    ``registration`` is what triton_shm_region requires of its options to register one.
+    """
 
     name: str
     fields: tuple
     files: bool = False  # its regions are backed by files of the shm directory
     registration: tuple = ()  # what registering one takes beside its name (triton_shm_region's options)
+    api: str = ''
+    register: tuple = ()
+    gpu: bool = False  # its regions are GPU memory: their holders are the GPU's contexts (gpu.py reads them)
+    states: tuple = ()  # a kind without files: the states its summary counts (<kind>_<state>_regions, _bytes)
+
+    @property
+    def http_root(self) -> str:
+        """The first segment of its HTTP paths after /v2 (``systemsharedmemory``)."""
+        return self.api.lower()
+
+    def grpc_method(self, call: str) -> str:
+        """Its gRPC method for call (``Status``, ``Register``, ``Unregister``): ``SystemSharedMemoryStatus``."""
+        return f'{self.api}{call}'
 
     @property
     def extension(self) -> str:
@@ -129,6 +149,8 @@ SYSTEM = Kind(
     ),
     files=True,
     registration=('key', 'byte_size'),
+    api='SystemSharedMemory',
+    register=(('key', TEXT), ('offset', UINT64), ('byte_size', UINT64)),
 )
 CUDA = Kind(
     'cuda',
@@ -138,6 +160,10 @@ CUDA = Kind(
         Field('byte_size', UINT64, description='Registered size in bytes.'),
     ),
     registration=('raw_handle', 'device_id', 'byte_size'),
+    api='CudaSharedMemory',
+    register=(('raw_handle', HANDLE), ('device_id', UINT64), ('byte_size', UINT64)),
+    gpu=True,
+    states=('stale', 'unknown'),  # vocabulary.GPU_STATES (this file imports none: the event source loads it alone)
 )
 KINDS = {k.name: k for k in (SYSTEM, CUDA)}
 

@@ -799,7 +799,7 @@ class RegionOps(ShmDirWork, Operation):
             return
         kept = set(still_registered) | set(self.outcome.pending)
         gone = set(self.outcome.unregistered)
-        listed = [r for r in snap.system if r.get('name') not in gone]
+        listed = [r for r in self.kind.regions(snap) if r.get('name') not in gone]
         after = wedged.updated(snap.wedged, tried, kept, listed, time.time())
         if after == snap.wedged:
             return
@@ -1008,7 +1008,7 @@ def unlinked_freed(snap: Snapshot | None, gone: Iterable[str]) -> int:
     gone = set(gone)
     freed: set = set()
     kept: set = set()
-    for region in snap.system:
+    for region in snap.in_files:
         try:
             name = facts.key_to_name(region.get('key'))  # the one reading of a key, as classification's
         except ShmFsError:

@@ -24,7 +24,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.classification impor
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ServerNotFound, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot, holders_text
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import matches
-from ansible_collections.tritonops.shm.plugins.module_utils.records import CUDA, KINDS, SYSTEM
+from ansible_collections.tritonops.shm.plugins.module_utils.records import KINDS, SYSTEM
 from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
 
 # Seconds to retry an unregister Triton refuses as "in use", and to wait for a deferred one to leave
@@ -126,12 +126,16 @@ class Plan:
 
 
 spec = SYSTEM.spec  # a system region's registration (records.Kind.spec)
-cuda_spec = CUDA.spec
+
+
+# what a region's spec is: every kind's fields but the name, each once
+_SPEC_KEYS = tuple(dict.fromkeys(f.name for kind in KINDS.values() for f in kind.fields if f.name != 'name'))
 
 
 def same(listed: dict, wanted: dict) -> bool:
-    """Whether a listed region has the spec (key, offset, byte_size; device_id for CUDA) of an earlier record."""
-    return all(listed.get(k) == wanted.get(k) for k in ('key', 'offset', 'byte_size', 'device_id') if k in wanted)
+    """Whether a listed region has the spec (its kind's fields but the name: key, offset, byte_size; device_id for
+    CUDA) of an earlier record."""
+    return all(listed.get(k) == wanted.get(k) for k in _SPEC_KEYS if k in wanted)
 
 
 def criteria(p: dict, client_uids: Iterable[int], orphans: bool = True) -> classification.Criteria:
@@ -268,9 +272,10 @@ def _check_absent(p: dict) -> None:
     if p.get('min_age', 0) < 0:
         raise ParameterError('min_age must be 0 or more seconds')
     if not KINDS[p['kind']].files:
+        with_files = ', '.join(f'kind={k.name}' for k in KINDS.values() if k.files)
         for opt in ('orphan_files', 'backend_leftovers'):
             if p.get(opt):
-                raise ParameterError(f'{opt} applies to kind=system only (CUDA regions have no files)')
+                raise ParameterError(f'{opt} applies to {with_files} only ({p["kind"].upper()} regions have no files)')
 
 
 # -- state=present ----------------------------------------------------------------------------------------------
@@ -280,7 +285,7 @@ def plan_present(snap: Snapshot, p: dict) -> Plan:
     """Register the one name of p with key, offset and byte_size; create the backing file when asked and missing."""
     key_name = facts.key_to_name(p['key'])
     need = p['offset'] + p['byte_size']
-    current = {r['name']: r for r in snap.system}
+    current = {r['name']: r for r in snap.of(SYSTEM.name)}
     wanted = {'key': p['key'], 'offset': p['offset'], 'byte_size': p['byte_size']}
     before = {'regions': [spec(current[n]) for n in p['name'] if n in current]}
     todo = _todo(p['name'], current, wanted)
@@ -298,7 +303,7 @@ def plan_present(snap: Snapshot, p: dict) -> Plan:
     after = {'regions': [dict(name=n, **wanted) for n in p['name']]}
     return Plan(
         kind=SYSTEM.name,
-        current=snap.system,
+        current=snap.of(SYSTEM.name),
         before=before,
         after=after,
         register=todo,
@@ -309,20 +314,22 @@ def plan_present(snap: Snapshot, p: dict) -> Plan:
     )
 
 
-def plan_present_cuda(snap: Snapshot, p: dict) -> Plan:
-    """Register the one name of p with raw_handle, device_id and byte_size, whatever is listed under that name.
+def plan_present_memory(snap: Snapshot, p: dict) -> Plan:
+    """Register the one name of p with the kind's register values, whatever is listed under that name (a kind whose
+    regions have no file: CUDA's).
 
     Triton's status shows a CUDA region's device_id and byte_size, never its IPC handle: a region listed under the
     name with the same device_id and byte_size may hold another handle (a dead client's registration). The status
     cannot prove that the handle is the one given, so the given raw_handle is always registered: a region listed
     under the name is unregistered first. Every run is a change.
     """
-    current = {r['name']: r for r in snap.cuda}
-    wanted = {'device_id': p['device_id'], 'byte_size': p['byte_size']}
+    kind = KINDS[p['kind']]
+    current = {r['name']: r for r in snap.of(kind.name)}
+    wanted = {f: p[f] for f in kind.names() if f != 'name' and f in p}
     return Plan(
-        kind=CUDA.name,
-        current=snap.cuda,
-        before={'regions': [cuda_spec(current[n]) for n in p['name'] if n in current]},
+        kind=kind.name,
+        current=snap.of(kind.name),
+        before={'regions': [kind.spec(current[n]) for n in p['name'] if n in current]},
         after={'regions': [dict(name=n, **wanted) for n in p['name']]},
         register=[Register(n, current.get(n)) for n in p['name']],
     )
@@ -393,7 +400,7 @@ def plan_absent(
 ) -> Plan:
     """Unregister the selected system regions, then remove their unheld files and (with orphan_files, backend_leftovers)
     orphan and leftover files. records: classify(snap) with the parameters' criteria; owners: whose files may go."""
-    regions, files = records.system_regions, records.files
+    regions, files = records.of(SYSTEM.name), records.files
     require_server(snap, p)
     notes = Notes()
     selected = _select((rec for rec in regions if _wanted(p, rec)), p, unaddressable, notes)
@@ -405,7 +412,7 @@ def plan_absent(
         notes.warnings.extend(_unsafe_unregister(snap, selected))
     return Plan(
         kind=SYSTEM.name,
-        current=snap.system,
+        current=snap.of(SYSTEM.name),
         before={'regions': [spec(r) for r in regions], 'files': [e['path'] for e, _n in file_plan]},
         after={'regions': [spec(r) for r in remaining], 'files': []},
         selected=selected,
@@ -416,36 +423,36 @@ def plan_absent(
     )
 
 
-def plan_absent_cuda(
+def plan_absent_memory(
     snap: Snapshot,
     records: Records,
     p: dict,
     crit: classification.Criteria,
     unaddressable: Unaddressable,
 ) -> Plan:
-    """The CUDA regions state=absent selects: by name, all, or (stale) those the CUDA rule calls stale.
-
-    records.cuda_regions are classified (classification.cuda_state): a region is stale only when no process but the
-    server has a CUDA context on its GPU, by NVML and by /proc.
+    """The regions of a kind without files that state=absent selects: by name, all, or (stale) those its state rule
+    calls stale (records: classified; for CUDA, classification.gpu_state: a region is stale only when no process but
+    the server has a CUDA context on its GPU, by NVML and by /proc).
     """
-    current = snap.cuda
+    kind = KINDS[p['kind']]
+    current = snap.of(kind.name)
     notes = Notes()
     names = set(p['name'] or ())
-    regions = records.cuda_regions
+    regions = records.of(kind.name)
     selected = _select((rec for rec in regions if _wanted(p, rec)), p, unaddressable, notes)
     if p['stale'] and not p['all']:
         left = [r for r in regions if not r['reclaimable'] and r['name'] not in names]
         if left:
             notes.warnings.append(
-                f'stale=true leaves {len(left)} CUDA region(s) that are not stale: {left[0]["name"]} is '
-                f'{left[0]["state"]} ({left[0]["state_reason"]})'
+                f'stale=true leaves {len(left)} {kind.name.upper()} region(s) that are not stale: {left[0]["name"]} '
+                f'is {left[0]["state"]} ({left[0]["state_reason"]})'
             )
     sel = {r['name'] for r in selected}
     return Plan(
-        kind=CUDA.name,
+        kind=kind.name,
         current=current,
-        before={'regions': [cuda_spec(r) for r in current], 'files': []},
-        after={'regions': [cuda_spec(r) for r in current if r['name'] not in sel], 'files': []},
+        before={'regions': [kind.spec(r) for r in current], 'files': []},
+        after={'regions': [kind.spec(r) for r in current if r['name'] not in sel], 'files': []},
         selected=selected,
         skipped=notes.skipped,
         warnings=notes.warnings,

@@ -9,23 +9,23 @@ plain data), classification.py decides, this builds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ansible_collections.tritonops.shm.plugins.module_utils import families as families_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.classification import Records, pool_records
 from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.records import KINDS
 from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
-    CUDA_STATES,
     DANGLING,
     FILE_CATEGORIES,
     FOREIGN,
     IN_USE,
     REGION_STATES,
     TRITON_CATEGORIES,
-    cuda_bytes_key,
-    cuda_count_key,
     file_bytes_key,
     file_count_key,
+    kind_bytes_key,
+    kind_count_key,
     region_bytes_key,
     region_count_key,
 )
@@ -72,7 +72,7 @@ def info_result(
     """What triton_shm_info returns for a snapshot and its records (live, ready: the health calls, if made; families:
     the table the files that are not Triton's are counted by, families.table(); file_records: LIMITED or ALL, see
     listed_files). The summary, the families and the pools count every file, listed or not."""
-    regions, cuda, files = records
+    files = records.files
     fs = dict(snap.fs) if snap.fs else None
     server = {
         'url': snap.url,
@@ -92,15 +92,14 @@ def info_result(
     return {
         'server': server,
         'shm_fs': fs,
-        'system_regions': regions,
-        'cuda_regions': cuda,
+        **{kind.result_key: records.of(k) for k, kind in KINDS.items()},
         'files': listed,
         'files_omitted': omitted,
         'backend_pools': pool_records(snap, files),
         'families': families_mod.count(files, families, (FOREIGN, IN_USE)),
-        'gpus': gpu_facts(snap, cuda),
+        'gpus': gpu_facts(snap, [r for k, kind in KINDS.items() if kind.gpu for r in records.of(k)]),
         'gpu_error': snap.gpu.reading.error if snap.gpu is not None else None,
-        'summary': summarize(regions, cuda, files, fs, deleted_bytes(snap)),
+        'summary': summarize(records.regions, files, fs, deleted_bytes(snap)),
         'unreadable_processes': len(snap.scan.unreadable) if snap.scan else 0,
         'holders_complete': snap.holders_complete,
         'holders_incomplete_reason': snap.holders_incomplete_reason,
@@ -118,13 +117,15 @@ def deleted_bytes(snap: Snapshot) -> dict | None:
 
 
 def summarize(
-    regions: Sequence[dict],
-    cuda: Sequence[dict],
+    by_kind: Mapping[str, Sequence[dict]],
     files: Sequence[dict],
     fs: dict | None,
     deleted: dict | None = None,
 ) -> dict:
-    """The counts of a result: every region state and file category of vocabulary.py (in its order), and bytes.
+    """The counts of a result: the regions of each kind (by_kind: {kind name: region records}, records.KINDS's order:
+    ``<kind>_regions``), every region state of the kinds backed by files and every file category of vocabulary.py (in
+    its order), the regions of each other kind in each of its states (``<kind>_<state>_regions``, and their byte sizes
+    ``<kind>_<state>_bytes``: GPU memory, each region its own allocation), and bytes.
 
     Bytes (what each occupies in the filesystem, allocated blocks): ``<state>_bytes`` of every region state (each file
     once; a dangling region's are the server's unlinked mappings, deleted), ``<category>_bytes`` of every file
@@ -138,7 +139,8 @@ def summarize(
         f = rec.get('file') or {}
         return f.get('allocated_bytes', 0) if f.get('exists') else 0
 
-    summary = {'system_regions': len(regions), 'cuda_regions': len(cuda)}
+    summary = {kind.result_key: len(by_kind.get(k, ())) for k, kind in KINDS.items()}
+    regions = [r for k, kind in KINDS.items() if kind.files for r in by_kind.get(k, ())]
     for state in REGION_STATES:
         summary[region_count_key(state)] = sum(1 for r in regions if r.get('state') == state)
     unlinked = sum((deleted or {}).values())
@@ -149,9 +151,11 @@ def summarize(
         summary[region_bytes_key(state)] = sum(
             {r['file']['path']: file_bytes(r) for r in regions if r.get('state') == state and r.get('file')}.values()
         )
-    for state in CUDA_STATES:  # GPU memory: each CUDA region is its own allocation
-        summary[cuda_count_key(state)] = sum(1 for r in cuda if r.get('state') == state)
-        summary[cuda_bytes_key(state)] = sum(int(r.get('byte_size') or 0) for r in cuda if r.get('state') == state)
+    for k, kind in KINDS.items():
+        for state in () if kind.files else kind.states:  # each region is its own allocation
+            these = [r for r in by_kind.get(k, ()) if r.get('state') == state]
+            summary[kind_count_key(k, state)] = len(these)
+            summary[kind_bytes_key(k, state)] = sum(int(r.get('byte_size') or 0) for r in these)
     for category in FILE_CATEGORIES:
         summary[file_count_key(category)] = sum(1 for f in files if f.get('category') == category)
         summary[file_bytes_key(category)] = sum(f.get('allocated_bytes', 0) for f in files if f['category'] == category)
@@ -167,7 +171,7 @@ def summarize(
     return summary
 
 
-def gpu_facts(snap: Snapshot, cuda: Sequence[dict]) -> list | None:
+def gpu_facts(snap: Snapshot, on_gpus: Sequence[dict]) -> list | None:
     """Per NVML GPU, what the CUDA rule read (snapshot.gpu): the server's NVML charge, the CUDA regions' bytes by state
     (a region counts on the GPU its device_id is proven to name, its gpu_uuid; on none when that is not proven), the
     processes with a CUDA context besides the server
@@ -179,16 +183,20 @@ def gpu_facts(snap: Snapshot, cuda: Sequence[dict]) -> list | None:
     out = []
     for g in ev.reading.gpus:
         owners = ev.owners((g,))
-        mine = [r for r in cuda if r.get('gpu_uuid') == g.uuid]
+        mine = [r for r in on_gpus if r.get('gpu_uuid') == g.uuid]
         out.append(
             {
                 'index': g.index,
                 'uuid': g.uuid,
                 'mig': g.mig,
                 'server_bytes': g.charged(snap.pid) if snap.pid is not None else None,
-                'cuda_region_bytes': {
-                    state: sum(int(r.get('byte_size') or 0) for r in mine if r.get('state') == state)
-                    for state in CUDA_STATES
+                **{
+                    f'{kind.name}_region_bytes': {
+                        state: sum(int(r.get('byte_size') or 0) for r in mine if r.get('state') == state)
+                        for state in kind.states
+                    }
+                    for kind in KINDS.values()
+                    if kind.gpu
                 },
                 'context_holders': [o.as_dict() for o in owners],
                 'zombies': [o.pid for o in owners if o.zombie],

@@ -26,7 +26,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils import authority as authority_mod
-from ansible_collections.tritonops.shm.plugins.module_utils import containers, discovery, rootfs, runlock, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils import (
+    containers,
+    discovery,
+    records,
+    rootfs,
+    runlock,
+    shm_fs,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils import gpu as gpu_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils import wedged as wedged_mod
@@ -64,7 +71,7 @@ def read_server(
     server_pid: int | None = None,
     shm_dir: str | None = None,
     require_readable_dir: bool = False,
-    kinds: Sequence[str] = ('system', 'cuda'),
+    kinds: Sequence[str] | None = None,
     proc: str = '/proc',
     now: float | None = None,
     report_unsupported: bool = False,
@@ -79,7 +86,8 @@ def read_server(
 
     lock_dir: where the run locks, and beside them the record of wedged regions, are (runlock.lock_dir() when None).
 
-    kinds: the region lists to read ('cuda' only when the server offers the extension).
+    kinds: the kinds whose region lists are read (None: every kind of records.KINDS; each only when the server offers
+    its extension).
     server_pid / shm_dir: as the modules' options (discovery from the URL when both are None).
     require_readable_dir: an unreadable shm directory raises ShmFsError instead of a warning.
     Raises TritonError when the server cannot be read, or does not offer system shared memory.
@@ -127,13 +135,15 @@ def read_server(
     if on_located is not None:
         on_located(pinned)
     unsupported = None
+    wanted = [k for k in records.KINDS.values() if (kinds is None or k.name in kinds) and k.extension in extensions]
     try:
-        system = client.status('system') if 'system' in kinds else []
-        cuda = client.status('cuda') if ('cuda' in kinds and 'cuda_shared_memory' in extensions) else []
+        regions = {k.name: client.status(k.name) for k in wanted}
     except ShmUnsupported as exc:
         if not report_unsupported:
             raise
-        system, cuda, unsupported = [], [], exc.msg
+        regions, unsupported = {}, exc.msg
+    regions = {k: regions.get(k, []) for k in records.KINDS}
+    in_files = [r for k, kind in records.KINDS.items() if kind.files for r in regions[k]]
     warnings = list(location.warnings)
     if unsupported is not None:
         warnings.append(f'{unsupported} (no region is listed, and no file is called orphan)')
@@ -163,10 +173,11 @@ def read_server(
         server_facts = read_server_facts(location.pid, proc) if pool_holders else None
     elif not visible.complete:
         warnings.append(f'holders are incomplete, no region is reported stale and no file orphan: {visible.reason}')
-    marks = read_marks(pinned, system, entries) if pinned is not None else {}
-    cleanup_marks = read_cleanup_marks(pinned, system, entries) if pinned is not None else {}
+    marks = read_marks(pinned, in_files, entries) if pinned is not None else {}
+    cleanup_marks = read_cleanup_marks(pinned, in_files, entries) if pinned is not None else {}
     gpu = None
-    if cuda and location.pid is not None and visible.pid_namespace == 'initial':
+    on_gpus = any(regions[k] for k, kind in records.KINDS.items() if kind.gpu)
+    if on_gpus and location.pid is not None and visible.pid_namespace == 'initial':
         gpu = gpu_mod.read_evidence(location.pid, proc, read_nvml)
     authority = authority_mod.read_authority(location.pid, pinned, proc) if pinned is not None else None
     ident = containers.identity(location.pid, proc) if location.pid is not None else containers.Identity()
@@ -174,8 +185,7 @@ def read_server(
     return Snapshot(
         url=client.base,
         metadata=metadata,
-        system=system,
-        cuda=cuda,
+        regions=regions,
         location=location,
         shm_dir=readable_dir,
         fs=fs,

@@ -154,8 +154,7 @@ def read_dir(
     return facts.Snapshot(
         url='',
         metadata={},
-        system=[],
-        cuda=[],
+        regions={},
         location=discovery.Location(None, pinned.path, LOCATED_BY, [], None),
         shm_dir=pinned.path,
         fs=fs,

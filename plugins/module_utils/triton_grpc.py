@@ -39,6 +39,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     error_from_answer,
     host_port,
     index_entry,
+    record_kind,
     short,
     split_url,
     wire_of,
@@ -59,11 +60,6 @@ _MAX_MESSAGE = MAX_ANSWER_BYTES  # a status of 100,000 regions is a few MiB; a l
 # Bulk unregisters: at most this many calls in flight on the one channel (docs/performance.md)
 BULK_WINDOW = 64
 _EMPTY_NAME = 'an empty region name is refused (over gRPC it would address every region)'
-# kind -> (the status call, its request message)
-_STATUS_CALLS = {
-    'system': ('SystemSharedMemoryStatus', 'SystemSharedMemoryStatusRequest'),
-    'cuda': ('CudaSharedMemoryStatus', 'CudaSharedMemoryStatusRequest'),
-}
 
 
 class _Lib:
@@ -276,8 +272,8 @@ class TritonGrpcClient(Client):
     def status(self, kind: str) -> list[dict]:
         """The regions of kind, as the HTTP API lists them (the same keys), ordered by name."""
         what = f'read {check_kind(kind)} shared memory status'
-        call, request = _STATUS_CALLS[kind]
-        resp = self.call(call, getattr(_Lib.pb, request)(), what)
+        call = record_kind(kind).grpc_method('Status')
+        resp = self.call(call, getattr(_Lib.pb, f'{call}Request')(), what)
         out = [records.from_message(records.KINDS[kind], r) for r in resp.regions.values()]
         return check_regions(
             kind, sorted(out, key=lambda r: r['name']), f'{what} at {self.base}', self.base, self.transport
@@ -295,38 +291,23 @@ class TritonGrpcClient(Client):
             raise UnaddressableName(f'{what}: {_EMPTY_NAME}')
         return name
 
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        what = f"register system region '{name}'"
-        req = _Lib.pb.SystemSharedMemoryRegisterRequest(
-            name=self._name(name, what), key=key, offset=offset, byte_size=byte_size
-        )
-        self.call('SystemSharedMemoryRegister', req, what)
-
-    def register_cuda(self, name: str, raw_handle_b64: str, device_id: int, byte_size: int) -> None:
-        what = f"register cuda region '{name}'"
-        try:
-            raw = base64.b64decode(raw_handle_b64, validate=True)
-        except (binascii.Error, ValueError, TypeError) as exc:
-            raise self.error(f'{what}: raw_handle is not base64: {exc}') from exc
-        req = _Lib.pb.CudaSharedMemoryRegisterRequest(
-            name=self._name(name, what), raw_handle=raw, device_id=device_id, byte_size=byte_size
-        )
-        self.call('CudaSharedMemoryRegister', req, what)
+    def register(self, kind: str, name: str, values: dict) -> None:
+        what = f"register {check_kind(kind)} region '{name}'"
+        sent = {}
+        for field, typ in record_kind(kind).register:
+            sent[field] = values[field]
+            if typ == records.HANDLE:
+                try:
+                    sent[field] = base64.b64decode(values[field], validate=True)
+                except (binascii.Error, ValueError, TypeError) as exc:
+                    raise self.error(f'{what}: {field} is not base64: {exc}') from exc
+        call = record_kind(kind).grpc_method('Register')
+        self.call(call, getattr(_Lib.pb, f'{call}Request')(name=self._name(name, what), **sent), what)
 
     def unregister(self, kind: str, name: str) -> None:
         what = f"unregister {check_kind(kind)} region '{name}'"
-        if kind == 'system':
-            self.call(
-                'SystemSharedMemoryUnregister',
-                _Lib.pb.SystemSharedMemoryUnregisterRequest(name=self._name(name, what)),
-                what,
-            )
-        else:
-            self.call(
-                'CudaSharedMemoryUnregister',
-                _Lib.pb.CudaSharedMemoryUnregisterRequest(name=self._name(name, what)),
-                what,
-            )
+        call = record_kind(kind).grpc_method('Unregister')
+        self.call(call, getattr(_Lib.pb, f'{call}Request')(name=self._name(name, what)), what)
 
     def unregister_many(self, kind: str, names: Iterable[str]) -> UnregisterBatch:
         """Up to BULK_WINDOW unregisters in flight at once on the one channel (futures)."""
@@ -338,14 +319,9 @@ class _FutureUnregister(UnregisterBatch):
 
     def __iter__(self) -> Iterator[Answer]:
         client, kind = self.client, self.kind
-        system = kind == 'system'
-        method = getattr(
-            client._service(),
-            'SystemSharedMemoryUnregister'
-            if system  # pylint: disable=protected-access
-            else 'CudaSharedMemoryUnregister',
-        ).future
-        make = _Lib.pb.SystemSharedMemoryUnregisterRequest if system else _Lib.pb.CudaSharedMemoryUnregisterRequest
+        call = record_kind(kind).grpc_method('Unregister')
+        method = getattr(client._service(), call).future  # pylint: disable=protected-access
+        make = getattr(_Lib.pb, f'{call}Request')
         pending: collections.deque = collections.deque()
         names = iter(self.names)
         while True:

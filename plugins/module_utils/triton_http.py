@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from ansible_collections.tritonops.shm.plugins.module_utils import time_limit
+from ansible_collections.tritonops.shm.plugins.module_utils import records, time_limit
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     HTTP,
     MAX_ANSWER_BYTES,
@@ -40,12 +40,12 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     Client,
     Library,
     UnregisterBatch,
-    check_kind,
     check_metadata,
     check_regions,
     error_from_answer,
     host_port,
     index_entry,
+    record_kind,
     short,
     snippet,
     split_url,
@@ -63,7 +63,6 @@ from ansible_collections.tritonops.shm.plugins.module_utils.tls import tls_conte
 
 # Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
 _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
-_KIND_ROOT = {'system': 'systemsharedmemory', 'cuda': 'cudasharedmemory'}
 
 
 def region_segment(name: str) -> str:
@@ -108,7 +107,7 @@ def region_path(kind: str, name: str) -> str:
 
 
 def _kind_root(kind: str) -> str:
-    return _KIND_ROOT[check_kind(kind)]
+    return record_kind(kind).http_root
 
 
 class Proxy(NamedTuple):
@@ -526,23 +525,13 @@ class TritonClient(Client):
     def status(self, kind: str) -> list[dict]:
         return self._json_list(kind, f'/v2/{_kind_root(kind)}/status', f'read {kind} shared memory status')
 
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        body = {'key': key, 'offset': offset, 'byte_size': byte_size}
+    def register(self, kind: str, name: str, values: dict) -> None:
+        body = {n: ({'b64': values[n]} if t == records.HANDLE else values[n]) for n, t in record_kind(kind).register}
         self.request(
             'POST',
-            f'{region_path("system", name)}/register',
+            f'{region_path(kind, name)}/register',
             body=body,
-            what=f"register system region '{name}'",
-            expect_json=False,
-        )
-
-    def register_cuda(self, name: str, raw_handle_b64: str, device_id: int, byte_size: int) -> None:
-        body = {'raw_handle': {'b64': raw_handle_b64}, 'device_id': device_id, 'byte_size': byte_size}
-        self.request(
-            'POST',
-            f'{region_path("cuda", name)}/register',
-            body=body,
-            what=f"register cuda region '{name}'",
+            what=f"register {kind} region '{name}'",
             expect_json=False,
         )
 

@@ -25,8 +25,8 @@ ATTENTION_STATES = (SUSPECT, WEDGED, STALE, DANGLING, UNKNOWN)
 # every state, those that need attention first: the order of a host's region table
 REGION_STATES_BY_ATTENTION = ATTENTION_STATES + tuple(s for s in REGION_STATES if s not in ATTENTION_STATES)
 
-# the states of a CUDA region (docs/cuda.md): stale by the CUDA rule, or unknown
-CUDA_STATES = (STALE, UNKNOWN)
+# the states of a region of GPU memory (docs/cuda.md): stale by the CUDA rule, or unknown (records.CUDA.states)
+GPU_STATES = (STALE, UNKNOWN)
 
 # file categories (docs/concepts.md, "File categories")
 REGISTERED = 'registered'
@@ -68,11 +68,12 @@ def file_bytes_key(category: str) -> str:
     return f'{category}_bytes'
 
 
-def cuda_count_key(state: str) -> str:
-    """The summary key that counts the CUDA regions in state (``stale`` → ``cuda_stale_regions``)."""
-    return f'cuda_{state}_regions'
+def kind_count_key(kind: str, state: str) -> str:
+    """The summary key that counts the regions of a kind without files in state (``stale`` of CUDA's →
+    ``cuda_stale_regions``)."""
+    return f'{kind}_{state}_regions'
 
 
-def cuda_bytes_key(state: str) -> str:
-    """The summary key of the GPU bytes of the CUDA regions in state (``stale`` → ``cuda_stale_bytes``)."""
-    return f'cuda_{state}_bytes'
+def kind_bytes_key(kind: str, state: str) -> str:
+    """The summary key of the bytes of the regions of a kind without files in state (``cuda_stale_bytes``)."""
+    return f'{kind}_{state}_bytes'

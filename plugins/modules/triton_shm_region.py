@@ -592,7 +592,8 @@ def main() -> None:
     every = module.params['kind'] == EVERY_KIND
     if every and module.params['state'] != 'absent':
         module.fail_json(
-            msg=f'kind={EVERY_KIND} is for state=absent: a region to register is of one kind (system or cuda)'
+            msg=f'kind={EVERY_KIND} is for state=absent: a region to register is of one kind ('
+            f'{" or ".join(records.KINDS)})'
         )
     client = make_client(module)
     client.use_keep_alive()  # one connection for any number of regions

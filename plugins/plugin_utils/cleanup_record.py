@@ -22,6 +22,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.patterns import literal
+from ansible_collections.tritonops.shm.plugins.module_utils.records import KINDS
 
 LOCATE_STEP = 'Locate the Triton server process'
 READ_STEP = "Read the server's shared memory"
@@ -46,9 +47,18 @@ SUMMARY_KEYS = (
     'used_percent',
 )
 REREGISTER_REASON = 'kept: desired state (shm_cleanup_reregister)'
+# the kinds whose regions have no file: the role cleans each in a step of its own (named by the kind), after absent
+KIND_STEPS = tuple(k.name for k in KINDS.values() if not k.files)
 # the role's steps in the order they run, each by the variable its task registers (its result key here)
-STEPS = ('absent', 'cuda', 'present', 'after', 'reload')
+STEPS = ('absent', *KIND_STEPS, 'present', 'after', 'reload')
 REGISTERED = {f'_shm_cleanup_{step}': step for step in STEPS + ('record',)}
+
+
+def _freed_gpu_bytes(by_kind: Mapping[str, Mapping]) -> int | None:
+    """The GPU memory NVML showed back after the steps of the kinds of GPU memory (None when none measured it)."""
+    measured = [step.get('freed_gpu_bytes') for k, step in by_kind.items() if KINDS[k].gpu]
+    measured = [m for m in measured if m is not None]
+    return sum(measured) if measured else None
 
 
 def shm_list(value: Any) -> list[str]:
@@ -230,7 +240,7 @@ def shm_cleanup(
     server_error = _server_error(before, host, url) if before else None
     threshold = absent.get('threshold') or {}
     present = [r for r in ((ran['present'] or {}).get('results') or []) if not r.get('skipped')]
-    cuda = ran['cuda'] or {}
+    by_kind = {k: ran[k] or {} for k in KIND_STEPS}
     done = dict(
         unregistered=list(absent.get('unregistered') or []),
         pending=list(absent.get('pending') or []),
@@ -241,9 +251,12 @@ def shm_cleanup(
         registered=[n for r in present for n in r.get('registered') or []],
         created_files=[p for r in present for p in r.get('created_files') or []],
         reloaded=list((ran['reload'] or {}).get('reloaded') or []),
-        # CUDA regions (the kind=cuda step): unregistered (or deferred), and the GPU memory NVML shows back
-        cuda_unregistered=list(cuda.get('unregistered') or []) + list(cuda.get('pending') or []),
-        freed_gpu_bytes=cuda.get('freed_gpu_bytes'),
+        # each kind's step (kind=cuda): its regions unregistered (or deferred), and the GPU memory NVML shows back
+        **{
+            f'{k}_unregistered': list(step.get('unregistered') or []) + list(step.get('pending') or [])
+            for k, step in by_kind.items()
+        },
+        freed_gpu_bytes=_freed_gpu_bytes(by_kind),
     )
     # the module's verdict: at or over the threshold (0: always), or it cleaned what never waits for it
     acted = (
@@ -254,7 +267,7 @@ def shm_cleanup(
             or done['unregistered']
             or done['pending']
             or done['removed_files']
-            or done['cuda_unregistered']
+            or any(done[f'{k}_unregistered'] for k in KIND_STEPS)
         )
     )
     regions = before.get('system_regions') or []
@@ -262,7 +275,7 @@ def shm_cleanup(
         s for s in absent.get('skipped_items') or [] if s.get('name') is None or s['name'] not in reregister_names
     ]
     skipped += _role_skips(regions, reregister_names, mode, shm_list(names), done['unregistered'])
-    skipped += [dict(s, kind='cuda') for s in cuda.get('skipped_items') or []]
+    skipped += [dict(s, kind=k) for k, step in by_kind.items() for s in step.get('skipped_items') or []]
     after = (
         ran['after'] if present and ran['after'] and ran['after'].get('summary') is not None else absent.get('after')
     )
@@ -315,6 +328,6 @@ def shm_cleanup(
             or done['removed_files']
             or done['registered']
             or done['reloaded']
-            or done['cuda_unregistered']
+            or any(done[f'{k}_unregistered'] for k in KIND_STEPS)
         ),
     )

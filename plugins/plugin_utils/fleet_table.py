@@ -24,7 +24,12 @@ from jinja2.filters import do_filesizeformat, do_truncate
 from ansible_collections.tritonops.shm.plugins.module_utils.client import GRPC_SCHEMES, split_url
 from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import FILE_CATEGORIES
+from ansible_collections.tritonops.shm.plugins.module_utils.records import KINDS
+from ansible_collections.tritonops.shm.plugins.module_utils.vocabulary import (
+    FILE_CATEGORIES,
+    kind_bytes_key,
+    kind_count_key,
+)
 
 _ENV = Environment()
 NOT_RUN = 'no result (unreachable, limited out or stopped early)'
@@ -35,6 +40,8 @@ INCOMPLETE = 'incomplete'
 # memory to leak (unsupported: 2.73 tritonfrontend, not a leak), so a scheduled report keeps passing
 PASSING = ('ok', INCOMPLETE, 'unsupported')
 URL_SCHEMES = ('http', 'https') + tuple(GRPC_SCHEMES)
+# the kinds whose regions have no file: a line each under their host, their counts in each row
+_KINDS_WITHOUT_FILES = tuple(k for k in KINDS.values() if not k.files)
 
 
 def _size(value: Any) -> str:
@@ -86,13 +93,15 @@ def _report(rows: list, width: int) -> list[str]:
                 who = f'server in {r["server_container"]}' if r.get('server_container') else 'server on the host'
                 clients = ', '.join(r.get('clients') or ()) or 'none'
                 out.append(f'{"":<{width}}  {"":<9}  {_truncate(f"{who}; clients: {clients}", 200)}')
-            if r.get('cuda_regions'):  # GPU memory: CUDA regions by state (docs/cuda.md)
-                cuda = (
-                    f'CUDA: {r["cuda_regions"]} region(s), stale {int(r.get("cuda_stale_regions") or 0)} '
-                    f'({_size(r.get("cuda_stale_bytes"))}), unknown {int(r.get("cuda_unknown_regions") or 0)} '
-                    f'({_size(r.get("cuda_unknown_bytes"))})'
-                )
-                out.append(f'{"":<{width}}  {"":<9}  {cuda}')
+            for kind in _KINDS_WITHOUT_FILES:  # GPU memory: CUDA regions by state (docs/cuda.md)
+                if r.get(kind.result_key):
+                    by_state = ', '.join(
+                        f'{s} {int(r.get(kind_count_key(kind.name, s)) or 0)} '
+                        f'({_size(r.get(kind_bytes_key(kind.name, s)))})'
+                        for s in kind.states
+                    )
+                    line = f'{kind.name.upper()}: {r[kind.result_key]} region(s), {by_state}'
+                    out.append(f'{"":<{width}}  {"":<9}  {line}')
             if r['status'] == INCOMPLETE:  # what was not checked, under the numbers it qualifies
                 out.append(f'{"":<{width}}  {"":<9}  {_truncate(r.get("error"), 200)}')
         else:
@@ -137,12 +146,12 @@ def _cleanup(rows: list, width: int, check_mode: bool) -> list[str]:
                 _truncate(note, 160),
             )
         )
-        if done.get('cuda_unregistered'):  # GPU memory: what the CUDA step unregistered and NVML showed back
-            back = done.get('freed_gpu_bytes')
-            shown = 'not measured' if back is None else f'{_size(back)} of GPU memory back (NVML)'
-            out.append(
-                f'{"":<{width}}  {"":<7}  CUDA: {len(done["cuda_unregistered"])} region(s) unregistered, {shown}'
-            )
+        for kind in _KINDS_WITHOUT_FILES:  # GPU memory: what the CUDA step unregistered and NVML showed back
+            gone = done.get(f'{kind.name}_unregistered')
+            if gone:
+                back = done.get('freed_gpu_bytes')
+                shown = 'not measured' if back is None else f'{_size(back)} of GPU memory back (NVML)'
+                out.append(f'{"":<{width}}  {"":<7}  {kind.name.upper()}: {len(gone)} region(s) unregistered, {shown}')
     out.append(f'(* changed{"; check mode: what would be done, nothing was changed" if check_mode else ""})')
     out.append(FREED_SAYS)
     out += _metrics_skipped([(host, r.get('metrics_skipped')) for host, r in rows if r])
@@ -182,11 +191,15 @@ ROW_SUMMARY = (
     ('shm_used_bytes', 'used_bytes'),
     ('shm_used_percent', 'used_percent'),
     ('regions', 'system_regions'),
-    ('cuda_regions', 'cuda_regions'),
-    ('cuda_stale_regions', 'cuda_stale_regions'),
-    ('cuda_stale_bytes', 'cuda_stale_bytes'),
-    ('cuda_unknown_regions', 'cuda_unknown_regions'),
-    ('cuda_unknown_bytes', 'cuda_unknown_bytes'),
+    # each kind without files: its count, and its count and bytes in each of its states (cuda_stale_regions, ...)
+    *(
+        (key, key)
+        for kind in _KINDS_WITHOUT_FILES
+        for key in (
+            kind.result_key,
+            *(k for s in kind.states for k in (kind_count_key(kind.name, s), kind_bytes_key(kind.name, s))),
+        )
+    ),
     ('healthy_regions', 'healthy_regions'),
     ('stale_regions', 'stale_regions'),
     ('stale_bytes', 'stale_bytes'),

@@ -27,6 +27,8 @@ from ansible_collections.tritonops.shm.plugins.module_utils import vocabulary as
 # the one vocabulary (module_utils/vocabulary.py), in the one order of the inventory and the metrics
 STATES = v.REGION_STATES
 CATEGORIES = v.FILE_CATEGORIES
+# the kinds whose regions have no file: counted by state beside the system regions' states (a summary key each)
+_KINDS_WITHOUT_FILES = tuple(k for k in records.KINDS.values() if not k.files)
 # backend pools that need attention come first
 POOL_ORDER = {state: i for i, state in enumerate(v.POOL_STATES_BY_ATTENTION)}
 # hosts that need attention come first, in this order
@@ -224,27 +226,33 @@ def _legend() -> _Html:
     )
 
 
-def _counts(summary: Mapping, cuda: Any = None) -> _Html:
+def _counts(summary: Mapping, kinds: bool = True) -> _Html:
+    """The counts of a summary: its region states, with kinds the regions of each kind without files by state, then its
+    file categories."""
     items = []
     for state in STATES:
         n = _int(summary.get(v.region_count_key(state)))
         hot = n > 0 and state in v.ATTENTION_STATES
         items.append(_h('div', _h('dt', state), _h('dd', n), class_='hot' if hot else None, data_state=state))
-    if cuda is not None:
-        items.append(_h('div', _h('dt', 'CUDA'), _h('dd', _int(cuda)), data_state='cuda'))
-        for state in v.CUDA_STATES:  # GPU memory: a stale CUDA region pins its GPU memory until unregistered
-            key = v.cuda_count_key(state)
-            if _int(cuda) and summary.get(key) is not None:  # only where CUDA regions are registered
+    for kind in _KINDS_WITHOUT_FILES:
+        count = summary.get(kind.result_key)
+        if count is None or not kinds:
+            continue
+        label = kind.name.upper()
+        items.append(_h('div', _h('dt', label), _h('dd', _int(count)), data_state=kind.name))
+        for state in kind.states:  # GPU memory: a stale CUDA region pins its GPU memory until unregistered
+            key = v.kind_count_key(kind.name, state)
+            if _int(count) and summary.get(key) is not None:  # only where regions of the kind are registered
                 n = _int(summary[key])
-                size = _size(summary.get(v.cuda_bytes_key(state)))
+                size = _size(summary.get(v.kind_bytes_key(kind.name, state)))
                 hot = n > 0 and state in v.ATTENTION_STATES
                 items.append(
                     _h(
                         'div',
-                        _h('dt', f'CUDA {state} ({size})'),
+                        _h('dt', f'{label} {state} ({size})'),
                         _h('dd', n),
                         class_='hot' if hot else None,
-                        data_state=f'cuda_{state}',
+                        data_state=f'{kind.name}_{state}',
                     )
                 )
     for category in CATEGORIES:
@@ -553,7 +561,7 @@ def _inventory_body(
             _registered_bytes(inventory),
         )
     )
-    out.append(_counts(summary, summary.get('cuda_regions')))
+    out.append(_counts(summary))
     restart = restart_note(summary)
     if restart:
         out.append(_h('p', _h('b', 'Restart: '), restart, class_='note', data_restart='true'))
@@ -595,9 +603,16 @@ def _report_host(row: Mapping, info: Mapping | None) -> _Host:
             _counts(
                 {
                     **{v.region_count_key(s): row.get(v.region_count_key(s)) for s in STATES},
-                    **{k: row.get(k) for s in v.CUDA_STATES for k in (v.cuda_count_key(s), v.cuda_bytes_key(s))},
-                },
-                row.get('cuda_regions'),
+                    **{
+                        key: row.get(key)
+                        for kind in _KINDS_WITHOUT_FILES
+                        for key in (
+                            kind.result_key,
+                            *(v.kind_count_key(kind.name, s) for s in kind.states),
+                            *(v.kind_bytes_key(kind.name, s) for s in kind.states),
+                        )
+                    },
+                }
             ),
         ]
     return item
@@ -676,7 +691,7 @@ def _cleanup_host(host: str, result: Mapping | None, region_result: Any, check_m
                 _int(before.get('orphan_bytes')),
             )
         )
-        lines.append(_counts(before))
+        lines.append(_counts(before, kinds=False))
     if after and after != before:  # measured after acting (the record repeats before when nothing was done)
         lines.append(
             _bar(

@@ -449,7 +449,9 @@ def test_real_in_use_text_is_recognised_and_retried(make_triton):
         except TritonError as exc:
             seen = exc
             break
-        api.register_system('busy', '/busy', 0, 64 * 1024)  # it was idle this time: put it back
+        api.register(
+            'system', 'busy', dict(key='/busy', offset=0, byte_size=64 * 1024)
+        )  # it was idle this time: put it back
         time.sleep(0.01)
     assert seen is not None, 'the server never reported the busy region in use (%d tries in 60 s)' % tries
     assert seen.in_use, seen.server_error

@@ -73,7 +73,7 @@ def test_rule_label_values_are_those_the_collection_writes():
     with open(RULES) as f:
         states = set(re.findall(r'state="([a-z_]+)"', f.read()))
     assert states and states <= set(metrics.REGION_STATES)
-    assert 'tritonops_shm_cuda_region_bytes' in metrics.METRICS and set(metrics.CUDA_STATES) <= set(
+    assert 'tritonops_shm_cuda_region_bytes' in metrics.METRICS and set(metrics.records.CUDA.states) <= set(
         metrics.REGION_STATES
     )
 

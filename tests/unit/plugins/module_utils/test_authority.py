@@ -171,8 +171,7 @@ def snapshot(system, entries, held, deleted_all, who=server(0, privileged=True),
     return Snapshot(
         url='http://127.0.0.1:8000',
         metadata={'version': '2.51.0'},
-        system=system,
-        cuda=[],
+        regions=dict(system=system, cuda=[]),
         location=location,
         shm_dir=SHM,
         entries=entries,
@@ -186,7 +185,7 @@ def region(name, key):
 
 
 def states(snap, criteria=Criteria()):
-    return {r['name']: (r['state'], r['reclaimable']) for r in classify(snap, criteria).system_regions}
+    return {r['name']: (r['state'], r['reclaimable']) for r in classify(snap, criteria).of('system')}
 
 
 def test_an_unlinked_file_and_a_new_file_of_its_name_make_the_region_unknown():

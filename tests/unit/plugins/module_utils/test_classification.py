@@ -536,7 +536,7 @@ def test_summarize_without_filesystem():
         dict(state='stale', file=dict(path='/s/b', exists=True, allocated_bytes=5)),
         dict(state='dangling', file=dict(path='/s/c', exists=False)),
     ]
-    s = summarize(regions, [], [], None)
+    s = summarize(dict(system=regions, cuda=[]), [], None)
     assert (s['stale_regions'], s['stale_bytes'], s['dangling_regions'], s['used_bytes'], s['total_bytes']) == (
         3,
         15,
@@ -705,8 +705,7 @@ def literal_snapshot(pid=SERVER, shm_dir=SHM, complete=True, marks=None):
     return Snapshot(
         url='http://127.0.0.1:8000',
         metadata=metadata,
-        system=system,
-        cuda=[],
+        regions=dict(system=system, cuda=[]),
         location=location,
         shm_dir=shm_dir,
         fs={
@@ -725,7 +724,7 @@ def literal_snapshot(pid=SERVER, shm_dir=SHM, complete=True, marks=None):
 
 
 def states(records):
-    return {r['name']: (r['state'], r['reclaimable']) for r in records.system_regions}
+    return {r['name']: (r['state'], r['reclaimable']) for r in records.of('system')}
 
 
 def test_a_literal_snapshot_is_classified_into_every_state_and_category():
@@ -738,7 +737,7 @@ def test_a_literal_snapshot_is_classified_into_every_state_and_category():
         'badkey': ('unknown', False),
         'dirkey': ('unknown', False),
     }
-    regions = by_name(records.system_regions)
+    regions = by_name(records.of('system'))
     assert regions['live']['holders'] == [{'pid': CLIENT, 'comm': 'python'}]
     assert regions['live']['state_reason'] == f'held by {CLIENT} (python)'
     assert regions['gone']['file'] == {'path': f'{SHM}/gone', 'exists': False}
@@ -775,7 +774,7 @@ def test_a_literal_snapshot_without_the_server_process_or_directory():
     # without the server's pid its own mapping cannot be told apart: a client's, so never stale
     no_pid = classify(literal_snapshot(pid=None))
     assert states(no_pid)['stale'] == ('healthy', False) and states(no_pid)['gone'] == ('dangling', False)
-    assert by_name(no_pid.system_regions)['stale']['state_reason'] == f'held by {SERVER} (tritonserver)'
+    assert by_name(no_pid.of('system'))['stale']['state_reason'] == f'held by {SERVER} (tritonserver)'
     no_dir = classify(literal_snapshot(shm_dir=None))
     assert {s for s, _r in states(no_dir).values()} == {'unknown'} and no_dir.files == []
     result = info_result(literal_snapshot(shm_dir=None), no_dir)

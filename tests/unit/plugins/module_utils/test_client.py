@@ -43,8 +43,7 @@ INTERFACE = {
     'server_metadata',
     '_health',
     'status',
-    'register_system',
-    'register_cuda',
+    'register',
     'unregister',
     'unaddressable',
     'use_keep_alive',
@@ -124,10 +123,7 @@ class Minimal(Client):
     def status(self, kind):
         return []
 
-    def register_system(self, name, key, offset, byte_size):
-        pass
-
-    def register_cuda(self, name, raw_handle_b64, device_id, byte_size):
+    def register(self, kind, name, values):
         pass
 
     def unregister(self, kind, name):

@@ -1,4 +1,4 @@
-"""The CUDA rule (classification.cuda_state) on the shapes CUDA-FACTS.md recorded on an H200, and its evidence
+"""The CUDA rule (classification.gpu_state) on the shapes CUDA-FACTS.md recorded on an H200, and its evidence
 (gpu.read_evidence) read from a /proc tree laid out as that machine's was. No GPU here: NVML answers are recorded."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import types
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils import gpu, nvml
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import cuda_record, cuda_state
+from ansible_collections.tritonops.shm.plugins.module_utils.classification import gpu_record, gpu_state
 
 MIB = 1 << 20
 SERVER, STUB, CLIENT, SMI, CHILD = 100, 101, 200, 300, 400
@@ -81,16 +81,16 @@ def test_a_killed_clients_region_is_stale_once_only_the_server_holds_a_context(t
     # facts 5 and 9: after the SIGKILL, NVML charges the region to tritonserver, the only context on the GPU
     ev = evidence(tmp_path, H200, reading((0, [(SERVER, 1606 * MIB)])))
     assert ev.family == frozenset({SERVER, STUB}) and ev.uvm_mappers == ()
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert (state, owners) == ('stale', []) and 'no process but the server has a CUDA context on GPU 0' in why
-    rec = cuda_record(snap(ev), dict(name='gpu0', device_id=0, byte_size=1 << 30))
+    rec = gpu_record(snap(ev), dict(name='gpu0', device_id=0, byte_size=1 << 30))
     assert rec['reclaimable'] is True and rec['holders'] == []
 
 
 def test_a_live_client_leaves_every_region_of_its_gpu_unknown_and_is_named(tmp_path):
     procs = {**H200, CLIENT: ('python3', 1, UVM_MAP, b'')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 582 * MIB), (CLIENT, 1542 * MIB)])))
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and 'python3 (pid 200)' in why
     assert [(o.pid, o.comm) for o in owners] == [(CLIENT, 'python3')] and 'CUDA context on GPU 0 (NVML)' in owners[
         0
@@ -104,7 +104,7 @@ def test_a_dead_pid_nvml_still_lists_is_a_zombie_and_its_child_a_zombie_candidat
     procs = {**H200, CHILD: ('python3', 1, CHILD_MAPS, b'')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 582 * MIB), (699, 582 * MIB)])))
     assert ev.uvm_mappers == () and ev.ctl_mappers == (CHILD,)
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and why.startswith('1 zombie(s), 1 zombie candidate(s) and 2 process(es)'), why
     assert owners[0].pid == CHILD and owners[0].candidate and not owners[0].zombie
     assert 'maps /dev/nvidiactl without /dev/nvidia-uvm' in owners[0].why
@@ -116,36 +116,36 @@ def test_a_zombie_candidate_keeps_a_region_unknown_even_when_nvml_shows_no_zombi
     child (no uvm mapping, not listed) was invisible, and with NVML listing only the server the region was stale."""
     procs = {**H200, CHILD: ('python3', 1, CHILD_MAPS, b'')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 1606 * MIB)])))
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and [o.pid for o in owners] == [CHILD] and 'zombie candidate' in why, why
     # a process that only counted the devices maps /dev/nvidiactl too: named, and the region kept
     procs = {**H200, CLIENT: ('counter', 1, COUNT_MAPS, b'')}
     ev = evidence(tmp_path / 'b', procs, reading((0, [(SERVER, 1606 * MIB)])))
-    assert cuda_state(snap(ev), 0)[0] == 'unknown'
+    assert gpu_state(snap(ev), 0)[0] == 'unknown'
 
 
 def test_an_nvml_only_process_is_no_owner_but_a_uvm_mapper_nvml_misses_is(tmp_path):
     # fact 8: nvidia-smi holds the device files and maps nothing of them; a context holder maps /dev/nvidia-uvm
     ev = evidence(tmp_path, H200, reading((0, [(SERVER, 582 * MIB)])))
-    assert cuda_state(snap(ev), 0)[0] == 'stale'
+    assert gpu_state(snap(ev), 0)[0] == 'stale'
     procs = {**H200, CLIENT: ('hidden', 1, UVM_MAP, b'')}
     ev = evidence(tmp_path / 'b', procs, reading((0, [(SERVER, 582 * MIB)])))
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and [o.pid for o in owners] == [CLIENT]
 
 
 def test_a_process_whose_maps_cannot_be_read_counts_only_when_nvml_lists_it(tmp_path):
     procs = {**H200, CLIENT: ('other', 1, None, b'')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 582 * MIB)])))
-    assert cuda_state(snap(ev), 0)[0] == 'stale'
+    assert gpu_state(snap(ev), 0)[0] == 'stale'
     ev = evidence(tmp_path / 'b', procs, reading((0, [(SERVER, 582 * MIB), (CLIENT, 600 * MIB)])))
-    assert cuda_state(snap(ev), 0)[0] == 'unknown'
+    assert gpu_state(snap(ev), 0)[0] == 'unknown'
 
 
 def test_the_servers_own_descendants_never_count(tmp_path):
     procs = {**H200, STUB: ('triton_python_b', SERVER, CONTEXT_MAPS, b'')}  # a KIND_GPU stub with a framework
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 582 * MIB), (STUB, 300 * MIB)])))
-    assert cuda_state(snap(ev), 0)[0] == 'stale'
+    assert gpu_state(snap(ev), 0)[0] == 'stale'
 
 
 def test_several_gpus_are_judged_together(tmp_path):
@@ -153,18 +153,18 @@ def test_several_gpus_are_judged_together(tmp_path):
     may be on either, so the client on GPU 1 counts, and NVML lists the server on GPU 0 only (blind on GPU 1)."""
     procs = {**H200, CLIENT: ('python3', 1, CONTEXT_MAPS, b'')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 582 * MIB)]), (1, [(CLIENT, 900 * MIB)])))
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and 'the server reaches 2 GPUs' in why and [o.pid for o in owners] == [CLIENT], why
 
 
 def test_cuda_visible_devices_and_a_foreign_ordinal_are_said(tmp_path):
     procs = {**H200, SERVER: ('tritonserver', 1, CONTEXT_MAPS, b'CUDA_VISIBLE_DEVICES=GPU-7\0')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 582 * MIB)])))
-    state, why, _owners = cuda_state(snap(ev), 0)
+    state, why, _owners = gpu_state(snap(ev), 0)
     assert state == 'stale' and 'on GPU 0 (NVML and /proc)' in why  # one GPU, the server's context on it
     ev = evidence(tmp_path / 'b', H200, reading((0, [(SERVER, 582 * MIB)])))
-    assert 'device_id 7 on a one-GPU host' in cuda_state(snap(ev), 7)[1]  # Triton 2.51 accepts device_id 7
-    assert cuda_record(snap(ev), dict(name='g', device_id=7, byte_size=MIB))['gpu_uuid'] is None
+    assert 'device_id 7 on a one-GPU host' in gpu_state(snap(ev), 7)[1]  # Triton 2.51 accepts device_id 7
+    assert gpu_record(snap(ev), dict(name='g', device_id=7, byte_size=MIB))['gpu_uuid'] is None
 
 
 @pytest.mark.parametrize(
@@ -198,9 +198,9 @@ def test_every_way_the_rule_cannot_decide_is_unknown_with_its_reason(tmp_path, c
         s.gpu = ev._replace(reading=nvml.Reading(()))
     elif case == 'mig':
         s.gpu = ev._replace(reading=nvml.Reading((good.gpus[0]._replace(mig=True),)))
-    state, why, owners = cuda_state(s, 0)
+    state, why, owners = gpu_state(s, 0)
     assert state == 'unknown' and expected in why, why
-    rec = cuda_record(s, dict(name='g', device_id=0, byte_size=MIB))
+    rec = gpu_record(s, dict(name='g', device_id=0, byte_size=MIB))
     assert rec['reclaimable'] is False and rec['state'] == 'unknown'
 
 
@@ -224,22 +224,22 @@ def test_per_gpu_facts_name_the_charge_the_bytes_by_state_the_holders_and_the_zo
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 1606 * MIB), (699, 582 * MIB)])))
     s = snap(ev)
     cuda = [
-        cuda_record(s, dict(name='killed', device_id=0, byte_size=1024 * MIB)),
-        cuda_record(s, dict(name='other', device_id=0, byte_size=2 * MIB)),
+        gpu_record(s, dict(name='killed', device_id=0, byte_size=1024 * MIB)),
+        gpu_record(s, dict(name='other', device_id=0, byte_size=2 * MIB)),
     ]
     (facts,) = results.gpu_facts(s, cuda)
     assert facts['server_bytes'] == 1606 * MIB and facts['cuda_region_bytes'] == {'stale': 0, 'unknown': 1026 * MIB}
     assert [h['pid'] for h in facts['context_holders']] == [CHILD, 699] and facts['zombies'] == [699]
     assert set(facts) == set(_documented('gpus'))
-    summary = results.summarize([], cuda, [], None)
+    summary = results.summarize(dict(system=[], cuda=cuda), [], None)
     assert (summary['cuda_unknown_regions'], summary['cuda_unknown_bytes']) == (2, 1026 * MIB)
     assert (summary['cuda_stale_regions'], summary['cuda_stale_bytes']) == (0, 0)
     # the zombie's child stopped: the region is stale, its bytes counted as such
     ev = evidence(tmp_path / 'after', H200, reading((0, [(SERVER, 1606 * MIB)])))
-    stale = [cuda_record(snap(ev), dict(name='killed', device_id=0, byte_size=1024 * MIB))]
+    stale = [gpu_record(snap(ev), dict(name='killed', device_id=0, byte_size=1024 * MIB))]
     (facts,) = results.gpu_facts(snap(ev), stale)
     assert facts['cuda_region_bytes'] == {'stale': 1024 * MIB, 'unknown': 0} and facts['zombies'] == []
-    assert results.summarize([], stale, [], None)['cuda_stale_bytes'] == 1024 * MIB
+    assert results.summarize(dict(system=[], cuda=stale), [], None)['cuda_stale_bytes'] == 1024 * MIB
     assert results.gpu_facts(snap(None), stale) is None
 
 
@@ -256,10 +256,10 @@ def test_on_a_blind_platform_a_live_clients_region_is_unknown_never_stale(tmp_pa
         CLIENT: ('python3', 1, b'', b''),  # a live CuPy client the detectors cannot see
     }
     ev = evidence(tmp_path, procs, reading((0, [])))
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and owners == [], why
     assert "cannot see the server's own context" in why and 'NVML does not list the server (pid 100) on GPU 0' in why
-    assert cuda_record(snap(ev), dict(name='live', device_id=0, byte_size=MIB))['reclaimable'] is False
+    assert gpu_record(snap(ev), dict(name='live', device_id=0, byte_size=MIB))['reclaimable'] is False
 
 
 @pytest.mark.parametrize(
@@ -275,7 +275,7 @@ def test_either_signal_blind_to_the_servers_own_context_keeps_every_region_unkno
 ):
     procs = {**H200, SERVER: ('tritonserver', 1, server_maps, b'')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 1606 * MIB)] if listed else [])))
-    state, why, _owners = cuda_state(snap(ev), 0)
+    state, why, _owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and expected in why, why
 
 
@@ -309,12 +309,12 @@ def test_a_server_given_one_gpu_of_eight_judges_its_regions_on_that_gpu_alone(tm
     procs = {**H200, CLIENT: ('python3', 1, CONTEXT_MAPS, b'')}
     fds = {SERVER: [3], CLIENT: [5]}
     ev = evidence(tmp_path, procs, eight(), fds)
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert (state, owners) == ('stale', []) and 'on GPU 3 (NVML and /proc)' in why, why
-    rec = cuda_record(snap(ev), dict(name='killed', device_id=0, byte_size=1024 * MIB))
+    rec = gpu_record(snap(ev), dict(name='killed', device_id=0, byte_size=1024 * MIB))
     assert rec['reclaimable'] is True and rec['gpu_uuid'] == 'GPU-3'
     ev = evidence(tmp_path / 'same', procs, eight(client_on=3), {SERVER: [3], CLIENT: [3]})
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and [o.pid for o in owners] == [CLIENT] and 'GPU 3 (NVML)' in owners[0].why
 
 
@@ -339,8 +339,8 @@ def test_cuda_visible_devices_and_the_servers_own_context_map_the_ordinal(tmp_pa
         CLIENT: ('python3', 1, CONTEXT_MAPS, b''),
     }
     ev = evidence(tmp_path, procs, eight(), {SERVER: list(EIGHT), CLIENT: [5]})
-    got, why, _owners = cuda_state(snap(ev), 0)
-    assert (got, cuda_record(snap(ev), dict(name='g', device_id=0, byte_size=MIB))['gpu_uuid']) == (state, uuid), why
+    got, why, _owners = gpu_state(snap(ev), 0)
+    assert (got, gpu_record(snap(ev), dict(name='g', device_id=0, byte_size=MIB))['gpu_uuid']) == (state, uuid), why
     if state == 'unknown':
         assert f'CUDA_VISIBLE_DEVICES={visible} for the server' in why, why
 
@@ -357,9 +357,9 @@ def test_a_server_on_every_gpu_cannot_prove_a_regions_gpu_and_names_the_ordinals
         CLIENT: ('python3', 1, CONTEXT_MAPS, b''),
     }
     ev = evidence(tmp_path, procs, eight(server_on=EIGHT), {SERVER: list(EIGHT), CLIENT: [5]})
-    state, why, _owners = cuda_state(snap(ev), 0)
+    state, why, _owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and 'the server reaches 8 GPUs' in why, why
-    assert cuda_record(snap(ev), dict(name='g', device_id=1, byte_size=MIB))['gpu_uuid'] == 'GPU-6'
+    assert gpu_record(snap(ev), dict(name='g', device_id=1, byte_size=MIB))['gpu_uuid'] == 'GPU-6'
 
 
 def test_a_zombie_and_its_child_on_another_gpu_leave_a_proven_region_stale(tmp_path):
@@ -371,14 +371,14 @@ def test_a_zombie_and_its_child_on_another_gpu_leave_a_proven_region_stale(tmp_p
 
     procs = {**H200, CHILD: ('python3', 1, CHILD_MAPS, b'')}
     ev = evidence(tmp_path, procs, eight(client_on=None, zombie_on=5), {SERVER: [3], CHILD: [5]})
-    rec = cuda_record(snap(ev), dict(name='killed', device_id=0, byte_size=1024 * MIB))
+    rec = gpu_record(snap(ev), dict(name='killed', device_id=0, byte_size=1024 * MIB))
     assert rec['state'] == 'stale' and rec['gpu_uuid'] == 'GPU-3', rec['state_reason']
     facts = {f['index']: f for f in results.gpu_facts(snap(ev), [rec])}
     assert facts[5]['zombies'] == [699] and [h['pid'] for h in facts[5]['context_holders']] == [CHILD, 699]
     assert facts[3]['context_holders'] == [] and facts[3]['cuda_region_bytes']['stale'] == 1024 * MIB
     assert sum(f['cuda_region_bytes']['stale'] for f in facts.values()) == 1024 * MIB
     ev = evidence(tmp_path / 'b', procs, eight(client_on=None, zombie_on=5), {SERVER: [3], CHILD: None})
-    state, why, owners = cuda_state(snap(ev), 0)
+    state, why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and [o.pid for o in owners] == [CHILD] and 'zombie candidate' in why, why
 
 
@@ -396,5 +396,5 @@ def test_a_client_whose_main_thread_exited_still_holds_its_context(tmp_path):
         f.write(CONTEXT_MAPS)
     ev = gpu.read_evidence(SERVER, root, lambda: reading((0, [(SERVER, 1606 * MIB)])))
     assert ev.uvm_mappers == (CLIENT,)
-    state, _why, owners = cuda_state(snap(ev), 0)
+    state, _why, owners = gpu_state(snap(ev), 0)
     assert state == 'unknown' and [o.pid for o in owners] == [CLIENT]

@@ -249,7 +249,7 @@ def test_2_58_integer_overflow_is_its_own_clear_error(serve):
     model = Triton('2.58.0')
     client = serve(model)
     with pytest.raises(RegisterOverflow) as err:
-        client.register_system('big', '/big', 1, SIZE_MAX)
+        client.register('system', 'big', dict(key='/big', offset=1, byte_size=SIZE_MAX))
     text = OVERFLOW.format(SIZE_MAX, 1, SIZE_MAX, 'big')
     assert err.value.server_error == text and err.value.status == transport_code(client, INVALID_ARG)
     assert err.value.msg.endswith(f'{text}; {OVERFLOW_HINT}') and 'Triton 2.58' in err.value.msg
@@ -259,7 +259,7 @@ def test_2_58_integer_overflow_is_its_own_clear_error(serve):
 def test_before_2_58_the_same_register_is_not_an_overflow_error(serve):
     model = Triton('2.57.0')
     client = serve(model)
-    client.register_system('big', '/big', 1, SIZE_MAX)
+    client.register('system', 'big', dict(key='/big', offset=1, byte_size=SIZE_MAX))
     assert 'big' in model.regions
 
 
@@ -278,7 +278,7 @@ def test_the_servers_own_key_refusals_are_classified(serve, version, key, text):
     model = Triton(version)
     client = serve(model)
     with pytest.raises(ReservedKey) as err:
-        client.register_system('sneaky', key, 0, KIB)
+        client.register('system', 'sneaky', dict(key=key, offset=0, byte_size=KIB))
     assert err.value.server_error == text.format('sneaky', key)
     assert err.value.status == transport_code(client, INVALID_ARG)
     assert err.value.msg.endswith(f'; {RESERVED_KEY_HINT}')
@@ -314,7 +314,10 @@ def test_2_68_client_shm_off_is_one_clear_error_on_both_codes_and_status_still_w
     model = Triton('2.68.0', client_shm=False)
     client = serve(model)
     assert client.status('system') == []
-    for call in (lambda: client.register_system('r', '/r', 0, KIB), lambda: client.unregister('system', 'r')):
+    for call in (
+        lambda: client.register('system', 'r', dict(key='/r', offset=0, byte_size=KIB)),
+        lambda: client.unregister('system', 'r'),
+    ):
         with pytest.raises(ClientShmDisabled) as err:
             call()
         assert err.value.status == transport_code(client, UNSUPPORTED_CODE)
@@ -332,7 +335,7 @@ def test_2_68_client_shm_off_is_one_clear_error_on_both_codes_and_status_still_w
 def test_2_68_with_the_flag_registers(serve):
     model = Triton('2.68.0', client_shm=True)
     client = serve(model)
-    client.register_system('r', '/r', 0, KIB)
+    client.register('system', 'r', dict(key='/r', offset=0, byte_size=KIB))
     assert [r['name'] for r in client.status('system')] == ['r']
 
 
@@ -388,11 +391,11 @@ def test_older_servers_answer_none_of_these(serve, shm, server_proc):
     """2.51 (the tested server) registers a reserved-prefix key and an overflowing size: only the collection refuses them."""
     model = Triton('2.51.0')
     client = serve(model)
-    client.register_system('a', f'/{PREFIX}x', 0, KIB)
-    client.register_system('b', '/b', 1, SIZE_MAX)
+    client.register('system', 'a', dict(key=f'/{PREFIX}x', offset=0, byte_size=KIB))
+    client.register('system', 'b', dict(key='/b', offset=1, byte_size=SIZE_MAX))
     assert sorted(model.regions) == ['a', 'b']
     with pytest.raises(TritonError) as err:
-        client.register_system('a', '/a', 0, KIB)
+        client.register('system', 'a', dict(key='/a', offset=0, byte_size=KIB))
     assert err.type is TritonError and 'already in manager' in err.value.msg  # no subclass: a plain refusal
 
 
@@ -410,5 +413,5 @@ def test_a_restricted_shm_api_refuses_without_its_header_and_answers_with_it(ser
     assert text in err.value.msg and model.calls == [], 'refused before the shared memory manager'
     assert client.server_metadata()['version'] == '2.51.0', 'only the shared-memory API is restricted'
     with type(client)(client.base, timeout=5, headers={header: value}) as allowed:
-        allowed.register_system('r', '/r', 0, KIB)
+        allowed.register('system', 'r', dict(key='/r', offset=0, byte_size=KIB))
         assert [r['name'] for r in allowed.status('system')] == ['r']

@@ -108,6 +108,11 @@ class FakeTriton:
         if self.on_unregister:
             self.on_unregister(name)
 
+    def register(self, kind, name, values):
+        if kind == 'system':
+            return self.register_system(name, values['key'], values['offset'], values['byte_size'])
+        return self.register_cuda(name, values['raw_handle'], values['device_id'], values['byte_size'])
+
     def register_system(self, name, key, offset, byte_size):
         self.calls.append(('register', 'system', name, key, offset, byte_size))
         if any(r['key'] == key for r in self.regions.values()):  # Triton 2.51: one region per key
@@ -1541,7 +1546,7 @@ def _wedged_run(fake, shm, pid, lock_dir, clock=None):
 def _state_of(shm, pid, lock_dir, name):
     snap = snapshot_mod.read_server(FakeTritonFor.last, server_pid=pid, shm_dir=shm, lock_dir=lock_dir)
     crit = classification.Criteria.of(wedged_after=3)
-    return {r['name']: r for r in classification.classify(snap, crit).system_regions}[name]
+    return {r['name']: r for r in classification.classify(snap, crit).of('system')}[name]
 
 
 class FakeTritonFor:

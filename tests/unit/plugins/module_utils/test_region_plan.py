@@ -66,7 +66,7 @@ def test_the_threshold_gates_orphan_files_only(percent, used, over):
 
 
 def test_below_the_threshold_with_only_orphans_nothing_changes():
-    snap = dataclasses.replace(scene(10.0), system=[], entries=[entry('client_old', 2)])
+    snap = dataclasses.replace(scene(10.0), regions=dict(system=[], cuda=[]), entries=[entry('client_old', 2)])
     p = plan(snap, threshold_percent=80)
     assert p.files == [] and p.selected == [] and p.changed is False
     assert p.threshold.over is False and [s['path'] for s in p.skipped] == [f'{SHM}/client_old']

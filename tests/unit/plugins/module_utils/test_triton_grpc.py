@@ -129,9 +129,11 @@ def test_one_channel_for_every_call_and_names_sent_as_they_are(served):
     script, url = served
     client = TritonGrpcClient(url)
     assert client.use_keep_alive() is True
-    client.register_system('my region#1', '/k', 0, 4096)
+    client.register('system', 'my region#1', dict(key='/k', offset=0, byte_size=4096))
     client.unregister('system', 'ünï/x')
-    client.register_cuda('gpu', base64.b64encode(b'\x01\x02handle').decode(), 0, 1024)
+    client.register(
+        'cuda', 'gpu', dict(raw_handle=base64.b64encode(b'\x01\x02handle').decode(), device_id=0, byte_size=1024)
+    )
     channel = client._channel  # pylint: disable=protected-access
     client.status('system')
     assert client._channel is channel and client.requests_made == 4  # pylint: disable=protected-access
@@ -145,7 +147,10 @@ def test_an_empty_name_is_never_sent(served):
     """Over gRPC an empty name means every region."""
     script, url = served
     client = TritonGrpcClient(url)
-    for call in (lambda: client.unregister('system', ''), lambda: client.register_system('', '/k', 0, 1)):
+    for call in (
+        lambda: client.unregister('system', ''),
+        lambda: client.register('system', '', dict(key='/k', offset=0, byte_size=1)),
+    ):
         with pytest.raises(TritonError) as err:
             call()
         assert err.value.unaddressable is True and 'every region' in err.value.msg
@@ -156,7 +161,7 @@ def test_an_empty_name_is_never_sent(served):
 def test_a_raw_handle_that_is_not_base64_is_refused(served):
     script, url = served
     with pytest.raises(TritonError) as err:
-        TritonGrpcClient(url).register_cuda('gpu', 'not base64!', 0, 1024)
+        TritonGrpcClient(url).register('cuda', 'gpu', dict(raw_handle='not base64!', device_id=0, byte_size=1024))
     assert 'raw_handle is not base64' in err.value.msg and script.calls == []
 
 

@@ -131,9 +131,9 @@ def test_headers_status_and_register_bodies_reach_the_server(serve):
     client = TritonClient(srv.url, headers={'Authorization': 'Bearer t0k', 'X-Num': 7})
     assert client.server_metadata()['version'] == '2.51.0'
     assert client.status('system') == [dict(name='r', key='/r', offset=0, byte_size=64)]
-    client.register_system('a%41b', '/a_b', 16, 4096)
+    client.register('system', 'a%41b', dict(key='/a_b', offset=16, byte_size=4096))
     client.unregister('system', 'a%41b')
-    client.register_cuda('g', 'aGFuZGxl', 0, 1024)
+    client.register('cuda', 'g', dict(raw_handle='aGFuZGxl', device_id=0, byte_size=1024))
     first = srv.requests[0].headers
     assert first['Authorization'] == 'Bearer t0k' and first['X-Num'] == '7' and first['Accept'] == 'application/json'
     reg = srv.requests[2]
@@ -201,7 +201,7 @@ CLIENT_SHM_OFF = "Client shared memory is disabled. Start the server with '--all
     'call',
     [
         lambda c: c.status('system'),
-        lambda c: c.register_system('in0', '/in0', 0, 1024),
+        lambda c: c.register('system', 'in0', dict(key='/in0', offset=0, byte_size=1024)),
         lambda c: c.unregister('system', 'in0'),
     ],
 )
@@ -470,7 +470,7 @@ def test_keep_alive_sends_many_requests_over_one_connection(front):
     server = front(model)
     client = _client(server.url, headers={'X-Token': 'secret'})
     assert client.status('system') == [dict(name='a', key='/a', offset=0, byte_size=1)]
-    client.register_system('a-b.c', '/k', 0, 4096)
+    client.register('system', 'a-b.c', dict(key='/k', offset=0, byte_size=4096))
     for i in range(5):
         client.unregister('system', f'r{i}')
     assert server.connections == 1 and len(server.requests) == 7
@@ -812,7 +812,7 @@ RESTRICTED = "This API is restricted, expecting header 'shm-key'"
     [
         lambda c: c.status('system'),
         lambda c: c.unregister('system', 'r'),
-        lambda c: c.register_system('r', '/r', 0, 64),
+        lambda c: c.register('system', 'r', dict(key='/r', offset=0, byte_size=64)),
     ],
 )
 def test_a_restricted_api_without_its_header_names_the_headers_option_and_the_key(serve, call):

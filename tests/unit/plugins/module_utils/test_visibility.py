@@ -157,8 +157,7 @@ def _snapshot(vis, scan=True):
         metadata={'version': '2.51.0'},
         entries=entries,
         location=loc,
-        system=[dict(name='a', key='/a', offset=0, byte_size=4096)],
-        cuda=[],
+        regions=dict(system=[dict(name='a', key='/a', offset=0, byte_size=4096)], cuda=[]),
         shm_dir='/x' if scan else None,
         scan=hs,
         visibility=vis,
@@ -169,7 +168,7 @@ def test_an_incomplete_visibility_makes_nothing_stale_orphan_or_reclaimable():
     other = holders.Visibility(holders.OTHER, False, 'outside the initial namespace')
     snap = _snapshot(other)
     records = classify(snap)
-    assert [(r['state'], r['reclaimable']) for r in records.system_regions] == [('unknown', False)]
+    assert [(r['state'], r['reclaimable']) for r in records.of('system')] == [('unknown', False)]
     res = info_result(snap, records)
     assert res['holders_complete'] is False and res['pid_namespace'] == 'other'
     assert res['holders_incomplete_reason'] == 'outside the initial namespace'

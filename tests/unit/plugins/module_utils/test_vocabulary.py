@@ -10,7 +10,7 @@ import ast
 import os
 import re
 
-from ansible_collections.tritonops.shm.plugins.module_utils import classification, metrics, results
+from ansible_collections.tritonops.shm.plugins.module_utils import classification, metrics, records, results
 from ansible_collections.tritonops.shm.plugins.module_utils import vocabulary as v
 from ansible_collections.tritonops.shm.plugins.plugin_utils.html_report import shm_html_report
 
@@ -41,14 +41,14 @@ def test_each_order_is_a_permutation_of_its_vocabulary():
 
 
 def test_the_inventory_summary_counts_every_word_in_the_one_order():
-    summary = results.summarize(_regions(v.REGION_STATES), [], _files(v.FILE_CATEGORIES), None)
+    summary = results.summarize(dict(system=_regions(v.REGION_STATES), cuda=[]), _files(v.FILE_CATEGORIES), None)
     states = [
         k[: -len('_regions')]
         for k in summary
         if k.endswith('_regions') and k not in ('system_regions', 'cuda_regions') and not k.startswith('cuda_')
     ]
     cuda_states = [k[5:-8] for k in summary if k.startswith('cuda_') and k.endswith('_regions') and k != 'cuda_regions']
-    assert tuple(cuda_states) == v.CUDA_STATES and set(v.CUDA_STATES) < set(v.REGION_STATES)
+    assert tuple(cuda_states) == records.CUDA.states == v.GPU_STATES and set(v.GPU_STATES) < set(v.REGION_STATES)
     categories = [k[: -len('_files')] for k in summary if k.endswith('_files')]
     assert tuple(states) == v.REGION_STATES
     assert tuple(categories) == v.FILE_CATEGORIES
