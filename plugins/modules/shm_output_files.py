@@ -48,10 +48,10 @@ options:
       - Refused, with nothing written, when it or a directory on its way is a symlink (another user may have planted it to make
         the controller's user write where they choose), or when it is a relative path (Ansible runs a controller task in the
         playbook's or role's directory, inside the installed collection).
-      - Refused too when another user could replace what is written there: a directory on the way, or O(dir) itself, that sits
-        in a directory anyone may write in (such as C(/tmp)) and is not yours or root's (another user made it first), or a
-        directory anyone may write in without the sticky bit. Each directory is opened one at a time from C(/), never following
-        a symlink, so a symlink swapped in after the check is refused as well.
+      - Refused too when another user could replace what is written there, that is when a directory on the way, or O(dir)
+        itself, sits in a directory anyone may write in (such as C(/tmp)) and is not yours or root's (another user made it
+        first), or is a directory anyone may write in without the sticky bit. Each directory is opened one at a time from C(/),
+        never following a symlink, so a symlink swapped in after the check is refused as well.
     type: path
     required: true
   files:
