@@ -70,6 +70,11 @@ class Metric(NamedTuple):
     kind: str
 
 
+def total_metric(field: records.Field) -> str:
+    """The report gauge of a region field that adds up (records.Field.total): ``tritonops_shm_<total>``."""
+    return f'tritonops_shm_{field.total}'
+
+
 METRICS = {
     m.name: m
     for m in (
@@ -117,8 +122,8 @@ METRICS = {
             REPORT,
         ),
         Metric('tritonops_shm_fs_used_bytes', 'gauge', "Used bytes of the server's /dev/shm.", REPORT),
-        # the region fields' gauges, declared with their field (records.py)
-        *(Metric(f.metric, 'gauge', f.metric_help, REPORT) for _kind, f in records.metric_fields()),
+        # a gauge for each region field that adds up (records.py: the field's total says what the sum is)
+        *(Metric(total_metric(f), 'gauge', f.total_description, REPORT) for _kind, f in records.totals()),
         Metric('tritonops_shm_regions', 'gauge', 'Registered system shared-memory regions by state.', REPORT),
         # each kind without files: its count; a kind of GPU memory: its bytes by device, GPU and state
         *(
@@ -297,10 +302,10 @@ def report_text(result: Mapping | None, host: str, url: str | None, now: float |
                 ('tritonops_shm_fs_size_bytes', (), fs['total_bytes']),
                 ('tritonops_shm_fs_used_bytes', (), fs.get('used_bytes') or 0),
             ]
-        for kind, field in records.metric_fields():
+        for kind, field in records.totals():
             of_kind = inv.get(kind.result_key) or []
             if field.required or any(field.name in r for r in of_kind):
-                samples.append((field.metric, (), sum(int(r.get(field.name) or 0) for r in of_kind)))
+                samples.append((total_metric(field), (), sum(int(r.get(field.name) or 0) for r in of_kind)))
         samples += [
             ('tritonops_shm_regions', (('state', s),), sum(1 for r in regions if r.get('state') == s))
             for s in REGION_STATES

@@ -23,12 +23,15 @@ region kind. What reads them:
 1. one ``Field`` in the kind's fields here (``required=False`` when older servers lack it);
 2. the fake of that newer server in tests/unit/plugins/module_utils/test_newer_servers.py, and a test there;
 3. triton_shm_info's RETURN (``system_regions`` or ``cuda_regions``: test_records.py fails until it lists the field
-   with its type); with a ``metric``, docs/metrics.md and docs/metrics.zh.md (test_metrics_docs.py); a changelog
+   with its type); with a ``total``, docs/metrics.md and docs/metrics.zh.md (test_metrics_docs.py); a changelog
    fragment.
 
-A field shows itself where it says: ``column`` in the HTML report's region table (html_report.py), ``metric`` as a
-report gauge of the node_exporter textfile (metrics.py). Not driven from here: the fleet table's and the role's
-record's columns, which pick summary counts (vocabulary.py), not region fields.
+A field says what its value is, never which output shows it: what people call it (``label``), its ``unit``, and
+whether its sum over a kind's registered regions means something (``total``, what that sum is called, and
+``total_description``). Each output decides from that: the HTML report's region table shows the labelled fields
+(html_report.py), the node_exporter textfile writes a report gauge ``tritonops_shm_<total>`` per total (metrics.py).
+Not driven from here: the fleet table's and the role's record's columns, which pick summary counts (vocabulary.py),
+not region fields.
 """
 
 from __future__ import annotations
@@ -46,22 +49,22 @@ HANDLE = 'base64'  # a register value sent as base64 text over HTTP ({'b64': ...
 
 
 class Field(NamedTuple):
-    """One key of a region in a status answer (see the module doc), and where it is shown.
+    """One key of a region in a status answer (see the module doc), and what its value is.
 
-    column: its heading in the HTML report's region table ('' for none; an optional field's column appears when a
-    region carries it); unit: ``BYTES`` for a size (shown as one); metric, metric_help: a report gauge (metrics.py)
-    that sums the field over the registered regions of its kind ('' for none; ``UINT64`` fields only; an optional
-    field's gauge is written when a region carries it).
+    label: what people call the value, short ('size'; '' for a value that has no name of its own beside the region's);
+    unit: ``BYTES`` for a size; total: the value adds up over the registered regions of its kind, and this is what the
+    sum is called ('registered_bytes'; ``UINT64`` fields only), total_description: what that sum is. An optional field
+    has a value only where a region carries it. The outputs choose from these (records' module doc).
     """
 
     name: str
     type: str
     required: bool = True
     description: str = ''
-    column: str = ''
+    label: str = ''
     unit: str = ''
-    metric: str = ''
-    metric_help: str = ''
+    total: str = ''
+    total_description: str = ''
 
     @property
     def text(self) -> bool:
@@ -120,31 +123,29 @@ class Kind(NamedTuple):
         """The kind's fields of a region (what its registration is), without the state the collection adds."""
         return {k: region.get(k) for k in self.names() if k in region}
 
-    def columns(self, regions: Sequence[dict]) -> tuple:
-        """The fields with a report column, but the name, that regions show (an optional one only when carried)."""
+    def labelled(self, regions: Sequence[dict]) -> tuple:
+        """The fields with a label, but the name, that these regions have (an optional one only when carried)."""
         return tuple(
-            f
-            for f in self.fields
-            if f.column and f.name != 'name' and (f.required or any(f.name in r for r in regions))
+            f for f in self.fields if f.label and f.name != 'name' and (f.required or any(f.name in r for r in regions))
         )
 
 
 SYSTEM = Kind(
     'system',
     (
-        Field('name', TEXT, description='The region name.', column='region'),
+        Field('name', TEXT, description='The region name.', label='region'),
         Field(
-            'key', TEXT, description='The shm key (a name under the shm directory, with a leading slash).', column='key'
+            'key', TEXT, description='The shm key (a name under the shm directory, with a leading slash).', label='key'
         ),
         Field('offset', UINT64, description='Offset of the region in its file.'),
         Field(
             'byte_size',
             UINT64,
             description='Registered size in bytes.',
-            column='size',
+            label='size',
             unit=BYTES,
-            metric='tritonops_shm_registered_bytes',
-            metric_help='Sum of the byte sizes of the registered system regions.',
+            total='registered_bytes',
+            total_description='Sum of the byte sizes of the registered system regions.',
         ),
     ),
     files=True,
@@ -168,9 +169,9 @@ CUDA = Kind(
 KINDS = {k.name: k for k in (SYSTEM, CUDA)}
 
 
-def metric_fields() -> tuple:
-    """(kind, field) for every field with a report gauge, kinds and fields in their order."""
-    return tuple((kind, f) for kind in KINDS.values() for f in kind.fields if f.metric)
+def totals() -> tuple:
+    """(kind, field) for every field whose sum over a kind's registered regions is a total, in their order."""
+    return tuple((kind, f) for kind in KINDS.values() for f in kind.fields if f.total)
 
 
 # -- what reads a status answer: the modules' client (client.check_regions) and the event source, loaded by its path --

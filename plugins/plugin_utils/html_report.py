@@ -281,9 +281,9 @@ def _field_cell(field: records.Field, value: Any) -> _Html:
 def _regions_table(regions: Sequence[Mapping], outcome: dict | None = None) -> _Html:
     if not regions:
         return _h('p', 'No system region is registered.', class_='muted')
-    # the region fields with a column (records.py: the name first, an optional field only when a region carries it)
-    fields = records.SYSTEM.columns(regions)
-    head = ['region', 'state', *(f.column for f in fields), 'holders', 'why']  # holders: processes besides the server
+    # the region fields with a label (records.py: the name first, an optional field only when a region carries it)
+    fields = records.SYSTEM.labelled(regions)
+    head = ['region', 'state', *(f.label for f in fields), 'holders', 'why']  # holders: processes besides the server
     if outcome is not None:
         head.append('this run')
     rows = []

@@ -96,13 +96,13 @@ def test_the_grpc_status_keeps_the_fields_the_kind_declares_and_the_message_has(
     assert records.from_message(records.CUDA, cuda) == dict(name='c', device_id=1, byte_size=8)
 
 
-# The same recipe carried to where a field is shown: one Field with a report column and a gauge, declared before the
+# The same recipe carried to where a field is shown: one Field with a label and a total, declared before the
 # modules that read records are imported (as a records.py that lists it would be), in a fresh interpreter.
 RECIPE = r"""
 import json, sys
 from ansible_collections.tritonops.shm.plugins.module_utils import records
-REF = records.Field('ref_count', records.UINT64, required=False, description='References.', column='refs',
-                    metric='tritonops_shm_region_references', metric_help='Sum of the ref_count of the system regions.')
+REF = records.Field('ref_count', records.UINT64, required=False, description='References.', label='refs',
+                    total='region_references', total_description='Sum of the ref_count of the system regions.')
 records.SYSTEM = records.SYSTEM._replace(fields=records.SYSTEM.fields + (REF,))
 records.KINDS['system'] = records.SYSTEM
 from ansible_collections.tritonops.shm.plugins.module_utils import metrics
@@ -132,7 +132,7 @@ def _shown(regions):
     return json.loads(out.stdout)
 
 
-def test_a_field_with_a_column_and_a_metric_shows_in_the_report_and_the_textfile_from_its_one_declaration():
+def test_a_field_with_a_label_and_a_total_shows_in_the_report_and_the_textfile_from_its_one_declaration():
     held = dict(state='healthy', holders=[])
     shown = _shown([_system(ref_count=2, **held), dict(_system(ref_count=3, **held), name='s', key='/s')])
     assert '# TYPE tritonops_shm_region_references gauge' in shown['text']
@@ -144,10 +144,16 @@ def test_a_field_with_a_column_and_a_metric_shows_in_the_report_and_the_textfile
     assert 'tritonops_shm_registered_bytes{host="t1",triton_url="http://t1:8000"} 16' in older['text']
 
 
-def test_metric_fields_are_integers_and_their_gauges_are_declared_once():
+def test_totals_are_integers_and_their_gauges_are_declared_once():
     from ansible_collections.tritonops.shm.plugins.module_utils import metrics
 
-    for kind, field in records.metric_fields():
+    for _kind, field in records.totals():
         assert field.type == records.UINT64, field
-        assert metrics.METRICS[field.metric].help == field.metric_help
-    assert [f.metric for _k, f in records.metric_fields()] == ['tritonops_shm_registered_bytes']
+        assert metrics.METRICS[metrics.total_metric(field)].help == field.total_description
+    assert [metrics.total_metric(f) for _k, f in records.totals()] == ['tritonops_shm_registered_bytes']
+
+
+def test_a_field_says_what_its_value_is_never_which_output_shows_it():
+    """No Field attribute names an output (a column, a metric, a page): the outputs decide from what a value is."""
+    outputs = ('column', 'metric', 'html', 'gauge', 'table', 'report', 'prom')
+    assert not [a for a in records.Field._fields if any(o in a for o in outputs)]
