@@ -231,6 +231,11 @@ def test_split_url(url, expected):
         ('http://', 'not one of ours'),
         ('http://h:99999', "url 'http://h:99999' has an invalid port"),
         ('http://h:port', "url 'http://h:port' has an invalid port"),
+        # a character a request line or Host header cannot carry: a clear refusal, never a UnicodeEncodeError
+        ('http://h:8000/\u00e4', "has the character '\u00e4', which a request cannot carry: percent-encode it"),
+        ('http://trit\u00f3n:8000', "has the character '\u00f3'"),
+        ('http://h:8000/a b', "has the character ' '"),
+        ('http://h:8000/\x7f', "has the character '\\x7f'"),
     ],
 )
 def test_split_url_refuses_with_a_message_that_names_the_url(url, why):
@@ -365,3 +370,10 @@ def test_a_bad_header_is_refused_by_name_and_its_value_never_shown(headers, name
 def test_good_headers_pass():
     check_headers({'Authorization': SECRET, 'X-Api-Key': 'a\tb', "x-!#$%&'*+-.^_`|~": 'v'})
     check_headers(None)
+
+
+@pytest.mark.parametrize('transport', [TritonClient, TritonGrpcClient])
+def test_a_url_outside_ascii_is_refused_by_both_transports_before_any_request(transport):
+    scheme = 'grpc' if transport is TritonGrpcClient else 'http'
+    with pytest.raises(TritonError, match='which a request cannot carry'):
+        transport(f'{scheme}://trit\u00f3n:8001', timeout=1)
