@@ -992,7 +992,7 @@ def test_a_deferred_cuda_unregister_is_pending_like_a_system_one(shm, server_pro
 
 def test_region_ops_and_region_plan_have_no_branch_on_a_kind_name():
     root = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'module_utils')
-    for name in ('region_ops.py', 'region_plan.py'):
+    for name in ('region_ops.py', 'region_calls.py', 'file_ops.py', 'region_plan.py'):
         with open(os.path.join(root, name)) as f:
             code = f.read()
         assert "kind == 'cuda'" not in code and "kind'] == 'cuda'" not in code, name
