@@ -18,6 +18,8 @@ import enum
 import errno
 import os
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import facts, runlock, shm_fs, snapshot, vocabulary, wedged
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError, ShmFsError
@@ -34,14 +36,21 @@ class Lock(enum.Enum):
     )
 
 
+class Recheck(NamedTuple):
+    """The holder re-check of a removal (_remove_files): its read, the files unlinked after it taken out."""
+
+    snap: Snapshot
+    current: bool  # False when a file was renamed back since: the read lists it under its quarantine name
+
+
 class ShmDirWork:
     """The shm directory's side of a run (see the module docstring); a mixin of the Operation that runs it.
 
-    The class using it sets: params (lock_dir, inventory), serialise, lock (None), shm (None), lock_dir, sleep, clock,
-    warn, check_mode, outcome (region_ops.Outcome), _finished ([]); for the cleanup record and the wedged record also
-    kind (kinds.RegionKind), _record (None) and _ours (set()); with inventory, _read_again(). _held() sets snap. shm is
-    the shm directory the read pinned (_located keeps it): the snapshot is plain data (facts.py), and every change in
-    the directory goes through this descriptor, never its path.
+    The class using it sets: params (lock_dir), serialise, lock (None), shm (None), lock_dir, sleep, clock, warn,
+    check_mode, outcome (region_ops.Outcome), _finished ([]); for the cleanup record and the wedged record also kind
+    (kinds.RegionKind), _record (None) and _ours (set()); _held() sets snap. shm is the directory the read pinned (_located):
+    the snapshot is plain data (facts.py), and every change in the directory goes through this descriptor, never its
+    path.
     """
 
     def _located(self, shm: shm_fs.PinnedDir | None) -> Lock:
@@ -91,45 +100,37 @@ class ShmDirWork:
         if snap.fs:
             self.outcome.used_before = self.outcome.used_after = snap.fs['used_bytes']
 
-    def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
-        """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
+    def _remove_files(
+        self, snap: Snapshot, file_plan: list, still_registered: set, recheck: Callable[[], Snapshot] | None = None
+    ) -> Recheck | None:
+        """Remove the planned files that are still safe to remove; the holder re-check's read (None: nothing planned).
 
         Invariants 3 and 13: each file is first renamed to a quarantine name inside the shm directory (no client
         can open it by name any more), then the holders are scanned again, then each quarantined file is unlinked,
         or renamed back when someone holds it. A client that attached before the rename is seen by that scan; one
-        that opens the name after it finds no file. When the state after the change is asked for, that scan is a
-        full read of the server (status, files, holders), returned without the files unlinked here.
+        that opens the name after it finds no file. recheck: what scans them (snapshot.rescan of snap by default); a
+        run that wants the state after passes a full read of the server (status, files, holders), which, minus the
+        files unlinked here, is that state without another /proc pass.
         """
         if not file_plan:
             return None
-        want_after = bool(self.params.get('inventory'))
         moved = []
         with shm_fs.ShmDir(self.shm) as d:
             for entry, region in file_plan:
                 q = self._quarantine(d, snap, entry, region, still_registered)
                 if q is not None:
                     moved.append((entry, region, q))
-            check = self._read_again() if want_after else snapshot.rescan(snap)
+            check = recheck() if recheck is not None else snapshot.rescan(snap)
             gone = []
             restored = False
-            for entry, region, q in moved:
+            for entry, _region, q in moved:
                 reason = self._unlink(d, check, entry, q)
                 if reason is None:
                     gone.append(os.path.join(snap.shm_dir, q.name))
                 else:
                     self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
                     restored = restored or q.name != q.original
-        if not want_after:
-            return None
-        if restored:
-            check = self._read_again()  # the listing of the scan saw quarantine names since renamed back
-        fs = None
-        if check.shm_dir is not None:
-            try:
-                fs = shm_fs.usage(self.shm)
-            except OSError:
-                pass
-        return check.without(gone, fs=fs)
+        return Recheck(check.without(gone), current=not restored)
 
     def _quarantine(
         self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None, still_registered: set

@@ -7,7 +7,7 @@ Private to the tritonops.shm collection: no stability promise to other code.
 What to do is decided by region_plan.py (pure, from one read and the parameters); RegionOps does the I/O in the order
 the safety invariants require (docs/concepts.md): unregister first (region_calls.py), wait until the region is gone
 from the status, then remove the files (file_ops.py: quarantine each, re-check holders, unlink only unheld regular files
-by device and inode inside the shm directory, or give them back), then read the state after. Each step is recorded
+by device and inode inside the shm directory, or give them back), then read the state after once. Each step is recorded
 in an Outcome, whose result() only formats it, on success and after a failure part-way. RegionOps is an
 operation.Operation: base.run_operation runs it as every module runs, check -> read -> plan -> preview (check mode) or
 execute -> result, with the per-server lock (taken inside read() once the server is located, before its regions are
@@ -144,10 +144,11 @@ class Outcome:
 
 
 class RegionOps(ShmDirWork, RegionCalls, Operation):
-    """One triton_shm_region call for one kind: read and lock, plan, preview or execute, then the state after.
+    """One triton_shm_region call for one kind: read and lock, plan (pure), preview or execute, then one read after.
 
     The steps are the run protocol's (operation.py); the region calls are RegionCalls' (region_calls.py), the shm
-    directory's side ShmDirWork's (file_ops.py).
+    directory's side ShmDirWork's (file_ops.py). The outcome is started by read() and hold() (what the read found) and
+    built by preview() or execute() from the plan.
     """
 
     def __init__(
@@ -178,7 +179,7 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
         self.read_nvml = read_nvml or nvml.read  # the GPU memory a CUDA unregister gave back (gpu.measure_freed)
         self.outcome: Outcome | None = None  # what this run did (or, in check mode, would do): read() starts it
         self.snap = None  # the read this run planned from
-        self.snap_after = None  # the read before unlinking, when it is also the state returned after the change
+        self.rechecked = None  # file_ops.Recheck: the holder re-check of the removal, the state after with inventory
         self._criteria = None  # the parameters' classification.Criteria, client users resolved once per run
         self._record = None  # the cleanup record this run wrote ({inode: facts.CleanupMark}), if it did
         self._ours = set()  # the inodes this run added to it
@@ -249,22 +250,27 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
     # -- plan (pure: region_plan) ----------------------------------------------------------------
 
     def plan(self, reading: Reading) -> Plan:
-        """The plan for the parameters and what was read; with inventory, also the read as triton_shm_info shows it."""
+        """The plan for the parameters and what was read; with inventory it carries the read as triton_shm_info shows
+        it (Plan.inventory). Pure: it records nothing and reads nothing (the client users were resolved by read())."""
         p = self.params
         snap = reading.snap
         if p['state'] == 'present':
             return self.kind.plan_present(snap, p)
         orphans = bool(p.get('orphan_files') or p.get('inventory'))
-        records = classification.classify(snap, self.criteria if orphans else criteria_of(p, orphans=False))
+        criteria = self.criteria if orphans else region_plan.criteria(p, self.criteria.client_uids, orphans=False)
+        records = classification.classify(snap, criteria)
+        plan = self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
         if p.get('inventory'):
-            self.outcome.before_result = results.info_result(snap, records)
-        return self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
+            return dataclasses.replace(plan, inventory=results.info_result(snap, records))
+        return plan
 
-    # -- execute ----------------------------------------------------------------------------------
+    # -- preview or execute: the outcome, from the plan ------------------------------------------------
 
     def _planned(self, plan: Plan) -> Outcome:
+        """The outcome's start from the plan (preview and execute alike): the diff, the inventory before, what is kept."""
         outcome = self.outcome
         outcome.plan = plan
+        outcome.before_result = plan.inventory
         outcome.before, outcome.after = plan.before, {k: list(v) for k, v in plan.after.items()}
         for w in plan.warnings:
             self.warn(w)
@@ -285,22 +291,22 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
         return outcome
 
     def execute(self, plan: Plan) -> Outcome:
-        """Carry the plan out, recording each step in the outcome as it is done, then read the state after."""
+        """Carry the plan out, recording each step in the outcome as it is done; then, also after a failure part-way,
+        the one step after (_after)."""
         if self.check_mode:
             raise RuntimeError('check mode previews the plan (operation.run_steps), it never executes it')
-        self._planned(plan)
-        if plan.register or plan.marks:
-            self._present(plan)
-        elif plan.selected or plan.files:
-            try:
+        outcome = self._planned(plan)
+        registering = bool(plan.register or plan.marks)
+        finished = False
+        try:
+            if registering:
+                self._present(plan)
+            elif plan.changed:
                 self._unregister_then_remove(self.snap, plan.selected, plan.files)
-            finally:
-                if self.kind.files:  # what the dangling regions' unlinked files gave back, once gone from the status
-                    self.outcome.freed_unlinked_bytes = unlinked_freed(self.snap, self.outcome.unregistered)
-                self._record_after()
-                self._measure_gpu()
-        self._read_after()
-        return self.outcome
+            finished = True
+        finally:
+            self._after(acted=plan.changed, unregistering=plan.changed and not registering, finished=finished)
+        return outcome
 
     def _present(self, plan: Plan) -> None:
         """Register (creating the backing file when planned) and mark; or mark the file of a region registered as asked."""
@@ -333,77 +339,6 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
                     d.unlink(plan.create, created.st_dev, created.st_ino)
                 self.outcome.created_files = []
             raise
-        finally:
-            self._measure_after()
-
-    def _read_after(self) -> None:
-        """The state after a finished run: the regions of the kind, and with inventory what triton_shm_info would return."""
-        if self.outcome.regions_after is None:
-            try:
-                self.outcome.regions_after = self.client.status(self.kind.name)
-            except TritonError:
-                self.outcome.regions_after = (self.outcome.after or {}).get('regions', [])
-        if self.params.get('inventory'):
-            self.outcome.inventory_after = self._inventory_after()
-
-    def _inventory_after(self) -> dict:
-        """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
-        if self.snap_after is None and not self.outcome.done_something() and self.outcome.before_result is not None:
-            return self.outcome.before_result  # nothing changed since the read this run selected from
-        snap = self.snap_after or self._read_again()
-        result = results.info_result(snap, classification.classify(snap, self.criteria))
-        result['server'].update(
-            located_by=self.snap.located_by, not_found_reason=self.snap.server_reason if self.snap.pid is None else None
-        )
-        return result
-
-    def _read_again(self) -> Snapshot:
-        """The server's shared memory read again: status, files and a full holder scan.
-
-        The server found before is kept; server.live and server.ready are not measured.
-        """
-        return snapshot.read_server(
-            self.client,
-            server_pid=self.snap.pid,
-            shm_dir=self.snap.shm_dir,
-            shm=self.shm,
-            kinds=(self.kind.name,),
-            backend_patterns=self.criteria.backend_patterns,
-            clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
-        )
-
-    def _measure_gpu(self) -> None:
-        """For a kind whose regions are GPU memory: what came back, measured through NVML (the server's charge before,
-        from the read this run planned from, and after, read again until it settles)."""
-        ev = self.snap.gpu if self.snap is not None else None
-        if not self.kind.gpu_memory or ev is None:
-            return
-        gone = set(self.outcome.unregistered) | set(self.outcome.pending)
-        expected = sum(int(r.get('byte_size') or 0) for r in self.kind.regions(self.snap) if r['name'] in gone)
-        before = gpu.server_charge(ev.reading, self.snap.pid)
-        freed = gpu.measure_freed(
-            before, self.snap.pid, expected, self.read_nvml, self.sleep, self.clock, GPU_SETTLE_TIMEOUT
-        )
-        self.outcome.gpu = freed
-        if freed.bytes is not None and not gpu.all_back(freed.bytes, expected):
-            self.warn(
-                f'{expected} bytes of CUDA regions were unregistered, but NVML shows {freed.bytes} bytes back from the '
-                f'server after {freed.seconds}s (it charges the server {freed.after} bytes): a request still in flight '
-                'may hold them, or the memory belongs to a live process (docs/cuda.md, "memory does not come back")'
-            )
-
-    def _measure_after(self) -> None:
-        if self.snap and self.snap.shm_dir and not self.check_mode:
-            try:
-                self.outcome.used_after = shm_fs.usage(self.shm)['used_bytes']
-            except OSError:
-                pass
-
-    # -- the result (formats what was recorded: no I/O) --------------------------------------------
-
-    def result(self, outcome: Outcome | None = None, finished: bool = True, diff: bool | None = None) -> dict:
-        """The module's result from outcome (this run's by default): Outcome.result."""
-        return (outcome or self.outcome or Outcome()).result(finished, self.diff if diff is None else diff)
 
     def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
         """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
@@ -419,7 +354,8 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
             except TritonError:
                 self._salvage_files(snap, selected, file_plan, still_registered)
                 raise
-            self.snap_after = self._remove_files(snap, file_plan, still_registered)
+            recheck = self._read_server if self.params.get('inventory') else None
+            self.rechecked = self._remove_files(snap, file_plan, still_registered, recheck)
         finally:
             self._update_record(snap, still_registered)
             self._update_wedged(snap, selected, still_registered)
@@ -444,7 +380,7 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
                 )
                 return
         try:
-            self.snap_after = self._remove_files(snap, [(e, n) for e, n in file_plan if n in done], still_registered)
+            self._remove_files(snap, [(e, n) for e, n in file_plan if n in done], still_registered)
         except ShmFsError as exc:
             # e.g. the server died and its private /dev/shm went with it: the server's failure (the cause)
             # is what is raised; the files that could not be removed are reported with this reason
@@ -455,14 +391,89 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
                 if n in done and e['path'] not in removed
             )
 
-    def _record_after(self) -> None:
-        """/dev/shm use and the server's regions after the change, as far as they can still be read."""
-        self._measure_after()
+    # -- the one step after -------------------------------------------------------------------------
+
+    def _after(self, acted: bool, unregistering: bool, finished: bool) -> None:
+        """What the run left, recorded once it is done acting (also after a failure part-way).
+
+        From what it did: the bytes the dangling regions' unlinked files gave back, and the GPU memory the server's NVML
+        charge gave back (waited until it settles). Then one read of the shm directory (its use, when the run acted) and,
+        when finished, of the server: the status of the kind; with inventory and a change, the whole server as
+        triton_shm_info reads it, which is the removal's holder re-check when it still lists the directory as it is
+        (a full read right before the unlinks: no other /proc pass). The regions and the inventory after, the diff's
+        after and used_after all come from it; when nothing changed the inventory before is the one after.
+        """
+        outcome = self.outcome
+        if unregistering:
+            if self.kind.files:  # what the dangling regions' unlinked files gave back, once gone from the status
+                outcome.freed_unlinked_bytes = unlinked_freed(self.snap, outcome.unregistered)
+            self._measure_gpu()
+        fs = None
+        if acted and self.snap.shm_dir:
+            with contextlib.suppress(OSError):
+                fs = shm_fs.usage(self.shm)
+                outcome.used_after = fs['used_bytes']
+        if not finished:
+            return
+        inventory = bool(self.params.get('inventory'))
+        snap = None
+        if inventory and (self.rechecked is not None or outcome.done_something()):
+            current = self.rechecked is not None and self.rechecked.current
+            snap = self.rechecked.snap.without((), fs=fs) if current else self._read_server()
         try:
-            self.outcome.regions_after = self.client.status(self.kind.name)
-            self.outcome.after['regions'] = [self.kind.spec(r) for r in self.outcome.regions_after]
+            regions = self.kind.regions(snap) if snap is not None else self.client.status(self.kind.name)
         except TritonError:
-            pass
+            regions = None
+        outcome.regions_after = regions if regions is not None else outcome.after.get('regions', [])
+        if unregistering and regions is not None:
+            outcome.after['regions'] = [self.kind.spec(r) for r in regions]
+        if inventory:
+            outcome.inventory_after = self._inventory(snap) if snap is not None else outcome.before_result
+
+    def _read_server(self) -> Snapshot:
+        """The server's shared memory read again (status, files, a full holder scan), the server found before kept
+        and its directory through the same descriptor; server.live and server.ready are not measured."""
+        return snapshot.read_server(
+            self.client,
+            server_pid=self.snap.pid,
+            shm_dir=self.snap.shm_dir,
+            shm=self.shm,
+            kinds=(self.kind.name,),
+            backend_patterns=self.criteria.backend_patterns,
+            clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
+        )
+
+    def _inventory(self, snap: Snapshot) -> dict:
+        """What triton_shm_info would return for snap, the server located as the read this run planned from found it."""
+        result = results.info_result(snap, classification.classify(snap, self.criteria))
+        result['server'].update(
+            located_by=self.snap.located_by, not_found_reason=self.snap.server_reason if self.snap.pid is None else None
+        )
+        return result
+
+    def _measure_gpu(self) -> None:
+        """For a kind whose regions are GPU memory: what came back, measured through NVML (the server's charge before,
+        from the read this run planned from, and after, read again until it settles)."""
+        ev = self.snap.gpu if self.snap is not None else None
+        if not self.kind.gpu_memory or ev is None:
+            return
+        gone = set(self.outcome.unregistered) | set(self.outcome.pending)
+        expected = sum(int(r.get('byte_size') or 0) for r in self.kind.regions(self.snap) if r['name'] in gone)
+        before = gpu.server_charge(ev.reading, self.snap.pid)
+        freed = gpu.measure_freed(
+            before, self.snap.pid, expected, self.read_nvml, self.sleep, self.clock, GPU_SETTLE_TIMEOUT
+        )
+        self.outcome.gpu = freed
+        if freed.bytes is not None and not gpu.all_back(freed.bytes, expected):
+            self.warn(
+                f'{expected} bytes of CUDA regions were unregistered, but NVML shows {freed.bytes} bytes back from the '
+                f'server after {freed.seconds}s (it charges the server {freed.after} bytes): a request still in flight '
+                'may hold them, or the memory belongs to a live process (docs/cuda.md, "memory does not come back")'
+            )
+
+    def result(self, outcome: Outcome | None = None, finished: bool = True, diff: bool | None = None) -> dict:
+        """The module's result from outcome (this run's by default): Outcome.result, which formats it (no I/O)."""
+        return (outcome or self.outcome or Outcome()).result(finished, self.diff if diff is None else diff)
 
 
 def unlinked_freed(snap: Snapshot | None, gone: Iterable[str]) -> int:
