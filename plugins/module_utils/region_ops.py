@@ -4,22 +4,20 @@
 """The executor of triton_shm_region: reads, holds the lock, carries a region_plan.Plan out, records what it did.
 
 Private to the tritonops.shm collection: no stability promise to other code.
-What to do is decided by region_plan.py (pure, from one read and the parameters); this file does the I/O
-in the order the safety invariants require (docs/concepts.md): unregister first, wait until the region is
-gone from the status, quarantine each file, re-check holders, then unlink only unheld regular files by
-(device, inode) inside the shm directory, or give them back. Each step is recorded in an Outcome,
-whose result() only formats it, on success and after a failure part-way. RegionOps is a operation.Operation:
-base.run_operation runs it as every module runs, check -> read -> plan -> preview (check mode) or execute ->
-result, with the per-server lock (taken inside read() once the server is located, before its regions are read;
-not in check mode) held from read() until the result and the metrics textfile are written.
+What to do is decided by region_plan.py (pure, from one read and the parameters); RegionOps does the I/O in the order
+the safety invariants require (docs/concepts.md): unregister first (region_calls.py), wait until the region is gone
+from the status, then remove the files (file_ops.py: quarantine each, re-check holders, unlink only unheld regular files
+by device and inode inside the shm directory, or give them back), then read the state after once. Each step is recorded
+in an Outcome, whose result() only formats it, on success and after a failure part-way. RegionOps is an
+operation.Operation: base.run_operation runs it as every module runs, check -> read -> plan -> preview (check mode) or
+execute -> result, with the per-server lock (taken inside read() once the server is located, before its regions are
+read; not in check mode) held from read() until the result and the metrics textfile are written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
-import errno
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -34,42 +32,15 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
     nvml,
     region_plan,
     results,
-    runlock,
     shm_fs,
     snapshot,
-    vocabulary,
-    wedged,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.client import unregister_batch
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    LockError,
-    ShmFsError,
-    TritonError,
-    TritonOpsError,
-)
-from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot, holders_text
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError, TritonError, TritonOpsError
+from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.file_ops import ShmDirWork
 from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation, run_steps
-from ansible_collections.tritonops.shm.plugins.module_utils.procfs import Backoff
-from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan, same
-from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
-
-
-class Unregister(enum.Enum):
-    """What _unregister did with one region."""
-
-    UNREGISTERED = 'unregistered'
-    GONE = 'gone'  # no longer registered: not this run's work
-    KEPT = 'kept'  # still registered (in use past in_use_timeout, or a name the client cannot address)
-
-
-class Lock(enum.Enum):
-    """What _lock did about the per-server lock."""
-
-    NOT_NEEDED = 'not needed'  # not serialising, already held by this run, or no shm directory to lock
-    TAKEN = 'taken'  # taken at once: nobody else was acting on this server
-    WAITED = (
-        'waited'  # taken after another run released it (read() reads the regions after it, so nothing is out of date)
-    )
+from ansible_collections.tritonops.shm.plugins.module_utils.region_calls import RegionCalls, may_defer
+from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT, Plan
 
 
 class Reading(NamedTuple):
@@ -79,9 +50,6 @@ class Reading(NamedTuple):
     regions: list
 
 
-# Triton 2.53 (NGC 24.12) and later accept an unregister while requests are in flight and keep the
-# region listed until they finish; before, an answered unregister removed it at once.
-DEFERRED_UNREGISTER_VERSION = (2, 53)
 # Seconds to wait, after CUDA regions were unregistered, for NVML to stop charging their memory to the server (1 GiB
 # came back within 3 s on an H200, docs/cuda.md)
 GPU_SETTLE_TIMEOUT = 10.0
@@ -91,12 +59,6 @@ def criteria_of(p: dict, orphans: bool = True) -> classification.Criteria:
     """The parameters' classification criteria, their client_users resolved here, at the edge (authority.client_uids:
     ParameterError for an unknown name): the rules (region_plan, classification) get uids and look nobody up."""
     return region_plan.criteria(p, authority.client_uids(p.get('client_users')), orphans)
-
-
-def _may_defer(snap: Snapshot) -> bool:
-    """Whether this server may keep an unregistered region listed (24.12+, or a version we cannot read)."""
-    version = version_tuple(snap.metadata.get('version'))
-    return version is None or version >= DEFERRED_UNREGISTER_VERSION
 
 
 @dataclasses.dataclass
@@ -181,201 +143,13 @@ class Outcome:
         return out
 
 
-class ShmDirWork:
-    """What a run that changes a shm directory does there, whichever module runs it (triton_shm_region, triton_shm_sweep):
-    take the run lock of the directory (runlock.py), and remove planned files safely (quarantine rename, holders
-    scanned again, unlink by device and inode, or give the file back).
+class RegionOps(ShmDirWork, RegionCalls, Operation):
+    """One triton_shm_region call for one kind: read and lock, plan (pure), preview or execute, then one read after.
 
-    The class using it sets: params (lock_dir, inventory), serialise, lock (None), shm (None), lock_dir, sleep, clock,
-    warn, check_mode, outcome (an Outcome: skipped, removed_files, freed_bytes), _finished ([]); and, when params has
-    inventory, _read_again(). shm is the shm directory the read pinned (_located keeps it): the snapshot is plain data
-    (facts.py), and every change in the directory goes through this descriptor, never its path.
+    The steps are the run protocol's (operation.py); the region calls are RegionCalls' (region_calls.py), the shm
+    directory's side ShmDirWork's (file_ops.py). The outcome is started by read() and hold() (what the read found) and
+    built by preview() or execute() from the plan.
     """
-
-    def _located(self, shm: shm_fs.PinnedDir | None) -> Lock:
-        """What the read calls once the server is located: keep the directory it pinned, and (not in check mode) lock it."""
-        self.shm = shm
-        return Lock.NOT_NEEDED if self.check_mode else self._lock(shm)
-
-    def _lock(self, shm: shm_fs.PinnedDir | None) -> Lock:
-        """Serialise runs on the shm directory shm (read() asks once, before it reads the regions): runlock.py."""
-        if not self.serialise or self.lock is not None or shm is None:
-            return Lock.NOT_NEEDED
-        directory = self.lock_dir or self.params.get('lock_dir')
-        lock = runlock.ServerLock(shm, sleep=self.sleep, clock=self.clock, directory=directory)
-        try:
-            waited = lock.acquire()
-        except OSError as exc:
-            raise LockError(
-                f'cannot take the run lock {lock.path} ({exc.strerror or exc}): not acting, since a run at the same time '
-                'could count the same regions again. Set lock_dir (role variable shm_cleanup_lock_dir) to a directory '
-                'on a writable filesystem that only this user can write'
-            ) from exc
-        if lock.squatter is not None:
-            self.warn(
-                f'the flock on the shm directory {shm.path} itself is {lock.squatter}: not waiting for it (any tenant of '
-                f'the directory can take it); this run holds its own lock ({lock.path})'
-            )
-        self.lock = lock
-        return Lock.WAITED if waited else Lock.TAKEN
-
-    def release(self) -> None:
-        """Release the per-server lock (locked() does at the end of its block; the end of the process does too)."""
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
-
-    def _remove_files(self, snap: Snapshot, file_plan: list, still_registered: set) -> Snapshot | None:
-        """Remove the planned files that are still safe to remove; return the state after, when inventory asks for it.
-
-        Invariants 3 and 13: each file is first renamed to a quarantine name inside the shm directory (no client
-        can open it by name any more), then the holders are scanned again, then each quarantined file is unlinked,
-        or renamed back when someone holds it. A client that attached before the rename is seen by that scan; one
-        that opens the name after it finds no file. When the state after the change is asked for, that scan is a
-        full read of the server (status, files, holders), returned without the files unlinked here.
-        """
-        if not file_plan:
-            return None
-        want_after = bool(self.params.get('inventory'))
-        moved = []
-        with shm_fs.ShmDir(self.shm) as d:
-            for entry, region in file_plan:
-                q = self._quarantine(d, snap, entry, region, still_registered)
-                if q is not None:
-                    moved.append((entry, region, q))
-            check = self._read_again() if want_after else snapshot.rescan(snap)
-            gone = []
-            restored = False
-            for entry, region, q in moved:
-                reason = self._unlink(d, check, entry, q)
-                if reason is None:
-                    gone.append(os.path.join(snap.shm_dir, q.name))
-                else:
-                    self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
-                    restored = restored or q.name != q.original
-        if not want_after:
-            return None
-        if restored:
-            check = self._read_again()  # the listing of the scan saw quarantine names since renamed back
-        fs = None
-        if check.shm_dir is not None:
-            try:
-                fs = shm_fs.usage(self.shm)
-            except OSError:
-                pass
-        return check.without(gone, fs=fs)
-
-    def _quarantine(
-        self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None, still_registered: set
-    ) -> shm_fs.Quarantined | None:
-        """Rename one planned file to its quarantine name; None (the reason recorded) when it stays as it is."""
-        name = entry['name']
-        reason = None
-        if region in still_registered:
-            reason = f"region '{region}' is still registered"
-        elif facts.is_quarantine_name(name):
-            # left quarantined by a run stopped before its unlink: no client can open it by name
-            mark = snap.cleanup_marks.get(name)
-            original = mark.name if mark is not None else name
-            return shm_fs.Quarantined(name, original, entry['dev'], entry['inode'], entry.get('ctime_ns'), 0)
-        else:
-            try:
-                q = self._rename_to_quarantine(d, entry)
-            except ShmFsError as exc:
-                self.warn(str(exc))
-                reason = str(exc)
-            except OSError as exc:
-                # never unlinked in place: a client that opens the name between the re-check and the unlink would lose it
-                reason = (
-                    f'cannot rename it to a quarantine name before removing it ({exc.strerror or exc}): not removed, '
-                    'since a client could open it by name between the re-check and the unlink'
-                )
-            else:
-                if q is not None:
-                    return q
-                reason = 'already removed (by another process) before this run unlinked it'
-        self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
-        return None
-
-    @staticmethod
-    def _rename_to_quarantine(d: shm_fs.ShmDir, entry: dict) -> shm_fs.Quarantined | None:
-        """d.quarantine(), and on a tmpfs of another user namespace (a rootless server's, where root's ids are not
-        mapped: EOVERFLOW) once more as the directory's owner, whose ids that namespace maps (shm_fs.acting_as)."""
-        args = (entry['name'], entry['dev'], entry['inode'], entry.get('ctime_ns'))
-        try:
-            return d.quarantine(*args)
-        except OSError as exc:
-            if isinstance(exc, ShmFsError) or exc.errno != errno.EOVERFLOW:
-                raise
-        st = os.fstat(d.fd)
-        with shm_fs.acting_as(st.st_uid, st.st_gid):
-            q = d.quarantine(*args)
-        return q._replace(owner=(st.st_uid, st.st_gid)) if q is not None else None
-
-    def _unlink(self, d: shm_fs.ShmDir, check: Snapshot, entry: dict, q: shm_fs.Quarantined) -> str | None:
-        """Unlink one quarantined file (recorded in removed_files and freed_bytes), or give it back and return why it stays."""
-        reason = None
-        if not check.holders_complete:
-            reason = 'holders could not be fully determined'
-        else:
-            holders = check.scan.holders_of(q.dev, q.ino)
-            if holders:
-                reason = f'held by {holders_text(holders)} (re-checked before removal)'
-        if reason is not None:
-            return reason + self._give_back(d, q, check.server_id)
-        try:
-            with _as_owner(q):
-                freed = d.unlink(q.name, q.dev, q.ino, q.ctime_ns, missing=None)
-        except ShmFsError as exc:
-            self.warn(str(exc))
-            return str(exc) + self._give_back(d, q, check.server_id)
-        if freed is None:
-            # removed by someone else since it was listed: not this run's work
-            return 'already removed (by another process) before this run unlinked it'
-        self._finished.append(q.ino)
-        self.outcome.removed_files.append(entry['path'])
-        self.outcome.freed_bytes += freed
-        return None
-
-    def _give_back(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> str:
-        """Rename a quarantined file that stays back to its name and unmark it; the text to add to its reason.
-
-        One that stays under its quarantine name is recorded (an orphan or leftover file was not), so that a later
-        stale cleanup of this server finishes it once nobody holds it: no pattern matches a quarantine name.
-        """
-        if q.name == q.original:
-            return ''
-        try:
-            with _as_owner(q):
-                back = d.restore(q.name, q.original)
-        except ShmFsError as exc:
-            self.warn(str(exc))
-            self._record_quarantined(d, q, server)
-            return f'; it stays under {q.name}: {exc}'
-        if not back:
-            self._record_quarantined(d, q, server)
-            self.warn(
-                f'{q.original} in {d.path} was created again while the file it named was quarantined; that file is '
-                f'kept under {q.name} (a stale cleanup removes it once nobody holds it)'
-            )
-            return f'; its name was taken meanwhile, so it stays under {q.name}'
-        self._finished.append(q.ino)
-        return ''
-
-    def _record_quarantined(self, d: shm_fs.ShmDir, q: shm_fs.Quarantined, server: str | None) -> None:
-        """Add a file left under its quarantine name to the cleanup record, unless it is there (a warning when refused)."""
-        record = shm_fs.read_cleanup_record(d.fd)
-        if q.ino in record or not server:
-            return
-        record[q.ino] = facts.CleanupMark('', q.original, server)
-        try:
-            d.write_cleanup_record(record)
-        except ShmFsError as exc:
-            self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
-
-
-class RegionOps(ShmDirWork, Operation):
-    """One module run: read, plan (region_plan), then, unless check mode, act, recording everything done."""
 
     def __init__(
         self,
@@ -405,7 +179,7 @@ class RegionOps(ShmDirWork, Operation):
         self.read_nvml = read_nvml or nvml.read  # the GPU memory a CUDA unregister gave back (gpu.measure_freed)
         self.outcome: Outcome | None = None  # what this run did (or, in check mode, would do): read() starts it
         self.snap = None  # the read this run planned from
-        self.snap_after = None  # the read before unlinking, when it is also the state returned after the change
+        self.rechecked = None  # file_ops.Recheck: the holder re-check of the removal, the state after with inventory
         self._criteria = None  # the parameters' classification.Criteria, client users resolved once per run
         self._record = None  # the cleanup record this run wrote ({inode: facts.CleanupMark}), if it did
         self._ours = set()  # the inodes this run added to it
@@ -464,45 +238,39 @@ class RegionOps(ShmDirWork, Operation):
         return Reading(snap, self.kind.regions(snap))
 
     @contextlib.contextmanager
-    def locked(self, reading: Reading) -> Iterator[Reading]:
+    def hold(self, reading: Reading) -> Iterator[Reading]:
         """Hold the per-server lock that read() took (not in check mode) until the block ends; yields reading."""
         try:
             if reading.snap is not None:
-                self.snap = reading.snap
-                for w in self.snap.warnings:
-                    self.warn(w)
-                if self.snap.fs:
-                    self.outcome.used_before = self.outcome.used_after = self.snap.fs['used_bytes']
-                self.outcome.scan = {  # the holder scan this run planned from (the visibility rule)
-                    'holders_complete': self.snap.holders_complete,
-                    'holders_incomplete_reason': self.snap.holders_incomplete_reason,
-                    'pid_namespace': self.snap.pid_namespace,
-                }
+                self._held(reading.snap)
             yield reading
         finally:
             self.release()
 
-    hold = locked  # operation.Operation
-
     # -- plan (pure: region_plan) ----------------------------------------------------------------
 
     def plan(self, reading: Reading) -> Plan:
-        """The plan for the parameters and what was read; with inventory, also the read as triton_shm_info shows it."""
+        """The plan for the parameters and what was read; with inventory it carries the read as triton_shm_info shows
+        it (Plan.inventory). Pure: it records nothing and reads nothing (the client users were resolved by read())."""
         p = self.params
         snap = reading.snap
         if p['state'] == 'present':
             return self.kind.plan_present(snap, p)
         orphans = bool(p.get('orphan_files') or p.get('inventory'))
-        records = classification.classify(snap, self.criteria if orphans else criteria_of(p, orphans=False))
+        criteria = self.criteria if orphans else region_plan.criteria(p, self.criteria.client_uids, orphans=False)
+        records = classification.classify(snap, criteria)
+        plan = self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
         if p.get('inventory'):
-            self.outcome.before_result = results.info_result(snap, records)
-        return self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
+            return dataclasses.replace(plan, inventory=results.info_result(snap, records))
+        return plan
 
-    # -- execute ----------------------------------------------------------------------------------
+    # -- preview or execute: the outcome, from the plan ------------------------------------------------
 
     def _planned(self, plan: Plan) -> Outcome:
+        """The outcome's start from the plan (preview and execute alike): the diff, the inventory before, what is kept."""
         outcome = self.outcome
         outcome.plan = plan
+        outcome.before_result = plan.inventory
         outcome.before, outcome.after = plan.before, {k: list(v) for k, v in plan.after.items()}
         for w in plan.warnings:
             self.warn(w)
@@ -523,22 +291,22 @@ class RegionOps(ShmDirWork, Operation):
         return outcome
 
     def execute(self, plan: Plan) -> Outcome:
-        """Carry the plan out, recording each step in the outcome as it is done, then read the state after."""
+        """Carry the plan out, recording each step in the outcome as it is done; then, also after a failure part-way,
+        the one step after (_after)."""
         if self.check_mode:
             raise RuntimeError('check mode previews the plan (operation.run_steps), it never executes it')
-        self._planned(plan)
-        if plan.register or plan.marks:
-            self._present(plan)
-        elif plan.selected or plan.files:
-            try:
+        outcome = self._planned(plan)
+        registering = bool(plan.register or plan.marks)
+        finished = False
+        try:
+            if registering:
+                self._present(plan)
+            elif plan.changed:
                 self._unregister_then_remove(self.snap, plan.selected, plan.files)
-            finally:
-                if self.kind.files:  # what the dangling regions' unlinked files gave back, once gone from the status
-                    self.outcome.freed_unlinked_bytes = unlinked_freed(self.snap, self.outcome.unregistered)
-                self._record_after()
-                self._measure_gpu()
-        self._read_after()
-        return self.outcome
+            finished = True
+        finally:
+            self._after(acted=plan.changed, unregistering=plan.changed and not registering, finished=finished)
+        return outcome
 
     def _present(self, plan: Plan) -> None:
         """Register (creating the backing file when planned) and mark; or mark the file of a region registered as asked."""
@@ -571,35 +339,100 @@ class RegionOps(ShmDirWork, Operation):
                     d.unlink(plan.create, created.st_dev, created.st_ino)
                 self.outcome.created_files = []
             raise
-        finally:
-            self._measure_after()
 
-    def _read_after(self) -> None:
-        """The state after a finished run: the regions of the kind, and with inventory what triton_shm_info would return."""
-        if self.outcome.regions_after is None:
+    def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
+        """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
+        still_registered = set()
+        kept = self._mark_files(snap, file_plan)
+        if kept:
+            selected = [rec for rec in selected if rec['name'] not in kept]
+            file_plan = [action for action in file_plan if action.region not in kept]
+        try:
             try:
-                self.outcome.regions_after = self.client.status(self.kind.name)
+                self._unregister_selected(self.kind.name, selected, still_registered)
+                self._deferred(selected, still_registered)
             except TritonError:
-                self.outcome.regions_after = (self.outcome.after or {}).get('regions', [])
-        if self.params.get('inventory'):
-            self.outcome.inventory_after = self._inventory_after()
+                self._salvage_files(snap, selected, file_plan, still_registered)
+                raise
+            recheck = self._read_server if self.params.get('inventory') else None
+            self.rechecked = self._remove_files(snap, file_plan, still_registered, recheck)
+        finally:
+            self._update_record(snap, still_registered)
+            self._update_wedged(snap, selected, still_registered)
 
-    def _inventory_after(self) -> dict:
-        """What triton_shm_info would return now (see _read_again), still under the per-server lock."""
-        if self.snap_after is None and not self.outcome.done_something() and self.outcome.before_result is not None:
-            return self.outcome.before_result  # nothing changed since the read this run selected from
-        snap = self.snap_after or self._read_again()
-        result = results.info_result(snap, classification.classify(snap, self.criteria))
-        result['server'].update(
-            located_by=self.snap.located_by, not_found_reason=self.snap.server_reason if self.snap.pid is None else None
-        )
-        return result
+    def _salvage_files(self, snap: Snapshot, selected: list, file_plan: list, still_registered: set) -> None:
+        """After a failure part-way: remove the files of the regions confirmed unregistered and gone from the status,
+        so that a rerun of the same task converges; every other file is kept."""
+        done = set(self.outcome.unregistered)
+        try:
+            self._deferred(selected, still_registered)
+        except TritonError as again:
+            # before 24.12 an unregister Triton answered is final; since, it may still be listed
+            if may_defer(snap):
+                self.outcome.skipped.extend(
+                    {
+                        'path': e['path'],
+                        'reason': 'not removed: the status could not be read to confirm '
+                        f'that its region is gone: {again.msg}',
+                    }
+                    for e, n in file_plan
+                    if n in done
+                )
+                return
+        try:
+            self._remove_files(snap, [(e, n) for e, n in file_plan if n in done], still_registered)
+        except ShmFsError as exc:
+            # e.g. the server died and its private /dev/shm went with it: the server's failure (the cause)
+            # is what is raised; the files that could not be removed are reported with this reason
+            removed = set(self.outcome.removed_files)
+            self.outcome.skipped.extend(
+                {'path': e['path'], 'reason': f'not removed: {exc}'}
+                for e, n in file_plan
+                if n in done and e['path'] not in removed
+            )
 
-    def _read_again(self) -> Snapshot:
-        """The server's shared memory read again: status, files and a full holder scan.
+    # -- the one step after -------------------------------------------------------------------------
 
-        The server found before is kept; server.live and server.ready are not measured.
+    def _after(self, acted: bool, unregistering: bool, finished: bool) -> None:
+        """What the run left, recorded once it is done acting (also after a failure part-way).
+
+        From what it did: the bytes the dangling regions' unlinked files gave back, and the GPU memory the server's NVML
+        charge gave back (waited until it settles). Then one read of the shm directory (its use, when the run acted) and,
+        when finished, of the server: the status of the kind; with inventory and a change, the whole server as
+        triton_shm_info reads it, which is the removal's holder re-check when it still lists the directory as it is
+        (a full read right before the unlinks: no other /proc pass). The regions and the inventory after, the diff's
+        after and used_after all come from it; when nothing changed the inventory before is the one after.
         """
+        outcome = self.outcome
+        if unregistering:
+            if self.kind.files:  # what the dangling regions' unlinked files gave back, once gone from the status
+                outcome.freed_unlinked_bytes = unlinked_freed(self.snap, outcome.unregistered)
+            self._measure_gpu()
+        fs = None
+        if acted and self.snap.shm_dir:
+            with contextlib.suppress(OSError):
+                fs = shm_fs.usage(self.shm)
+                outcome.used_after = fs['used_bytes']
+        if not finished:
+            return
+        inventory = bool(self.params.get('inventory'))
+        snap = None
+        if inventory and (self.rechecked is not None or outcome.done_something()):
+            current = self.rechecked is not None and self.rechecked.current
+            snap = self.rechecked.snap.without((), fs=fs) if current else self._read_server()
+        try:
+            regions = self.kind.regions(snap) if snap is not None else self.client.status(self.kind.name)
+        except TritonError:
+            regions = None
+        outcome.regions_after = regions if regions is not None else outcome.after.get('regions', [])
+        if unregistering and regions is not None:
+            outcome.after['regions'] = [self.kind.spec(r) for r in regions]
+        if inventory:
+            outcome.inventory_after = self._inventory(snap) if snap is not None else outcome.before_result
+
+    def _read_server(self) -> Snapshot:
+        """The server's shared memory read again (status, files, a full holder scan), the server found before kept
+        and its directory through the same descriptor; server.live and server.ready are not measured."""
         return snapshot.read_server(
             self.client,
             server_pid=self.snap.pid,
@@ -609,6 +442,14 @@ class RegionOps(ShmDirWork, Operation):
             backend_patterns=self.criteria.backend_patterns,
             clients_share_pid_namespace=self.snap.visibility.clients_share_pid_namespace,
         )
+
+    def _inventory(self, snap: Snapshot) -> dict:
+        """What triton_shm_info would return for snap, the server located as the read this run planned from found it."""
+        result = results.info_result(snap, classification.classify(snap, self.criteria))
+        result['server'].update(
+            located_by=self.snap.located_by, not_found_reason=self.snap.server_reason if self.snap.pid is None else None
+        )
+        return result
 
     def _measure_gpu(self) -> None:
         """For a kind whose regions are GPU memory: what came back, measured through NVML (the server's charge before,
@@ -630,373 +471,9 @@ class RegionOps(ShmDirWork, Operation):
                 'may hold them, or the memory belongs to a live process (docs/cuda.md, "memory does not come back")'
             )
 
-    def _measure_after(self) -> None:
-        if self.snap and self.snap.shm_dir and not self.check_mode:
-            try:
-                self.outcome.used_after = shm_fs.usage(self.shm)['used_bytes']
-            except OSError:
-                pass
-
-    # -- the result (formats what was recorded: no I/O) --------------------------------------------
-
     def result(self, outcome: Outcome | None = None, finished: bool = True, diff: bool | None = None) -> dict:
-        """The module's result from outcome (this run's by default): Outcome.result."""
+        """The module's result from outcome (this run's by default): Outcome.result, which formats it (no I/O)."""
         return (outcome or self.outcome or Outcome()).result(finished, self.diff if diff is None else diff)
-
-    # -- the I/O: unregister with the in-use retry ---------------------------------------------------
-
-    def _unregister(self, kind: str, name: str, refused: TritonError | None = None, once: bool = False) -> Unregister:
-        """Unregister one region; KEPT means it stays registered, with the reason recorded in skipped.
-
-        refused: the server's refusal of an unregister already sent (by a batch), handled as the first answer.
-        once: a wedged region (wedged.py) is tried once a run, its refusal not waited out.
-        """
-        backoff = Backoff(timeout=0 if once else self.in_use_timeout, sleep=self.sleep, clock=self.clock)
-        while True:
-            exc = refused
-            refused = None
-            if exc is None:
-                try:
-                    self.client.unregister(kind, name)
-                    return Unregister.UNREGISTERED
-                except TritonError as answer:
-                    exc = answer
-            if exc.unaddressable:
-                self.outcome.skipped.append({'name': name, 'reason': exc.msg})
-                return Unregister.KEPT
-            if exc.not_found:
-                return Unregister.GONE
-            if not exc.in_use:
-                raise exc
-            if not backoff.wait():
-                reason = (
-                    f'wedged: still refused as in use, tried once this run (a restart frees it): {exc.server_error}'
-                    if once
-                    else f'still in use after {self.in_use_timeout}s (requests in flight): {exc.server_error}'
-                )
-                self.outcome.skipped.append({'name': name, 'reason': reason})
-                return Unregister.KEPT
-
-    def _wait_gone(self, kind: str, specs: dict, once: bool = False) -> set:
-        """Poll the status until no region of specs {name: spec} is listed, within in_use_timeout; return those still listed.
-
-        Triton 24.12 and later accept an unregister while requests are in flight and keep the region
-        listed until they finish: its file must not be unlinked, nor the name registered again, before then.
-        A name listed with another spec is a new registration (a client registered the name again), not ours.
-        """
-        if not specs:
-            return set()
-        backoff = Backoff(timeout=0 if once else self.in_use_timeout, sleep=self.sleep, clock=self.clock)
-        while True:
-            listed = {
-                r.get('name')
-                for r in self.client.status(kind)
-                if r.get('name') in specs and same(r, specs[r.get('name')])
-            }
-            if not listed or not backoff.wait():
-                return listed
-
-    # -- register --------------------------------------------------------------------------------
-
-    def _mark(self, snap: Snapshot, key_name: str, region: str) -> None:
-        """Mark the backing file as this region's (reserved); a refusal is a warning, the region stays registered."""
-        path = os.path.join(snap.shm_dir, key_name)
-        try:
-            with shm_fs.ShmDir(self.shm) as d:
-                st = d.lstat(key_name)
-                if st is None:
-                    raise ShmFsError(f'{path} does not exist')
-                d.set_mark(key_name, region, st.st_dev, st.st_ino)
-        except ShmFsError as exc:
-            self.warn(
-                f"region '{region}' is registered, but its file could not be marked as the operator's: a later "
-                f'stale cleanup would take it once no client maps it ({exc})'
-            )
-            return
-        self.outcome.marked_files.append(path)
-
-    def _register_all(
-        self, kind: str, todo: list, register: Callable[[str], object], restore: Callable[[dict], object]
-    ) -> None:
-        """Register each (name, current) of todo; a different current spec is unregistered first.
-
-        When the server refuses the new spec after the old one was unregistered, the old spec is
-        registered again so that a refused change leaves the region as it was.
-        """
-        for name, cur in todo:
-            if cur is not None:
-                if self._unregister(kind, name) is Unregister.KEPT:
-                    raise TritonError(
-                        f"re-register {kind} region '{name}': it stays in use: Triton refused to unregister "
-                        f'its current registration for {self.in_use_timeout}s because requests are in '
-                        'flight through it, so nothing changed and it keeps its current spec; run again '
-                        'when its clients are idle, or give in_use_timeout more seconds'
-                    )
-                if self._wait_gone(kind, {name: cur}):
-                    self.outcome.pending.append(name)
-                    raise TritonError(
-                        f"re-register {kind} region '{name}': it was unregistered but is still listed after "
-                        f'{self.in_use_timeout}s (requests in flight: Triton 24.12 and later remove it when '
-                        'they finish); not registered again, run again later'
-                    )
-            try:
-                register(name)
-            except TritonError as exc:
-                if cur is None:
-                    raise
-                try:
-                    restore(cur)
-                except TritonError as again:
-                    self.outcome.unregistered.append(name)
-                    raise type(exc)(
-                        f'{exc.msg}; restoring the previous spec failed too, the region is now unregistered: '
-                        f'{again.msg}',
-                        url=exc.url,
-                        status=exc.status,
-                        server_error=exc.server_error,
-                        transport=exc.transport,
-                    ) from exc
-                raise type(exc)(
-                    f'{exc.msg}; the previous spec was registered again, the region is unchanged',
-                    url=exc.url,
-                    status=exc.status,
-                    server_error=exc.server_error,
-                    transport=exc.transport,
-                ) from exc
-            if cur is not None:
-                self.outcome.unregistered.append(name)
-            self.outcome.registered.append(name)
-
-    # -- unregister, then remove ----------------------------------------------------------------
-
-    def _unregister_then_remove(self, snap: Snapshot, selected: list, file_plan: list) -> None:
-        """Invariant 1: unregister first; a file is removed only once its region is gone from the status."""
-        still_registered = set()
-        kept = self._mark_files(snap, file_plan)
-        if kept:
-            selected = [rec for rec in selected if rec['name'] not in kept]
-            file_plan = [action for action in file_plan if action.region not in kept]
-        try:
-            try:
-                self._unregister_selected(self.kind.name, selected, still_registered)
-                self._deferred(selected, still_registered)
-            except TritonError:
-                self._salvage_files(snap, selected, file_plan, still_registered)
-                raise
-            self.snap_after = self._remove_files(snap, file_plan, still_registered)
-        finally:
-            self._update_record(snap, still_registered)
-            self._update_wedged(snap, selected, still_registered)
-
-    def _update_wedged(self, snap: Snapshot, selected: list, still_registered: set) -> None:
-        """Count, in the record beside the run lock (wedged.py), the stale regions this run tried and Triton kept
-        registered (refused as in use, or pending); forget those it let go. Under the lock only; a record that cannot be
-        written is warned about, and the regions are counted again from the start."""
-        if self.lock is None or snap.shm_dir is None or not snap.server_id or not self.kind.files:
-            return
-        tried = [r for r in selected if r.get('state') in (vocabulary.STALE, vocabulary.WEDGED)]
-        if not tried and not snap.wedged:
-            return
-        kept = set(still_registered) | set(self.outcome.pending)
-        gone = set(self.outcome.unregistered)
-        listed = [r for r in self.kind.regions(snap) if r.get('name') not in gone]
-        after = wedged.updated(snap.wedged, tried, kept, listed, time.time())
-        if after == snap.wedged:
-            return
-        try:
-            fd = os.open(self.lock.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                wedged.write(fd, self.shm.dev, self.shm.ino, snap.server_id, after)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            self.warn(f'cannot write the record of wedged regions in {self.lock.directory}: {exc.strerror or exc}')
-
-    def _mark_files(self, snap: Snapshot, file_plan: list) -> set:
-        """Invariant 8: record the planned backing files (facts.CLEANUP_XATTR) before their regions are unregistered.
-
-        One record on the shm directory (the files themselves, their ctimes included, are untouched). It keeps
-        what an earlier record still names (another server's, or a killed run's), and adds this run's files;
-        _update_record() takes out, at the end, what this run finished. A run killed in between leaves the
-        record, and the next stale cleanup of the same server process finishes the files it names.
-
-        Returns the regions that must stay registered: when the record cannot be written because the shm directory is
-        read-only, their files could not be removed either, and a region unregistered then would strand its file as
-        ``foreign`` for good; kept registered (skipped with the reason), a later run on a writable directory finishes
-        both. When the record is refused otherwise (no trusted.* attributes: a container without CAP_SYS_ADMIN), the
-        cleanup goes on with a warning: a run stopped after a quarantine rename leaves a file under the collection's
-        quarantine name, which the next stale cleanup recognises (facts.own_quarantine), and one stopped between an
-        unregister and its rename leaves the file to orphan patterns.
-        """
-        ours = {
-            e['inode']: facts.CleanupMark(region, e['name'], snap.server_id or '')
-            for e, region in file_plan
-            if region is not None
-        }
-        if not ours:
-            return set()
-        present = {e['inode'] for e in snap.entries}
-        record = {ino: m for ino, m in shm_fs.read_cleanup_record(self.shm.fd).items() if ino in present}
-        record.update(ours)
-        try:
-            with shm_fs.ShmDir(self.shm) as d:
-                d.write_cleanup_record(record)
-        except ShmFsError as exc:
-            if shm_fs.read_only(self.shm):
-                kept = {m.region for m in ours.values()}
-                reason = (
-                    f'the shm directory {snap.shm_dir} is read-only: its file could not be recorded nor removed, so '
-                    'the region stays registered (unregistered, its file would be left as foreign for good); a '
-                    'later run on a writable directory unregisters it and removes the file'
-                )
-                self.outcome.skipped.extend({'name': name, 'reason': reason} for name in sorted(kept))
-                self.warn(f'{len(kept)} stale region(s) kept registered: {reason}')
-                return kept
-            self.warn(
-                f'the files are not recorded before their regions are unregistered ({exc}): a run stopped between an '
-                'unregister and its quarantine rename leaves the file to orphan patterns'
-            )
-            return set()
-        self._record = record
-        self._ours = set(ours)
-        return set()
-
-    def _update_record(self, snap: Snapshot, still_registered: set) -> None:
-        """At the end of a run (also a failed one): take out of the record what this run finished or gave back.
-
-        Kept: the files of pending regions (a later stale cleanup removes them once the server drops the region)
-        and of regions whose unregister was not answered, files left under a quarantine name, and other entries.
-        """
-        done = set(self._finished)
-        done.update(
-            ino
-            for ino in self._ours
-            if self._record[ino].region in still_registered and self._record[ino].region not in self.outcome.pending
-        )
-        if not done or snap.shm_dir is None:
-            return
-        # read again, never this run's copy: a run that found the lock squatted by another user overlaps other root
-        # runs, and writing back its copy would erase what they recorded meanwhile (their files then lost to a kill)
-        current = shm_fs.read_cleanup_record(self.shm.fd)
-        if not done & set(current):
-            return
-        record = {ino: m for ino, m in current.items() if ino not in done}
-        try:
-            with shm_fs.ShmDir(self.shm) as d:
-                d.write_cleanup_record(record)
-        except ShmFsError as exc:
-            self.warn(str(exc))
-
-    def _unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
-        """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered.
-
-        The unregisters go out as one batch (the transport may send several at once: client.UnregisterBatch);
-        a region refused as in use is retried with backoff as its answer comes, while the batch goes on. On a
-        failure no further unregister is sent, the answers of those already sent are recorded, then it is raised.
-        """
-        batch = unregister_batch(self.client, kind, [rec['name'] for rec in selected])
-        tried_once = {rec['name'] for rec in selected if rec.get('state') == vocabulary.WEDGED}
-        first = len(self.outcome.unregistered)
-        failure = None
-        try:
-            for name, refused in batch:
-                if failure is not None:
-                    if refused is None:  # sent before the failure: done, and reported as done
-                        self.outcome.unregistered.append(name)
-                    continue
-                try:
-                    outcome = (
-                        self._unregister(kind, name, refused, once=name in tried_once)
-                        if refused is not None
-                        else Unregister.UNREGISTERED
-                    )
-                except TritonError as exc:
-                    failure = exc
-                    batch.stop()
-                    continue
-                if outcome is Unregister.UNREGISTERED:
-                    self.outcome.unregistered.append(name)
-                elif outcome is Unregister.KEPT:
-                    still_registered.add(name)
-        finally:
-            # in the order selected, whatever order the answers came in
-            order = {rec['name']: i for i, rec in enumerate(selected)}
-            self.outcome.unregistered[first:] = sorted(self.outcome.unregistered[first:], key=order.__getitem__)
-        if failure is not None:
-            raise failure
-
-    def _salvage_files(self, snap: Snapshot, selected: list, file_plan: list, still_registered: set) -> None:
-        """After a failure part-way: remove the files of the regions confirmed unregistered and gone from the status,
-        so that a rerun of the same task converges; every other file is kept."""
-        done = set(self.outcome.unregistered)
-        try:
-            self._deferred(selected, still_registered)
-        except TritonError as again:
-            # before 24.12 an unregister Triton answered is final; since, it may still be listed
-            if _may_defer(snap):
-                self.outcome.skipped.extend(
-                    {
-                        'path': e['path'],
-                        'reason': 'not removed: the status could not be read to confirm '
-                        f'that its region is gone: {again.msg}',
-                    }
-                    for e, n in file_plan
-                    if n in done
-                )
-                return
-        try:
-            self.snap_after = self._remove_files(snap, [(e, n) for e, n in file_plan if n in done], still_registered)
-        except ShmFsError as exc:
-            # e.g. the server died and its private /dev/shm went with it: the server's failure (the cause)
-            # is what is raised; the files that could not be removed are reported with this reason
-            removed = set(self.outcome.removed_files)
-            self.outcome.skipped.extend(
-                {'path': e['path'], 'reason': f'not removed: {exc}'}
-                for e, n in file_plan
-                if n in done and e['path'] not in removed
-            )
-
-    def _record_after(self) -> None:
-        """/dev/shm use and the server's regions after the change, as far as they can still be read."""
-        self._measure_after()
-        try:
-            self.outcome.regions_after = self.client.status(self.kind.name)
-            self.outcome.after['regions'] = [self.kind.spec(r) for r in self.outcome.regions_after]
-        except TritonError:
-            pass
-
-    def _deferred(self, selected: list, still_registered: set) -> None:
-        """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files.
-
-        Waits up to in_use_timeout for them to leave the status; those still listed then move from
-        unregistered to pending (the server accepted the unregister and drops the region when its
-        requests finish), with the reason in skipped and a warning.
-        """
-        done = set(
-            self.outcome.unregistered
-        )  # a set: one lookup per region, not a scan of the list (3,000 regions: ~1 s)
-        specs = {r['name']: r for r in selected if r['name'] in done and r['name'] not in still_registered}
-        # a wedged region's deferral is looked at once, never waited out (wedged.py)
-        once = all(r.get('state') == vocabulary.WEDGED for r in specs.values())
-        listed = self._wait_gone(self.kind.name, specs, once=once)
-        for name in sorted(listed):
-            still_registered.add(name)
-            self.outcome.pending.append(name)
-            self.outcome.skipped.append(
-                {
-                    'name': name,
-                    'reason': f'pending: unregistered, but still listed by the server after '
-                    f'{self.in_use_timeout}s (requests in flight: it goes when '
-                    'they finish); its file is kept',
-                }
-            )
-            self.warn(
-                f"region '{name}' is pending: still listed {self.in_use_timeout}s after its unregister (Triton "
-                '24.12 and later drop it when its requests in flight finish); its file is kept: a run while it is '
-                'still listed unregisters it again and removes the file once it is gone'
-            )
-        if listed:
-            self.outcome.unregistered[:] = [n for n in self.outcome.unregistered if n not in listed]
 
 
 def unlinked_freed(snap: Snapshot | None, gone: Iterable[str]) -> int:
@@ -1105,8 +582,3 @@ class EveryKind(Operation):
         out['kinds'] = parts
         out['changed'] = bool(out['changed'] or any(r.get('changed') for r in parts.values()))
         return out
-
-
-def _as_owner(q: shm_fs.Quarantined) -> contextlib.AbstractContextManager:
-    """The identity a quarantined file's unlink or restore runs as: the one its rename ran as."""
-    return shm_fs.acting_as(*q.owner) if q.owner is not None else contextlib.nullcontext()

@@ -92,6 +92,7 @@ class Plan:
     register: the names to register; create: the backing file name to create; marks: [(path, region)] of
     files of regions already registered as asked that lack the reserved mark; skipped: the reasons to keep;
     warnings: what the run warns about, in order; threshold: the gate of state=absent with kind=system.
+    inventory: with inventory=true, the read as triton_shm_info shows it (the result's ``before``).
     """
 
     kind: str
@@ -107,6 +108,7 @@ class Plan:
     skipped: list = dataclasses.field(default_factory=list)
     warnings: list = dataclasses.field(default_factory=list)
     threshold: Threshold | None = None
+    inventory: dict | None = None
 
     @property
     def changed(self) -> bool:

@@ -18,7 +18,7 @@ family cleanup without a server, and it takes every decision from the code paths
 - **one plan** (``plan_sweep``): classification.classify (a python backend pool nobody holds, older than min_age, with a
   complete scan, is ``leftover``) and region_plan.plan_files with backend_leftovers and the families asked for, as
   triton_shm_region plans them; where the module cannot see every process, it decides nothing;
-- **one removal** (region_ops.ShmDirWork): the run lock of the directory, then each file renamed to a quarantine name,
+- **one removal** (file_ops.ShmDirWork): the run lock of the directory, then each file renamed to a quarantine name,
   the holders scanned again, and unlinked by device and inode, or given back.
 """
 
@@ -42,9 +42,10 @@ from ansible_collections.tritonops.shm.plugins.module_utils import (
 )
 from ansible_collections.tritonops.shm.plugins.module_utils import holders as holders_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse, ShmFsError
+from ansible_collections.tritonops.shm.plugins.module_utils.file_ops import ShmDirWork
 from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation
 from ansible_collections.tritonops.shm.plugins.module_utils.procfs import list_pids, read_comm
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Outcome, ShmDirWork, criteria_of
+from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import Outcome, criteria_of
 
 SERVER_SHM = '/dev/shm'  # where a tritonserver's python backend (shm_open) puts its pools, inside its own root
 LOCATED_BY = 'shm_dir given: triton_shm_sweep, no server'
@@ -284,16 +285,7 @@ class Sweep(ShmDirWork, Operation):
             yield None
             return
         try:
-            self.snap = reading
-            for w in reading.warnings:
-                self.warn(w)
-            self.outcome.scan = {
-                'holders_complete': reading.holders_complete,
-                'holders_incomplete_reason': reading.holders_incomplete_reason,
-                'pid_namespace': reading.pid_namespace,
-            }
-            if reading.fs:
-                self.outcome.used_before = self.outcome.used_after = reading.fs['used_bytes']
+            self._held(reading)
             yield reading
         finally:
             self.release()

@@ -45,6 +45,8 @@ READERS = (
     'connection',
     'base',
     'region_ops',
+    'region_calls',
+    'file_ops',
     'sweep',
     'backend_pool',
     'metrics',

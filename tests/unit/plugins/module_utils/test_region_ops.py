@@ -8,6 +8,7 @@ HTTP API is a fake, for the error paths a real server cannot produce on demand
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import stat
@@ -263,6 +264,36 @@ def test_stale_regions_are_unregistered_first_then_their_files_removed(shm, serv
     assert res['regions'] == []
     rerun = run(fake, shm, server_proc.pid, stale=True)
     assert rerun['changed'] is False and rerun['unregistered'] == [] and rerun['removed_files'] == []
+
+
+def test_plan_is_pure(shm, server_proc):
+    """Issue 41, goal 5: plan() decides and records nothing; preview() and execute() build the outcome from the plan
+    (with inventory, the plan carries the read as triton_shm_info shows it: the result's before)."""
+    make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    ops = RegionOps(fake, params(shm, server_proc.pid, stale=True, inventory=True, orphan_patterns=['client_*']))
+    with ops.hold(ops.read()) as reading:
+        started = dataclasses.asdict(ops.outcome)
+        plan = ops.plan(reading)
+        assert dataclasses.asdict(ops.outcome) == started and ops.outcome.before_result is None
+        assert plan.selected_names == ['a'] and plan.inventory['system_regions'][0]['name'] == 'a'
+        assert ops.preview(plan).before_result is plan.inventory
+    assert fake.actions() == []
+
+
+@pytest.mark.parametrize('leak', ['with its file', 'dangling'])
+def test_a_cleanup_reads_the_server_once_after_acting(shm, server_proc, leak):
+    """Issue 41, goal 5: after the unregisters, one wait for them to leave the status, then one read of the server (with
+    inventory, the holder re-check before the unlinks when files are removed) from which the regions, the inventory
+    and the diff after all come; before, the status was read again beside it."""
+    if leak == 'with its file':
+        make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    res = run(fake, shm, server_proc.pid, stale=True, inventory=True, orphan_patterns=['client_*'])
+    assert res['unregistered'] == ['a'] and res['regions'] == [] and res['after']['system_regions'] == []
+    assert res['diff']['after']['regions'] == []
+    last = max(i for i, call in enumerate(fake.calls) if call[0] == 'unregister')
+    assert fake.calls[last + 1 :] == [('status', 'system'), ('metadata',), ('status', 'system')]
 
 
 @pytest.mark.parametrize('refusal', ['ENOSYS', 'EINVAL', 'EOVERFLOW'])
@@ -992,7 +1023,7 @@ def test_a_deferred_cuda_unregister_is_pending_like_a_system_one(shm, server_pro
 
 def test_region_ops_and_region_plan_have_no_branch_on_a_kind_name():
     root = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'module_utils')
-    for name in ('region_ops.py', 'region_plan.py'):
+    for name in ('region_ops.py', 'region_calls.py', 'file_ops.py', 'region_plan.py'):
         with open(os.path.join(root, name)) as f:
             code = f.read()
         assert "kind == 'cuda'" not in code and "kind'] == 'cuda'" not in code, name
