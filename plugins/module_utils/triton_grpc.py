@@ -84,6 +84,11 @@ def load_grpc() -> Library:
     return Library(GRPC_REQUIREMENT, _Lib.error, reason='for grpc:// and grpcs:// URLs')
 
 
+def loaded() -> type[_Lib]:
+    """grpcio (grpc), Triton's messages (pb) and services (pb_grpc) as load_grpc imported them (None before it did)."""
+    return _Lib
+
+
 def grpc_metadata(headers: dict | None) -> tuple[tuple[str, str], ...]:
     """The headers option as gRPC metadata (connection.grpc_metadata); TritonError naming the header, never its value."""
     try:

@@ -644,11 +644,9 @@ def test_grpc_urls_are_accepted_as_in_the_modules_and_their_options_checked(tmp_
         }
     )
     g1, g2, h1 = servers
-    assert g1['grpc']['target'] == '127.0.0.1:8001' and g1['grpc']['metadata'] == (
-        ('triton-grpc-protocol-shm-key', 'v'),
-    )
-    assert g1['grpc']['credentials'] is None and g2['grpc']['target'] == 'triton.example:8001'
-    assert g2['grpc']['credentials'] is not None and h1['grpc'] is None
+    assert g1['grpc'].target == '127.0.0.1:8001' and g1['grpc'].metadata == (('triton-grpc-protocol-shm-key', 'v'),)
+    assert g1['grpc'].credentials is None and g2['grpc'].target == 'triton.example:8001'
+    assert g2['grpc'].credentials is not None and h1['grpc'] is None
     for item, why in (
         ({'url': 'grpc://a:1/v2'}, 'a gRPC URL is grpc://HOST:PORT'),
         ({'url': 'grpcs://a:1', 'validate_certs': False}, 'validate_certs false is not possible'),
