@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from ansible_collections.tritonops.shm.plugins.module_utils import connection, records, tls, triton_grpc
 from ansible_collections.tritonops.shm.plugins.module_utils.client import GRPC, HTTP, error_from_answer
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import RESTRICTED_TEXT
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import RESTRICTED_TEXT, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import (
     MAX_HEAD_BYTES,
     HttpError,
@@ -287,7 +287,8 @@ class GrpcSettings(NamedTuple):
 
 
 def grpc_settings(wire: connection.WireConfig, max_message: int, what: str) -> GrpcSettings:
-    """The GrpcSettings of a wire; OptionError naming what when grpcio is missing or the options cannot be used."""
+    """The GrpcSettings of a wire (triton_grpc.channel_of, as the modules' client opens its channel); OptionError
+    naming what when grpcio is missing or the options cannot be used."""
     library = triton_grpc.load_grpc()
     cause = None if library.ok else library.error.strip().splitlines()[-1]
     if cause is None:
@@ -300,24 +301,12 @@ def grpc_settings(wire: connection.WireConfig, max_message: int, what: str) -> G
             f"{what}: a grpc:// URL needs tritonclient[grpc] (grpcio and Triton's messages) where "
             f"ansible-rulebook runs: pip install 'tritonclient[grpc]' ({cause})"
         )
+    target = connection.grpc_target(wire.url)
     try:
-        metadata = connection.grpc_metadata(wire.headers)
-    except connection.OptionError as exc:
+        channel = triton_grpc.channel_of(wire, f'{urlsplit(wire.url).scheme.lower()}://{target}', max_message)
+    except TritonError as exc:
         raise connection.OptionError(f'{what}: {exc}') from None
-    credentials = None
-    if urlsplit(wire.url).scheme.lower() == 'grpcs':
-        if not wire.tls.verify:
-            raise connection.OptionError(
-                f'{what}: validate_certs false is not possible with grpcs://: grpcio always verifies the '
-                'server certificate; set ca_path to the CA that issued it'
-            )
-        try:
-            pems = tls.grpc_pems(wire.tls.ca, wire.tls.cert, wire.tls.key)
-        except tls.TlsFileError as exc:
-            raise connection.OptionError(f'{what}: cannot load the TLS files: {exc}') from None
-        credentials = triton_grpc.loaded().grpc.ssl_channel_credentials(*pems)
-    options = connection.grpc_channel_options(wire, max_message)
-    return GrpcSettings(connection.grpc_target(wire.url), metadata, options, credentials)
+    return GrpcSettings(target, channel.metadata, channel.options, channel.credentials)
 
 
 class GrpcEndpoint:

@@ -233,6 +233,7 @@ PER_SERVER = tuple(n for n in connection.OPTIONS if n != 'url') + tuple(OWN)
 MAX_SPACING = 0.01  # seconds between two poll starts, at most (fewer servers than interval / 0.01)
 BATCH = 0.1  # polls due within this many seconds (at most interval / 20) start together: fewer wake-ups
 FD_RESERVE = 256  # open files left for everything else in the process
+STATUS_LOG = {'down': '%s: Triton is down: %s', 'implausible': "%s: Triton's answer cannot be true, no cleanup: %s"}
 
 
 def parse_args(args: dict) -> tuple[list[dict], float]:
@@ -312,29 +313,29 @@ def _shown_error(server: dict, text: str) -> str:
 
 
 class _Target:
-    """One server as the poller keeps it: its options, its status endpoint (triton_aio), its poll in flight."""
+    """One server as the poller keeps it: its options, its endpoints (triton_aio), its poll in flight."""
 
-    __slots__ = ('server', 'status', 'busy', 'again', 'metrics')
+    __slots__ = ('server', 'status', 'metrics', 'busy', 'again')
 
     def __init__(self, server: dict, keep_alive: bool) -> None:
-        self.server = server
-        wire = server['wire']
+        self.server, self.busy, self.again = server, False, False  # again: its next poll came due while it ran
         if server['grpc'] is not None:
-            self.status: Any = triton_aio.GrpcEndpoint(wire, server['grpc'], keep_alive)
+            self.status: Any = triton_aio.GrpcEndpoint(server['wire'], server['grpc'], keep_alive)
         else:
+            accept, ssl_context = 'application/json', server['ssl']
             self.status = triton_aio.HttpEndpoint(
-                wire, triton_aio.STATUS_PATH, 'application/json', keep_alive, MAX_ANSWER_BYTES, server['ssl']
+                server['wire'], triton_aio.STATUS_PATH, accept, keep_alive, MAX_ANSWER_BYTES, ssl_context
             )
-        self.busy = False  # a poll of this server is running
-        self.again = False  # its next poll was due while it ran: start it as soon as it ends
-        # the server's metrics endpoint, polled with it: a new connection each time (no open file kept for it)
-        metrics = server.get('metrics')
-        self.metrics = None
-        if metrics is not None:
-            accept = 'text/plain;version=0.0.4'
-            self.metrics = triton_aio.HttpEndpoint(
-                metrics['wire'], '', accept, False, MAX_ANSWER_BYTES, metrics['ssl'], 'the metrics endpoint'
-            )
+        metrics = server['metrics']  # polled beside the status, on a new connection each time (no open file kept)
+        self.metrics = metrics and triton_aio.HttpEndpoint(
+            metrics['wire'],
+            '',
+            'text/plain;version=0.0.4',
+            False,
+            MAX_ANSWER_BYTES,
+            metrics['ssl'],
+            'the metrics endpoint',
+        )
 
     async def poll(self, loop: asyncio.AbstractEventLoop) -> dict:
         """One event for this server: its registered system shared memory, why it is down, or why its answer cannot be true.
@@ -344,43 +345,45 @@ class _Target:
         """
         server = self.server
         data = {'host': server['host'], 'url': server['shown_url']}
-        holders = loop.create_task(self._holders(loop)) if self.metrics is not None else None
+        holders = loop.create_task(self._holders(loop)) if self.metrics else None
         try:
-            return await self._poll(loop, data, holders)
+            data.update(await self._status(loop), holders_complete=None)
+            if holders is not None:
+                seen = await holders
+                data['holders_complete'] = seen.complete
+                if seen.reason is not None:
+                    data['holders_incomplete_reason'] = seen.reason
+                if seen.error is not None:
+                    data['metrics_error'] = seen.error
         finally:
             if holders is not None and not holders.done():
                 holders.cancel()  # a cancelled poll leaves no metrics request behind
+        return {'triton_shm': data, 'meta': {'hosts': server['host']}}
 
-    async def _poll(self, loop: asyncio.AbstractEventLoop, data: dict, holders: asyncio.Task | None) -> dict:
+    async def _status(self, loop: asyncio.AbstractEventLoop) -> dict:
+        """The status fields of the event: up with the figures, down or implausible with the error."""
         server, where = self.server, self.status.where()
         try:
             count, registered = summarize(await self.status.status(loop), server['shm_bytes'])
         except Implausible as exc:
-            data.update(status='implausible', error=_shown_error(server, f'{where}: the answer cannot be true: {exc}'))
-        except PollError as exc:
-            data.update(status='down', error=_shown_error(server, str(exc)))
-        except ValueError as exc:
-            data.update(status='down', error=_shown_error(server, f'{where}: {exc}'))
+            return {
+                'status': 'implausible',
+                'error': _shown_error(server, f'{where}: the answer cannot be true: {exc}'),
+            }
         except Exception as exc:  # pylint: disable=broad-except  # every answer yields an event
-            text = f'{where}: the answer could not be read: {type(exc).__name__}: {exc}'
-            data.update(status='down', error=_shown_error(server, text))
-        else:
-            data.update(status='up', regions=count, registered_bytes=registered)
-            if server['shm_bytes']:
-                data.update(
-                    shm_bytes=server['shm_bytes'], registered_percent=round(100.0 * registered / server['shm_bytes'], 2)
-                )
-                if server['threshold_percent'] is not None:
-                    data['threshold_percent'] = server['threshold_percent']
-        data['holders_complete'] = None
-        if holders is not None:
-            seen = await holders
-            data['holders_complete'] = seen.complete
-            if seen.reason is not None:
-                data['holders_incomplete_reason'] = seen.reason
-            if seen.error is not None:
-                data['metrics_error'] = seen.error
-        return {'triton_shm': data, 'meta': {'hosts': server['host']}}
+            if isinstance(exc, PollError):
+                text = str(exc)
+            elif isinstance(exc, ValueError):
+                text = f'{where}: {exc}'
+            else:
+                text = f'{where}: the answer could not be read: {type(exc).__name__}: {exc}'
+            return {'status': 'down', 'error': _shown_error(server, text)}
+        shm_bytes, data = server['shm_bytes'], {'status': 'up', 'regions': count, 'registered_bytes': registered}
+        if shm_bytes:
+            data.update(shm_bytes=shm_bytes, registered_percent=round(100.0 * registered / shm_bytes, 2))
+            if server['threshold_percent'] is not None:
+                data['threshold_percent'] = server['threshold_percent']
+        return data
 
     async def _holders(self, loop: asyncio.AbstractEventLoop) -> Holders:
         """Whether the cleanup on the server's host can see every holder, from its metrics endpoint; never raises."""
@@ -389,15 +392,14 @@ class _Target:
             text = (await self.metrics.page(loop)).decode('utf-8', 'replace')
             seen = holders_from_metrics(text, self.server['host'], self.server['url'])
         except Exception as exc:  # pylint: disable=broad-except  # unknown, as without metrics_url: never the source
-            detail = str(exc) if isinstance(exc, PollError) else f'{type(exc).__name__}: {exc}'
-            seen = Holders(None, error=detail)
+            seen = Holders(None, error=str(exc) if isinstance(exc, PollError) else f'{type(exc).__name__}: {exc}')
         if seen.error is not None:
             seen = seen._replace(error=_shown_error(metrics, f'{metrics["url"]}: {seen.error}'))
         return seen
 
     def close(self) -> Any:
         """Close the connections; an awaitable when closing takes one (a gRPC channel), else None."""
-        if self.metrics is not None:
+        if self.metrics:
             self.metrics.close()
         return self.status.close()
 
@@ -467,27 +469,20 @@ class _Poller:
         finally:
             target.busy = False
         data = event['triton_shm']
-        if self.last_status.get(data['host']) != data['status']:
-            if data['status'] == 'down':
-                LOGGER.warning('%s: Triton is down: %s', data['host'], data['error'])
-            elif data['status'] == 'implausible':
-                LOGGER.warning("%s: Triton's answer cannot be true, no cleanup: %s", data['host'], data['error'])
+        host, status = data['host'], data['status']
+        if self.last_status.get(host) != status:
+            if status == 'up':
+                LOGGER.info('%s: Triton at %s is up', host, data['url'])
             else:
-                LOGGER.info('%s: Triton at %s is up', data['host'], data['url'])
-            self.last_status[data['host']] = data['status']
+                LOGGER.warning(STATUS_LOG[status], host, data['error'])
+            self.last_status[host] = status
         holders = (data['holders_complete'], data.get('holders_incomplete_reason'))
-        if (
-            data['status'] == 'up'
-            and data['host'] in self.with_metrics
-            and self.last_holders.get(data['host']) != holders
-        ):
+        if status == 'up' and host in self.with_metrics and self.last_holders.get(host) != holders:
             if holders[0] is False:
-                LOGGER.warning(
-                    '%s: the cleanup there cannot see every holder (%s), no self-heal', data['host'], holders[1]
-                )
+                LOGGER.warning('%s: the cleanup there cannot see every holder (%s), no self-heal', host, holders[1])
             elif holders[0] is None:
-                LOGGER.warning('%s: holder completeness unknown: %s', data['host'], data.get('metrics_error'))
-            self.last_holders[data['host']] = holders
+                LOGGER.warning('%s: holder completeness unknown: %s', host, data.get('metrics_error'))
+            self.last_holders[host] = holders
         self.pending[data['host']] = event
         if self.wake is not None and not self.wake.done():
             self.wake.set_result(None)
