@@ -259,7 +259,7 @@ class HttpEndpoint:
             text = detail or snippet(answer.body) or escape(answer.reason, 120)
             code = f'HTTP {answer.status}'
             raise StatusError(
-                str(error_from_answer(self.where(), code, text, detail, url=None, status=0, transport=HTTP))
+                str(error_from_answer(self.where(), code, text, detail, url=None, status=answer.status, transport=HTTP))
             )
         try:
             return json.loads(answer.body)

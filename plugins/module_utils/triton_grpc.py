@@ -156,7 +156,8 @@ class TritonGrpcClient(Client):
         self.target = host_port(self.host, self.port)
         self.base = f'{self.scheme}://{self.target}'
         self.timeout = wire.timeout
-        self.metadata, self.options, self.credentials = channel_of(wire, self.base, _MAX_MESSAGE)
+        channel = channel_of(wire, self.base, _MAX_MESSAGE)
+        self.metadata, self.options, self.credentials = channel.metadata, channel.options, channel.credentials
         self.requests_made = 0
         self._channel = None
         self._stub = None

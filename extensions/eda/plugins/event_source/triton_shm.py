@@ -179,32 +179,29 @@ def collection_package() -> str:
     """The import name of the collection's module_utils, importable even when the collection is not on sys.path.
 
     ansible-rulebook runs an event source with runpy.run_path, by its path: the collection is not importable as a
-    package there. When it is not, this binds ansible_collections.tritonops.shm to the collection this file is in
-    (extensions/eda/plugins/event_source/ -> the collection root), so the module_utils import each other as they do
-    in the modules.
+    package there. Then this binds ansible_collections.tritonops.shm to the collection this file is in
+    (extensions/eda/plugins/event_source/ -> the collection root), and the module_utils import each other as in the
+    modules.
     """
     try:
-        importlib.import_module(f'{PACKAGE}.plugins.module_utils')
-        return f'{PACKAGE}.plugins.module_utils'
+        return importlib.import_module(f'{PACKAGE}.plugins.module_utils').__name__
     except ImportError:
         pass
-    root = os.path.abspath(__file__)
-    for _up in range(5):
-        root = os.path.dirname(root)
-    if not os.path.isfile(os.path.join(root, 'plugins', 'module_utils', 'client.py')):
-        raise ImportError(f'tritonops.shm.triton_shm needs {root}/plugins/module_utils: install the whole collection')
+    root = os.path.abspath(os.path.join(__file__, *['..'] * 5))
+    where = os.path.join(root, 'plugins', 'module_utils')
+    if not os.path.isfile(os.path.join(where, 'triton_aio.py')):
+        raise ImportError(f'tritonops.shm.triton_shm needs {where}: install the whole tritonops.shm collection')
     parent = None
-    for depth, part in enumerate(PACKAGE.split('.')):
-        name = '.'.join(PACKAGE.split('.')[: depth + 1])
+    for name in ('ansible_collections', 'ansible_collections.tritonops', PACKAGE):
         try:
-            module = importlib.import_module(name) if name != PACKAGE else None
+            module = None if name == PACKAGE else importlib.import_module(name)
         except ImportError:
             module = None
         if module is None:
             module = sys.modules[name] = types.ModuleType(name)
             module.__path__ = [root] if name == PACKAGE else []  # type: ignore[attr-defined]
             if parent is not None:
-                setattr(parent, part, module)
+                setattr(parent, name.rsplit('.', 1)[1], module)
         parent = module
     return f'{PACKAGE}.plugins.module_utils'
 

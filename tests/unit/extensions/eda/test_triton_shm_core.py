@@ -39,6 +39,17 @@ def test_the_event_source_runs_by_its_path_on_the_standard_library_and_the_colle
     assert not outside, outside
 
 
+def test_the_event_source_alone_without_its_collection_says_what_it_needs(tmp_path):
+    alone = tmp_path / 'extensions' / 'eda' / 'plugins' / 'event_source'
+    alone.mkdir(parents=True)
+    with open(SOURCE, encoding='utf-8') as f:
+        (alone / 'triton_shm.py').write_text(f.read(), encoding='utf-8')
+    done = subprocess.run(
+        [sys.executable, '-I', '-c', PROBE, str(alone / 'triton_shm.py')], capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0 and 'install the whole tritonops.shm collection' in done.stderr, done.stderr
+
+
 @pytest.fixture(scope='module')
 def source():
     from ansible_collections.tritonops.shm.extensions.eda.plugins.event_source import triton_shm
