@@ -4,7 +4,7 @@
 """The connection options as data (what each is, its default, how a value is checked) and URLs as text, once.
 
 Private to the tritonops.shm collection: no stability promise to other code. Standard library only and no import of
-the collection: the event source (extensions/eda) loads it by its path. What reads it:
+the collection (filters import it; so does the event source, extensions/eda). What reads it:
 
 - base.connection_argument_spec(): the modules' argument spec is ``argument_spec()`` (and an environment fallback
   where ``Option.env`` names one);

@@ -29,8 +29,8 @@ matching subclass; nothing later reads message text::
         ├── Restricted          the API is behind a header the request lacked (--http-restricted-api, --grpc-restricted-protocol)
         └── MalformedAnswer     an answer that is not what Triton sends (a region without a string name, …)
 
-Standard library only and nothing of the collection: the EDA poller loads this file by its path
-(as it loads http_reader.py) to read Triton's refusals the way the modules do.
+Standard library only and nothing of the collection, so that filters may import it; the EDA poller reads Triton's
+refusals through it (client.error_from_answer) the way the modules do.
 """
 
 from __future__ import annotations

@@ -5,11 +5,9 @@
 
 Private to the tritonops.shm collection: no stability promise to other code.
 
-The modules' one HTTP path (triton_http) and the EDA poller
-(extensions/eda/plugins/event_source/triton_shm.py) read every answer with ResponseReader.
-ansible-rulebook runs an event source with ``runpy.run_path``, so the poller cannot import the
-collection's module_utils as a package: it loads this file by its path in the collection
-(load_by_path there). So this file imports the standard library only, nothing of the collection.
+The modules' one HTTP path (triton_http) and the EDA poller's (triton_aio, for
+extensions/eda/plugins/event_source/triton_shm.py) read every answer with ResponseReader.
+This file imports the standard library only, nothing of the collection (filters may import it).
 
 What it accepts, and nothing else (a server that is not Triton, or a hostile one, gets an
 HttpError whose text escapes what the server sent):

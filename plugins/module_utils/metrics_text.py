@@ -4,7 +4,7 @@
 """The text of the collection's metrics files, both ways: how a sample is written and how one is read back.
 
 Private to the tritonops.shm collection: no stability promise to other code. Standard library only and no import of
-the collection: the event source (extensions/eda) loads it by its path to read what metrics.py wrote.
+the collection: the event source (extensions/eda) reads what metrics.py wrote with it.
 
 - ``label_value()``, ``number()``, ``sample()``: a sample line of the Prometheus text format (metrics.py writes every
   line of its textfiles through them);

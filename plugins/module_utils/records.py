@@ -174,7 +174,7 @@ def totals() -> tuple:
     return tuple((kind, f) for kind in KINDS.values() for f in kind.fields if f.total)
 
 
-# -- what reads a status answer: the modules' client (client.check_regions) and the event source, loaded by its path --
+# -- what reads a status answer: the modules' client (client.check_regions) and the event source --
 
 
 class BadRegion(ValueError):

@@ -5,8 +5,7 @@
 
 Private to the tritonops.shm collection: no stability promise to other code.
 
-Standard library only, nothing of the collection: the poller (extensions/eda/plugins/event_source/triton_shm.py)
-loads this file by its path, as it loads http_reader.py.
+Standard library only, nothing of the collection: the modules' transports and the poller's (triton_aio) use it.
 """
 
 from __future__ import annotations

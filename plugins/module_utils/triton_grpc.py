@@ -22,7 +22,7 @@ import collections
 import json
 import traceback
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils import connection, records, time_limit
 from ansible_collections.tritonops.shm.plugins.module_utils.client import (
@@ -42,6 +42,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     record_kind,
     short,
     split_url,
+    url_scheme,
     wire_of,
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
@@ -84,12 +85,48 @@ def load_grpc() -> Library:
     return Library(GRPC_REQUIREMENT, _Lib.error, reason='for grpc:// and grpcs:// URLs')
 
 
+def loaded() -> type[_Lib]:
+    """grpcio (grpc), Triton's messages (pb) and services (pb_grpc) as load_grpc imported them (None before it did)."""
+    return _Lib
+
+
 def grpc_metadata(headers: dict | None) -> tuple[tuple[str, str], ...]:
     """The headers option as gRPC metadata (connection.grpc_metadata); TritonError naming the header, never its value."""
     try:
         return connection.grpc_metadata(headers)
     except connection.OptionError as exc:
         raise TritonError(str(exc)) from None
+
+
+class Channel(NamedTuple):
+    """What a channel to a grpc(s):// server is opened with: metadata (the headers), options, credentials (grpcs)."""
+
+    metadata: tuple[tuple[str, str], ...]
+    options: list[tuple[str, Any]]
+    credentials: Any  # None for grpc://
+
+
+def channel_of(wire: connection.WireConfig, base: str, max_message: int) -> Channel:
+    """The Channel of wire, for the modules' client and the event source's (triton_aio); load_grpc() first.
+
+    TritonError naming base for what grpcio cannot use: a header, the TLS files, validate_certs false over grpcs.
+    """
+    metadata = grpc_metadata(wire.headers)
+    options = connection.grpc_channel_options(wire, max_message)
+    if url_scheme(wire.url) != 'grpcs':
+        return Channel(metadata, options, None)
+    if not wire.tls.verify:
+        raise TritonError(
+            f'validate_certs=false is not possible with {base}: grpcio always verifies the server '
+            'certificate. Set ca_path to the CA that issued it (or to the certificate itself when it is '
+            'self-signed)',
+            url=base,
+        )
+    try:
+        pems = grpc_pems(wire.tls.ca, wire.tls.cert, wire.tls.key)
+    except TlsFileError as exc:
+        raise TritonError(str(exc), url=None) from exc
+    return Channel(metadata, options, _Lib.grpc.ssl_channel_credentials(*pems))
 
 
 class TritonGrpcClient(Client):
@@ -119,22 +156,8 @@ class TritonGrpcClient(Client):
         self.target = host_port(self.host, self.port)
         self.base = f'{self.scheme}://{self.target}'
         self.timeout = wire.timeout
-        self.metadata = grpc_metadata(wire.headers)
-        self.options = connection.grpc_channel_options(wire, _MAX_MESSAGE)
-        self.credentials = None
-        if self.scheme == 'grpcs':
-            if not wire.tls.verify:
-                raise TritonError(
-                    f'validate_certs=false is not possible with {self.base}: grpcio always verifies the server '
-                    'certificate. Set ca_path to the CA that issued it (or to the certificate itself when it is '
-                    'self-signed)',
-                    url=self.base,
-                )
-            try:
-                pems = grpc_pems(wire.tls.ca, wire.tls.cert, wire.tls.key)
-            except TlsFileError as exc:
-                raise TritonError(str(exc), url=None) from exc
-            self.credentials = _Lib.grpc.ssl_channel_credentials(*pems)
+        channel = channel_of(wire, self.base, _MAX_MESSAGE)
+        self.metadata, self.options, self.credentials = channel.metadata, channel.options, channel.credentials
         self.requests_made = 0
         self._channel = None
         self._stub = None

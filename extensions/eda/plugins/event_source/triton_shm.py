@@ -1,7 +1,15 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""ansible-rulebook event source: Triton shared-memory registrations, polled."""
+"""ansible-rulebook event source: Triton shared-memory registrations, polled.
+
+This file parses the arguments, schedules the polls and shapes the events; the wire is the collection's (issue 41):
+plugins/module_utils/triton_aio.py, the asyncio twin of the modules' blocking transports (10,000 servers on
+keep-alive connections cannot be a blocking client each), with their request (connection.http_request), strict reader
+(http_reader), TLS (tls), error classification (client.error_from_answer), grpcio loading (triton_grpc.load_grpc)
+and region check (records). ansible-rulebook runs this file by its path: collection_package() imports the collection
+it is in.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ description:
     registered_percent, shm_bytes, threshold_percent, error}, meta: {hosts: host}}).
     C(status) is C(up) when the server answered with its region list, C(down) otherwise
     (refused, timed out, an HTTP error, or an answer that is not Triton's: the modules' own check of a
-    status, plugins/module_utils/records.py, loaded by its path, so that an answer the modules refuse is never
+    status, plugins/module_utils/records.py, imported from the collection, so that an answer the modules refuse is never
     C(up) here), and
     C(implausible) when the list's figures cannot be true (a region or the total larger
     than C(shm_bytes), or than 2**63 bytes); a C(down) or C(implausible) event carries
@@ -42,7 +50,7 @@ description:
     O(headers) (over gRPC the key is C(triton-grpc-protocol-KEY)). Without it the event is C(down) and its
     C(error) names O(headers) and the key Triton expects."
   - "Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
-    loaded by its path): lines end in CRLF; the status line and headers (and a chunked body's
+    through plugins/module_utils/triton_aio.py): lines end in CRLF; the status line and headers (and a chunked body's
     trailers) are at most 64 KiB, a chunk-size line 1 KiB, the body 32 MiB, chunked or not.
     Each poll ends within O(timeout); every answer gives an event."
   - "Every event carries C(holders_complete): whether the cleanup on the server's host can see every process
@@ -147,14 +155,14 @@ EXAMPLES = r"""
 """
 
 import asyncio
-import importlib.util
+import importlib
 import itertools
-import json
 import logging
 import math
 import os
 import re
-import ssl
+import sys
+import types
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -164,44 +172,56 @@ except ImportError:  # not a Unix system: the open-file limit is left as it is
     resource = None
 
 LOGGER = logging.getLogger(__name__)
+PACKAGE = 'ansible_collections.tritonops.shm'
 
 
-def load_by_path(name: str) -> Any:
-    """The collection's module_utils/NAME.py, loaded by its path (standard library only).
+def collection_package() -> str:
+    """The import name of the collection's module_utils, importable even when the collection is not on sys.path.
 
-    ansible-rulebook runs an event source with runpy.run_path: the collection is not importable as a
-    package there, so the source finds its collection from its own path
-    (extensions/eda/plugins/event_source/ -> plugins/module_utils/).
+    ansible-rulebook runs an event source with runpy.run_path, by its path: the collection is not importable as a
+    package there. Then this binds ansible_collections.tritonops.shm to the collection this file is in
+    (extensions/eda/plugins/event_source/ -> the collection root), and the module_utils import each other as in the
+    modules.
     """
-    root = os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    )
-    path = os.path.join(root, 'plugins', 'module_utils', name + '.py')
-    spec = importlib.util.spec_from_file_location('_tritonops_shm_' + name, path)
-    if spec is None or not os.path.isfile(path):
-        raise ImportError(f'tritonops.shm.triton_shm needs {path}: install the whole tritonops.shm collection')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    try:
+        return importlib.import_module(f'{PACKAGE}.plugins.module_utils').__name__
+    except ImportError:
+        pass
+    root = os.path.abspath(os.path.join(__file__, *['..'] * 5))
+    where = os.path.join(root, 'plugins', 'module_utils')
+    if not os.path.isfile(os.path.join(where, 'triton_aio.py')):
+        raise ImportError(f'tritonops.shm.triton_shm needs {where}: install the whole tritonops.shm collection')
+    parent = None
+    for name in ('ansible_collections', 'ansible_collections.tritonops', PACKAGE):
+        try:
+            module = None if name == PACKAGE else importlib.import_module(name)
+        except ImportError:
+            module = None
+        if module is None:
+            module = sys.modules[name] = types.ModuleType(name)
+            module.__path__ = [root] if name == PACKAGE else []  # type: ignore[attr-defined]
+            if parent is not None:
+                setattr(parent, name.rsplit('.', 1)[1], module)
+        parent = module
+    return f'{PACKAGE}.plugins.module_utils'
 
 
 # the core this source shares with the modules: the connection options and URLs (connection), the check of a status
-# (records), the metrics text metrics.py writes (metrics_text), the answer reader, the TLS settings, the error texts
-connection = load_by_path('connection')
-records = load_by_path('records')
-metrics_text = load_by_path('metrics_text')
-http_reader = load_by_path('http_reader')
-tls = load_by_path('tls')
-errors = load_by_path('errors')
+# (records), the metrics text metrics.py writes (metrics_text), the escaping of server text (http_reader), and the
+# asyncio transport (triton_aio: the modules' request, reader, TLS and error_from_answer, without blocking)
+MODULE_UTILS = collection_package()
+connection = importlib.import_module(f'{MODULE_UTILS}.connection')
+records = importlib.import_module(f'{MODULE_UTILS}.records')
+metrics_text = importlib.import_module(f'{MODULE_UTILS}.metrics_text')
+http_reader = importlib.import_module(f'{MODULE_UTILS}.http_reader')
+triton_aio = importlib.import_module(f'{MODULE_UTILS}.triton_aio')
 redact_url = connection.redact_url
 ConfigError = connection.OptionError  # the source's arguments are not usable; raised before anything is polled
+PollError = triton_aio.StatusError  # this poll of this server has no region list; the message says why
 Holders = metrics_text.Holders
 Implausible = records.Implausible
 
-STATUS_PATH = '/v2/systemsharedmemory/status'
-GRPC_METHOD = 'SystemSharedMemoryStatus'  # what a grpc:// server is asked (Triton's GRPCInferenceService)
 MAX_ANSWER_BYTES = 32 << 20  # body: a status list of 100,000 regions is about 15 MiB; chunked or not
-MAX_HEAD_BYTES = 64 << 10  # status line and headers (and the trailers of a chunked body)
 MAX_ERROR_CHARS = 1000  # an event's error, escaped
 HOST_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.\-]*$')
 # per server, or as every server's default: the connection options but url (connection.OPTIONS), and these
@@ -210,14 +230,7 @@ PER_SERVER = tuple(n for n in connection.OPTIONS if n != 'url') + tuple(OWN)
 MAX_SPACING = 0.01  # seconds between two poll starts, at most (fewer servers than interval / 0.01)
 BATCH = 0.1  # polls due within this many seconds (at most interval / 20) start together: fewer wake-ups
 FD_RESERVE = 256  # open files left for everything else in the process
-
-
-class PollError(Exception):
-    """This poll of this server has no region list; the message says why."""
-
-
-class _Reconnect(PollError):
-    """A kept-alive connection was closed by the server before it answered: send again on a new one."""
+STATUS_LOG = {'down': '%s: Triton is down: %s', 'implausible': "%s: Triton's answer cannot be true, no cleanup: %s"}
 
 
 def parse_args(args: dict) -> tuple[list[dict], float]:
@@ -255,74 +268,13 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
             server['threshold_percent'] = connection.number(
                 server['threshold_percent'], f'{what}: threshold_percent', positive=False
             )
-        server['wire'] = connection.wire_config(server)  # what goes on the wire, from the options alone
-        server['grpc'] = _grpc_settings(server, what) if connection.is_grpc(url) else None
-        _http(server, what, STATUS_PATH, 'application/json')
+        wire = server['wire'] = connection.wire_config(server)  # what goes on the wire, from the options alone
+        server['secrets'] = connection.secrets(wire)
+        server['grpc'] = triton_aio.grpc_settings(wire, MAX_ANSWER_BYTES, what) if connection.is_grpc(url) else None
+        server['ssl'] = None if server['grpc'] else triton_aio.tls_context(wire, what)  # read once, before any poll
         server['metrics'] = _metrics_server(server, what)
         out.append(server)
     return out, interval
-
-
-def _http(server: dict, what: str, path: str, accept: str) -> dict:
-    """server with what reaching it over HTTP takes (from its wire): its TLS context, its request, the secrets its
-    errors never show."""
-    wire = server['wire']
-    server['ssl'] = None
-    if server['grpc'] is None and urlsplit(wire.url).scheme == 'https':
-        try:
-            server['ssl'] = tls.tls_context(*wire.tls)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f'{what}: cannot load the TLS files: {exc}') from None
-    server['request'] = connection.http_request(wire, path, accept)
-    server['secrets'] = connection.secrets(wire)
-    return server
-
-
-class _Grpc:
-    """grpcio and Triton's messages (tritonclient[grpc]), imported at the first grpc:// server only."""
-
-    grpc: Any = None
-    pb: Any = None
-    pb_grpc: Any = None
-
-
-def _grpc_settings(server: dict, what: str) -> dict:
-    """How a grpc(s):// server is reached (from its wire): its target, metadata (the headers, keys in lower case),
-    channel options, credentials."""
-    if _Grpc.grpc is None:
-        try:
-            import grpc  # pylint: disable=import-outside-toplevel
-            import grpc.aio  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-            from tritonclient.grpc import service_pb2, service_pb2_grpc  # pylint: disable=import-outside-toplevel
-        except ImportError as exc:
-            raise ConfigError(
-                f"{what}: a grpc:// URL needs tritonclient[grpc] (grpcio and Triton's messages) where "
-                f"ansible-rulebook runs: pip install 'tritonclient[grpc]' ({exc})"
-            ) from None
-        _Grpc.grpc, _Grpc.pb, _Grpc.pb_grpc = grpc, service_pb2, service_pb2_grpc
-    wire = server['wire']
-    try:
-        metadata = connection.grpc_metadata(wire.headers)
-    except ConfigError as exc:
-        raise ConfigError(f'{what}: {exc}') from None
-    settings = {
-        'target': connection.grpc_target(wire.url),
-        'metadata': metadata,
-        'options': connection.grpc_channel_options(wire, MAX_ANSWER_BYTES),
-        'credentials': None,
-    }
-    if urlsplit(wire.url).scheme.lower() == 'grpcs':
-        if not wire.tls.verify:
-            raise ConfigError(
-                f'{what}: validate_certs false is not possible with grpcs://: grpcio always verifies the '
-                'server certificate; set ca_path to the CA that issued it'
-            )
-        try:
-            pems = tls.grpc_pems(wire.tls.ca, wire.tls.cert, wire.tls.key)
-        except tls.TlsFileError as exc:
-            raise ConfigError(f'{what}: cannot load the TLS files: {exc}') from None
-        settings['credentials'] = _Grpc.grpc.ssl_channel_credentials(*pems)
-    return settings
 
 
 def _metrics_server(server: dict, what: str) -> dict | None:
@@ -336,8 +288,8 @@ def _metrics_server(server: dict, what: str) -> dict | None:
     url += '' if urlsplit(url).path else '/metrics'
     # the server's headers (a Bearer token for Triton) and client certificate are never sent to another endpoint
     wire = server['wire']._replace(url=url, headers={}, tls=server['wire'].tls._replace(cert=None, key=None))
-    metrics = {'url': url, 'shown_url': redact_url(url), 'timeout': server['timeout'], 'grpc': None, 'wire': wire}
-    return _http(metrics, f'{what}: metrics_url', '', 'text/plain;version=0.0.4')
+    shown, ssl_context = redact_url(url), triton_aio.tls_context(wire, f'{what}: metrics_url')
+    return {'url': url, 'shown_url': shown, 'wire': wire, 'secrets': connection.secrets(wire), 'ssl': ssl_context}
 
 
 def holders_from_metrics(text: str, host: str, url: str) -> Holders:
@@ -351,187 +303,36 @@ def summarize(regions: Any, shm_bytes: int | None = None) -> tuple[int, int]:
     return records.registered(records.SYSTEM, regions, shm_bytes, http_reader.escape)
 
 
-def _refusal(text: str, grpc: bool) -> str:
-    """The server's error text, with the way out when it is a restricted API's refusal (module_utils/errors.py)."""
-    header = errors.restricted_header(text)
-    return text if header is None else f'{text}; {errors.restricted_hint(header, grpc)}'
-
-
-def _snippet(raw: bytes, limit: int = 120) -> str:
-    """The start of what a server sent, on one line, every control character escaped."""
-    return http_reader.escape(raw.strip().replace(b'\n', b' '), limit)
-
-
 def _shown_error(server: dict, text: str) -> str:
     """An event's error: secrets redacted, every control character escaped, at most MAX_ERROR_CHARS."""
     hidden = connection.redact(text, server['url'], server['shown_url'], server['secrets'])
     return http_reader.escape(hidden, MAX_ERROR_CHARS)
 
 
-class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection to one server: one request at a time, kept open between polls when it can be.
-
-    Answers are read by the collection's strict reader (module_utils/http_reader.py): every line and the
-    body are bounded (MAX_HEAD_BYTES, MAX_ANSWER_BYTES, chunked or not) as the bytes come, so a server that
-    declares a huge chunk or never ends a line is refused at once, holding no more than the caps.
-    """
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.waiter: asyncio.Future | None = None
-        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES, memo=False)
-        self.open = False
-        self.used = False  # a request was answered on it: a close before the next answer may be a stale keep-alive
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.open = True
-
-    def expect(self, waiter: asyncio.Future) -> None:
-        self.waiter = waiter
-        self.reader = http_reader.ResponseReader(MAX_ANSWER_BYTES, MAX_HEAD_BYTES, memo=False)
-
-    def data_received(self, data: bytes) -> None:
-        if self.waiter is None or self.waiter.done():
-            self.close()  # bytes nobody asked for: this connection cannot be trusted any more
-            return
-        try:
-            answer = self.reader.feed(data)
-        except http_reader.HttpError as exc:
-            self._finish(PollError(str(exc)))
-            self.close()
-            return
-        if answer is None:
-            return
-        self.used = True
-        self._finish(answer)
-        if self.reader.leftover or not answer.keep_alive:
-            self.close()
-        self.reader.start()  # a kept connection holds no answer between polls
-
-    def _finish(self, result: Any) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            if isinstance(result, Exception):
-                waiter.set_exception(result)
-            else:
-                waiter.set_result(result)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.open = False
-        if self.waiter is None:
-            return
-        if self.reader.seen:
-            if exc is not None:
-                self._finish(PollError(f'the answer was cut short: {type(exc).__name__}: {exc}'))
-                return
-            try:
-                self._finish(self.reader.eof())
-            except http_reader.HttpError as error:
-                self._finish(PollError(str(error)))
-        elif self.used:
-            self._finish(_Reconnect('the kept-alive connection was closed'))
-        elif isinstance(exc, ssl.SSLError):
-            self._finish(PollError(f'TLS failed: {exc}'))
-        else:
-            reason = f'{type(exc).__name__}: {exc}' if exc else 'closed'
-            self._finish(PollError(f'the server closed the connection without an answer ({reason})'))
-
-    def close(self) -> None:
-        self.open = False
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        self.open = False
-        self.waiter = None
-        if self.transport is not None:
-            self.transport.abort()
-
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError())
-
-
 class _Target:
-    """One server as the poller keeps it: its options, its request, its connection, its poll in flight."""
+    """One server as the poller keeps it: its options, its endpoints (triton_aio), its poll in flight."""
 
-    __slots__ = ('server', 'address', 'keep_alive', 'request', 'conn', 'busy', 'again', 'name', 'metrics')
+    __slots__ = ('server', 'status', 'metrics', 'busy', 'again')
 
-    def __init__(self, server: dict, keep_alive: bool, name: str = 'Triton') -> None:
-        self.server = server
-        self.name = name
-        parts = urlsplit(server['wire'].url)
-        self.address = (parts.hostname, parts.port or (443 if parts.scheme == 'https' else 80))
-        self.keep_alive = keep_alive
-        self.request = (
-            server['request']
-            if keep_alive
-            else server['request'].replace(b'\r\n\r\n', b'\r\nConnection: close\r\n\r\n', 1)
-        )
-        self.conn: _Connection | None = None
-        self.busy = False  # a poll of this server is running
-        self.again = False  # its next poll was due while it ran: start it as soon as it ends
-        # the server's metrics endpoint, polled with it: a new connection each time (no open file kept for it)
-        self.metrics = _Target(server['metrics'], False, 'the metrics endpoint') if server.get('metrics') else None
-
-    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
-        host, port = self.address
-        ssl_context = self.server['ssl']
-        try:
-            _transport, conn = await loop.create_connection(
-                _Connection, host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
+    def __init__(self, server: dict, keep_alive: bool) -> None:
+        self.server, self.busy, self.again = server, False, False  # again: its next poll came due while it ran
+        if server['grpc'] is not None:
+            self.status: Any = triton_aio.GrpcEndpoint(server['wire'], server['grpc'], keep_alive)
+        else:
+            accept, ssl_context = 'application/json', server['ssl']
+            self.status = triton_aio.HttpEndpoint(
+                server['wire'], triton_aio.STATUS_PATH, accept, keep_alive, MAX_ANSWER_BYTES, ssl_context
             )
-        except ssl.SSLCertVerificationError as exc:
-            raise PollError(f'TLS verification failed: {exc}') from None
-        except ssl.SSLError as exc:
-            raise PollError(f'TLS failed: {exc}') from None
-        except OSError as exc:
-            raise PollError(f'cannot connect to {self.name} (refused or unreachable): {exc}') from None
-        return conn
-
-    async def fetch(self, loop: asyncio.AbstractEventLoop) -> Any:
-        """The server's answer to the status request, within its timeout; PollError otherwise."""
-        timeout = self.server['wire'].timeout
-        deadline = loop.time() + timeout
-        for attempt in (1, 2):
-            conn = self.conn
-            if conn is None or not conn.open:
-                self.conn = None
-                try:
-                    conn = await asyncio.wait_for(self._connect(loop), max(0.0, deadline - loop.time()))
-                except asyncio.TimeoutError:
-                    raise PollError(f'no answer within {timeout}s (timeout)') from None
-                if self.keep_alive:
-                    self.conn = conn
-            waiter = loop.create_future()
-            conn.expect(waiter)
-            timer = loop.call_at(deadline, _expire, waiter)
-            try:
-                conn.transport.write(self.request)
-                return await waiter
-            except asyncio.TimeoutError:
-                conn.abort()
-                raise PollError(f'no answer within {timeout}s (timeout)') from None
-            except (OSError, RuntimeError) as exc:  # whatever else the transport raises: down, never the source
-                conn.abort()
-                raise PollError(f'request failed: {type(exc).__name__}: {exc}') from None
-            except _Reconnect:
-                conn.abort()
-                if attempt == 2:
-                    raise PollError('the server closed the connection without an answer') from None
-            except BaseException:
-                conn.abort()  # an error or a cancel: a late answer must not meet the next request
-                raise
-            finally:
-                timer.cancel()
-                if not self.keep_alive or not conn.open:
-                    if self.conn is conn:
-                        self.conn = None
-                    if not self.keep_alive:
-                        conn.close()
-        raise AssertionError('unreachable')
+        metrics = server['metrics']  # polled beside the status, on a new connection each time (no open file kept)
+        self.metrics = metrics and triton_aio.HttpEndpoint(
+            metrics['wire'],
+            '',
+            'text/plain;version=0.0.4',
+            False,
+            MAX_ANSWER_BYTES,
+            metrics['ssl'],
+            'the metrics endpoint',
+        )
 
     async def poll(self, loop: asyncio.AbstractEventLoop) -> dict:
         """One event for this server: its registered system shared memory, why it is down, or why its answer cannot be true.
@@ -541,140 +342,63 @@ class _Target:
         """
         server = self.server
         data = {'host': server['host'], 'url': server['shown_url']}
-        holders = loop.create_task(self._holders(loop)) if self.metrics is not None else None
+        holders = loop.create_task(self._holders(loop)) if self.metrics else None
         try:
-            return await self._poll(loop, data, holders)
+            data.update(await self._status(loop), holders_complete=None)
+            if holders is not None:
+                seen = await holders
+                data['holders_complete'] = seen.complete
+                if seen.reason is not None:
+                    data['holders_incomplete_reason'] = seen.reason
+                if seen.error is not None:
+                    data['metrics_error'] = seen.error
         finally:
             if holders is not None and not holders.done():
                 holders.cancel()  # a cancelled poll leaves no metrics request behind
-
-    async def _poll(self, loop: asyncio.AbstractEventLoop, data: dict, holders: asyncio.Task | None) -> dict:
-        server = self.server
-        try:
-            count, registered = summarize(await self._regions(loop), server['shm_bytes'])
-        except Implausible as exc:
-            data.update(status='implausible', error=self._error(f'the answer cannot be true: {exc}'))
-        except (PollError, ValueError) as exc:
-            data.update(status='down', error=self._error(str(exc)))
-        except Exception as exc:  # pylint: disable=broad-except  # every answer yields an event
-            data.update(status='down', error=self._error(f'the answer could not be read: {type(exc).__name__}: {exc}'))
-        else:
-            data.update(status='up', regions=count, registered_bytes=registered)
-            if server['shm_bytes']:
-                data.update(
-                    shm_bytes=server['shm_bytes'], registered_percent=round(100.0 * registered / server['shm_bytes'], 2)
-                )
-                if server['threshold_percent'] is not None:
-                    data['threshold_percent'] = server['threshold_percent']
-        data['holders_complete'] = None
-        if holders is not None:
-            seen = await holders
-            data['holders_complete'] = seen.complete
-            if seen.reason is not None:
-                data['holders_incomplete_reason'] = seen.reason
-            if seen.error is not None:
-                data['metrics_error'] = seen.error
         return {'triton_shm': data, 'meta': {'hosts': server['host']}}
 
-    async def _regions(self, loop: asyncio.AbstractEventLoop) -> Any:
-        """The server's registered system regions as its answer lists them; PollError when there is no such answer."""
-        answer = await self.fetch(loop)
-        if answer.status != 200:
-            text = _snippet(answer.body) or http_reader.escape(answer.reason, 120)
-            if answer.status == 403:
-                try:
-                    text = _refusal(json.loads(answer.body)['error'], grpc=False)
-                except (ValueError, KeyError, TypeError):
-                    pass
-            raise PollError(f'HTTP {answer.status}: {text}')
+    async def _status(self, loop: asyncio.AbstractEventLoop) -> dict:
+        """The status fields of the event: up with the figures, down or implausible with the error."""
+        server, where = self.server, self.status.where()
         try:
-            return json.loads(answer.body)
-        except ValueError:
-            raise PollError(
-                'the answer is not Triton JSON (is another web server on this port?): ' + _snippet(answer.body)
-            ) from None
+            count, registered = summarize(await self.status.status(loop), server['shm_bytes'])
+        except Implausible as exc:
+            return {
+                'status': 'implausible',
+                'error': _shown_error(server, f'{where}: the answer cannot be true: {exc}'),
+            }
+        except Exception as exc:  # pylint: disable=broad-except  # every answer yields an event
+            if isinstance(exc, PollError):
+                text = str(exc)
+            elif isinstance(exc, ValueError):
+                text = f'{where}: {exc}'
+            else:
+                text = f'{where}: the answer could not be read: {type(exc).__name__}: {exc}'
+            return {'status': 'down', 'error': _shown_error(server, text)}
+        shm_bytes, data = server['shm_bytes'], {'status': 'up', 'regions': count, 'registered_bytes': registered}
+        if shm_bytes:
+            data.update(shm_bytes=shm_bytes, registered_percent=round(100.0 * registered / shm_bytes, 2))
+            if server['threshold_percent'] is not None:
+                data['threshold_percent'] = server['threshold_percent']
+        return data
 
     async def _holders(self, loop: asyncio.AbstractEventLoop) -> Holders:
         """Whether the cleanup on the server's host can see every holder, from its metrics endpoint; never raises."""
-        metrics = self.metrics.server
+        metrics = self.server['metrics']
         try:
-            answer = await self.metrics.fetch(loop)
-            if answer.status != 200:
-                raise PollError(
-                    f'HTTP {answer.status}: {_snippet(answer.body) or http_reader.escape(answer.reason, 120)}'
-                )
-            text = answer.body.decode('utf-8', 'replace')
+            text = (await self.metrics.page(loop)).decode('utf-8', 'replace')
             seen = holders_from_metrics(text, self.server['host'], self.server['url'])
         except Exception as exc:  # pylint: disable=broad-except  # unknown, as without metrics_url: never the source
-            detail = str(exc) if isinstance(exc, PollError) else f'{type(exc).__name__}: {exc}'
-            seen = Holders(None, error=detail)
+            seen = Holders(None, error=str(exc) if isinstance(exc, PollError) else f'{type(exc).__name__}: {exc}')
         if seen.error is not None:
-            text = _shown_error(metrics, f'{metrics["url"]}: {seen.error}')
-            seen = seen._replace(error=text)
+            seen = seen._replace(error=_shown_error(metrics, f'{metrics["url"]}: {seen.error}'))
         return seen
 
-    def _error(self, text: str) -> str:
-        """The error of an event: URL and reason, secrets redacted, every control character escaped."""
-        server = self.server
-        return _shown_error(server, f'{server["url"]}{STATUS_PATH}: {text}')
-
     def close(self) -> Any:
-        """Close the connection; an awaitable when closing takes one (a gRPC channel), else None."""
-        if self.conn is not None:
-            self.conn.abort()
-            self.conn = None
-        if self.metrics is not None:
+        """Close the connections; an awaitable when closing takes one (a gRPC channel), else None."""
+        if self.metrics:
             self.metrics.close()
-        return None
-
-
-class _GrpcTarget(_Target):
-    """A grpc(s):// server: SystemSharedMemoryStatus over one grpc.aio channel, kept open between polls."""
-
-    __slots__ = ('channel', 'stub')
-
-    def __init__(self, server: dict, keep_alive: bool) -> None:
-        super().__init__(server, keep_alive)
-        self.channel: Any = None
-        self.stub: Any = None
-
-    async def _regions(self, loop: asyncio.AbstractEventLoop) -> Any:
-        grpc, settings, timeout = _Grpc.grpc, self.server['grpc'], self.server['wire'].timeout
-        if self.stub is None:
-            options = settings['options']
-            if settings['credentials'] is None:
-                self.channel = grpc.aio.insecure_channel(settings['target'], options=options)
-            else:
-                self.channel = grpc.aio.secure_channel(settings['target'], settings['credentials'], options=options)
-            self.stub = _Grpc.pb_grpc.GRPCInferenceServiceStub(self.channel)
-        try:
-            answer = await self.stub.SystemSharedMemoryStatus(
-                _Grpc.pb.SystemSharedMemoryStatusRequest(), timeout=timeout, metadata=settings['metadata']
-            )
-        except grpc.aio.AioRpcError as exc:
-            name, details = exc.code().name, exc.details() or ''
-            if name == 'DEADLINE_EXCEEDED':
-                raise PollError(f'no answer within {timeout}s (timeout)') from None
-            if name == 'UNAVAILABLE' and errors.RESTRICTED_TEXT not in details:
-                raise PollError(f'cannot connect to Triton over gRPC (refused or unreachable): {details}') from None
-            raise PollError(f'gRPC {name}: {_refusal(details, grpc=True)}') from None
-        finally:
-            if not self.keep_alive:
-                await self._close_channel()
-        return [records.from_message(records.SYSTEM, r) for r in answer.regions.values()]
-
-    async def _close_channel(self) -> None:
-        channel, self.channel, self.stub = self.channel, None, None
-        if channel is not None:
-            await channel.close()
-
-    def _error(self, text: str) -> str:
-        server = self.server
-        return _shown_error(server, f'{server["url"]} ({GRPC_METHOD}): {text}')
-
-    def close(self) -> Any:
-        super().close()
-        return self._close_channel()
+        return self.status.close()
 
 
 def _keep_alive_budget(servers: int, in_flight: int) -> int:
@@ -717,7 +441,7 @@ class _Poller:
         in_flight = min(len(servers), math.ceil(min(longest, interval) / self.spacing) + 1)
         in_flight *= 2 if any(s.get('metrics') for s in servers) else 1  # a metrics request beside each poll
         budget = _keep_alive_budget(len(servers), in_flight)
-        self.targets = [(_GrpcTarget if s['grpc'] else _Target)(s, index < budget) for index, s in enumerate(servers)]
+        self.targets = [_Target(s, index < budget) for index, s in enumerate(servers)]
         self.last_status: dict[str, str] = {}
         self.last_holders: dict[str, Any] = {}
         self.with_metrics = {s['host'] for s in servers if s.get('metrics')}
@@ -742,27 +466,20 @@ class _Poller:
         finally:
             target.busy = False
         data = event['triton_shm']
-        if self.last_status.get(data['host']) != data['status']:
-            if data['status'] == 'down':
-                LOGGER.warning('%s: Triton is down: %s', data['host'], data['error'])
-            elif data['status'] == 'implausible':
-                LOGGER.warning("%s: Triton's answer cannot be true, no cleanup: %s", data['host'], data['error'])
+        host, status = data['host'], data['status']
+        if self.last_status.get(host) != status:
+            if status == 'up':
+                LOGGER.info('%s: Triton at %s is up', host, data['url'])
             else:
-                LOGGER.info('%s: Triton at %s is up', data['host'], data['url'])
-            self.last_status[data['host']] = data['status']
+                LOGGER.warning(STATUS_LOG[status], host, data['error'])
+            self.last_status[host] = status
         holders = (data['holders_complete'], data.get('holders_incomplete_reason'))
-        if (
-            data['status'] == 'up'
-            and data['host'] in self.with_metrics
-            and self.last_holders.get(data['host']) != holders
-        ):
+        if status == 'up' and host in self.with_metrics and self.last_holders.get(host) != holders:
             if holders[0] is False:
-                LOGGER.warning(
-                    '%s: the cleanup there cannot see every holder (%s), no self-heal', data['host'], holders[1]
-                )
+                LOGGER.warning('%s: the cleanup there cannot see every holder (%s), no self-heal', host, holders[1])
             elif holders[0] is None:
-                LOGGER.warning('%s: holder completeness unknown: %s', data['host'], data.get('metrics_error'))
-            self.last_holders[data['host']] = holders
+                LOGGER.warning('%s: holder completeness unknown: %s', host, data.get('metrics_error'))
+            self.last_holders[host] = holders
         self.pending[data['host']] = event
         if self.wake is not None and not self.wake.done():
             self.wake.set_result(None)

@@ -1,11 +1,11 @@
-"""The event source shares the modules' core: the module_utils it loads by path are standard library only, and what
-they decide is what the modules decide (issue 35, goal 4)."""
+"""The event source shares the modules' core: it imports their module_utils (standard library only, run by its path),
+and what they decide is what the modules decide (issue 35, goal 4; issue 41, goal 5)."""
 
 from __future__ import annotations
 
-import ast
+import json
 import os
-import re
+import subprocess
 import sys
 
 import pytest
@@ -19,26 +19,35 @@ SOURCE = os.path.join(ROOT, 'extensions', 'eda', 'plugins', 'event_source', 'tri
 STDLIB = set(sys.stdlib_module_names) | {'__future__'}
 
 
-def _loaded_by_path() -> list[str]:
+PROBE = """
+import json, runpy, sys
+bare = set(sys.modules)
+runpy.run_path(sys.argv[1])
+print(json.dumps(sorted(set(sys.modules) - bare)))
+"""
+
+
+def test_the_event_source_runs_by_its_path_on_the_standard_library_and_the_collections_module_utils():
+    """ansible-rulebook runs a source with runpy.run_path, the collection not on sys.path: the source binds its own
+    collection as the package, and pulls in the standard library and module_utils only (grpc for grpc:// URLs)."""
+    done = subprocess.run([sys.executable, '-I', '-c', PROBE, SOURCE], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout))
+    package = 'ansible_collections.tritonops.shm.plugins.module_utils'
+    assert {f'{package}.{name}' for name in ('connection', 'records', 'metrics_text', 'triton_aio', 'client')} <= loaded
+    outside = {n for n in loaded if n.split('.')[0] not in STDLIB | {'ansible_collections'}}
+    assert not outside, outside
+
+
+def test_the_event_source_alone_without_its_collection_says_what_it_needs(tmp_path):
+    alone = tmp_path / 'extensions' / 'eda' / 'plugins' / 'event_source'
+    alone.mkdir(parents=True)
     with open(SOURCE, encoding='utf-8') as f:
-        return re.findall(r"load_by_path\('([a-z_]+)'\)", f.read())
-
-
-def test_what_the_event_source_loads_by_path_imports_only_the_standard_library():
-    names = _loaded_by_path()
-    assert {'connection', 'records', 'metrics_text', 'http_reader', 'tls', 'errors'} <= set(names)
-    for name in names:
-        path = os.path.join(ROOT, 'plugins', 'module_utils', f'{name}.py')
-        with open(path, encoding='utf-8') as f:
-            tree = ast.parse(f.read(), path)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                tops = [a.name.split('.')[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                tops = [(node.module or '.').split('.')[0] if not node.level else '.']
-            else:
-                continue
-            assert set(tops) <= STDLIB, f'{name}.py:{node.lineno} imports {tops}: the event source cannot load it'
+        (alone / 'triton_shm.py').write_text(f.read(), encoding='utf-8')
+    done = subprocess.run(
+        [sys.executable, '-I', '-c', PROBE, str(alone / 'triton_shm.py')], capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0 and 'install the whole tritonops.shm collection' in done.stderr, done.stderr
 
 
 @pytest.fixture(scope='module')
@@ -81,8 +90,7 @@ def test_the_event_source_and_the_modules_accept_and_refuse_the_same_status_answ
 def test_the_event_source_shows_urls_as_the_modules_do(source):
     for url in ('http://u:pw@h:8000/p?q=1', 'https://h:8443', 'grpc://a:b@10.0.0.1:8001'):
         assert source.redact_url(url) == connection.redact_url(url) == client.redact_url(url)
-    assert source.records is not records  # loaded by path: its own copy of the one definition
-    assert source.records.SYSTEM.names() == records.SYSTEM.names()
+    assert source.records is records  # the one definition, imported as the modules import it
 
 
 def test_each_connection_option_of_the_modules_is_one_of_the_event_source_with_the_same_default(source):

@@ -283,7 +283,8 @@ def test_per_server_metrics_url_overrides_the_global_one_and_gets_metrics_by_def
     )
     assert servers[0]['metrics']['url'] == 'https://node:9100/metrics'
     assert servers[1]['metrics']['url'] == 'http://b:9100/m'
-    assert servers[0]['metrics']['request'].startswith(b'GET /metrics HTTP/1.1\r\n')
+    metrics = source._Target(servers[0], True).metrics  # pylint: disable=protected-access
+    assert metrics.request.startswith(b'GET /metrics HTTP/1.1\r\n')
     assert source.parse_args({'servers': [{'host': 'a', 'url': 'http://a:1'}]})[0][0]['metrics'] is None
 
 

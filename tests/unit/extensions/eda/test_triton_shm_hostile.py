@@ -139,7 +139,7 @@ def test_a_full_but_true_status_is_still_up_at_100_percent():
 
 def test_the_pollers_connections_keep_no_copy_of_the_last_answer():
     """One connection per server, kept between polls: its reader must not hold the last answer (10,000 servers)."""
-    conn = source._Connection()  # pylint: disable=protected-access
+    conn = source.triton_aio._Connection(source.MAX_ANSWER_BYTES)  # pylint: disable=protected-access
     conn.expect(None)
     conn.reader.feed(b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]')
     assert conn.reader._memo == (b'', None)  # pylint: disable=protected-access

@@ -644,16 +644,14 @@ def test_grpc_urls_are_accepted_as_in_the_modules_and_their_options_checked(tmp_
         }
     )
     g1, g2, h1 = servers
-    assert g1['grpc']['target'] == '127.0.0.1:8001' and g1['grpc']['metadata'] == (
-        ('triton-grpc-protocol-shm-key', 'v'),
-    )
-    assert g1['grpc']['credentials'] is None and g2['grpc']['target'] == 'triton.example:8001'
-    assert g2['grpc']['credentials'] is not None and h1['grpc'] is None
+    assert g1['grpc'].target == '127.0.0.1:8001' and g1['grpc'].metadata == (('triton-grpc-protocol-shm-key', 'v'),)
+    assert g1['grpc'].credentials is None and g2['grpc'].target == 'triton.example:8001'
+    assert g2['grpc'].credentials is not None and h1['grpc'] is None
     for item, why in (
         ({'url': 'grpc://a:1/v2'}, 'a gRPC URL is grpc://HOST:PORT'),
-        ({'url': 'grpcs://a:1', 'validate_certs': False}, 'validate_certs false is not possible'),
+        ({'url': 'grpcs://a:1', 'validate_certs': False}, 'validate_certs=false is not possible with grpcs://a:1'),
         ({'url': 'grpc://a:1', 'headers': {'x-bin': 'v'}}, 'cannot be sent as gRPC metadata'),
-        ({'url': 'grpcs://a:1', 'ca_path': str(tmp_path / 'missing.pem')}, 'cannot load the TLS files'),
+        ({'url': 'grpcs://a:1', 'ca_path': str(tmp_path / 'missing.pem')}, 'cannot read ca_path'),
     ):
         with pytest.raises(source.ConfigError, match=why):
             source.parse_args({'servers': [dict(item, host='g')]})

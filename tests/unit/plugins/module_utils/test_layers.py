@@ -39,6 +39,7 @@ READERS = (
     'servers',
     'triton_http',
     'triton_grpc',
+    'triton_aio',
     'http_reader',
     'tls',
     'client',

@@ -100,7 +100,7 @@ def status(transport: str, options: dict, servers: list) -> Seen:
         try:
             event = asyncio.run(collect({'servers': [server], 'interval': 60}, 1))[0]['triton_shm']
             result = 'ok' if event['status'] == 'up' else event['error']
-        except source.ConfigError as exc:  # the source's own copy of connection (it loads it by its path)
+        except source.ConfigError as exc:  # connection.OptionError, as the source names it
             result = f'refused: {exc}'
     else:
         params = {name: option.default for name, option in connection.OPTIONS.items()}
