@@ -17,53 +17,30 @@ DOCUMENTATION = r"""
 ---
 short_description: Poll Triton servers for their registered system shared memory
 description:
-  - An ansible-rulebook event source that asks each Triton Inference Server in O(servers)
+  - "An ansible-rulebook event source that asks each Triton Inference Server in O(servers)
     for its registered system shared-memory regions every O(interval) seconds, and puts one
-    event per server on the queue.
+    event per server on the queue. docs/self-healing.md tells the whole story: the schedule, restricted
+    APIs, the strict reader's limits, the holders evidence, and the rulebook that acts on the events."
   - "Each event is C({triton_shm: {host, url, status, regions, registered_bytes,
-    registered_percent, shm_bytes, threshold_percent, error}, meta: {hosts: host}}).
-    C(status) is C(up) when the server answered with its region list, C(down) otherwise
-    (refused, timed out, an HTTP error, or an answer that is not Triton's: the modules' own check of a
-    status, plugins/module_utils/records.py, imported from the collection, so that an answer the modules refuse is never
-    C(up) here), and
-    C(implausible) when the list's figures cannot be true (a region or the total larger
-    than C(shm_bytes), or than 2**63 bytes); a C(down) or C(implausible) event carries
-    C(error) (server text with every control character escaped) and no region figures,
-    so it never meets a rule on C(registered_percent). C(registered_percent) and C(shm_bytes)
-    are present only when the server's O(servers[].shm_bytes) is known;
-    C(threshold_percent) only when O(threshold_percent) is set."
-  - C(meta.hosts) is the server's inventory host, so that a C(run_playbook) action is
-    limited to that host.
+    registered_percent, shm_bytes, threshold_percent, holders_complete, error}, meta: {hosts: host}}).
+    C(status) is C(up) when the server answered with its region list, C(down) otherwise (refused, timed
+    out, an HTTP error, or an answer the modules' own check of a status refuses), and C(implausible) when
+    the list's figures cannot be true (a region or the total larger than C(shm_bytes), or than 2**63 bytes).
+    A C(down) or C(implausible) event carries C(error) (the server's text, control characters escaped) and no
+    region figures, so it never meets a rule on C(registered_percent). C(registered_percent) and C(shm_bytes)
+    are there only when O(servers[].shm_bytes) is known, C(threshold_percent) only when O(threshold_percent)
+    is set. C(meta.hosts) limits a C(run_playbook) action to the server's inventory host."
   - Read-only; it sends C(GET /v2/systemsharedmemory/status) (over C(grpc://) and C(grpcs://),
-    C(SystemSharedMemoryStatus)) and nothing else.
-    The HTTP calls never block the event loop and need nothing beyond Python's standard
-    library, with one HTTP/1.1 connection per server, kept open between polls. A C(grpc://) or
-    C(grpcs://) URL (Triton's gRPC port, as in the modules) is polled over one C(grpc.aio) channel
-    per server, kept open between polls; it needs C(tritonclient[grpc]) where ansible-rulebook runs.
-  - "Polls start one after another, at most 0.01 seconds apart (min(O(interval) / number of servers,
-    0.01)): 100 servers are all polled within the first second of each interval, not spread over it;
-    each server keeps its place, so every server is polled every O(interval) whatever the others
-    answer. A slow or dead server delays only its own event; it is never polled twice at once (with
-    a O(timeout) longer than the O(interval), its next poll starts when the current one ends)."
-  - "A server started with C(--http-restricted-api=shared-memory:KEY=VALUE) (or
-    C(--grpc-restricted-protocol=shared-memory:KEY=VALUE)) answers only with that header: give it in
-    O(headers) (over gRPC the key is C(triton-grpc-protocol-KEY)). Without it the event is C(down) and its
-    C(error) names O(headers) and the key Triton expects."
-  - "Answers are read by the collection's strict HTTP/1.1 reader (plugins/module_utils/http_reader.py,
-    through plugins/module_utils/triton_aio.py): lines end in CRLF; the status line and headers (and a chunked body's
-    trailers) are at most 64 KiB, a chunk-size line 1 KiB, the body 32 MiB, chunked or not.
-    Each poll ends within O(timeout); every answer gives an event."
-  - "Every event carries C(holders_complete): whether the cleanup on the server's host can see every process
-    that may hold its shared memory, as that host's last report or cleanup wrote it in the metric
-    C(tritonops_shm_holders_complete) (docs/metrics.md). C(true) or C(false) when O(servers[].metrics_url) is set
-    and serves that server's series; C(null) (unknown, as without O(servers[].metrics_url)) otherwise, with
-    C(metrics_error) saying why when O(servers[].metrics_url) is set. With C(false) the event also carries
-    C(holders_incomplete_reason), the metric's C(reason) label (C(pid_namespace), C(shm_dir),
-    C(unreadable_processes), C(hidepid), C(unknown)): a cleanup there would remove nothing, so the
-    self-heal rulebook shows the event instead of starting one."
-  - With more servers than the soft limit on open files allows, the source raises that limit
-    towards the hard limit; servers beyond what the hard limit allows get a new connection
-    for every poll.
+    C(SystemSharedMemoryStatus)), and with O(servers[].metrics_url) a C(GET) of that page, nothing else.
+    One kept-alive HTTP/1.1 connection per server, Python's standard library only, never blocking the
+    event loop; a C(grpc://) or C(grpcs://) URL is polled over one C(grpc.aio) channel per server and needs
+    C(tritonclient[grpc]) where ansible-rulebook runs.
+  - Every server is polled every O(interval), whatever the others answer; a slow or dead server delays only its
+    own event, and each poll ends within O(timeout).
+  - C(holders_complete) is whether the cleanup on the server's host can see every process that may hold its
+    shared memory (the metric C(tritonops_shm_holders_complete) read from O(servers[].metrics_url); C(null) when
+    unknown). With C(false) a cleanup there would remove nothing; the event says why
+    (C(holders_incomplete_reason)).
   - The C(url) in events and logs has any user:password part replaced by C(***).
     Header values never appear in events or logs.
 options:
@@ -114,19 +91,11 @@ options:
     type: path
   metrics_url:
     description:
-      - The Prometheus-format page (the node_exporter C(/metrics) of the host that runs the cleanup, with its textfile
-        collector reading the cleanup's C(metrics_dir), or a Prometheus federation endpoint) where the server's
-        C(tritonops_shm_holders_complete) series is; C(/metrics) when the URL has no path.
-        Usually set per server (O(servers[].metrics_url)); set here, it is every server's default.
-      - Read on every poll of the server, beside its status request and within the same O(timeout), by the same strict
-        reader with the same caps, on a new connection each time. Sent with the server's O(validate_certs) and
-        O(ca_path); never with its O(headers) nor its client certificate (a user:password in this URL is sent as
-        Basic authentication, and redacted in events and logs).
-      - "The series used are those whose C(host) label is the server's C(host) and whose C(triton_url) label is the
-        server's C(url), spelled either way (a user:password part, a final C(/) and a missing C(http://) do not
-        count), so the C(url) must be the host's C(triton_url). Any of them at 0 makes C(holders_complete) C(false)."
-      - Unset, unreachable, or without a matching series, C(holders_complete) is C(null) and self-healing behaves
-        as without it.
+      - The Prometheus-format page (the node_exporter C(/metrics) of the host that runs the cleanup) where the server's
+        C(tritonops_shm_holders_complete) series is, matched by its C(host) and C(triton_url) labels; C(/metrics) when
+        the URL has no path. Usually set per server (O(servers[].metrics_url)); set here, it is every server's default.
+      - Read on every poll within the same O(timeout), with the server's O(validate_certs) and O(ca_path), never its
+        O(headers) nor its client certificate. docs/self-healing.md, "metrics_url", has the rest.
     type: str
 """
 
