@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    # Connection options shared by every module (argument spec: module_utils/base.py, connection_argument_spec)
+    # Connection options shared by every module (argument spec: module_utils/run/base.py, connection_argument_spec)
     DOCUMENTATION = r"""
 options:
   url:
@@ -161,7 +161,7 @@ options:
     version_added: 0.2.0
 """
 
-    # The call's own time limit (argument spec: module_utils/base.py, time_limit_argument_spec; module_utils/time_limit.py)
+    # The call's own time limit (argument spec: module_utils/run/base.py, time_limit_argument_spec; wire/time_limit.py)
     TIME_LIMIT = r"""
 options:
   time_limit:
@@ -179,7 +179,7 @@ options:
     version_added: 0.3.0
 """
 
-    # When a region Triton will not let go is wedged (argument spec: module_utils/base.py, wedged_argument_spec)
+    # When a region Triton will not let go is wedged (argument spec: module_utils/run/base.py, wedged_argument_spec)
     WEDGED = r"""
 options:
   wedged_after:
@@ -204,7 +204,7 @@ options:
     version_added: 0.3.0
 """
 
-    # The node_exporter textfile the module call writes (argument spec: module_utils/base.py, metrics_argument_spec)
+    # The node_exporter textfile the module call writes (argument spec: module_utils/run/base.py, metrics_argument_spec)
     METRICS = r"""
 options:
   metrics_dir:

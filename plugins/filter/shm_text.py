@@ -15,7 +15,7 @@ import re
 import unicodedata
 from typing import Any
 
-from ansible_collections.tritonops.shm.plugins.module_utils.connection import redact_url
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import redact_url
 
 # CommonMark lets a backslash escape any ASCII punctuation; these are the ones that start inline markup (emphasis,
 # code, links and images, autolinks and raw HTML, entities, strikethrough, a heading's marks), break a GFM table

@@ -1,14 +1,14 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The filters of triton_node_agent: a thin adapter over plugin_utils/node_agent.py, where the code and its docs are.
+"""The filters of triton_node_agent: a thin adapter over plugin_utils/deploy/node_agent.py, where the code and its docs are.
 
 Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 """
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.node_agent import (
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.node_agent import (
     node_agent_deadline,
     node_agent_queue,
     node_agent_state,

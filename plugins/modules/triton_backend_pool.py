@@ -191,8 +191,8 @@ pid_namespace:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils.backend_pool import PoolReload
-from ansible_collections.tritonops.shm.plugins.module_utils.base import (
+from ansible_collections.tritonops.shm.plugins.module_utils.run.backend_pool import PoolReload
+from ansible_collections.tritonops.shm.plugins.module_utils.run.base import (
     backend_argument_spec,
     make_client,
     run_operation,

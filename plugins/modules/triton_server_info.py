@@ -137,8 +137,8 @@ reason:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils import servers
-from ansible_collections.tritonops.shm.plugins.module_utils.base import run_operation
+from ansible_collections.tritonops.shm.plugins.module_utils.run import servers
+from ansible_collections.tritonops.shm.plugins.module_utils.run.base import run_operation
 
 
 def main() -> None:

@@ -609,8 +609,9 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority, classification, results, snapshot
-from ansible_collections.tritonops.shm.plugins.module_utils.base import (
+from ansible_collections.tritonops.shm.plugins.module_utils.host import authority, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import classification, results
+from ansible_collections.tritonops.shm.plugins.module_utils.run.base import (
     METRICS_REQUIRED_BY,
     backend_argument_spec,
     make_client,
@@ -621,7 +622,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     wedged_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.operation import Operation
+from ansible_collections.tritonops.shm.plugins.module_utils.run.operation import Operation
 
 JMESPATH_IMPORT_ERROR = None
 try:

@@ -534,8 +534,11 @@ metrics_files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics, records
-from ansible_collections.tritonops.shm.plugins.module_utils.base import (
+from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import DEFAULT_MIN_AGE
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.region_plan import IN_USE_TIMEOUT
+from ansible_collections.tritonops.shm.plugins.module_utils.run.base import (
     METRICS_REQUIRED_BY,
     backend_argument_spec,
     make_client,
@@ -546,9 +549,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.base import (
     wedged_argument_spec,
     write_metrics,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import DEFAULT_MIN_AGE
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import EVERY_KIND, EveryKind, RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.region_plan import IN_USE_TIMEOUT
+from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import EVERY_KIND, EveryKind, RegionOps
 
 
 def main() -> None:

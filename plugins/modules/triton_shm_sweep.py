@@ -218,9 +218,9 @@ used_bytes_after:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils.base import backend_argument_spec, run_operation
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import DEFAULT_MIN_AGE
-from ansible_collections.tritonops.shm.plugins.module_utils.sweep import Sweep
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import DEFAULT_MIN_AGE
+from ansible_collections.tritonops.shm.plugins.module_utils.run.base import backend_argument_spec, run_operation
+from ansible_collections.tritonops.shm.plugins.module_utils.run.sweep import Sweep
 
 
 def main() -> None:

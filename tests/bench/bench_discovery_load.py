@@ -130,7 +130,7 @@ def scene(args: argparse.Namespace) -> dict:
     import benchenv  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
     import tritonrig  # pylint: disable=import-outside-toplevel
 
-    from ansible_collections.tritonops.shm.plugins.module_utils import discovery  # pylint: disable=import-outside-toplevel
+    from ansible_collections.tritonops.shm.plugins.module_utils.host import discovery
 
     workdir = tempfile.mkdtemp(prefix='bench-discovery-')
     server = tritonrig.TritonServer(workdir=workdir, shm_size='16m', models=())
@@ -206,7 +206,7 @@ def scene(args: argparse.Namespace) -> dict:
 def discovery_file() -> str:
     import benchenv  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
 
-    from ansible_collections.tritonops.shm.plugins.module_utils import discovery  # pylint: disable=import-outside-toplevel
+    from ansible_collections.tritonops.shm.plugins.module_utils.host import discovery
 
     return discovery.__file__
 

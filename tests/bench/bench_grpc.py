@@ -33,7 +33,7 @@ import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from bench_region import leak_many, module_process, module_work, tritonclient_loop  # noqa: E402
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient  # noqa: E402
 
 
 def main(argv=None):

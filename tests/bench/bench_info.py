@@ -35,13 +35,9 @@ import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 try:
-    from ansible_collections.tritonops.shm.plugins.module_utils import (
-        classification,  # noqa: E402
-        holders,  # noqa: E402
-        results,  # noqa: E402
-        snapshot,  # noqa: E402
-    )
-    from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
+    from ansible_collections.tritonops.shm.plugins.module_utils.host import holders, snapshot
+    from ansible_collections.tritonops.shm.plugins.module_utils.rules import classification, results
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient  # noqa: E402
 except ImportError as exc:
     sys.exit('run from the collection copy (make bench, or build/ansible_collections/tritonops/shm): %s' % exc)
 

@@ -45,8 +45,8 @@ from ansible_helpers import ansible_playbook  # noqa: E402  pylint: disable=wron
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
 try:
-    from ansible_collections.tritonops.shm.plugins.module_utils import region_ops  # noqa: E402
-    from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
+    from ansible_collections.tritonops.shm.plugins.module_utils.run import region_ops
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient  # noqa: E402
 except ImportError as exc:
     sys.exit('run from the collection copy (make bench, or build/ansible_collections/tritonops/shm): %s' % exc)
 

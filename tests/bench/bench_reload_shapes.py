@@ -38,8 +38,8 @@ import tritonclient.http as httpclient  # noqa: E402
 import tritonrig  # noqa: E402  pylint: disable=wrong-import-position
 from run import write_results  # noqa: E402  pylint: disable=wrong-import-position
 
-from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.run import backend_pool
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient  # noqa: E402
 
 # shape -> (the model requests go to, the model reloaded)
 SHAPES = {

@@ -26,7 +26,7 @@ from ansible_helpers import COLLECTIONS_PATH  # noqa: E402  pylint: disable=wron
 if COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, COLLECTIONS_PATH)
 
-from ansible_collections.tritonops.shm.plugins.module_utils import nvml  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.plugins.module_utils.host import nvml
 
 MIB = 1 << 20
 

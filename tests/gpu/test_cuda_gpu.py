@@ -16,7 +16,7 @@ import time
 import pytest
 from ansible_helpers import ansible_playbook, run_module  # tests/integration
 
-from ansible_collections.tritonops.shm.plugins.module_utils import gpu, nvml
+from ansible_collections.tritonops.shm.plugins.module_utils.host import gpu, nvml
 
 MIB = 1 << 20
 INFO = 'tritonops.shm.triton_shm_info'

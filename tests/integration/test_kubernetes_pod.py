@@ -30,7 +30,7 @@ from test_topologies import clean_a_killed_client_given_only_the_url
 if COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, COLLECTIONS_PATH)
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.sizing import shm_size  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.sizing import shm_size  # noqa: E402  pylint: disable=wrong-import-position
 
 MIB = 1 << 20
 PODMAN = pytest.mark.parametrize('container_engine', ['podman'], indirect=True)

@@ -23,7 +23,7 @@ from ansible_helpers import COLLECTIONS_PATH, PYTHON, run_module
 if COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, COLLECTIONS_PATH)
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.node_agent import CAPABILITIES  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.node_agent import CAPABILITIES  # noqa: E402  pylint: disable=wrong-import-position
 
 PODMAN = pytest.mark.parametrize('container_engine', ['podman'], indirect=True)
 MIB = 1 << 20

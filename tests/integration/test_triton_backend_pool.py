@@ -19,7 +19,7 @@ import tritonrig
 if ansible_helpers.COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, ansible_helpers.COLLECTIONS_PATH)
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.sizing import shm_size  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.sizing import shm_size  # noqa: E402  pylint: disable=wrong-import-position
 
 MODULE = 'tritonops.shm.triton_backend_pool'
 MIB = 1 << 20

@@ -435,7 +435,7 @@ def test_real_in_use_text_is_recognised_and_retried(make_triton):
     if COLLECTIONS_PATH not in sys.path:
         sys.path.insert(0, COLLECTIONS_PATH)
     from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-    from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 
     busy = triton.client('busy', byte_size=64 * 1024, mode='infer', model='slow', pause=tritonrig.SLOW_SECONDS)
     api = TritonClient(triton.url)

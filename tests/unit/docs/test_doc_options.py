@@ -98,7 +98,8 @@ ROLE_FACTS = role_facts()
 ACTION_GROUP_MEMBERS = yaml.safe_load(read(os.path.join(COLLECTION, 'meta', 'runtime.yml')))['action_groups']['triton']
 PLUGIN_NAMES = {os.path.basename(p).rsplit('.', 1)[0] for p in plugin_files()}
 PLUGIN_NAMES |= {
-    os.path.basename(p)[:-3] for p in glob.glob(os.path.join(COLLECTION, 'plugins', 'module_utils', '*.py'))
+    os.path.basename(p)[:-3]
+    for p in glob.glob(os.path.join(COLLECTION, 'plugins', 'module_utils', '**', '*.py'), recursive=True)
 }
 PLUGIN_NAMES |= set(ROLE_OPTIONS)
 

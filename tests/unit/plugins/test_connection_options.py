@@ -1,6 +1,6 @@
 """One source for the connection options: every copy agrees with base.connection_argument_spec().
 
-``plugins/module_utils/base.py`` is the source: ``connection_argument_spec()`` (url, timeout, validate_certs, ca_path,
+``plugins/module_utils/run/base.py`` is the source: ``connection_argument_spec()`` (url, timeout, validate_certs, ca_path,
 headers, client_cert, client_key), with ``shm_dir_argument_spec()`` (server_pid, shm_dir, clients_share_pid_namespace) and
 ``backend_argument_spec()`` (backend_patterns, client_users) for the modules of the action group. The copies, checked for names,
 types and defaults where
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from ansible_collections.tritonops.shm.plugins.doc_fragments.triton import ModuleDocFragment
-from ansible_collections.tritonops.shm.plugins.module_utils.base import (
+from ansible_collections.tritonops.shm.plugins.module_utils.run.base import (
     backend_argument_spec,
     connection_argument_spec,
     shm_dir_argument_spec,

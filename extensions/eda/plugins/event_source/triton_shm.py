@@ -4,7 +4,7 @@
 """ansible-rulebook event source: Triton shared-memory registrations, polled.
 
 This file parses the arguments, schedules the polls and shapes the events; the wire is the collection's (issue 41):
-plugins/module_utils/triton_aio.py, the asyncio twin of the modules' blocking transports (10,000 servers on
+plugins/module_utils/wire/triton_aio.py, the asyncio twin of the modules' blocking transports (10,000 servers on
 keep-alive connections cannot be a blocking client each), with their request (connection.http_request), strict reader
 (http_reader), TLS (tls), error classification (client.error_from_answer), grpcio loading (triton_grpc.load_grpc)
 and region check (records). ansible-rulebook runs this file by its path: collection_package() imports the collection
@@ -158,7 +158,7 @@ def collection_package() -> str:
         pass
     root = os.path.abspath(os.path.join(__file__, *['..'] * 5))
     where = os.path.join(root, 'plugins', 'module_utils')
-    if not os.path.isfile(os.path.join(where, 'triton_aio.py')):
+    if not os.path.isfile(os.path.join(where, 'wire', 'triton_aio.py')):
         raise ImportError(f'tritonops.shm.triton_shm needs {where}: install the whole tritonops.shm collection')
     parent = None
     for name in ('ansible_collections', 'ansible_collections.tritonops', PACKAGE):
@@ -179,11 +179,11 @@ def collection_package() -> str:
 # (records), the metrics text metrics.py writes (metrics_text), the escaping of server text (http_reader), and the
 # asyncio transport (triton_aio: the modules' request, reader, TLS and error_from_answer, without blocking)
 MODULE_UTILS = collection_package()
-connection = importlib.import_module(f'{MODULE_UTILS}.connection')
-records = importlib.import_module(f'{MODULE_UTILS}.records')
-metrics_text = importlib.import_module(f'{MODULE_UTILS}.metrics_text')
-http_reader = importlib.import_module(f'{MODULE_UTILS}.http_reader')
-triton_aio = importlib.import_module(f'{MODULE_UTILS}.triton_aio')
+connection = importlib.import_module(f'{MODULE_UTILS}.wire.connection')
+records = importlib.import_module(f'{MODULE_UTILS}.rules.records')
+metrics_text = importlib.import_module(f'{MODULE_UTILS}.output.metrics_text')
+http_reader = importlib.import_module(f'{MODULE_UTILS}.wire.http_reader')
+triton_aio = importlib.import_module(f'{MODULE_UTILS}.wire.triton_aio')
 redact_url = connection.redact_url
 ConfigError = connection.OptionError  # the source's arguments are not usable; raised before anything is polled
 PollError = triton_aio.StatusError  # this poll of this server has no region list; the message says why

@@ -33,11 +33,18 @@ def _imports(path: str) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 out.append(('.' * node.level + (node.module or ''), node.lineno))
-            elif node.module + '.' in (PREFIX + 'module_utils.', PREFIX + 'filter.', PREFIX + 'plugin_utils.'):
-                out += [(f'{node.module}.{a.name}', node.lineno) for a in node.names]  # from ...module_utils import x
+            elif node.module == PREFIX + 'filter' or node.module.startswith(
+                (PREFIX + 'module_utils', PREFIX + 'plugin_utils')
+            ):
+                # from ...module_utils[.package] import x: x may be a module of the package or a name in the module
+                out += [(f'{node.module}.{a.name}', node.lineno) for a in node.names]
             else:
                 out.append((node.module, node.lineno))
     return out
+
+
+def _is_file(plugins: str, kind: str, parts: list[str]) -> bool:
+    return os.path.isfile(os.path.join(plugins, kind, *parts[:-1], parts[-1] + '.py'))
 
 
 def violations(plugins: str) -> list[str]:
@@ -45,9 +52,12 @@ def violations(plugins: str) -> list[str]:
     found = []
     seen = set()
 
-    def visit(kind: str, name: str, via: str) -> None:
+    def visit(kind: str, dotted: str, via: str) -> None:
+        # the longest leading part of the dotted name that is a file: a module of a layer's subpackage or of the top
+        parts = dotted.split('.')
+        name = next(('/'.join(parts[:n]) for n in range(len(parts), 0, -1) if _is_file(plugins, kind, parts[:n])), '')
         path = os.path.join(plugins, kind, name + '.py')
-        if (kind, name) in seen or not os.path.exists(path):
+        if (kind, name) in seen or not name:
             return
         seen.add((kind, name))
         for module, line in _imports(path):
@@ -56,9 +66,9 @@ def violations(plugins: str) -> list[str]:
             if module.startswith('.'):
                 found.append(f'{where}: relative import {module!r}{via}')
             elif module.startswith(PREFIX + 'module_utils.'):
-                visit('module_utils', module[len(PREFIX + 'module_utils.') :].split('.')[0], f' (through {where})')
+                visit('module_utils', module[len(PREFIX + 'module_utils.') :], f' (through {where})')
             elif module.startswith(PREFIX + 'plugin_utils.') and kind != 'module_utils':
-                visit('plugin_utils', module[len(PREFIX + 'plugin_utils.') :].split('.')[0], f' (through {where})')
+                visit('plugin_utils', module[len(PREFIX + 'plugin_utils.') :], f' (through {where})')
             elif module.startswith(PREFIX + 'filter.'):
                 found.append(
                     f'{where}: imports the filter {module!r}{via} (shared code lives in plugins/plugin_utils/)'

@@ -7,7 +7,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_cleanup import FilterModule
-from ansible_collections.tritonops.shm.plugins.plugin_utils.cleanup_record import (
+from ansible_collections.tritonops.shm.plugins.plugin_utils.report.cleanup_record import (
     LOCATE_STEP,
     READ_STEP,
     VERIFY_STEP,

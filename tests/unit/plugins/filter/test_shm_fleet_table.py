@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_fleet_table import FilterModule
-from ansible_collections.tritonops.shm.plugins.plugin_utils.fleet_table import (
+from ansible_collections.tritonops.shm.plugins.plugin_utils.report.fleet_table import (
     FREED_SAYS,
     freed,
     shm_fleet_table,
@@ -483,7 +483,7 @@ def test_cuda_regions_get_a_line_under_their_host_in_both_tables():
 
 
 def test_a_report_row_carries_the_cuda_summary():
-    from ansible_collections.tritonops.shm.plugins.plugin_utils.fleet_table import shm_report_row
+    from ansible_collections.tritonops.shm.plugins.plugin_utils.report.fleet_table import shm_report_row
 
     summary = dict(
         cuda_regions=1, cuda_stale_regions=1, cuda_stale_bytes=MIB, cuda_unknown_regions=0, cuda_unknown_bytes=0

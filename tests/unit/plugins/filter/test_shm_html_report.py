@@ -9,7 +9,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_html_report import FilterModule
-from ansible_collections.tritonops.shm.plugins.plugin_utils.html_report import shm_html_report
+from ansible_collections.tritonops.shm.plugins.plugin_utils.report.html_report import shm_html_report
 
 MIB = 1 << 20
 HOSTILE = '<img src=x onerror=alert(1)>'

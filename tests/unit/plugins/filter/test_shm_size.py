@@ -8,8 +8,8 @@ from ansible.errors import AnsibleFilterError
 from kubernetes_validate import utils as kubernetes_validate_utils
 
 from ansible_collections.tritonops.shm.plugins.filter.shm_size import FilterModule
-from ansible_collections.tritonops.shm.plugins.plugin_utils.kubernetes import quantity_bytes
-from ansible_collections.tritonops.shm.plugins.plugin_utils.sizing import (
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.kubernetes import quantity_bytes
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.sizing import (
     docker_size,
     kubernetes_quantity,
     pool_bound,

@@ -16,12 +16,12 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.triton_kubernetes import FilterModule
-from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy import triton_version
-from ansible_collections.tritonops.shm.plugins.plugin_utils.kubernetes import (
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.deploy import triton_version
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.kubernetes import (
     quantity_bytes,
     triton_kubernetes,
 )
-from ansible_collections.tritonops.shm.plugins.plugin_utils.sizing import shm_size
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.sizing import shm_size
 
 MIB = 1 << 20
 GIB = 1 << 30

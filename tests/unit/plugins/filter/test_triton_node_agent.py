@@ -10,7 +10,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.triton_node_agent import FilterModule
-from ansible_collections.tritonops.shm.plugins.plugin_utils.node_agent import (
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.node_agent import (
     CAPABILITIES,
     STATE_KEEP,
     node_agent_deadline,

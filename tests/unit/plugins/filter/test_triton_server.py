@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.tritonops.shm.plugins.filter.triton_server import FilterModule
-from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy import (
+from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.deploy import (
     image_tag,
     triton_args,
     triton_container,

@@ -114,7 +114,7 @@ def server_proc():
 def cuda_server_proc(tmp_path, monkeypatch):
     """server_proc as a CUDA context process (CUDA-FACTS.md, fact 11: tritonserver maps /dev/nvidia-uvm): it maps a
     file that stands for the device, and gpu.UVM names that file, so the CUDA rule's positive control sees it."""
-    from ansible_collections.tritonops.shm.plugins.module_utils import gpu  # after sys.path is set above
+    from ansible_collections.tritonops.shm.plugins.module_utils.host import gpu
 
     uvm = tmp_path / 'nvidia-uvm'
     uvm.write_bytes(bytes(4096))
@@ -140,7 +140,7 @@ def shm(tmp_path):
 @pytest.fixture(autouse=True)
 def private_lock_dir(tmp_path_factory, monkeypatch):
     """Each test's runs take their locks (runlock.LOCK_DIR, root's /run/tritonops_shm) in a directory of their own."""
-    from ansible_collections.tritonops.shm.plugins.module_utils import runlock  # after sys.path is set above
+    from ansible_collections.tritonops.shm.plugins.module_utils.host import runlock
 
     path = str(tmp_path_factory.mktemp('locks') / 'tritonops_shm')
     real = runlock.lock_dir
@@ -158,7 +158,7 @@ def complete_scan(monkeypatch):
     Processes we cannot read are not ours and cannot hold our fresh temp files; the
     unreadable-process rule itself belongs to holders.py and its tests.
     """
-    from ansible_collections.tritonops.shm.plugins.module_utils import holders  # after sys.path is set above
+    from ansible_collections.tritonops.shm.plugins.module_utils.host import holders
 
     real = holders.scan
 

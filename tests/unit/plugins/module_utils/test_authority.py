@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/authority.py: the server's own DAC rights and the owner rule, and their use in inventory."""
+"""Unit tests for module_utils/host/authority.py: the server's own DAC rights and the owner rule, and their use in inventory."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import sys
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, holders
-from ansible_collections.tritonops.shm.plugins.module_utils.authority import Authority
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import (
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
+from ansible_collections.tritonops.shm.plugins.module_utils.host import authority, discovery, holders
+from ansible_collections.tritonops.shm.plugins.module_utils.host.authority import Authority
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import (
     Criteria,
     broad_pattern_warnings,
     classify,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.facts import Snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.facts import Snapshot
 
 STATUS = """Name:\ttritonserver
 Uid:\t{uid}\t{uid}\t{uid}\t{uid}

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/backend_pool.py: which models triton_backend_pool reloads, and how it asks.
+"""Unit tests for module_utils/run/backend_pool.py: which models triton_backend_pool reloads, and how it asks.
 
 plan() is pure: literal backend_pools records (inventory.pool_records' shape) in, one ModelPlan per model out.
 The reload is asked of a fake client that records its calls; wait_gone runs on real files.
@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import backend_pool, shm_fs
-from ansible_collections.tritonops.shm.plugins.module_utils.backend_pool import KEEP, RELOAD, SKIP, Threshold
+from ansible_collections.tritonops.shm.plugins.module_utils.host import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.run import backend_pool
+from ansible_collections.tritonops.shm.plugins.module_utils.run.backend_pool import KEEP, RELOAD, SKIP, Threshold
 
 MIB = 1 << 20
 

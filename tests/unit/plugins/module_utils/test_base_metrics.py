@@ -18,7 +18,8 @@ import tempfile
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_collections.tritonops.shm.plugins.module_utils import base, metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.run import base
 
 URL = 'http://127.0.0.1:8000'
 MIB = 1 << 20
@@ -172,7 +173,7 @@ def test_a_read_only_bind_mount_is_one_warning(tmp_path):
     directory.mkdir()
     code = (
         'import json, sys\n'
-        'from ansible_collections.tritonops.shm.plugins.module_utils import base\n'
+        'from ansible_collections.tritonops.shm.plugins.module_utils.run import base\n'
         f'sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n'
         'import test_base_metrics as t\n'
         f'print(json.dumps(t._write_as_nobody({str(directory)!r})))\n'

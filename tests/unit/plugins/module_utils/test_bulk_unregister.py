@@ -12,10 +12,10 @@ import os
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wire import http_reader, triton_http
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import Triton, serve
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (  # fixtures: conftest
     FakeClock,
@@ -118,7 +118,7 @@ def test_a_connection_dropped_mid_batch_reports_what_was_done_and_a_rerun_conver
 
 def test_a_failure_part_way_through_a_batch_keeps_the_work_done_in_the_result(http_triton, shm, server_proc):  # noqa: F811
     """What RegionOps returns after a failure: the result of the work done (the module's failure carries it)."""
-    from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # pylint: disable=import-outside-toplevel
+    from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps  # pylint: disable=import-outside-toplevel
     from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import params  # pylint: disable=import-outside-toplevel
 
     shared, names = _scene(shm, drop_after=30)

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/snapshot.py and classification.py: the read and the classification, on real files,
+"""Unit tests for module_utils/host/snapshot.py and classification.py: the read and the classification, on real files,
 mappings and processes.
 
 The "server" is a real process named tritonserver in its own mount namespace with a
@@ -19,16 +19,17 @@ import textwrap
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import authority, discovery, facts, nvml, snapshot
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import (
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError, TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.host import authority, discovery, nvml, snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.host.snapshot import Snapshot, read_server
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import facts
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import (
     Criteria,
     RegionFacts,
     classify,
     region_state,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import DiscoveryError, ShmFsError, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.results import info_result, summarize
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot, read_server
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.results import info_result, summarize
 
 # Only the tests that build a mount namespace need root; the others run as any user.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='needs root: mount namespaces with a private /dev/shm')

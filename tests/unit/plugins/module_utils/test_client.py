@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/client.py: the one interface of both transports and what they share.
+"""Unit tests for module_utils/wire/client.py: the one interface of both transports and what they share.
 
 The helpers are pure and tested on literal values. The interface is tested on the two real
 transports (constructed, never connected: their calls are tested against servers in
@@ -11,7 +11,13 @@ import inspect
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils.client import (
+from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
+    ParameterError,
+    RegionInUse,
+    RegionNotFound,
+    TritonError,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.client import (
     CLIENT_SHM_HINT,
     Client,
     Library,
@@ -27,15 +33,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.client import (
     split_url,
     url_scheme,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.connection import has_userinfo, redact_url, url_secrets
-from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
-    ParameterError,
-    RegionInUse,
-    RegionNotFound,
-    TritonError,
-)
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import has_userinfo, redact_url, url_secrets
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 
 # what the modules and module_utils call on a client (triton_shm_info, triton_shm_region, inventory, region_ops)
 INTERFACE = {

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/containers.py: a process's container or pod from its cgroup (a table of real formats)."""
+"""Unit tests for module_utils/host/containers.py: a process's container or pod from its cgroup (a table of real formats)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import containers
+from ansible_collections.tritonops.shm.plugins.module_utils.host import containers
 
 CID = 'ab6a24e700069997e526947833f0caa9f645503ff2fb102c91da07f2af90b1fb'
 POD = 'c5f78c7c99eb90713aa0bf5c71b521890a4570afd83c69a1a623753c7846a8af'

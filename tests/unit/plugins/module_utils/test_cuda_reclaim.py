@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import gpu, nvml
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.host import gpu, nvml
+from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (
     FakeClock,
     FakeTriton,

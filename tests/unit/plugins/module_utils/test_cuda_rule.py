@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import gpu, nvml
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import gpu_record, gpu_state
+from ansible_collections.tritonops.shm.plugins.module_utils.host import gpu, nvml
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import gpu_record, gpu_state
 
 MIB = 1 << 20
 SERVER, STUB, CLIENT, SMI, CHILD = 100, 101, 200, 300, 400
@@ -218,7 +218,7 @@ def _documented(key):
 
 def test_per_gpu_facts_name_the_charge_the_bytes_by_state_the_holders_and_the_zombies(tmp_path):
     """Issue 34, goal 3: triton_shm_info's gpus (results.gpu_facts) and the summary's CUDA bytes by state."""
-    from ansible_collections.tritonops.shm.plugins.module_utils import results
+    from ansible_collections.tritonops.shm.plugins.module_utils.rules import results
 
     procs = {**H200, CHILD: ('python3', 1, CHILD_MAPS, b'')}
     ev = evidence(tmp_path, procs, reading((0, [(SERVER, 1606 * MIB), (699, 582 * MIB)])))
@@ -367,7 +367,7 @@ def test_a_zombie_and_its_child_on_another_gpu_leave_a_proven_region_stale(tmp_p
     alone: a region proven on GPU 3 is stale, and GPU 5's facts name both. A child whose descriptors cannot be read
     may be anywhere: it keeps the region unknown."""
     _root_only()
-    from ansible_collections.tritonops.shm.plugins.module_utils import results
+    from ansible_collections.tritonops.shm.plugins.module_utils.rules import results
 
     procs = {**H200, CHILD: ('python3', 1, CHILD_MAPS, b'')}
     ev = evidence(tmp_path, procs, eight(client_on=None, zombie_on=5), {SERVER: [3], CHILD: [5]})

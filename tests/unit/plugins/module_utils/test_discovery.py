@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/discovery.py: from a URL's host and port to the tritonserver process.
+"""Unit tests for module_utils/host/discovery.py: from a URL's host and port to the tritonserver process.
 
 Everything is real: listening and accepting processes (named by prctl, as tritonserver is),
 network namespaces joined by veth pairs, socat and a one-process forwarder (as docker-proxy
@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, procfs
+from ansible_collections.tritonops.shm.plugins.module_utils.host import discovery, procfs
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason='network namespaces, veth and iptables need root')
 

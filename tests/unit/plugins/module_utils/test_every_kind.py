@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import runlock
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.operation import run_steps
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import EveryKind
+from ansible_collections.tritonops.shm.plugins.module_utils.host import runlock
+from ansible_collections.tritonops.shm.plugins.module_utils.run.operation import run_steps
+from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import EveryKind
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_cuda_reclaim import reader
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import (
     FakeClock,

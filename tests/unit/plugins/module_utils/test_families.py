@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/families.py: the families of other software's files in /dev/shm (issue 42, goal 1)."""
+"""Unit tests for module_utils/rules/families.py: the families of other software's files in /dev/shm (issue 42, goal 1)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import families
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import families
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/holders.py on this host's real /proc.
+"""Unit tests for module_utils/host/holders.py on this host's real /proc.
 
 Mappings, open files, listening sockets and processes are real (this test process
 and children it starts). Only the unreadable-process decision also uses a small
@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
+from ansible_collections.tritonops.shm.plugins.module_utils.host import holders, procfs
 
 # A process that maps, opens or listens as asked, prints READY and waits; comm set by prctl.
 CHILD = textwrap.dedent("""
@@ -309,7 +309,7 @@ def test_open_fds_are_those_the_fd_directory_lists(tmp_path, child, monkeypatch)
     assert key in want.values()
     # asked in a quiet process of its own: this one's threads (earlier tests' servers) open and close descriptors
     root = holders.__file__.rsplit('/ansible_collections/', 1)[0]
-    ask = 'from ansible_collections.tritonops.shm.plugins.module_utils import holders; print(holders.fd_counts())'
+    ask = 'from ansible_collections.tritonops.shm.plugins.module_utils.host import holders; print(holders.fd_counts())'
     env = dict(os.environ, PYTHONPATH=root)
     counted = subprocess.run(
         [sys.executable, '-c', ask], capture_output=True, text=True, check=True, env=env

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import http_reader, triton_grpc, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer, TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wire import http_reader, triton_grpc, triton_http
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes import loopback
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, Triton
 from ansible_collections.tritonops.shm.tests.fakes.loopback import canned, endless, http_json

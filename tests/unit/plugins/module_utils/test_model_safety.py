@@ -86,9 +86,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ansible_collections.tritonops.shm.plugins.module_utils import region_ops as region_ops_mod
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.run import region_ops as region_ops_mod
+from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.modules import triton_shm_region
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import Drop, HttpFront, Refusal, Triton
 
@@ -101,8 +101,10 @@ TMPFS = 'size=256k,nr_inodes=40,mode=1777'
 WAIT = 20.0  # the bound of every wait on a process
 SYSCALLS = {'renameat2': 316, 'unlinkat': 263}  # x86_64 numbers, as /proc/PID/syscall shows them
 
-# _ROOT/ansible_collections/tritonops/shm/plugins/module_utils/region_ops.py
-COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(region_ops_mod.__file__))))
+# _ROOT/ansible_collections/tritonops/shm/plugins/module_utils/run/region_ops.py
+COLLECTION = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(region_ops_mod.__file__))))
+)
 COLLECTIONS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION)))
 LEADER_EXIT_SOURCE = os.path.join(COLLECTION, 'tests', 'rig', 'leader_exit.c')
 

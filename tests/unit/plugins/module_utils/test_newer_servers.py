@@ -19,13 +19,6 @@ pytest.importorskip('grpc')
 pytest.importorskip('tritonclient.grpc.service_pb2')
 
 # pylint: disable=wrong-import-position
-from ansible_collections.tritonops.shm.plugins.module_utils import classification, results, snapshot  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.client import (  # noqa: E402
-    CLIENT_SHM_HINT,
-    OVERFLOW_HINT,
-    RESERVED_KEY_HINT,
-    SHM_UNSUPPORTED_HINT,
-)
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (  # noqa: E402
     ClientShmDisabled,
     ParameterError,
@@ -36,9 +29,17 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (  # n
     ShmUnsupported,
     TritonError,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.host import snapshot
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import classification, results
+from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.client import (  # noqa: E402
+    CLIENT_SHM_HINT,
+    OVERFLOW_HINT,
+    RESERVED_KEY_HINT,
+    SHM_UNSUPPORTED_HINT,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient  # noqa: E402
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import (  # noqa: E402
     CLIENT_SHM_OFF,
     DEFERRED_LOG,

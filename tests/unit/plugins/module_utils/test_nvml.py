@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import nvml
+from ansible_collections.tritonops.shm.plugins.module_utils.host import nvml
 
 MIB = 1 << 20
 UUID = 'GPU-5b1e2c3d-0000-1111-2222-333344445555'

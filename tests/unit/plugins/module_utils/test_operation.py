@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import operation
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
+from ansible_collections.tritonops.shm.plugins.module_utils.run import operation
 
 MODULES = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'modules')
 
@@ -84,7 +84,7 @@ def test_a_failure_part_way_reports_the_work_done_from_the_outcome():
 
 
 def test_region_ops_never_executes_in_check_mode():
-    from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
+    from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps
 
     ops = RegionOps(object(), {'kind': 'system'}, check_mode=True)
     with pytest.raises(RuntimeError, match='never executes'):
@@ -114,7 +114,7 @@ def test_the_run_protocol_imports_no_transport():
     a fresh interpreter, importing it loads none of them (nor Ansible)."""
     code = (
         'import sys\n'
-        'from ansible_collections.tritonops.shm.plugins.module_utils import operation\n'
+        'from ansible_collections.tritonops.shm.plugins.module_utils.run import operation\n'
         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('ansible', 'grpc', 'http.client')))))\n"
     )
     out = subprocess.run(
@@ -131,5 +131,6 @@ def test_the_run_protocol_imports_no_transport():
         'ansible_collections.tritonops.shm',
         'ansible_collections.tritonops.shm.plugins',
         'ansible_collections.tritonops.shm.plugins.module_utils',
-        'ansible_collections.tritonops.shm.plugins.module_utils.operation',
+        'ansible_collections.tritonops.shm.plugins.module_utils.run',
+        'ansible_collections.tritonops.shm.plugins.module_utils.run.operation',
     }, loaded

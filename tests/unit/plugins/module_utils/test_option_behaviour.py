@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), 'extensi
 # pylint: disable=wrong-import-position
 from test_triton_shm_source import collect, make_ca, make_cert, source  # noqa: E402
 
-from ansible_collections.tritonops.shm.plugins.module_utils import connection  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.wire import connection
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient  # noqa: E402
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, GrpcTls, HttpFront, Triton  # noqa: E402
 
 TRANSPORTS = ('http', 'grpc', 'source')

@@ -1,10 +1,10 @@
-"""Unit tests for module_utils/patterns.py: the one pattern test of the modules and the role's filters."""
+"""Unit tests for module_utils/rules/patterns.py: the one pattern test of the modules and the role's filters."""
 
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils.patterns import literal, matches
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.patterns import literal, matches
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/procfs.py: raw /proc reads on this host's real /proc, and the one backoff loop.
+"""Unit tests for module_utils/host/procfs.py: raw /proc reads on this host's real /proc, and the one backoff loop.
 
 The processes, sockets and files are real (this test process and children it starts, stopped by
 pid); only the clock of the backoff tests is a fake, so that a 600 s budget takes no time.
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from test_region_ops import FakeClock
 
-from ansible_collections.tritonops.shm.plugins.module_utils import procfs
+from ansible_collections.tritonops.shm.plugins.module_utils.host import procfs
 
 # prints READY and waits, its comm set by prctl (as tritonserver's is its own name)
 NAMED = textwrap.dedent("""

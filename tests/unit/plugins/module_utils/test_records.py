@@ -1,4 +1,4 @@
-"""The region fields are defined once (module_utils/records.py): the status checks of both transports read them, and
+"""The region fields are defined once (module_utils/rules/records.py): the status checks of both transports read them, and
 the modules' RETURN docs list each of them with its type.
 
 A field a newer Triton adds (the recipe "Add a region field" in CONTRIBUTING.md) is one records.Field: the test below
@@ -13,8 +13,9 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.tritonops.shm.plugins.module_utils import client, records
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
+from ansible_collections.tritonops.shm.plugins.module_utils.wire import client
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 TYPES = {records.TEXT: 'str', records.UINT64: 'int'}
@@ -100,13 +101,13 @@ def test_the_grpc_status_keeps_the_fields_the_kind_declares_and_the_message_has(
 # modules that read records are imported (as a records.py that lists it would be), in a fresh interpreter.
 RECIPE = r"""
 import json, sys
-from ansible_collections.tritonops.shm.plugins.module_utils import records
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
 REF = records.Field('ref_count', records.UINT64, required=False, description='References.', label='refs',
                     total='region_references', total_description='Sum of the ref_count of the system regions.')
 records.SYSTEM = records.SYSTEM._replace(fields=records.SYSTEM.fields + (REF,))
 records.KINDS['system'] = records.SYSTEM
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics
-from ansible_collections.tritonops.shm.plugins.plugin_utils.html_report import shm_html_report
+from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.plugin_utils.report.html_report import shm_html_report
 
 regions = json.loads(sys.argv[1])
 inv = dict(server=dict(pid=42, version='2.74.0', shm_dir='/dev/shm'), summary={}, system_regions=regions,
@@ -145,7 +146,7 @@ def test_a_field_with_a_label_and_a_total_shows_in_the_report_and_the_textfile_f
 
 
 def test_totals_are_integers_and_their_gauges_are_declared_once():
-    from ansible_collections.tritonops.shm.plugins.module_utils import metrics
+    from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
 
     for _kind, field in records.totals():
         assert field.type == records.UINT64, field

@@ -18,24 +18,17 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import (
-    classification,
-    facts,
-    holders,
-    nvml,
-    procfs,
-    region_plan,
-    shm_fs,
-)
-from ansible_collections.tritonops.shm.plugins.module_utils import snapshot as snapshot_mod
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ParameterError,
     RegionInUse,
     ServerNotFound,
     TritonError,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.host import holders, nvml, procfs, shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.host import snapshot as snapshot_mod
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import classification, facts, region_plan
+from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 
 # the text of Triton 2.51 (checked against the real server in tests/integration/test_triton_shm_region.py)
 IN_USE = "Cannot unregister shared memory region '%s', it is currently in use."
@@ -1023,7 +1016,7 @@ def test_a_deferred_cuda_unregister_is_pending_like_a_system_one(shm, server_pro
 
 def test_region_ops_and_region_plan_have_no_branch_on_a_kind_name():
     root = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'module_utils')
-    for name in ('region_ops.py', 'region_calls.py', 'file_ops.py', 'region_plan.py'):
+    for name in ('run/region_ops.py', 'run/region_calls.py', 'run/file_ops.py', 'rules/region_plan.py'):
         with open(os.path.join(root, name)) as f:
             code = f.read()
         assert "kind == 'cuda'" not in code and "kind'] == 'cuda'" not in code, name

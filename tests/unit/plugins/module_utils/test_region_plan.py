@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from test_authority import SERVER, SHM, entry, region, snapshot
 
-from ansible_collections.tritonops.shm.plugins.module_utils import region_plan
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import Criteria, classify
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import region_plan
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import Criteria, classify
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.test_region_ops import params as region_params
 
 CLIENT_PATTERNS = ['client_*']

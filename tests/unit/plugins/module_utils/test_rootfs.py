@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/rootfs.py on real temporary trees: a "root" directory that stands for /proc/PID/root.
+"""Unit tests for module_utils/host/rootfs.py on real temporary trees: a "root" directory that stands for /proc/PID/root.
 
 Every test builds a root with a hostile symlink in it that, handed to the kernel in one piece, would reach a victim
 directory outside the root; the resolution must stay inside the root or refuse.
@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import rootfs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import PathRefused
+from ansible_collections.tritonops.shm.plugins.module_utils.host import rootfs
 
 
 @pytest.fixture

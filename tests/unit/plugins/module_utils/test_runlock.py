@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/runlock.py: one triton_shm_region run at a time per shm directory.
+"""Unit tests for module_utils/host/runlock.py: one triton_shm_region run at a time per shm directory.
 
 The locks are real flock(2) locks on real files and directories, held by this process or by another one; only the
 clock is a fake, so that the 600 s wait takes no time. The tests of a whole run use test_region_ops' fake Triton API
@@ -20,8 +20,8 @@ import pytest
 # the whole-run helpers and fixtures (complete_scan is autouse there and here)
 from test_region_ops import FakeClock, FakeTriton, make_file, region, run
 
-from ansible_collections.tritonops.shm.plugins.module_utils import runlock, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError
+from ansible_collections.tritonops.shm.plugins.module_utils.host import runlock, shm_fs
 
 # server_proc, shm and complete_scan: conftest.py
 pytestmark = pytest.mark.usefixtures('complete_scan')

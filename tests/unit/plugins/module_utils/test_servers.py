@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/servers.py: the host's Triton servers, on a fake proc tree.
+"""Unit tests for module_utils/run/servers.py: the host's Triton servers, on a fake proc tree.
 
 The tree has what the listing reads: comm, cmdline, cgroup, ns/net (one inode per namespace: hard links), fd links to
 sockets, the namespace's net/tcp{,6} and fib_trie, and the container's /etc/hostname. The real thing (two real
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import servers
+from ansible_collections.tritonops.shm.plugins.module_utils.run import servers
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import HttpFront, Triton
 
 CID = 'ab6a24e700069997e526947833f0caa9f645503ff2fb102c91da07f2af90b1fb'

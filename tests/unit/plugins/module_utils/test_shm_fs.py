@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/shm_fs.py on real temporary directories."""
+"""Unit tests for module_utils/host/shm_fs.py on real temporary directories."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import facts, shm_fs
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ShmFsError
-from ansible_collections.tritonops.shm.plugins.module_utils.shm_fs import ShmDir
+from ansible_collections.tritonops.shm.plugins.module_utils.host import shm_fs
+from ansible_collections.tritonops.shm.plugins.module_utils.host.shm_fs import ShmDir
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import facts
 
 
 def test_usage_matches_statvfs(tmp_path):

@@ -1,4 +1,4 @@
-"""triton_shm_sweep's parts (module_utils/sweep.py) on real directories, files and processes: the refusal, the plan, the
+"""triton_shm_sweep's parts (module_utils/run/sweep.py) on real directories, files and processes: the refusal, the plan, the
 removal and check mode. The holders are this host's real processes (a child that maps a file); no server is faked."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import sweep
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, ShmDirInUse
-from ansible_collections.tritonops.shm.plugins.module_utils.operation import run_steps
+from ansible_collections.tritonops.shm.plugins.module_utils.run import sweep
+from ansible_collections.tritonops.shm.plugins.module_utils.run.operation import run_steps
 from ansible_collections.tritonops.shm.plugins.modules import triton_shm_sweep
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_args import patch_module_args
 from ansible_collections.tritonops.shm.tests.unit.plugins.module_utils.conftest import _rig

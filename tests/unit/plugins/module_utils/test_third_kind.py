@@ -17,7 +17,7 @@ import sys
 
 THIRD_KIND = r"""
 import http.server, json, sys, threading, types
-from ansible_collections.tritonops.shm.plugins.module_utils import records
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
 
 TEST = records.Kind(
     'test',
@@ -28,7 +28,7 @@ TEST = records.Kind(
     states=('stale', 'unknown'),
 )
 records.KINDS['test'] = TEST
-from ansible_collections.tritonops.shm.plugins.module_utils import kinds, vocabulary
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import kinds, vocabulary
 
 
 def no_holder(snap, region, criteria=None):
@@ -38,13 +38,14 @@ def no_holder(snap, region, criteria=None):
 
 kinds.KINDS['test'] = kinds.RegionKind(record=TEST, holders='none: a test kind', state=no_holder)
 
-from ansible_collections.tritonops.shm.plugins.module_utils import metrics, runlock
-from ansible_collections.tritonops.shm.plugins.module_utils.operation import run_steps
-from ansible_collections.tritonops.shm.plugins.module_utils.region_ops import RegionOps
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.host import runlock
+from ansible_collections.tritonops.shm.plugins.module_utils.run.operation import run_steps
+from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 from ansible_collections.tritonops.shm.plugins.modules import triton_shm_info
-from ansible_collections.tritonops.shm.plugins.plugin_utils import fleet_table
-from ansible_collections.tritonops.shm.plugins.plugin_utils.html_report import shm_html_report
+from ansible_collections.tritonops.shm.plugins.plugin_utils.report import fleet_table
+from ansible_collections.tritonops.shm.plugins.plugin_utils.report.html_report import shm_html_report
 
 shm_dir, lock_dir = sys.argv[1], sys.argv[2]
 runlock.LOCK_DIR = lock_dir

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import time_limit
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
-from ansible_collections.tritonops.shm.plugins.module_utils.time_limit import TimeLimitReached
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.wire import time_limit
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.time_limit import TimeLimitReached
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import HttpFront, Triton
 
 MODULE = 'ansible_collections.tritonops.shm.plugins.modules.triton_shm_info'

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/triton_grpc.py: gRPC URLs, metadata, and the mapping of every failure to a TritonError.
+"""Unit tests for module_utils/wire/triton_grpc.py: gRPC URLs, metadata, and the mapping of every failure to a TritonError.
 
 Calls go over real gRPC to the unit tests' fake Triton (tests/fakes/fake_triton.py: an in-process
 grpcio server with Triton's own messages, tritonclient.grpc.service_pb2), scripted for the answers a real
@@ -22,10 +22,10 @@ service_pb2 = pytest.importorskip('tritonclient.grpc.service_pb2')
 service_pb2_grpc = pytest.importorskip('tritonclient.grpc.service_pb2_grpc')
 
 # pylint: disable=wrong-import-position
-from ansible_collections.tritonops.shm.plugins.module_utils import tls, triton_grpc  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.client import is_grpc_url  # noqa: E402
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ModelControlRefused, Restricted, TritonError  # noqa: E402
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc import TritonGrpcClient  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.wire import tls, triton_grpc
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.client import is_grpc_url  # noqa: E402
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient  # noqa: E402
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, Triton  # noqa: E402
 
 IN_USE = "Cannot unregister shared memory region 'r', it is currently in use."
@@ -285,21 +285,25 @@ def test_close_closes_the_channel_and_a_later_call_opens_a_new_one(served):
 def test_the_grpc_transport_imports_neither_the_http_one_nor_requests():
     root = os.path.dirname(
         os.path.dirname(
-            os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(triton_grpc.__file__)))))
+            os.path.dirname(
+                os.path.dirname(
+                    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(triton_grpc.__file__))))
+                )
+            )
         )
     )
     probe = (
         'import json, sys\n'
         f'sys.path.insert(0, {root!r})\n'
-        'from ansible_collections.tritonops.shm.plugins.module_utils import triton_grpc\n'
+        'from ansible_collections.tritonops.shm.plugins.module_utils.wire import triton_grpc\n'
         "triton_grpc.TritonGrpcClient('grpc://127.0.0.1:8001')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('requests', 'urllib3', 'ansible_collections.')))))\n"
     )
     loaded = json.loads(
         subprocess.run([sys.executable, '-c', probe], check=True, capture_output=True, text=True).stdout
     )
-    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_grpc' in loaded, 'the probe imported it'
-    assert 'ansible_collections.tritonops.shm.plugins.module_utils.triton_http' not in loaded
+    assert 'ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc' in loaded, 'the probe imported it'
+    assert 'ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http' not in loaded
     assert not [m for m in loaded if m.startswith(('requests', 'urllib3'))], loaded
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/triton_http.py: URL handling and the mapping of every failure to a clear TritonError.
+"""Unit tests for module_utils/wire/triton_http.py: URL handling and the mapping of every failure to a clear TritonError.
 
 Requests go over real HTTP(S) to the unit tests' fake Triton (tests/fakes/fake_triton.py) on
 loopback ports, which answers as Triton 2.51 and what a test scripts: the answers a real Triton
@@ -20,7 +20,6 @@ import time
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import base, triton_grpc, triton_http
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     ModelControlRefused,
     Restricted,
@@ -28,7 +27,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.errors import (
     TritonError,
     UnaddressableName,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.triton_http import TritonClient
+from ansible_collections.tritonops.shm.plugins.module_utils.run import base
+from ansible_collections.tritonops.shm.plugins.module_utils.wire import triton_grpc, triton_http
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 from ansible_collections.tritonops.shm.tests.fakes import loopback
 from ansible_collections.tritonops.shm.tests.fakes.fake_triton import MODEL_CONTROL, HttpFront, Reply, Triton
 
@@ -839,7 +840,7 @@ def test_a_restricted_api_without_its_header_names_the_headers_option_and_the_ke
     ],
 )
 def test_an_answer_that_is_not_http_says_what_speaks_on_the_port(start, says):
-    from ansible_collections.tritonops.shm.plugins.module_utils.http_reader import not_http
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire.http_reader import not_http
 
     text = not_http(start)
     assert all(s in text for s in says), text

@@ -1,10 +1,10 @@
-"""Unit tests for module_utils/versions.py, the one version parser: a table of texts."""
+"""Unit tests for module_utils/rules/versions.py, the one version parser: a table of texts."""
 
 from __future__ import annotations
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils.versions import version_tuple
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.versions import version_tuple
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils import discovery, holders, procfs
-from ansible_collections.tritonops.shm.plugins.module_utils.classification import classify
-from ansible_collections.tritonops.shm.plugins.module_utils.results import info_result
-from ansible_collections.tritonops.shm.plugins.module_utils.snapshot import Snapshot, read_server
+from ansible_collections.tritonops.shm.plugins.module_utils.host import discovery, holders, procfs
+from ansible_collections.tritonops.shm.plugins.module_utils.host.snapshot import Snapshot, read_server
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import classify
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.results import info_result
 
 INITIAL_HERE = os.stat('/proc/self/ns/pid').st_ino == procfs.INITIAL_PID_NS_INODE
 needs_initial = pytest.mark.skipif(not INITIAL_HERE, reason="the tests run outside the host's initial PID namespace")
@@ -80,7 +80,7 @@ def test_any_other_proc_or_namespace_is_not_the_initial_one(tmp_path, self_targe
 CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.tritonops.shm.plugins.module_utils import holders, procfs
+from ansible_collections.tritonops.shm.plugins.module_utils.host import holders, procfs
 ns = procfs.pid_namespace()
 scan = holders.scan([(1, 2)])
 shared = holders.scan([(1, 2)], visible=holders.visibility(clients_share_pid_namespace=True))

@@ -1,4 +1,4 @@
-"""The one state vocabulary (module_utils/vocabulary.py): every output takes its words and its order from it.
+"""The one state vocabulary (module_utils/rules/vocabulary.py): every output takes its words and its order from it.
 
 The classification decides with it and counts in its order, the metrics label their series with it, the HTML report lists
 it in its counts and sorts by its attention orders, and the user docs describe every word in the same order.
@@ -10,9 +10,10 @@ import ast
 import os
 import re
 
-from ansible_collections.tritonops.shm.plugins.module_utils import classification, metrics, records, results
-from ansible_collections.tritonops.shm.plugins.module_utils import vocabulary as v
-from ansible_collections.tritonops.shm.plugins.plugin_utils.html_report import shm_html_report
+from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import classification, records, results
+from ansible_collections.tritonops.shm.plugins.module_utils.rules import vocabulary as v
+from ansible_collections.tritonops.shm.plugins.plugin_utils.report.html_report import shm_html_report
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 WORDS = set(v.REGION_STATES) | set(v.FILE_CATEGORIES) | set(v.POOL_STATES)
