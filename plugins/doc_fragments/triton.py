@@ -63,7 +63,8 @@ options:
     type: path
   client_key:
     description:
-      - PEM private key for O(client_cert), when the certificate file does not contain it.
+      - PEM private key for O(client_cert), when the certificate file does not contain it. Requires O(client_cert); a key
+        alone is refused before anything is sent.
     type: path
 attributes:
   action_group:

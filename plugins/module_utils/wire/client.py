@@ -203,7 +203,15 @@ def wire_of(url: str | connection.WireConfig, options: dict) -> connection.WireC
     unknown = sorted(set(options) - set(connection.OPTIONS))
     if unknown:
         raise TypeError(f'not connection options: {", ".join(unknown)}')
-    return connection.wire_config({**options, 'url': url})
+    return _wire_config({**options, 'url': url})
+
+
+def _wire_config(params: dict) -> connection.WireConfig:
+    """connection.wire_config, its refusal of the options as a ParameterError (a module's parameter, nothing sent)."""
+    try:
+        return connection.wire_config(params)
+    except connection.OptionError as exc:
+        raise ParameterError(str(exc)) from None
 
 
 def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
@@ -359,7 +367,7 @@ class Client(abc.ABC):
     @classmethod
     def from_params(cls, params: dict) -> Client:
         """The client for a module's connection options (base.connection_argument_spec)."""
-        return cls(connection.wire_config(params))
+        return cls(_wire_config(params))
 
     def __enter__(self) -> Client:
         return self

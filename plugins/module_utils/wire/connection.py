@@ -154,7 +154,8 @@ class WireConfig(NamedTuple):
 
 def wire_config(params: dict) -> WireConfig:
     """The WireConfig of the options in params (a missing or None value: the option's default), each placed where its
-    Option.wire says; ValueError for an option of OPTIONS without a known wire (a new option must say how it is sent).
+    Option.wire says; ValueError for an option of OPTIONS without a known wire (a new option must say how it is sent);
+    OptionError for a client_key without a client_cert (a key alone authenticates nothing: never silently dropped).
     """
     address, timeout, tls, headers, single = None, None, {}, {}, {}
     for name, option in OPTIONS.items():
@@ -178,6 +179,8 @@ def wire_config(params: dict) -> WireConfig:
     for field, value in single.items():
         if not any(field.lower() == str(given).lower() for given in headers):
             headers[field] = value
+    if tls.get('key') and not tls.get('cert'):
+        raise OptionError('client_key is set without client_cert: give the client certificate it belongs to (or none)')
     return WireConfig(address, timeout, Tls(**tls), headers)
 
 

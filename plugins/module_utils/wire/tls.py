@@ -76,8 +76,8 @@ def ca_pem(path: str) -> bytes:
 def grpc_pems(ca_path: str | None, client_cert: str | None, client_key: str | None) -> GrpcPems:
     """What a grpcs:// channel is built with; the client_cert file may hold the key too. TlsFileError for a file.
 
-    A client_key without a client_cert is left out, as tls_context leaves it out (grpcio aborts the process on a key
-    without a certificate)."""
+    A client_key without a client_cert never reaches here (connection.wire_config refuses it); were it to, it is left
+    out, as tls_context leaves it out (grpcio aborts the process on a key without a certificate)."""
     cert = read_file(client_cert, 'client_cert') if client_cert else None
     key = (read_file(client_key, 'client_key') if client_key else cert) if cert else None
     return GrpcPems(ca_pem(ca_path) if ca_path else None, key, cert)

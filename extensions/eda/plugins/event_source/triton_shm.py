@@ -237,7 +237,10 @@ def parse_args(args: dict) -> tuple[list[dict], float]:
             server['threshold_percent'] = connection.number(
                 server['threshold_percent'], f'{what}: threshold_percent', positive=False
             )
-        wire = server['wire'] = connection.wire_config(server)  # what goes on the wire, from the options alone
+        try:
+            wire = server['wire'] = connection.wire_config(server)  # what goes on the wire, from the options alone
+        except ConfigError as exc:
+            raise ConfigError(f'{what}: {exc}') from None
         server['secrets'] = connection.secrets(wire)
         server['grpc'] = triton_aio.grpc_settings(wire, MAX_ANSWER_BYTES, what) if connection.is_grpc(url) else None
         server['ssl'] = None if server['grpc'] else triton_aio.tls_context(wire, what)  # read once, before any poll

@@ -227,8 +227,25 @@ def test_unreadable_tls_files_are_named(tmp_path):
     assert 'without PEM certificates' in err.value.msg
 
 
+def test_a_client_key_without_a_client_cert_is_refused_by_both_transports_and_the_event_source(tmp_path):
+    """A key alone authenticates nothing: refused with the reason before anything is sent, never silently dropped."""
+    from ansible_collections.tritonops.shm.extensions.eda.plugins.event_source import triton_shm
+    from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
+
+    key = tmp_path / 'client.key'
+    key.write_text('-----BEGIN PRIVATE KEY-----\n')
+    for transport, url in ((TritonGrpcClient, 'grpcs://127.0.0.1:8001'), (TritonClient, 'https://127.0.0.1:8000')):
+        with pytest.raises(ParameterError, match='client_key is set without client_cert'):
+            transport.from_params({'url': url, 'client_key': str(key)})
+    server = {'host': 'h1', 'url': 'grpcs://127.0.0.1:8001', 'client_key': str(key)}
+    with pytest.raises(triton_shm.ConfigError, match=r'servers\[0\] \(h1\): client_key is set without client_cert'):
+        triton_shm.parse_args({'servers': [server]})
+
+
 def test_a_client_key_without_a_client_cert_is_left_out_as_over_https(tmp_path):
-    """grpcio aborts the whole process on a private key without a certificate chain: the key alone is not passed."""
+    """grpcio aborts the whole process on a private key without a certificate chain: were a key alone to reach the
+    channel's settings (connection.wire_config refuses it first), it is not passed."""
     key = tmp_path / 'client.key'
     key.write_text('-----BEGIN PRIVATE KEY-----\n')
     assert tls.grpc_pems(None, None, str(key)) == (None, None, None)
