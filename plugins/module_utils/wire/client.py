@@ -217,13 +217,9 @@ def _wire_config(params: dict) -> connection.WireConfig:
 def split_url(url: str, schemes: tuple[str, ...], refusal: str) -> Url:
     """url split into a Url; TritonError(refusal) for another scheme or no host, and for an invalid port or a character
     a request line cannot carry (outside printable ASCII: a path percent-encoded, a host name in punycode)."""
-    odd = next((c for c in url if not ' ' < c < '\x7f'), None)
-    if odd is not None:
-        raise TritonError(
-            f'url {url!r} has the character {odd!r}, which a request cannot carry: percent-encode it in the path '
-            '(%C3%A4 for \u00e4), write a host name in its ASCII (punycode) form',
-            url=url,
-        )
+    odd = connection.unsendable(url)
+    if odd:
+        raise TritonError(f'url {url!r} {odd}', url=url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in schemes or not parts.hostname:

@@ -359,6 +359,18 @@ def is_grpc(url: str) -> bool:
     return urlsplit(url).scheme.lower() in GRPC_SCHEMES
 
 
+def unsendable(url: str) -> str | None:
+    """The refusal of a URL with a character a request line or Host header cannot carry (outside printable ASCII,
+    or a space), naming the character and the way out; None when every character can be sent."""
+    odd = next((c for c in url if not ' ' < c < '\x7f'), None)
+    if odd is None:
+        return None
+    return (
+        f'has the character {odd!r}, which a request cannot carry: percent-encode it in the path '
+        '(%C3%A4 for \u00e4), write a host name in its ASCII (punycode) form'
+    )
+
+
 def checked_url(url: Any, what: str, of: str, grpc: bool = False) -> str:
     """url without spaces around and a trailing /, http:// when it names no scheme; OptionError when it is not
     http(s) (with grpc: or grpc(s)://HOST:PORT, nothing more). The message shows the URL without credentials."""
@@ -369,6 +381,9 @@ def checked_url(url: Any, what: str, of: str, grpc: bool = False) -> str:
         url = 'http://' + url
     parts = urlsplit(url)
     shown = redact_url(url)
+    refusal = unsendable(url)
+    if refusal:
+        raise OptionError(f'{what} {shown} {refusal}')
     try:
         parts.port  # pylint: disable=pointless-statement
     except ValueError:

@@ -377,3 +377,11 @@ def test_a_url_outside_ascii_is_refused_by_both_transports_before_any_request(tr
     scheme = 'grpc' if transport is TritonGrpcClient else 'http'
     with pytest.raises(TritonError, match='which a request cannot carry'):
         transport(f'{scheme}://trit\u00f3n:8001', timeout=1)
+
+
+def test_a_url_outside_ascii_is_refused_by_the_event_source_at_start_naming_the_server():
+    from ansible_collections.tritonops.shm.extensions.eda.plugins.event_source import triton_shm
+
+    for url in ('http://127.0.0.1:8000/\u00e4', 'grpc://trit\u00f3n:8001'):
+        with pytest.raises(triton_shm.ConfigError, match=r'servers\[0\] \(h1\): url .* which a request cannot carry'):
+            triton_shm.parse_args({'servers': [{'host': 'h1', 'url': url}]})
