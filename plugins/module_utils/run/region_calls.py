@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import Any
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.host.procfs import Backoff
@@ -45,13 +46,24 @@ def may_defer(snap: Snapshot) -> bool:
 
 
 class RegionCalls:
-    """The region calls of a run (see the module docstring); a mixin of the Operation that runs them.
+    """The region calls of one run (see the module docstring), made through the run's client for its kind (a
+    kinds.RegionKind), each answer recorded in the run's outcome (region_ops.Outcome: unregistered, pending,
+    registered, skipped) as it comes. RegionOps holds one per run (read() makes it with the outcome)."""
 
-    The class using it sets: client, kind (kinds.RegionKind), in_use_timeout, sleep, clock, warn, and outcome
-    (region_ops.Outcome: unregistered, pending, registered, skipped).
-    """
+    def __init__(
+        self,
+        client: Any,
+        kind: Any,
+        outcome: Any,
+        in_use_timeout: float,
+        warn: Callable[[str], object],
+        sleep: Callable[[float], object],
+        clock: Callable[[], float],
+    ) -> None:
+        self.client, self.kind, self.outcome, self.in_use_timeout = client, kind, outcome, in_use_timeout
+        self.warn, self.sleep, self.clock = warn, sleep, clock
 
-    def _unregister(self, kind: str, name: str, refused: TritonError | None = None, once: bool = False) -> Unregister:
+    def unregister(self, kind: str, name: str, refused: TritonError | None = None, once: bool = False) -> Unregister:
         """Unregister one region; KEPT means it stays registered, with the reason recorded in skipped.
 
         refused: the server's refusal of an unregister already sent (by a batch), handled as the first answer.
@@ -83,7 +95,7 @@ class RegionCalls:
                 self.outcome.skipped.append({'name': name, 'reason': reason})
                 return Unregister.KEPT
 
-    def _wait_gone(self, kind: str, specs: dict, once: bool = False) -> set:
+    def wait_gone(self, kind: str, specs: dict, once: bool = False) -> set:
         """Poll the status until no region of specs {name: spec} is listed, within in_use_timeout; return those still listed.
 
         Triton 24.12 and later accept an unregister while requests are in flight and keep the region
@@ -102,7 +114,7 @@ class RegionCalls:
             if not listed or not backoff.wait():
                 return listed
 
-    def _register_all(
+    def register_all(
         self, kind: str, todo: list, register: Callable[[str], object], restore: Callable[[dict], object]
     ) -> None:
         """Register each (name, current) of todo; a different current spec is unregistered first.
@@ -112,14 +124,14 @@ class RegionCalls:
         """
         for name, cur in todo:
             if cur is not None:
-                if self._unregister(kind, name) is Unregister.KEPT:
+                if self.unregister(kind, name) is Unregister.KEPT:
                     raise TritonError(
                         f"re-register {kind} region '{name}': it stays in use: Triton refused to unregister "
                         f'its current registration for {self.in_use_timeout}s because requests are in '
                         'flight through it, so nothing changed and it keeps its current spec; run again '
                         'when its clients are idle, or give in_use_timeout more seconds'
                     )
-                if self._wait_gone(kind, {name: cur}):
+                if self.wait_gone(kind, {name: cur}):
                     self.outcome.pending.append(name)
                     raise TritonError(
                         f"re-register {kind} region '{name}': it was unregistered but is still listed after "
@@ -148,7 +160,7 @@ class RegionCalls:
                 self.outcome.unregistered.append(name)
             self.outcome.registered.append(name)
 
-    def _unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
+    def unregister_selected(self, kind: str, selected: list, still_registered: set) -> None:
         """Unregister each selected region; add the names that stay registered (skipped with the reason) to still_registered.
 
         The unregisters go out as one batch (the transport may send several at once: client.UnregisterBatch);
@@ -167,7 +179,7 @@ class RegionCalls:
                     continue
                 try:
                     outcome = (
-                        self._unregister(kind, name, refused, once=name in tried_once)
+                        self.unregister(kind, name, refused, once=name in tried_once)
                         if refused is not None
                         else Unregister.UNREGISTERED
                     )
@@ -186,7 +198,7 @@ class RegionCalls:
         if failure is not None:
             raise failure
 
-    def _deferred(self, selected: list, still_registered: set) -> None:
+    def deferred(self, selected: list, still_registered: set) -> None:
         """Regions unregistered but still listed (Triton 24.12+ defers while requests are in flight) keep their files.
 
         Waits up to in_use_timeout for them to leave the status; those still listed then move from
@@ -199,7 +211,7 @@ class RegionCalls:
         specs = {r['name']: r for r in selected if r['name'] in done and r['name'] not in still_registered}
         # a wedged region's deferral is looked at once, never waited out (wedged.py)
         once = all(r.get('state') == vocabulary.WEDGED for r in specs.values())
-        listed = self._wait_gone(self.kind.name, specs, once=once)
+        listed = self.wait_gone(self.kind.name, specs, once=once)
         for name in sorted(listed):
             still_registered.add(name)
             self.outcome.pending.append(name)

@@ -139,12 +139,12 @@ class Outcome:
         return out
 
 
-class RegionOps(ShmDirWork, RegionCalls, Operation):
+class RegionOps(ShmDirWork, Operation):
     """One triton_shm_region call for one kind: read and lock, plan (pure), preview or execute, then one read after.
 
-    The steps are the run protocol's (operation.py); the region calls are RegionCalls' (region_calls.py), the shm
-    directory's side ShmDirWork's (file_ops.py). The outcome is started by read() and hold() (what the read found) and
-    built by preview() or execute() from the plan.
+    The steps are the run protocol's (operation.py); the region calls are made by the run's RegionCalls (``calls``,
+    region_calls.py), the shm directory's side is ShmDirWork's (file_ops.py). The outcome is started by read() and
+    hold() (what the read found) and built by preview() or execute() from the plan.
     """
 
     def __init__(
@@ -174,6 +174,7 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
         self.diff = diff
         self.read_nvml = read_nvml or nvml.read  # the GPU memory a CUDA unregister gave back (gpu.measure_freed)
         self.outcome: Outcome | None = None  # what this run did (or, in check mode, would do): read() starts it
+        self.calls: RegionCalls | None = None  # its calls to Triton, recording into the outcome: read() makes them
         self.snap = None  # the read this run planned from
         self.rechecked = None  # file_ops.Recheck: the holder re-check of the removal, the state after with inventory
         self._criteria = None  # the parameters' classification.Criteria, client users resolved once per run
@@ -213,6 +214,9 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
         """
         p = self.params
         self.outcome = Outcome(check_mode=self.check_mode)
+        self.calls = RegionCalls(
+            self.client, self.kind, self.outcome, self.in_use_timeout, self.warn, self.sleep, self.clock
+        )
         try:
             snap = snapshot.read_server(
                 self.client,
@@ -318,7 +322,7 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
                 created = d.create(plan.create, plan.need)
             self.outcome.created_files.append(os.path.join(snap.shm_dir, plan.create))
         try:
-            self._register_all(
+            self.calls.register_all(
                 self.kind.name,
                 plan.register,
                 lambda name: self.kind.register(self.client, name, p),
@@ -345,8 +349,8 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
             file_plan = [action for action in file_plan if action.region not in kept]
         try:
             try:
-                self._unregister_selected(self.kind.name, selected, still_registered)
-                self._deferred(selected, still_registered)
+                self.calls.unregister_selected(self.kind.name, selected, still_registered)
+                self.calls.deferred(selected, still_registered)
             except TritonError:
                 self._salvage_files(snap, selected, file_plan, still_registered)
                 raise
@@ -361,7 +365,7 @@ class RegionOps(ShmDirWork, RegionCalls, Operation):
         so that a rerun of the same task converges; every other file is kept."""
         done = set(self.outcome.unregistered)
         try:
-            self._deferred(selected, still_registered)
+            self.calls.deferred(selected, still_registered)
         except TritonError as again:
             # before 24.12 an unregister Triton answered is final; since, it may still be listed
             if may_defer(snap):
