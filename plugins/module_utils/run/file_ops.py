@@ -117,13 +117,20 @@ class ShmDirWork:
             return None
         moved = []
         with shm_fs.ShmDir(self.shm) as d:
-            for entry, region in file_plan:
-                q = self._quarantine(d, snap, entry, region, still_registered)
-                if q is not None:
-                    moved.append((entry, region, q))
-            check = recheck() if recheck is not None else snapshot.rescan(snap)
-            gone = []
-            restored = False
+            try:
+                for entry, region in file_plan:
+                    q = self._quarantine(d, snap, entry, region, still_registered)
+                    if q is not None:
+                        moved.append((entry, region, q))
+                first = self._recheck(snap, recheck)
+            except BaseException:
+                # no re-check, no unlink: every file moved so far gets its name back (or is recorded), and says why
+                for entry, _region, q in moved:
+                    why = 'its holders could not be checked again before the unlink: not removed'
+                    why += self._give_back(d, q, snap.server_id)
+                    self.outcome.skipped.append({'path': entry['path'], 'reason': why})
+                raise
+            check, restored, gone = first.snap, not first.current, []
             for entry, _region, q in moved:
                 reason = self._unlink(d, check, entry, q)
                 if reason is None:
@@ -132,6 +139,20 @@ class ShmDirWork:
                     self.outcome.skipped.append({'path': entry['path'], 'reason': reason})
                     restored = restored or q.name != q.original
         return Recheck(check.without(gone), current=not restored)
+
+    def _recheck(self, snap: Snapshot, recheck: Callable[[], Snapshot] | None) -> Recheck:
+        """The holders read again: recheck(), the run's full read of the server, or snapshot.rescan of snap. When that
+        full read fails (the server stopped answering), the holders alone, all the unlinks need; the read is then not
+        the server's current state (current false: the state after is read again later)."""
+        if recheck is None:
+            return Recheck(snapshot.rescan(snap), current=True)
+        try:
+            return Recheck(recheck(), current=True)
+        except Exception as exc:  # pylint: disable=broad-except  # the files' safety needs only the holders
+            self.warn(
+                f'the server could not be read again after its unregisters ({exc}): the holders were re-checked alone'
+            )
+            return Recheck(snapshot.rescan(snap), current=False)
 
     def _quarantine(
         self, d: shm_fs.ShmDir, snap: Snapshot, entry: dict, region: str | None, still_registered: set

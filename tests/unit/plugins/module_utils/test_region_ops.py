@@ -1608,3 +1608,92 @@ def test_a_region_triton_will_not_let_go_is_wedged_after_three_runs_then_tried_o
     res, _clock = _wedged_run(fake, shm, server_proc.pid, locks)
     assert res['unregistered'] == ['w'] and 'w' not in fake.regions
     assert not [n for n in os.listdir(locks) if n.endswith('.wedged.json')], 'the record is gone with the region'
+
+
+# -- a server that stops answering between the unregisters and the unlinks (review of issue 41) -----------------------
+
+
+class _StopsAfterUnregister(FakeTriton):
+    """Answers the read, the unregisters and the status that shows them gone, then stops answering (a crash, a
+    restart) before the holder re-check."""
+
+    statuses_after = 0
+
+    def status(self, kind):
+        if self.unregister_calls:
+            self.statuses_after += 1
+        if self.statuses_after > 1:
+            raise TritonError(
+                f'status at {self.base}: cannot connect to Triton (refused or unreachable)', url=self.base
+            )
+        return super().status(kind)
+
+    def server_metadata(self):
+        if self.unregister_calls:
+            raise TritonError(
+                f'metadata at {self.base}: cannot connect to Triton (refused or unreachable)', url=self.base
+            )
+        return super().server_metadata()
+
+
+def _quarantined(shm):
+    return [n for n in os.listdir(shm) if facts.is_quarantine_name(n)]
+
+
+@pytest.mark.parametrize('inventory', [False, True])
+def test_the_files_of_unregistered_regions_go_even_when_the_server_stops_answering_before_the_recheck(
+    shm, server_proc, inventory
+):
+    """The re-check needs the holders, not the server: with inventory (a full read of the server as the re-check) a
+    server gone after its unregisters no longer leaves the file under its quarantine name, unreported."""
+    path = make_file(shm, 'a')
+    fake = _StopsAfterUnregister(shm, regions=[region('a')])
+    warnings = []
+    ops = RegionOps(
+        fake,
+        params(shm, server_proc.pid, stale=True, inventory=inventory),
+        warn=warnings.append,
+        sleep=FakeClock().sleep,
+        clock=FakeClock().clock,
+        serialise=False,
+    )
+    try:
+        if inventory:
+            with pytest.raises(TritonError):  # the state after cannot be read: the call fails, after its safe work
+                ops.run()
+        else:
+            ops.run()
+    finally:
+        ops.release()
+    res = ops.result(finished=not inventory)
+    assert res['unregistered'] == ['a'] and res['removed_files'] == [path], res
+    assert not os.path.exists(path) and _quarantined(shm) == []
+    if inventory:
+        assert any('the holders were re-checked alone' in w for w in warnings), warnings
+
+
+def test_a_recheck_that_fails_gives_every_quarantined_file_its_name_back(shm, server_proc, monkeypatch):
+    """No re-check, no unlink: a file already renamed to its quarantine name is renamed back and reported."""
+    path = make_file(shm, 'a')
+
+    def unreadable(_snap, *_a, **_k):
+        raise OSError('proc went away')
+
+    monkeypatch.setattr(snapshot_mod, 'rescan', unreadable)
+    fake = _StopsAfterUnregister(shm, regions=[region('a')])
+    ops = RegionOps(
+        fake,
+        params(shm, server_proc.pid, stale=True),
+        sleep=FakeClock().sleep,
+        clock=FakeClock().clock,
+        serialise=False,
+    )
+    try:
+        with pytest.raises(OSError, match='proc went away'):
+            ops.run()
+    finally:
+        ops.release()
+    res = ops.result(finished=False)
+    assert os.path.exists(path) and _quarantined(shm) == [], sorted(os.listdir(shm))
+    assert res['removed_files'] == [] and [s['path'] for s in res['skipped_items']] == [path]
+    assert 'could not be checked again before the unlink: not removed' in res['skipped_items'][0]['reason']
