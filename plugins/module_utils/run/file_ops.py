@@ -19,7 +19,7 @@ import errno
 import os
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.host import runlock, shm_fs, snapshot, wedged
@@ -45,14 +45,24 @@ class Recheck(NamedTuple):
 
 
 class ShmDirWork:
-    """The shm directory's side of a run (see the module docstring); a mixin of the Operation that runs it.
-
-    The class using it sets: params (lock_dir), serialise, lock (None), shm (None), lock_dir, sleep, clock, warn,
-    check_mode, outcome (region_ops.Outcome), _finished ([]); for the cleanup record and the wedged record also kind
-    (kinds.RegionKind), _record (None) and _ours (set()); _held() sets snap. shm is the directory the read pinned (_located):
-    the snapshot is plain data (facts.py), and every change in the directory goes through this descriptor, never its
-    path.
+    """The shm directory's side of a run (see the module docstring); a mixin of the Operation that runs it (region,
+    sweep). The attributes it needs are declared here; the class using it sets them. shm is the directory the read
+    pinned (_located): the snapshot is plain data (facts.py), and every change in the directory goes through this
+    descriptor, never its path.
     """
+
+    params: dict  # lock_dir
+    serialise: bool
+    lock: runlock.ServerLock | None
+    shm: shm_fs.PinnedDir | None
+    lock_dir: str | None
+    sleep: Callable[[float], object]
+    clock: Callable[[], float]
+    warn: Callable[[str], object]
+    check_mode: bool
+    outcome: Any  # region_ops.Outcome
+    snap: Snapshot | None  # _held() sets it
+    _finished: list
 
     def _located(self, shm: shm_fs.PinnedDir | None) -> Lock:
         """What the read calls once the server is located: keep the directory it pinned, and (not in check mode) lock it."""
@@ -261,6 +271,15 @@ class ShmDirWork:
             d.write_cleanup_record(record)
         except ShmFsError as exc:
             self.warn(f'{q.name} is not recorded ({exc}): only an orphan pattern matching it removes it')
+
+
+class RegionFileWork(ShmDirWork):
+    """The shm directory's side that only a region run has: the reserved mark of a registered region's file, the
+    cleanup record written before its unregisters and updated after (invariant 8), and the wedged record."""
+
+    kind: Any  # kinds.RegionKind
+    _record: dict | None
+    _ours: set
 
     def _mark(self, snap: Snapshot, key_name: str, region: str) -> None:
         """Mark the backing file as this region's (reserved); a refusal is a warning, the region stays registered."""

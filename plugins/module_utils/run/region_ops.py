@@ -34,7 +34,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.rules import (
 )
 from ansible_collections.tritonops.shm.plugins.module_utils.rules.facts import Snapshot
 from ansible_collections.tritonops.shm.plugins.module_utils.rules.region_plan import IN_USE_TIMEOUT, Plan
-from ansible_collections.tritonops.shm.plugins.module_utils.run.file_ops import ShmDirWork
+from ansible_collections.tritonops.shm.plugins.module_utils.run.file_ops import RegionFileWork
 from ansible_collections.tritonops.shm.plugins.module_utils.run.operation import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.run.region_calls import RegionCalls, may_defer
 
@@ -139,11 +139,11 @@ class Outcome:
         return out
 
 
-class RegionOps(ShmDirWork, Operation):
+class RegionOps(RegionFileWork, Operation):
     """One triton_shm_region call for one kind: read and lock, plan (pure), preview or execute, then one read after.
 
     The steps are the run protocol's (operation.py); the region calls are made by the run's RegionCalls (``calls``,
-    region_calls.py), the shm directory's side is ShmDirWork's (file_ops.py). The outcome is started by read() and
+    region_calls.py), the shm directory's side is RegionFileWork's (file_ops.py). The outcome is started by read() and
     hold() (what the read found) and built by preview() or execute() from the plan.
     """
 

@@ -134,3 +134,17 @@ def test_the_run_protocol_imports_no_transport():
         'ansible_collections.tritonops.shm.plugins.module_utils.run',
         'ansible_collections.tritonops.shm.plugins.module_utils.run.operation',
     }, loaded
+
+
+def test_each_executor_sets_what_its_shm_directory_work_declares():
+    """file_ops declares the attributes its work reads (ShmDirWork for every run, RegionFileWork for a region run): a
+    class using it that does not set one fails here, not in the middle of a cleanup."""
+    from ansible_collections.tritonops.shm.plugins.module_utils.run.file_ops import RegionFileWork, ShmDirWork
+    from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps
+    from ansible_collections.tritonops.shm.plugins.module_utils.run.sweep import Sweep
+
+    shm_dir = {'shm_dir': '/dev/shm'}
+    for op, work in ((RegionOps(None, shm_dir), RegionFileWork), (Sweep(shm_dir), ShmDirWork)):
+        declared = {n for klass in work.__mro__ for n in getattr(klass, '__annotations__', {})}
+        assert declared and isinstance(op, work)
+        assert [n for n in sorted(declared) if not hasattr(op, n)] == [], type(op).__name__
