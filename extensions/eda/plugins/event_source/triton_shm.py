@@ -144,31 +144,48 @@ LOGGER = logging.getLogger(__name__)
 PACKAGE = 'ansible_collections.tritonops.shm'
 
 
+def _paths(module: Any) -> list[str]:
+    """The real directories a package was imported from (its __path__), [] for a module without one."""
+    return [os.path.realpath(p) for p in list(getattr(module, '__path__', None) or [])]
+
+
 def collection_package() -> str:
-    """The import name of the collection's module_utils, importable even when the collection is not on sys.path.
+    """The import name of the collection's module_utils, bound to the collection this file is in, never another copy.
 
     ansible-rulebook runs an event source with runpy.run_path, by its path: the collection is not importable as a
     package there. Then this binds ansible_collections.tritonops.shm to the collection this file is in
     (extensions/eda/plugins/event_source/ -> the collection root), and the module_utils import each other as in the
-    modules.
+    modules. Another copy of the collection on sys.path never wins over it; when ansible_collections.tritonops.shm is
+    already imported from another place (another copy's source ran first in this process), ImportError names both:
+    this file never runs another copy's code. Imported as a package, the package is its own root.
     """
-    try:
-        return importlib.import_module(f'{PACKAGE}.plugins.module_utils').__name__
-    except ImportError:
-        pass
-    root = os.path.abspath(os.path.join(__file__, *['..'] * 5))
+    root = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), *['..'] * 4))
     where = os.path.join(root, 'plugins', 'module_utils')
     if not os.path.isfile(os.path.join(where, 'wire', 'triton_aio.py')):
         raise ImportError(f'tritonops.shm.triton_shm needs {where}: install the whole tritonops.shm collection')
+    for name, want in ((PACKAGE, root), (f'{PACKAGE}.plugins.module_utils', where)):
+        bound = sys.modules.get(name)
+        if bound is not None and _paths(bound) != [want]:
+            raise ImportError(
+                f'tritonops.shm.triton_shm at {root} cannot use its collection: {name} is already imported from '
+                f'{", ".join(_paths(bound)) or getattr(bound, "__file__", None) or "elsewhere"}, another copy of '
+                'tritonops.shm; run one copy of the collection per process'
+            )
+    if PACKAGE in sys.modules:
+        return f'{PACKAGE}.plugins.module_utils'
     parent = None
-    for name in ('ansible_collections', 'ansible_collections.tritonops', PACKAGE):
-        try:
+    for name, path in (
+        ('ansible_collections', os.path.dirname(os.path.dirname(root))),
+        ('ansible_collections.tritonops', os.path.dirname(root)),
+        (PACKAGE, root),
+    ):
+        try:  # the namespaces above the collection as Python finds them (no code runs), never the collection itself
             module = None if name == PACKAGE else importlib.import_module(name)
         except ImportError:
             module = None
-        if module is None:
+        if module is None:  # a copy of tritonops.shm on sys.path must not win over this file's collection
             module = sys.modules[name] = types.ModuleType(name)
-            module.__path__ = [root] if name == PACKAGE else []  # type: ignore[attr-defined]
+            module.__path__ = [path]  # type: ignore[attr-defined]
             if parent is not None:
                 setattr(parent, name.rsplit('.', 1)[1], module)
         parent = module
