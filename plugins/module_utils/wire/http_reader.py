@@ -26,6 +26,7 @@ bytes once, up to its bound, then is refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 MAX_HEAD_BYTES = 64 << 10  # status line and headers; the trailers of a chunked body have the same bound
@@ -79,15 +80,20 @@ class Response(NamedTuple):
     keep_alive: bool
 
 
-def escape(text: str | bytes, limit: int = 200) -> str:
+def escape(text: str | bytes, limit: int = 200, hidden: Sequence[str] = ()) -> str:
     """Text a server sent, safe for a message or a log line: printable characters kept, any other one escaped.
 
     Control characters (ESC, CR, LF, NUL, …), bidi overrides and line separators become ``\\x1b``,
     ``\\r``, ``\\u202e``…; bytes are read as UTF-8 (invalid bytes as U+FFFD); cut to limit characters
-    with ``...``.
+    with ``...``. Each of hidden (connection.secrets: longest first) is shown as ``********`` before anything is cut,
+    so a secret the cut would split shows no part of itself.
     """
     if isinstance(text, (bytes, bytearray)):
-        text = bytes(text[: limit * 4]).decode('utf-8', 'replace')
+        longest = max((len(secret) for secret in hidden), default=0)
+        text = bytes(text[: (limit + longest) * 4]).decode('utf-8', 'replace')
+    for secret in hidden:
+        if secret:
+            text = text.replace(secret, '********')
     cut = len(text) > limit
     text = text[:limit]
     if not text.isprintable():

@@ -13,7 +13,8 @@ the request (connection.http_request), the strict reader (http_reader.ResponseRe
 TLS (tls), a server's error answer (client.error_from_answer: a restricted API's refusal gets its way out), grpcio
 (triton_grpc.load_grpc: imported at the first gRPC endpoint only) and the regions of a gRPC answer
 (records.from_message). Every failure is a StatusError whose message starts with the endpoint (URL and path, or
-URL and gRPC method) and says why; its URL and secrets are the caller's to redact.
+URL and gRPC method) and says why; the wire's secrets in a server's text are hidden before it is cut (connection.secrets),
+the URL and the rest are the caller's to redact.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -48,9 +50,10 @@ class _Reconnect(StatusError):
     """A kept-alive connection was closed by the server before it answered: send again on a new one."""
 
 
-def snippet(raw: bytes, limit: int = 120) -> str:
-    """The start of what a server sent, on one line, every control character escaped."""
-    return escape(raw.strip().replace(b'\n', b' '), limit)
+def snippet(raw: bytes, limit: int = 120, hidden: Sequence[str] = ()) -> str:
+    """The start of what a server sent, on one line, every control character escaped, each of hidden (the wire's
+    connection.secrets) shown as ******** before the cut."""
+    return escape(raw.strip().replace(b'\n', b' '), limit, hidden)
 
 
 def tls_context(wire: connection.WireConfig, what: str) -> ssl.SSLContext | None:
@@ -153,7 +156,7 @@ class HttpEndpoint:
     """One GET over HTTP(S), answered within the wire's timeout: the connection kept open between calls (keep_alive)
     or a new one each time (with Connection: close)."""
 
-    __slots__ = ('wire', 'path', 'name', 'address', 'ssl', 'request', 'keep_alive', 'max_body', 'conn')
+    __slots__ = ('wire', 'path', 'name', 'address', 'ssl', 'request', 'keep_alive', 'max_body', 'conn', 'hidden')
 
     def __init__(
         self,
@@ -176,6 +179,7 @@ class HttpEndpoint:
         self.keep_alive = keep_alive
         self.max_body = max_body
         self.conn: _Connection | None = None
+        self.hidden = connection.secrets(wire)  # never in an error's text, not even cut short
 
     def where(self) -> str:
         return f'{self.wire.url}{self.path}'
@@ -240,7 +244,7 @@ class HttpEndpoint:
         """The body of a 200 answer; StatusError 'HTTP CODE: text' for any other."""
         answer = await self.fetch(loop)
         if answer.status != 200:
-            raise StatusError(f'HTTP {answer.status}: {snippet(answer.body) or escape(answer.reason, 120)}')
+            raise StatusError(f'HTTP {answer.status}: {self._shown(answer)}')
         return answer.body
 
     async def status(self, loop: asyncio.AbstractEventLoop) -> Any:
@@ -256,8 +260,8 @@ class HttpEndpoint:
                     server_error = json.loads(answer.body)['error']
                 except (ValueError, KeyError, TypeError):
                     pass
-            detail = server_error if isinstance(server_error, str) else None
-            text = detail or snippet(answer.body) or escape(answer.reason, 120)
+            detail = connection.hide(server_error, self.hidden) if isinstance(server_error, str) else None
+            text = detail or self._shown(answer)
             code = f'HTTP {answer.status}'
             raise StatusError(
                 str(error_from_answer(self.where(), code, text, detail, url=None, status=answer.status, transport=HTTP))
@@ -267,8 +271,12 @@ class HttpEndpoint:
         except ValueError:
             raise StatusError(
                 f'{self.where()}: the answer is not Triton JSON (is another web server on this port?): '
-                + snippet(answer.body)
+                + snippet(answer.body, hidden=self.hidden)
             ) from None
+
+    def _shown(self, answer: Response) -> str:
+        """The start of an error answer's body (else its reason) for a message, the wire's secrets hidden first."""
+        return snippet(answer.body, hidden=self.hidden) or escape(answer.reason, 120, self.hidden)
 
     def close(self) -> None:
         """Close the connection; a later call opens a new one."""

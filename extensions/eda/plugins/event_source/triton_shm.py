@@ -145,8 +145,8 @@ PACKAGE = 'ansible_collections.tritonops.shm'
 
 
 def _paths(module: Any) -> list[str]:
-    """The real directories a package was imported from (its __path__), [] for a module without one."""
-    return [os.path.realpath(p) for p in list(getattr(module, '__path__', None) or [])]
+    """The real directories a package was imported from (its __path__, once each), [] for a module without one."""
+    return sorted({os.path.realpath(p) for p in list(getattr(module, '__path__', None) or [])})
 
 
 def collection_package() -> str:

@@ -298,6 +298,33 @@ def test_secrets_never_reach_events_or_logs(caplog):
     assert first.header('X-Api-Key') == secret and first.header('Authorization').startswith('Basic ')
 
 
+SECRET = 'S3cr3tT0k3nValue0123456789'
+
+
+@pytest.mark.parametrize(
+    'headers, url_user, body_of',
+    [
+        # a 401 text that echoes the token alone, without its scheme word
+        ({'Authorization': f'Bearer {SECRET}'}, '', lambda request: f'invalid token {SECRET}'),
+        # the whole header value where the 120-character snippet cuts it: no part of it may show
+        ({'Authorization': f'Bearer {SECRET}'}, '', lambda request: 'x' * 97 + ' ' + request.header('Authorization')),
+        # the Basic credentials of the URL, cut the same way
+        ({}, 'admin:Sup3rSecretPassw0rd@', lambda request: 'y' * 100 + ' ' + request.header('Authorization')),
+    ],
+    ids=['token-alone', 'cut-header', 'cut-basic'],
+)
+def test_a_secret_echoed_alone_or_cut_by_the_snippet_never_shows(headers, url_user, body_of):
+    async def scenario():
+        with triton(answer=echo(500, body_of)) as fake:
+            url = fake.url.replace('://', f'://{url_user}')
+            return await collect({'servers': [{'host': 'h', 'url': url, 'headers': headers}], 'interval': 60}, 1)
+
+    error = run(scenario())[0]['triton_shm']['error']
+    assert 'HTTP 500' in error and '********' in error, error
+    for secret in (SECRET, 'Sup3rSecretPassw0rd', 'YWRtaW46U3VwM3JTZWNyZXRQYXNzdzByZA=='):
+        assert not any(secret[:n] in error for n in range(6, len(secret) + 1)), (secret, error)
+
+
 @pytest.mark.parametrize(
     'args, message',
     [
