@@ -136,9 +136,12 @@ class _Connection(asyncio.Protocol):
             self._finish(StatusError(f'the server closed the connection without an answer ({reason})'))
 
     def close(self) -> None:
+        """Release the connection at once: its answer is complete (or will never be), so nothing is left to flush,
+        and a TLS close would wait up to 30 s for a peer's close_notify that may never come (asyncio's
+        ssl_shutdown_timeout), holding the socket, uncounted by the open-file budget."""
         self.open = False
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
 
     def abort(self) -> None:
         self.open = False

@@ -432,6 +432,50 @@ def test_tls_options_work_as_in_the_modules(tmp_path):
         assert by_host[name]['status'] == 'up' and by_host[name]['registered_bytes'] == 6 * MiB, by_host[name]
 
 
+def _sockets() -> int:
+    """The sockets this process holds open (both ends of a loopback connection count)."""
+    found = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            found += os.readlink(f'/proc/self/fd/{fd}').startswith('socket:')
+        except OSError:
+            pass
+    return found
+
+
+def test_a_tls_answer_on_a_connection_not_kept_releases_its_socket_at_once(tmp_path):
+    """A TLS peer that answers, then neither reads nor closes (it never sends its close_notify): the poll's socket is
+    released when the answer is complete, not after asyncio's 30 s TLS shutdown (metrics requests, servers beyond the
+    open-file budget)."""
+    ca = make_ca(str(tmp_path), 'ca')
+    cert = make_cert(str(tmp_path), 'server', ca)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert['cert'], cert['key'])
+    answer = loopback.http_json(REGIONS)
+
+    def answer_then_hold(conn: loopback.Conn, _request: loopback.Request) -> bool:
+        conn.send(answer)
+        conn.stop.wait(30)  # holds its end open, reading nothing
+        return False
+
+    async def scenario(peer):
+        servers, _interval = source.parse_args(
+            {'servers': [{'host': 'h', 'url': peer.url, 'ca_path': ca['cert'], 'timeout': 5}]}
+        )
+        target = source._Target(servers[0], False)  # pylint: disable=protected-access
+        loop = asyncio.get_running_loop()
+        base, lingering = _sockets(), []
+        for _ in range(3):
+            event = await target.poll(loop)
+            assert event['triton_shm']['status'] == 'up', event
+            await asyncio.sleep(0.2)
+            lingering.append(_sockets() - base - peer.connections)  # the peer holds one socket per connection
+        return lingering
+
+    with loopback.Peer(answer_then_hold, tls=context) as peer:
+        assert run(scenario(peer)) == [0, 0, 0]
+
+
 def test_runs_alone_with_a_mock_queue():
     """python triton_shm.py URL SHM_BYTES prints events (the source's __main__)."""
     url = 'http://127.0.0.1:%d' % closed_port()
