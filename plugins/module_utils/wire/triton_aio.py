@@ -40,6 +40,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.wire.http_reader imp
 
 STATUS_PATH = '/v2/systemsharedmemory/status'
 GRPC_METHOD = 'SystemSharedMemoryStatus'  # what a grpc:// server is asked (Triton's GRPCInferenceService)
+# The most regions a status answer may hold, counted as its JSON objects ('{') before it is parsed: 100,000 regions
+# are about 15 MiB, while 31 MiB of '{},' would parse into ~800 MiB of dicts and block the loop for seconds.
+MAX_REGIONS = 200_000
 
 
 class StatusError(Exception):
@@ -268,6 +271,11 @@ class HttpEndpoint:
             code = f'HTTP {answer.status}'
             raise StatusError(
                 str(error_from_answer(self.where(), code, text, detail, url=None, status=answer.status, transport=HTTP))
+            )
+        if answer.body.count(b'{') > MAX_REGIONS:  # refused before parsing: memory stays near the body's size
+            raise StatusError(
+                f'{self.where()}: the answer holds more than {MAX_REGIONS} JSON objects, more regions than this '
+                f'source reads (at most {MAX_REGIONS})'
             )
         try:
             return json.loads(answer.body)

@@ -37,6 +37,8 @@ description:
     C(tritonclient[grpc]) where ansible-rulebook runs.
   - Every server is polled every O(interval), whatever the others answer; a slow or dead server delays only its
     own event, and each poll ends within O(timeout).
+  - An answer is read up to 32 MiB, and a status of at most 200,000 regions (counted as its JSON objects before it is
+    parsed; 100,000 regions are about 15 MiB); a larger one is C(down), naming the limit.
   - C(holders_complete) is whether the cleanup on the server's host can see every process that may hold its
     shared memory (the metric C(tritonops_shm_holders_complete) read from O(servers[].metrics_url); C(null) when
     unknown). With C(false) a cleanup there would remove nothing; the event says why
@@ -207,7 +209,9 @@ PollError = triton_aio.StatusError  # this poll of this server has no region lis
 Holders = metrics_text.Holders
 Implausible = records.Implausible
 
-MAX_ANSWER_BYTES = 32 << 20  # body: a status list of 100,000 regions is about 15 MiB; chunked or not
+MAX_ANSWER_BYTES = (
+    32 << 20
+)  # body: a status list of 100,000 regions is about 15 MiB; chunked or not (triton_aio.MAX_REGIONS)
 MAX_ERROR_CHARS = 1000  # an event's error, escaped
 HOST_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.\-]*$')
 # per server, or as every server's default: the connection options but url (connection.OPTIONS), and these
