@@ -363,6 +363,9 @@ class GrpcEndpoint:
             if name == 'DEADLINE_EXCEEDED':
                 raise StatusError(f'{self.where()}: no answer within {timeout}s (timeout)') from None
             if name == 'UNAVAILABLE' and RESTRICTED_TEXT not in details:
+                # a kept channel that could not connect stays in gRPC's reconnect backoff (up to 120 s), failing every
+                # call meanwhile: dropped, so that the next poll connects afresh and sees a restarted server at once
+                await self.close()
                 text = f'cannot connect to Triton over gRPC (refused or unreachable): {details}'
                 raise StatusError(f'{self.where()}: {text}') from None
             error = error_from_answer(

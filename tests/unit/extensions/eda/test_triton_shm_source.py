@@ -31,7 +31,7 @@ if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.tests.fakes import loopback  # noqa: E402
-from ansible_collections.tritonops.shm.tests.fakes.fake_triton import HttpFront, Reply, Triton  # noqa: E402
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, HttpFront, Reply, Triton  # noqa: E402
 
 _SPEC = importlib.util.spec_from_file_location('triton_shm_source', SOURCE_PATH)
 source = importlib.util.module_from_spec(_SPEC)
@@ -726,3 +726,27 @@ def test_grpc_urls_are_accepted_as_in_the_modules_and_their_options_checked(tmp_
     ):
         with pytest.raises(source.ConfigError, match=why):
             source.parse_args({'servers': [dict(item, host='g')]})
+
+
+def test_a_grpc_server_back_after_an_outage_is_up_at_the_next_poll():
+    """A kept grpc.aio channel that failed to connect waits in gRPC's reconnect backoff (1 s, growing to 120 s) and
+    fails every call meanwhile: a restarted server was reported down for seconds more. The channel is dropped on
+    UNAVAILABLE, so the next poll connects afresh."""
+    pytest.importorskip('grpc')
+    port = closed_port()
+
+    async def scenario():
+        servers, _interval = source.parse_args({'servers': [{'host': 'g', 'url': f'grpc://127.0.0.1:{port}'}]})
+        target = source._Target(servers[0], True)  # pylint: disable=protected-access
+        loop = asyncio.get_running_loop()
+        try:
+            away = (await target.poll(loop))['triton_shm']
+            with GrpcFront(Triton(), port=port):
+                back = (await target.poll(loop))['triton_shm']
+        finally:
+            await target.close()
+        return away, back
+
+    away, back = run(scenario())
+    assert away['status'] == 'down' and 'cannot connect to Triton over gRPC' in away['error'], away
+    assert back['status'] == 'up', back
