@@ -76,11 +76,12 @@ class _Connection(asyncio.Protocol):
     declares a huge chunk or never ends a line is refused at once, holding no more than the caps.
     """
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, hidden: Sequence[str] = ()) -> None:
         self.max_body = max_body
+        self.hidden = hidden  # the wire's secrets: never in the reader's errors
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
-        self.reader = ResponseReader(max_body, MAX_HEAD_BYTES, memo=False)  # memo: no copy of the last answer
+        self.reader = ResponseReader(max_body, MAX_HEAD_BYTES, memo=False, hidden=hidden)  # memo: no copy of the last
         self.open = False
         self.used = False  # a request was answered on it: a close before the next answer may be a stale keep-alive
 
@@ -90,7 +91,7 @@ class _Connection(asyncio.Protocol):
 
     def expect(self, waiter: asyncio.Future | None) -> None:
         self.waiter = waiter
-        self.reader = ResponseReader(self.max_body, MAX_HEAD_BYTES, memo=False)
+        self.reader = ResponseReader(self.max_body, MAX_HEAD_BYTES, memo=False, hidden=self.hidden)
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():
@@ -194,7 +195,11 @@ class HttpEndpoint:
         host, port = self.address
         try:
             _transport, conn = await loop.create_connection(
-                lambda: _Connection(self.max_body), host, port, ssl=self.ssl, server_hostname=host if self.ssl else None
+                lambda: _Connection(self.max_body, self.hidden),
+                host,
+                port,
+                ssl=self.ssl,
+                server_hostname=host if self.ssl else None,
             )
         except ssl.SSLCertVerificationError as exc:
             raise StatusError(f'TLS verification failed: {exc}') from None

@@ -174,13 +174,13 @@ class Connection:
     turns each into a TritonError.
     """
 
-    def __init__(self, host: str, port: int, tls: Any, proxy: Proxy | None) -> None:
+    def __init__(self, host: str, port: int, tls: Any, proxy: Proxy | None, hidden: Sequence[str] = ()) -> None:
         self.host = host
         self.port = port
         self.tls = tls  # a callable returning the ssl.SSLContext (built at the first connect), or None
         self.proxy = proxy
         self.sock: socket.socket | None = None
-        self.reader = ResponseReader(MAX_ANSWER_BYTES)
+        self.reader = ResponseReader(MAX_ANSWER_BYTES, hidden=hidden)  # hidden: secrets never in its errors
 
     def close(self) -> None:
         if self.sock is not None:
@@ -326,7 +326,8 @@ class TritonClient(Client):
         # a proxy is sent the whole URL (absolute form); a server or a CONNECT tunnel the path alone
         self._prefix = f'http://{host}' if self.proxy is not None and self.scheme == 'http' else ''
         self._path = parsed.parts.path.rstrip('/')  # a URL with a path (behind a reverse proxy) keeps it
-        self._conn = Connection(self.host, self.port, self._tls_context if self.scheme == 'https' else None, self.proxy)
+        tls = self._tls_context if self.scheme == 'https' else None
+        self._conn = Connection(self.host, self.port, tls, self.proxy, self._hidden)
 
     @classmethod
     def library(cls) -> Library:

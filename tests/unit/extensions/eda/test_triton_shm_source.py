@@ -326,6 +326,25 @@ def test_a_secret_echoed_alone_or_cut_by_the_snippet_never_shows(headers, url_us
 
 
 @pytest.mark.parametrize(
+    'reply',
+    [
+        b'x' * 50 + f' {SECRET}\r\n\r\n'.encode(),  # not HTTP: its first 60 bytes are shown
+        b'HTTP/1.1 200 OK\r\n' + b'y' * 70 + f' {SECRET}\r\n\r\n'.encode(),  # a bad header line: 80 shown
+    ],
+    ids=['not-http', 'bad-header'],
+)
+def test_a_secret_in_an_answer_the_reader_refuses_never_shows_even_cut(reply):
+    async def scenario():
+        with raw_server(reply) as peer:
+            server = {'host': 'h', 'url': peer.url, 'headers': {'Authorization': f'Bearer {SECRET}'}}
+            return await collect({'servers': [server], 'interval': 60}, 1)
+
+    error = run(scenario())[0]['triton_shm']['error']
+    assert 'not HTTP' in error and '***' in error, error
+    assert not any(SECRET[:n] in error for n in range(6, len(SECRET) + 1)), error
+
+
+@pytest.mark.parametrize(
     'args, message',
     [
         ({}, 'servers must be a non-empty list'),
