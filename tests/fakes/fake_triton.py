@@ -423,7 +423,8 @@ class GrpcFront(loopback.Closing):
     does; garbage holds methods whose answer is not a protobuf message. Every call is kept in ``calls``.
     """
 
-    def __init__(self, model: Triton, tls: GrpcTls | None = None) -> None:
+    def __init__(self, model: Triton, tls: GrpcTls | None = None, port: int = 0) -> None:
+        """port: the port to listen on (0: one the kernel picks; another: a server back where one was)."""
         import grpc  # pylint: disable=import-outside-toplevel
         from tritonclient.grpc import service_pb2  # pylint: disable=import-outside-toplevel
 
@@ -448,14 +449,14 @@ class GrpcFront(loopback.Closing):
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
         if tls is None:
-            self.port = self.server.add_insecure_port('127.0.0.1:0')
+            self.port = self.server.add_insecure_port(f'127.0.0.1:{port}')
         else:
             credentials = grpc.ssl_server_credentials(
                 [(_pem(tls.key), _pem(tls.cert))],
                 root_certificates=_pem(tls.client_ca) if tls.client_ca else None,
                 require_client_auth=tls.client_ca is not None,
             )
-            self.port = self.server.add_secure_port('127.0.0.1:0', credentials)
+            self.port = self.server.add_secure_port(f'127.0.0.1:{port}', credentials)
         self.url = f'{"grpc" if tls is None else "grpcs"}://127.0.0.1:{self.port}'
         self.server.start()
 

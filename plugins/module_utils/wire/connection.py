@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
@@ -419,9 +420,32 @@ def http_request(wire: WireConfig, path: str, accept: str, close: bool = False) 
     return f'GET {target} HTTP/1.1\r\n'.encode() + head.encode('latin-1') + b'\r\n'
 
 
+# A header value ``SCHEME CREDENTIAL`` (RFC 9110 credentials: Bearer, Basic, Token, Negotiate, ...): a server may echo
+# the credential without its scheme word.
+_SCHEMED = re.compile(r'([A-Za-z][A-Za-z0-9!#$%&\'*+.^_`|~-]*)[ \t]+(\S+)')
+
+
+def header_credentials(value: str) -> list[str]:
+    """The secret parts of a header value beside the value itself: the credential of ``SCHEME CREDENTIAL`` and, for
+    Basic, its decoded ``user:password`` and password (parts shorter than 3 characters are not counted)."""
+    match = _SCHEMED.fullmatch(str(value).strip())
+    if not match:
+        return []
+    found = [match.group(2)]
+    if match.group(1).lower() == 'basic':
+        try:
+            decoded = base64.b64decode(match.group(2), validate=True).decode('utf-8')
+        except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors: not Basic credentials
+            decoded = ''
+        found += [decoded, decoded.partition(':')[2]] if ':' in decoded else []
+    return [part for part in found if len(part) >= 3]
+
+
 def secrets(wire: WireConfig) -> list[str]:
-    """What must never reach an event or a log: header values, the URL's password and the Basic credentials sent."""
-    found = [v for v in wire.headers.values() if v]
+    """What must never reach an event, a message or a log, longest first: header values and their credentials
+    (header_credentials), the URL's password and the Basic credentials sent."""
+    found = [str(v) for v in wire.headers.values() if v is not None and str(v)]
+    found += [part for v in found[:] for part in header_credentials(v)]
     parts = urlsplit(wire.url)
     if parts.password:
         found += [parts.password, unquote(parts.password)]
@@ -432,9 +456,14 @@ def secrets(wire: WireConfig) -> list[str]:
     return sorted(set(found), key=len, reverse=True)
 
 
-def redact(text: str, url: str, shown_url: str, hidden: list[str]) -> str:
-    """text with url shown as shown_url and every one of hidden as ********."""
-    text = text.replace(url, shown_url)
+def hide(text: str, hidden: Sequence[str]) -> str:
+    """text with every one of hidden (secrets(): longest first) as ********; before any cut, so that no part shows."""
     for secret in hidden:
-        text = text.replace(secret, '********')
+        if secret:
+            text = text.replace(secret, '********')
     return text
+
+
+def redact(text: str, url: str, shown_url: str, hidden: Sequence[str]) -> str:
+    """text with url shown as shown_url and every one of hidden as ********."""
+    return hide(text.replace(url, shown_url), hidden)

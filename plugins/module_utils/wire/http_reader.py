@@ -26,6 +26,7 @@ bytes once, up to its bound, then is refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 MAX_HEAD_BYTES = 64 << 10  # status line and headers; the trailers of a chunked body have the same bound
@@ -44,7 +45,7 @@ _CHUNK_SIZE = re.compile(rb'([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\x00-\x08\x0a-\x1f\x7
 _HEAD, _LENGTH, _SIZE, _DATA, _CRLF, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
 
 
-def not_http(start: bytes) -> str:
+def not_http(start: bytes, hidden: Sequence[str] = ()) -> str:
     """What a server whose answer does not start with ``HTTP/`` is, from its first bytes, and what to use instead.
 
     An HTTP/2 server (Triton's gRPC port) opens with a SETTINGS frame (9-byte frame header: length, type 4, flags,
@@ -58,7 +59,7 @@ def not_http(start: bytes) -> str:
         )
     if len(start) >= 3 and start[0] in (0x15, 0x16) and start[1] == 0x03:
         return 'this port speaks TLS: use https:// (or grpcs:// for a gRPC port with TLS)'
-    return escape(start, 60)
+    return escape(start, 60, hidden)
 
 
 class HttpError(ValueError):
@@ -79,15 +80,20 @@ class Response(NamedTuple):
     keep_alive: bool
 
 
-def escape(text: str | bytes, limit: int = 200) -> str:
+def escape(text: str | bytes, limit: int = 200, hidden: Sequence[str] = ()) -> str:
     """Text a server sent, safe for a message or a log line: printable characters kept, any other one escaped.
 
     Control characters (ESC, CR, LF, NUL, …), bidi overrides and line separators become ``\\x1b``,
     ``\\r``, ``\\u202e``…; bytes are read as UTF-8 (invalid bytes as U+FFFD); cut to limit characters
-    with ``...``.
+    with ``...``. Each of hidden (connection.secrets: longest first) is shown as ``********`` before anything is cut,
+    so a secret the cut would split shows no part of itself.
     """
     if isinstance(text, (bytes, bytearray)):
-        text = bytes(text[: limit * 4]).decode('utf-8', 'replace')
+        longest = max((len(secret) for secret in hidden), default=0)
+        text = bytes(text[: (limit + longest) * 4]).decode('utf-8', 'replace')
+    for secret in hidden:
+        if secret:
+            text = text.replace(secret, '********')
     cut = len(text) > limit
     text = text[:limit]
     if not text.isprintable():
@@ -123,10 +129,15 @@ class ResponseReader:
         'seen',
         '_memo',
         '_memo_max',
+        'hidden',
     )
 
-    def __init__(self, max_body: int, max_head: int = MAX_HEAD_BYTES, memo: bool = True) -> None:
+    def __init__(
+        self, max_body: int, max_head: int = MAX_HEAD_BYTES, memo: bool = True, hidden: Sequence[str] = ()
+    ) -> None:
+        """hidden: the connection's secrets (connection.secrets), never in an HttpError's text, not even cut short."""
         self.max_body = max_body
+        self.hidden = hidden
         self.max_head = max_head
         self._buf = bytearray()
         self._memo: tuple = (b'', None)  # the last small answer that came whole in one read, and what it was read as
@@ -217,7 +228,8 @@ class ResponseReader:
     def _head(self) -> bool:
         buf = self._buf
         if len(buf) >= 5 and not buf.startswith(b'HTTP/'):
-            raise HttpError(f'the answer is not HTTP: {not_http(bytes(buf[:60]))}')
+            start = bytes(buf[: 60 + max((len(secret) for secret in self.hidden), default=0)])  # a whole secret to hide
+            raise HttpError(f'the answer is not HTTP: {not_http(start, self.hidden)}')
         end = buf.find(b'\r\n\r\n', self._scan)
         if end < 0:
             if len(buf) > self.max_head:
@@ -243,16 +255,15 @@ class ResponseReader:
         self._frame(version == b'1', _FRAMING.findall(block) if block else ())
         return True
 
-    @staticmethod
-    def _refuse_head(head: bytes) -> None:
+    def _refuse_head(self, head: bytes) -> None:
         """The HttpError for a head _WHOLE_HEAD refused, naming its first bad line."""
         lines = head.split(b'\r\n')
         if not _STATUS_LINE.match(lines[0]):
-            raise HttpError(f'the answer is not HTTP: {escape(lines[0], 80)}')
+            raise HttpError(f'the answer is not HTTP: {escape(lines[0], 80, self.hidden)}')
         for line in lines[1:]:
             if not _HEADER.match(line):
-                raise HttpError(f'the answer is not HTTP (a bad header line): {escape(line, 80)}')
-        raise HttpError(f'the answer is not HTTP: {escape(head, 80)}')
+                raise HttpError(f'the answer is not HTTP (a bad header line): {escape(line, 80, self.hidden)}')
+        raise HttpError(f'the answer is not HTTP: {escape(head, 80, self.hidden)}')
 
     def _frame(self, http11: bool, framing: list) -> None:
         """How the body ends, from the framing headers (RFC 9112 6.3), and whether the connection stays open."""
@@ -263,7 +274,9 @@ class ResponseReader:
             name = name.lower()
             if name == b'content-length':
                 if length is not None and length != value:
-                    raise HttpError(f'the answer is not HTTP (bad Content-Length {escape(length + b", " + value, 80)})')
+                    raise HttpError(
+                        f'the answer is not HTTP (bad Content-Length {escape(length + b", " + value, 80, self.hidden)})'
+                    )
                 length = value
             elif name == b'transfer-encoding':
                 codings += [c.strip().lower().decode('latin-1') for c in value.split(b',')]
@@ -280,13 +293,13 @@ class ResponseReader:
                 raise HttpError('the answer has both Transfer-Encoding and Content-Length')
             if codings != ['chunked']:
                 raise HttpError(
-                    f'the answer has a transfer encoding this source does not read: {escape(", ".join(codings), 80)}'
+                    f'the answer has a transfer encoding this source does not read: {escape(", ".join(codings), 80, self.hidden)}'
                 )
             self._state = _SIZE
             return
         if length is not None:
             if not length.isdigit() or len(length) > 19:
-                raise HttpError(f'the answer is not HTTP (bad Content-Length {escape(length, 80)})')
+                raise HttpError(f'the answer is not HTTP (bad Content-Length {escape(length, 80, self.hidden)})')
             self._left = int(length)
             if self._left > self.max_body:
                 raise TooLarge(f'the answer is larger than {self.max_body} bytes (Content-Length {self._left})')
@@ -312,7 +325,7 @@ class ResponseReader:
         del self._buf[: end + 2]
         match = _CHUNK_SIZE.match(line)
         if not match:
-            raise HttpError(f'the answer is not HTTP (bad chunk size {escape(line, 40)!r})')
+            raise HttpError(f'the answer is not HTTP (bad chunk size {escape(line, 40, self.hidden)!r})')
         size = int(match.group(1), 16)
         if size == 0:
             self._state = _TRAILERS
@@ -360,7 +373,7 @@ class ResponseReader:
             return False
         self._trailer_bytes += end + 2
         if not _HEADER.match(line):
-            raise HttpError(f'the answer is not HTTP (a bad trailer line): {escape(line, 80)}')
+            raise HttpError(f'the answer is not HTTP (a bad trailer line): {escape(line, 80, self.hidden)}')
         return True
 
     def _take_until_close(self) -> None:

@@ -13,7 +13,8 @@ the request (connection.http_request), the strict reader (http_reader.ResponseRe
 TLS (tls), a server's error answer (client.error_from_answer: a restricted API's refusal gets its way out), grpcio
 (triton_grpc.load_grpc: imported at the first gRPC endpoint only) and the regions of a gRPC answer
 (records.from_message). Every failure is a StatusError whose message starts with the endpoint (URL and path, or
-URL and gRPC method) and says why; its URL and secrets are the caller's to redact.
+URL and gRPC method) and says why; the wire's secrets in a server's text are hidden before it is cut (connection.secrets),
+the URL and the rest are the caller's to redact.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -38,6 +40,9 @@ from ansible_collections.tritonops.shm.plugins.module_utils.wire.http_reader imp
 
 STATUS_PATH = '/v2/systemsharedmemory/status'
 GRPC_METHOD = 'SystemSharedMemoryStatus'  # what a grpc:// server is asked (Triton's GRPCInferenceService)
+# The most regions a status answer may hold, counted as its JSON objects ('{') before it is parsed: 100,000 regions
+# are about 15 MiB, while 31 MiB of '{},' would parse into ~800 MiB of dicts and block the loop for seconds.
+MAX_REGIONS = 200_000
 
 
 class StatusError(Exception):
@@ -48,9 +53,10 @@ class _Reconnect(StatusError):
     """A kept-alive connection was closed by the server before it answered: send again on a new one."""
 
 
-def snippet(raw: bytes, limit: int = 120) -> str:
-    """The start of what a server sent, on one line, every control character escaped."""
-    return escape(raw.strip().replace(b'\n', b' '), limit)
+def snippet(raw: bytes, limit: int = 120, hidden: Sequence[str] = ()) -> str:
+    """The start of what a server sent, on one line, every control character escaped, each of hidden (the wire's
+    connection.secrets) shown as ******** before the cut."""
+    return escape(raw.strip().replace(b'\n', b' '), limit, hidden)
 
 
 def tls_context(wire: connection.WireConfig, what: str) -> ssl.SSLContext | None:
@@ -70,11 +76,12 @@ class _Connection(asyncio.Protocol):
     declares a huge chunk or never ends a line is refused at once, holding no more than the caps.
     """
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, hidden: Sequence[str] = ()) -> None:
         self.max_body = max_body
+        self.hidden = hidden  # the wire's secrets: never in the reader's errors
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
-        self.reader = ResponseReader(max_body, MAX_HEAD_BYTES, memo=False)  # memo: no copy of the last answer
+        self.reader = ResponseReader(max_body, MAX_HEAD_BYTES, memo=False, hidden=hidden)  # memo: no copy of the last
         self.open = False
         self.used = False  # a request was answered on it: a close before the next answer may be a stale keep-alive
 
@@ -84,7 +91,7 @@ class _Connection(asyncio.Protocol):
 
     def expect(self, waiter: asyncio.Future | None) -> None:
         self.waiter = waiter
-        self.reader = ResponseReader(self.max_body, MAX_HEAD_BYTES, memo=False)
+        self.reader = ResponseReader(self.max_body, MAX_HEAD_BYTES, memo=False, hidden=self.hidden)
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():
@@ -133,9 +140,12 @@ class _Connection(asyncio.Protocol):
             self._finish(StatusError(f'the server closed the connection without an answer ({reason})'))
 
     def close(self) -> None:
+        """Release the connection at once: its answer is complete (or will never be), so nothing is left to flush,
+        and a TLS close would wait up to 30 s for a peer's close_notify that may never come (asyncio's
+        ssl_shutdown_timeout), holding the socket, uncounted by the open-file budget."""
         self.open = False
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
 
     def abort(self) -> None:
         self.open = False
@@ -153,7 +163,7 @@ class HttpEndpoint:
     """One GET over HTTP(S), answered within the wire's timeout: the connection kept open between calls (keep_alive)
     or a new one each time (with Connection: close)."""
 
-    __slots__ = ('wire', 'path', 'name', 'address', 'ssl', 'request', 'keep_alive', 'max_body', 'conn')
+    __slots__ = ('wire', 'path', 'name', 'address', 'ssl', 'request', 'keep_alive', 'max_body', 'conn', 'hidden')
 
     def __init__(
         self,
@@ -176,6 +186,7 @@ class HttpEndpoint:
         self.keep_alive = keep_alive
         self.max_body = max_body
         self.conn: _Connection | None = None
+        self.hidden = connection.secrets(wire)  # never in an error's text, not even cut short
 
     def where(self) -> str:
         return f'{self.wire.url}{self.path}'
@@ -184,7 +195,11 @@ class HttpEndpoint:
         host, port = self.address
         try:
             _transport, conn = await loop.create_connection(
-                lambda: _Connection(self.max_body), host, port, ssl=self.ssl, server_hostname=host if self.ssl else None
+                lambda: _Connection(self.max_body, self.hidden),
+                host,
+                port,
+                ssl=self.ssl,
+                server_hostname=host if self.ssl else None,
             )
         except ssl.SSLCertVerificationError as exc:
             raise StatusError(f'TLS verification failed: {exc}') from None
@@ -240,7 +255,7 @@ class HttpEndpoint:
         """The body of a 200 answer; StatusError 'HTTP CODE: text' for any other."""
         answer = await self.fetch(loop)
         if answer.status != 200:
-            raise StatusError(f'HTTP {answer.status}: {snippet(answer.body) or escape(answer.reason, 120)}')
+            raise StatusError(f'HTTP {answer.status}: {self._shown(answer)}')
         return answer.body
 
     async def status(self, loop: asyncio.AbstractEventLoop) -> Any:
@@ -256,19 +271,28 @@ class HttpEndpoint:
                     server_error = json.loads(answer.body)['error']
                 except (ValueError, KeyError, TypeError):
                     pass
-            detail = server_error if isinstance(server_error, str) else None
-            text = detail or snippet(answer.body) or escape(answer.reason, 120)
+            detail = connection.hide(server_error, self.hidden) if isinstance(server_error, str) else None
+            text = detail or self._shown(answer)
             code = f'HTTP {answer.status}'
             raise StatusError(
                 str(error_from_answer(self.where(), code, text, detail, url=None, status=answer.status, transport=HTTP))
+            )
+        if answer.body.count(b'{') > MAX_REGIONS:  # refused before parsing: memory stays near the body's size
+            raise StatusError(
+                f'{self.where()}: the answer holds more than {MAX_REGIONS} JSON objects, more regions than this '
+                f'source reads (at most {MAX_REGIONS})'
             )
         try:
             return json.loads(answer.body)
         except ValueError:
             raise StatusError(
                 f'{self.where()}: the answer is not Triton JSON (is another web server on this port?): '
-                + snippet(answer.body)
+                + snippet(answer.body, hidden=self.hidden)
             ) from None
+
+    def _shown(self, answer: Response) -> str:
+        """The start of an error answer's body (else its reason) for a message, the wire's secrets hidden first."""
+        return snippet(answer.body, hidden=self.hidden) or escape(answer.reason, 120, self.hidden)
 
     def close(self) -> None:
         """Close the connection; a later call opens a new one."""
@@ -344,6 +368,9 @@ class GrpcEndpoint:
             if name == 'DEADLINE_EXCEEDED':
                 raise StatusError(f'{self.where()}: no answer within {timeout}s (timeout)') from None
             if name == 'UNAVAILABLE' and RESTRICTED_TEXT not in details:
+                # a kept channel that could not connect stays in gRPC's reconnect backoff (up to 120 s), failing every
+                # call meanwhile: dropped, so that the next poll connects afresh and sees a restarted server at once
+                await self.close()
                 text = f'cannot connect to Triton over gRPC (refused or unreachable): {details}'
                 raise StatusError(f'{self.where()}: {text}') from None
             error = error_from_answer(

@@ -157,6 +157,7 @@ class TritonGrpcClient(Client):
         self.target = host_port(self.host, self.port)
         self.base = f'{self.scheme}://{self.target}'
         self.timeout = wire.timeout
+        self._hidden = connection.secrets(wire)  # never in a message, not even cut short (no_log hides whole values)
         channel = channel_of(wire, self.base, _MAX_MESSAGE)
         self.metadata, self.options, self.credentials = channel.metadata, channel.options, channel.credentials
         self.requests_made = 0
@@ -201,7 +202,7 @@ class TritonGrpcClient(Client):
     def _rpc_error(self, exc: Any, what: str) -> TritonError:
         code = exc.code() if hasattr(exc, 'code') else None
         name = getattr(code, 'name', None) or 'UNKNOWN'
-        details = (exc.details() if hasattr(exc, 'details') else None) or str(exc)
+        details = connection.hide((exc.details() if hasattr(exc, 'details') else None) or str(exc), self._hidden)
         where = f'{what} at {self.base}'
         if name == 'DEADLINE_EXCEEDED':  # the deadline bounds the whole call, as timeout does over HTTP
             return self.error(f'{where}: no answer within {self.timeout}s (timeout)')

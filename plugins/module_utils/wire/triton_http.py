@@ -28,7 +28,7 @@ import socket
 import ssl
 import string
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
@@ -53,7 +53,12 @@ from ansible_collections.tritonops.shm.plugins.module_utils.wire.client import (
     split_url,
     wire_of,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import WireConfig, http_headers
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import (
+    WireConfig,
+    hide,
+    http_headers,
+    secrets,
+)
 from ansible_collections.tritonops.shm.plugins.module_utils.wire.http_reader import (
     HttpError,
     Response,
@@ -169,13 +174,13 @@ class Connection:
     turns each into a TritonError.
     """
 
-    def __init__(self, host: str, port: int, tls: Any, proxy: Proxy | None) -> None:
+    def __init__(self, host: str, port: int, tls: Any, proxy: Proxy | None, hidden: Sequence[str] = ()) -> None:
         self.host = host
         self.port = port
         self.tls = tls  # a callable returning the ssl.SSLContext (built at the first connect), or None
         self.proxy = proxy
         self.sock: socket.socket | None = None
-        self.reader = ResponseReader(MAX_ANSWER_BYTES)
+        self.reader = ResponseReader(MAX_ANSWER_BYTES, hidden=hidden)  # hidden: secrets never in its errors
 
     def close(self) -> None:
         if self.sock is not None:
@@ -297,6 +302,9 @@ class TritonClient(Client):
         self.timeout = wire.timeout
         self.validate_certs = bool(wire.tls.verify)
         self.requests_made = 0
+        self._hidden = secrets(
+            wire
+        )  # never in a message, not even cut short (Ansible's no_log hides whole values only)
         self.proxy = environment_proxy(self.scheme, self.host, self.port)
         self._context: ssl.SSLContext | None = None
         self._tls = wire.tls._replace(verify=self.validate_certs)
@@ -318,7 +326,8 @@ class TritonClient(Client):
         # a proxy is sent the whole URL (absolute form); a server or a CONNECT tunnel the path alone
         self._prefix = f'http://{host}' if self.proxy is not None and self.scheme == 'http' else ''
         self._path = parsed.parts.path.rstrip('/')  # a URL with a path (behind a reverse proxy) keeps it
-        self._conn = Connection(self.host, self.port, self._tls_context if self.scheme == 'https' else None, self.proxy)
+        tls = self._tls_context if self.scheme == 'https' else None
+        self._conn = Connection(self.host, self.port, tls, self.proxy, self._hidden)
 
     @classmethod
     def library(cls) -> Library:
@@ -410,11 +419,11 @@ class TritonClient(Client):
         if status >= 400:
             server_error = None
             if isinstance(data, dict) and isinstance(data.get('error'), str):
-                server_error = data['error']
+                server_error = hide(data['error'], self._hidden)
             raise error_from_answer(
                 f'{what} at {url}',
                 f'HTTP {status}',
-                server_error or _text(resp.body) or resp.reason,
+                server_error or _text(resp.body, self._hidden) or hide(resp.reason, self._hidden),
                 server_error,
                 url=url,
                 status=status,
@@ -438,7 +447,7 @@ class TritonClient(Client):
             )
             raise TritonError(
                 f'{what} at {url}: the response is not Triton JSON (is another web server on this port?): '
-                f'{_text(resp.body)}{where}',
+                f'{_text(resp.body, self._hidden)}{where}',
                 url=url,
                 status=status,
                 transport=self.transport,
@@ -583,12 +592,13 @@ def _is_html(resp: Response) -> bool:
     return 'html' in _header(resp.headers, b'content-type').lower() or resp.body.lstrip()[:1] == b'<'
 
 
-def _text(body: bytes) -> str:
-    """The start of an answer's body on one line, for a message; an HTML page as its text, without its markup."""
+def _text(body: bytes, hidden: Sequence[str] = ()) -> str:
+    """The start of an answer's body on one line, for a message; an HTML page as its text, without its markup; each
+    of hidden shown as ******** before the cut."""
     text = body[:4096].decode('utf-8', 'replace')
     if text.lstrip()[:1] == '<':
-        return 'an HTML page: ' + snippet(' '.join(_TAG.sub(' ', text).split()) or '(no text)')
-    return snippet(body.decode('utf-8', 'replace'))
+        return 'an HTML page: ' + snippet(hide(' '.join(_TAG.sub(' ', text).split()), hidden) or '(no text)')
+    return snippet(hide(body.decode('utf-8', 'replace'), hidden))
 
 
 def _header(headers: bytes, name: bytes) -> str:

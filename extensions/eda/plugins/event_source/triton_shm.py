@@ -37,6 +37,8 @@ description:
     C(tritonclient[grpc]) where ansible-rulebook runs.
   - Every server is polled every O(interval), whatever the others answer; a slow or dead server delays only its
     own event, and each poll ends within O(timeout).
+  - An answer is read up to 32 MiB, and a status of at most 200,000 regions (counted as its JSON objects before it is
+    parsed; 100,000 regions are about 15 MiB); a larger one is C(down), naming the limit.
   - C(holders_complete) is whether the cleanup on the server's host can see every process that may hold its
     shared memory (the metric C(tritonops_shm_holders_complete) read from O(servers[].metrics_url); C(null) when
     unknown). With C(false) a cleanup there would remove nothing; the event says why
@@ -144,31 +146,48 @@ LOGGER = logging.getLogger(__name__)
 PACKAGE = 'ansible_collections.tritonops.shm'
 
 
+def _paths(module: Any) -> list[str]:
+    """The real directories a package was imported from (its __path__, once each), [] for a module without one."""
+    return sorted({os.path.realpath(p) for p in list(getattr(module, '__path__', None) or [])})
+
+
 def collection_package() -> str:
-    """The import name of the collection's module_utils, importable even when the collection is not on sys.path.
+    """The import name of the collection's module_utils, bound to the collection this file is in, never another copy.
 
     ansible-rulebook runs an event source with runpy.run_path, by its path: the collection is not importable as a
     package there. Then this binds ansible_collections.tritonops.shm to the collection this file is in
     (extensions/eda/plugins/event_source/ -> the collection root), and the module_utils import each other as in the
-    modules.
+    modules. Another copy of the collection on sys.path never wins over it; when ansible_collections.tritonops.shm is
+    already imported from another place (another copy's source ran first in this process), ImportError names both:
+    this file never runs another copy's code. Imported as a package, the package is its own root.
     """
-    try:
-        return importlib.import_module(f'{PACKAGE}.plugins.module_utils').__name__
-    except ImportError:
-        pass
-    root = os.path.abspath(os.path.join(__file__, *['..'] * 5))
+    root = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), *['..'] * 4))
     where = os.path.join(root, 'plugins', 'module_utils')
     if not os.path.isfile(os.path.join(where, 'wire', 'triton_aio.py')):
         raise ImportError(f'tritonops.shm.triton_shm needs {where}: install the whole tritonops.shm collection')
+    for name, want in ((PACKAGE, root), (f'{PACKAGE}.plugins.module_utils', where)):
+        bound = sys.modules.get(name)
+        if bound is not None and _paths(bound) != [want]:
+            raise ImportError(
+                f'tritonops.shm.triton_shm at {root} cannot use its collection: {name} is already imported from '
+                f'{", ".join(_paths(bound)) or getattr(bound, "__file__", None) or "elsewhere"}, another copy of '
+                'tritonops.shm; run one copy of the collection per process'
+            )
+    if PACKAGE in sys.modules:
+        return f'{PACKAGE}.plugins.module_utils'
     parent = None
-    for name in ('ansible_collections', 'ansible_collections.tritonops', PACKAGE):
-        try:
+    for name, path in (
+        ('ansible_collections', os.path.dirname(os.path.dirname(root))),
+        ('ansible_collections.tritonops', os.path.dirname(root)),
+        (PACKAGE, root),
+    ):
+        try:  # the namespaces above the collection as Python finds them (no code runs), never the collection itself
             module = None if name == PACKAGE else importlib.import_module(name)
         except ImportError:
             module = None
-        if module is None:
+        if module is None:  # a copy of tritonops.shm on sys.path must not win over this file's collection
             module = sys.modules[name] = types.ModuleType(name)
-            module.__path__ = [root] if name == PACKAGE else []  # type: ignore[attr-defined]
+            module.__path__ = [path]  # type: ignore[attr-defined]
             if parent is not None:
                 setattr(parent, name.rsplit('.', 1)[1], module)
         parent = module
@@ -190,7 +209,9 @@ PollError = triton_aio.StatusError  # this poll of this server has no region lis
 Holders = metrics_text.Holders
 Implausible = records.Implausible
 
-MAX_ANSWER_BYTES = 32 << 20  # body: a status list of 100,000 regions is about 15 MiB; chunked or not
+MAX_ANSWER_BYTES = (
+    32 << 20
+)  # body: a status list of 100,000 regions is about 15 MiB; chunked or not (triton_aio.MAX_REGIONS)
 MAX_ERROR_CHARS = 1000  # an event's error, escaped
 HOST_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.\-]*$')
 # per server, or as every server's default: the connection options but url (connection.OPTIONS), and these

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -51,6 +52,30 @@ def test_the_event_source_alone_without_its_collection_says_what_it_needs(tmp_pa
         [sys.executable, '-I', '-c', PROBE, str(alone / 'triton_shm.py')], capture_output=True, text=True, check=False
     )
     assert done.returncode != 0 and 'install the whole tritonops.shm collection' in done.stderr, done.stderr
+
+
+def _copy_of_the_collection(at) -> str:
+    """A collection at at/ansible_collections/tritonops/shm with this one's module_utils and source; the source's path."""
+    root = at / 'ansible_collections' / 'tritonops' / 'shm'
+    shutil.copytree(os.path.join(ROOT, 'plugins', 'module_utils'), root / 'plugins' / 'module_utils')
+    (root / 'extensions' / 'eda' / 'plugins' / 'event_source').mkdir(parents=True)
+    shutil.copy(SOURCE, root / 'extensions' / 'eda' / 'plugins' / 'event_source' / 'triton_shm.py')
+    return str(root / 'extensions' / 'eda' / 'plugins' / 'event_source' / 'triton_shm.py')
+
+
+def test_the_event_source_run_by_its_path_uses_its_own_collection_never_another_copy(tmp_path):
+    """Another copy of the collection on sys.path does not win over the collection the file is in; a second copy's
+    source run in the same process is refused, naming both places, and never runs the first copy's code."""
+    a, b = _copy_of_the_collection(tmp_path / 'a'), _copy_of_the_collection(tmp_path / 'b')
+    probe = 'import runpy, sys\nfor path in sys.argv[1:]:\n    print(runpy.run_path(path)["triton_aio"].__file__)\n'
+    env = {**os.environ, 'PYTHONPATH': str(tmp_path / 'b')}
+    done = subprocess.run([sys.executable, '-c', probe, a], capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(str(tmp_path / 'a' / 'ansible_collections')), done.stdout
+    done = subprocess.run([sys.executable, '-I', '-c', probe, a, b], capture_output=True, text=True, check=False)
+    assert done.returncode != 0 and done.stdout.count('\n') == 1, (done.stdout, done.stderr)
+    refusal = done.stderr.strip().splitlines()[-1]
+    assert refusal.startswith('ImportError') and str(tmp_path / 'a') in refusal and str(tmp_path / 'b') in refusal
 
 
 @pytest.fixture(scope='module')

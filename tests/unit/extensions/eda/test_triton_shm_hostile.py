@@ -102,6 +102,15 @@ def test_a_401_digit_byte_size_gives_a_down_event_every_poll(caplog):
     assert 'never retrieved' not in caplog.text
 
 
+def test_more_regions_than_the_limit_are_refused_before_parsing():
+    # 31 MiB of {},{},... under the 32 MiB cap parsed into ~800 MiB of dicts and blocked the loop for seconds
+    assert source.triton_aio.MAX_REGIONS == 200_000  # documented: docs/self-healing.md, the source's DOCUMENTATION
+    body = b'[' + b'{},' * 200_000 + b'{}]'
+    data, peak, _cpu, _wall = one_event(_status(body))
+    assert data['status'] == 'down' and 'more regions than this source reads (at most 200000)' in data['error'], data
+    assert peak < 8 * len(body), peak  # the body and its copies, never its objects
+
+
 def test_escape_codes_and_cr_from_the_server_never_reach_events_or_logs_raw(caplog):
     caplog.set_level(logging.DEBUG)
     evil = b'{"error": "\x1b[2J\x1b[31mpwned\rfake log line\n2026-01-01 INFO all good"}'

@@ -31,7 +31,7 @@ if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
 # pylint: disable=wrong-import-position
 from ansible_collections.tritonops.shm.tests.fakes import loopback  # noqa: E402
-from ansible_collections.tritonops.shm.tests.fakes.fake_triton import HttpFront, Reply, Triton  # noqa: E402
+from ansible_collections.tritonops.shm.tests.fakes.fake_triton import GrpcFront, HttpFront, Reply, Triton  # noqa: E402
 
 _SPEC = importlib.util.spec_from_file_location('triton_shm_source', SOURCE_PATH)
 source = importlib.util.module_from_spec(_SPEC)
@@ -298,6 +298,52 @@ def test_secrets_never_reach_events_or_logs(caplog):
     assert first.header('X-Api-Key') == secret and first.header('Authorization').startswith('Basic ')
 
 
+SECRET = 'S3cr3tT0k3nValue0123456789'
+
+
+@pytest.mark.parametrize(
+    'headers, url_user, body_of',
+    [
+        # a 401 text that echoes the token alone, without its scheme word
+        ({'Authorization': f'Bearer {SECRET}'}, '', lambda request: f'invalid token {SECRET}'),
+        # the whole header value where the 120-character snippet cuts it: no part of it may show
+        ({'Authorization': f'Bearer {SECRET}'}, '', lambda request: 'x' * 97 + ' ' + request.header('Authorization')),
+        # the Basic credentials of the URL, cut the same way
+        ({}, 'admin:Sup3rSecretPassw0rd@', lambda request: 'y' * 100 + ' ' + request.header('Authorization')),
+    ],
+    ids=['token-alone', 'cut-header', 'cut-basic'],
+)
+def test_a_secret_echoed_alone_or_cut_by_the_snippet_never_shows(headers, url_user, body_of):
+    async def scenario():
+        with triton(answer=echo(500, body_of)) as fake:
+            url = fake.url.replace('://', f'://{url_user}')
+            return await collect({'servers': [{'host': 'h', 'url': url, 'headers': headers}], 'interval': 60}, 1)
+
+    error = run(scenario())[0]['triton_shm']['error']
+    assert 'HTTP 500' in error and '********' in error, error
+    for secret in (SECRET, 'Sup3rSecretPassw0rd', 'YWRtaW46U3VwM3JTZWNyZXRQYXNzdzByZA=='):
+        assert not any(secret[:n] in error for n in range(6, len(secret) + 1)), (secret, error)
+
+
+@pytest.mark.parametrize(
+    'reply',
+    [
+        b'x' * 50 + f' {SECRET}\r\n\r\n'.encode(),  # not HTTP: its first 60 bytes are shown
+        b'HTTP/1.1 200 OK\r\n' + b'y' * 70 + f' {SECRET}\r\n\r\n'.encode(),  # a bad header line: 80 shown
+    ],
+    ids=['not-http', 'bad-header'],
+)
+def test_a_secret_in_an_answer_the_reader_refuses_never_shows_even_cut(reply):
+    async def scenario():
+        with raw_server(reply) as peer:
+            server = {'host': 'h', 'url': peer.url, 'headers': {'Authorization': f'Bearer {SECRET}'}}
+            return await collect({'servers': [server], 'interval': 60}, 1)
+
+    error = run(scenario())[0]['triton_shm']['error']
+    assert 'not HTTP' in error and '***' in error, error
+    assert not any(SECRET[:n] in error for n in range(6, len(SECRET) + 1)), error
+
+
 @pytest.mark.parametrize(
     'args, message',
     [
@@ -403,6 +449,50 @@ def test_tls_options_work_as_in_the_modules(tmp_path):
     assert by_host['no_client_cert']['status'] == 'down'
     for name in ('ca_path', 'ca_dir', 'no_verify', 'client_cert'):
         assert by_host[name]['status'] == 'up' and by_host[name]['registered_bytes'] == 6 * MiB, by_host[name]
+
+
+def _sockets() -> int:
+    """The sockets this process holds open (both ends of a loopback connection count)."""
+    found = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            found += os.readlink(f'/proc/self/fd/{fd}').startswith('socket:')
+        except OSError:
+            pass
+    return found
+
+
+def test_a_tls_answer_on_a_connection_not_kept_releases_its_socket_at_once(tmp_path):
+    """A TLS peer that answers, then neither reads nor closes (it never sends its close_notify): the poll's socket is
+    released when the answer is complete, not after asyncio's 30 s TLS shutdown (metrics requests, servers beyond the
+    open-file budget)."""
+    ca = make_ca(str(tmp_path), 'ca')
+    cert = make_cert(str(tmp_path), 'server', ca)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert['cert'], cert['key'])
+    answer = loopback.http_json(REGIONS)
+
+    def answer_then_hold(conn: loopback.Conn, _request: loopback.Request) -> bool:
+        conn.send(answer)
+        conn.stop.wait(30)  # holds its end open, reading nothing
+        return False
+
+    async def scenario(peer):
+        servers, _interval = source.parse_args(
+            {'servers': [{'host': 'h', 'url': peer.url, 'ca_path': ca['cert'], 'timeout': 5}]}
+        )
+        target = source._Target(servers[0], False)  # pylint: disable=protected-access
+        loop = asyncio.get_running_loop()
+        base, lingering = _sockets(), []
+        for _ in range(3):
+            event = await target.poll(loop)
+            assert event['triton_shm']['status'] == 'up', event
+            await asyncio.sleep(0.2)
+            lingering.append(_sockets() - base - peer.connections)  # the peer holds one socket per connection
+        return lingering
+
+    with loopback.Peer(answer_then_hold, tls=context) as peer:
+        assert run(scenario(peer)) == [0, 0, 0]
 
 
 def test_runs_alone_with_a_mock_queue():
@@ -655,3 +745,27 @@ def test_grpc_urls_are_accepted_as_in_the_modules_and_their_options_checked(tmp_
     ):
         with pytest.raises(source.ConfigError, match=why):
             source.parse_args({'servers': [dict(item, host='g')]})
+
+
+def test_a_grpc_server_back_after_an_outage_is_up_at_the_next_poll():
+    """A kept grpc.aio channel that failed to connect waits in gRPC's reconnect backoff (1 s, growing to 120 s) and
+    fails every call meanwhile: a restarted server was reported down for seconds more. The channel is dropped on
+    UNAVAILABLE, so the next poll connects afresh."""
+    pytest.importorskip('grpc')
+    port = closed_port()
+
+    async def scenario():
+        servers, _interval = source.parse_args({'servers': [{'host': 'g', 'url': f'grpc://127.0.0.1:{port}'}]})
+        target = source._Target(servers[0], True)  # pylint: disable=protected-access
+        loop = asyncio.get_running_loop()
+        try:
+            away = (await target.poll(loop))['triton_shm']
+            with GrpcFront(Triton(), port=port):
+                back = (await target.poll(loop))['triton_shm']
+        finally:
+            await target.close()
+        return away, back
+
+    away, back = run(scenario())
+    assert away['status'] == 'down' and 'cannot connect to Triton over gRPC' in away['error'], away
+    assert back['status'] == 'up', back

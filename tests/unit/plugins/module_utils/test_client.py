@@ -33,7 +33,14 @@ from ansible_collections.tritonops.shm.plugins.module_utils.wire.client import (
     split_url,
     url_scheme,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import has_userinfo, redact_url, url_secrets
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import (
+    WireConfig,
+    has_userinfo,
+    redact_url,
+    secrets,
+    url_secrets,
+)
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.http_reader import escape
 from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_grpc import TritonGrpcClient
 from ansible_collections.tritonops.shm.plugins.module_utils.wire.triton_http import TritonClient
 
@@ -341,6 +348,27 @@ def test_a_url_without_credentials_passes_as_it_is(url):
 def test_url_secrets_are_the_password_as_written_and_decoded():
     assert url_secrets('http://user:p%40ss-x@h:1') == ['p%40ss-x', 'p@ss-x', 'user:p%40ss-x']
     assert url_secrets('http://h:1') == []
+
+
+def test_secrets_are_each_header_value_and_its_credential_longest_first():
+    headers = {'Authorization': 'Bearer t0k3n-value', 'X-Basic': 'basic YWRtaW46cGFzc3dvcmQ=', 'X-Key': 'k3y k3y k3y'}
+    found = secrets(WireConfig('http://h:1', 10.0, None, headers))
+    assert found == sorted(found, key=len, reverse=True)
+    assert set(found) == {
+        'Bearer t0k3n-value',
+        't0k3n-value',
+        'basic YWRtaW46cGFzc3dvcmQ=',
+        'YWRtaW46cGFzc3dvcmQ=',
+        'admin:password',
+        'password',
+        'k3y k3y k3y',  # not SCHEME CREDENTIAL: only the whole value
+    }
+
+
+def test_escape_hides_secrets_before_it_cuts():
+    hidden = ['Bearer t0k3n-value', 't0k3n-value']
+    assert escape(b'x' * 95 + b' t0k3n-value', 100, hidden) == 'x' * 95 + ' ****...'
+    assert escape('Bearer t0k3n-value!', 100, hidden) == '********!'
 
 
 SECRET = 'Bearer s3cr3t-value'

@@ -241,6 +241,28 @@ def test_http_error_without_json_quotes_the_body_or_the_reason(serve):
     _fails(lambda: client.status('system'), 'HTTP 500: Internal Server Error')
 
 
+TOKEN = 'S3cr3tT0k3nValue0123456789'
+
+
+@pytest.mark.parametrize(
+    'body',
+    [
+        f'invalid token {TOKEN}',  # the credential alone, without its scheme word
+        'x' * 190 + f' Bearer {TOKEN}',  # the whole value where the 200-character snippet cuts it
+        json.dumps({'error': f'token {TOKEN} refused'}),  # Triton's JSON error
+    ],
+    ids=['alone', 'cut', 'json'],
+)
+def test_http_error_never_shows_a_header_credential_even_alone_or_cut(serve, body):
+    srv = serve({('GET', '/v2/systemsharedmemory/status'): (401, 'text/plain', body)})
+    client = TritonClient(srv.url, headers={'Authorization': f'Bearer {TOKEN}'})
+    with pytest.raises(TritonError) as caught:
+        client.status('system')
+    text = f'{caught.value.msg} {caught.value.server_error}'
+    assert 'HTTP 401' in text and '********' in text, text
+    assert not any(TOKEN[:n] in text for n in range(6, len(TOKEN) + 1)), text
+
+
 def test_html_is_not_triton_json(serve):
     srv = serve({('GET', '/v2'): (200, 'text/html', '<!DOCTYPE html><title>Welcome to nginx!</title>' + 'x' * 500)})
     err = _fails(
