@@ -425,9 +425,12 @@ def http_request(wire: WireConfig, path: str, accept: str, close: bool = False) 
 _SCHEMED = re.compile(r'([A-Za-z][A-Za-z0-9!#$%&\'*+.^_`|~-]*)[ \t]+(\S+)')
 
 
+MIN_SECRET = 3  # characters: a shorter header value or credential part is not hidden (it would garble every message)
+
+
 def header_credentials(value: str) -> list[str]:
     """The secret parts of a header value beside the value itself: the credential of ``SCHEME CREDENTIAL`` and, for
-    Basic, its decoded ``user:password`` and password (parts shorter than 3 characters are not counted)."""
+    Basic, its decoded ``user:password`` and password (parts shorter than MIN_SECRET characters are not counted)."""
     match = _SCHEMED.fullmatch(str(value).strip())
     if not match:
         return []
@@ -438,13 +441,14 @@ def header_credentials(value: str) -> list[str]:
         except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors: not Basic credentials
             decoded = ''
         found += [decoded, decoded.partition(':')[2]] if ':' in decoded else []
-    return [part for part in found if len(part) >= 3]
+    return [part for part in found if len(part) >= MIN_SECRET]
 
 
 def secrets(wire: WireConfig) -> list[str]:
     """What must never reach an event, a message or a log, longest first: header values and their credentials
-    (header_credentials), the URL's password and the Basic credentials sent."""
-    found = [str(v) for v in wire.headers.values() if v is not None and str(v)]
+    (header_credentials), the URL's password and the Basic credentials sent. A header value shorter than
+    MIN_SECRET characters is no secret (say ``X-Priority: 1``) and hiding it would garble every message: left out."""
+    found = [str(v) for v in wire.headers.values() if v is not None and len(str(v)) >= MIN_SECRET]
     found += [part for v in found[:] for part in header_credentials(v)]
     parts = urlsplit(wire.url)
     if parts.password:

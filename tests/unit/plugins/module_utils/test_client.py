@@ -413,3 +413,14 @@ def test_a_url_outside_ascii_is_refused_by_the_event_source_at_start_naming_the_
     for url in ('http://127.0.0.1:8000/\u00e4', 'grpc://trit\u00f3n:8001'):
         with pytest.raises(triton_shm.ConfigError, match=r'servers\[0\] \(h1\): url .* which a request cannot carry'):
             triton_shm.parse_args({'servers': [{'host': 'h1', 'url': url}]})
+
+
+def test_a_header_value_too_short_to_be_a_secret_does_not_garble_messages():
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire import connection
+
+    wire = connection.wire_config(
+        {'url': 'http://h:8000', 'headers': {'X-Priority': '1', 'Authorization': 'Bearer s3cr'}}
+    )
+    hidden = connection.secrets(wire)
+    assert '1' not in hidden and 'Bearer s3cr' in hidden and 's3cr' in hidden
+    assert connection.hide('HTTP 401 from model 1: s3cr', hidden) == 'HTTP 401 from model 1: ********'
