@@ -40,10 +40,15 @@ from ansible_collections.tritonops.shm.plugins.module_utils.run.region_calls imp
 
 
 class Reading(NamedTuple):
-    """What a run plans from: the snapshot of the server, and the regions of the run's kind in it."""
+    """What a run plans from: the snapshot of the server, and the regions of the run's kind in it; with inventory,
+    hold() adds the read classified (records) and as triton_shm_info shows it (inventory), which the outcome keeps
+    from then on, also when the plan refuses (a host whose server process was not found: its state before is the
+    record's evidence)."""
 
     snap: Snapshot
     regions: list
+    records: Any = None
+    inventory: dict | None = None
 
 
 # Seconds to wait, after CUDA regions were unregistered, for NVML to stop charging their memory to the server (1 GiB
@@ -243,6 +248,10 @@ class RegionOps(RegionFileWork, Operation):
         try:
             if reading.snap is not None:
                 self._held(reading.snap)
+                if self.params.get('inventory') and self.params['state'] != 'present':
+                    records = classification.classify(reading.snap, self.criteria)
+                    reading = reading._replace(records=records, inventory=results.info_result(reading.snap, records))
+                    self.outcome.before_result = reading.inventory
             yield reading
         finally:
             self.release()
@@ -256,13 +265,14 @@ class RegionOps(RegionFileWork, Operation):
         snap = reading.snap
         if p['state'] == 'present':
             return self.kind.plan_present(snap, p)
-        orphans = bool(p.get('orphan_files') or p.get('inventory'))
+        if reading.records is not None:  # inventory: hold() classified the read with the criteria of orphans
+            plan = self.kind.plan_absent(snap, reading.records, p, self.criteria, self.client.unaddressable)
+            return dataclasses.replace(plan, inventory=reading.inventory)
+        orphans = bool(p.get('orphan_files'))
         criteria = self.criteria if orphans else region_plan.criteria(p, self.criteria.client_uids, orphans=False)
-        records = classification.classify(snap, criteria)
-        plan = self.kind.plan_absent(snap, records, p, self.criteria, self.client.unaddressable)
-        if p.get('inventory'):
-            return dataclasses.replace(plan, inventory=results.info_result(snap, records))
-        return plan
+        return self.kind.plan_absent(
+            snap, classification.classify(snap, criteria), p, self.criteria, self.client.unaddressable
+        )
 
     # -- preview or execute: the outcome, from the plan ------------------------------------------------
 

@@ -268,7 +268,7 @@ def test_plan_is_pure(shm, server_proc):
     with ops.hold(ops.read()) as reading:
         started = dataclasses.asdict(ops.outcome)
         plan = ops.plan(reading)
-        assert dataclasses.asdict(ops.outcome) == started and ops.outcome.before_result is None
+        assert dataclasses.asdict(ops.outcome) == started and ops.outcome.before_result is reading.inventory
         assert plan.selected_names == ['a'] and plan.inventory['system_regions'][0]['name'] == 'a'
         assert ops.preview(plan).before_result is plan.inventory
     assert fake.actions() == []
@@ -713,6 +713,19 @@ def test_stale_or_orphan_cleanup_without_the_server_fails_with_the_reason(shm, s
         err.value
     )
     assert fake.actions() == [] and snapshot(shm) == before
+
+
+def test_a_refused_cleanup_keeps_the_state_before_with_inventory(shm):
+    """The role's record names why nothing was checked from the call's before (server.pid None: 'Locate the Triton
+    server process'): a plan that refuses (the server process not found) still leaves the read in the failed result."""
+    make_file(shm, 'a')
+    fake = FakeTriton(shm, regions=[region('a')])
+    ops = RegionOps(fake, params(shm, None, stale=True, inventory=True), warn=lambda m: None)
+    with pytest.raises(ServerNotFound):
+        ops.run()
+    before = ops.result(finished=False)['before']
+    assert before['server']['pid'] is None and 'not found' in before['server']['not_found_reason']
+    assert [r['name'] for r in before['system_regions']] == ['a'] and fake.actions() == []
 
 
 def test_orphan_cleanup_with_shm_dir_but_no_server_still_works(shm):
