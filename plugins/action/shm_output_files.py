@@ -4,7 +4,7 @@
 """Action tritonops.shm.shm_output_files: write report files on the controller by the one writer of outputs.
 
 Runs in the controller's process (no module is sent anywhere): the report playbook's and the cleanup role's files in
-one task, where a task per file cost a process each. The directory and the writing are module_utils/output/outputs.py's.
+one task, where a task per file cost a process each. The directory and the writing are module_utils/outputs/outputs.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.plugins.filter.core import to_nice_json
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import outputs
 
 ARGUMENT_SPEC = {
     'dir': {'type': 'path', 'required': True},

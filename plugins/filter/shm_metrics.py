@@ -1,7 +1,7 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The node_exporter textfile metrics the modules' metrics_dir option writes, as filters, from module_utils/output/metrics.py.
+"""The node_exporter textfile metrics the modules' metrics_dir option writes, as filters, from module_utils/outputs/metrics.py.
 
 Documentation: plugins/filter/shm_metrics.yml and shm_metrics_file.yml (``ansible-doc -t filter tritonops.shm.NAME``).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics, outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics, outputs
 
 
 def shm_metrics(value: Mapping | None, kind: str, host: str, url: str | None, previous: str | None = None) -> str:

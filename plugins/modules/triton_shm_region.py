@@ -534,7 +534,7 @@ metrics_files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
 from ansible_collections.tritonops.shm.plugins.module_utils.rules.classification import DEFAULT_MIN_AGE
 from ansible_collections.tritonops.shm.plugins.module_utils.rules.region_plan import IN_USE_TIMEOUT

@@ -322,7 +322,7 @@ def test_a_host_whose_cleanup_cannot_see_every_holder_is_never_healed(servers, r
     """
     if COLLECTIONS_PATH not in sys.path:
         sys.path.insert(0, COLLECTIONS_PATH)
-    from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+    from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 
     t1, t2 = servers
     prom = tmp_path / 'prom'

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics_text, outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics_text, outputs
 from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
 
 # the label values of tritonops_shm_regions{state} and tritonops_shm_files{category}, in the one order

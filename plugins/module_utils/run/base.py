@@ -33,7 +33,7 @@ from typing import Callable
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import ParameterError, TritonError, TritonOpsError
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics, outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics, outputs
 from ansible_collections.tritonops.shm.plugins.module_utils.rules.facts import BACKEND_PATTERNS, WEDGED_AFTER
 from ansible_collections.tritonops.shm.plugins.module_utils.run.operation import Operation, run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.wire import connection, time_limit

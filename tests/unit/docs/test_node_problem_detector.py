@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 NPD = os.path.join(ROOT, 'docs', 'npd')

@@ -200,7 +200,7 @@ def collection_package() -> str:
 MODULE_UTILS = collection_package()
 connection = importlib.import_module(f'{MODULE_UTILS}.wire.connection')
 records = importlib.import_module(f'{MODULE_UTILS}.rules.records')
-metrics_text = importlib.import_module(f'{MODULE_UTILS}.output.metrics_text')
+metrics_text = importlib.import_module(f'{MODULE_UTILS}.outputs.metrics_text')
 http_reader = importlib.import_module(f'{MODULE_UTILS}.wire.http_reader')
 triton_aio = importlib.import_module(f'{MODULE_UTILS}.wire.triton_aio')
 redact_url = connection.redact_url

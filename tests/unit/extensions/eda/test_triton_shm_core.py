@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import MalformedAnswer, ParameterError
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
 from ansible_collections.tritonops.shm.plugins.module_utils.run.base import connection_argument_spec
 from ansible_collections.tritonops.shm.plugins.module_utils.wire import client, connection
@@ -37,7 +37,7 @@ def test_the_event_source_runs_by_its_path_on_the_standard_library_and_the_colle
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout))
     package = 'ansible_collections.tritonops.shm.plugins.module_utils'
-    names = ('wire.connection', 'rules.records', 'output.metrics_text', 'wire.triton_aio', 'wire.client')
+    names = ('wire.connection', 'rules.records', 'outputs.metrics_text', 'wire.triton_aio', 'wire.client')
     assert {f'{package}.{name}' for name in names} <= loaded
     outside = {n for n in loaded if n.split('.')[0] not in STDLIB | {'ansible_collections'}}
     assert not outside, outside

@@ -2,7 +2,7 @@
 that cannot act").
 
 Each test runs main() as a task, as ansible-rulebook runs it, against real HTTP servers on 127.0.0.1: a Triton status
-and a /metrics page in the text format node_exporter serves (the textfile lines written by module_utils/output/metrics.py).
+and a /metrics page in the text format node_exporter serves (the textfile lines written by module_utils/outputs/metrics.py).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from test_triton_shm_source import (
 
 if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 from ansible_collections.tritonops.shm.tests.fakes import loopback  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def report(host: str, url: str, complete: bool, pid_namespace: str = 'initial') -> str:
-    """The textfile the report or the cleanup writes for (host, url): the real renderer of module_utils/output/metrics.py."""
+    """The textfile the report or the cleanup writes for (host, url): the real renderer of module_utils/outputs/metrics.py."""
     why = None if complete else "the module runs outside the host's initial PID namespace (pid_namespace other)"
     inv = {
         'holders_complete': complete,

@@ -21,7 +21,7 @@ COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HER
 if COLLECTION.split(os.sep)[-3:] == ['ansible_collections', 'tritonops', 'shm']:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(COLLECTION))))
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 
 RULES = os.path.join(COLLECTION, 'extensions', 'prometheus', 'tritonops_shm.rules.yml')
 RULES_TEST = os.path.join(HERE, 'tritonops_shm.rules_test.yml')
@@ -60,7 +60,7 @@ def alerts() -> dict:
 
 
 def test_rules_use_only_metrics_the_collection_writes():
-    # the one metric set (module_utils/output/metrics.py) the report playbook and the cleanup role write
+    # the one metric set (module_utils/outputs/metrics.py) the report playbook and the cleanup role write
     written = set(metrics.METRICS)
     for name, rule in alerts().items():
         used = set(re.findall(r'\b(tritonops_shm_[a-z_]+)\b', rule['expr']))

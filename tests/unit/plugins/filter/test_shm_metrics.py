@@ -11,7 +11,7 @@ from ansible_collections.tritonops.shm.plugins.filter.shm_metrics import (
     shm_metrics,
     shm_metrics_file,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics, outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics, outputs
 
 URL = 'http://127.0.0.1:8000'
 

@@ -18,7 +18,7 @@ import tempfile
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.run import base
 
 URL = 'http://127.0.0.1:8000'

@@ -103,7 +103,7 @@ def test_the_rules_get_resolved_users():
 
 # The layers, in the order of CONTRIBUTING's layout table: a module imports errors, its own layer and the layers
 # before it, never one after it. Type annotations only (under TYPE_CHECKING) may name a later layer's types.
-LAYERS = ('rules', 'wire', 'host', 'output', 'run')
+LAYERS = ('rules', 'wire', 'host', 'outputs', 'run')
 MODULE_UTILS = os.path.join(ROOT, 'ansible_collections', 'tritonops', 'shm', 'plugins', 'module_utils')
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for module_utils/output/metrics.py: the metric set (checked by promtool), one file per server, the writer."""
+"""Unit tests for module_utils/outputs/metrics.py: the metric set (checked by promtool), one file per server, the writer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tempfile
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics, outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics, outputs
 
 MIB = 1 << 20
 URL = 'http://127.0.0.1:8000'

@@ -1,4 +1,4 @@
-"""module_utils/output/outputs.py: the one writer of outputs, and that no other code of the collection writes files its own way.
+"""module_utils/outputs/outputs.py: the one writer of outputs, and that no other code of the collection writes files its own way.
 
 The recipe "An output" in CONTRIBUTING.md says: outputs.write() on a target, action shm_output_files on the
 controller, no other writer. The scan below holds it: a new writer elsewhere fails until it goes through outputs, or is
@@ -17,7 +17,7 @@ import tempfile
 import pytest
 import yaml
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import outputs
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 
@@ -65,7 +65,7 @@ def test_no_code_but_outputs_writes_files_its_own_way():
         for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)
     ]
     writers = {os.path.relpath(p, ROOT): _writes(p) for p in code}
-    writers = {p: w for p, w in writers.items() if w and p != 'plugins/module_utils/output/outputs.py'}
+    writers = {p: w for p, w in writers.items() if w and p != 'plugins/module_utils/outputs/outputs.py'}
     assert writers.keys() - NOT_OUTPUTS.keys() == set(), {p: writers[p] for p in writers.keys() - NOT_OUTPUTS.keys()}
     assert NOT_OUTPUTS.keys() <= writers.keys(), 'a file named here writes nothing any more: drop it'
 

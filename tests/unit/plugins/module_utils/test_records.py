@@ -106,7 +106,7 @@ REF = records.Field('ref_count', records.UINT64, required=False, description='Re
                     total='region_references', total_description='Sum of the ref_count of the system regions.')
 records.SYSTEM = records.SYSTEM._replace(fields=records.SYSTEM.fields + (REF,))
 records.KINDS['system'] = records.SYSTEM
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 from ansible_collections.tritonops.shm.plugins.plugin_utils.report.html_report import shm_html_report
 
 regions = json.loads(sys.argv[1])
@@ -146,7 +146,7 @@ def test_a_field_with_a_label_and_a_total_shows_in_the_report_and_the_textfile_f
 
 
 def test_totals_are_integers_and_their_gauges_are_declared_once():
-    from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+    from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 
     for _kind, field in records.totals():
         assert field.type == records.UINT64, field

@@ -38,7 +38,7 @@ def no_holder(snap, region, criteria=None):
 
 kinds.KINDS['test'] = kinds.RegionKind(record=TEST, holders='none: a test kind', state=no_holder)
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.host import runlock
 from ansible_collections.tritonops.shm.plugins.module_utils.run.operation import run_steps
 from ansible_collections.tritonops.shm.plugins.module_utils.run.region_ops import RegionOps

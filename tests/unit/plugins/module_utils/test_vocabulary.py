@@ -10,7 +10,7 @@ import ast
 import os
 import re
 
-from ansible_collections.tritonops.shm.plugins.module_utils.output import metrics
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
 from ansible_collections.tritonops.shm.plugins.module_utils.rules import classification, records, results
 from ansible_collections.tritonops.shm.plugins.module_utils.rules import vocabulary as v
 from ansible_collections.tritonops.shm.plugins.plugin_utils.report.html_report import shm_html_report
