@@ -484,7 +484,7 @@ def test_a_tls_answer_on_a_connection_not_kept_releases_its_socket_at_once(tmp_p
         target = source._Target(servers[0], False)  # pylint: disable=protected-access
         loop = asyncio.get_running_loop()
         base, lingering = _sockets(), []
-        for _ in range(3):
+        for _poll in range(3):
             event = await target.poll(loop)
             assert event['triton_shm']['status'] == 'up', event
             await asyncio.sleep(0.2)
