@@ -380,6 +380,11 @@ class GrpcEndpoint:
         finally:
             if not self.keep_alive:
                 await self.close()
+        if len(answer.regions) > MAX_REGIONS:  # refused before each becomes a dict (as the HTTP answer's JSON is)
+            raise StatusError(
+                f'{self.where()}: the answer holds {len(answer.regions)} regions, more than this source reads '
+                f'(at most {MAX_REGIONS})'
+            )
         return [records.from_message(records.SYSTEM, r) for r in answer.regions.values()]
 
     async def close(self) -> None:

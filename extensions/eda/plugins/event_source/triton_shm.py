@@ -38,7 +38,7 @@ description:
   - Every server is polled every O(interval), whatever the others answer; a slow or dead server delays only its
     own event, and each poll ends within O(timeout).
   - An answer is read up to 32 MiB, and a status of at most 200,000 regions (counted as its JSON objects before it is
-    parsed; 100,000 regions are about 15 MiB); a larger one is C(down), naming the limit.
+    parsed; over gRPC its regions); a larger one is C(down), naming the limit.
   - C(holders_complete) is whether the cleanup on the server's host can see every process that may hold its
     shared memory (the metric C(tritonops_shm_holders_complete) read from O(servers[].metrics_url); C(null) when
     unknown). With C(false) a cleanup there would remove nothing; the event says why
