@@ -17,7 +17,7 @@ http_reader (for escape).
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import SplitResult, urlsplit
 
@@ -85,9 +85,11 @@ def short(text: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else f'{text[:limit]}...'
 
 
-def snippet(text: str | None, limit: int = 200) -> str:
-    """The start of a response body on one line, for a message (empty for no body); control characters escaped."""
-    return escape((text or '').strip().replace('\n', ' '), limit)
+def snippet(text: str | bytes | None, limit: int = 200, hidden: Sequence[str] = ()) -> str:
+    """The start of a response body on one line, for a message (empty for no body); control characters escaped, each
+    of hidden (connection.secrets) shown as ******** before the cut."""
+    text = (text or '').strip()
+    return escape(text.replace(b'\n', b' ') if isinstance(text, bytes) else text.replace('\n', ' '), limit, hidden)
 
 
 # -- what every call checks -------------------------------------------------------------------------

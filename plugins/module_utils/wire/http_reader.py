@@ -1,13 +1,13 @@
 # Copyright: (c) 2026, tritonops.shm developers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""One strict HTTP/1.1 response reader: bytes in, answers out, no I/O, standard library only.
+"""One strict HTTP/1.1 response reader: bytes in, answers out, no I/O.
 
 Private to the tritonops.shm collection: no stability promise to other code.
 
 The modules' one HTTP path (triton_http) and the EDA poller's (triton_aio, for
 extensions/eda/plugins/event_source/triton_shm.py) read every answer with ResponseReader.
-This file imports the standard library only, nothing of the collection (filters may import it).
+This file imports the standard library and connection.hide (itself standard library only: filters may import it).
 
 What it accepts, and nothing else (a server that is not Triton, or a hostile one, gets an
 HttpError whose text escapes what the server sent):
@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
+
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import hide
 
 MAX_HEAD_BYTES = 64 << 10  # status line and headers; the trailers of a chunked body have the same bound
 MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions, without its CRLF
@@ -91,9 +93,7 @@ def escape(text: str | bytes, limit: int = 200, hidden: Sequence[str] = ()) -> s
     if isinstance(text, (bytes, bytearray)):
         longest = max((len(secret) for secret in hidden), default=0)
         text = bytes(text[: (limit + longest) * 4]).decode('utf-8', 'replace')
-    for secret in hidden:
-        if secret:
-            text = text.replace(secret, '********')
+    text = hide(text, hidden)
     cut = len(text) > limit
     text = text[:limit]
     if not text.isprintable():

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import RESTRICTED_TEXT, TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.rules import records
 from ansible_collections.tritonops.shm.plugins.module_utils.wire import connection, tls, triton_grpc
-from ansible_collections.tritonops.shm.plugins.module_utils.wire.client import GRPC, HTTP, error_from_answer
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.client import GRPC, HTTP, error_from_answer, snippet
 from ansible_collections.tritonops.shm.plugins.module_utils.wire.http_reader import (
     MAX_HEAD_BYTES,
     HttpError,
@@ -43,6 +43,7 @@ GRPC_METHOD = 'SystemSharedMemoryStatus'  # what a grpc:// server is asked (Trit
 # The most regions a status answer may hold, counted as its JSON objects ('{') before it is parsed: 100,000 regions
 # are about 15 MiB, while 31 MiB of '{},' would parse into ~800 MiB of dicts and block the loop for seconds.
 MAX_REGIONS = 200_000
+SNIPPET = 120  # characters of what a server sent that an event's error shows
 
 
 class StatusError(Exception):
@@ -51,12 +52,6 @@ class StatusError(Exception):
 
 class _Reconnect(StatusError):
     """A kept-alive connection was closed by the server before it answered: send again on a new one."""
-
-
-def snippet(raw: bytes, limit: int = 120, hidden: Sequence[str] = ()) -> str:
-    """The start of what a server sent, on one line, every control character escaped, each of hidden (the wire's
-    connection.secrets) shown as ******** before the cut."""
-    return escape(raw.strip().replace(b'\n', b' '), limit, hidden)
 
 
 def tls_context(wire: connection.WireConfig, what: str) -> ssl.SSLContext | None:
@@ -287,12 +282,12 @@ class HttpEndpoint:
         except ValueError:
             raise StatusError(
                 f'{self.where()}: the answer is not Triton JSON (is another web server on this port?): '
-                + snippet(answer.body, hidden=self.hidden)
+                + snippet(answer.body, SNIPPET, self.hidden)
             ) from None
 
     def _shown(self, answer: Response) -> str:
         """The start of an error answer's body (else its reason) for a message, the wire's secrets hidden first."""
-        return snippet(answer.body, hidden=self.hidden) or escape(answer.reason, 120, self.hidden)
+        return snippet(answer.body, SNIPPET, self.hidden) or escape(answer.reason, SNIPPET, self.hidden)
 
     def close(self) -> None:
         """Close the connection; a later call opens a new one."""
