@@ -8,19 +8,16 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.report.cleanup_record import (
-    node_agent_failed,
-    shm_cleanup,
-    shm_cleanup_exclude,
-    shm_list,
-)
+from ansible_collections.tritonops.shm.plugins.plugin_utils.lazy import lazy
+
+_CODE = 'plugin_utils.report.cleanup_record'
 
 
 class FilterModule:
     def filters(self) -> dict:
         return dict(
-            shm_list=shm_list,
-            _shm_cleanup=shm_cleanup,
-            _shm_cleanup_exclude=shm_cleanup_exclude,
-            _node_agent_failed=node_agent_failed,
+            shm_list=lazy(_CODE, 'shm_list'),
+            _shm_cleanup=lazy(_CODE, 'shm_cleanup'),
+            _shm_cleanup_exclude=lazy(_CODE, 'shm_cleanup_exclude'),
+            _node_agent_failed=lazy(_CODE, 'node_agent_failed'),
         )

@@ -8,19 +8,16 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.report.fleet_table import (
-    shm_fleet_table,
-    shm_report_results,
-    shm_report_row,
-    shm_report_rows,
-)
+from ansible_collections.tritonops.shm.plugins.plugin_utils.lazy import lazy
+
+_CODE = 'plugin_utils.report.fleet_table'
 
 
 class FilterModule:
     def filters(self) -> dict:
         return dict(
-            _shm_fleet_table=shm_fleet_table,
-            _shm_report_row=shm_report_row,
-            _shm_report_rows=shm_report_rows,
-            _shm_report_results=shm_report_results,
+            _shm_fleet_table=lazy(_CODE, 'shm_fleet_table'),
+            _shm_report_row=lazy(_CODE, 'shm_report_row'),
+            _shm_report_rows=lazy(_CODE, 'shm_report_rows'),
+            _shm_report_results=lazy(_CODE, 'shm_report_results'),
         )

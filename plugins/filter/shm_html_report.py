@@ -8,9 +8,11 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.report.html_report import shm_html_report
+from ansible_collections.tritonops.shm.plugins.plugin_utils.lazy import lazy
+
+_CODE = 'plugin_utils.report.html_report'
 
 
 class FilterModule:
     def filters(self) -> dict:
-        return {'shm_html_report': shm_html_report}
+        return {'shm_html_report': lazy(_CODE, 'shm_html_report')}

@@ -3,6 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The node_exporter textfile metrics the modules' metrics_dir option writes, as filters, from module_utils/outputs/metrics.py.
 
+Each filter imports its code when called (plugin_utils/lazy.py says why).
+
 Documentation: plugins/filter/shm_metrics.yml and shm_metrics_file.yml (``ansible-doc -t filter tritonops.shm.NAME``).
 """
 
@@ -13,11 +15,11 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics, outputs
-
 
 def shm_metrics(value: Mapping | None, kind: str, host: str, url: str | None, previous: str | None = None) -> str:
     """The textfile text: kind report (a triton_shm_info result) or cleanup (the role's shm_cleanup_result)."""
+    from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
+
     if kind == metrics.REPORT:
         return metrics.report_text(value, host, url)
     if kind == metrics.CLEANUP:
@@ -31,6 +33,8 @@ def shm_metrics(value: Mapping | None, kind: str, host: str, url: str | None, pr
 
 def shm_metrics_file(kind: str, host: str, url: Any) -> str:
     """The file name of one (inventory host, URL) for kind (report or cleanup)."""
+    from ansible_collections.tritonops.shm.plugins.module_utils.outputs import metrics
+
     try:
         return metrics.file_name(kind, host, url)
     except ValueError as exc:
@@ -39,6 +43,8 @@ def shm_metrics_file(kind: str, host: str, url: Any) -> str:
 
 def shm_dir_refusal(directory: Any) -> str:
     """Why the playbooks refuse to write their report files into directory ('' when they may): outputs.report_dir_refusal."""
+    from ansible_collections.tritonops.shm.plugins.module_utils.outputs import outputs
+
     if not isinstance(directory, str) or not directory:
         raise AnsibleFilterError(f'shm_dir_refusal: the directory must be a non-empty string, got {directory!r}')
     return outputs.report_dir_refusal(directory) or ''

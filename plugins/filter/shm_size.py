@@ -8,11 +8,13 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.sizing import shm_size
+from ansible_collections.tritonops.shm.plugins.plugin_utils.lazy import lazy
+
+_CODE = 'plugin_utils.deploy.sizing'
 
 
 class FilterModule:
     """tritonops.shm filters."""
 
     def filters(self) -> dict:
-        return {'shm_size': shm_size}
+        return {'shm_size': lazy(_CODE, 'shm_size')}

@@ -15,8 +15,6 @@ import re
 import unicodedata
 from typing import Any
 
-from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import redact_url
-
 # CommonMark lets a backslash escape any ASCII punctuation; these are the ones that start inline markup (emphasis,
 # code, links and images, autolinks and raw HTML, entities, strikethrough, a heading's marks), break a GFM table
 # cell, or the escape itself. ``_`` only where it can open or close emphasis (not between two letters or digits),
@@ -59,6 +57,8 @@ def shm_md(value: Any) -> str:
 
 def shm_redact_url(value: Any) -> Any:
     """A URL with its ``user:password@`` part shown as ``***@`` (anything else as it is)."""
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire.connection import redact_url
+
     return redact_url(value)
 
 

@@ -8,11 +8,13 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.kubernetes import triton_kubernetes
+from ansible_collections.tritonops.shm.plugins.plugin_utils.lazy import lazy
+
+_CODE = 'plugin_utils.deploy.kubernetes'
 
 
 class FilterModule:
     """tritonops.shm filters."""
 
     def filters(self) -> dict:
-        return {'triton_kubernetes': triton_kubernetes}
+        return {'triton_kubernetes': lazy(_CODE, 'triton_kubernetes')}

@@ -8,13 +8,9 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.node_agent import (
-    node_agent_deadline,
-    node_agent_queue,
-    node_agent_state,
-    node_agent_time_left,
-    triton_node_agent,
-)
+from ansible_collections.tritonops.shm.plugins.plugin_utils.lazy import lazy
+
+_CODE = 'plugin_utils.deploy.node_agent'
 
 
 class FilterModule:
@@ -22,9 +18,9 @@ class FilterModule:
 
     def filters(self) -> dict:
         return {
-            'triton_node_agent': triton_node_agent,
-            '_node_agent_deadline': node_agent_deadline,
-            '_node_agent_time_left': node_agent_time_left,
-            '_node_agent_queue': node_agent_queue,
-            '_node_agent_state': node_agent_state,
+            'triton_node_agent': lazy(_CODE, 'triton_node_agent'),
+            '_node_agent_deadline': lazy(_CODE, 'node_agent_deadline'),
+            '_node_agent_time_left': lazy(_CODE, 'node_agent_time_left'),
+            '_node_agent_queue': lazy(_CODE, 'node_agent_queue'),
+            '_node_agent_state': lazy(_CODE, 'node_agent_state'),
         }

@@ -8,31 +8,22 @@ Each filter's documentation is its sidecar file in this directory (FILTER.yml).
 
 from __future__ import annotations
 
-from ansible_collections.tritonops.shm.plugins.plugin_utils.deploy.deploy import (
-    triton_args,
-    triton_container,
-    triton_deployed,
-    triton_endpoints,
-    triton_gpus,
-    triton_log_report,
-    triton_retries,
-    triton_shm,
-    triton_shm_change,
-    triton_version,
-)
+from ansible_collections.tritonops.shm.plugins.plugin_utils.lazy import lazy
+
+_CODE = 'plugin_utils.deploy.deploy'
 
 
 class FilterModule:
     def filters(self) -> dict:
         return dict(
-            triton_version=triton_version,
-            triton_gpus=triton_gpus,
-            triton_endpoints=triton_endpoints,
-            _triton_args=triton_args,
-            _triton_container=triton_container,
-            _triton_shm=triton_shm,
-            _triton_shm_change=triton_shm_change,
-            _triton_retries=triton_retries,
-            _triton_log_report=triton_log_report,
-            _triton_deployed=triton_deployed,
+            triton_version=lazy(_CODE, 'triton_version'),
+            triton_gpus=lazy(_CODE, 'triton_gpus'),
+            triton_endpoints=lazy(_CODE, 'triton_endpoints'),
+            _triton_args=lazy(_CODE, 'triton_args'),
+            _triton_container=lazy(_CODE, 'triton_container'),
+            _triton_shm=lazy(_CODE, 'triton_shm'),
+            _triton_shm_change=lazy(_CODE, 'triton_shm_change'),
+            _triton_retries=lazy(_CODE, 'triton_retries'),
+            _triton_log_report=lazy(_CODE, 'triton_log_report'),
+            _triton_deployed=lazy(_CODE, 'triton_deployed'),
         )

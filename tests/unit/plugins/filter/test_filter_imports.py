@@ -27,8 +27,20 @@ def _imports(path: str) -> list[tuple[str, int]]:
     with open(path, encoding='utf-8') as f:
         tree = ast.parse(f.read(), path)
     out = []
+    # a filter's code named by plugin_utils.lazy.lazy(MODULE, name): MODULE a string or a module-level name bound to one
+    strings = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+    }
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'lazy' and node.args:
+            arg = node.args[0]
+            module = arg.value if isinstance(arg, ast.Constant) else strings.get(getattr(arg, 'id', ''), '?')
+            out.append((PREFIX + module, node.lineno))
+        elif isinstance(node, ast.Import):
             out += [(a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -132,6 +144,14 @@ def _tree(tmp_path, files: dict) -> str:
         (
             {'filter/f.py': f'from {PREFIX}plugin_utils.u import h\n', 'plugin_utils/u.py': 'import grpc\n'},
             "plugins/plugin_utils/u.py:1: imports 'grpc' (through plugins/filter/f.py:1)",
+        ),
+        (
+            {'filter/f.py': "_CODE = 'plugin_utils.u'\nF = lazy(_CODE, 'h')\n", 'plugin_utils/u.py': 'import grpc\n'},
+            "plugins/plugin_utils/u.py:1: imports 'grpc' (through plugins/filter/f.py:2)",
+        ),
+        (
+            {'filter/f.py': "F = lazy('module_utils.m', 'h')\n", 'module_utils/m.py': 'import requests\n'},
+            "plugins/module_utils/m.py:1: imports 'requests' (through plugins/filter/f.py:1)",
         ),
     ],
 )

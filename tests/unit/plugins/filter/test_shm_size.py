@@ -276,7 +276,7 @@ def test_docker_size(num_bytes, expected):
 
 
 def test_filter_is_registered():
-    assert FilterModule().filters()['shm_size'] is shm_size
+    assert FilterModule().filters()['shm_size'].target() is shm_size
 
 
 # -- the pod spec fragment (Kubernetes) -------------------------------------------------------------

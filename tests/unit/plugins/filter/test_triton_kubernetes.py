@@ -315,4 +315,4 @@ def test_quantity_bytes(text, expected):
 
 
 def test_filter_is_registered():
-    assert FilterModule().filters()['triton_kubernetes'] is triton_kubernetes
+    assert FilterModule().filters()['triton_kubernetes'].target() is triton_kubernetes

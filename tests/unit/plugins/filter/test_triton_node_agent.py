@@ -166,7 +166,7 @@ def test_errors(kwargs, words):
 
 
 def test_filter_is_registered():
-    assert FilterModule().filters()['triton_node_agent'] is triton_node_agent
+    assert FilterModule().filters()['triton_node_agent'].target() is triton_node_agent
 
 
 def test_nvml_is_opt_in_and_requests_no_gpu():

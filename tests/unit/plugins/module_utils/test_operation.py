@@ -7,13 +7,12 @@ import ast
 import contextlib
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import TritonError
 from ansible_collections.tritonops.shm.plugins.module_utils.run import operation
+from ansible_collections.tritonops.shm.tests.unit.fresh import fresh_python
 
 MODULES = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..', 'plugins', 'modules')
 
@@ -117,14 +116,8 @@ def test_the_run_protocol_imports_no_transport():
         'from ansible_collections.tritonops.shm.plugins.module_utils.run import operation\n'
         "print(' '.join(sorted(m for m in sys.modules if m.startswith(('ansible', 'grpc', 'http.client')))))\n"
     )
-    out = subprocess.run(
-        [sys.executable, '-c', code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
-    )
-    loaded = set(out.stdout.split())
+    out = fresh_python(code)
+    loaded = set(out.split())
     assert loaded <= {
         'ansible_collections',
         'ansible_collections.tritonops',
