@@ -5,8 +5,9 @@ costs per run decides whether they can. In ONE run, on the same hosts: a fleet o
 tritonservers (models=(), private 16 MiB /dev/shm each) on 127.0.1.1..H, each its own
 inventory host (ansible_connection local, -f 8, pipelining on). Measured: CPU seconds of
 the whole ansible-playbook process tree (this process's children's rusage: the
-controller, its forks and every module process), divided by H, median of R runs, the
-plays in alternation so they see the same load:
+controller, its forks and every module process), divided by H, median of R runs (6: on a
+shared 2-core machine one run's CPU moves by 10-20%, a median of 3 by about 10%), the plays in
+alternation so they see the same load:
 
   ping          ansible.builtin.ping                      (Ansible's own floor per task)
   info          one tritonops.shm.triton_shm_info task    (the reference: 1x)
@@ -21,7 +22,7 @@ must leave one report and one cleanup file per host in it.
 
 Goals (issues 20 and 28, textfile directory present): cleanup-noop <= 1.3x info, cleanup-leaks <= 1.5x, report <= 1.2x.
 Prints the figures, writes bench-results/cost.json.
-Usage: python tests/bench/bench_cost.py [--hosts 4] [--leaks 3] [--repeat 3] [--forks 8] [--textfile present|absent|off]
+Usage: python tests/bench/bench_cost.py [--hosts 4] [--leaks 3] [--repeat 6] [--forks 8] [--textfile present|absent|off]
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def main(argv: list | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--hosts', type=int, default=4)
     parser.add_argument('--leaks', type=int, default=3)
-    parser.add_argument('--repeat', type=int, default=3)
+    parser.add_argument('--repeat', type=int, default=6)
     parser.add_argument('--forks', type=int, default=8)
     parser.add_argument('--textfile', choices=('present', 'absent', 'off'), default='present')
     args = parser.parse_args(argv)
