@@ -17,6 +17,7 @@ http_reader (for escape).
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import SplitResult, urlsplit
@@ -189,10 +190,8 @@ def check_headers(headers: Any) -> None:
     The rule is connection.check_headers (the event source checks its headers by it too). The HTTP library's own
     refusal quotes the value, which is often a secret: this check runs before any request, for HTTP and gRPC alike.
     """
-    try:
+    with _as_parameter_error():
         connection.check_headers(headers)
-    except connection.OptionError as exc:
-        raise ParameterError(str(exc)) from None
 
 
 def wire_of(url: str | connection.WireConfig, options: dict) -> connection.WireConfig:
@@ -210,8 +209,15 @@ def wire_of(url: str | connection.WireConfig, options: dict) -> connection.WireC
 
 def _wire_config(params: dict) -> connection.WireConfig:
     """connection.wire_config, its refusal of the options as a ParameterError (a module's parameter, nothing sent)."""
-    try:
+    with _as_parameter_error():
         return connection.wire_config(params)
+
+
+@contextlib.contextmanager
+def _as_parameter_error() -> Iterator[None]:
+    """connection's refusal of an option (OptionError, the event source's word) as the modules' ParameterError."""
+    try:
+        yield
     except connection.OptionError as exc:
         raise ParameterError(str(exc)) from None
 
