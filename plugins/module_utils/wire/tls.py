@@ -49,6 +49,21 @@ def tls_context(
     return context
 
 
+LOAD_FAILED = 'cannot load the TLS files (ca_path, client_cert, client_key)'
+
+
+def loaded_context(
+    validate_certs: bool, ca_path: str | None, client_cert: str | None, client_key: str | None
+) -> ssl.SSLContext:
+    """tls_context; TlsFileError in the one wording of every HTTPS transport (the modules' and the event source's)
+    when a file cannot be read or loaded: LOAD_FAILED, then the reason cut to 300 characters."""
+    try:
+        return tls_context(validate_certs, ca_path, client_cert, client_key)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        reason = str(exc)
+        raise TlsFileError(f'{LOAD_FAILED}: {reason if len(reason) <= 300 else reason[:300] + "..."}') from exc
+
+
 def read_file(path: str, what: str) -> bytes:
     try:
         with open(path, 'rb') as f:

@@ -59,9 +59,9 @@ def tls_context(wire: connection.WireConfig, what: str) -> ssl.SSLContext | None
     if urlsplit(wire.url).scheme != 'https':
         return None
     try:
-        return tls.tls_context(*wire.tls)
-    except (OSError, ssl.SSLError) as exc:
-        raise connection.OptionError(f'{what}: cannot load the TLS files: {exc}') from None
+        return tls.loaded_context(*wire.tls)
+    except tls.TlsFileError as exc:
+        raise connection.OptionError(f'{what}: {exc}') from None
 
 
 class _Connection(asyncio.Protocol):

@@ -65,7 +65,7 @@ from ansible_collections.tritonops.shm.plugins.module_utils.wire.http_reader imp
     ResponseReader,
     escape,
 )
-from ansible_collections.tritonops.shm.plugins.module_utils.wire.tls import tls_context
+from ansible_collections.tritonops.shm.plugins.module_utils.wire.tls import TlsFileError, loaded_context
 
 # Characters a URL path segment may carry as they are (RFC 3986 pchar, plus '%' kept raw).
 _SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@%")
@@ -375,11 +375,9 @@ class TritonClient(Client):
         timeout = time_limit.bound(self.timeout, f'{what} at {url}')  # no later than the call's own time limit
         if self.scheme == 'https' and self._context is None:
             try:
-                self._context = tls_context(*self._tls)
-            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-                raise self.error(
-                    f'{what} at {url}: cannot load the TLS files (ca_path, client_cert, client_key): {short(exc)}', url
-                ) from exc
+                self._context = loaded_context(*self._tls)
+            except TlsFileError as exc:
+                raise self.error(f'{what} at {url}: {exc}', url) from exc
         try:
             return self._conn.exchange(request, time.monotonic() + timeout)
         except _Timeout as exc:
