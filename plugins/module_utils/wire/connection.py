@@ -457,7 +457,21 @@ def secrets(wire: WireConfig) -> list[str]:
         token.decode('ascii')
         for token in re.findall(rb'^Authorization: Basic (\S+)\r$', http_request(wire, '', ''), re.M)
     ]
+    found += [shown for shown in map(_echoed, found) if shown]
     return sorted(set(found), key=len, reverse=True)
+
+
+def _echoed(secret: str) -> str:
+    """How a body read as UTF-8 shows a secret sent beyond ASCII: http_request sends a header in Latin-1, so a server
+    that echoes it back gives bytes that read as U+FFFD. '' for an ASCII secret (it reads as itself), one that is
+    never sent (not Latin-1: check_headers refuses it) and one with fewer than MIN_SECRET other characters."""
+    if secret.isascii():
+        return ''
+    try:
+        shown = secret.encode('latin-1').decode('utf-8', 'replace')
+    except UnicodeEncodeError:
+        return ''
+    return shown if len(shown.replace('\ufffd', '')) >= MIN_SECRET else ''
 
 
 def hide(text: str, hidden: Sequence[str]) -> str:

@@ -71,7 +71,8 @@ def echo(status: int, text_of) -> loopback.Respond:
     """Answer status with text_of(request) as its body (a server echoing the request back)."""
 
     def respond(conn: loopback.Conn, request: loopback.Request) -> bool:
-        conn.send(loopback.http_answer(status, text_of(request).encode(), 'text/plain'))
+        body = text_of(request)  # bytes as they are: a server echoing the header's bytes back
+        conn.send(loopback.http_answer(status, body if isinstance(body, bytes) else body.encode(), 'text/plain'))
         return True
 
     return respond
@@ -323,6 +324,24 @@ def test_a_secret_echoed_alone_or_cut_by_the_snippet_never_shows(headers, url_us
     assert 'HTTP 500' in error and '********' in error, error
     for secret in (SECRET, 'Sup3rSecretPassw0rd', 'YWRtaW46U3VwM3JTZWNyZXRQYXNzdzByZA=='):
         assert not any(secret[:n] in error for n in range(6, len(secret) + 1)), (secret, error)
+
+
+LATIN1_SECRET = 'Sécrèt-Tökèn-Välue-0123456789'
+
+
+def test_a_secret_beyond_ascii_echoed_as_its_bytes_never_shows():
+    """A header goes out in Latin-1: a server echoing its bytes gives a body that reads, as UTF-8, with U+FFFD where
+    the secret has a character beyond ASCII; that form is hidden too (it read as S\ufffdcr\ufffdt-... before)."""
+
+    async def scenario():
+        reply = echo(500, lambda request: b'bad token ' + request.header('Authorization').encode('latin-1'))
+        with triton(answer=reply) as fake:
+            servers = [{'host': 'h', 'url': fake.url, 'headers': {'Authorization': f'Bearer {LATIN1_SECRET}'}}]
+            return await collect({'servers': servers, 'interval': 60}, 1)
+
+    error = run(scenario())[0]['triton_shm']['error']
+    assert 'HTTP 500' in error and 'bad token' in error and '********' in error, error
+    assert 'lue-0123' not in error and 'k\ufffdn' not in error and '\\ufffd' not in error, error
 
 
 @pytest.mark.parametrize(
