@@ -10,8 +10,8 @@ forgets it. classification.region_state calls a region that no process but the s
 reaches the setting ``wedged_after`` (WEDGED_AFTER runs by default).
 
 The record is one small JSON file per shm directory beside its run lock (runlock.py: a directory only the module's
-user can write, ``shm-MAJOR-MINOR-INODE.wedged.json``), written under that lock, atomically, by triton_shm_region,
-and read by every module. It names the server process (pid:start time) it counts for: another server starts from 0.
+user can write, ``shm-MAJOR-MINOR-INODE.wedged.json``), written under that lock by triton_shm_region through the
+one atomic write (outputs.write_at), and read by every module. It names the server process (pid:start time) it counts for: another server starts from 0.
 Standard library only. What it records (Attempts, WEDGED_AFTER) is plain data in facts.py, which the rules read.
 """
 
@@ -75,27 +75,17 @@ def updated(
     return out
 
 
-def write(dir_fd: int, dev: int, ino: int, server: str, attempts: Mapping[str, Attempts]) -> None:
-    """Replace the record in the private directory dir_fd (atomically: a temporary name, then rename). Raises OSError."""
-    name = record_name(dev, ino)
-    if not attempts:
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        return
-    data = json.dumps(
-        {
-            'server': server,
-            'regions': {n: {'runs': a.runs, 'since': a.since, 'spec': list(a.spec)} for n, a in attempts.items()},
-        },
-        sort_keys=True,
-    ).encode('utf-8')
-    tmp = f'.{name}.{os.getpid()}'
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+def encoded(server: str, attempts: Mapping[str, Attempts]) -> bytes:
+    """The record of attempts for the server process server, as the run writes it (outputs.write_at, 0600, in the
+    pinned lock directory) and read() reads it back."""
+    regions = {n: {'runs': a.runs, 'since': a.since, 'spec': list(a.spec)} for n, a in attempts.items()}
+    return json.dumps({'server': server, 'regions': regions}, sort_keys=True).encode('utf-8')
+
+
+def forget(dir_fd: int, name: str) -> None:
+    """Remove the record name from the directory dir_fd (no region is counted any more). Raises OSError, but not for a
+    record already gone."""
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass

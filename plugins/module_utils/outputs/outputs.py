@@ -212,7 +212,7 @@ STALE_TMP_AGE = 3600.0  # seconds: a temporary file older than this is a killed 
 
 
 def write(directory: str, name: str, text: str, nothing: str = 'nothing written', mode: int = 0o644) -> WriteResult:
-    """Write text to directory/name atomically (a temporary file in the same directory, then rename), with mode.
+    """Write text to directory/name atomically (write_at), with mode.
 
     Never raises for the directory's or the text's condition: returns written=False and a warning ending with nothing
     (what the caller did not get, e.g. 'no metrics written') instead. The caller checks the name (plain_name()).
@@ -229,32 +229,50 @@ def write(directory: str, name: str, text: str, nothing: str = 'nothing written'
     fd, why = open_dir(directory)
     if fd is None:
         return WriteResult(path, False, f'{why}: {nothing} ({name})', True)
-    tmp = f'{TMP_PREFIX}{secrets.token_hex(6)}'
     try:
-        try:
-            tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
-        except OSError as exc:
-            reason = 'is not writable' if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else 'cannot be written'
-            return WriteResult(path, False, f'{directory} {reason} ({exc.strerror}): {nothing} ({name})', True)
-        try:
-            with os.fdopen(tfd, 'wb') as f:
-                os.fchmod(f.fileno(), mode)  # whatever the umask
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except BaseException as exc:  # an OSError, or the call's time limit: no temporary file stays behind
-            try:
-                os.unlink(tmp, dir_fd=fd)
-            except OSError:
-                pass
-            if not isinstance(exc, OSError):
-                raise
-            return WriteResult(path, False, f'{path} cannot be written ({exc.strerror}): {nothing}')
-        _remove_stale_temporaries(fd)
-        return WriteResult(path, True, None)
+        write_at(fd, name, data, mode)
+    except Unwritable as exc:
+        reason = 'is not writable' if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else 'cannot be written'
+        return WriteResult(path, False, f'{directory} {reason} ({exc.strerror}): {nothing} ({name})', True)
+    except OSError as exc:
+        return WriteResult(path, False, f'{path} cannot be written ({exc.strerror}): {nothing}')
     finally:
         os.close(fd)
+    return WriteResult(path, True, None)
+
+
+class Unwritable(OSError):
+    """write_at: the directory takes no temporary file (read-only, full, not ours); nothing was written there."""
+
+
+def write_at(fd: int, name: str, data: bytes, mode: int) -> None:
+    """Replace name in the open directory fd with data, atomically: a temporary file of ours beside it (TMP_PREFIX),
+    written with mode whatever the umask, synced, then renamed over name; never follows a symlink.
+
+    The one atomic write of the collection: write() for an output by its directory's path, the run's private state
+    (the wedged regions' record) by its pinned directory's descriptor. Raises Unwritable when the temporary file cannot
+    be made, OSError when it cannot be written or renamed; no temporary file stays behind, also when the call's time
+    limit interrupts it. Our temporary files a killed run left (STALE_TMP_AGE) are removed after a write.
+    """
+    tmp = f'{TMP_PREFIX}{secrets.token_hex(6)}'
+    try:
+        tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+    except OSError as exc:
+        raise Unwritable(exc.errno, exc.strerror) from exc
+    try:
+        with os.fdopen(tfd, 'wb') as f:
+            os.fchmod(f.fileno(), mode)  # whatever the umask
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:  # an OSError, or the call's time limit: no temporary file stays behind
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except OSError:
+            pass
+        raise
+    _remove_stale_temporaries(fd)
 
 
 def _remove_stale_temporaries(fd: int) -> None:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from ansible_collections.tritonops.shm.plugins.module_utils.errors import LockError, ShmFsError
 from ansible_collections.tritonops.shm.plugins.module_utils.host import runlock, shm_fs, snapshot, wedged
+from ansible_collections.tritonops.shm.plugins.module_utils.outputs import outputs
 from ansible_collections.tritonops.shm.plugins.module_utils.rules import facts, vocabulary
 from ansible_collections.tritonops.shm.plugins.module_utils.rules.facts import Snapshot, holders_text
 
@@ -316,7 +317,11 @@ class RegionFileWork(ShmDirWork):
         try:
             fd = os.open(self.lock.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                wedged.write(fd, self.shm.dev, self.shm.ino, snap.server_id, after)
+                name = wedged.record_name(self.shm.dev, self.shm.ino)
+                if after:
+                    outputs.write_at(fd, name, wedged.encoded(snap.server_id, after), 0o600)
+                else:
+                    wedged.forget(fd, name)
             finally:
                 os.close(fd)
         except OSError as exc:

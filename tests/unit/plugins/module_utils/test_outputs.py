@@ -17,15 +17,15 @@ import tempfile
 import pytest
 import yaml
 
+from ansible_collections.tritonops.shm.plugins.module_utils.host import wedged
 from ansible_collections.tritonops.shm.plugins.module_utils.outputs import outputs
+from ansible_collections.tritonops.shm.plugins.module_utils.rules.facts import Attempts
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', '..', '..', '..')
 
 # Files that are not outputs, each with what it writes and why it is not written through outputs.write().
 NOT_OUTPUTS = {
     'plugins/module_utils/host/runlock.py': 'the run lock: a file held open and locked, never replaced',
-    'plugins/module_utils/host/wedged.py': "the wedged regions' attempts: state read back by the next run, 0600 in the "
-    'pinned lock directory (by its descriptor)',
     'plugins/module_utils/host/shm_fs.py': "a region's backing file in the shm directory, created for a registration",
 }
 # Tasks that write with ansible.builtin.copy or template: configuration a run changes, or a node's own state.
@@ -247,3 +247,24 @@ def test_a_directory_another_user_made_first_in_tmp_is_refused(as_nobody):
         assert 'no sticky bit' in outputs.write(mine, 'report.json', '{}').warning
     finally:
         shutil.rmtree(shared)
+
+
+def test_the_wedged_record_goes_through_the_one_atomic_write_0600_and_clears_a_killed_runs_temporary(tmp_path):
+    """The run's private state beside the lock (wedged.py) is written by write_at: read back by the next run, 0600
+    whatever the umask, and a temporary file a killed run left there (it stayed for good with wedged.py's own writer)
+    goes with a later write."""
+    killed = tmp_path / f'{outputs.TMP_PREFIX}killed'
+    killed.write_bytes(b'{"server"')
+    os.utime(killed, (1, 1))
+    attempts = {'leak_0': Attempts(3, 1700000000.0, ('/k', 0, 4096))}
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    old = os.umask(0)
+    try:
+        outputs.write_at(fd, wedged.record_name(7, 9), wedged.encoded('42:1000', attempts), 0o600)
+    finally:
+        os.umask(old)
+        os.close(fd)
+    assert os.listdir(tmp_path) == [wedged.record_name(7, 9)]
+    assert stat.S_IMODE(os.stat(tmp_path / wedged.record_name(7, 9)).st_mode) == 0o600
+    assert wedged.read(str(tmp_path), 7, 9, '42:1000') == attempts
+    assert wedged.read(str(tmp_path), 7, 9, '43:1000') == {}  # another server process starts from 0
