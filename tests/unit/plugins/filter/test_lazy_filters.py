@@ -38,6 +38,15 @@ def test_every_lazy_filter_names_a_function_that_exists():
         assert f.target().__name__ == f.__name__, name
 
 
+def test_no_lazy_filter_needs_an_attribute_the_wrapper_would_hide():
+    """ansible-core reads accept_args_markers and accept_lazy_markers from a filter function, Jinja jinja_pass_arg
+    (pass_context and the like): the lazy wrapper has none of them, so a function that sets one must not be lazy."""
+    for name, f in _filters().items():
+        if hasattr(f, 'target'):
+            marks = {'accept_args_markers', 'accept_lazy_markers', 'jinja_pass_arg'} & set(vars(f.target()))
+            assert not marks, f'{name}: {sorted(marks)} would be lost behind lazy(): map the function itself'
+
+
 def test_loading_every_filter_file_imports_none_of_the_collections_code():
     # a fresh interpreter, as a worker that looks a filter up: what the files import, not what earlier tests did
     code = (
