@@ -11,7 +11,8 @@ reaches the setting ``wedged_after`` (WEDGED_AFTER runs by default).
 
 The record is one small JSON file per shm directory beside its run lock (runlock.py: a directory only the module's
 user can write, ``shm-MAJOR-MINOR-INODE.wedged.json``), written under that lock by triton_shm_region through the
-one atomic write (outputs.write_at), and read by every module. It names the server process (pid:start time) it counts for: another server starts from 0.
+one atomic write (outputs.write_at), and read by every module. It names the server process (pid:start time) it
+counts for: another server starts from 0.
 Standard library only. What it records (Attempts, WEDGED_AFTER) is plain data in facts.py, which the rules read.
 """
 
