@@ -175,10 +175,11 @@ def event_source_options() -> dict[str, set[str]]:
 
 def event_source_server_keys() -> set[str]:
     """The keys one item of the poller's `servers` (the rulebooks' triton_shm_servers) may have: host, url, shm_bytes
-    and the options it takes per server (PER_SERVER in the source: connection.OPTIONS but url, and its own)."""
+    and the options it takes per server (PER_SERVER in module_utils/run/poll.py, what the source calls:
+    connection.OPTIONS but url, and its own)."""
     from ansible_collections.tritonops.shm.extensions.eda.plugins.event_source import triton_shm
 
-    return {'host', 'url', 'shm_bytes', *triton_shm.PER_SERVER}
+    return {'host', 'url', 'shm_bytes', *triton_shm.poll.PER_SERVER}
 
 
 JINJA_VARIABLE = re.compile(r'\b([a-z_][a-z0-9_]*)\s*\|\s*default\b')

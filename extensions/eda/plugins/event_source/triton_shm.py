@@ -3,12 +3,12 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """ansible-rulebook event source: Triton shared-memory registrations, polled.
 
-This file parses the arguments, schedules the polls and shapes the events; the wire is the collection's (issue 41):
-plugins/module_utils/wire/triton_aio.py, the asyncio twin of the modules' blocking transports (10,000 servers on
-keep-alive connections cannot be a blocking client each), with their request (connection.http_request), strict reader
-(http_reader), TLS (tls), error classification (client.error_from_answer), grpcio loading (triton_grpc.load_grpc)
-and region check (records). ansible-rulebook runs this file by its path: collection_package() imports the collection
-it is in.
+This file is the rulebook's side: its documentation, the schedule (every server once per interval, at its own place in
+it), the open-file budget and the queue. What it calls is the collection's, as a module calls module_utils (issue 41):
+module_utils/run/poll.py parses the arguments into servers and turns one server's answer into its event, over
+module_utils/wire/triton_aio.py, the asyncio twin of the modules' transports (their request, strict reader, TLS,
+error classification and region check). ansible-rulebook runs this file by its path: collection_package() imports
+the collection it is in.
 """
 
 from __future__ import annotations
@@ -131,11 +131,9 @@ import itertools
 import logging
 import math
 import os
-import re
 import sys
 import types
 from typing import Any
-from urllib.parse import urlsplit
 
 try:
     import resource
@@ -163,7 +161,7 @@ def collection_package() -> str:
     """
     root = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), *['..'] * 4))
     where = os.path.join(root, 'plugins', 'module_utils')
-    if not os.path.isfile(os.path.join(where, 'wire', 'triton_aio.py')):
+    if not os.path.isfile(os.path.join(where, 'run', 'poll.py')):
         raise ImportError(f'tritonops.shm.triton_shm needs {where}: install the whole tritonops.shm collection')
     for name, want in ((PACKAGE, root), (f'{PACKAGE}.plugins.module_utils', where)):
         bound = sys.modules.get(name)
@@ -194,204 +192,17 @@ def collection_package() -> str:
     return f'{PACKAGE}.plugins.module_utils'
 
 
-# the core this source shares with the modules: the connection options and URLs (connection), the check of a status
-# (records), the metrics text metrics.py writes (metrics_text), the escaping of server text (http_reader), and the
-# asyncio transport (triton_aio: the modules' request, reader, TLS and error_from_answer, without blocking)
+# what the source calls (module_utils/run/poll.py): its arguments as servers, one server's poll as its event; the
+# module_utils the tests reach through it: connection, records and triton_aio, the wire shared with the modules
 MODULE_UTILS = collection_package()
-connection = importlib.import_module(f'{MODULE_UTILS}.wire.connection')
-records = importlib.import_module(f'{MODULE_UTILS}.rules.records')
-metrics_text = importlib.import_module(f'{MODULE_UTILS}.outputs.metrics_text')
-http_reader = importlib.import_module(f'{MODULE_UTILS}.wire.http_reader')
-triton_aio = importlib.import_module(f'{MODULE_UTILS}.wire.triton_aio')
-redact_url = connection.redact_url
-ConfigError = connection.OptionError  # the source's arguments are not usable; raised before anything is polled
-PollError = triton_aio.StatusError  # this poll of this server has no region list; the message says why
-Holders = metrics_text.Holders
-Implausible = records.Implausible
+poll = importlib.import_module(f'{MODULE_UTILS}.run.poll')
+connection, records, triton_aio = poll.connection, poll.records, poll.triton_aio
+parse_args, ConfigError = poll.parse_args, poll.ConfigError
 
-MAX_ANSWER_BYTES = (
-    32 << 20
-)  # body: a status list of 100,000 regions is about 15 MiB; chunked or not (triton_aio.MAX_REGIONS)
-MAX_ERROR_CHARS = 1000  # an event's error, escaped
-HOST_RE = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.\-]*$')
-# per server, or as every server's default: the connection options but url (connection.OPTIONS), and these
-OWN = {'threshold_percent': None, 'metrics_url': None}
-PER_SERVER = tuple(n for n in connection.OPTIONS if n != 'url') + tuple(OWN)
 MAX_SPACING = 0.01  # seconds between two poll starts, at most (fewer servers than interval / 0.01)
 BATCH = 0.1  # polls due within this many seconds (at most interval / 20) start together: fewer wake-ups
 FD_RESERVE = 256  # open files left for everything else in the process
 STATUS_LOG = {'down': '%s: Triton is down: %s', 'implausible': "%s: Triton's answer cannot be true, no cleanup: %s"}
-
-
-def parse_args(args: dict) -> tuple[list[dict], float]:
-    """Validated servers (each with every per-server option resolved) and the interval."""
-    servers = args.get('servers')
-    if not isinstance(servers, list) or not servers:
-        raise ConfigError('servers must be a non-empty list of {host, url} items')
-    interval = connection.number(args.get('interval', 30), 'interval')
-    defaults = {n: args.get(n, o.default) for n, o in connection.OPTIONS.items() if n != 'url'}
-    defaults.update((n, args.get(n, d)) for n, d in OWN.items())
-    out, seen = [], set()
-    for index, item in enumerate(servers):
-        what = f'servers[{index}]'
-        if not isinstance(item, dict):
-            raise ConfigError(f'{what} must be a dict with host and url')
-        unknown = sorted(set(item) - {'host', 'url', 'shm_bytes', *PER_SERVER})
-        if unknown:
-            raise ConfigError(f'{what}: unknown keys {", ".join(unknown)}')
-        host = item.get('host')
-        if not isinstance(host, str) or not HOST_RE.match(host) or host == 'all':
-            raise ConfigError(f"{what}: host must be one inventory host name (not 'all', not a pattern), got {host!r}")
-        if host in seen:
-            raise ConfigError(f'{what}: host {host} is listed twice')
-        seen.add(host)
-        what = f'{what} ({host})'
-        url = connection.checked_url(item.get('url'), f'{what}: url', 'a Triton server', grpc=True)
-        server = {**defaults, **{k: item[k] for k in PER_SERVER if k in item}}
-        for name in connection.OPTIONS:
-            if name != 'url':
-                server[name] = connection.convert(name, server[name], f'{what}: {name}')
-        server.update(host=host, url=url, shown_url=redact_url(url), shm_bytes=item.get('shm_bytes'))
-        if server['shm_bytes'] is not None:
-            server['shm_bytes'] = int(connection.number(server['shm_bytes'], f'{what}: shm_bytes'))
-        if server['threshold_percent'] is not None:
-            server['threshold_percent'] = connection.number(
-                server['threshold_percent'], f'{what}: threshold_percent', positive=False
-            )
-        try:
-            wire = server['wire'] = connection.wire_config(server)  # what goes on the wire, from the options alone
-        except ConfigError as exc:
-            raise ConfigError(f'{what}: {exc}') from None
-        server['secrets'] = connection.secrets(wire)
-        server['grpc'] = triton_aio.grpc_settings(wire, MAX_ANSWER_BYTES, what) if connection.is_grpc(url) else None
-        server['ssl'] = None if server['grpc'] else triton_aio.tls_context(wire, what)  # read once, before any poll
-        server['metrics'] = _metrics_server(server, what)
-        out.append(server)
-    return out, interval
-
-
-def _metrics_server(server: dict, what: str) -> dict | None:
-    """The metrics endpoint of server as a server of its own: its URL, TLS settings of the server, no headers."""
-    if server.get('metrics_url') is None:
-        return None
-    of = 'a node_exporter or Prometheus-format endpoint'
-    if not isinstance(server['metrics_url'], str) or not server['metrics_url'].strip():
-        raise ConfigError(f'{what}: metrics_url must be the http(s) URL of {of}')
-    url = connection.checked_url(server['metrics_url'], f'{what}: metrics_url', of)
-    url += '' if urlsplit(url).path else '/metrics'
-    # the server's headers (a Bearer token for Triton) and client certificate are never sent to another endpoint
-    wire = server['wire']._replace(url=url, headers={}, tls=server['wire'].tls._replace(cert=None, key=None))
-    shown, ssl_context = redact_url(url), triton_aio.tls_context(wire, f'{what}: metrics_url')
-    return {'url': url, 'shown_url': shown, 'wire': wire, 'secrets': connection.secrets(wire), 'ssl': ssl_context}
-
-
-def holders_from_metrics(text: str, host: str, url: str) -> Holders:
-    """The holders series of (host, url) in a Prometheus text page (metrics_text.holders_complete; connection.url_key:
-    a user:password part, a final / or a missing http:// do not count)."""
-    return metrics_text.holders_complete(text, host, url, connection.url_key)
-
-
-def summarize(regions: Any, shm_bytes: int | None = None) -> tuple[int, int]:
-    """(count, registered bytes) of a system shared-memory status: records.registered (the modules' check)."""
-    return records.registered(records.SYSTEM, regions, shm_bytes, http_reader.escape)
-
-
-def _shown_error(server: dict, text: str) -> str:
-    """An event's error: secrets redacted, every control character escaped, at most MAX_ERROR_CHARS."""
-    hidden = connection.redact(text, server['url'], server['shown_url'], server['secrets'])
-    return http_reader.escape(hidden, MAX_ERROR_CHARS)
-
-
-class _Target:
-    """One server as the poller keeps it: its options, its endpoints (triton_aio), its poll in flight."""
-
-    __slots__ = ('server', 'status', 'metrics', 'busy', 'again')
-
-    def __init__(self, server: dict, keep_alive: bool) -> None:
-        self.server, self.busy, self.again = server, False, False  # again: its next poll came due while it ran
-        if server['grpc'] is not None:
-            self.status: Any = triton_aio.GrpcEndpoint(server['wire'], server['grpc'], keep_alive)
-        else:
-            accept, ssl_context = 'application/json', server['ssl']
-            self.status = triton_aio.HttpEndpoint(
-                server['wire'], triton_aio.STATUS_PATH, accept, keep_alive, MAX_ANSWER_BYTES, ssl_context
-            )
-        metrics = server['metrics']  # polled beside the status, on a new connection each time (no open file kept)
-        self.metrics = metrics and triton_aio.HttpEndpoint(
-            metrics['wire'],
-            '',
-            'text/plain;version=0.0.4',
-            False,
-            MAX_ANSWER_BYTES,
-            metrics['ssl'],
-            'the metrics endpoint',
-        )
-
-    async def poll(self, loop: asyncio.AbstractEventLoop) -> dict:
-        """One event for this server: its registered system shared memory, why it is down, or why its answer cannot be true.
-
-        Every answer gives an event, whatever the server sent: a failure of this source's own reading is a
-        down event too, never a task exception. Server text in an error is escaped (no control characters).
-        """
-        server = self.server
-        data = {'host': server['host'], 'url': server['shown_url']}
-        holders = loop.create_task(self._holders(loop)) if self.metrics else None
-        try:
-            data.update(await self._status(loop), holders_complete=None)
-            if holders is not None:
-                seen = await holders
-                data['holders_complete'] = seen.complete
-                if seen.reason is not None:
-                    data['holders_incomplete_reason'] = seen.reason
-                if seen.error is not None:
-                    data['metrics_error'] = seen.error
-        finally:
-            if holders is not None and not holders.done():
-                holders.cancel()  # a cancelled poll leaves no metrics request behind
-        return {'triton_shm': data, 'meta': {'hosts': server['host']}}
-
-    async def _status(self, loop: asyncio.AbstractEventLoop) -> dict:
-        """The status fields of the event: up with the figures, down or implausible with the error."""
-        server, where = self.server, self.status.where()
-        try:
-            count, registered = summarize(await self.status.status(loop), server['shm_bytes'])
-        except Implausible as exc:
-            return {
-                'status': 'implausible',
-                'error': _shown_error(server, f'{where}: the answer cannot be true: {exc}'),
-            }
-        except Exception as exc:  # pylint: disable=broad-except  # every answer yields an event
-            if isinstance(exc, PollError):
-                text = str(exc)
-            elif isinstance(exc, ValueError):
-                text = f'{where}: {exc}'
-            else:
-                text = f'{where}: the answer could not be read: {type(exc).__name__}: {exc}'
-            return {'status': 'down', 'error': _shown_error(server, text)}
-        shm_bytes, data = server['shm_bytes'], {'status': 'up', 'regions': count, 'registered_bytes': registered}
-        if shm_bytes:
-            data.update(shm_bytes=shm_bytes, registered_percent=round(100.0 * registered / shm_bytes, 2))
-            if server['threshold_percent'] is not None:
-                data['threshold_percent'] = server['threshold_percent']
-        return data
-
-    async def _holders(self, loop: asyncio.AbstractEventLoop) -> Holders:
-        """Whether the cleanup on the server's host can see every holder, from its metrics endpoint; never raises."""
-        metrics = self.server['metrics']
-        try:
-            text = (await self.metrics.page(loop)).decode('utf-8', 'replace')
-            seen = holders_from_metrics(text, self.server['host'], self.server['url'])
-        except Exception as exc:  # pylint: disable=broad-except  # unknown, as without metrics_url: never the source
-            seen = Holders(None, error=str(exc) if isinstance(exc, PollError) else f'{type(exc).__name__}: {exc}')
-        if seen.error is not None:
-            seen = seen._replace(error=_shown_error(metrics, f'{metrics["url"]}: {seen.error}'))
-        return seen
-
-    def close(self) -> Any:
-        """Close the connections; an awaitable when closing takes one (a gRPC channel), else None."""
-        if self.metrics:
-            self.metrics.close()
-        return self.status.close()
 
 
 def _keep_alive_budget(servers: int, in_flight: int) -> int:
@@ -434,7 +245,7 @@ class _Poller:
         in_flight = min(len(servers), math.ceil(min(longest, interval) / self.spacing) + 1)
         in_flight *= 2 if any(s.get('metrics') for s in servers) else 1  # a metrics request beside each poll
         budget = _keep_alive_budget(len(servers), in_flight)
-        self.targets = [_Target(s, index < budget) for index, s in enumerate(servers)]
+        self.targets = [poll.Target(s, index < budget) for index, s in enumerate(servers)]
         self.last_status: dict[str, str] = {}
         self.last_holders: dict[str, Any] = {}
         self.with_metrics = {s['host'] for s in servers if s.get('metrics')}
@@ -444,7 +255,7 @@ class _Poller:
         self.pending: dict[str, dict] = {}
         self.wake: asyncio.Future | None = None
 
-    def _start(self, loop: asyncio.AbstractEventLoop, target: _Target) -> None:
+    def _start(self, loop: asyncio.AbstractEventLoop, target: poll.Target) -> None:
         if target.busy:
             target.again = True
             return
@@ -453,7 +264,7 @@ class _Poller:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _poll(self, loop: asyncio.AbstractEventLoop, target: _Target) -> None:
+    async def _poll(self, loop: asyncio.AbstractEventLoop, target: poll.Target) -> None:
         try:
             event = await target.poll(loop)
         finally:

@@ -106,9 +106,9 @@ def test_the_event_source_and_the_modules_accept_and_refuse_the_same_status_answ
     except MalformedAnswer as exc:
         modules = exc.msg.split('shared memory status: ', 1)[1].split('; nothing', 1)[0]
     try:
-        source.summarize(answer)
+        source.poll.summarize(answer)
         event = None
-    except source.Implausible:
+    except source.poll.Implausible:
         event = None  # figures, not form: the modules have no shm_bytes to compare with
     except ValueError as exc:
         event = str(exc).split('shared memory status: ', 1)[1]
@@ -117,14 +117,14 @@ def test_the_event_source_and_the_modules_accept_and_refuse_the_same_status_answ
 
 def test_the_event_source_shows_urls_as_the_modules_do(source):
     for url in ('http://u:pw@h:8000/p?q=1', 'https://h:8443', 'grpc://a:b@10.0.0.1:8001'):
-        assert source.redact_url(url) == connection.redact_url(url) == client.redact_url(url)
+        assert source.poll.redact_url(url) == connection.redact_url(url) == client.redact_url(url)
     assert source.records is records  # the one definition, imported as the modules import it
 
 
 def test_each_connection_option_of_the_modules_is_one_of_the_event_source_with_the_same_default(source):
     """One table (connection.OPTIONS): the modules' argument spec and the source's per-server options come from it."""
     spec = connection_argument_spec()
-    assert set(spec) - {'url'} <= set(source.PER_SERVER)
+    assert set(spec) - {'url'} <= set(source.poll.PER_SERVER)
     (server,), _interval = source.parse_args({'servers': [{'host': 'h', 'url': 'http://h:8000'}]})
     for name, option in spec.items():
         if name != 'url':
@@ -170,9 +170,9 @@ def test_the_event_source_reads_the_holders_series_metrics_py_writes(source):
         inv = {'holders_complete': complete, 'server': {'pid': 7, 'shm_dir': '/dev/shm'}, 'pid_namespace': namespace}
         inv['holders_incomplete_reason'] = None if complete else 'not in the initial PID namespace'
         text = metrics.report_text(inv, host, url, now=1.0)
-        seen = source.holders_from_metrics(text, host, 'triton:8000/')
+        seen = source.poll.holders_from_metrics(text, host, 'triton:8000/')
         assert (seen.complete, seen.reason) == (complete, reason)
-    assert source.holders_from_metrics(text, 'other', url).complete is None
+    assert source.poll.holders_from_metrics(text, 'other', url).complete is None
 
 
 def test_the_event_source_sends_a_header_as_the_modules_do_in_latin_1(source):

@@ -143,7 +143,7 @@ def test_an_unreachable_or_silent_metrics_page_leaves_completeness_unknown(page,
         data = event['triton_shm']
         assert data['status'] == 'up' and data['registered_percent'] == 75.0
         assert data['holders_complete'] is None and error in data['metrics_error']
-        assert 'pw' not in data['metrics_error'] and source.redact_url(url) in data['metrics_error']
+        assert 'pw' not in data['metrics_error'] and source.poll.redact_url(url) in data['metrics_error']
 
 
 def test_a_silent_metrics_endpoint_never_holds_the_poll_past_its_timeout():
@@ -237,13 +237,13 @@ def test_a_down_server_says_down_whatever_its_metrics():
     ],
 )
 def test_which_series_count(line, host, url, expected):
-    seen = source.holders_from_metrics(line + '\n', host, url)
+    seen = source.poll.holders_from_metrics(line + '\n', host, url)
     assert (seen.complete, seen.reason) == expected
 
 
 def test_one_series_at_zero_wins_over_others_at_one():
     page = report('a', 'http://x:1', True) + report('a', 'http://x:1/', False, 'other')
-    assert source.holders_from_metrics(page, 'a', 'http://x:1').complete is False
+    assert source.poll.holders_from_metrics(page, 'a', 'http://x:1').complete is False
 
 
 @pytest.mark.parametrize(
@@ -283,7 +283,7 @@ def test_per_server_metrics_url_overrides_the_global_one_and_gets_metrics_by_def
     )
     assert servers[0]['metrics']['url'] == 'https://node:9100/metrics'
     assert servers[1]['metrics']['url'] == 'http://b:9100/m'
-    metrics = source._Target(servers[0], True).metrics  # pylint: disable=protected-access
+    metrics = source.poll.Target(servers[0], True).metrics
     assert metrics.request.startswith(b'GET /metrics HTTP/1.1\r\n')
     assert source.parse_args({'servers': [{'host': 'a', 'url': 'http://a:1'}]})[0][0]['metrics'] is None
 

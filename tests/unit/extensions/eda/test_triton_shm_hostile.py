@@ -43,13 +43,13 @@ def one_event(first: bytes, block: bytes = b'', limit: int = 0, timeout: float =
 def test_a_huge_declared_chunk_streamed_forever_is_refused_at_its_size_line():
     # finding 11: 7fffffff, then bytes for ever; before: the poller held all of it (1.5 GB seen), no event till the timeout
     data, peak, _cpu, wall = one_event(HEAD_CHUNKED + b'7fffffff\r\n', b'x' * 65536, limit=200 * MiB)
-    assert data['status'] == 'down' and 'larger than %d bytes' % source.MAX_ANSWER_BYTES in data['error'], data
+    assert data['status'] == 'down' and 'larger than %d bytes' % source.poll.MAX_ANSWER_BYTES in data['error'], data
     assert peak < 8 * MiB, peak
     assert wall < 2.5, wall  # refused at once, not at the 3 s timeout
 
 
 def test_many_small_chunks_past_the_cap_hold_no_more_than_the_cap(monkeypatch):
-    monkeypatch.setattr(source, 'MAX_ANSWER_BYTES', 4 * MiB)
+    monkeypatch.setattr(source.poll, 'MAX_ANSWER_BYTES', 4 * MiB)
     chunk = b'10000\r\n' + b'x' * 65536 + b'\r\n'
     data, peak, _cpu, _wall = one_event(HEAD_CHUNKED, chunk, limit=64 * MiB, timeout=5)
     assert data['status'] == 'down' and 'larger than %d bytes' % (4 * MiB) in data['error'], data
@@ -148,7 +148,7 @@ def test_a_full_but_true_status_is_still_up_at_100_percent():
 
 def test_the_pollers_connections_keep_no_copy_of_the_last_answer():
     """One connection per server, kept between polls: its reader must not hold the last answer (10,000 servers)."""
-    conn = source.triton_aio._Connection(source.MAX_ANSWER_BYTES)  # pylint: disable=protected-access
+    conn = source.triton_aio._Connection(source.poll.MAX_ANSWER_BYTES)  # pylint: disable=protected-access
     conn.expect(None)
     conn.reader.feed(b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]')
     assert conn.reader._memo == (b'', None)  # pylint: disable=protected-access

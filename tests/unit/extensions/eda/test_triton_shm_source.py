@@ -149,7 +149,7 @@ def test_a_long_answer_is_read_whole():
 
 
 def test_an_endless_answer_is_cut_at_the_limit(monkeypatch):
-    monkeypatch.setattr(source, 'MAX_ANSWER_BYTES', 100000)
+    monkeypatch.setattr(source.poll, 'MAX_ANSWER_BYTES', 100000)
 
     async def scenario():
         with triton(answer=Reply.json(['x' * 1000] * 200)) as fake:
@@ -514,7 +514,7 @@ def test_a_tls_answer_on_a_connection_not_kept_releases_its_socket_at_once(tmp_p
         servers, _interval = source.parse_args(
             {'servers': [{'host': 'h', 'url': peer.url, 'ca_path': ca['cert'], 'timeout': 5}]}
         )
-        target = source._Target(servers[0], False)  # pylint: disable=protected-access
+        target = source.poll.Target(servers[0], False)
         loop = asyncio.get_running_loop()
         port, lingering = int(peer.url.rsplit(':', 1)[1].split('/')[0]), []
         for _poll in range(3):
@@ -789,7 +789,7 @@ def test_a_grpc_server_back_after_an_outage_is_up_at_the_next_poll():
 
     async def scenario():
         servers, _interval = source.parse_args({'servers': [{'host': 'g', 'url': f'grpc://127.0.0.1:{port}'}]})
-        target = source._Target(servers[0], True)  # pylint: disable=protected-access
+        target = source.poll.Target(servers[0], True)
         loop = asyncio.get_running_loop()
         try:
             away = (await target.poll(loop))['triton_shm']
@@ -816,7 +816,7 @@ def test_a_grpc_answer_with_more_regions_than_the_limit_is_refused_before_its_re
 
     async def scenario(url):
         servers, _interval = source.parse_args({'servers': [{'host': 'g', 'url': url}]})
-        target = source._Target(servers[0], False)  # pylint: disable=protected-access
+        target = source.poll.Target(servers[0], False)
         return (await target.poll(asyncio.get_running_loop()))['triton_shm']
 
     with GrpcFront(triton) as front:

@@ -255,6 +255,6 @@ def test_a_new_header_option_is_probed_and_sent(monkeypatch):
     """A header option added to the table alone reaches the servers over HTTP and through the source, and is probed."""
     for table in (connection.OPTIONS, source.connection.OPTIONS):
         monkeypatch.setitem(table, 'trial', connection.Option('str', wire=connection.Wire('header', 'X-Trial')))
-    monkeypatch.setattr(source, 'PER_SERVER', (*source.PER_SERVER, 'trial'))
+    monkeypatch.setattr(source.poll, 'PER_SERVER', (*source.poll.PER_SERVER, 'trial'))
     for transport in ('http', 'grpc', 'source'):
         probe_for('trial')(transport, 'trial', {}, False)
