@@ -463,15 +463,17 @@ def secrets(wire: WireConfig) -> list[str]:
 
 def _echoed(secret: str) -> str:
     """How a body read as UTF-8 shows a secret sent beyond ASCII: http_request sends a header in Latin-1, so a server
-    that echoes it back gives bytes that read as U+FFFD. '' for an ASCII secret (it reads as itself), one that is
-    never sent (not Latin-1: check_headers refuses it) and one with fewer than MIN_SECRET other characters."""
+    that echoes it back gives bytes that read as U+FFFD, or as other characters where they happen to be UTF-8 (the
+    secret ``Ã©Ã¨`` reads as ``éè``). '' for an ASCII secret (it reads as itself), one never sent (not Latin-1:
+    check_headers refuses it), and a form of one character or of U+FFFD alone (hiding it would garble every message
+    with such a character and show nothing of the secret)."""
     if secret.isascii():
         return ''
     try:
         shown = secret.encode('latin-1').decode('utf-8', 'replace')
     except UnicodeEncodeError:
         return ''
-    return shown if len(shown.replace('\ufffd', '')) >= MIN_SECRET else ''
+    return shown if len(shown) >= 2 and shown.strip('\ufffd') else ''
 
 
 def hide(text: str, hidden: Sequence[str]) -> str:

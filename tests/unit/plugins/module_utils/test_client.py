@@ -415,6 +415,25 @@ def test_a_url_outside_ascii_is_refused_by_the_event_source_at_start_naming_the_
             triton_shm.parse_args({'servers': [{'host': 'h1', 'url': url}]})
 
 
+@pytest.mark.parametrize(
+    'value, shown',
+    [
+        ('Sécrèt-Tökèn-42', 'S\ufffdcr\ufffdt-T\ufffdk\ufffdn-42'),  # Latin-1 bytes that are no UTF-8
+        ('Ã©Ã¨', 'éè'),  # Latin-1 bytes that happen to be UTF-8: two characters that give the secret back
+        ('ééé', None),  # U+FFFD alone: nothing of the secret shows, and hiding it would garble every message
+    ],
+)
+def test_a_secret_beyond_ascii_is_hidden_as_a_utf8_body_shows_its_latin1_bytes(value, shown):
+    from ansible_collections.tritonops.shm.plugins.module_utils.wire import connection
+
+    hidden = connection.secrets(connection.wire_config({'url': 'http://h:8000', 'headers': {'X-Key': value}}))
+    echo = value.encode('latin-1').decode('utf-8', 'replace')  # a server echoing the header's bytes in its body
+    assert echo == (shown or echo)
+    assert value in hidden and (shown in hidden if shown else echo not in hidden)
+    if shown:
+        assert connection.hide(f'bad key {echo}.', hidden) == 'bad key ********.'
+
+
 def test_a_header_value_too_short_to_be_a_secret_does_not_garble_messages():
     from ansible_collections.tritonops.shm.plugins.module_utils.wire import connection
 
