@@ -33,7 +33,7 @@ def tls_context(
     """An SSLContext for the options: ca_path a PEM file or a directory of them (else the system's store), no
     verification at all with validate_certs false, a client certificate (and its key, when not in the same file).
 
-    OSError (ssl.SSLError is one) when a file cannot be read or loaded.
+    OSError (ssl.SSLError is one) when a file cannot be read or loaded, TlsFileError for an encrypted key.
     """
     if validate_certs:
         if ca_path and os.path.isdir(ca_path):
@@ -45,8 +45,14 @@ def tls_context(
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     if client_cert:
-        context.load_cert_chain(client_cert, client_key or None)
+        # an encrypted key: refused, never OpenSSL's prompt for its passphrase (it reads the terminal: a module or the
+        # event source started from one would wait there for good)
+        context.load_cert_chain(client_cert, client_key or None, password=_no_passphrase)
     return context
+
+
+def _no_passphrase() -> bytes:
+    raise TlsFileError('the client key is encrypted: give it unencrypted (no passphrase is ever asked for)')
 
 
 LOAD_FAILED = 'cannot load the TLS files (ca_path, client_cert, client_key)'

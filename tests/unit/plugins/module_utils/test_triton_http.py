@@ -467,6 +467,23 @@ def test_tls_client_certificate(serve, certs):
     assert client.server_metadata()['name'] == 'triton'
 
 
+def test_an_encrypted_client_key_is_refused_without_asking_for_its_passphrase(serve, certs, tmp_path):
+    """OpenSSL's own answer to an encrypted key is a passphrase prompt on the terminal: a module or the event source
+    started from one would wait there for good. The key is refused, saying why, and nothing is asked."""
+    encrypted = str(tmp_path / 'encrypted.key')
+    subprocess.run(
+        ['openssl', 'pkey', '-in', certs['client.key'], '-aes256', '-passout', 'pass:pw', '-out', encrypted],
+        check=True,
+        capture_output=True,
+    )
+    srv = serve({('GET', '/v2'): METADATA}, tls=_tls(certs, require_client=True))
+    client = TritonClient(srv.url, ca_path=certs['ca.pem'], client_cert=certs['client.pem'], client_key=encrypted)
+    _fails(
+        client.server_metadata,
+        'cannot load the TLS files (ca_path, client_cert, client_key): the client key is encrypted',
+    )
+
+
 # -- the keep-alive connection for bulk work (TritonClient.use_keep_alive), moved here from test_region_ops.py ------
 
 
