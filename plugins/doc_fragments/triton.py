@@ -64,7 +64,7 @@ options:
   client_key:
     description:
       - PEM private key for O(client_cert), when the certificate file does not contain it. Requires O(client_cert); a key
-        alone is refused before anything is sent.
+        alone is refused before anything is sent, and so is an encrypted key (no passphrase is asked for).
     type: path
 attributes:
   action_group:

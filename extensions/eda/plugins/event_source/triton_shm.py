@@ -89,7 +89,7 @@ options:
     description: PEM client certificate for mutual TLS.
     type: path
   client_key:
-    description: PEM private key of O(client_cert) when it is not in the same file.
+    description: PEM private key of O(client_cert) when it is not in the same file; unencrypted (no passphrase is asked).
     type: path
   metrics_url:
     description:
