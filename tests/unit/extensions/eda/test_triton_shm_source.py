@@ -596,9 +596,11 @@ def test_slow_and_dead_servers_delay_no_one_and_every_server_keeps_its_place():
         polls = hosts['fast%02d' % i]
         assert len(polls) in (5, 6) and all(d['status'] == 'up' for _t, d in polls), polls
         # each poll keeps its place on the server's schedule (k * interval from a start): one poll late under load
-        # (a short gap after it) is no drift, a server that held the loop up would shift every later poll
+        # (its first, connecting on a loaded machine, came 0.27 s late in a CI lane) is no drift; a server that held
+        # the loop up would shift every later poll, so more than one would be off the median place
         offsets = [t - k * interval for k, (t, _d) in enumerate(polls)]
-        assert max(offsets) - min(offsets) < interval * 0.5, offsets
+        place = sorted(offsets)[len(offsets) // 2]
+        assert sum(abs(o - place) >= interval * 0.5 for o in offsets) <= 1, offsets
     # the polls of one round are spread: 32 servers start 0.01 s apart, not all at once
     first = sorted(polls[0][0] for name, polls in hosts.items() if name.startswith('fast'))
     assert first[-1] - first[0] > 0.2
