@@ -192,11 +192,10 @@ def collection_package() -> str:
     return f'{PACKAGE}.plugins.module_utils'
 
 
-# what the source calls (module_utils/run/poll.py): its arguments as servers, one server's poll as its event; the
-# module_utils the tests reach through it: connection, records and triton_aio, the wire shared with the modules
+# what the source calls (module_utils/run/poll.py): its arguments as servers (parse_args, refused by ConfigError), one
+# server's poll as its event, over the wire the modules share (poll.connection, poll.records, poll.triton_aio)
 MODULE_UTILS = collection_package()
 poll = importlib.import_module(f'{MODULE_UTILS}.run.poll')
-connection, records, triton_aio = poll.connection, poll.records, poll.triton_aio
 parse_args, ConfigError = poll.parse_args, poll.ConfigError
 
 MAX_SPACING = 0.01  # seconds between two poll starts, at most (fewer servers than interval / 0.01)

@@ -67,7 +67,7 @@ def test_the_event_source_run_by_its_path_uses_its_own_collection_never_another_
     """Another copy of the collection on sys.path does not win over the collection the file is in; a second copy's
     source run in the same process is refused, naming both places, and never runs the first copy's code."""
     a, b = _copy_of_the_collection(tmp_path / 'a'), _copy_of_the_collection(tmp_path / 'b')
-    probe = 'import runpy, sys\nfor path in sys.argv[1:]:\n    print(runpy.run_path(path)["triton_aio"].__file__)\n'
+    probe = 'import runpy, sys\nfor path in sys.argv[1:]:\n    print(runpy.run_path(path)["poll"].triton_aio.__file__)\n'
     env = {**os.environ, 'PYTHONPATH': str(tmp_path / 'b')}
     done = subprocess.run([sys.executable, '-c', probe, a], capture_output=True, text=True, check=False, env=env)
     assert done.returncode == 0, done.stderr
@@ -118,7 +118,7 @@ def test_the_event_source_and_the_modules_accept_and_refuse_the_same_status_answ
 def test_the_event_source_shows_urls_as_the_modules_do(source):
     for url in ('http://u:pw@h:8000/p?q=1', 'https://h:8443', 'grpc://a:b@10.0.0.1:8001'):
         assert source.poll.redact_url(url) == connection.redact_url(url) == client.redact_url(url)
-    assert source.records is records  # the one definition, imported as the modules import it
+    assert source.poll.records is records  # the one definition, imported as the modules import it
 
 
 def test_each_connection_option_of_the_modules_is_one_of_the_event_source_with_the_same_default(source):
@@ -178,6 +178,6 @@ def test_the_event_source_reads_the_holders_series_metrics_py_writes(source):
 def test_the_event_source_sends_a_header_as_the_modules_do_in_latin_1(source):
     """The same option puts the same bytes on the wire: the modules' HTTP transport writes its headers in Latin-1, and so
     does the event source's request (it wrote UTF-8: c3 a9 for an e-acute where the modules sent e9)."""
-    wire = source.connection.wire_config({'url': 'http://h:1', 'headers': {'X-Key': 'caf\u00e9'}})
-    request = source.connection.http_request(wire, '/v2', 'application/json')
+    wire = source.poll.connection.wire_config({'url': 'http://h:1', 'headers': {'X-Key': 'caf\u00e9'}})
+    request = source.poll.connection.http_request(wire, '/v2', 'application/json')
     assert b'X-Key: caf\xe9\r\n' in request and b'\xc3\xa9' not in request

@@ -104,7 +104,7 @@ def test_a_401_digit_byte_size_gives_a_down_event_every_poll(caplog):
 
 def test_more_regions_than_the_limit_are_refused_before_parsing():
     # 31 MiB of {},{},... under the 32 MiB cap parsed into ~800 MiB of dicts and blocked the loop for seconds
-    assert source.triton_aio.MAX_REGIONS == 200_000  # documented: docs/self-healing.md, the source's DOCUMENTATION
+    assert source.poll.triton_aio.MAX_REGIONS == 200_000  # documented: docs/self-healing.md, the source's DOCUMENTATION
     body = b'[' + b'{},' * 200_000 + b'{}]'
     data, peak, _cpu, _wall = one_event(_status(body))
     assert data['status'] == 'down' and 'more regions than this source reads (at most 200000)' in data['error'], data
@@ -148,7 +148,7 @@ def test_a_full_but_true_status_is_still_up_at_100_percent():
 
 def test_the_pollers_connections_keep_no_copy_of_the_last_answer():
     """One connection per server, kept between polls: its reader must not hold the last answer (10,000 servers)."""
-    conn = source.triton_aio._Connection(source.poll.MAX_ANSWER_BYTES)  # pylint: disable=protected-access
+    conn = source.poll.triton_aio._Connection(source.poll.MAX_ANSWER_BYTES)  # pylint: disable=protected-access
     conn.expect(None)
     conn.reader.feed(b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]')
     assert conn.reader._memo == (b'', None)  # pylint: disable=protected-access

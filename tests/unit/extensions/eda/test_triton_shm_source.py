@@ -809,12 +809,12 @@ def test_a_grpc_server_back_after_an_outage_is_up_at_the_next_poll():
 def test_a_grpc_answer_with_more_regions_than_the_limit_is_refused_before_its_regions_become_dicts(monkeypatch):
     """The HTTP answer's cap (MAX_REGIONS, counted before json.loads) holds over gRPC too: counted on the message."""
     pytest.importorskip('grpc')
-    monkeypatch.setattr(source.triton_aio, 'MAX_REGIONS', 3)
+    monkeypatch.setattr(source.poll.triton_aio, 'MAX_REGIONS', 3)
     triton = Triton()
     for n in 'abcd':
         triton.list(n, '/' + n, 16)
     made = []
-    monkeypatch.setattr(source.records, 'from_message', lambda kind, r: made.append(r) or {})
+    monkeypatch.setattr(source.poll.records, 'from_message', lambda kind, r: made.append(r) or {})
 
     async def scenario(url):
         servers, _interval = source.parse_args({'servers': [{'host': 'g', 'url': url}]})

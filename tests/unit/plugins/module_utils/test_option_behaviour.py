@@ -253,7 +253,7 @@ def test_an_option_without_a_wire_is_refused(monkeypatch):
 
 def test_a_new_header_option_is_probed_and_sent(monkeypatch):
     """A header option added to the table alone reaches the servers over HTTP and through the source, and is probed."""
-    for table in (connection.OPTIONS, source.connection.OPTIONS):
+    for table in (connection.OPTIONS, source.poll.connection.OPTIONS):
         monkeypatch.setitem(table, 'trial', connection.Option('str', wire=connection.Wire('header', 'X-Trial')))
     monkeypatch.setattr(source.poll, 'PER_SERVER', (*source.poll.PER_SERVER, 'trial'))
     for transport in ('http', 'grpc', 'source'):
