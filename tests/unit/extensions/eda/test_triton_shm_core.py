@@ -67,7 +67,9 @@ def test_the_event_source_run_by_its_path_uses_its_own_collection_never_another_
     """Another copy of the collection on sys.path does not win over the collection the file is in; a second copy's
     source run in the same process is refused, naming both places, and never runs the first copy's code."""
     a, b = _copy_of_the_collection(tmp_path / 'a'), _copy_of_the_collection(tmp_path / 'b')
-    probe = 'import runpy, sys\nfor path in sys.argv[1:]:\n    print(runpy.run_path(path)["poll"].triton_aio.__file__)\n'
+    probe = (
+        'import runpy, sys\nfor path in sys.argv[1:]:\n    print(runpy.run_path(path)["poll"].triton_aio.__file__)\n'
+    )
     env = {**os.environ, 'PYTHONPATH': str(tmp_path / 'b')}
     done = subprocess.run([sys.executable, '-c', probe, a], capture_output=True, text=True, check=False, env=env)
     assert done.returncode == 0, done.stderr
